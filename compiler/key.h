@@ -1,0 +1,37 @@
+#ifndef KFORGE_COMPILER_KEY_H_
+#define KFORGE_COMPILER_KEY_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kforge/v1/spec.pb.h"
+
+namespace kforge {
+
+// Bumped on any change to the artifact layout or the key recipe.
+inline constexpr int kFormatVersion = 1;
+
+// Lower-case hex SHA-256.
+std::string Sha256Hex(std::string_view data);
+
+// SHA-256 over (path, contents) of every embedded template header.
+const std::string& TemplateDigest();
+
+struct KeyInputs {
+  v1::AttentionSpec spec;  // normalized
+  std::string template_digest;
+  std::string nvrtc_version;
+  std::vector<std::string> options;
+  std::string arch;
+  int format_version = kFormatVersion;
+};
+
+// Hex SHA-256 over a canonical, field-by-field encoding of the inputs (not
+// protobuf wire bytes, which are not guaranteed canonical). Identical inputs
+// give identical keys on any machine.
+std::string ComputeCacheKey(const KeyInputs& inputs);
+
+}  // namespace kforge
+
+#endif  // KFORGE_COMPILER_KEY_H_

@@ -18,6 +18,10 @@ struct Arch {
   // Largest dynamic shared memory one block may opt into
   // (cudaDevAttrMaxSharedMemoryPerBlockOptin), in bytes.
   int max_smem_per_block = 0;
+  // Shared memory of one SM, shared by its resident blocks (bytes).
+  int smem_per_sm = 0;
+  // Driver-reserved shared memory per resident block (bytes).
+  static constexpr int kReservedSmemPerBlock = 1024;
   int sm_version() const { return major * 10 + minor; }
 };
 

@@ -1,0 +1,497 @@
+#include "compiler/spec.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "kforge/v1/spec.pb.h"
+
+namespace kforge {
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+
+::testing::AssertionResult Contains(absl::string_view haystack,
+                                    absl::string_view needle) {
+  if (absl::StrContains(haystack, needle)) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
+}
+
+// A valid spec (deepseek-v3.2 at tp 1) written out field by field so the
+// table below does not depend on SpecFromPreset.
+v1::AttentionSpec GoodSpec() {
+  v1::AttentionSpec spec;
+  spec.set_kind(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
+  spec.set_num_q_heads(128);
+  spec.set_kv_lora_rank(512);
+  spec.set_rope_dim(64);
+  spec.set_topk(2048);
+  spec.set_s_q(1);
+  spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
+  spec.set_page_block_size(64);
+  spec.set_softmax_scale(0.135234f);
+  spec.set_return_lse(true);
+  return spec;
+}
+
+struct FieldCase {
+  std::string name;   // test name suffix
+  std::string field;  // expected in the message; empty for a good case
+  std::string got;    // the value as the message prints it
+  std::function<void(v1::AttentionSpec&)> mutate;
+};
+
+void PrintTo(const FieldCase& c, std::ostream* os) { *os << c.name; }
+
+class ValidateSpecTest : public ::testing::TestWithParam<FieldCase> {};
+
+TEST_P(ValidateSpecTest, Field) {
+  const FieldCase& c = GetParam();
+  v1::AttentionSpec spec = GoodSpec();
+  c.mutate(spec);
+  absl::Status status = ValidateSpec(spec);
+  if (c.field.empty()) {
+    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_TRUE(NormalizeSpec(spec).ok());
+    return;
+  }
+  ASSERT_FALSE(status.ok());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status.message(),
+                       absl::StrCat(c.field, ": got ", c.got, ", supported ")));
+  // Exactly one problem: no "; " separator.
+  EXPECT_FALSE(absl::StrContains(status.message(), "; ")) << status;
+  absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec);
+  ASSERT_FALSE(normalized.ok());
+  EXPECT_EQ(normalized.status(), status);
+}
+
+using S = v1::AttentionSpec;
+const float kNan = std::numeric_limits<float>::quiet_NaN();
+const float kInf = std::numeric_limits<float>::infinity();
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, ValidateSpecTest,
+    ::testing::Values(
+        FieldCase{"GoodBaseline", "", "", [](S&) {}},
+        // kind
+        FieldCase{"KindUnspecified", "kind", "ATTENTION_KIND_UNSPECIFIED",
+                  [](S& s) { s.set_kind(v1::ATTENTION_KIND_UNSPECIFIED); }},
+        FieldCase{"KindOutOfRange", "kind", "7",
+                  [](S& s) { s.set_kind(static_cast<v1::AttentionKind>(7)); }},
+        // num_q_heads
+        FieldCase{"Heads1", "", "", [](S& s) { s.set_num_q_heads(1); }},
+        FieldCase{"Heads3", "", "", [](S& s) { s.set_num_q_heads(3); }},
+        FieldCase{"Heads128", "", "", [](S& s) { s.set_num_q_heads(128); }},
+        FieldCase{"Heads0", "num_q_heads", "0",
+                  [](S& s) { s.set_num_q_heads(0); }},
+        FieldCase{"Heads129", "num_q_heads", "129",
+                  [](S& s) { s.set_num_q_heads(129); }},
+        // kv_lora_rank
+        FieldCase{"Rank64", "", "", [](S& s) { s.set_kv_lora_rank(64); }},
+        FieldCase{"Rank256", "", "", [](S& s) { s.set_kv_lora_rank(256); }},
+        FieldCase{"Rank0", "kv_lora_rank", "0",
+                  [](S& s) { s.set_kv_lora_rank(0); }},
+        FieldCase{"Rank32", "kv_lora_rank", "32",
+                  [](S& s) { s.set_kv_lora_rank(32); }},
+        FieldCase{"Rank100", "kv_lora_rank", "100",
+                  [](S& s) { s.set_kv_lora_rank(100); }},
+        FieldCase{"Rank576", "kv_lora_rank", "576",
+                  [](S& s) { s.set_kv_lora_rank(576); }},
+        // rope_dim
+        FieldCase{"Rope0", "", "", [](S& s) { s.set_rope_dim(0); }},
+        FieldCase{"RopeUnset", "rope_dim", "unset",
+                  [](S& s) { s.clear_rope_dim(); }},
+        FieldCase{"Rope32", "rope_dim", "32", [](S& s) { s.set_rope_dim(32); }},
+        FieldCase{"Rope128", "rope_dim", "128",
+                  [](S& s) { s.set_rope_dim(128); }},
+        // topk
+        FieldCase{"Topk1", "", "", [](S& s) { s.set_topk(1); }},
+        FieldCase{"Topk16384", "", "", [](S& s) { s.set_topk(16384); }},
+        FieldCase{"Topk0", "topk", "0", [](S& s) { s.set_topk(0); }},
+        FieldCase{"Topk16385", "topk", "16385",
+                  [](S& s) { s.set_topk(16385); }},
+        // s_q
+        FieldCase{"Sq4", "", "", [](S& s) { s.set_s_q(4); }},
+        FieldCase{"Sq0", "s_q", "0", [](S& s) { s.set_s_q(0); }},
+        FieldCase{"Sq5", "s_q", "5", [](S& s) { s.set_s_q(5); }},
+        // kv_cache_dtype
+        FieldCase{
+            "DtypeUnspecified", "kv_cache_dtype", "KV_CACHE_DTYPE_UNSPECIFIED",
+            [](S& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_UNSPECIFIED); }},
+        FieldCase{
+            "DtypeFp8", "kv_cache_dtype", "KV_CACHE_DTYPE_FP8_DS_MLA",
+            [](S& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA); }},
+        FieldCase{"DtypeOutOfRange", "kv_cache_dtype", "9",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(9));
+                  }},
+        // page_block_size
+        FieldCase{"Page1", "", "", [](S& s) { s.set_page_block_size(1); }},
+        FieldCase{"Page17", "", "", [](S& s) { s.set_page_block_size(17); }},
+        FieldCase{"Page4096", "", "",
+                  [](S& s) { s.set_page_block_size(4096); }},
+        FieldCase{"Page0", "page_block_size", "0",
+                  [](S& s) { s.set_page_block_size(0); }},
+        FieldCase{"Page4097", "page_block_size", "4097",
+                  [](S& s) { s.set_page_block_size(4097); }},
+        // softmax_scale
+        FieldCase{"ScaleSmall", "", "",
+                  [](S& s) { s.set_softmax_scale(1e-6f); }},
+        FieldCase{"ScaleLarge", "", "",
+                  [](S& s) { s.set_softmax_scale(4.0f); }},
+        FieldCase{"ScaleZero", "softmax_scale", "0",
+                  [](S& s) { s.set_softmax_scale(0.0f); }},
+        FieldCase{"ScaleNegative", "softmax_scale", "-0.5",
+                  [](S& s) { s.set_softmax_scale(-0.5f); }},
+        FieldCase{"ScaleNan", "softmax_scale", "nan",
+                  [](S& s) { s.set_softmax_scale(kNan); }},
+        FieldCase{"ScaleInf", "softmax_scale", "inf",
+                  [](S& s) { s.set_softmax_scale(kInf); }},
+        FieldCase{"ScaleNegInf", "softmax_scale", "-inf",
+                  [](S& s) { s.set_softmax_scale(-kInf); }},
+        // return_lse
+        FieldCase{"LseFalse", "", "", [](S& s) { s.set_return_lse(false); }},
+        FieldCase{"LseTrue", "", "", [](S& s) { s.set_return_lse(true); }}),
+    [](const ::testing::TestParamInfo<FieldCase>& info) {
+      return info.param.name;
+    });
+
+TEST(ValidateSpecTest, Fp8SaysReserved) {
+  v1::AttentionSpec spec = GoodSpec();
+  spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  absl::Status status = ValidateSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status.message(), "reserved"));
+  EXPECT_TRUE(Contains(status.message(), "not yet supported"));
+}
+
+TEST(ValidateSpecTest, ReportsAllBadFieldsInFieldOrder) {
+  v1::AttentionSpec spec;  // every field at its default
+  absl::Status status = ValidateSpec(spec);
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<std::string> fields = {
+      "kind: got",           "num_q_heads: got",
+      "kv_lora_rank: got",   "rope_dim: got",
+      "topk: got",           "s_q: got",
+      "kv_cache_dtype: got", "page_block_size: got",
+      "softmax_scale: got"};
+  size_t last = 0;
+  for (const std::string& field : fields) {
+    size_t pos = status.message().find(field);
+    ASSERT_NE(pos, std::string_view::npos) << field << " in " << status;
+    EXPECT_GE(pos, last) << field << " out of order in " << status;
+    last = pos;
+  }
+  EXPECT_TRUE(Contains(status.message(), "; "));
+}
+
+TEST(NormalizeSpecTest, KeepsEveryKernelFieldAndIsIdempotent) {
+  v1::AttentionSpec spec = GoodSpec();
+  spec.set_rope_dim(0);
+  absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec);
+  ASSERT_TRUE(normalized.ok()) << normalized.status();
+  EXPECT_TRUE(MessageDifferencer::Equals(*normalized, spec));
+  EXPECT_TRUE(normalized->has_rope_dim());
+  absl::StatusOr<v1::AttentionSpec> again = NormalizeSpec(*normalized);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->SerializeAsString(), normalized->SerializeAsString());
+}
+
+TEST(NormalizeSpecTest, DropsUnknownWireFields) {
+  v1::AttentionSpec spec = GoodSpec();
+  // Field 99 (varint 5), as a newer client might send.
+  std::string wire = spec.SerializeAsString();
+  // Tag (99 << 3) | 0 = 792 as a varint is 0x98 0x06.
+  wire += std::string("\x98\x06\x05", 3);
+  v1::AttentionSpec with_unknown;
+  ASSERT_TRUE(with_unknown.ParseFromString(wire));
+  ASSERT_NE(with_unknown.SerializeAsString(), spec.SerializeAsString());
+  absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(with_unknown);
+  ASSERT_TRUE(normalized.ok()) << normalized.status();
+  EXPECT_EQ(normalized->SerializeAsString(), spec.SerializeAsString());
+}
+
+TEST(PresetsTest, ListsBothModels) {
+  const std::vector<PresetInfo>& presets = Presets();
+  ASSERT_EQ(presets.size(), 2u);
+  EXPECT_EQ(presets[0].name, "deepseek-v3.2");
+  EXPECT_EQ(presets[0].total_heads, 128);
+  EXPECT_EQ(presets[0].kv_lora_rank, 512);
+  EXPECT_EQ(presets[0].rope_dim, 64);
+  EXPECT_EQ(presets[0].topk, 2048);
+  EXPECT_FLOAT_EQ(presets[0].softmax_scale, 0.135234f);
+  EXPECT_EQ(presets[1].name, "glm-5");
+  EXPECT_EQ(presets[1].total_heads, 64);
+  EXPECT_EQ(presets[1].kv_lora_rank, 512);
+  EXPECT_EQ(presets[1].rope_dim, 64);
+  EXPECT_EQ(presets[1].topk, 2048);
+  EXPECT_FLOAT_EQ(presets[1].softmax_scale, 0.0625f);
+}
+
+struct PresetCase {
+  std::string preset;
+  int tp;
+  uint32_t heads;
+  float scale;
+};
+
+class SpecFromPresetTest : public ::testing::TestWithParam<PresetCase> {};
+
+TEST_P(SpecFromPresetTest, SplitsHeads) {
+  const PresetCase& c = GetParam();
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(c.preset, c.tp);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->kind(), v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
+  EXPECT_EQ(spec->num_q_heads(), c.heads);
+  EXPECT_EQ(spec->kv_lora_rank(), 512u);
+  ASSERT_TRUE(spec->has_rope_dim());
+  EXPECT_EQ(spec->rope_dim(), 64u);
+  EXPECT_EQ(spec->topk(), 2048u);
+  EXPECT_EQ(spec->s_q(), 1u);
+  EXPECT_EQ(spec->kv_cache_dtype(), v1::KV_CACHE_DTYPE_BF16);
+  EXPECT_EQ(spec->page_block_size(), 64u);
+  EXPECT_EQ(spec->softmax_scale(), c.scale);
+  EXPECT_TRUE(spec->return_lse());
+  EXPECT_TRUE(ValidateSpec(*spec).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Both, SpecFromPresetTest,
+    ::testing::Values(PresetCase{"deepseek-v3.2", 1, 128, 0.135234f},
+                      PresetCase{"deepseek-v3.2", 2, 64, 0.135234f},
+                      PresetCase{"deepseek-v3.2", 4, 32, 0.135234f},
+                      PresetCase{"deepseek-v3.2", 8, 16, 0.135234f},
+                      PresetCase{"glm-5", 1, 64, 0.0625f},
+                      PresetCase{"glm-5", 2, 32, 0.0625f},
+                      PresetCase{"glm-5", 4, 16, 0.0625f},
+                      PresetCase{"glm-5", 8, 8, 0.0625f}),
+    [](const ::testing::TestParamInfo<PresetCase>& info) {
+      std::string name = absl::StrCat(info.param.preset, "_tp", info.param.tp);
+      for (char& c : name) {
+        if (!absl::ascii_isalnum(c)) c = '_';
+      }
+      return name;
+    });
+
+TEST(SpecFromPresetTest, BadTensorParallel) {
+  for (const char* preset : {"deepseek-v3.2", "glm-5"}) {
+    for (int tp : {0, -1, 3, 256}) {
+      absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(preset, tp);
+      ASSERT_FALSE(spec.ok()) << preset << " tp " << tp;
+      EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_TRUE(Contains(spec.status().message(),
+                           absl::StrCat("tensor_parallel: got ", tp)));
+    }
+  }
+}
+
+TEST(SpecFromPresetTest, UnknownPresetListsKnownNames) {
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("llama-3", 1);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(spec.status().message(), "\"llama-3\""));
+  EXPECT_TRUE(Contains(spec.status().message(), "deepseek-v3.2"));
+  EXPECT_TRUE(Contains(spec.status().message(), "glm-5"));
+}
+
+TEST(ParseSpecTest, JsonRoundTrip) {
+  const v1::AttentionSpec spec = GoodSpec();
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  ASSERT_TRUE(
+      google::protobuf::util::MessageToJsonString(spec, &json, options).ok());
+  absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << json;
+  EXPECT_TRUE(MessageDifferencer::Equals(*parsed, spec)) << json;
+}
+
+TEST(ParseSpecTest, JsonSnakeAndCamelCaseNamesAndEnumNames) {
+  absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(R"(
+    {
+      "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE",
+      "num_q_heads": 16,
+      "kvLoraRank": 512,
+      "rope_dim": 0,
+      "topk": 2048,
+      "s_q": 2,
+      "kv_cache_dtype": "KV_CACHE_DTYPE_BF16",
+      "page_block_size": 1,
+      "softmax_scale": 0.0625,
+      "return_lse": false
+    })");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->kind(), v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
+  EXPECT_EQ(parsed->num_q_heads(), 16u);
+  EXPECT_EQ(parsed->kv_lora_rank(), 512u);
+  // An explicit 0 sets presence: NoPE is only ever chosen on purpose.
+  EXPECT_TRUE(parsed->has_rope_dim());
+  EXPECT_EQ(parsed->rope_dim(), 0u);
+  EXPECT_EQ(parsed->s_q(), 2u);
+  EXPECT_EQ(parsed->kv_cache_dtype(), v1::KV_CACHE_DTYPE_BF16);
+  EXPECT_EQ(parsed->softmax_scale(), 0.0625f);
+  EXPECT_FALSE(parsed->return_lse());
+  EXPECT_TRUE(ValidateSpec(*parsed).ok());
+}
+
+TEST(ParseSpecTest, JsonWithoutRopeDimLeavesItUnset) {
+  absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(R"({"num_q_heads": 8})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_FALSE(parsed->has_rope_dim());
+}
+
+TEST(ParseSpecTest, TextProtoRoundTrip) {
+  for (v1::AttentionSpec spec : {GoodSpec(), *SpecFromPreset("glm-5", 8)}) {
+    std::string text;
+    ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(spec, &text));
+    absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(text);
+    ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+    EXPECT_TRUE(MessageDifferencer::Equals(*parsed, spec)) << text;
+  }
+}
+
+TEST(ParseSpecTest, TextProtoWithComments) {
+  absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(R"(
+    # deepseek-v3.2 at tp 8
+    kind: ATTENTION_KIND_SPARSE_MLA_DECODE
+    num_q_heads: 16
+    kv_lora_rank: 512
+    rope_dim: 64
+    topk: 2048
+    s_q: 1
+    kv_cache_dtype: KV_CACHE_DTYPE_BF16
+    page_block_size: 64
+    softmax_scale: 0.135234
+    return_lse: true
+  )");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(
+      MessageDifferencer::Equals(*parsed, *SpecFromPreset("deepseek-v3.2", 8)));
+}
+
+TEST(ParseSpecTest, JsonUnknownFieldIsError) {
+  absl::StatusOr<v1::AttentionSpec> parsed =
+      ParseSpec(R"({"num_q_heads": 16, "num_kv_heads": 1})");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(parsed.status().message(), "num_kv_heads"));
+}
+
+TEST(ParseSpecTest, TextProtoUnknownFieldIsErrorWithPosition) {
+  absl::StatusOr<v1::AttentionSpec> parsed =
+      ParseSpec("num_q_heads: 16\nnum_kv_heads: 1\n");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(parsed.status().message(), "num_kv_heads"));
+  EXPECT_TRUE(Contains(parsed.status().message(), "line 2"));
+}
+
+TEST(ParseSpecTest, MalformedInputIsError) {
+  for (const char* text :
+       {"{", "{\"num_q_heads\": }", "{\"num_q_heads\": -1}",
+        "{\"kind\": \"NOT_A_KIND\"}", "num_q_heads 16 {", "num_q_heads: -1",
+        "kind: NOT_A_KIND", "num_q_heads: \"sixteen\"", "   ", ""}) {
+    absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(text);
+    EXPECT_FALSE(parsed.ok()) << "'" << text << "'";
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument)
+        << "'" << text << "'";
+  }
+}
+
+TEST(ParseSpecTest, TextProtoErrorHasLineAndColumn) {
+  absl::StatusOr<v1::AttentionSpec> parsed =
+      ParseSpec("num_q_heads: 16\n  topk: oops\n");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_TRUE(Contains(parsed.status().message(), "line 2 column"));
+}
+
+class LoadSpecFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat("kforge_spec_test_", getpid());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Write(const std::string& name, const std::string& contents) {
+    std::string path = (dir_ / name).string();
+    std::ofstream(path) << contents;
+    return path;
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(LoadSpecFileTest, MissingFileIsNotFound) {
+  const std::string path = (dir_ / "missing.json").string();
+  absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(path);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(spec.status().message(), path));
+}
+
+TEST_F(LoadSpecFileTest, LoadsJsonAndTextProto) {
+  const v1::AttentionSpec expected = *SpecFromPreset("glm-5", 2);
+  std::string json;
+  ASSERT_TRUE(
+      google::protobuf::util::MessageToJsonString(expected, &json).ok());
+  std::string text;
+  ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(expected, &text));
+  for (const auto& [name, contents] :
+       {std::pair{"a.json", json}, std::pair{"a.textproto", text}}) {
+    absl::StatusOr<v1::AttentionSpec> spec =
+        LoadSpecFile(Write(name, contents));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_TRUE(MessageDifferencer::Equals(*spec, expected)) << name;
+  }
+}
+
+TEST_F(LoadSpecFileTest, ParseErrorNamesFile) {
+  const std::string path =
+      Write("bad.textproto", "num_q_heads: 16\nbogus: 1\n");
+  absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(path);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(spec.status().message(), path + ": "))
+      << spec.status();
+  EXPECT_TRUE(Contains(spec.status().message(), "bogus"));
+}
+
+TEST_F(LoadSpecFileTest, EmptyFileIsInvalidArgument) {
+  absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(Write("empty", ""));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(LoadSpecFileTest, DirectoryIsInvalidArgument) {
+  absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(dir_.string());
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kforge

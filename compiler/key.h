@@ -24,6 +24,9 @@ struct KeyInputs {
   std::string nvrtc_version;
   std::vector<std::string> options;
   std::string arch;
+  // PlanOptions::max_smem_per_block: 0 for the arch's own tiling, else the
+  // shared-memory budget the tiling was chosen for.
+  int max_smem_per_block = 0;
   int format_version = kFormatVersion;
 };
 

@@ -13,8 +13,11 @@ struct NvrtcRequest {
   std::string source;        // the generated instantiation unit
   std::string program_name;  // shown in diagnostics, e.g. "<module>.cu"
   std::string arch;          // "sm_90a": compiled straight to cubin
-  std::vector<std::string> extra_options;
-  // Headers the source may #include; defaults to EmbeddedTemplates().
+  std::vector<std::string> extra_options;  // appended after the base options
+  // The only headers the source may #include, matched by exact include name
+  // (EmbeddedFile::path). An EMPTY vector means "use EmbeddedTemplates()";
+  // there is no way to compile with no headers at all, and no include path on
+  // disk is ever searched. The viewed strings must outlive the call.
   std::vector<EmbeddedFile> headers;
 };
 
@@ -30,11 +33,13 @@ struct NvrtcResult {
 // driver's compute cache.
 std::vector<std::string> BaseNvrtcOptions(const std::string& arch);
 
-// Compiles to cubin. Failure returns Internal with the NVRTC log, the options
-// and the program name in the message.
+// Compiles to cubin. A failed compile returns Internal with the program name,
+// the options and the NVRTC log (truncated past 64 KiB) in the message. An
+// empty arch, or one that yields no cubin (a virtual "compute_XX" arch),
+// returns InvalidArgument. Thread-safe: each call owns its NVRTC program.
 absl::StatusOr<NvrtcResult> CompileWithNvrtc(const NvrtcRequest& request);
 
-// "13.0" from nvrtcVersion().
+// "13.0" from nvrtcVersion() (queried once).
 std::string NvrtcVersion();
 
 }  // namespace kforge

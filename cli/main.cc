@@ -1,1 +1,215 @@
-int main(){return 0;}
+// kforge: one binary, one subcommand per job. Flags are parsed here and only
+// here; everything else receives plain values.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "cli/flags.h"
+#include "compiler/compiler.h"
+#include "compiler/cubin.h"
+#include "compiler/io.h"
+#include "compiler/spec.h"
+
+namespace kforge::cli {
+namespace {
+
+const std::vector<FlagSpec>& SpecFlags() {
+  static const std::vector<FlagSpec> kFlags = {
+      {"preset", "NAME", "model preset: deepseek-v3.2 or glm-5"},
+      {"tp", "N", "tensor-parallel degree (divides the preset's heads)", "1"},
+      {"spec", "FILE", "full AttentionSpec as JSON or text proto (instead of --preset)"},
+      {"s-q", "N", "override: query tokens per request (1..4)"},
+      {"topk", "N", "override: indices per query token"},
+      {"page-block-size", "N", "override: tokens per KV cache page"},
+      {"lse", "BOOL", "override: also return log-sum-exp (true/false)"},
+  };
+  return kFlags;
+}
+
+std::vector<FlagSpec> Concat(std::vector<FlagSpec> a,
+                             const std::vector<FlagSpec>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Builds the spec from --preset/--tp or --spec, then applies overrides.
+absl::StatusOr<v1::AttentionSpec> SpecFromArgs(const ParsedArgs& args) {
+  absl::StatusOr<v1::AttentionSpec> spec;
+  if (args.Has("spec") == args.Has("preset")) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --preset NAME (with --tp N) or --spec FILE");
+  }
+  if (args.Has("spec")) {
+    spec = LoadSpecFile(args.Get("spec"));
+  } else {
+    absl::StatusOr<long long> tp = ParseIntFlag("tp", args.Get("tp"));
+    if (!tp.ok()) return tp.status();
+    spec = SpecFromPreset(args.Get("preset"), static_cast<int>(*tp));
+  }
+  if (!spec.ok()) return spec.status();
+  struct Override {
+    const char* flag;
+    void (v1::AttentionSpec::*set)(uint32_t);
+  };
+  for (const Override& o : {Override{"s-q", &v1::AttentionSpec::set_s_q},
+                            Override{"topk", &v1::AttentionSpec::set_topk},
+                            Override{"page-block-size",
+                                     &v1::AttentionSpec::set_page_block_size}}) {
+    if (!args.Has(o.flag)) continue;
+    absl::StatusOr<long long> v = ParseIntFlag(o.flag, args.Get(o.flag));
+    if (!v.ok()) return v.status();
+    if (*v > 0xffffffffLL) {
+      return absl::InvalidArgumentError(absl::StrCat("--", o.flag, ": too large"));
+    }
+    ((*spec).*(o.set))(static_cast<uint32_t>(*v));
+  }
+  if (args.Has("lse")) {
+    const std::string v = args.Get("lse");
+    if (v != "true" && v != "false") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lse: got '", v, "', expected true or false"));
+    }
+    spec->set_return_lse(v == "true");
+  }
+  return spec;
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << "kforge: " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+int Compile(const std::vector<std::string>& argv) {
+  const std::vector<FlagSpec> flags = Concat(
+      SpecFlags(),
+      {{"arch", "ARCH[,ARCH]", "target(s): sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a", "", 0, true},
+       {"out", "DIR", "output directory", "out", 'o'},
+       {"max-smem-per-block", "BYTES",
+        "tile for at most this much shared memory (e.g. 101376 runs the "
+        "99 KB sm_120 pipeline on an H200)"},
+       {"help", "", "show this help", "", 'h'}});
+  absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
+  if (!args.ok()) return Fail(args.status());
+  if (args->Has("help")) {
+    std::cout << "usage: kforge compile (--preset NAME [--tp N] | --spec FILE) "
+                 "--arch ARCH [-o DIR]\n\n"
+                 "Compiles one sparse MLA kernel module per arch and writes "
+                 "DIR/<module>.cubin and DIR/<module>.json.\n\n"
+              << FlagsHelp(flags);
+    return 0;
+  }
+  std::vector<std::string> archs;
+  for (const std::string& a : args->GetAll("arch")) {
+    for (absl::string_view part : absl::StrSplit(a, ',', absl::SkipEmpty())) {
+      archs.emplace_back(part);
+    }
+  }
+  if (archs.empty()) {
+    return Fail(absl::InvalidArgumentError("--arch is required (e.g. --arch sm_90a)"));
+  }
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromArgs(*args);
+  if (!spec.ok()) return Fail(spec.status());
+  const std::string out_dir = args->Get("out");
+  PlanOptions plan_options;
+  if (args->Has("max-smem-per-block")) {
+    absl::StatusOr<long long> v =
+        ParseIntFlag("max-smem-per-block", args->Get("max-smem-per-block"));
+    if (!v.ok()) return Fail(v.status());
+    plan_options.max_smem_per_block = static_cast<int>(*v);
+  }
+  KernelCompiler compiler;
+  int failures = 0;
+  for (const std::string& arch : archs) {
+    absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(*spec, arch, plan_options);
+    if (!artifact.ok()) {
+      std::cerr << "kforge: " << arch << ": " << artifact.status().message() << "\n";
+      ++failures;
+      continue;
+    }
+    const std::string base = absl::StrCat(out_dir, "/", artifact->module_name());
+    absl::Status s = WriteFileAtomic(base + ".cubin", artifact->cubin());
+    if (s.ok()) s = WriteFileAtomic(base + ".json", ArtifactDescriptionJson(*artifact));
+    if (!s.ok()) return Fail(s);
+    const v1::KernelResources* main_k = nullptr;
+    for (const auto& k : artifact->cubin_info().kernels()) {
+      if (k.name() == artifact->main_entry()) main_k = &k;
+    }
+    std::cout << absl::StrFormat(
+        "%s.cubin  %s  %zu bytes  %d regs  %d B smem  %.2f s\n", base,
+        artifact->arch(), artifact->cubin().size(),
+        main_k ? main_k->registers() : 0, artifact->launch().dynamic_smem_bytes(),
+        artifact->compile_seconds());
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+int Inspect(const std::vector<std::string>& argv) {
+  const std::vector<FlagSpec> flags = {
+      {"json", "", "print JSON instead of a table"},
+      {"help", "", "show this help", "", 'h'}};
+  absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
+  if (!args.ok()) return Fail(args.status());
+  if (args->Has("help") || args->positional.size() != 1) {
+    std::cout << "usage: kforge inspect [--json] FILE.cubin\n\n"
+                 "Reads a cubin's ELF: SM arch, kernel entries, registers, "
+                 "static shared memory, parameter and local bytes.\n\n"
+              << FlagsHelp(flags);
+    return args->Has("help") ? 0 : 2;
+  }
+  const std::string& path = args->positional[0];
+  absl::StatusOr<std::string> bytes = ReadFile(path);
+  if (!bytes.ok()) return Fail(bytes.status());
+  absl::StatusOr<v1::CubinInfo> info = InspectCubin(*bytes);
+  if (!info.ok()) return Fail(absl::Status(info.status().code(),
+                                           absl::StrCat(path, ": ", info.status().message())));
+  if (args->Has("json")) {
+    v1::KernelArtifact wrapper;
+    *wrapper.mutable_cubin_info() = *info;
+    std::string json = ArtifactDescriptionJson(wrapper);
+    std::cout << json;
+    return 0;
+  }
+  std::cout << absl::StrFormat("%s: %s (ELF ABI %d), %d kernels\n", path,
+                               info->arch(), info->elf_abi_version(),
+                               info->kernels_size());
+  std::cout << absl::StrFormat("  %-32s %5s %10s %7s %7s %8s\n", "kernel", "regs",
+                               "smem(B)", "param", "local", "maxthr");
+  for (const v1::KernelResources& k : info->kernels()) {
+    std::cout << absl::StrFormat("  %-32s %5d %10d %7d %7d %8d\n", k.name(),
+                                 k.registers(), k.static_smem_bytes(),
+                                 k.param_bytes(), k.local_bytes(), k.max_threads());
+  }
+  return 0;
+}
+
+void Usage() {
+  std::cout << "usage: kforge <command> [flags]\n\n"
+               "commands:\n"
+               "  compile   compile a sparse MLA kernel module for one or more archs\n"
+               "  inspect   show what a cubin holds (arch, kernels, resources)\n\n"
+               "Run 'kforge <command> --help' for its flags.\n";
+}
+
+}  // namespace
+}  // namespace kforge::cli
+
+int main(int argc, char** argv) {
+  using namespace kforge::cli;
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+      std::string(argv[1]) == "help") {
+    Usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  const std::vector<std::string> rest(argv + 2, argv + argc);
+  if (cmd == "compile") return Compile(rest);
+  if (cmd == "inspect") return Inspect(rest);
+  std::cerr << "kforge: unknown command '" << cmd << "'\n";
+  Usage();
+  return 2;
+}

@@ -1,0 +1,208 @@
+#include "compiler/codegen.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "templates/kforge/sparse_mla/config.h"
+
+namespace kforge {
+namespace {
+
+struct TileConfig {
+  int token_tile;
+  int stages;
+  int warps;
+};
+
+// Candidate pipelines per head tile, best first. Bigger token tiles amortise
+// the barriers and the softmax; the smaller ones exist so the same head tile
+// fits 163 KB (sm_80) and 99 KB (sm_86/89/120/121) parts.
+const std::vector<TileConfig>& CandidatesFor(int head_tile) {
+  static const std::vector<TileConfig> k64 = {{64, 2, 8}, {32, 2, 8}};
+  static const std::vector<TileConfig> k32 = {{64, 2, 8}, {32, 2, 8}, {16, 2, 4}};
+  static const std::vector<TileConfig> k16 = {{32, 2, 4}, {16, 2, 4}};
+  if (head_tile == 16) return k16;
+  if (head_tile == 32) return k32;
+  return k64;  // 48 and 64
+}
+
+int DqkOf(const v1::AttentionSpec& spec) {
+  return static_cast<int>(spec.kv_lora_rank() + spec.rope_dim());
+}
+
+// Mirrors DecodeTraits: warps along the token axis of S.
+int WarpsN(int head_tile, int warps) {
+  return warps / std::gcd(head_tile / 16, warps);
+}
+
+// Shrinks the warp count until every warp owns >= 16 output columns, then
+// checks the remaining DecodeTraits static_asserts so codegen never emits a
+// unit that fails to compile.
+bool Fit(const v1::AttentionSpec& spec, int head_tile, TileConfig c,
+         const Arch& arch, v1::KernelTiling* out) {
+  const int dv = static_cast<int>(spec.kv_lora_rank());
+  while (c.warps > 1 && dv / c.warps < 16) c.warps /= 2;
+  const int vcols = dv / c.warps;
+  const int warps_n = WarpsN(head_tile, c.warps);
+  if (vcols % 16 != 0) return false;
+  if ((c.token_tile / 8) % warps_n != 0) return false;
+  if (c.token_tile % (c.warps * 32 / sparse_mla::kThreadsPerRow) != 0)
+    return false;
+  if ((head_tile / 16) * (vcols / 8) * 4 > 128) return false;
+  const int smem = sparse_mla::DecodeSmemBytes(head_tile, c.token_tile,
+                                               c.stages, DqkOf(spec), warps_n);
+  if (smem > arch.max_smem_per_block) return false;
+  out->set_head_tile(head_tile);
+  out->set_token_tile(c.token_tile);
+  out->set_stages(c.stages);
+  out->set_warps(c.warps);
+  return true;
+}
+
+int RoundUp16(int x) { return (x + 15) / 16 * 16; }
+
+// On the H200, 8 heads x batch 1 (topk 2048, 32-token tiles) ran fastest
+// with 16 splits = 4 tiles per split (BENCH.md, 2026-11-29).
+constexpr int kMinTilesPerSplit = 4;
+
+uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec,
+                                              const Arch& arch) {
+  const int heads = static_cast<int>(spec.num_q_heads());
+  // Largest head tile this arch can hold with some pipeline.
+  int max_tile = 0;
+  for (int t : {64, 32, 16}) {
+    v1::KernelTiling probe;
+    for (const TileConfig& c : CandidatesFor(t)) {
+      if (Fit(spec, t, c, arch, &probe)) break;
+    }
+    if (probe.head_tile() != 0) {
+      max_tile = t;
+      break;
+    }
+  }
+  if (max_tile == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: no sparse MLA tiling fits %d bytes of shared memory per block "
+        "for d_qk=%d",
+        arch.name, arch.max_smem_per_block, DqkOf(spec)));
+  }
+  const int groups = (heads + max_tile - 1) / max_tile;
+  const int per_group = (heads + groups - 1) / groups;
+  const int head_tile = RoundUp16(per_group);
+  v1::KernelTiling tiling;
+  for (const TileConfig& c : CandidatesFor(head_tile)) {
+    if (Fit(spec, head_tile, c, arch, &tiling)) break;
+  }
+  if (tiling.head_tile() == 0) {
+    return absl::InternalError(absl::StrFormat(
+        "no pipeline for head tile %d on %s (max tile %d fits)", head_tile,
+        arch.name, max_tile));
+  }
+  tiling.set_heads_per_group(per_group);
+  tiling.set_num_head_groups((heads + per_group - 1) / per_group);
+  return tiling;
+}
+
+int DecodeSmemBytesFor(const v1::AttentionSpec& spec,
+                       const v1::KernelTiling& tiling) {
+  return sparse_mla::DecodeSmemBytes(
+      tiling.head_tile(), tiling.token_tile(), tiling.stages(), DqkOf(spec),
+      WarpsN(tiling.head_tile(), tiling.warps()));
+}
+
+v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec,
+                              const v1::KernelTiling& tiling, const Arch& arch) {
+  v1::LaunchRule rule;
+  rule.set_block_threads(tiling.warps() * 32);
+  rule.set_dynamic_smem_bytes(DecodeSmemBytesFor(spec, tiling));
+  rule.set_combine_block_threads(sparse_mla::kCombineWarps * 32);
+  rule.set_split_granularity_tokens(tiling.token_tile());
+  rule.set_workspace_bytes_per_split_token(
+      static_cast<uint64_t>(spec.num_q_heads()) * (spec.kv_lora_rank() + 1) *
+      sizeof(float));
+  const int per_block =
+      static_cast<int>(rule.dynamic_smem_bytes()) + Arch::kReservedSmemPerBlock;
+  rule.set_ctas_per_sm(std::max(1, arch.smem_per_sm / per_block));
+  rule.set_min_tiles_per_split(kMinTilesPerSplit);
+  return rule;
+}
+
+int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
+              const v1::LaunchRule& rule, int num_tokens, int sm_count) {
+  const long long ctas =
+      static_cast<long long>(tiling.num_head_groups()) * std::max(1, num_tokens);
+  const long long fit = static_cast<long long>(sm_count) * rule.ctas_per_sm() / ctas;
+  const int tiles = static_cast<int>((spec.topk() + tiling.token_tile() - 1) /
+                                     tiling.token_tile());
+  const int max_splits =
+      std::max(1, static_cast<int>((tiles + rule.min_tiles_per_split() - 1) /
+                                   rule.min_tiles_per_split()));
+  return static_cast<int>(std::clamp<long long>(fit, 1, max_splits));
+}
+
+std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
+  const char* dtype =
+      spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA ? "fp8dsmla"
+                                                             : "bf16";
+  std::string arch_tag = arch.name;
+  arch_tag.erase(std::remove(arch_tag.begin(), arch_tag.end(), '_'),
+                 arch_tag.end());
+  return absl::StrFormat(
+      "sparse_mla_decode_h%d_d%dr%d_topk%d_sq%d_%s_pb%d_sc%08x%s_%s",
+      spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(), spec.topk(),
+      spec.s_q(), dtype, spec.page_block_size(),
+      FloatBits(spec.softmax_scale()), spec.return_lse() ? "_lse" : "",
+      arch_tag);
+}
+
+std::string GenerateSource(const v1::AttentionSpec& spec,
+                           const v1::KernelTiling& tiling) {
+  // softmax_scale * log2(e), rounded once to float; %a prints it exactly.
+  const float scale_log2 = static_cast<float>(
+      static_cast<double>(spec.softmax_scale()) * 1.4426950408889634);
+  std::string src;
+  absl::StrAppend(&src,
+                  "// Generated by kforge codegen: one sparse MLA module.\n"
+                  "#include \"kforge/sparse_mla/decode.cuh\"\n"
+                  "#include \"kforge/sparse_mla/combine.cuh\"\n\n"
+                  "namespace ks = kforge::sparse_mla;\n\n");
+  absl::StrAppendFormat(
+      &src,
+      "struct Traits : ks::DecodeTraits<%d, %d, %d, %d, %d, %d, %d, %d, %d, "
+      "%d, %s> {\n"
+      "  // softmax_scale %.9g times log2(e)\n"
+      "  static constexpr float kScaleLog2 = %af;\n"
+      "};\n\n",
+      spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(), spec.topk(),
+      tiling.head_tile(), tiling.heads_per_group(), tiling.token_tile(),
+      tiling.stages(), tiling.warps(), spec.page_block_size(),
+      spec.return_lse() ? "true" : "false", spec.softmax_scale(), scale_log2);
+  absl::StrAppendFormat(
+      &src,
+      "extern \"C\" __global__ void __launch_bounds__(Traits::kThreads, 1)\n"
+      "%s(const ks::DecodeParams p) {\n"
+      "  ks::DecodeMain<Traits>(p);\n"
+      "}\n\n"
+      "extern \"C\" __global__ void __launch_bounds__(ks::kCombineWarps * 32)\n"
+      "%s(const ks::CombineParams p) {\n"
+      "  ks::Combine<Traits>(p);\n"
+      "}\n",
+      kMainEntry, kCombineEntry);
+  return src;
+}
+
+}  // namespace kforge

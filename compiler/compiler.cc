@@ -1,0 +1,138 @@
+#include "compiler/compiler.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "compiler/codegen.h"
+#include "compiler/cubin.h"
+#include "compiler/key.h"
+#include "compiler/nvrtc.h"
+#include "compiler/spec.h"
+#include "google/protobuf/util/json_util.h"
+#include "templates/kforge/sparse_mla/config.h"
+
+namespace kforge {
+
+#ifndef KFORGE_VERSION
+#define KFORGE_VERSION "0.1.0"
+#endif
+
+std::string CompilerVersion() {
+  return absl::StrCat("kforge ", KFORGE_VERSION, " / nvrtc ", NvrtcVersion());
+}
+
+absl::StatusOr<CompilePlan> KernelCompiler::Plan(
+    const v1::AttentionSpec& spec, std::string_view arch,
+    const PlanOptions& options) const {
+  CompilePlan plan;
+  absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec);
+  if (!normalized.ok()) return normalized.status();
+  plan.spec = *std::move(normalized);
+  absl::StatusOr<Arch> parsed = ParseArch(arch);
+  if (!parsed.ok()) return parsed.status();
+  plan.arch = *std::move(parsed);
+  if (options.max_smem_per_block < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_smem_per_block: got ", options.max_smem_per_block,
+        ", supported 0 (the arch's own limit) or a positive byte count"));
+  }
+  if (options.max_smem_per_block > 0) {
+    plan.arch.max_smem_per_block =
+        std::min(plan.arch.max_smem_per_block, options.max_smem_per_block);
+  }
+  absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(plan.spec, plan.arch);
+  if (!tiling.ok()) return tiling.status();
+  plan.tiling = *std::move(tiling);
+  plan.module_name = ModuleName(plan.spec, plan.arch);
+  if (options.max_smem_per_block > 0) {
+    absl::StrAppend(&plan.module_name, "_smem", plan.arch.max_smem_per_block);
+  }
+  plan.source = GenerateSource(plan.spec, plan.tiling);
+  plan.options = BaseNvrtcOptions(plan.arch.name);
+
+  KeyInputs key;
+  key.spec = plan.spec;
+  key.template_digest = TemplateDigest();
+  key.nvrtc_version = NvrtcVersion();
+  key.options = plan.options;
+  key.arch = plan.arch.name;
+  key.max_smem_per_block = options.max_smem_per_block;
+  plan.key = ComputeCacheKey(key);
+  return plan;
+}
+
+absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(
+    const CompilePlan& plan) const {
+  NvrtcRequest request;
+  request.source = plan.source;
+  request.program_name = plan.module_name + ".cu";
+  request.arch = plan.arch.name;
+  absl::StatusOr<NvrtcResult> compiled = CompileWithNvrtc(request);
+  if (!compiled.ok()) return compiled.status();
+
+  absl::StatusOr<v1::CubinInfo> info = InspectCubin(compiled->cubin);
+  if (!info.ok()) {
+    return absl::InternalError(absl::StrCat(
+        plan.module_name, ": NVRTC produced a cubin kforge cannot read: ",
+        info.status().message()));
+  }
+  if (info->arch() != plan.arch.name) {
+    return absl::InternalError(absl::StrCat(
+        plan.module_name, ": cubin is for ", info->arch(), ", asked for ",
+        plan.arch.name, "; refusing to serve it"));
+  }
+  for (const char* entry : {kMainEntry, kCombineEntry}) {
+    const bool found =
+        std::any_of(info->kernels().begin(), info->kernels().end(),
+                    [&](const v1::KernelResources& k) { return k.name() == entry; });
+    if (!found) {
+      return absl::InternalError(absl::StrCat(plan.module_name,
+                                              ": cubin has no entry ", entry));
+    }
+  }
+
+  v1::KernelArtifact artifact;
+  artifact.set_format_version(kFormatVersion);
+  artifact.set_module_name(plan.module_name);
+  artifact.set_key(plan.key);
+  artifact.set_arch(plan.arch.name);
+  *artifact.mutable_spec() = plan.spec;
+  *artifact.mutable_tiling() = plan.tiling;
+  *artifact.mutable_launch() = MakeLaunchRule(plan.spec, plan.tiling, plan.arch);
+  artifact.set_main_entry(kMainEntry);
+  artifact.set_combine_entry(kCombineEntry);
+  *artifact.mutable_cubin_info() = *std::move(info);
+  artifact.set_compiler_version(CompilerVersion());
+  for (const std::string& o : compiled->options) artifact.add_nvrtc_options(o);
+  artifact.set_template_digest(TemplateDigest());
+  artifact.set_compile_seconds(compiled->seconds);
+  artifact.set_params_bytes(sizeof(sparse_mla::DecodeParams));
+  artifact.set_combine_params_bytes(sizeof(sparse_mla::CombineParams));
+  artifact.set_cubin(std::move(compiled->cubin));
+  return artifact;
+}
+
+absl::StatusOr<v1::KernelArtifact> KernelCompiler::Compile(
+    const v1::AttentionSpec& spec, std::string_view arch,
+    const PlanOptions& options) const {
+  absl::StatusOr<CompilePlan> plan = Plan(spec, arch, options);
+  if (!plan.ok()) return plan.status();
+  return Build(*plan);
+}
+
+std::string ArtifactDescriptionJson(const v1::KernelArtifact& artifact) {
+  v1::KernelArtifact description = artifact;
+  description.clear_cubin();
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  // Printing a valid message cannot fail.
+  (void)google::protobuf::util::MessageToJsonString(description, &json, options);
+  return json;
+}
+
+}  // namespace kforge

@@ -1,0 +1,100 @@
+#include "cli/flags.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kforge::cli {
+namespace {
+
+const FlagSpec* Find(const std::vector<FlagSpec>& specs,
+                     const std::string& name, char short_name) {
+  for (const FlagSpec& s : specs) {
+    if ((!name.empty() && s.name == name) ||
+        (short_name != 0 && s.short_name == short_name)) {
+      return &s;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs,
+                                      const std::vector<std::string>& args) {
+  ParsedArgs out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.size() < 2 || a[0] != '-') {
+      out.positional.push_back(a);
+      continue;
+    }
+    std::string name;
+    std::string value;
+    bool has_value = false;
+    const FlagSpec* spec = nullptr;
+    if (a[1] == '-') {
+      name = a.substr(2);
+      const size_t eq = name.find('=');
+      if (eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+        has_value = true;
+      }
+      spec = Find(specs, name, 0);
+    } else if (a.size() == 2) {
+      spec = Find(specs, "", a[1]);
+    }
+    if (spec == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag ", a, " (see --help)"));
+    }
+    if (spec->value_name.empty()) {
+      if (has_value) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", spec->name, " takes no value"));
+      }
+      value = "true";
+    } else if (!has_value) {
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", spec->name, " needs a value (", spec->value_name, ")"));
+      }
+      value = args[++i];
+    }
+    auto& slot = out.values[spec->name];
+    if (!spec->repeated) slot.clear();
+    slot.push_back(value);
+  }
+  for (const FlagSpec& s : specs) {
+    if (!s.default_value.empty() && !out.Has(s.name)) {
+      out.values[s.name].push_back(s.default_value);
+    }
+  }
+  return out;
+}
+
+std::string FlagsHelp(const std::vector<FlagSpec>& specs) {
+  std::string out;
+  for (const FlagSpec& s : specs) {
+    std::string left = absl::StrCat("  --", s.name);
+    if (s.short_name) left = absl::StrCat("  -", std::string(1, s.short_name), ", --", s.name);
+    if (!s.value_name.empty()) absl::StrAppend(&left, " ", s.value_name);
+    absl::StrAppendFormat(&out, "%-34s %s", left, s.help);
+    if (!s.default_value.empty()) absl::StrAppend(&out, " (default ", s.default_value, ")");
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<long long> ParseIntFlag(const std::string& name,
+                                       const std::string& value) {
+  long long v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, ": got '", value, "', expected a non-negative integer"));
+  }
+  return v;
+}
+
+}  // namespace kforge::cli

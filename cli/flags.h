@@ -1,0 +1,60 @@
+#ifndef KFORGE_CLI_FLAGS_H_
+#define KFORGE_CLI_FLAGS_H_
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kforge::cli {
+
+// One flag a subcommand accepts.
+struct FlagSpec {
+  FlagSpec(std::string name, std::string value_name, std::string help,
+           std::string default_value = "", char short_name = 0,
+           bool repeated = false)
+      : name(std::move(name)),
+        value_name(std::move(value_name)),
+        help(std::move(help)),
+        default_value(std::move(default_value)),
+        short_name(short_name),
+        repeated(repeated) {}
+  std::string name;  // without dashes, e.g. "arch"
+  std::string value_name;  // empty for a boolean switch
+  std::string help;
+  std::string default_value;  // shown in help; applied when absent
+  char short_name = 0;        // e.g. 'o' for -o
+  bool repeated = false;      // may be given several times
+};
+
+struct ParsedArgs {
+  std::map<std::string, std::vector<std::string>> values;
+  std::vector<std::string> positional;
+  bool Has(const std::string& name) const { return values.count(name) > 0; }
+  std::string Get(const std::string& name) const {
+    auto it = values.find(name);
+    return it == values.end() || it->second.empty() ? "" : it->second.back();
+  }
+  std::vector<std::string> GetAll(const std::string& name) const {
+    auto it = values.find(name);
+    return it == values.end() ? std::vector<std::string>{} : it->second;
+  }
+};
+
+// Parses `--name value`, `--name=value`, `-o value` and boolean `--name`.
+// Unknown flags and missing values are InvalidArgument naming the flag.
+absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs,
+                                      const std::vector<std::string>& args);
+
+// Help text for a subcommand's flags.
+std::string FlagsHelp(const std::vector<FlagSpec>& specs);
+
+// Parses a non-negative integer flag value, naming the flag on error.
+absl::StatusOr<long long> ParseIntFlag(const std::string& name,
+                                       const std::string& value);
+
+}  // namespace kforge::cli
+
+#endif  // KFORGE_CLI_FLAGS_H_

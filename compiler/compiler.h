@@ -1,0 +1,65 @@
+#ifndef KFORGE_COMPILER_COMPILER_H_
+#define KFORGE_COMPILER_COMPILER_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compiler/arch.h"
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/spec.pb.h"
+
+namespace kforge {
+
+// Everything known about a kernel before NVRTC runs: enough to look it up
+// in a cache by key without compiling.
+struct CompilePlan {
+  v1::AttentionSpec spec;  // normalized
+  Arch arch;
+  v1::KernelTiling tiling;
+  std::string module_name;
+  std::string source;  // the instantiation unit
+  std::vector<std::string> options;
+  std::string key;
+};
+
+// Knobs that change what Plan produces (each one is part of the key).
+struct PlanOptions {
+  // When > 0, tile as if the arch allowed only this much shared memory per
+  // block. Lets the 99 KB pipeline of sm_86/89/120 run on a 227 KB H200,
+  // where its logic can be checked against a reference.
+  int max_smem_per_block = 0;
+};
+
+// The spec -> codegen -> NVRTC -> inspection pipeline. Stateless and
+// thread-safe.
+class KernelCompiler {
+ public:
+  // Validates the spec (InvalidArgument naming the field) and the arch
+  // (FailedPrecondition), chooses the tiling and computes the cache key.
+  absl::StatusOr<CompilePlan> Plan(const v1::AttentionSpec& spec,
+                                   std::string_view arch,
+                                   const PlanOptions& options = {}) const;
+
+  // Compiles a plan and inspects the cubin. Internal with the NVRTC log on a
+  // compile error; Internal if the cubin's arch or entries are not the ones
+  // asked for.
+  absl::StatusOr<v1::KernelArtifact> Build(const CompilePlan& plan) const;
+
+  // Plan + Build.
+  absl::StatusOr<v1::KernelArtifact> Compile(
+      const v1::AttentionSpec& spec, std::string_view arch,
+      const PlanOptions& options = {}) const;
+};
+
+// "kforge 0.1.0 / nvrtc 13.0".
+std::string CompilerVersion();
+
+// The artifact as indented JSON, without the cubin bytes (the description
+// written beside a .cubin).
+std::string ArtifactDescriptionJson(const v1::KernelArtifact& artifact);
+
+}  // namespace kforge
+
+#endif  // KFORGE_COMPILER_COMPILER_H_

@@ -1,0 +1,83 @@
+// Thin wrappers over the PTX the sparse attention templates need: 16-byte
+// asynchronous copies, ldmatrix, bf16 mma.sync and fast exp2. Written here
+// instead of including cuda_bf16.h / cuda_pipeline.h so that NVRTC needs no
+// toolkit headers on the serving host. Every instruction exists on sm_80 and
+// later, including sm_120 (which has no wgmma).
+#ifndef KFORGE_COMMON_PTX_CUH_
+#define KFORGE_COMMON_PTX_CUH_
+
+namespace kforge {
+namespace ptx {
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u32 SmemAddr(const void* p) {
+  return static_cast<u32>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global->shared copy that bypasses L1. src_bytes == 0 writes zeros
+// (used for invalid top-k slots, so V rows of masked tokens are 0, not NaN).
+__device__ __forceinline__ void CpAsync16(u32 dst, const void* src,
+                                          u32 src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void Ldmatrix4(u32 addr, u32& r0, u32& r1, u32& r2,
+                                          u32& r3) {
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+      : "r"(addr));
+}
+__device__ __forceinline__ void Ldmatrix2(u32 addr, u32& r0, u32& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(addr));
+}
+__device__ __forceinline__ void Ldmatrix4Trans(u32 addr, u32& r0, u32& r1,
+                                               u32& r2, u32& r3) {
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+      : "r"(addr));
+}
+
+// D = A * B + D, m16n8k16, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const u32 (&a)[4],
+                                        u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats to packed bf16x2 (round to nearest even); lo in the low half.
+__device__ __forceinline__ u32 PackBf16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// 2^x with ex2.approx (relative error ~2^-22); 2^-inf = +0.
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
+
+}  // namespace ptx
+}  // namespace kforge
+
+#endif  // KFORGE_COMMON_PTX_CUH_

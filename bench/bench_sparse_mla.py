@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Times kforge sparse MLA modules on the GPU against PyTorch and the roofline.
+
+For each case (heads x batch, topk 2048, bf16 KV) it loads the module for
+that head count from MODULE_DIR, rotates through several input sets (fresh
+random indices into a large cache, so L2 cannot hold the working set), times
+main + combine with CUDA events (warm-up, median of many runs) for several
+split counts, and compares with a PyTorch gather + bmm implementation and the
+roofline floor max(bytes / 4.2 TB/s, flops / 708 TFLOP/s) measured on the
+H200 (DESIGN.md). Prints a markdown table and writes it to --out.
+"""
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+
+COPY_BW = 4.2e12
+MMA_RATE = 708e12
+
+
+def time_fn(fn, sets, reps, warmup=3):
+    """Median microseconds per call. The calls (one per input set) are
+    captured into a CUDA graph and replayed, so host launch overhead (Python,
+    ctypes) never shows up as GPU time."""
+    import torch
+    for i in range(warmup):
+        fn(sets[i % len(sets)])
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(g, stream=stream):
+            for st in sets:
+                fn(st)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / len(sets))
+    return statistics.median(times)
+
+
+def torch_reference_impl(kv, scale, d_v):
+    import torch
+
+    def run(st):
+        q, idx, out = st["q"], st["idx"], st["out"]
+        rows = kv[idx.clamp(min=0).long()]                         # [T, K, D]
+        s = torch.bmm(q, rows.transpose(1, 2)).float() * scale     # [T, H, K]
+        s.masked_fill_((idx < 0)[:, None, :], float("-inf"))
+        p = torch.softmax(s, dim=-1).to(torch.bfloat16)
+        out.copy_(torch.bmm(p, rows[..., :d_v]))
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("module_dir")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--sets", type=int, default=4)
+    ap.add_argument("--cache-slots", type=int, default=1 << 20)
+    ap.add_argument("--cases", default="128x128,64x64,16x128,8x1",
+                    help="heads x batch list")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
+    args = ap.parse_args()
+    import torch
+    from kforge.driver import SparseMlaModule, device_sm_count
+
+    sms = device_sm_count()
+    mods = {}
+    for c in glob.glob(os.path.join(args.module_dir, "*.cubin")):
+        with open(c[:-6] + ".json") as f:
+            meta = json.load(f)
+        if meta["spec"]["topk"] == 2048 and meta["spec"]["s_q"] == 1:
+            mods[meta["spec"]["num_q_heads"]] = c
+    D = 576
+    kv = torch.randn(args.cache_slots, D, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+    lines = []
+    header = ("| heads x batch | kforge best (us) | splits | kforge auto (us) | auto splits | "
+              "PyTorch gather+bmm (us) | roofline floor (us) | best / floor | TFLOP/s | GB/s |")
+    lines.append(header)
+    lines.append("|" + "---|" * 10)
+    print(header, flush=True)
+    cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
+    for H, B in cases:
+        if H not in mods:
+            print(f"| {H} x {B} | no module in {args.module_dir} |")
+            continue
+        mod = SparseMlaModule(mods[H])
+        K, Dv = mod.topk, mod.d_v
+        T = B
+        sets = []
+        for _ in range(args.sets):
+            q = torch.randn(T, H, D, device="cuda").to(torch.bfloat16)
+            idx = torch.randint(0, args.cache_slots, (T, K), device="cuda", dtype=torch.int32)
+            out = torch.empty(T, H, Dv, device="cuda", dtype=torch.bfloat16)
+            lse = torch.empty(T, H, device="cuda", dtype=torch.float32)
+            sets.append(dict(q=q, idx=idx, out=out, lse=lse))
+        flops = H * T * K * 2 * (D + Dv)
+        bytes_ = T * K * D * 2 + T * H * (D + Dv) * 2
+        floor = max(bytes_ / COPY_BW, flops / MMA_RATE) * 1e6
+        results = {}
+        auto = mod.auto_splits(T, sms)
+        cands = sorted({1, 2, 4, 8, 16, 32, auto} & set(range(1, mod.max_splits() + 1)))
+        for splits in cands:
+            ws = mod.workspace(T, splits)
+            results[splits] = time_fn(
+                lambda st: mod(st["q"], kv, st["idx"], st["out"], st["lse"],
+                               num_splits=splits, workspace=ws), sets, args.reps)
+        best_s = min(results, key=results.get)
+        ref = float("nan") if args.no_torch else time_fn(
+            torch_reference_impl(kv, mod.meta["spec"]["softmax_scale"], Dv), sets,
+            max(5, args.reps // 3))
+        best = results[best_s]
+        row = (f"| {H} x {B} | {best:.1f} | {best_s} | {results[auto]:.1f} | {auto} | {ref:.1f} | "
+               f"{floor:.1f} | {best / floor:.2f} | {flops / best / 1e6:.0f} | "
+               f"{bytes_ / best / 1e3:.0f} |")
+        lines.append(row)
+        print(row, "  sweep:", {k: round(v, 1) for k, v in results.items()}, flush=True)
+        del mod
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+#!/usr/bin/env python3
+"""Runs one sparse MLA case a few times, for a profiler (ncu) to attach to.
+usage: profile_one.py MODULE.cubin BATCH NUM_SPLITS"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+import torch  # noqa: E402
+from kforge.driver import SparseMlaModule  # noqa: E402
+
+mod = SparseMlaModule(sys.argv[1])
+T, splits = int(sys.argv[2]), int(sys.argv[3])
+kv = torch.randn(1 << 20, mod.d_qk, device="cuda").to(torch.bfloat16)
+q = torch.randn(T, mod.num_heads, mod.d_qk, device="cuda").to(torch.bfloat16)
+idx = torch.randint(0, 1 << 20, (T, mod.topk), device="cuda", dtype=torch.int32)
+out = torch.empty(T, mod.num_heads, mod.d_v, device="cuda", dtype=torch.bfloat16)
+lse = torch.empty(T, mod.num_heads, device="cuda")
+for _ in range(3):
+    mod(q, kv, idx, out, lse, num_splits=splits)
+torch.cuda.synchronize()
+print("done")

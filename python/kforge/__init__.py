@@ -1,0 +1,1 @@
+"""kforge Python client: load kforge sparse MLA modules and launch them."""

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""GPU correctness check for kforge sparse MLA modules (needs a CUDA GPU).
+
+Loads every module under MODULE_DIR (written by `kforge compile`, see
+tests/gpu/compile_check_modules.sh) with the CUDA Driver API and compares it
+with an fp64 PyTorch reference on fresh random inputs: -1 padding,
+out-of-range slots, a query token whose indices are all invalid, a paged
+cache with a gap between pages, outputs poisoned with NaN before each run,
+and several split counts (1, the automatic choice, the maximum).
+
+Bars: bf16 output relative error <= 1e-2, lse relative error <= 1e-4, no NaN,
+every output element written. Prints one table row per case and exits 1 on
+any failure. Skips (exit 0, "SKIP") when no GPU is present.
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+
+
+def reference(q, kv_rows, idx, valid, scale, d_v):
+    """fp64 sparse attention. q [T,H,D], kv_rows [T,K,D], valid [T,K]."""
+    import torch
+    s = torch.einsum("thd,tkd->thk", q, kv_rows) * scale
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # -inf where nothing is valid
+    p = torch.exp(s - lse[..., None])
+    p = torch.nan_to_num(p, nan=0.0)
+    out = torch.einsum("thk,tkd->thd", p, kv_rows[..., :d_v])
+    return out, lse
+
+
+def run_case(mod, batch, s_q, splits_mode, gen, sm_count, paged_gap):
+    import torch
+    H, D, Dv, K = mod.num_heads, mod.d_qk, mod.d_v, mod.topk
+    T = batch * s_q
+    pbs = mod.page_block_size
+    num_pages = max(4, math.ceil(2 * (K + 64) / pbs))
+    num_slots = num_pages * pbs
+    gap = 64 if paged_gap else 0  # elements between pages (keeps 16 B alignment)
+    page_stride = pbs * D + gap
+    storage = torch.randn(num_pages * page_stride, generator=gen, device="cuda",
+                          dtype=torch.float32).to(torch.bfloat16)
+    kv_view = storage.as_strided((num_pages, pbs, D), (page_stride, D, 1))
+
+    q = torch.randn(T, H, D, generator=gen, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+    # Unique random slots per token, then knock some out.
+    idx = torch.stack([torch.randperm(num_slots, generator=gen, device="cuda")[:K]
+                       for _ in range(T)]).to(torch.int32)
+    drop = torch.rand(T, K, generator=gen, device="cuda") < 0.1
+    idx = torch.where(drop, torch.full_like(idx, -1), idx)
+    oob = torch.rand(T, K, generator=gen, device="cuda") < 0.03
+    idx = torch.where(oob, torch.full_like(idx, num_slots + 5), idx)
+    if T > 1:
+        idx[T // 2].fill_(-1)  # a token with nothing to attend to
+    valid = (idx >= 0) & (idx < num_slots)
+
+    out = torch.full((T, H, Dv), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((T, H), float("nan"), device="cuda", dtype=torch.float32)
+    if splits_mode == "1":
+        splits = 1
+    elif splits_mode == "max":
+        splits = mod.max_splits()
+    else:
+        splits = mod.auto_splits(T, sm_count)
+    # The kernel addresses slot s at (s / pbs) * page_stride + (s % pbs) * D.
+    mod(q, kv_view, idx, out, lse if mod.return_lse else None, num_splits=splits)
+    torch.cuda.synchronize()
+
+    safe = torch.where(valid, idx, torch.zeros_like(idx)).long()
+    page, off = safe // pbs, safe % pbs
+    rows = kv_view[page, off].double()  # [T, K, D]
+    rows = rows * valid[..., None]
+    ref_out, ref_lse = reference(q.double(), rows, idx, valid, mod.meta["spec"]["softmax_scale"], Dv)
+
+    o = out.double()
+    nan = bool(torch.isnan(o).any()) or (mod.return_lse and bool(torch.isnan(lse).any()))
+    err = float(torch.linalg.vector_norm(o - ref_out) / max(torch.linalg.vector_norm(ref_out), 1e-30))
+    if mod.return_lse:
+        fin = torch.isfinite(ref_lse)
+        same_inf = bool(torch.equal(torch.isinf(lse.double()), ~fin))
+        lerr = float(torch.linalg.vector_norm(lse.double()[fin] - ref_lse[fin]) /
+                     max(torch.linalg.vector_norm(ref_lse[fin]), 1e-30))
+        if not same_inf:
+            lerr = float("inf")
+    else:
+        lerr = 0.0
+    empty_ok = True
+    if T > 1:
+        empty_ok = bool((out[T // 2] == 0).all())
+    ok = (not nan) and err <= 1e-2 and lerr <= 1e-4 and empty_ok
+    return dict(T=T, splits=splits, err=err, lse_err=lerr, nan=nan, empty_ok=empty_ok, ok=ok)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("module_dir")
+    ap.add_argument("--batches", default="1,7,128")
+    ap.add_argument("--json-out", default="")
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: PyTorch is not installed")
+        return 0
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA GPU")
+        return 0
+    from kforge.driver import SparseMlaModule, device_sm_count
+    sm_count = device_sm_count()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    rows, failures = [], 0
+    print(f"{'module':70s} {'tiling':>14s} {'B':>4s} {'T':>4s} {'spl':>4s} "
+          f"{'out rel err':>11s} {'lse rel err':>11s}  result")
+    for cubin in sorted(glob.glob(os.path.join(args.module_dir, "*.cubin"))):
+        mod = SparseMlaModule(cubin)
+        s_q = mod.meta["spec"]["s_q"]
+        t = mod.meta["tiling"]
+        tiling = f"h{t['head_tile']}n{t['token_tile']}w{t['warps']}"
+        for b in [int(x) for x in args.batches.split(",")]:
+            for mode, gap in (("1", False), ("auto", True), ("max", False)):
+                r = run_case(mod, b, s_q, mode, gen, sm_count, gap)
+                r.update(module=mod.meta["module_name"], tiling=tiling, batch=b)
+                rows.append(r)
+                failures += not r["ok"]
+                print(f"{r['module']:70s} {tiling:>14s} {b:4d} {r['T']:4d} {r['splits']:4d} "
+                      f"{r['err']:11.2e} {r['lse_err']:11.2e}  "
+                      f"{'ok' if r['ok'] else 'FAIL'}{' NaN' if r['nan'] else ''}"
+                      f"{'' if r['empty_ok'] else ' empty-row-not-zero'}", flush=True)
+        del mod
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"{len(rows) - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

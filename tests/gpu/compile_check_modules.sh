@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Compiles the modules tests/gpu/check_sparse_mla.py runs on an H200:
+#   heads {1, 8, 16, 64, 128} x topk {1, 63, 2048, 2049} x s_q {1, 2} for
+#   sm_90a, plus the 99 KB (sm_86/89/120/121) pipeline compiled for sm_90a
+#   with --max-smem-per-block 101376, so the same template logic that ships
+#   for sm_120 is checked on a real GPU.
+# usage: compile_check_modules.sh KFORGE_BINARY OUT_DIR
+set -euo pipefail
+kforge=$1
+out=$2
+mkdir -p "$out"
+specs=$(mktemp -d)
+trap 'rm -rf "$specs"' EXIT
+jobs=()
+write_spec() {  # heads topk s_q scale lse page
+  local f="$specs/h$1_k$2_s$3_sc$4_$5_p$6.json"
+  cat >"$f" <<JSON
+{"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": $1, "kv_lora_rank": 512,
+ "rope_dim": 64, "topk": $2, "s_q": $3, "kv_cache_dtype": "KV_CACHE_DTYPE_BF16",
+ "page_block_size": $6, "softmax_scale": $4, "return_lse": $5}
+JSON
+  echo "$f"
+}
+for h in 1 8 16 64 128; do
+  for k in 1 63 2048 2049; do
+    for s in 1 2; do
+      jobs+=("$(write_spec $h $k $s 0.135234 true 64) sm_90a 0")
+    done
+  done
+done
+for h in 8 24 64 128; do
+  jobs+=("$(write_spec $h 2048 1 0.0625 true 64) sm_90a 101376")
+  jobs+=("$(write_spec $h 63 2 0.0625 false 16) sm_90a 101376")
+done
+# NVRTC is thread-safe but each compile is single-threaded: one per core.
+printf '%s\n' "${jobs[@]}" | xargs -P "$(nproc)" -L 1 bash -c '
+  extra=(); [ "$3" != 0 ] && extra=(--max-smem-per-block "$3") || true
+  "$0" compile --spec "$1" --arch "$2" "${extra[@]}" -o '"$out"' >/dev/null' "$kforge"
+ls "$out"/*.cubin | wc -l

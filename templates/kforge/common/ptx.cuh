@@ -75,6 +75,12 @@ __device__ __forceinline__ float Exp2(float x) {
   return y;
 }
 
+// Barrier among `threads` threads (a multiple of 32) of the block using
+// hardware barrier `id` (1..15; 0 is __syncthreads).
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 __device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
 
 }  // namespace ptx

@@ -196,6 +196,9 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
     }
   // softmax_scale * log2(e): the codegen derives the traits and bakes it in.
   constexpr float kScaleLog2 = T::kScaleLog2;
+  // Largest growth (log2 units) of the running max absorbed without a
+  // rescale of O; P <= 2^8 = 256.
+  constexpr float kRescaleLog2 = 8.f;
 
   for (int t = 0; t < num_tiles; ++t) {
     ptx::CpAsyncWait<T::kStages - 2>();
@@ -279,7 +282,8 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
             red_s[wn * T::kHeadTile + (wm * T::kSM + mi) * 16 + h * 8 + lane / 4] =
                 mx[mi][h];
       }
-      __syncthreads();
+      // Only the kWarpsN warps that share these rows meet here.
+      ptx::NamedBarrier(1 + wm, T::kWarpsN * 32);
 #pragma unroll
       for (int mi = 0; mi < T::kSM; ++mi)
 #pragma unroll
@@ -299,11 +303,18 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = (wm * T::kSM + mi) * 16 + h * 8 + lane / 4;
-        const float m_new = fmaxf(m_run[mi][h], mx[mi][h]);
+        const float m_old = m_run[mi][h];
+        float m_new = fmaxf(m_old, mx[mi][h]);
+        // Lazy rescaling: keep the running max unless the tile raises it by
+        // more than kRescaleLog2, so P stays <= 2^kRescaleLog2 (exact enough
+        // in fp32 sums and bf16 P) and O is rarely rescaled. The first valid
+        // tile always moves it (x - (-inf) = inf); -inf - -inf is NaN and
+        // keeps it.
+        if (!(m_new - m_old > kRescaleLog2)) m_new = m_old;
         // All -inf so far (every token masked): subtract 0, not -inf, so
         // exp2 gives 0 rather than NaN.
         const float m_use = m_new == ptx::NegInf() ? 0.f : m_new;
-        const float scale = ptx::Exp2(m_run[mi][h] - m_use);
+        const float scale = m_new == m_old ? 1.f : ptx::Exp2(m_old - m_use);
         m_run[mi][h] = m_new;
         float sum = 0.f;
 #pragma unroll
@@ -322,16 +333,27 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
     __syncthreads();
 
     // ---- O = O * scale + P V ----
+    {
+      float sc[T::kMTiles][2];
+      bool rescale = false;
 #pragma unroll
-    for (int mi = 0; mi < T::kMTiles; ++mi) {
-      const float sc0 = scale_s[mi * 16 + lane / 4];
-      const float sc1 = scale_s[mi * 16 + 8 + lane / 4];
+      for (int mi = 0; mi < T::kMTiles; ++mi)
 #pragma unroll
-      for (int ni = 0; ni < T::kVN; ++ni) {
-        o[mi][ni][0] *= sc0;
-        o[mi][ni][1] *= sc0;
-        o[mi][ni][2] *= sc1;
-        o[mi][ni][3] *= sc1;
+        for (int h = 0; h < 2; ++h) {
+          sc[mi][h] = scale_s[mi * 16 + h * 8 + lane / 4];
+          rescale |= sc[mi][h] != 1.f;
+        }
+      // Warp-uniform skip: after the first tiles the max rarely moves.
+      if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int mi = 0; mi < T::kMTiles; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < T::kVN; ++ni) {
+            o[mi][ni][0] *= sc[mi][0];
+            o[mi][ni][1] *= sc[mi][0];
+            o[mi][ni][2] *= sc[mi][1];
+            o[mi][ni][3] *= sc[mi][1];
+          }
       }
     }
 #pragma unroll

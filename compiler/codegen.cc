@@ -82,39 +82,28 @@ uint32_t FloatBits(float f) {
 absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec,
                                               const Arch& arch) {
   const int heads = static_cast<int>(spec.num_q_heads());
-  // Largest head tile this arch can hold with some pipeline.
-  int max_tile = 0;
-  for (int t : {64, 32, 16}) {
-    v1::KernelTiling probe;
-    for (const TileConfig& c : CandidatesFor(t)) {
-      if (Fit(spec, t, c, arch, &probe)) break;
+  // Try the largest group size first: spread the heads evenly over the
+  // fewest groups of at most max_tile, round the group up to whole MMA rows
+  // and take the first pipeline that fits. A rounded tile (e.g. 48 for 40 or
+  // 80 heads) may have no pipeline on a small-smem part; then fall back to
+  // the next smaller group size rather than fail.
+  for (int max_tile : {64, 32, 16}) {
+    const int groups = (heads + max_tile - 1) / max_tile;
+    const int per_group = (heads + groups - 1) / groups;
+    const int head_tile = RoundUp16(per_group);
+    v1::KernelTiling tiling;
+    for (const TileConfig& c : CandidatesFor(head_tile)) {
+      if (Fit(spec, head_tile, c, arch, &tiling)) break;
     }
-    if (probe.head_tile() != 0) {
-      max_tile = t;
-      break;
-    }
+    if (tiling.head_tile() == 0) continue;
+    tiling.set_heads_per_group(per_group);
+    tiling.set_num_head_groups((heads + per_group - 1) / per_group);
+    return tiling;
   }
-  if (max_tile == 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s: no sparse MLA tiling fits %d bytes of shared memory per block "
-        "for d_qk=%d",
-        arch.name, arch.max_smem_per_block, DqkOf(spec)));
-  }
-  const int groups = (heads + max_tile - 1) / max_tile;
-  const int per_group = (heads + groups - 1) / groups;
-  const int head_tile = RoundUp16(per_group);
-  v1::KernelTiling tiling;
-  for (const TileConfig& c : CandidatesFor(head_tile)) {
-    if (Fit(spec, head_tile, c, arch, &tiling)) break;
-  }
-  if (tiling.head_tile() == 0) {
-    return absl::InternalError(absl::StrFormat(
-        "no pipeline for head tile %d on %s (max tile %d fits)", head_tile,
-        arch.name, max_tile));
-  }
-  tiling.set_heads_per_group(per_group);
-  tiling.set_num_head_groups((heads + per_group - 1) / per_group);
-  return tiling;
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s: no sparse MLA tiling fits %d bytes of shared memory per block "
+      "for d_qk=%d",
+      arch.name, arch.max_smem_per_block, DqkOf(spec)));
 }
 
 int DecodeSmemBytesFor(const v1::AttentionSpec& spec,

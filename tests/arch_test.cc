@@ -1,6 +1,7 @@
 #include "compiler/arch.h"
 
 #include <set>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,9 @@ struct ArchCase {
   bool arch_specific;
   int smem;
 };
+
+// Stable test names for ctest (the default prints raw bytes, pointers too).
+void PrintTo(const ArchCase& c, std::ostream* os) { *os << '"' << c.input << '"'; }
 
 class ParseArchTest : public ::testing::TestWithParam<ArchCase> {};
 

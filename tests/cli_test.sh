@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# End-to-end checks of the kforge command line: compile, inspect, and the
+# errors a user sees for bad input.
+# Usage: cli_test.sh PATH/TO/kforge
+set -euo pipefail
+
+KFORGE=${1:?usage: cli_test.sh PATH/TO/kforge}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+MODULE=sparse_mla_decode_h8_d512r64_topk2048_sq1_bf16_pb64_sc3d800000_lse_sm120a
+FAILED=0
+
+fail() {
+  echo "FAIL: $*" >&2
+  FAILED=1
+}
+
+# expect_error "what" "message substring" kforge-args...
+# The command must exit non-zero and print the substring (stdout or stderr).
+expect_error() {
+  local what=$1 needle=$2
+  shift 2
+  local out rc=0
+  out=$("$KFORGE" "$@" 2>&1) || rc=$?
+  if [[ $rc -eq 0 ]]; then
+    fail "$what: exit 0, expected an error (output: $out)"
+  elif ! grep -qiF -- "$needle" <<<"$out"; then
+    fail "$what: exit $rc but the message does not mention '$needle': $out"
+  else
+    echo "ok: $what (exit $rc): $(head -n1 <<<"$out")"
+  fi
+}
+
+# --- compile ---------------------------------------------------------------
+"$KFORGE" compile --preset glm-5 --tp 8 --arch sm_120a -o "$TMP/out" \
+  >"$TMP/compile.txt"
+cat "$TMP/compile.txt"
+[[ -s "$TMP/out/$MODULE.cubin" ]] || fail "missing $TMP/out/$MODULE.cubin"
+[[ -s "$TMP/out/$MODULE.json" ]] || fail "missing $TMP/out/$MODULE.json"
+python3 -m json.tool "$TMP/out/$MODULE.json" >/dev/null ||
+  fail "$MODULE.json is not valid JSON"
+grep -qF "\"module_name\": \"$MODULE\"" "$TMP/out/$MODULE.json" ||
+  fail "$MODULE.json does not name the module"
+
+# --- inspect ---------------------------------------------------------------
+"$KFORGE" inspect "$TMP/out/$MODULE.cubin" >"$TMP/inspect.txt"
+cat "$TMP/inspect.txt"
+for needle in sm_120a sparse_mla_decode_main sparse_mla_decode_combine; do
+  grep -qF "$needle" "$TMP/inspect.txt" || fail "inspect does not print $needle"
+done
+
+"$KFORGE" inspect --json "$TMP/out/$MODULE.cubin" >"$TMP/inspect.json"
+python3 -m json.tool "$TMP/inspect.json" >/dev/null ||
+  fail "inspect --json is not valid JSON: $(cat "$TMP/inspect.json")"
+for needle in sm_120a sparse_mla_decode_main sparse_mla_decode_combine; do
+  grep -qF "$needle" "$TMP/inspect.json" || fail "inspect --json lacks $needle"
+done
+
+# --- bad input ---------------------------------------------------------------
+expect_error "unknown preset" "preset" \
+  compile --preset no-such-model --arch sm_90a -o "$TMP/bad"
+expect_error "--tp 3 for glm-5" "tensor_parallel" \
+  compile --preset glm-5 --tp 3 --arch sm_90a -o "$TMP/bad"
+expect_error "--arch sm_75" "sm_75" \
+  compile --preset glm-5 --tp 8 --arch sm_75 -o "$TMP/bad"
+expect_error "missing --arch" "--arch" \
+  compile --preset glm-5 --tp 8 -o "$TMP/bad"
+printf 'this is not an ELF file\n' >"$TMP/not.cubin"
+expect_error "inspect of a non-cubin" "not.cubin" inspect "$TMP/not.cubin"
+expect_error "inspect of a missing file" "missing.cubin" \
+  inspect "$TMP/missing.cubin"
+expect_error "unknown flag" "--no-such-flag" \
+  compile --preset glm-5 --arch sm_90a --no-such-flag
+expect_error "unknown command" "frobnicate" frobnicate
+# A failed compile writes nothing.
+if [[ -e "$TMP/bad" ]] && [[ -n $(find "$TMP/bad" -type f) ]]; then
+  fail "failed compiles left files: $(find "$TMP/bad" -type f)"
+fi
+
+if [[ $FAILED -ne 0 ]]; then
+  echo "cli_test: FAILED" >&2
+  exit 1
+fi
+echo "cli_test: all checks passed"

@@ -1,0 +1,379 @@
+#include "compiler/codegen.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <numeric>
+#include <regex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "compiler/arch.h"
+#include "compiler/spec.h"
+#include "gtest/gtest.h"
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/spec.pb.h"
+#include "templates/kforge/sparse_mla/config.h"
+
+#ifndef KFORGE_SOURCE_DIR
+#error "KFORGE_SOURCE_DIR must name the source tree (see tests/CMakeLists.txt)"
+#endif
+
+namespace kforge {
+namespace {
+
+v1::AttentionSpec Preset(const char* name, int tp) {
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(name, tp);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : v1::AttentionSpec();
+}
+
+Arch ArchNamed(const char* name) {
+  absl::StatusOr<Arch> arch = ParseArch(name);
+  EXPECT_TRUE(arch.ok()) << arch.status();
+  return arch.ok() ? *arch : Arch();
+}
+
+// A valid spec with everything but the listed dimensions from glm-5.
+v1::AttentionSpec SpecWith(int heads, int kv_lora_rank, int rope_dim) {
+  v1::AttentionSpec spec = Preset("glm-5", 1);
+  spec.set_num_q_heads(heads);
+  spec.set_kv_lora_rank(kv_lora_rank);
+  spec.set_rope_dim(rope_dim);
+  return spec;
+}
+
+// ---------------------------------------------------------------------------
+// Golden files
+
+std::string GoldenPath(const std::string& name) {
+  return absl::StrCat(KFORGE_SOURCE_DIR, "/tests/golden/", name);
+}
+
+bool UpdateGolden() {
+  const char* v = std::getenv("KFORGE_UPDATE_GOLDEN");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// Compares `actual` with the golden file byte for byte, or rewrites the file
+// when KFORGE_UPDATE_GOLDEN=1.
+void ExpectMatchesGolden(const std::string& actual, const std::string& name) {
+  const std::string path = GoldenPath(name);
+  if (UpdateGolden()) {
+    std::filesystem::create_directories(
+        std::filesystem::path(path).parent_path());
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << actual;
+    ASSERT_TRUE(out.good()) << "cannot write " << path;
+    std::cout << "rewrote golden file " << path << "\n";
+    return;
+  }
+  std::ifstream in(path, std::ios::binary);
+  ASSERT_TRUE(in.good())
+      << "missing golden file " << path
+      << "\nCreate it with: KFORGE_UPDATE_GOLDEN=1 ./codegen_test "
+         "--gtest_filter='CodegenGolden.*' (then review the diff).";
+  const std::string expected((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  EXPECT_EQ(actual, expected)
+      << "generated source differs from " << path
+      << ".\nIf the change is intended, regenerate with: "
+         "KFORGE_UPDATE_GOLDEN=1 ./codegen_test --gtest_filter='CodegenGolden.*'"
+         " and review the diff before committing.";
+}
+
+std::string SourceFor(const v1::AttentionSpec& spec, const Arch& arch) {
+  absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, arch);
+  EXPECT_TRUE(tiling.ok()) << tiling.status();
+  if (!tiling.ok()) return "";
+  return GenerateSource(spec, *tiling);
+}
+
+TEST(CodegenGolden, DeepseekTp1Sm90a) {
+  ExpectMatchesGolden(
+      SourceFor(Preset("deepseek-v3.2", 1), ArchNamed("sm_90a")),
+      "codegen_deepseek_tp1_sm90a.cu");
+}
+
+TEST(CodegenGolden, Glm5Tp8Sm120a) {
+  ExpectMatchesGolden(SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a")),
+                      "codegen_glm5_tp8_sm120a.cu");
+}
+
+TEST(CodegenSource, NamesBothEntries) {
+  const std::string src =
+      SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a"));
+  EXPECT_NE(src.find(kMainEntry), std::string::npos);
+  EXPECT_NE(src.find(kCombineEntry), std::string::npos);
+}
+
+TEST(CodegenSource, Deterministic) {
+  const v1::AttentionSpec spec = Preset("deepseek-v3.2", 2);
+  const Arch arch = ArchNamed("sm_89");
+  EXPECT_EQ(SourceFor(spec, arch), SourceFor(spec, arch));
+}
+
+// Replaces every C preprocessing number (decimal, hex float, exponent forms)
+// with "N" and every bool literal with "B".
+std::string Skeleton(const std::string& src) {
+  static const std::regex kNumber(
+      R"(\.?[0-9](?:[eEpP][+-]|[0-9A-Za-z_.])*)");
+  static const std::regex kBool(R"(\b(?:true|false)\b)");
+  return std::regex_replace(std::regex_replace(src, kNumber, "N"), kBool, "B");
+}
+
+// The unit carries the spec only as numbers and bools: no text from the spec
+// (or anything derived from it) can reach the compiler, so the skeleton is
+// the same fixed template text for every spec and arch.
+TEST(CodegenSource, OnlyNumbersVaryWithTheSpec) {
+  const std::string reference =
+      Skeleton(SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a")));
+  ASSERT_FALSE(reference.empty());
+  std::vector<v1::AttentionSpec> specs;
+  specs.push_back(Preset("deepseek-v3.2", 1));
+  specs.push_back(Preset("glm-5", 2));
+  specs.push_back(SpecWith(3, 64, 0));
+  specs.push_back(SpecWith(100, 256, 64));
+  v1::AttentionSpec odd = Preset("glm-5", 4);
+  odd.set_softmax_scale(1e-5f);  // prints with an exponent
+  odd.set_return_lse(false);
+  odd.set_s_q(3);
+  odd.set_topk(777);
+  odd.set_page_block_size(1);
+  specs.push_back(odd);
+  for (const Arch& arch : SupportedArchs()) {
+    for (const v1::AttentionSpec& spec : specs) {
+      const std::string src = SourceFor(spec, arch);
+      for (char c : src) {
+        ASSERT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f))
+            << "non-printable byte " << static_cast<int>(c) << " on "
+            << arch.name;
+      }
+      EXPECT_EQ(Skeleton(src), reference)
+          << arch.name << " " << spec.ShortDebugString();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// ModuleName
+
+TEST(ModuleName, ExactNames) {
+  EXPECT_EQ(ModuleName(Preset("glm-5", 8), ArchNamed("sm_120a")),
+            "sparse_mla_decode_h8_d512r64_topk2048_sq1_bf16_pb64_sc3d800000_"
+            "lse_sm120a");
+  // 0.135234f == 0x3e0a7ac8
+  EXPECT_EQ(ModuleName(Preset("deepseek-v3.2", 1), ArchNamed("sm_90a")),
+            "sparse_mla_decode_h128_d512r64_topk2048_sq1_bf16_pb64_sc3e0a7ac8_"
+            "lse_sm90a");
+  v1::AttentionSpec spec = SpecWith(3, 256, 0);
+  spec.set_s_q(2);
+  spec.set_topk(512);
+  spec.set_page_block_size(1);
+  spec.set_softmax_scale(1.0f);
+  spec.set_return_lse(false);
+  EXPECT_EQ(ModuleName(spec, ArchNamed("sm_80")),
+            "sparse_mla_decode_h3_d256r0_topk512_sq2_bf16_pb1_sc3f800000_sm80");
+}
+
+TEST(ModuleName, DistinctAndDeterministic) {
+  std::vector<v1::AttentionSpec> specs;
+  const v1::AttentionSpec base = Preset("glm-5", 8);
+  specs.push_back(base);
+  auto with = [&](auto&& mutate) {
+    v1::AttentionSpec s = base;
+    mutate(s);
+    specs.push_back(s);
+  };
+  with([](v1::AttentionSpec& s) { s.set_num_q_heads(16); });
+  with([](v1::AttentionSpec& s) { s.set_kv_lora_rank(256); });
+  with([](v1::AttentionSpec& s) { s.set_rope_dim(0); });
+  with([](v1::AttentionSpec& s) { s.set_topk(1024); });
+  with([](v1::AttentionSpec& s) { s.set_s_q(2); });
+  with([](v1::AttentionSpec& s) { s.set_page_block_size(1); });
+  with([](v1::AttentionSpec& s) { s.set_softmax_scale(0.0625001f); });
+  with([](v1::AttentionSpec& s) { s.set_return_lse(false); });
+  std::set<std::string> names;
+  size_t count = 0;
+  for (const Arch& arch : SupportedArchs()) {
+    for (const v1::AttentionSpec& spec : specs) {
+      const std::string name = ModuleName(spec, arch);
+      EXPECT_EQ(name, ModuleName(spec, arch));
+      // Usable as a file and directory name on any system.
+      for (char c : name) {
+        EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                    c == '_')
+            << name;
+      }
+      names.insert(name);
+      ++count;
+    }
+  }
+  EXPECT_EQ(names.size(), count);
+}
+
+// ---------------------------------------------------------------------------
+// ChooseTiling
+
+bool Is99KB(const Arch& arch) { return arch.max_smem_per_block == 99 * 1024; }
+
+// Mirrors the static_asserts of DecodeTraits (decode.cuh) that depend on the
+// tiling, so the whole table is checked without compiling each entry.
+void ExpectTraitsHold(const v1::AttentionSpec& spec,
+                      const v1::KernelTiling& t, const std::string& where) {
+  const int dv = static_cast<int>(spec.kv_lora_rank());
+  const int warps = static_cast<int>(t.warps());
+  const int m_tiles = static_cast<int>(t.head_tile()) / 16;
+  const int warps_m = std::gcd(m_tiles, warps);
+  const int warps_n = warps / warps_m;
+  const int vcols = dv / warps;
+  const int rows_per_pass = warps * 32 / sparse_mla::kThreadsPerRow;
+  EXPECT_GE(t.head_tile(), 16u) << where;
+  EXPECT_LE(t.head_tile(), 64u) << where;
+  EXPECT_EQ(t.token_tile() % 16, 0u) << where;
+  EXPECT_EQ((t.token_tile() / 8) % warps_n, 0u) << where;
+  EXPECT_EQ(dv % warps, 0) << where;
+  EXPECT_EQ(vcols % 16, 0) << where;
+  EXPECT_EQ(static_cast<int>(t.token_tile()) % rows_per_pass, 0) << where;
+  EXPECT_GE(t.stages(), 2u) << where;
+  EXPECT_LE(m_tiles * (vcols / 8) * 4, 128) << where;
+}
+
+TEST(ChooseTiling, TableOverArchsHeadsAndDims) {
+  // Specs with no tiling, grouped by (arch, rank, rope) and reported once at
+  // the end rather than as one failure each.
+  std::map<std::string, std::pair<std::vector<int>, std::string>> no_tiling;
+  int no_tiling_count = 0;
+  for (const Arch& arch : SupportedArchs()) {
+    for (int rank : {64, 128, 256, 512}) {
+      for (int rope : {0, 64}) {
+        for (int heads = 1; heads <= 128; ++heads) {
+          const v1::AttentionSpec spec = SpecWith(heads, rank, rope);
+          const std::string where = absl::StrCat(
+              arch.name, " heads=", heads, " rank=", rank, " rope=", rope);
+          absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, arch);
+          if (!tiling.ok()) {
+            auto& entry = no_tiling[absl::StrCat(arch.name, " rank=", rank,
+                                                 " rope=", rope)];
+            entry.first.push_back(heads);
+            if (entry.second.empty()) entry.second = tiling.status().ToString();
+            ++no_tiling_count;
+            continue;
+          }
+          const v1::KernelTiling& t = *tiling;
+          const int head_tile = static_cast<int>(t.head_tile());
+          const int per_group = static_cast<int>(t.heads_per_group());
+          const int groups = static_cast<int>(t.num_head_groups());
+          EXPECT_EQ(head_tile % 16, 0) << where;
+          EXPECT_GE(per_group, 1) << where;
+          EXPECT_LE(per_group, head_tile) << where;
+          EXPECT_LT(head_tile - per_group, 16)
+              << where << ": padded beyond one MMA tile";
+          EXPECT_GE(groups * per_group, heads) << where;
+          EXPECT_LT((groups - 1) * per_group, heads)
+              << where << ": an empty head group";
+          EXPECT_LE(DecodeSmemBytesFor(spec, t), arch.max_smem_per_block)
+              << where;
+          ExpectTraitsHold(spec, t, where);
+          if (rank == 512 && rope == 64) {
+            if (Is99KB(arch)) {
+              EXPECT_LE(head_tile, 32) << where;
+            }
+            if (arch.name == "sm_90a" || arch.name == "sm_100a") {
+              // 64 heads per CTA: one group for glm-5 tp1, two for
+              // deepseek-v3.2 tp1.
+              EXPECT_EQ(groups, (heads + 63) / 64) << where;
+            }
+          }
+        }
+      }
+    }
+  }
+  std::string listed;
+  for (const auto& [config, failed] : no_tiling) {
+    absl::StrAppend(&listed, "\n  ", config, " heads {",
+                    absl::StrJoin(failed.first, ","), "}: ", failed.second);
+  }
+  EXPECT_EQ(no_tiling_count, 0) << "specs with no tiling:" << listed;
+}
+
+TEST(ChooseTiling, PresetShapes) {
+  // glm-5 tp1 (64 heads) in one CTA on the 227 KB parts.
+  for (const char* arch : {"sm_90a", "sm_100a"}) {
+    absl::StatusOr<v1::KernelTiling> t =
+        ChooseTiling(Preset("glm-5", 1), ArchNamed(arch));
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->num_head_groups(), 1u) << arch;
+    EXPECT_EQ(t->head_tile(), 64u) << arch;
+  }
+  // glm-5 tp8 (8 heads) on sm_120a: one 16-row tile, half padding.
+  absl::StatusOr<v1::KernelTiling> t =
+      ChooseTiling(Preset("glm-5", 8), ArchNamed("sm_120a"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->head_tile(), 16u);
+  EXPECT_EQ(t->heads_per_group(), 8u);
+  EXPECT_EQ(t->num_head_groups(), 1u);
+}
+
+TEST(ChooseTiling, FailsWhenNothingFits) {
+  Arch tiny = ArchNamed("sm_90a");
+  tiny.max_smem_per_block = 16 * 1024;
+  absl::StatusOr<v1::KernelTiling> t = ChooseTiling(Preset("glm-5", 8), tiny);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// ---------------------------------------------------------------------------
+// MakeLaunchRule
+
+TEST(MakeLaunchRule, FollowsTheTiling) {
+  std::vector<v1::AttentionSpec> specs = {
+      Preset("deepseek-v3.2", 1), Preset("deepseek-v3.2", 8),
+      Preset("glm-5", 1),         Preset("glm-5", 8),
+      SpecWith(3, 64, 0),         SpecWith(24, 256, 64),
+  };
+  for (const Arch& arch : SupportedArchs()) {
+    for (const v1::AttentionSpec& spec : specs) {
+      const std::string where =
+          absl::StrCat(arch.name, " ", spec.ShortDebugString());
+      absl::StatusOr<v1::KernelTiling> t = ChooseTiling(spec, arch);
+      ASSERT_TRUE(t.ok()) << where << ": " << t.status();
+      const v1::LaunchRule rule = MakeLaunchRule(spec, *t, arch);
+      EXPECT_EQ(rule.block_threads(), t->warps() * 32) << where;
+      EXPECT_EQ(static_cast<int>(rule.dynamic_smem_bytes()),
+                DecodeSmemBytesFor(spec, *t))
+          << where;
+      EXPECT_LE(static_cast<int>(rule.dynamic_smem_bytes()),
+                arch.max_smem_per_block)
+          << where;
+      EXPECT_EQ(rule.combine_block_threads(),
+                static_cast<uint32_t>(sparse_mla::kCombineWarps * 32))
+          << where;
+      EXPECT_EQ(rule.split_granularity_tokens(), t->token_tile()) << where;
+      EXPECT_EQ(rule.workspace_bytes_per_split_token(),
+                static_cast<uint64_t>(spec.num_q_heads()) *
+                    (spec.kv_lora_rank() + 1) * 4)
+          << where;
+      EXPECT_GE(rule.ctas_per_sm(), 1u) << where;
+      if (rule.ctas_per_sm() > 1) {
+        // Resident blocks (with the driver's reserve) fit the SM.
+        EXPECT_LE(static_cast<int>(rule.ctas_per_sm()) *
+                      (static_cast<int>(rule.dynamic_smem_bytes()) +
+                       Arch::kReservedSmemPerBlock),
+                  arch.smem_per_sm)
+            << where;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kforge

@@ -1,0 +1,229 @@
+// Compiles every preset kernel for every target arch through NVRTC and checks
+// what the cubins hold. Also the NVRTC compile-time number: median and max
+// seconds per module are printed and recorded as test properties.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "compiler/arch.h"
+#include "compiler/codegen.h"
+#include "compiler/compiler.h"
+#include "compiler/spec.h"
+#include "gtest/gtest.h"
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/spec.pb.h"
+#include "templates/kforge/sparse_mla/config.h"
+
+namespace kforge {
+namespace {
+
+struct Job {
+  std::string label;  // for failure messages
+  v1::AttentionSpec spec;
+  std::string arch;
+};
+
+struct Outcome {
+  absl::StatusOr<v1::KernelArtifact> artifact =
+      absl::UnknownError("not compiled");
+};
+
+// Runs the jobs on hardware_concurrency() threads (NVRTC is thread-safe and
+// each Compile owns its program); results are in job order.
+std::vector<Outcome> CompileAll(const std::vector<Job>& jobs) {
+  std::vector<Outcome> outcomes(jobs.size());
+  std::atomic<size_t> next{0};
+  const KernelCompiler compiler;
+  auto worker = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      outcomes[i].artifact = compiler.Compile(jobs[i].spec, jobs[i].arch);
+    }
+  };
+  const unsigned n = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < n && t < jobs.size(); ++t) threads.emplace_back(worker);
+  for (std::thread& t : threads) t.join();
+  return outcomes;
+}
+
+const v1::KernelResources* FindKernel(const v1::KernelArtifact& a,
+                                      const std::string& name) {
+  for (const v1::KernelResources& k : a.cubin_info().kernels()) {
+    if (k.name() == name) return &k;
+  }
+  return nullptr;
+}
+
+// Everything a served module must satisfy, whatever its spec and arch.
+void ExpectGoodArtifact(const Job& job, const v1::KernelArtifact& a) {
+  const std::string& where = job.label;
+  EXPECT_EQ(a.arch(), job.arch) << where;
+  EXPECT_EQ(a.cubin_info().arch(), job.arch) << where;
+  EXPECT_FALSE(a.cubin().empty()) << where;
+  EXPECT_EQ(a.main_entry(), kMainEntry) << where;
+  EXPECT_EQ(a.combine_entry(), kCombineEntry) << where;
+  EXPECT_EQ(a.params_bytes(), sizeof(sparse_mla::DecodeParams)) << where;
+  EXPECT_EQ(a.combine_params_bytes(), sizeof(sparse_mla::CombineParams))
+      << where;
+
+  const v1::KernelResources* main_k = FindKernel(a, kMainEntry);
+  const v1::KernelResources* combine_k = FindKernel(a, kCombineEntry);
+  ASSERT_NE(main_k, nullptr) << where << ": no " << kMainEntry;
+  ASSERT_NE(combine_k, nullptr) << where << ": no " << kCombineEntry;
+
+  EXPECT_EQ(main_k->param_bytes(), sizeof(sparse_mla::DecodeParams)) << where;
+  EXPECT_EQ(combine_k->param_bytes(), sizeof(sparse_mla::CombineParams))
+      << where;
+  EXPECT_EQ(main_k->local_bytes(), 0u)
+      << where << ": main kernel spills (" << main_k->registers()
+      << " registers)";
+  EXPECT_LE(main_k->registers(), 255u) << where;
+  EXPECT_LE(combine_k->registers(), 255u) << where;
+  // One block per SM must be launchable: the register file is 64K.
+  EXPECT_LE(main_k->registers() * a.launch().block_threads(), 65536u)
+      << where;
+  // __launch_bounds__ agrees with the launch rule.
+  EXPECT_EQ(main_k->max_threads(), a.launch().block_threads()) << where;
+  EXPECT_EQ(combine_k->max_threads(), a.launch().combine_block_threads())
+      << where;
+  absl::StatusOr<Arch> arch = ParseArch(job.arch);
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  EXPECT_LE(static_cast<int>(main_k->static_smem_bytes() +
+                             a.launch().dynamic_smem_bytes()),
+            arch->max_smem_per_block)
+      << where;
+}
+
+v1::AttentionSpec Preset(const std::string& name, int tp) {
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(name, tp);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : v1::AttentionSpec();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// {deepseek-v3.2, glm-5} x tp {1, 2, 4, 8} x s_q {1, 2} x 5 archs = 80.
+TEST(CompileMatrix, PresetsOnEveryTarget) {
+  std::vector<Job> jobs;
+  for (const char* preset : {"deepseek-v3.2", "glm-5"}) {
+    for (int tp : {1, 2, 4, 8}) {
+      for (int s_q : {1, 2}) {
+        for (const char* arch :
+             {"sm_80", "sm_89", "sm_90a", "sm_100a", "sm_120a"}) {
+          v1::AttentionSpec spec = Preset(preset, tp);
+          spec.set_s_q(s_q);
+          jobs.push_back({absl::StrCat(preset, " tp", tp, " s_q", s_q, " ",
+                                       arch),
+                          spec, arch});
+        }
+      }
+    }
+  }
+  ASSERT_EQ(jobs.size(), 80u);
+
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Outcome> outcomes = CompileAll(jobs);
+  const double wall = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+
+  std::set<std::string> names;
+  std::set<std::string> keys;
+  std::vector<double> seconds;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const absl::StatusOr<v1::KernelArtifact>& a = outcomes[i].artifact;
+    if (!a.ok()) {
+      ADD_FAILURE() << jobs[i].label << ": "
+                    << a.status().ToString().substr(0, 4000);
+      continue;
+    }
+    ExpectGoodArtifact(jobs[i], *a);
+    EXPECT_TRUE(names.insert(a->module_name()).second)
+        << jobs[i].label << ": duplicate module name " << a->module_name();
+    EXPECT_TRUE(keys.insert(a->key()).second)
+        << jobs[i].label << ": duplicate key " << a->key();
+    seconds.push_back(a->compile_seconds());
+  }
+  ASSERT_FALSE(seconds.empty());
+  const double median = Median(seconds);
+  const double max = *std::max_element(seconds.begin(), seconds.end());
+  // The "NVRTC compile time per kernel" number; reported, never asserted
+  // (it depends on the machine and its load).
+  RecordProperty("modules", static_cast<int>(seconds.size()));
+  RecordProperty("threads",
+                 static_cast<int>(std::thread::hardware_concurrency()));
+  RecordProperty("compile_seconds_median", absl::StrFormat("%.3f", median));
+  RecordProperty("compile_seconds_max", absl::StrFormat("%.3f", max));
+  RecordProperty("wall_seconds", absl::StrFormat("%.1f", wall));
+  std::printf(
+      "NVRTC compile time per kernel over %zu modules on %u threads: "
+      "median %.3f s, max %.3f s (wall %.1f s)\n",
+      seconds.size(), std::thread::hardware_concurrency(), median, max, wall);
+}
+
+// Latent widths and NoPE variants other than the presets'.
+TEST(CompileMatrix, OtherLatentWidthsAndNoPe) {
+  std::vector<Job> jobs;
+  for (const char* arch : {"sm_90a", "sm_120a"}) {
+    for (int rank : {64, 256, 512}) {
+      for (int rope : {0, 64}) {
+        if (rank == 512 && rope == 64) continue;  // the presets
+        v1::AttentionSpec spec = Preset("glm-5", 4);
+        spec.set_kv_lora_rank(rank);
+        spec.set_rope_dim(rope);
+        jobs.push_back({absl::StrCat("rank ", rank, " rope ", rope, " ", arch),
+                        spec, arch});
+      }
+    }
+  }
+  const std::vector<Outcome> outcomes = CompileAll(jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const absl::StatusOr<v1::KernelArtifact>& a = outcomes[i].artifact;
+    ASSERT_TRUE(a.ok()) << jobs[i].label << ": "
+                        << a.status().ToString().substr(0, 4000);
+    ExpectGoodArtifact(jobs[i], *a);
+  }
+}
+
+// Head counts that are not a preset's: one padded tile, uneven groups, and
+// every head tile (16/32/48/64) on sm_90a.
+TEST(CompileMatrix, OddHeadCounts) {
+  std::vector<Job> jobs;
+  for (const char* arch : {"sm_90a", "sm_86"}) {
+    for (int heads : {1, 3, 24, 40, 48, 80, 100, 128}) {
+      v1::AttentionSpec spec = Preset("deepseek-v3.2", 1);
+      spec.set_num_q_heads(heads);
+      jobs.push_back({absl::StrCat("heads ", heads, " ", arch), spec, arch});
+    }
+  }
+  const std::vector<Outcome> outcomes = CompileAll(jobs);
+  std::set<uint32_t> sm90_tiles;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const absl::StatusOr<v1::KernelArtifact>& a = outcomes[i].artifact;
+    if (!a.ok()) {
+      ADD_FAILURE() << jobs[i].label << ": "
+                    << a.status().ToString().substr(0, 4000);
+      continue;
+    }
+    ExpectGoodArtifact(jobs[i], *a);
+    if (jobs[i].arch == "sm_90a") sm90_tiles.insert(a->tiling().head_tile());
+  }
+  EXPECT_EQ(sm90_tiles, (std::set<uint32_t>{16, 32, 48, 64}));
+}
+
+}  // namespace
+}  // namespace kforge

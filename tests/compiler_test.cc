@@ -1,0 +1,293 @@
+#include "compiler/compiler.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "compiler/codegen.h"
+#include "compiler/spec.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/spec.pb.h"
+
+namespace kforge {
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+
+v1::AttentionSpec Glm5Tp8() {
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : v1::AttentionSpec();
+}
+
+CompilePlan MustPlan(const v1::AttentionSpec& spec, const std::string& arch,
+                     const PlanOptions& options = {}) {
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec, arch, options);
+  EXPECT_TRUE(plan.ok()) << arch << ": " << plan.status();
+  return plan.ok() ? *std::move(plan) : CompilePlan();
+}
+
+bool IsHexSha256(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+TEST(KernelCompilerPlan, Deterministic) {
+  const CompilePlan a = MustPlan(Glm5Tp8(), "sm_120a");
+  const CompilePlan b = MustPlan(Glm5Tp8(), "sm_120a");
+  EXPECT_TRUE(IsHexSha256(a.key)) << a.key;
+  EXPECT_EQ(a.key, b.key);
+  EXPECT_EQ(a.module_name, b.module_name);
+  EXPECT_EQ(a.source, b.source);
+  EXPECT_EQ(a.options, b.options);
+  EXPECT_TRUE(MessageDifferencer::Equals(a.tiling, b.tiling));
+  EXPECT_EQ(a.module_name,
+            "sparse_mla_decode_h8_d512r64_topk2048_sq1_bf16_pb64_sc3d800000_"
+            "lse_sm120a");
+  EXPECT_EQ(a.arch.name, "sm_120a");
+}
+
+TEST(KernelCompilerPlan, ArchSpellingsShareAKey) {
+  // "120a", "SM_120A" and " sm_120a " are the same target.
+  const std::string key = MustPlan(Glm5Tp8(), "sm_120a").key;
+  for (const char* spelling : {"120a", "SM_120A", " sm_120a "}) {
+    EXPECT_EQ(MustPlan(Glm5Tp8(), spelling).key, key) << spelling;
+  }
+}
+
+TEST(KernelCompilerPlan, KeyChangesWithEverySpecField) {
+  const v1::AttentionSpec base = Glm5Tp8();
+  const CompilePlan base_plan = MustPlan(base, "sm_90a");
+  const std::vector<
+      std::pair<const char*, std::function<void(v1::AttentionSpec&)>>>
+      changes = {
+          {"s_q", [](v1::AttentionSpec& s) { s.set_s_q(2); }},
+          {"topk", [](v1::AttentionSpec& s) { s.set_topk(1024); }},
+          {"page_block_size",
+           [](v1::AttentionSpec& s) { s.set_page_block_size(1); }},
+          {"softmax_scale",
+           [](v1::AttentionSpec& s) {
+             // One ulp away: the scale is baked into the kernel.
+             s.set_softmax_scale(std::nextafter(
+                 s.softmax_scale(), std::numeric_limits<float>::infinity()));
+           }},
+          {"return_lse", [](v1::AttentionSpec& s) { s.set_return_lse(false); }},
+          {"num_q_heads", [](v1::AttentionSpec& s) { s.set_num_q_heads(16); }},
+          {"kv_lora_rank",
+           [](v1::AttentionSpec& s) { s.set_kv_lora_rank(256); }},
+          {"rope_dim", [](v1::AttentionSpec& s) { s.set_rope_dim(0); }},
+      };
+  std::set<std::string> keys = {base_plan.key};
+  std::set<std::string> names = {base_plan.module_name};
+  for (const auto& [field, change] : changes) {
+    v1::AttentionSpec spec = base;
+    change(spec);
+    const CompilePlan plan = MustPlan(spec, "sm_90a");
+    EXPECT_NE(plan.key, base_plan.key) << field;
+    EXPECT_NE(plan.module_name, base_plan.module_name) << field;
+    EXPECT_TRUE(keys.insert(plan.key).second) << field;
+    EXPECT_TRUE(names.insert(plan.module_name).second) << field;
+  }
+}
+
+TEST(KernelCompilerPlan, KeyChangesWithArch) {
+  std::set<std::string> keys;
+  for (const Arch& arch : SupportedArchs()) {
+    const CompilePlan plan = MustPlan(Glm5Tp8(), arch.name);
+    EXPECT_TRUE(keys.insert(plan.key).second) << arch.name;
+    EXPECT_EQ(plan.arch.name, arch.name);
+  }
+}
+
+// PlanOptions{101376} on an H200 picks the sm_120a (99 KB) pipeline, under
+// its own key and name so it never collides with the native sm_90a kernel.
+TEST(KernelCompilerPlan, SmemCapIsPartOfTheKeyAndMatchesSm120Tiling) {
+  for (int tp : {1, 2, 4, 8}) {
+    for (const char* preset : {"deepseek-v3.2", "glm-5"}) {
+      absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(preset, tp);
+      ASSERT_TRUE(spec.ok()) << spec.status();
+      const CompilePlan native = MustPlan(*spec, "sm_90a");
+      const CompilePlan capped =
+          MustPlan(*spec, "sm_90a", PlanOptions{.max_smem_per_block = 101376});
+      const CompilePlan sm120 = MustPlan(*spec, "sm_120a");
+      EXPECT_NE(capped.key, native.key) << preset << " tp" << tp;
+      EXPECT_NE(capped.module_name, native.module_name) << preset << " tp" << tp;
+      EXPECT_EQ(capped.arch.name, "sm_90a");
+      EXPECT_EQ(capped.arch.max_smem_per_block, 101376);
+      EXPECT_TRUE(MessageDifferencer::Equals(capped.tiling, sm120.tiling))
+          << preset << " tp" << tp << "\ncapped sm_90a: "
+          << capped.tiling.ShortDebugString()
+          << "\nsm_120a: " << sm120.tiling.ShortDebugString();
+      EXPECT_LE(DecodeSmemBytesFor(capped.spec, capped.tiling), 101376);
+      // Same tiling and spec: the same instantiation unit.
+      EXPECT_EQ(capped.source, sm120.source);
+    }
+  }
+}
+
+TEST(KernelCompilerPlan, CapAboveTheArchLimitDoesNotRaiseIt) {
+  const CompilePlan plan = MustPlan(Glm5Tp8(), "sm_120a",
+                                    PlanOptions{.max_smem_per_block = 1 << 20});
+  EXPECT_EQ(plan.arch.max_smem_per_block, 99 * 1024);
+}
+
+TEST(KernelCompilerPlan, NegativeCapIsInvalid) {
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(
+      Glm5Tp8(), "sm_90a", PlanOptions{.max_smem_per_block = -1});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "max_smem_per_block"))
+      << plan.status();
+}
+
+TEST(KernelCompilerPlan, BadSpecNamesTheField) {
+  const std::vector<
+      std::pair<const char*, std::function<void(v1::AttentionSpec&)>>>
+      bad = {
+          {"num_q_heads", [](v1::AttentionSpec& s) { s.set_num_q_heads(0); }},
+          {"num_q_heads",
+           [](v1::AttentionSpec& s) { s.set_num_q_heads(129); }},
+          {"kv_lora_rank",
+           [](v1::AttentionSpec& s) { s.set_kv_lora_rank(100); }},
+          {"rope_dim", [](v1::AttentionSpec& s) { s.set_rope_dim(32); }},
+          {"rope_dim", [](v1::AttentionSpec& s) { s.clear_rope_dim(); }},
+          {"topk", [](v1::AttentionSpec& s) { s.set_topk(0); }},
+          {"s_q", [](v1::AttentionSpec& s) { s.set_s_q(0); }},
+          {"s_q", [](v1::AttentionSpec& s) { s.set_s_q(5); }},
+          {"page_block_size",
+           [](v1::AttentionSpec& s) { s.set_page_block_size(0); }},
+          {"softmax_scale",
+           [](v1::AttentionSpec& s) { s.set_softmax_scale(0.0f); }},
+          {"softmax_scale",
+           [](v1::AttentionSpec& s) {
+             s.set_softmax_scale(std::numeric_limits<float>::quiet_NaN());
+           }},
+          {"kind",
+           [](v1::AttentionSpec& s) {
+             s.set_kind(v1::ATTENTION_KIND_UNSPECIFIED);
+           }},
+          {"kv_cache_dtype",
+           [](v1::AttentionSpec& s) {
+             s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_UNSPECIFIED);
+           }},
+      };
+  for (const auto& [field, change] : bad) {
+    v1::AttentionSpec spec = Glm5Tp8();
+    change(spec);
+    absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec, "sm_90a");
+    ASSERT_FALSE(plan.ok()) << field;
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument)
+        << field << ": " << plan.status();
+    EXPECT_TRUE(absl::StrContains(plan.status().message(), field))
+        << field << ": " << plan.status();
+  }
+}
+
+TEST(KernelCompilerPlan, UnknownArchIsFailedPrecondition) {
+  for (const char* arch : {"sm_75", "sm_70", "sm_999", "compute_90", "", "gpu"}) {
+    absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(Glm5Tp8(), arch);
+    ASSERT_FALSE(plan.ok()) << arch;
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition)
+        << arch << ": " << plan.status();
+    // Lists what is supported.
+    EXPECT_TRUE(absl::StrContains(plan.status().message(), "sm_90a"))
+        << plan.status();
+  }
+}
+
+TEST(KernelCompilerPlan, Fp8CacheIsReserved) {
+  v1::AttentionSpec spec = Glm5Tp8();
+  spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec, "sm_90a");
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "kv_cache_dtype"))
+      << plan.status();
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "reserved"))
+      << plan.status();
+}
+
+TEST(KernelCompilerPlan, PlanCarriesTheNormalizedSpecAndCodegenOutputs) {
+  const v1::AttentionSpec spec = Glm5Tp8();
+  const CompilePlan plan = MustPlan(spec, "sm_120a");
+  EXPECT_TRUE(MessageDifferencer::Equals(plan.spec, spec));
+  absl::StatusOr<Arch> arch = ParseArch("sm_120a");
+  ASSERT_TRUE(arch.ok());
+  absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, *arch);
+  ASSERT_TRUE(tiling.ok());
+  EXPECT_TRUE(MessageDifferencer::Equals(plan.tiling, *tiling));
+  EXPECT_EQ(plan.source, GenerateSource(spec, *tiling));
+  EXPECT_EQ(plan.module_name, ModuleName(spec, *arch));
+  EXPECT_FALSE(plan.options.empty());
+}
+
+// One real compile: the artifact matches its plan and the JSON description
+// has everything but the cubin bytes.
+TEST(KernelCompilerBuild, ArtifactAndDescription) {
+  const KernelCompiler compiler;
+  const CompilePlan plan = MustPlan(Glm5Tp8(), "sm_120a");
+  absl::StatusOr<v1::KernelArtifact> artifact = compiler.Build(plan);
+  ASSERT_TRUE(artifact.ok()) << artifact.status();
+  EXPECT_EQ(artifact->key(), plan.key);
+  EXPECT_EQ(artifact->module_name(), plan.module_name);
+  EXPECT_EQ(artifact->arch(), "sm_120a");
+  EXPECT_FALSE(artifact->cubin().empty());
+  EXPECT_TRUE(MessageDifferencer::Equals(artifact->tiling(), plan.tiling));
+  EXPECT_TRUE(MessageDifferencer::Equals(
+      artifact->launch(), MakeLaunchRule(plan.spec, plan.tiling, plan.arch)));
+
+  const std::string json = ArtifactDescriptionJson(*artifact);
+  for (const char* field :
+       {"\"module_name\"", "\"key\"", "\"launch\"", "\"tiling\"",
+        "\"cubin_info\"", "\"spec\""}) {
+    EXPECT_TRUE(absl::StrContains(json, field)) << field << "\n" << json;
+  }
+  EXPECT_TRUE(absl::StrContains(json, plan.key));
+  EXPECT_TRUE(absl::StrContains(json, plan.module_name));
+  // No cubin bytes: not as base64, and the description is small.
+  const std::string b64 = absl::Base64Escape(artifact->cubin().substr(0, 48));
+  EXPECT_FALSE(absl::StrContains(json, b64.substr(0, 32)));
+  EXPECT_LT(json.size(), artifact->cubin().size());
+
+  // It reads back as the same artifact, less the cubin.
+  v1::KernelArtifact parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed).ok())
+      << json;
+  EXPECT_TRUE(parsed.cubin().empty());
+  v1::KernelArtifact expected = *artifact;
+  expected.clear_cubin();
+  EXPECT_TRUE(MessageDifferencer::Equals(parsed, expected))
+      << parsed.ShortDebugString();
+}
+
+TEST(KernelCompilerBuild, CompileIsPlanPlusBuild) {
+  const KernelCompiler compiler;
+  absl::StatusOr<v1::KernelArtifact> artifact =
+      compiler.Compile(Glm5Tp8(), "sm_90a");
+  ASSERT_TRUE(artifact.ok()) << artifact.status();
+  EXPECT_EQ(artifact->key(), MustPlan(Glm5Tp8(), "sm_90a").key);
+  EXPECT_EQ(artifact->cubin_info().arch(), "sm_90a");
+}
+
+TEST(CompilerVersion, NamesKforgeAndNvrtc) {
+  const std::string v = CompilerVersion();
+  EXPECT_TRUE(absl::StartsWith(v, "kforge ")) << v;
+  EXPECT_TRUE(absl::StrContains(v, " / nvrtc ")) << v;
+}
+
+}  // namespace
+}  // namespace kforge

@@ -96,6 +96,11 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec,
       if (Fit(spec, head_tile, c, arch, &tiling)) break;
     }
     if (tiling.head_tile() == 0) continue;
+    // sm_90a: the 64-head, 8-warp, 64-token pipeline computes S with
+    // wgmma (one warpgroup per 32 tokens); measured in BENCH.md.
+    tiling.set_wgmma(arch.arch_specific && arch.major == 9 &&
+                     tiling.head_tile() == 64 && tiling.warps() == 8 &&
+                     tiling.token_tile() / WarpsN(64, 8) == 32);
     tiling.set_heads_per_group(per_group);
     tiling.set_num_head_groups((heads + per_group - 1) / per_group);
     return tiling;
@@ -172,14 +177,15 @@ std::string GenerateSource(const v1::AttentionSpec& spec,
   absl::StrAppendFormat(
       &src,
       "struct Traits : ks::DecodeTraits<%d, %d, %d, %d, %d, %d, %d, %d, %d, "
-      "%d, %s> {\n"
+      "%d, %s, %s> {\n"
       "  // softmax_scale %.9g times log2(e)\n"
       "  static constexpr float kScaleLog2 = %af;\n"
       "};\n\n",
       spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(), spec.topk(),
       tiling.head_tile(), tiling.heads_per_group(), tiling.token_tile(),
       tiling.stages(), tiling.warps(), spec.page_block_size(),
-      spec.return_lse() ? "true" : "false", spec.softmax_scale(), scale_log2);
+      spec.return_lse() ? "true" : "false", tiling.wgmma() ? "true" : "false",
+      spec.softmax_scale(), scale_log2);
   absl::StrAppendFormat(
       &src,
       "extern \"C\" __global__ void __launch_bounds__(Traits::kThreads, 1)\n"

@@ -377,3 +377,35 @@ TEST(MakeLaunchRule, FollowsTheTiling) {
 
 }  // namespace
 }  // namespace kforge
+
+// The wgmma S path exists only for sm_90a and the 64-head, 8-warp,
+// 64-token pipeline; every other target and tiling uses mma.sync.
+TEST(ChooseTiling, WgmmaOnlyOnSm90aWithTheSixtyFourHeadPipeline) {
+  struct Case {
+    const char* preset;
+    int tp;
+    const char* arch;
+    bool wgmma;
+  };
+  for (const Case& c : {Case{"deepseek-v3.2", 1, "sm_90a", true},
+                        Case{"glm-5", 1, "sm_90a", true},
+                        Case{"deepseek-v3.2", 1, "sm_90", false},
+                        Case{"deepseek-v3.2", 1, "sm_100a", false},
+                        Case{"deepseek-v3.2", 1, "sm_120a", false},
+                        Case{"deepseek-v3.2", 1, "sm_80", false},
+                        Case{"deepseek-v3.2", 8, "sm_90a", false},
+                        Case{"glm-5", 2, "sm_90a", false}}) {
+    absl::StatusOr<kforge::v1::AttentionSpec> spec =
+        kforge::SpecFromPreset(c.preset, c.tp);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<kforge::Arch> arch = kforge::ParseArch(c.arch);
+    ASSERT_TRUE(arch.ok()) << arch.status();
+    absl::StatusOr<kforge::v1::KernelTiling> t = kforge::ChooseTiling(*spec, *arch);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->wgmma(), c.wgmma) << c.preset << " tp" << c.tp << " " << c.arch;
+    if (c.wgmma) {
+      EXPECT_EQ(t->head_tile(), 64u);
+      EXPECT_EQ(t->warps(), 8u);
+    }
+  }
+}

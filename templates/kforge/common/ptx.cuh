@@ -75,6 +75,62 @@ __device__ __forceinline__ float Exp2(float x) {
   return y;
 }
 
+// ---- sm_90a warpgroup MMA (only instantiated for kWgmma traits) ----
+
+// Shared-memory matrix descriptor for a K-major bf16 operand stored as
+// 8-row x 128-byte atoms with the 128-byte swizzle (chunk ^ (row & 7)),
+// atoms 1024 B apart along M/N. The swizzle works on absolute address bits,
+// so atoms must be 1024-byte aligned.
+__device__ __forceinline__ u64 SmemDescSw128(u32 smem_addr) {
+  return static_cast<u64>((smem_addr & 0x3FFFF) >> 4)  // start address
+         | (static_cast<u64>(1) << 16)                  // LBO: unused here
+         | (static_cast<u64>(1024 >> 4) << 32)          // SBO: 8-row step
+         | (static_cast<u64>(1) << 62);                 // 128-byte swizzle
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Keeps the compiler from moving reads or writes of an accumulator across
+// the asynchronous wgmma that owns it.
+__device__ __forceinline__ void FenceOperand(float& r) {
+  asm volatile("" : "+f"(r)::"memory");
+}
+
+// D[64 x kN] += A[64 x 16] * B[16 x kN], bf16 in, fp32 accumulate, both
+// operands K-major in shared memory. d holds this thread's kN / 2 values in
+// the mma.sync C-fragment order per n8 tile.
+template <int kN>
+__device__ __forceinline__ void WgmmaBf16(float (&d)[kN / 8][4], u64 desc_a,
+                                          u64 desc_b);
+
+template <>
+__device__ __forceinline__ void WgmmaBf16<32>(float (&d)[4][4], u64 desc_a,
+                                              u64 desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, "
+      "1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+// Orders this thread's generic-proxy writes to shared memory (cp.async,
+// st.shared) before later async-proxy reads (wgmma).
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // Barrier among `threads` threads (a multiple of 32) of the block using
 // hardware barrier `id` (1..15; 0 is __syncthreads).
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {

@@ -30,7 +30,7 @@ KFORGE_HD constexpr int Gcd(int a, int b) { return b == 0 ? a : Gcd(b, a % b); }
 
 template <int kNumHeads_, int kDv_, int kRope_, int kTopk_, int kHeadTile_,
           int kHeadsPerGroup_, int kTokenTile_, int kStages_, int kWarps_,
-          int kPageBlock_, bool kReturnLse_>
+          int kPageBlock_, bool kReturnLse_, bool kWgmma_ = false>
 struct DecodeTraits {
   static constexpr int kNumHeads = kNumHeads_;
   static constexpr int kDv = kDv_;
@@ -44,14 +44,22 @@ struct DecodeTraits {
   static constexpr int kWarps = kWarps_;
   static constexpr int kPageBlock = kPageBlock_;
   static constexpr bool kReturnLse = kReturnLse_;
+  // S = Q K^T with sm_90a warpgroup MMA (wgmma) instead of mma.sync.
+  static constexpr bool kWgmma = kWgmma_;
 
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kNumGroups =
       (kNumHeads + kHeadsPerGroup - 1) / kHeadsPerGroup;
   static constexpr int kMTiles = kHeadTile / 16;
   static constexpr int kRowChunks = kDqk / 8;  // 16-byte chunks per row
-  static constexpr int kRowBytes = kDqk * 2;
-  static constexpr int kTileBytes = kTokenTile * kRowBytes;
+  // Q and KV tiles are stored as d_qk / 64 column blocks, each block
+  // [rows][128 B] with 16-byte chunk c of row r at c ^ (r & 7): the 128-byte
+  // swizzle that wgmma's K-major descriptors read, and conflict-free for
+  // ldmatrix on every arch.
+  static constexpr int kBlocks = kDqk / 64;
+  static constexpr int kQBlockBytes = kHeadTile * 128;
+  static constexpr int kKvBlockBytes = kTokenTile * 128;
+  static constexpr int kTileBytes = kTokenTile * kDqk * 2;
   // S = Q K^T warp layout.
   static constexpr int kWarpsM = Gcd(kMTiles, kWarps);
   static constexpr int kWarpsN = kWarps / kWarpsM;
@@ -80,6 +88,11 @@ struct DecodeTraits {
   static_assert(kStages >= 2, "at least double buffering");
   static_assert(kMTiles * kVN * 4 <= 128, "O accumulator fits in registers");
   static_assert(kPageBlock >= 1, "page block size");
+  static_assert(!kWgmma || (kHeadTile == 64 && kWarpsM == 4 && kSM == 1 &&
+                            kWarps == 4 * kWarpsN),
+                "wgmma S path: one warpgroup per 64-head x (tokens / warpgroups) slab");
+  static_assert(!kWgmma || kTokenTile / kWarpsN == 32,
+                "wgmma S path is written for m64n32k16");
 };
 
 template <class T>
@@ -87,7 +100,7 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   using ptx::u32;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* const q_s = smem;
-  unsigned char* const kv_s = q_s + T::kHeadTile * T::kRowBytes;
+  unsigned char* const kv_s = q_s + T::kBlocks * T::kQBlockBytes;
   unsigned short* const p_s =
       reinterpret_cast<unsigned short*>(kv_s + T::kStages * T::kTileBytes);
   float* const red_s = reinterpret_cast<float*>(p_s + T::kHeadTile * T::kPStride);
@@ -110,6 +123,11 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   const int* const idx_row = p.indices + token * p.indices_stride;
 
   const u32 q_base = ptx::SmemAddr(q_s);
+  if constexpr (T::kWgmma) {
+    // The 128-byte swizzle of wgmma descriptors is absolute: atoms must sit
+    // on 1024-byte boundaries (dynamic smem starts on one on sm_90).
+    if ((q_base & 1023) != 0) __trap();
+  }
   const u32 kv_base = ptx::SmemAddr(kv_s);
   const u32 p_base = ptx::SmemAddr(p_s);
 
@@ -124,10 +142,11 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
       const bool ok = r < heads_here;
       const unsigned short* src =
           q_tok + (ok ? (head0 + r) * p.q_head_stride : 0);
-      const u32 dst = q_base + r * T::kRowBytes + ((sub ^ (r & 7)) << 4);
+      const u32 dst = q_base + r * 128 + ((sub ^ (r & 7)) << 4);
 #pragma unroll
-      for (int j = 0; j < T::kRowChunks / 8; ++j) {
-        ptx::CpAsync16(dst + j * 128, src + (8 * j + sub) * 8, ok ? 16 : 0);
+      for (int j = 0; j < T::kBlocks; ++j) {
+        ptx::CpAsync16(dst + j * T::kQBlockBytes, src + (8 * j + sub) * 8,
+                       ok ? 16 : 0);
       }
     }
   }
@@ -145,11 +164,12 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
         src += (slot / T::kPageBlock) * p.kv_page_stride +
                (slot % T::kPageBlock) * p.kv_row_stride;
       }
-      const u32 dst = kv_base + stage * T::kTileBytes + r * T::kRowBytes +
+      const u32 dst = kv_base + stage * T::kTileBytes + r * 128 +
                       ((sub ^ (r & 7)) << 4);
 #pragma unroll
-      for (int j = 0; j < T::kRowChunks / 8; ++j) {
-        ptx::CpAsync16(dst + j * 128, src + (8 * j + sub) * 8, ok ? 16 : 0);
+      for (int j = 0; j < T::kBlocks; ++j) {
+        ptx::CpAsync16(dst + j * T::kKvBlockBytes, src + (8 * j + sub) * 8,
+                       ok ? 16 : 0);
       }
       if (sub == 0) valid_s[stage * T::kTokenTile + r] = ok;
     }
@@ -175,7 +195,7 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
     a_off[u] = ((2 * u + lane / 16) ^ sw) << 4;
     b_off[u] = ((2 * u + (lane / 8) % 2) ^ sw) << 4;
   }
-  const u32 a_row = q_base + (wm * T::kSM * 16 + lane % 16) * T::kRowBytes;
+  const u32 a_row = q_base + (wm * T::kSM * 16 + lane % 16) * 128;
   const int b_row = wn * T::kSN * 8 + (lane / 16) * 8 + lane % 8;
   const int b_last_row = (wn * T::kSN + T::kSN - 1) * 8 + lane % 8;
 
@@ -202,6 +222,9 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
 
   for (int t = 0; t < num_tiles; ++t) {
     ptx::CpAsyncWait<T::kStages - 2>();
+    // cp.async wrote through the generic proxy; wgmma reads through the
+    // async proxy.
+    if constexpr (T::kWgmma) ptx::FenceProxyAsync();
     __syncthreads();
     {
       const int nt = t + T::kStages - 1;
@@ -219,33 +242,63 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
       for (int ni = 0; ni < T::kSN; ++ni)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mi][ni][e] = 0.f;
+    if constexpr (T::kWgmma) {
+      // Warpgroup wn computes S[0:64, 32 wn : 32 wn + 32) from shared memory
+      // descriptors; its 4 warps receive rows 16 * wm.. in the mma.sync C
+      // layout, so the softmax below is shared by both paths.
+      constexpr int kN = T::kTokenTile / T::kWarpsN;
+#pragma unroll
+      for (int ni = 0; ni < T::kSN; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ptx::FenceOperand(s[0][ni][e]);
+      ptx::WgmmaFence();
+      // Fully unrolled: with a rolled block loop 128 heads x batch 128 ran
+      // 250.5 us instead of 243.8 us on the H200 (BENCH.md).
+#pragma unroll
+      for (int kg = 0; kg < T::kBlocks; ++kg) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const ptx::u64 da = ptx::SmemDescSw128(q_base + kg * T::kQBlockBytes + u * 32);
+          const ptx::u64 db = ptx::SmemDescSw128(
+              k_tile + kg * T::kKvBlockBytes + wn * kN * 128 + u * 32);
+          ptx::WgmmaBf16<kN>(s[0], da, db);
+        }
+      }
+      ptx::WgmmaCommit();
+      ptx::WgmmaWait0();
+#pragma unroll
+      for (int ni = 0; ni < T::kSN; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ptx::FenceOperand(s[0][ni][e]);
+    } else {
 #pragma unroll 1
-    for (int kg = 0; kg < T::kDqk / 64; ++kg) {
+      for (int kg = 0; kg < T::kDqk / 64; ++kg) {
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        u32 a[T::kSM][4];
+        for (int u = 0; u < 4; ++u) {
+          u32 a[T::kSM][4];
 #pragma unroll
-        for (int mi = 0; mi < T::kSM; ++mi) {
-          ptx::Ldmatrix4(a_row + mi * 16 * T::kRowBytes + kg * 128 + a_off[u],
-                         a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+          for (int mi = 0; mi < T::kSM; ++mi) {
+            ptx::Ldmatrix4(a_row + mi * 16 * 128 + kg * T::kQBlockBytes + a_off[u],
+                           a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+          }
+          u32 b[T::kSN][2];
+#pragma unroll
+          for (int ni = 0; ni + 1 < T::kSN; ni += 2) {
+            ptx::Ldmatrix4(
+                k_tile + (b_row + ni * 8) * 128 + kg * T::kKvBlockBytes + b_off[u],
+                b[ni][0], b[ni][1], b[ni + 1][0], b[ni + 1][1]);
+          }
+          if (T::kSN % 2 == 1) {
+            // x2: lanes 0..15 address rows lane % 8 of the last n8 tile.
+            ptx::Ldmatrix2(k_tile + b_last_row * 128 + kg * T::kKvBlockBytes + b_off[u],
+                           b[T::kSN - 1][0], b[T::kSN - 1][1]);
+          }
+#pragma unroll
+          for (int mi = 0; mi < T::kSM; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < T::kSN; ++ni)
+              ptx::MmaBf16(s[mi][ni], a[mi], b[ni][0], b[ni][1]);
         }
-        u32 b[T::kSN][2];
-#pragma unroll
-        for (int ni = 0; ni + 1 < T::kSN; ni += 2) {
-          ptx::Ldmatrix4(
-              k_tile + (b_row + ni * 8) * T::kRowBytes + kg * 128 + b_off[u],
-              b[ni][0], b[ni][1], b[ni + 1][0], b[ni + 1][1]);
-        }
-        if (T::kSN % 2 == 1) {
-          // x2: lanes 0..15 address rows lane % 8 of the last n8 tile.
-          ptx::Ldmatrix2(k_tile + b_last_row * T::kRowBytes + kg * 128 + b_off[u],
-                         b[T::kSN - 1][0], b[T::kSN - 1][1]);
-        }
-#pragma unroll
-        for (int mi = 0; mi < T::kSM; ++mi)
-#pragma unroll
-          for (int ni = 0; ni < T::kSN; ++ni)
-            ptx::MmaBf16(s[mi][ni], a[mi], b[ni][0], b[ni][1]);
       }
     }
 
@@ -366,12 +419,14 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
                        a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
       }
       const u32 v_row =
-          k_tile + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * T::kRowBytes;
+          k_tile + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * 128;
 #pragma unroll
       for (int np = 0; np < T::kVN / 2; ++np) {
         const int chunk = warp * (T::kVCols / 8) + 2 * np + lane / 16;
         u32 b0, b1, b2, b3;
-        ptx::Ldmatrix4Trans(v_row + ((chunk ^ sw) << 4), b0, b1, b2, b3);
+        ptx::Ldmatrix4Trans(
+            v_row + (chunk / 8) * T::kKvBlockBytes + (((chunk % 8) ^ sw) << 4),
+            b0, b1, b2, b3);
 #pragma unroll
         for (int mi = 0; mi < T::kMTiles; ++mi) {
           ptx::MmaBf16(o[mi][2 * np], a[mi], b0, b1);

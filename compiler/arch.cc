@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "compiler/absl_compat.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -14,10 +15,6 @@
 
 namespace kforge {
 namespace {
-
-// Debian's Abseil is built with ABSL_OPTION_USE_STD_STRING_VIEW 0, so
-// absl::string_view is its own type and does not take a std::string_view.
-absl::string_view AsAbsl(std::string_view s) { return {s.data(), s.size()}; }
 
 // Maximum opt-in shared memory per block
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin), from the CUDA C++ Programming

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "compiler/absl_compat.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -24,9 +25,6 @@
 namespace kforge {
 namespace {
 
-// Debian's Abseil is built with ABSL_OPTION_USE_STD_STRING_VIEW 0, so
-// absl::string_view is its own type and does not take a std::string_view.
-absl::string_view AsAbsl(std::string_view s) { return {s.data(), s.size()}; }
 std::string_view AsStd(absl::string_view s) { return {s.data(), s.size()}; }
 
 // Limits of the template family (DESIGN.md). Each is what the kernels are

@@ -12,19 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace kforge {
 namespace {
 
-// Substring check that prints both strings on failure.
-::testing::AssertionResult Contains(absl::string_view haystack,
-                                    absl::string_view needle) {
-  if (absl::StrContains(haystack, needle)) {
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure()
-         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
-}
+using ::kforge::testing::Contains;
 
 struct ArchCase {
   std::string input;

@@ -9,6 +9,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace kforge {
 namespace {
@@ -17,21 +18,7 @@ using ::google::protobuf::EnumDescriptor;
 using ::google::protobuf::FieldDescriptor;
 using ::google::protobuf::Reflection;
 
-// The deepseek-v3.2 decode spec at TP 1, every field set to a non-default.
-v1::AttentionSpec GoldenSpec() {
-  v1::AttentionSpec spec;
-  spec.set_kind(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
-  spec.set_num_q_heads(128);
-  spec.set_kv_lora_rank(512);
-  spec.set_rope_dim(64);
-  spec.set_topk(2048);
-  spec.set_s_q(1);
-  spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
-  spec.set_page_block_size(64);
-  spec.set_softmax_scale(0.135234f);
-  spec.set_return_lse(true);
-  return spec;
-}
+v1::AttentionSpec GoldenSpec() { return ::kforge::testing::DeepseekTp1Spec(); }
 
 KeyInputs GoldenInputs() {
   KeyInputs inputs;

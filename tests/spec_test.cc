@@ -23,6 +23,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 #include "kforge/v1/spec.pb.h"
 
 namespace kforge {
@@ -30,31 +31,9 @@ namespace {
 
 using google::protobuf::util::MessageDifferencer;
 
-::testing::AssertionResult Contains(absl::string_view haystack,
-                                    absl::string_view needle) {
-  if (absl::StrContains(haystack, needle)) {
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure()
-         << "\"" << haystack << "\" does not contain \"" << needle << "\"";
-}
+using ::kforge::testing::Contains;
 
-// A valid spec (deepseek-v3.2 at tp 1) written out field by field so the
-// table below does not depend on SpecFromPreset.
-v1::AttentionSpec GoodSpec() {
-  v1::AttentionSpec spec;
-  spec.set_kind(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
-  spec.set_num_q_heads(128);
-  spec.set_kv_lora_rank(512);
-  spec.set_rope_dim(64);
-  spec.set_topk(2048);
-  spec.set_s_q(1);
-  spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
-  spec.set_page_block_size(64);
-  spec.set_softmax_scale(0.135234f);
-  spec.set_return_lse(true);
-  return spec;
-}
+v1::AttentionSpec GoodSpec() { return ::kforge::testing::DeepseekTp1Spec(); }
 
 struct FieldCase {
   std::string name;   // test name suffix

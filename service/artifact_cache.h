@@ -1,0 +1,39 @@
+#ifndef KFORGE_SERVICE_ARTIFACT_CACHE_H_
+#define KFORGE_SERVICE_ARTIFACT_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kforge/v1/artifact.pb.h"
+
+namespace kforge {
+
+using ArtifactPtr = std::shared_ptr<const v1::KernelArtifact>;
+
+struct CacheUsage {
+  uint64_t bytes = 0;
+  uint64_t entries = 0;
+  uint64_t corrupt_entries = 0;  // entries dropped because they failed checks
+  uint64_t evictions = 0;
+};
+
+// A tier of the kernel cache, by cache key (hex SHA-256 from
+// ComputeCacheKey). A shared tier for many replicas (e.g. Redis) implements
+// the same interface without touching the service.
+class ArtifactCache {
+ public:
+  virtual ~ArtifactCache() = default;
+  // NotFound on a miss. A tier that finds a damaged entry drops it, counts
+  // it in corrupt_entries and answers NotFound: it never returns it.
+  virtual absl::StatusOr<ArtifactPtr> Get(const std::string& key) = 0;
+  // Stores an artifact whose key() equals `key`; may evict others.
+  virtual absl::Status Put(const std::string& key, ArtifactPtr artifact) = 0;
+  virtual CacheUsage Usage() const = 0;
+};
+
+}  // namespace kforge
+
+#endif  // KFORGE_SERVICE_ARTIFACT_CACHE_H_

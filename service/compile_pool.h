@@ -1,0 +1,59 @@
+#ifndef KFORGE_SERVICE_COMPILE_POOL_H_
+#define KFORGE_SERVICE_COMPILE_POOL_H_
+
+#include <future>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/worker.pb.h"
+
+namespace kforge {
+
+struct CompilePoolOptions {
+  int workers = 1;        // concurrent worker processes
+  int queue_limit = 256;  // jobs waiting for a worker; more -> ResourceExhausted
+  absl::Duration timeout = absl::Seconds(120);  // per compile, then SIGKILL
+  // The kforge binary; run as `<worker_binary> compile-worker`. Empty means
+  // this process's own executable (/proc/self/exe).
+  std::string worker_binary;
+};
+
+using CompileFuture = std::shared_future<absl::StatusOr<v1::KernelArtifact>>;
+
+// Runs compiles in isolated child processes (`kforge compile-worker`, job
+// on stdin, CompileResult on stdout), at most `workers` at a time. A worker
+// that crashes, exits non-zero, writes garbage or overruns the timeout
+// fails its job with a clear status (Internal / DeadlineExceeded) and the
+// pool carries on. Thread-safe.
+class CompilePool {
+ public:
+  explicit CompilePool(CompilePoolOptions options);
+  ~CompilePool();  // Shutdown()
+
+  // Queues a job. ResourceExhausted at once when queue_limit jobs are
+  // already waiting; Unavailable after Shutdown().
+  absl::StatusOr<CompileFuture> Submit(v1::CompileJob job);
+
+  int queue_depth() const;  // waiting for a worker
+  int in_flight() const;    // running in a worker process now
+
+  // Rejects new jobs, fails the queued ones with Unavailable, lets running
+  // compiles finish, joins the threads.
+  void Shutdown();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Entry point of `kforge compile-worker`: reads a CompileJob from stdin,
+// compiles it in this process and writes a CompileResult to stdout. Returns
+// the process exit code.
+int RunCompileWorker();
+
+}  // namespace kforge
+
+#endif  // KFORGE_SERVICE_COMPILE_POOL_H_

@@ -1,0 +1,44 @@
+#ifndef KFORGE_SERVICE_DISK_CACHE_H_
+#define KFORGE_SERVICE_DISK_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "service/artifact_cache.h"
+
+namespace kforge {
+
+// Content-addressed on-disk store under `dir`, bounded by total bytes with
+// LRU eviction (access time kept in the file's mtime). Each entry is one
+// file written to a temporary name, fsynced and renamed, holding a format
+// version, the SHA-256 of the payload and the serialized KernelArtifact; a
+// read re-hashes the payload and checks that the artifact's key matches, so
+// a truncated, corrupted or foreign file is removed and never served.
+// Several processes may share one directory. Thread-safe.
+class DiskCache : public ArtifactCache {
+ public:
+  // Creates `dir` if needed, removes stale temporary files left by killed
+  // writers, and measures what is there.
+  static absl::StatusOr<std::unique_ptr<DiskCache>> Open(const std::string& dir,
+                                                         uint64_t max_bytes);
+  ~DiskCache() override;
+
+  absl::StatusOr<ArtifactPtr> Get(const std::string& key) override;
+  absl::Status Put(const std::string& key, ArtifactPtr artifact) override;
+  CacheUsage Usage() const override;
+
+  // Path of the entry file for a key (tests corrupt it on purpose).
+  std::string EntryPath(const std::string& key) const;
+
+ private:
+  DiskCache(std::string dir, uint64_t max_bytes);
+  struct State;
+  std::string dir_;
+  uint64_t max_bytes_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace kforge
+
+#endif  // KFORGE_SERVICE_DISK_CACHE_H_

@@ -1,0 +1,73 @@
+#ifndef KFORGE_SERVICE_KERNEL_STORE_H_
+#define KFORGE_SERVICE_KERNEL_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/service.pb.h"
+#include "kforge/v1/spec.pb.h"
+#include "service/artifact_cache.h"
+#include "service/compile_pool.h"
+
+namespace kforge {
+
+struct KernelStoreOptions {
+  std::string cache_dir;  // disk tier root
+  uint64_t memory_cache_bytes = 1ull << 30;
+  uint64_t disk_cache_bytes = 20ull << 30;
+  CompilePoolOptions pool;
+};
+
+// The service's business logic, independent of gRPC: resolves a kernel
+// through memory -> disk -> one compile per key (single flight across
+// threads, and across processes sharing the cache directory through a lock
+// file), builds manifests, counts everything. Thread-safe.
+class KernelStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<KernelStore>> Create(
+      KernelStoreOptions options);
+  ~KernelStore();
+
+  struct Result {
+    ArtifactPtr artifact;
+    v1::ArtifactSource source = v1::ARTIFACT_SOURCE_UNSPECIFIED;
+  };
+
+  // InvalidArgument (bad spec, names the field), FailedPrecondition
+  // (unsupported arch), NotFound (lookup_only miss), ResourceExhausted
+  // (compile queue full), DeadlineExceeded (this caller's deadline passed;
+  // the compile goes on for the others), Internal (compile failure, with the
+  // NVRTC log), Unavailable (shutting down).
+  absl::StatusOr<Result> GetKernel(const v1::AttentionSpec& spec,
+                                   std::string_view arch, bool lookup_only,
+                                   absl::Time deadline = absl::InfiniteFuture());
+
+  // Resolves a KernelSelector (spec or preset) to a spec.
+  static absl::StatusOr<v1::AttentionSpec> Resolve(
+      const v1::KernelSelector& selector);
+
+  // The selection manifest for a spec on an arch (no compile needed: keys,
+  // tilings and launch rules come from planning).
+  absl::StatusOr<v1::Manifest> GetManifest(const v1::AttentionSpec& spec,
+                                           std::string_view arch,
+                                           uint32_t sm_count) const;
+
+  v1::StatsResponse Stats() const;
+
+  // Stops accepting compiles; in-flight ones finish.
+  void Shutdown();
+
+ private:
+  struct State;
+  explicit KernelStore(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace kforge
+
+#endif  // KFORGE_SERVICE_KERNEL_STORE_H_

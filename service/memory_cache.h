@@ -1,0 +1,37 @@
+#ifndef KFORGE_SERVICE_MEMORY_CACHE_H_
+#define KFORGE_SERVICE_MEMORY_CACHE_H_
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "service/artifact_cache.h"
+
+namespace kforge {
+
+// In-process LRU of artifacts, bounded by total bytes (cubin + description).
+// Thread-safe.
+class MemoryCache : public ArtifactCache {
+ public:
+  explicit MemoryCache(uint64_t max_bytes);
+
+  absl::StatusOr<ArtifactPtr> Get(const std::string& key) override;
+  absl::Status Put(const std::string& key, ArtifactPtr artifact) override;
+  CacheUsage Usage() const override;
+
+ private:
+  // Implemented by the cache helper.
+  struct Entry;
+  const uint64_t max_bytes_;
+  mutable std::mutex mu_;
+  std::list<std::string> lru_;  // front = most recent
+  std::unordered_map<std::string, std::shared_ptr<Entry>> entries_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace kforge
+
+#endif  // KFORGE_SERVICE_MEMORY_CACHE_H_

@@ -1,0 +1,503 @@
+#include "service/disk_cache.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/absl_compat.h"
+#include "compiler/key.h"
+
+namespace kforge {
+namespace {
+
+// Entry file layout, all integers little-endian:
+//   [0, 8)    magic "KFORGE01"
+//   [8, 12)   uint32 entry format version
+//   [12, 44)  SHA-256 of the payload
+//   [44, 52)  uint64 payload length
+//   [52, ..)  payload: serialized v1::KernelArtifact
+// Bump kEntryVersion on any change; old files then read as corrupt and are
+// rebuilt. Entries live under v1/ so a future layout can sit beside them.
+constexpr std::string_view kMagic = "KFORGE01";
+constexpr uint32_t kEntryVersion = 1;
+constexpr size_t kHashSize = 32;
+constexpr size_t kHeaderSize = 8 + 4 + kHashSize + 8;
+constexpr std::string_view kLayoutDir = "v1";
+constexpr std::string_view kEntrySuffix = ".kfa";
+constexpr std::string_view kTmpMarker = ".tmp.";
+// A temporary file this old belongs to a writer that died: a live one
+// renames it within the time of one write + fsync.
+constexpr int64_t kStaleTmpSeconds = 60;
+
+bool IsLowerHex(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+// A key is exactly the 64 lower-case hex digits of a SHA-256; nothing else
+// reaches a path, so no key can name a file outside the cache.
+bool IsValidKey(std::string_view key) {
+  return key.size() == 64 && std::all_of(key.begin(), key.end(), IsLowerHex);
+}
+
+absl::Status KeyError(std::string_view key) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("cache key must be 64 lower-case hex digits, got \"",
+                   absl::CEscape(AsAbsl(key.substr(0, 80))), "\""));
+}
+
+absl::Status ErrnoStatus(int err, std::string_view what,
+                         std::string_view path) {
+  const std::string msg =
+      absl::StrCat(AsAbsl(what), " ", AsAbsl(path), ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(msg);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return absl::PermissionDeniedError(msg);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+void PutLe(uint64_t v, int bytes, std::string& out) {
+  for (int i = 0; i < bytes; ++i)
+    out.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+uint64_t GetLe(std::string_view in, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) {
+    v |= uint64_t{static_cast<unsigned char>(in[i])} << (8 * i);
+  }
+  return v;
+}
+
+std::string EncodeHeader(std::string_view payload) {
+  std::string header;
+  header.reserve(kHeaderSize);
+  header.append(kMagic);
+  PutLe(kEntryVersion, 4, header);
+  header.append(absl::HexStringToBytes(AsAbsl(Sha256Hex(payload))));
+  PutLe(payload.size(), 8, header);
+  return header;
+}
+
+// Why a file is not a valid entry for `key`, or OK and the artifact.
+absl::StatusOr<v1::KernelArtifact> DecodeEntry(std::string_view file,
+                                               std::string_view key) {
+  if (file.size() < kHeaderSize) {
+    return absl::DataLossError(
+        absl::StrCat("truncated header (", file.size(), " bytes)"));
+  }
+  if (file.substr(0, kMagic.size()) != kMagic) {
+    return absl::DataLossError("bad magic");
+  }
+  const uint64_t version = GetLe(file.substr(8), 4);
+  if (version != kEntryVersion) {
+    return absl::DataLossError(absl::StrCat("entry format version ", version,
+                                            ", expected ", kEntryVersion));
+  }
+  const std::string_view hash = file.substr(12, kHashSize);
+  const uint64_t length = GetLe(file.substr(12 + kHashSize), 8);
+  const std::string_view payload = file.substr(kHeaderSize);
+  if (length != payload.size() || length > INT_MAX) {
+    return absl::DataLossError(absl::StrCat("payload length ", payload.size(),
+                                            ", header says ", length));
+  }
+  if (Sha256Hex(payload) != absl::BytesToHexString(AsAbsl(hash))) {
+    return absl::DataLossError("payload digest mismatch");
+  }
+  v1::KernelArtifact artifact;
+  if (!artifact.ParseFromArray(payload.data(),
+                               static_cast<int>(payload.size()))) {
+    return absl::DataLossError("payload does not parse");
+  }
+  if (artifact.key() != key) {
+    return absl::DataLossError(
+        absl::StrCat("entry holds key ", artifact.key()));
+  }
+  return artifact;
+}
+
+absl::Status WriteAll(int fd, std::string_view data, std::string_view path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "cannot write", path);
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadAll(int fd, size_t size,
+                                    std::string_view path) {
+  std::string data(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = read(fd, data.data() + done, size - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "cannot read", path);
+    }
+    if (n == 0) break;  // shorter than fstat said: caught by the checks
+    done += static_cast<size_t>(n);
+  }
+  data.resize(done);
+  return data;
+}
+
+absl::Status FsyncDir(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "cannot open directory", dir);
+  const int rc = fsync(fd);
+  const int err = errno;
+  close(fd);
+  if (rc != 0) return ErrnoStatus(err, "cannot fsync directory", dir);
+  return absl::OkStatus();
+}
+
+// Creates `path` if missing. Sets *created when this call made it (its
+// parent then needs an fsync for the new name to be durable).
+absl::Status MakeDir(const std::string& path, bool* created) {
+  *created = false;
+  if (mkdir(path.c_str(), 0755) == 0) {
+    *created = true;
+    return absl::OkStatus();
+  }
+  if (errno == EEXIST) return absl::OkStatus();
+  return ErrnoStatus(errno, "cannot create directory", path);
+}
+
+int64_t ToNanos(const timespec& ts) {
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// The access stamp written into an entry's mtime. The kernel stamps files
+// with a coarse clock (one tick is milliseconds), so two entries used in
+// quick succession would tie and LRU order would be lost; an explicit
+// CLOCK_REALTIME stamp, strictly increasing within this process, keeps it.
+timespec AccessStamp() {
+  static std::atomic<int64_t> last{0};
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  int64_t ns = ToNanos(now);
+  int64_t prev = last.load(std::memory_order_relaxed);
+  while (true) {
+    const int64_t next = std::max(ns, prev + 1);
+    if (last.compare_exchange_weak(prev, next, std::memory_order_relaxed)) {
+      ns = next;
+      break;
+    }
+  }
+  return timespec{static_cast<time_t>(ns / 1'000'000'000),
+                  static_cast<long>(ns % 1'000'000'000)};
+}
+
+// Best effort: a reader that may not set the stamp (another user's file)
+// still serves the entry; only its LRU position goes stale.
+void Touch(int fd) {
+  const timespec stamp = AccessStamp();
+  const timespec times[2] = {stamp, stamp};
+  (void)futimens(fd, times);
+}
+
+std::string RandomSuffix() {
+  // Seeded per thread; the pid in the name keeps forked children apart and
+  // O_EXCL settles any remaining collision.
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  std::string out;
+  PutLe(rng(), 8, out);
+  return absl::BytesToHexString(out);
+}
+
+struct FileInfo {
+  std::string path;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+};
+
+// Entry files under <dir>/v1. Names that are not <64 hex>.kfa in their own
+// two-digit bucket are not entries: temporary files are removed when older
+// than kStaleTmpSeconds if `clean_tmp`, anything else is left alone.
+std::vector<FileInfo> ListEntries(const std::string& layout_dir,
+                                  bool clean_tmp) {
+  std::vector<FileInfo> out;
+  DIR* top = opendir(layout_dir.c_str());
+  if (top == nullptr) return out;
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  while (const dirent* bucket = readdir(top)) {
+    const std::string_view bucket_name = bucket->d_name;
+    if (bucket_name.size() != 2 || !IsLowerHex(bucket_name[0]) ||
+        !IsLowerHex(bucket_name[1])) {
+      continue;
+    }
+    const std::string bucket_path =
+        absl::StrCat(layout_dir, "/", AsAbsl(bucket_name));
+    DIR* files = opendir(bucket_path.c_str());
+    if (files == nullptr) continue;
+    while (const dirent* file = readdir(files)) {
+      const std::string_view name = file->d_name;
+      if (name == "." || name == "..") continue;
+      const std::string path = absl::StrCat(bucket_path, "/", AsAbsl(name));
+      struct stat st;
+      // Gone already: evicted or renamed by another process.
+      if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      if (name.find(kTmpMarker) != std::string_view::npos) {
+        if (clean_tmp && now.tv_sec - st.st_mtim.tv_sec > kStaleTmpSeconds) {
+          unlink(path.c_str());
+        }
+        continue;
+      }
+      const std::string_view key = name.substr(0, 64);
+      if (name.size() != 64 + kEntrySuffix.size() || !IsValidKey(key) ||
+          name.substr(64) != kEntrySuffix || key.substr(0, 2) != bucket_name) {
+        continue;
+      }
+      out.push_back(FileInfo{path, static_cast<uint64_t>(st.st_size),
+                             ToNanos(st.st_mtim)});
+    }
+    closedir(files);
+  }
+  closedir(top);
+  return out;
+}
+
+}  // namespace
+
+// Counters are this process's view of the directory: exact when one
+// process uses it, re-measured at Open and at every eviction pass when
+// several share it.
+struct DiskCache::State {
+  std::mutex mu;
+  uint64_t bytes = 0;
+  uint64_t entries = 0;
+  uint64_t corrupt_entries = 0;
+  uint64_t evictions = 0;
+
+  void Forget(uint64_t size) {
+    bytes -= std::min(bytes, size);
+    entries -= std::min<uint64_t>(entries, 1);
+  }
+};
+
+DiskCache::DiskCache(std::string dir, uint64_t max_bytes)
+    : dir_(std::move(dir)),
+      max_bytes_(max_bytes),
+      state_(std::make_unique<State>()) {}
+
+DiskCache::~DiskCache() = default;
+
+absl::StatusOr<std::unique_ptr<DiskCache>> DiskCache::Open(
+    const std::string& dir, uint64_t max_bytes) {
+  if (dir.empty()) return absl::InvalidArgumentError("empty cache directory");
+  std::string root = dir;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  const std::string layout_dir = absl::StrCat(root, "/", AsAbsl(kLayoutDir));
+  std::error_code ec;
+  std::filesystem::create_directories(layout_dir, ec);
+  if (ec) {
+    return ErrnoStatus(ec.value(), "cannot create cache directory", layout_dir);
+  }
+  if (access(layout_dir.c_str(), R_OK | W_OK | X_OK) != 0) {
+    return ErrnoStatus(errno, "cache directory not writable", layout_dir);
+  }
+
+  std::unique_ptr<DiskCache> cache(new DiskCache(root, max_bytes));
+  for (const FileInfo& f : ListEntries(layout_dir, /*clean_tmp=*/true)) {
+    cache->state_->bytes += f.size;
+    ++cache->state_->entries;
+  }
+  return cache;
+}
+
+std::string DiskCache::EntryPath(const std::string& key) const {
+  if (!IsValidKey(key)) return "";
+  return absl::StrCat(dir_, "/", AsAbsl(kLayoutDir), "/", key.substr(0, 2), "/",
+                      key, AsAbsl(kEntrySuffix));
+}
+
+absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
+  if (!IsValidKey(key)) return KeyError(key);
+  const std::string path = EntryPath(key);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("no artifact ", key, " on disk"));
+    }
+    return ErrnoStatus(errno, "cannot open", path);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoStatus(err, "cannot stat", path);
+  }
+  absl::StatusOr<std::string> file =
+      ReadAll(fd, static_cast<size_t>(st.st_size), path);
+  if (!file.ok()) {
+    close(fd);
+    return file.status();
+  }
+  absl::StatusOr<v1::KernelArtifact> artifact = DecodeEntry(*file, key);
+  if (artifact.ok()) {
+    // The open file, not the path: if another process evicted the entry
+    // meanwhile, this touches nothing that is still visible.
+    Touch(fd);
+    close(fd);
+    return std::make_shared<const v1::KernelArtifact>(*std::move(artifact));
+  }
+  close(fd);
+
+  // Damaged. Remove it so the next Put rebuilds it, unless another process
+  // has renamed a fresh entry over it since it was opened.
+  std::lock_guard<std::mutex> lock(state_->mu);
+  ++state_->corrupt_entries;
+  struct stat now;
+  if (stat(path.c_str(), &now) == 0 && now.st_dev == st.st_dev &&
+      now.st_ino == st.st_ino && unlink(path.c_str()) == 0) {
+    state_->Forget(static_cast<uint64_t>(st.st_size));
+  }
+  return absl::NotFoundError(
+      absl::StrCat("dropped corrupt artifact ", key,
+                   " on disk: ", artifact.status().message()));
+}
+
+absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {
+  if (!IsValidKey(key)) return KeyError(key);
+  if (artifact == nullptr) return absl::InvalidArgumentError("null artifact");
+  if (artifact->key() != key) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "artifact key ", artifact->key(), " stored under key ", key));
+  }
+  std::string payload;
+  if (!artifact->SerializeToString(&payload)) {
+    return absl::InternalError(absl::StrCat("cannot serialize artifact ", key));
+  }
+  const std::string header = EncodeHeader(payload);
+  const uint64_t size = header.size() + payload.size();
+  // Larger than the whole cache: keeping it would evict everything else.
+  if (size > max_bytes_) return absl::OkStatus();
+
+  const std::string path = EntryPath(key);
+  const std::string bucket = path.substr(0, path.rfind('/'));
+  bool bucket_created;
+  if (absl::Status s = MakeDir(bucket, &bucket_created); !s.ok()) return s;
+  if (bucket_created) {
+    if (absl::Status s = FsyncDir(bucket.substr(0, bucket.rfind('/')));
+        !s.ok()) {
+      return s;
+    }
+  }
+
+  // A unique name per writer: two processes storing the same key each write
+  // their own file, and whichever rename lands last leaves a whole entry.
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0 && attempt < 8; ++attempt) {
+    tmp = absl::StrCat(path, AsAbsl(kTmpMarker), getpid(), ".", RandomSuffix());
+    fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) return ErrnoStatus(errno, "cannot create", tmp);
+  absl::Status written = WriteAll(fd, header, tmp);
+  if (written.ok()) written = WriteAll(fd, payload, tmp);
+  if (written.ok()) {
+    Touch(fd);
+    if (fsync(fd) != 0) written = ErrnoStatus(errno, "cannot fsync", tmp);
+  }
+  if (close(fd) != 0 && written.ok()) {
+    written = ErrnoStatus(errno, "cannot close", tmp);
+  }
+  if (!written.ok()) {
+    unlink(tmp.c_str());
+    return written;
+  }
+
+  bool over_cap;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    struct stat old;
+    const bool replaced = stat(path.c_str(), &old) == 0;
+    if (rename(tmp.c_str(), path.c_str()) != 0) {
+      const int err = errno;
+      unlink(tmp.c_str());
+      return ErrnoStatus(err, "cannot rename into", path);
+    }
+    if (replaced) state_->Forget(static_cast<uint64_t>(old.st_size));
+    state_->bytes += size;
+    ++state_->entries;
+    over_cap = state_->bytes > max_bytes_;
+  }
+  // The rename is durable only once the directory is.
+  if (absl::Status s = FsyncDir(bucket); !s.ok()) return s;
+  if (over_cap) Evict(path);
+  return absl::OkStatus();
+}
+
+void DiskCache::Evict(const std::string& keep) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  // Re-measure: other processes sharing the directory add and remove
+  // entries this one has not counted.
+  std::vector<FileInfo> files =
+      ListEntries(absl::StrCat(dir_, "/", AsAbsl(kLayoutDir)),
+                  /*clean_tmp=*/false);
+  uint64_t bytes = 0;
+  for (const FileInfo& f : files) bytes += f.size;
+  uint64_t entries = files.size();
+  std::sort(
+      files.begin(), files.end(), [](const FileInfo& a, const FileInfo& b) {
+        return std::tie(a.mtime_ns, a.path) < std::tie(b.mtime_ns, b.path);
+      });
+  for (const FileInfo& f : files) {
+    if (bytes <= max_bytes_) break;
+    if (f.path == keep) continue;
+    // ENOENT: another process evicted it first; it is gone either way.
+    const bool removed = unlink(f.path.c_str()) == 0;
+    if (removed || errno == ENOENT) {
+      bytes -= f.size;
+      --entries;
+    }
+    if (removed) ++state_->evictions;
+  }
+  state_->bytes = bytes;
+  state_->entries = entries;
+}
+
+CacheUsage DiskCache::Usage() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  CacheUsage usage;
+  usage.bytes = state_->bytes;
+  usage.entries = state_->entries;
+  usage.corrupt_entries = state_->corrupt_entries;
+  usage.evictions = state_->evictions;
+  return usage;
+}
+
+}  // namespace kforge

@@ -33,6 +33,9 @@ class DiskCache : public ArtifactCache {
 
  private:
   DiskCache(std::string dir, uint64_t max_bytes);
+  // Removes least recently used entries, never `keep`, until the directory
+  // is within max_bytes_.
+  void Evict(const std::string& keep);
   struct State;
   std::string dir_;
   uint64_t max_bytes_;

@@ -23,13 +23,13 @@ class MemoryCache : public ArtifactCache {
   CacheUsage Usage() const override;
 
  private:
-  // Implemented by the cache helper.
   struct Entry;
   const uint64_t max_bytes_;
   mutable std::mutex mu_;
   std::list<std::string> lru_;  // front = most recent
   std::unordered_map<std::string, std::shared_ptr<Entry>> entries_;
   uint64_t bytes_ = 0;
+  uint64_t evictions_ = 0;
 };
 
 }  // namespace kforge

@@ -1,0 +1,647 @@
+#include "service/compile_pool.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "compiler/compiler.h"
+
+extern char** environ;
+
+namespace kforge {
+namespace {
+
+using ArtifactOr = absl::StatusOr<v1::KernelArtifact>;
+
+// How much of a worker's stderr an error message quotes: enough for an
+// NVRTC log's last errors or an abort message, small enough for a status.
+constexpr size_t kStderrTailBytes = 8 * 1024;
+// A CompileResult holds one cubin (a few hundred KB for today's kernels);
+// more than this means a runaway worker, not a result.
+constexpr size_t kMaxResultBytes = size_t{256} << 20;
+
+std::string ErrnoText(int err) {
+  char buf[256];
+  // GNU strerror_r: returns a pointer to the text (maybe not buf).
+  return strerror_r(err, buf, sizeof(buf));
+}
+
+// "SIGABRT (6)".
+std::string SignalText(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? absl::StrCat("SIG", abbrev, " (", sig, ")")
+                : absl::StrCat("signal ", sig);
+}
+
+// Owns one file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      Close();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  ~Fd() { Close(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A pipe whose ends are close-on-exec, so that a worker spawned by another
+// pool thread at the same moment never inherits them (an inherited write end
+// would keep this worker's stdout open past its exit).
+absl::Status MakePipe(Fd& read_end, Fd& write_end) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe2: ", ErrnoText(errno)));
+  }
+  // A server started with stdin/stdout/stderr closed gets pipe fds 0..2,
+  // which the dup2 actions of the spawn would overwrite; move them up.
+  for (int& fd : fds) {
+    if (fd > STDERR_FILENO) continue;
+    const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+    ::close(fd);
+    fd = moved;
+  }
+  read_end = Fd(fds[0]);
+  write_end = Fd(fds[1]);
+  if (!read_end.valid() || !write_end.valid()) {
+    return absl::InternalError(absl::StrCat("fcntl: ", ErrnoText(errno)));
+  }
+  return absl::OkStatus();
+}
+
+void SetNonBlocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+// A spawned child that is always reaped: the destructor kills and waits for
+// one that has not been waited for yet, so no path leaves a zombie.
+class Child {
+ public:
+  explicit Child(pid_t pid) : pid_(pid) {}
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child() {
+    if (!reaped_) Kill();
+  }
+
+  // Non-blocking; true once the child has exited and been reaped.
+  bool TryReap() {
+    if (reaped_) return true;
+    int status = 0;
+    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      reaped_ = true;
+      status_ = status;
+    } else if (r < 0 && errno == ECHILD) {
+      // Someone else reaped it (a SIGCHLD handler set to SIG_IGN, a
+      // waitpid(-1)); nothing is left to wait for.
+      reaped_ = true;
+      status_ = -1;
+    }
+    return reaped_;
+  }
+
+  // SIGKILL, then a blocking wait.
+  void Kill() {
+    if (reaped_) return;
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    pid_t r;
+    do {
+      r = ::waitpid(pid_, &status, 0);
+    } while (r < 0 && errno == EINTR);
+    reaped_ = true;
+    status_ = r == pid_ ? status : -1;
+  }
+
+  // waitpid status; -1 when it could not be obtained.
+  int status() const { return status_; }
+
+ private:
+  pid_t pid_;
+  bool reaped_ = false;
+  int status_ = -1;
+};
+
+// Writes without letting SIGPIPE kill the process when the reader is gone:
+// the signal is blocked in this thread for the write, and a SIGPIPE the
+// write raised is consumed before the old mask comes back. The caller sees
+// EPIPE instead.
+ssize_t WriteNoSigpipe(int fd, const char* data, size_t size) {
+  sigset_t pipe_set, old_set;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
+  const ssize_t n = ::write(fd, data, size);
+  const int err = errno;
+  if (n < 0 && err == EPIPE && !sigismember(&old_set, SIGPIPE)) {
+    const timespec zero = {0, 0};
+    while (sigtimedwait(&pipe_set, nullptr, &zero) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
+  errno = err;
+  return n;
+}
+
+// Appends `data` to `tail`, keeping at most the last kStderrTailBytes.
+void AppendTail(std::string& tail, const char* data, size_t size) {
+  tail.append(data, size);
+  if (tail.size() > 2 * kStderrTailBytes) {
+    tail.erase(0, tail.size() - kStderrTailBytes);
+  }
+}
+
+struct ChildRun {
+  int wait_status = -1;           // from waitpid; meaningless when timed_out
+  bool timed_out = false;         // killed at the deadline
+  bool output_too_large = false;  // killed for writing > kMaxResultBytes
+  std::string out;                // all of stdout
+  std::string err_tail;           // the end of stderr
+};
+
+// Runs `binary compile-worker` with `input` on its stdin and collects its
+// stdout and the tail of its stderr until it exits or `deadline` passes
+// (then SIGKILL). The child is reaped on every path. Fails only when the
+// child cannot be started.
+absl::StatusOr<ChildRun> RunChild(const std::string& binary,
+                                  const std::string& input,
+                                  absl::Time deadline) {
+  Fd in_r, in_w, out_r, out_w, err_r, err_w;
+  for (auto [r, w] : {std::pair<Fd*, Fd*>{&in_r, &in_w},
+                      {&out_r, &out_w},
+                      {&err_r, &err_w}}) {
+    absl::Status s = MakePipe(*r, *w);
+    if (!s.ok()) return s;
+  }
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in_r.get(), STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, out_w.get(), STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err_w.get(), STDERR_FILENO);
+  // Descriptors the rest of the server opened without O_CLOEXEC (sockets,
+  // cache files) stay out of the worker too.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+
+  // The worker starts with no blocked signals and default dispositions: a
+  // server that ignores SIGPIPE or blocks signals in its threads must not
+  // pass that on.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t signals;
+  sigemptyset(&signals);
+  posix_spawnattr_setsigmask(&attr, &signals);
+  sigfillset(&signals);
+  posix_spawnattr_setsigdefault(&attr, &signals);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+
+  std::string arg0 = binary;
+  std::string arg1 = "compile-worker";
+  char* argv[] = {arg0.data(), arg1.data(), nullptr};
+  pid_t pid = -1;
+  const int spawn_error =
+      ::posix_spawn(&pid, binary.c_str(), &actions, &attr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (spawn_error != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot start compile worker '", binary,
+                     " compile-worker': ", ErrnoText(spawn_error)));
+  }
+  Child child(pid);
+  in_r.Close();
+  out_w.Close();
+  err_w.Close();
+  SetNonBlocking(in_w.get());
+  SetNonBlocking(out_r.get());
+  SetNonBlocking(err_r.get());
+
+  ChildRun run;
+  size_t written = 0;
+  if (input.empty()) in_w.Close();
+  char buf[64 * 1024];
+  // Reads what is available; false at EOF or on an error.
+  auto drain = [&buf](int fd, auto&& sink) {
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n > 0) {
+        sink(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      return n < 0 && errno == EAGAIN;
+    }
+  };
+  while (in_w.valid() || out_r.valid() || err_r.valid()) {
+    pollfd fds[3];
+    Fd* owners[3];
+    int n = 0;
+    if (in_w.valid()) {
+      fds[n] = {in_w.get(), POLLOUT, 0};
+      owners[n++] = &in_w;
+    }
+    if (out_r.valid()) {
+      fds[n] = {out_r.get(), POLLIN, 0};
+      owners[n++] = &out_r;
+    }
+    if (err_r.valid()) {
+      fds[n] = {err_r.get(), POLLIN, 0};
+      owners[n++] = &err_r;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      run.timed_out = true;
+      break;
+    }
+    const int64_t wait_ms = std::min<int64_t>(
+        absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
+        INT_MAX);
+    const int ready = ::poll(fds, n, static_cast<int>(wait_ms));
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      break;  // cannot happen with valid fds; the wait below still reaps
+    }
+    for (int i = 0; i < n; ++i) {
+      if (fds[i].revents == 0) continue;
+      Fd& fd = *owners[i];
+      if (&fd == &in_w) {
+        const ssize_t w = WriteNoSigpipe(in_w.get(), input.data() + written,
+                                         input.size() - written);
+        if (w > 0) written += static_cast<size_t>(w);
+        // EPIPE: the worker closed stdin or exited; its exit status and
+        // output say why, so stop writing and keep reading.
+        if (written == input.size() ||
+            (w < 0 && errno != EAGAIN && errno != EINTR)) {
+          in_w.Close();
+        }
+      } else if (&fd == &out_r) {
+        if (!drain(out_r.get(),
+                   [&run](const char* d, size_t s) { run.out.append(d, s); })) {
+          out_r.Close();
+        }
+        if (run.out.size() > kMaxResultBytes) {
+          run.output_too_large = true;
+          break;
+        }
+      } else {
+        if (!drain(err_r.get(), [&run](const char* d, size_t s) {
+              AppendTail(run.err_tail, d, s);
+            })) {
+          err_r.Close();
+        }
+      }
+    }
+    if (run.output_too_large) break;
+  }
+  // Both outputs are at EOF, so the worker is exiting; wait for it, still
+  // bounded by the deadline (a worker may close stdout and then hang).
+  absl::Duration backoff = absl::Milliseconds(1);
+  while (!run.timed_out && !run.output_too_large && !child.TryReap()) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      run.timed_out = true;
+      break;
+    }
+    absl::SleepFor(std::min(backoff, left));
+    backoff = std::min(backoff * 2, absl::Milliseconds(50));
+  }
+  child.Kill();  // no-op when reaped above
+  run.wait_status = child.status();
+  return run;
+}
+
+// Names a job in error messages: its module name when the spec is valid.
+std::string JobLabel(const v1::CompileJob& job) {
+  absl::string_view arch = job.arch();
+  if (arch.size() > 32) arch = arch.substr(0, 32);
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(
+      job.spec(), std::string_view(arch.data(), arch.size()),
+      PlanOptions{job.max_smem_per_block()});
+  if (plan.ok()) return absl::StrCat(plan->module_name, " (", arch, ")");
+  return absl::StrCat("topk ", job.spec().topk(), " kernel (", arch, ")");
+}
+
+std::string StderrSuffix(const std::string& tail) {
+  absl::string_view text = tail;
+  const bool cut = text.size() > kStderrTailBytes;
+  if (cut) text = text.substr(text.size() - kStderrTailBytes);
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) {
+    text.remove_suffix(1);
+  }
+  if (text.empty()) return "; no stderr output";
+  return absl::StrCat("; stderr", cut ? " (last 8 KB)" : "", ":\n", text);
+}
+
+// One job, start to finish, in a fresh worker process.
+ArtifactOr RunJob(const v1::CompileJob& job, const std::string& binary,
+                  absl::Duration timeout) {
+  std::string input;
+  if (!job.SerializeToString(&input)) {
+    return absl::InternalError("cannot serialize the CompileJob");
+  }
+  absl::StatusOr<ChildRun> run = RunChild(binary, input, absl::Now() + timeout);
+  if (!run.ok()) return run.status();
+  if (run->timed_out) {
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "compile of %s exceeded %g s; worker killed%s", JobLabel(job),
+        absl::ToDoubleSeconds(timeout), StderrSuffix(run->err_tail)));
+  }
+  if (run->output_too_large) {
+    return absl::InternalError(
+        absl::StrCat("compile worker for ", JobLabel(job), " wrote more than ",
+                     kMaxResultBytes >> 20, " MB to stdout; worker killed",
+                     StderrSuffix(run->err_tail)));
+  }
+  const int st = run->wait_status;
+  if (st == -1) {
+    return absl::InternalError(absl::StrCat("compile worker for ",
+                                            JobLabel(job), ": exit status lost",
+                                            StderrSuffix(run->err_tail)));
+  }
+  if (WIFSIGNALED(st)) {
+    return absl::InternalError(absl::StrCat(
+        "compile worker for ", JobLabel(job), " was killed by signal ",
+        SignalText(WTERMSIG(st)), StderrSuffix(run->err_tail)));
+  }
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    return absl::InternalError(absl::StrCat(
+        "compile worker for ", JobLabel(job), " exited with code ",
+        WIFEXITED(st) ? WEXITSTATUS(st) : st, StderrSuffix(run->err_tail)));
+  }
+  v1::CompileResult result;
+  if (!result.ParseFromString(run->out)) {
+    return absl::InternalError(absl::StrCat(
+        "compile worker for ", JobLabel(job), " wrote an unparsable result (",
+        run->out.size(), " bytes on stdout)", StderrSuffix(run->err_tail)));
+  }
+  if (result.status_code() != 0) {
+    const int code = result.status_code();
+    if (code < 0 ||
+        code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+      return absl::InternalError(
+          absl::StrCat("compile worker for ", JobLabel(job),
+                       " returned unknown status code ", code, ": ",
+                       result.status_message()));
+    }
+    return absl::Status(static_cast<absl::StatusCode>(code),
+                        result.status_message());
+  }
+  if (!result.has_artifact()) {
+    return absl::InternalError(absl::StrCat(
+        "compile worker for ", JobLabel(job),
+        " reported success without an artifact", StderrSuffix(run->err_tail)));
+  }
+  return std::move(*result.mutable_artifact());
+}
+
+absl::StatusOr<std::string> ResolveWorkerBinary(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  char path[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n < 0) {
+    return absl::InternalError(absl::StrCat(
+        "compile pool: readlink /proc/self/exe: ", ErrnoText(errno)));
+  }
+  return std::string(path, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+struct CompilePool::State {
+  struct Pending {
+    v1::CompileJob job;
+    std::promise<ArtifactOr> promise;
+  };
+
+  explicit State(CompilePoolOptions o)
+      : options(std::move(o)),
+        binary(ResolveWorkerBinary(options.worker_binary)) {}
+
+  void WorkerLoop();
+
+  const CompilePoolOptions options;
+  const absl::StatusOr<std::string> binary;
+
+  mutable absl::Mutex mu;
+  absl::CondVar work_ready;
+  std::deque<Pending> queue ABSL_GUARDED_BY(mu);
+  int in_flight ABSL_GUARDED_BY(mu) = 0;
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+
+  // Separate from mu so that Shutdown can join while workers still take mu.
+  absl::Mutex join_mu;
+  std::vector<std::thread> threads ABSL_GUARDED_BY(join_mu);
+};
+
+void CompilePool::State::WorkerLoop() {
+  for (;;) {
+    Pending pending;
+    {
+      absl::MutexLock lock(&mu);
+      while (queue.empty() && !shut_down) work_ready.Wait(&mu);
+      if (queue.empty()) return;  // shut down
+      pending = std::move(queue.front());
+      queue.pop_front();
+      ++in_flight;
+    }
+    ArtifactOr result = binary.ok()
+                            ? RunJob(pending.job, *binary, options.timeout)
+                            : ArtifactOr(binary.status());
+    {
+      // Before the promise, so a caller woken by the future sees the count
+      // without this job.
+      absl::MutexLock lock(&mu);
+      --in_flight;
+    }
+    pending.promise.set_value(std::move(result));
+  }
+}
+
+CompilePool::CompilePool(CompilePoolOptions options)
+    : state_(std::make_unique<State>(std::move(options))) {
+  const int workers = std::max(1, state_->options.workers);
+  absl::MutexLock lock(&state_->join_mu);
+  for (int i = 0; i < workers; ++i) {
+    state_->threads.emplace_back([s = state_.get()] { s->WorkerLoop(); });
+  }
+}
+
+CompilePool::~CompilePool() { Shutdown(); }
+
+absl::StatusOr<CompileFuture> CompilePool::Submit(v1::CompileJob job) {
+  State::Pending pending{std::move(job), {}};
+  CompileFuture future = pending.promise.get_future().share();
+  absl::MutexLock lock(&state_->mu);
+  if (state_->shut_down) {
+    return absl::UnavailableError("compile pool is shut down");
+  }
+  const int limit = std::max(0, state_->options.queue_limit);
+  if (static_cast<int>(state_->queue.size()) >= limit) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "compile queue is full: %d jobs waiting (limit %d), %d compiling",
+        state_->queue.size(), limit, state_->in_flight));
+  }
+  state_->queue.push_back(std::move(pending));
+  state_->work_ready.Signal();
+  return future;
+}
+
+int CompilePool::queue_depth() const {
+  absl::MutexLock lock(&state_->mu);
+  return static_cast<int>(state_->queue.size());
+}
+
+int CompilePool::in_flight() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->in_flight;
+}
+
+void CompilePool::Shutdown() {
+  std::deque<State::Pending> dropped;
+  {
+    absl::MutexLock lock(&state_->mu);
+    state_->shut_down = true;
+    dropped.swap(state_->queue);
+    state_->work_ready.SignalAll();
+  }
+  for (State::Pending& p : dropped) {
+    p.promise.set_value(absl::UnavailableError(
+        "compile pool shut down before the job started"));
+  }
+  absl::MutexLock lock(&state_->join_mu);
+  for (std::thread& t : state_->threads) t.join();
+  state_->threads.clear();
+}
+
+namespace {
+
+// Test-only fault injection, read from the environment. The pool and
+// server tests set these to prove that a crashing or hanging worker fails
+// only its own request; nothing in production sets them:
+//   KFORGE_TEST_WORKER_CRASH_TOPK=N  abort() when spec.topk == N
+//   KFORGE_TEST_WORKER_HANG_TOPK=N   sleep forever when spec.topk == N
+bool TestHookMatches(const char* name, uint32_t topk) {
+  const char* value = std::getenv(name);
+  uint32_t n = 0;
+  return value != nullptr && absl::SimpleAtoi(value, &n) && n == topk;
+}
+
+bool WriteAll(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+int RunCompileWorker() {
+  // Die with the pool thread that spawned us instead of compiling for a
+  // server that is gone.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // Stdout carries the CompileResult and nothing else: keep a private copy
+  // of it and point fd 1 at stderr, so anything the compiler or a library
+  // prints cannot corrupt the result.
+  const int result_fd = ::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+  if (result_fd < 0 || ::dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+    std::cerr << "kforge compile-worker: cannot set up stdout: "
+              << ErrnoText(errno) << "\n";
+    return 1;
+  }
+
+  std::string input;
+  char buf[64 * 1024];
+  for (;;) {
+    const ssize_t n = ::read(STDIN_FILENO, buf, sizeof(buf));
+    if (n > 0) {
+      input.append(buf, static_cast<size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      std::cerr << "kforge compile-worker: reading stdin: " << ErrnoText(errno)
+                << "\n";
+      return 1;
+    }
+  }
+  v1::CompileJob job;
+  if (!job.ParseFromString(input)) {
+    std::cerr << "kforge compile-worker: stdin (" << input.size()
+              << " bytes) is not a serialized kforge.v1.CompileJob; this "
+                 "command is run by the kforge server, not by hand\n";
+    return 2;
+  }
+
+  if (TestHookMatches("KFORGE_TEST_WORKER_CRASH_TOPK", job.spec().topk())) {
+    std::abort();
+  }
+  if (TestHookMatches("KFORGE_TEST_WORKER_HANG_TOPK", job.spec().topk())) {
+    for (;;) ::pause();
+  }
+
+  PlanOptions plan_options;
+  plan_options.max_smem_per_block = job.max_smem_per_block();
+  ArtifactOr artifact =
+      KernelCompiler().Compile(job.spec(), job.arch(), plan_options);
+  v1::CompileResult result;
+  if (artifact.ok()) {
+    *result.mutable_artifact() = *std::move(artifact);
+  } else {
+    result.set_status_code(static_cast<int>(artifact.status().code()));
+    result.set_status_message(std::string(artifact.status().message()));
+  }
+  std::string bytes;
+  if (!result.SerializeToString(&bytes) || !WriteAll(result_fd, bytes)) {
+    std::cerr << "kforge compile-worker: writing the result: "
+              << ErrnoText(errno) << "\n";
+    return 1;
+  }
+  ::close(result_fd);
+  return 0;
+}
+
+}  // namespace kforge

@@ -1,0 +1,153 @@
+// KernelStore without gRPC: tiers, single flight, deadlines, manifests.
+// Compiles run in real `kforge compile-worker` processes (~1 s each).
+#include "service/kernel_store.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "compiler/spec.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace kforge {
+namespace {
+
+using ::kforge::testing::Contains;
+
+class KernelStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kforge_store_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<KernelStore> Open(int workers = 2) {
+    KernelStoreOptions o;
+    o.cache_dir = dir_.string();
+    o.pool.workers = workers;
+    o.pool.worker_binary = KFORGE_BINARY;
+    o.pool.timeout = absl::Seconds(60);
+    absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(o);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+
+  static v1::AttentionSpec Glm5Tp8() {
+    absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
+    EXPECT_TRUE(spec.ok());
+    return *spec;
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(KernelStoreTest, CompilesOnceThenServesFromMemoryThenDiskAfterRestart) {
+  std::string cubin;
+  {
+    auto store = Open();
+    auto first = store->GetKernel(Glm5Tp8(), "sm_90a", false);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ(first->source, v1::ARTIFACT_SOURCE_COMPILED);
+    EXPECT_FALSE(first->artifact->cubin().empty());
+    cubin = first->artifact->cubin();
+    auto second = store->GetKernel(Glm5Tp8(), "sm_90a", false);
+    ASSERT_TRUE(second.ok());
+    EXPECT_EQ(second->source, v1::ARTIFACT_SOURCE_MEMORY);
+    EXPECT_EQ(second->artifact->cubin(), cubin);
+    EXPECT_EQ(store->Stats().compiles(), 1u);
+  }
+  auto restarted = Open();
+  auto third = restarted->GetKernel(Glm5Tp8(), "sm_90a", true);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->source, v1::ARTIFACT_SOURCE_DISK);
+  EXPECT_EQ(third->artifact->cubin(), cubin);
+  EXPECT_EQ(restarted->Stats().compiles(), 0u);
+  EXPECT_EQ(restarted->Stats().disk_hits(), 1u);
+}
+
+TEST_F(KernelStoreTest, ConcurrentColdRequestsShareOneCompile) {
+  auto store = Open();
+  constexpr int kThreads = 16;
+  std::vector<std::thread> threads;
+  std::vector<absl::StatusOr<KernelStore::Result>> results(kThreads);
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] { results[i] = store->GetKernel(Glm5Tp8(), "sm_120a", false); });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->artifact->cubin(), results[0]->artifact->cubin());
+  }
+  const v1::StatsResponse stats = store->Stats();
+  EXPECT_EQ(stats.compiles(), 1u);
+  EXPECT_EQ(stats.memory_hits() + stats.shared_compile_waits() + 1, uint64_t{kThreads});
+}
+
+TEST_F(KernelStoreTest, LookupOnlyMissIsNotFound) {
+  auto store = Open();
+  auto r = store->GetKernel(Glm5Tp8(), "sm_90a", true);
+  EXPECT_TRUE(absl::IsNotFound(r.status())) << r.status();
+  EXPECT_TRUE(Contains(r.status().message(), "lookup_only"));
+  EXPECT_EQ(store->Stats().compiles(), 0u);
+}
+
+TEST_F(KernelStoreTest, BadSpecAndArchAreRejectedBeforeAnyCompile) {
+  auto store = Open();
+  v1::AttentionSpec bad = Glm5Tp8();
+  bad.set_num_q_heads(0);
+  auto r = store->GetKernel(bad, "sm_90a", false);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_TRUE(Contains(r.status().message(), "num_q_heads"));
+  auto a = store->GetKernel(Glm5Tp8(), "sm_75", false);
+  EXPECT_TRUE(absl::IsFailedPrecondition(a.status())) << a.status();
+  EXPECT_EQ(store->Stats().compiles(), 0u);
+}
+
+TEST_F(KernelStoreTest, WaiterDeadlineLeavesTheCompileRunning) {
+  auto store = Open();
+  auto r = store->GetKernel(Glm5Tp8(), "sm_80", false,
+                            absl::Now() + absl::Milliseconds(50));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+  // The compile finishes for the next caller and is cached.
+  auto later = store->GetKernel(Glm5Tp8(), "sm_80", false);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(store->Stats().compiles(), 1u);
+}
+
+TEST_F(KernelStoreTest, ManifestListsSqVariantsAskedFirstWithSplitTable) {
+  auto store = Open();
+  v1::AttentionSpec spec = Glm5Tp8();
+  spec.set_s_q(2);
+  auto m = store->GetManifest(spec, "sm_90a", 132);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->variants_size(), 4);
+  EXPECT_EQ(m->arch(), "sm_90a");
+  ASSERT_EQ(m->choice_order_size(), 4);
+  EXPECT_EQ(m->variants(m->choice_order(0)).spec().s_q(), 2u);
+  const auto& v = m->variants(m->choice_order(0));
+  EXPECT_FALSE(v.key().empty());
+  EXPECT_EQ(v.num_splits_by_tokens().size(), 9u);  // 1, 2, 4, ..., 256
+  EXPECT_EQ(v.num_splits_by_tokens().at(1), 16u);  // 8 heads, one token
+  EXPECT_EQ(store->Stats().compiles(), 0u);        // planning only
+}
+
+TEST_F(KernelStoreTest, ResolveSelector) {
+  v1::KernelSelector sel;
+  sel.mutable_preset()->set_name("deepseek-v3.2");
+  sel.mutable_preset()->set_tensor_parallel(8);
+  auto spec = KernelStore::Resolve(sel);
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->num_q_heads(), 16u);
+  EXPECT_TRUE(absl::IsInvalidArgument(KernelStore::Resolve(v1::KernelSelector()).status()));
+}
+
+}  // namespace
+}  // namespace kforge

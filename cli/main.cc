@@ -10,10 +10,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/flags.h"
+#include "cli/service_cmds.h"
 #include "compiler/compiler.h"
 #include "compiler/cubin.h"
 #include "compiler/io.h"
 #include "compiler/spec.h"
+#include "service/compile_pool.h"
 
 namespace kforge::cli {
 namespace {
@@ -191,7 +193,10 @@ void Usage() {
   std::cout << "usage: kforge <command> [flags]\n\n"
                "commands:\n"
                "  compile   compile a sparse MLA kernel module for one or more archs\n"
-               "  inspect   show what a cubin holds (arch, kernels, resources)\n\n"
+               "  inspect   show what a cubin holds (arch, kernels, resources)\n"
+               "  serve     run the gRPC kernel server\n"
+               "  get       fetch one kernel from a server\n"
+               "  stats     print a server's counters as JSON\n\n"
                "Run 'kforge <command> --help' for its flags.\n";
 }
 
@@ -209,6 +214,10 @@ int main(int argc, char** argv) {
   const std::vector<std::string> rest(argv + 2, argv + argc);
   if (cmd == "compile") return Compile(rest);
   if (cmd == "inspect") return Inspect(rest);
+  if (cmd == "serve") return Serve(rest);
+  if (cmd == "get") return Get(rest);
+  if (cmd == "stats") return Stats(rest);
+  if (cmd == "compile-worker") return kforge::RunCompileWorker();
   std::cerr << "kforge: unknown command '" << cmd << "'\n";
   Usage();
   return 2;

@@ -1,0 +1,248 @@
+// The service subcommands: `kforge serve` and its first clients, `kforge get`
+// and `kforge stats`. Flags are read here and passed down as Options.
+#include "cli/service_cmds.h"
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "cli/flags.h"
+#include "compiler/compiler.h"
+#include "compiler/io.h"
+#include "compiler/spec.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "kforge/v1/service.grpc.pb.h"
+#include "service/server.h"
+
+namespace kforge::cli {
+namespace {
+
+constexpr char kDefaultServer[] = "127.0.0.1:50051";
+// Same bound as the server's: cubins are megabytes, gRPC's default is 4 MB.
+constexpr int kMaxMessageBytes = 256 << 20;
+
+int Fail(const absl::Status& s) {
+  std::cerr << "kforge: " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// $XDG_CACHE_HOME/kforge, else ~/.cache/kforge (XDG base directory spec).
+std::string DefaultCacheDir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg != nullptr && xdg[0] == '/') return absl::StrCat(xdg, "/kforge");
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home != nullptr && home[0] != '\0' ? home : ".", "/.cache/kforge");
+}
+
+// Reads a non-negative integer flag into `out`, checking a lower bound.
+absl::Status IntFlag(const ParsedArgs& args, const std::string& name,
+                     long long min, long long* out) {
+  absl::StatusOr<long long> v = ParseIntFlag(name, args.Get(name));
+  if (!v.ok()) return v.status();
+  if (*v < min) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": got ", *v, ", must be at least ", min));
+  }
+  *out = *v;
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::Channel> Connect(const std::string& address) {
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  channel_args.SetMaxSendMessageSize(kMaxMessageBytes);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   channel_args);
+}
+
+// A failed call as the user should read it: a server that cannot be reached
+// is told apart from an error the server answered with.
+int FailCall(const grpc::Status& status, grpc::Channel& channel,
+             const std::string& address) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      channel.GetState(false) != GRPC_CHANNEL_READY) {
+    std::cerr << "kforge: cannot reach kforge server at " << address << ": "
+              << status.error_message() << "\n";
+    return 1;
+  }
+  std::cerr << "kforge: "
+            << absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))
+            << ": " << status.error_message() << "\n";
+  return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? 2 : 1;
+}
+
+const char* SourceName(v1::ArtifactSource source) {
+  switch (source) {
+    case v1::ARTIFACT_SOURCE_MEMORY:
+      return "memory";
+    case v1::ARTIFACT_SOURCE_DISK:
+      return "disk";
+    case v1::ARTIFACT_SOURCE_COMPILED:
+      return "compiled";
+    case v1::ARTIFACT_SOURCE_SHARED_COMPILE:
+      return "compiled (shared)";
+    default:
+      return "unknown";
+  }
+}
+
+}  // namespace
+
+int Serve(const std::vector<std::string>& argv) {
+  const ServerOptions defaults;
+  const unsigned cores = std::thread::hardware_concurrency();
+  const std::vector<FlagSpec> flags = {
+      {"listen", "ADDR", "address to serve on (port 0: any free port)", defaults.listen},
+      {"cache-dir", "DIR", "kernel cache directory", DefaultCacheDir()},
+      {"memory-cache-bytes", "N", "memory tier size",
+       absl::StrCat(defaults.store.memory_cache_bytes)},
+      {"disk-cache-bytes", "N", "disk tier size (LRU eviction beyond it)",
+       absl::StrCat(defaults.store.disk_cache_bytes)},
+      {"workers", "N", "concurrent compile worker processes",
+       absl::StrCat(cores == 0 ? 1 : cores)},
+      {"queue-limit", "N", "compiles waiting for a worker; more are refused",
+       absl::StrCat(defaults.store.pool.queue_limit)},
+      {"compile-timeout", "SECONDS", "a compile running longer is killed",
+       absl::StrCat(absl::ToInt64Seconds(defaults.store.pool.timeout))},
+      {"help", "", "show this help", "", 'h'}};
+  absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
+  if (!args.ok()) return Fail(args.status());
+  if (args->Has("help") || !args->positional.empty()) {
+    std::cout << "usage: kforge serve [flags]\n\n"
+                 "Serves kforge.v1.KernelService over gRPC (with health "
+                 "checking and reflection) until SIGTERM or SIGINT.\n\n"
+              << FlagsHelp(flags);
+    return args->Has("help") ? 0 : 2;
+  }
+  ServerOptions options;
+  options.listen = args->Get("listen");
+  options.store.cache_dir = args->Get("cache-dir");
+  long long memory_bytes = 0, disk_bytes = 0, workers = 0, queue_limit = 0,
+            timeout_s = 0;
+  for (absl::Status s : {IntFlag(*args, "memory-cache-bytes", 0, &memory_bytes),
+                         IntFlag(*args, "disk-cache-bytes", 0, &disk_bytes),
+                         IntFlag(*args, "workers", 1, &workers),
+                         IntFlag(*args, "queue-limit", 0, &queue_limit),
+                         IntFlag(*args, "compile-timeout", 1, &timeout_s)}) {
+    if (!s.ok()) return Fail(s);
+  }
+  options.store.memory_cache_bytes = static_cast<uint64_t>(memory_bytes);
+  options.store.disk_cache_bytes = static_cast<uint64_t>(disk_bytes);
+  options.store.pool.workers = static_cast<int>(workers);
+  options.store.pool.queue_limit = static_cast<int>(queue_limit);
+  options.store.pool.timeout = absl::Seconds(timeout_s);
+  return RunServer(options);
+}
+
+int Get(const std::vector<std::string>& argv) {
+  const std::vector<FlagSpec> flags = {
+      {"server", "ADDR", "kforge server address", kDefaultServer},
+      {"preset", "NAME", "model preset: deepseek-v3.2 or glm-5"},
+      {"tp", "N", "tensor-parallel degree (divides the preset's heads)", "1"},
+      {"spec", "FILE", "full AttentionSpec as JSON or text proto (instead of --preset)"},
+      {"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a"},
+      {"out", "DIR", "output directory", "out", 'o'},
+      {"lookup-only", "", "fail with NOT_FOUND instead of compiling on a miss"},
+      {"timeout", "SECONDS", "deadline for the call (0: none)", "600"},
+      {"help", "", "show this help", "", 'h'}};
+  absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
+  if (!args.ok()) return Fail(args.status());
+  if (args->Has("help")) {
+    std::cout << "usage: kforge get [--server ADDR] (--preset NAME [--tp N] | "
+                 "--spec FILE) --arch ARCH [-o DIR] [--lookup-only]\n\n"
+                 "Fetches one kernel module from a kforge server and writes "
+                 "DIR/<module>.cubin and DIR/<module>.json.\n\n"
+              << FlagsHelp(flags);
+    return 0;
+  }
+  if (args->Has("spec") == args->Has("preset")) {
+    return Fail(absl::InvalidArgumentError(
+        "give exactly one of --preset NAME (with --tp N) or --spec FILE"));
+  }
+  if (!args->Has("arch")) {
+    return Fail(absl::InvalidArgumentError("--arch is required (e.g. --arch sm_90a)"));
+  }
+  v1::GetKernelRequest request;
+  if (args->Has("spec")) {
+    absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(args->Get("spec"));
+    if (!spec.ok()) return Fail(spec.status());
+    *request.mutable_kernel()->mutable_spec() = *spec;
+  } else {
+    absl::StatusOr<long long> tp = ParseIntFlag("tp", args->Get("tp"));
+    if (!tp.ok()) return Fail(tp.status());
+    if (*tp > 0xffffffffLL) return Fail(absl::InvalidArgumentError("--tp: too large"));
+    v1::PresetRef* preset = request.mutable_kernel()->mutable_preset();
+    preset->set_name(args->Get("preset"));
+    preset->set_tensor_parallel(static_cast<uint32_t>(*tp));
+  }
+  request.set_arch(args->Get("arch"));
+  request.set_lookup_only(args->Has("lookup-only"));
+  absl::StatusOr<long long> timeout_s = ParseIntFlag("timeout", args->Get("timeout"));
+  if (!timeout_s.ok()) return Fail(timeout_s.status());
+
+  const std::string address = args->Get("server");
+  std::shared_ptr<grpc::Channel> channel = Connect(address);
+  auto stub = v1::KernelService::NewStub(channel);
+  grpc::ClientContext context;
+  if (*timeout_s > 0) {  // 0: no deadline
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(*timeout_s));
+  }
+  v1::GetKernelResponse response;
+  grpc::Status status = stub->GetKernel(&context, request, &response);
+  if (!status.ok()) return FailCall(status, *channel, address);
+
+  const v1::KernelArtifact& artifact = response.artifact();
+  const std::string base = absl::StrCat(args->Get("out"), "/", artifact.module_name());
+  absl::Status s = WriteFileAtomic(base + ".cubin", artifact.cubin());
+  if (s.ok()) s = WriteFileAtomic(base + ".json", ArtifactDescriptionJson(artifact));
+  if (!s.ok()) return Fail(s);
+  std::cout << absl::StrFormat("%s.cubin  %s  %zu bytes  source %s  %.3f s\n", base,
+                               artifact.arch(), artifact.cubin().size(),
+                               SourceName(response.source()), response.seconds());
+  return 0;
+}
+
+int Stats(const std::vector<std::string>& argv) {
+  const std::vector<FlagSpec> flags = {
+      {"server", "ADDR", "kforge server address", kDefaultServer},
+      {"help", "", "show this help", "", 'h'}};
+  absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
+  if (!args.ok()) return Fail(args.status());
+  if (args->Has("help")) {
+    std::cout << "usage: kforge stats [--server ADDR]\n\n"
+                 "Prints a kforge server's counters (cache hits per tier, "
+                 "misses, compiles, queue) as JSON.\n\n"
+              << FlagsHelp(flags);
+    return 0;
+  }
+  const std::string address = args->Get("server");
+  std::shared_ptr<grpc::Channel> channel = Connect(address);
+  auto stub = v1::KernelService::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::StatsResponse response;
+  grpc::Status status = stub->Stats(&context, v1::StatsRequest(), &response);
+  if (!status.ok()) return FailCall(status, *channel, address);
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  // Printing a valid message cannot fail.
+  (void)google::protobuf::util::MessageToJsonString(response, &json, options);
+  std::cout << json;
+  return 0;
+}
+
+}  // namespace kforge::cli

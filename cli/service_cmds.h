@@ -1,0 +1,18 @@
+#ifndef KFORGE_CLI_SERVICE_CMDS_H_
+#define KFORGE_CLI_SERVICE_CMDS_H_
+
+#include <string>
+#include <vector>
+
+namespace kforge::cli {
+
+// `kforge serve`: runs the gRPC kernel server until SIGTERM/SIGINT.
+int Serve(const std::vector<std::string>& argv);
+// `kforge get`: fetches one kernel from a server into DIR/<module>.{cubin,json}.
+int Get(const std::vector<std::string>& argv);
+// `kforge stats`: prints a server's counters as JSON.
+int Stats(const std::vector<std::string>& argv);
+
+}  // namespace kforge::cli
+
+#endif  // KFORGE_CLI_SERVICE_CMDS_H_

@@ -1,0 +1,144 @@
+#include "service/server.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace kforge {
+namespace {
+
+// Cubins of big tilings reach several MB; 256 MB leaves room for manifests
+// and future multi-arch bundles without letting a client exhaust memory.
+constexpr int kMaxMessageBytes = 256 << 20;
+
+// Self-pipe: the signal handler only writes the signal number; the main
+// thread does the shutdown work outside signal context.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void OnShutdownSignal(int signo) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signo);
+  // Nothing useful to do if the pipe is full: a signal is already pending.
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+bool InstallSignalHandlers(std::string* error) {
+  // O_CLOEXEC: compile worker processes must not inherit the pipe.
+  if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    *error = absl::StrCat("pipe2: ", strerror(errno));
+    return false;
+  }
+  // The read end blocks; only the handler's write end must never block.
+  fcntl(g_signal_pipe[0], F_SETFL, 0);
+  struct sigaction action = {};
+  action.sa_handler = OnShutdownSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int signo : {SIGTERM, SIGINT}) {
+    if (sigaction(signo, &action, nullptr) != 0) {
+      *error = absl::StrCat("sigaction: ", strerror(errno));
+      return false;
+    }
+  }
+  return true;
+}
+
+// Blocks until SIGTERM or SIGINT arrives; returns its number.
+int WaitForShutdownSignal() {
+  unsigned char byte = 0;
+  while (true) {
+    const ssize_t n = read(g_signal_pipe[0], &byte, 1);
+    if (n == 1) return byte;
+    if (n < 0 && errno == EINTR) continue;
+    return SIGTERM;  // the pipe broke: treat it as a request to stop
+  }
+}
+
+// "host:0" names the port the kernel picked; print the real one.
+std::string BoundAddress(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return listen;
+  return absl::StrCat(listen.substr(0, colon), ":", port);
+}
+
+}  // namespace
+
+int RunServer(const ServerOptions& options) {
+  std::string error;
+  if (!InstallSignalHandlers(&error)) {
+    std::cerr << "kforge: cannot install signal handlers: " << error << "\n";
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<KernelStore>> store =
+      KernelStore::Create(options.store);
+  if (!store.ok()) {
+    std::cerr << "kforge: cannot open the kernel store: " << store.status().message()
+              << "\n";
+    return 1;
+  }
+  auto service = std::make_unique<KernelServiceImpl>(store->get(), options.service);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  // gRPC sets SO_REUSEPORT by default, which would let a second server
+  // share a port that is in use instead of failing.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.RegisterService(service.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::cerr << "kforge: cannot listen on " << options.listen
+              << ": the address is in use or is not a valid host:port\n";
+    (*store)->Shutdown();
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health != nullptr) health->SetServingStatus(true);
+  std::cout << "kforge: serving on " << BoundAddress(options.listen, port)
+            << " (cache " << options.store.cache_dir << ")" << std::endl;
+
+  const int signo = WaitForShutdownSignal();
+  std::cerr << "kforge: " << (signo == SIGINT ? "SIGINT" : "SIGTERM")
+            << ": shutting down (in-flight calls get "
+            << absl::FormatDuration(options.shutdown_grace) << ")" << std::endl;
+  // A second signal means "now": skip the grace period.
+  std::thread([] {
+    WaitForShutdownSignal();
+    static const char kMessage[] = "kforge: second signal, exiting now\n";
+    [[maybe_unused]] ssize_t n = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+    std::_Exit(1);
+  }).detach();
+
+  if (health != nullptr) health->SetServingStatus(false);
+  // Stops accepting calls, waits for in-flight ones until the deadline,
+  // then cancels the rest; returns when every call is done.
+  server->Shutdown(absl::ToChronoTime(absl::Now() + options.shutdown_grace));
+  (*store)->Shutdown();
+  server->Wait();
+  server.reset();
+  service.reset();  // joins its threads: no store call is left after this
+  store->reset();
+  std::cerr << "kforge: stopped" << std::endl;
+  return 0;
+}
+
+}  // namespace kforge

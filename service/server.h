@@ -1,0 +1,33 @@
+#ifndef KFORGE_SERVICE_SERVER_H_
+#define KFORGE_SERVICE_SERVER_H_
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "service/grpc_service.h"
+#include "service/kernel_store.h"
+
+namespace kforge {
+
+struct ServerOptions {
+  // host:port; port 0 picks a free one (the chosen address is printed).
+  std::string listen = "127.0.0.1:50051";
+  KernelStoreOptions store;
+  KernelServiceOptions service;
+  // After SIGTERM/SIGINT, how long in-flight calls may take to finish
+  // before they are cancelled.
+  absl::Duration shutdown_grace = absl::Seconds(30);
+};
+
+// Runs `kforge serve`: opens the store, serves KernelService with gRPC
+// health checking and server reflection, prints
+//   kforge: serving on ADDR (cache DIR)
+// once listening, and on SIGTERM/SIGINT shuts down gracefully (health
+// NOT_SERVING, no new calls, in-flight calls finish, then the store).
+// Returns the process exit code: 0 after a graceful shutdown, 1 when the
+// server cannot start (the reason is printed).
+int RunServer(const ServerOptions& options);
+
+}  // namespace kforge
+
+#endif  // KFORGE_SERVICE_SERVER_H_

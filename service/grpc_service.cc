@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -131,14 +132,86 @@ KernelServiceImpl::KernelServiceImpl(KernelStore* store,
 
 KernelServiceImpl::~KernelServiceImpl() = default;
 
+namespace {
+
+void PutVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+void ReleaseWire(void* p) {
+  delete static_cast<std::shared_ptr<const std::string>*>(p);
+}
+
+// GetKernelResponse on the wire, built around already-serialized artifact
+// bytes: field 1 (artifact, length-delimited), 2 (source, varint),
+// 3 (seconds, fixed64 double). The artifact bytes are not copied.
+grpc::ByteBuffer EncodeResponse(std::shared_ptr<const std::string> artifact,
+                                v1::ArtifactSource source, double seconds) {
+  std::string head(1, '\x0a');
+  PutVarint(artifact->size(), &head);
+  std::string tail(1, '\x10');
+  PutVarint(static_cast<uint64_t>(source), &tail);
+  tail.push_back('\x19');
+  tail.append(reinterpret_cast<const char*>(&seconds), sizeof(seconds));
+  char* data = const_cast<char*>(artifact->data());
+  const size_t size = artifact->size();
+  grpc::Slice slices[3] = {
+      grpc::Slice(head),
+      grpc::Slice(data, size, ReleaseWire,
+                  new std::shared_ptr<const std::string>(std::move(artifact))),
+      grpc::Slice(tail)};
+  return grpc::ByteBuffer(slices, 3);
+}
+
+}  // namespace
+
+std::shared_ptr<const std::string> KernelServiceImpl::WireBytes(
+    const ArtifactPtr& artifact) {
+  {
+    std::lock_guard<std::mutex> lock(wire_mu_);
+    auto it = wire_.find(artifact.get());
+    if (it != wire_.end()) return it->second.second;
+  }
+  auto bytes = std::make_shared<const std::string>(artifact->SerializeAsString());
+  std::lock_guard<std::mutex> lock(wire_mu_);
+  if (wire_.size() >= kMaxWire) wire_.clear();
+  wire_.emplace(artifact.get(), std::make_pair(artifact, bytes));
+  return bytes;
+}
+
 grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(
-    grpc::CallbackServerContext* context, const v1::GetKernelRequest* request,
-    v1::GetKernelResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes,
+    grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  auto request = std::make_shared<v1::GetKernelRequest>();
+  {
+    grpc::ByteBuffer copy(*request_bytes);  // shares slices, no byte copy
+    grpc::Status parsed =
+        grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::GetKernelRequest>(
+            &copy, request.get());
+    if (!parsed.ok()) {
+      reactor->Finish(parsed);
+      return reactor;
+    }
+  }
+  // Memory hits never block: answer on the callback thread (measured in
+  // BENCH.md: the executor hand-off and the artifact copy dominated a hit).
+  if (absl::StatusOr<ArtifactPtr> hit =
+          store_->MemoryHit(request->kernel(), request->arch());
+      hit.ok()) {
+    *response = EncodeResponse(WireBytes(*hit), v1::ARTIFACT_SOURCE_MEMORY,
+                               absl::ToDoubleSeconds(absl::Now() - start));
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
   const absl::Time deadline = ToAbslDeadline(context->deadline());
-  // The request, response and reactor stay valid until Finish.
-  executor_->Run([this, reactor, request, response, deadline] {
-    const absl::Time start = absl::Now();
+  // The response buffer and reactor stay valid until Finish.
+  executor_->Run([this, reactor, request, response, deadline, start] {
     absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(request->kernel());
     if (!spec.ok()) {
       reactor->Finish(ToGrpcStatus(spec.status()));
@@ -150,9 +223,8 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(
       reactor->Finish(ToGrpcStatus(result.status()));
       return;
     }
-    *response->mutable_artifact() = *result->artifact;
-    response->set_source(result->source);
-    response->set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+    *response = EncodeResponse(WireBytes(result->artifact), result->source,
+                               absl::ToDoubleSeconds(absl::Now() - start));
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;

@@ -2,7 +2,11 @@
 #define KFORGE_SERVICE_GRPC_SERVICE_H_
 
 #include <cstddef>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
@@ -41,15 +45,20 @@ struct KernelServiceOptions {
 // service's own threads, so gRPC's callback threads stay free. The store
 // must outlive this object; destroy it only after the server has shut down
 // (Server::Wait), when no call is left.
-class KernelServiceImpl final : public v1::KernelService::CallbackService {
+// GetKernel is registered as a raw (ByteBuffer) method so that a memory hit
+// is answered on the callback thread from the artifact's serialized bytes,
+// shared without a copy; everything else goes through the store.
+class KernelServiceImpl final
+    : public v1::KernelService::WithRawCallbackMethod_GetKernel<
+          v1::KernelService::CallbackService> {
  public:
   explicit KernelServiceImpl(KernelStore* store,
                              KernelServiceOptions options = {});
   ~KernelServiceImpl() override;  // joins the blocking threads
 
   grpc::ServerUnaryReactor* GetKernel(grpc::CallbackServerContext* context,
-                                      const v1::GetKernelRequest* request,
-                                      v1::GetKernelResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetManifest(grpc::CallbackServerContext* context,
                                         const v1::GetManifestRequest* request,
                                         v1::Manifest* response) override;
@@ -63,9 +72,20 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
   class BlockingExecutor;
 
  private:
+  // The wire bytes of a cached artifact, serialized once per artifact.
+  std::shared_ptr<const std::string> WireBytes(const ArtifactPtr& artifact);
+
   KernelStore* store_;
   KernelServiceOptions options_;
   std::unique_ptr<BlockingExecutor> executor_;
+  // artifact -> (the artifact, kept alive; its serialized bytes). Bounded:
+  // cleared when it reaches kMaxWire entries; in-flight responses keep
+  // their bytes alive through the slice's own reference.
+  static constexpr size_t kMaxWire = 256;
+  std::mutex wire_mu_;
+  std::map<const v1::KernelArtifact*,
+           std::pair<ArtifactPtr, std::shared_ptr<const std::string>>>
+      wire_;
 };
 
 }  // namespace kforge

@@ -74,6 +74,12 @@ struct KernelStore::State {
   std::unique_ptr<CompilePool> pool;
   std::string lock_dir;
 
+  // (serialized selector + arch) -> key, for MemoryHit. Bounded: cleared
+  // when it reaches kMaxMemo entries (a deployment uses a handful).
+  static constexpr size_t kMaxMemo = 4096;
+  std::mutex memo_mu;
+  std::map<std::string, std::string> memo;
+
   std::mutex mu;
   std::condition_variable flights_done;
   std::map<std::string, FlightFuture> flights;  // key -> compile in progress
@@ -165,6 +171,33 @@ absl::StatusOr<v1::AttentionSpec> KernelStore::Resolve(
           "kernel: got nothing, supported a spec or a preset (name + "
           "tensor_parallel)");
   }
+}
+
+absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(
+    const v1::KernelSelector& selector, const std::string& arch) {
+  State& s = *state_;
+  std::string memo_key = selector.SerializeAsString();
+  memo_key.push_back('\0');
+  memo_key += arch;
+  std::string key;
+  {
+    std::lock_guard<std::mutex> lock(s.memo_mu);
+    auto it = s.memo.find(memo_key);
+    if (it != s.memo.end()) key = it->second;
+  }
+  if (key.empty()) {
+    absl::StatusOr<v1::AttentionSpec> spec = Resolve(selector);
+    if (!spec.ok()) return spec.status();
+    absl::StatusOr<CompilePlan> plan = s.compiler.Plan(*spec, arch);
+    if (!plan.ok()) return plan.status();
+    key = plan->key;
+    std::lock_guard<std::mutex> lock(s.memo_mu);
+    if (s.memo.size() >= State::kMaxMemo) s.memo.clear();
+    s.memo.emplace(std::move(memo_key), key);
+  }
+  absl::StatusOr<ArtifactPtr> hit = s.memory->Get(key);
+  if (hit.ok()) ++s.memory_hits;
+  return hit;
 }
 
 absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(

@@ -47,6 +47,13 @@ class KernelStore {
                                    std::string_view arch, bool lookup_only,
                                    absl::Time deadline = absl::InfiniteFuture());
 
+  // The hot path for cache hits: the memory tier only, with the
+  // (selector, arch) -> key mapping remembered so a hit skips planning and
+  // hashing. NotFound when the memory tier does not hold the kernel (the
+  // caller then goes through GetKernel, which validates and counts).
+  absl::StatusOr<ArtifactPtr> MemoryHit(const v1::KernelSelector& selector,
+                                        const std::string& arch);
+
   // Resolves a KernelSelector (spec or preset) to a spec.
   static absl::StatusOr<v1::AttentionSpec> Resolve(
       const v1::KernelSelector& selector);

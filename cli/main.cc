@@ -1,6 +1,7 @@
 // kforge: one binary, one subcommand per job. Flags are parsed here and only
 // here; everything else receives plain values.
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -217,7 +218,9 @@ int main(int argc, char** argv) {
   if (cmd == "serve") return Serve(rest);
   if (cmd == "get") return Get(rest);
   if (cmd == "stats") return Stats(rest);
-  if (cmd == "compile-worker") return kforge::RunCompileWorker();
+  if (cmd == "compile-worker") {
+    return kforge::RunCompileWorker(argc > 2 ? std::atoi(argv[2]) : 0);
+  }
   std::cerr << "kforge: unknown command '" << cmd << "'\n";
   Usage();
   return 2;

@@ -238,7 +238,10 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
 
   std::string arg0 = binary;
   std::string arg1 = "compile-worker";
-  char* argv[] = {arg0.data(), arg1.data(), nullptr};
+  // Our pid, so the worker can tell whether we died before it asked to die
+  // with us (see RunCompileWorker).
+  std::string arg2 = std::to_string(::getpid());
+  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
   pid_t pid = -1;
   const int spawn_error =
       ::posix_spawn(&pid, binary.c_str(), &actions, &attr, argv, environ);
@@ -580,10 +583,17 @@ bool WriteAll(int fd, const std::string& data) {
 
 }  // namespace
 
-int RunCompileWorker() {
+int RunCompileWorker(int expected_parent) {
   // Die with the pool thread that spawned us instead of compiling for a
-  // server that is gone.
+  // server that is gone. If the server died between spawning us and this
+  // call, the death signal will never come: we have been re-parented.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (expected_parent > 0 && ::getppid() != expected_parent) {
+    std::cerr << "kforge compile-worker: the server that started this worker "
+                 "(pid "
+              << expected_parent << ") is gone\n";
+    return 1;
+  }
   // Stdout carries the CompileResult and nothing else: keep a private copy
   // of it and point fd 1 at stderr, so anything the compiler or a library
   // prints cannot corrupt the result.

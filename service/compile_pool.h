@@ -49,10 +49,11 @@ class CompilePool {
   std::unique_ptr<State> state_;
 };
 
-// Entry point of `kforge compile-worker`: reads a CompileJob from stdin,
-// compiles it in this process and writes a CompileResult to stdout. Returns
-// the process exit code.
-int RunCompileWorker();
+// Entry point of `kforge compile-worker [SERVER_PID]`: reads a CompileJob
+// from stdin, compiles it in this process and writes a CompileResult to
+// stdout. Exits at once if its parent is no longer expected_parent (> 0).
+// Returns the process exit code.
+int RunCompileWorker(int expected_parent = 0);
 
 }  // namespace kforge
 

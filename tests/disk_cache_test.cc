@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "compiler/key.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace kforge {
 namespace {
@@ -34,16 +35,7 @@ std::string TestKey(int i) {
 
 ArtifactPtr MakeArtifact(const std::string& key, size_t cubin_bytes,
                          uint64_t seed = 1) {
-  auto artifact = std::make_shared<v1::KernelArtifact>();
-  artifact->set_format_version(kFormatVersion);
-  artifact->set_key(key);
-  artifact->set_module_name("sparse_mla_decode_test_" + key.substr(0, 8));
-  artifact->set_arch("sm_90a");
-  std::mt19937_64 rng(seed);
-  std::string cubin(cubin_bytes, '\0');
-  for (char& c : cubin) c = static_cast<char>(rng());
-  artifact->set_cubin(std::move(cubin));
-  return artifact;
+  return ::kforge::testing::FakeArtifact(key, cubin_bytes, seed);
 }
 
 std::string ReadBytes(const std::string& path) {

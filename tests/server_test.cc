@@ -139,6 +139,9 @@ class ServerProcess {
     for (char** e = environ; *e != nullptr; ++e) {
       if (!absl::StartsWith(*e, "KFORGE_TEST_")) env.emplace_back(*e);
     }
+    // Compile workers inherit this, so the test can find its own.
+    tag_ = absl::StrCat("KFORGE_TEST_SERVER_TAG=", log.string());
+    env.push_back(tag_);
     std::vector<char*> c_argv, c_env;
     for (std::string& a : argv) c_argv.push_back(a.data());
     c_argv.push_back(nullptr);
@@ -163,6 +166,7 @@ class ServerProcess {
       kill(pid_, SIGKILL);
       WaitExit(absl::Seconds(30));
     }
+    KillOrphanedWorkers();
     if (::testing::Test::HasFailure()) {
       std::cerr << "---- " << log_.string() << " ----\n" << Log() << "----\n";
     }
@@ -229,12 +233,34 @@ class ServerProcess {
   }
 
   std::string Log() const { return ReadFileOrEmpty(log_); }
+
+  // A worker spawned just before its server was SIGKILLed can miss the
+  // parent-death signal (it sets PR_SET_PDEATHSIG only once running), and
+  // one stuck in the hang hook would then wait forever: end this server's
+  // workers, found by the tag in their environment.
+  void KillOrphanedWorkers() {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/proc", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::string environ_bytes = ReadFileOrEmpty(e.path() / "environ");
+      size_t at = 0;
+      for (size_t end; (end = environ_bytes.find('\0', at)) != std::string::npos;
+           at = end + 1) {
+        if (environ_bytes.compare(at, end - at, tag_) == 0) {
+          kill(static_cast<pid_t>(std::stol(name)), SIGKILL);
+          break;
+        }
+      }
+    }
+  }
   const std::string& address() const { return address_; }
   grpc::Channel* channel() { return channel_.get(); }
   v1::KernelService::Stub& stub() { return *stub_; }
 
  private:
   fs::path log_;
+  std::string tag_;
   pid_t pid_ = -1;
   int exit_status_ = 0;
   std::string address_;
@@ -448,6 +474,8 @@ TEST_F(ServerTest, SigkillDuringCompileLeavesNothingServableAndRestartsCleanly) 
     ASSERT_TRUE(WaitForStats(server->stub(), [](const v1::StatsResponse& s) {
       return s.in_flight_compiles() == 1;
     }));
+    // in_flight counts from just before the spawn: let the worker start.
+    absl::SleepFor(absl::Milliseconds(300));
     server->Signal(SIGKILL);
     EXPECT_EQ(server->WaitExit(absl::Seconds(10)), -SIGKILL);
     EXPECT_FALSE(call.get().status.ok());

@@ -1,9 +1,15 @@
 #ifndef KFORGE_TESTS_TEST_UTIL_H_
 #define KFORGE_TESTS_TEST_UTIL_H_
 
+#include <memory>
+#include <random>
+#include <string>
+
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
+#include "compiler/key.h"
+#include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
 
 namespace kforge::testing {
@@ -33,6 +39,22 @@ inline v1::AttentionSpec DeepseekTp1Spec() {
   spec.set_softmax_scale(0.135234f);
   spec.set_return_lse(true);
   return spec;
+}
+
+// An artifact as the compiler would hand it over, with `cubin_bytes` of
+// seeded random "cubin" (cache tests need no NVRTC).
+inline std::shared_ptr<const v1::KernelArtifact> FakeArtifact(
+    const std::string& key, size_t cubin_bytes, uint64_t seed = 1) {
+  auto artifact = std::make_shared<v1::KernelArtifact>();
+  artifact->set_format_version(kFormatVersion);
+  artifact->set_key(key);
+  artifact->set_module_name("sparse_mla_decode_test_" + key.substr(0, 8));
+  artifact->set_arch("sm_90a");
+  std::mt19937_64 rng(seed);
+  std::string cubin(cubin_bytes, '\0');
+  for (char& c : cubin) c = static_cast<char>(rng());
+  artifact->set_cubin(std::move(cubin));
+  return artifact;
 }
 
 }  // namespace kforge::testing

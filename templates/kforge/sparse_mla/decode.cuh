@@ -51,7 +51,6 @@ struct DecodeTraits {
   static constexpr int kNumGroups =
       (kNumHeads + kHeadsPerGroup - 1) / kHeadsPerGroup;
   static constexpr int kMTiles = kHeadTile / 16;
-  static constexpr int kRowChunks = kDqk / 8;  // 16-byte chunks per row
   // Q and KV tiles are stored as d_qk / 64 column blocks, each block
   // [rows][128 B] with 16-byte chunk c of row r at c ^ (r & 7): the 128-byte
   // swizzle that wgmma's K-major descriptors read, and conflict-free for

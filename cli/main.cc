@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/flags.h"
+#include "cli/runtime_cmds.h"
 #include "cli/service_cmds.h"
 #include "compiler/compiler.h"
 #include "compiler/cubin.h"
@@ -197,7 +198,9 @@ void Usage() {
                "  inspect   show what a cubin holds (arch, kernels, resources)\n"
                "  serve     run the gRPC kernel server\n"
                "  get       fetch one kernel from a server\n"
-               "  stats     print a server's counters as JSON\n\n"
+               "  stats     print a server's counters as JSON\n"
+               "  manifest  print the selection manifest for a preset as JSON\n"
+               "  select    pick the variant and launch configuration for a shape\n\n"
                "Run 'kforge <command> --help' for its flags.\n";
 }
 
@@ -218,6 +221,8 @@ int main(int argc, char** argv) {
   if (cmd == "serve") return Serve(rest);
   if (cmd == "get") return Get(rest);
   if (cmd == "stats") return Stats(rest);
+  if (cmd == "manifest") return Manifest(rest);
+  if (cmd == "select") return Select(rest);
   if (cmd == "compile-worker") {
     return kforge::RunCompileWorker(argc > 2 ? std::atoi(argv[2]) : 0);
   }

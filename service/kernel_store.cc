@@ -21,6 +21,7 @@
 #include "compiler/compiler.h"
 #include "compiler/key.h"
 #include "compiler/spec.h"
+#include "runtime/manifest.h"
 #include "service/disk_cache.h"
 #include "service/memory_cache.h"
 
@@ -266,40 +267,7 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(
 absl::StatusOr<v1::Manifest> KernelStore::GetManifest(
     const v1::AttentionSpec& spec, std::string_view arch,
     uint32_t sm_count) const {
-  v1::Manifest manifest;
-  manifest.set_format_version(kFormatVersion);
-  manifest.set_sm_count(sm_count);
-  // One variant per s_q (1 = plain decode, 2..4 = MTP); the asked-for s_q
-  // comes first in the choice order.
-  int asked = -1;
-  for (uint32_t s_q = 1; s_q <= 4; ++s_q) {
-    v1::AttentionSpec variant_spec = spec;
-    variant_spec.set_s_q(s_q);
-    absl::StatusOr<CompilePlan> plan = state_->compiler.Plan(variant_spec, arch);
-    if (!plan.ok()) return plan.status();
-    manifest.set_arch(plan->arch.name);
-    v1::ManifestVariant* v = manifest.add_variants();
-    v->set_module_name(plan->module_name);
-    v->set_key(plan->key);
-    *v->mutable_spec() = plan->spec;
-    *v->mutable_tiling() = plan->tiling;
-    *v->mutable_launch() = MakeLaunchRule(plan->spec, plan->tiling, plan->arch);
-    v->set_main_entry(kMainEntry);
-    v->set_combine_entry(kCombineEntry);
-    if (sm_count > 0) {
-      for (uint32_t tokens = 1; tokens <= 256; tokens *= 2) {
-        (*v->mutable_num_splits_by_tokens())[tokens] = NumSplits(
-            plan->spec, plan->tiling, v->launch(), static_cast<int>(tokens),
-            static_cast<int>(sm_count));
-      }
-    }
-    if (s_q == spec.s_q()) asked = manifest.variants_size() - 1;
-  }
-  if (asked >= 0) manifest.add_choice_order(asked);
-  for (int i = 0; i < manifest.variants_size(); ++i) {
-    if (i != asked) manifest.add_choice_order(i);
-  }
-  return manifest;
+  return BuildManifest(state_->compiler, spec, arch, sm_count);
 }
 
 v1::StatsResponse KernelStore::Stats() const {

@@ -78,6 +78,22 @@ if [[ -e "$TMP/bad" ]] && [[ -n $(find "$TMP/bad" -type f) ]]; then
   fail "failed compiles left files: $(find "$TMP/bad" -type f)"
 fi
 
+# manifest / select (runtime selector, no server).
+"$KFORGE" manifest --preset glm-5 --tp 8 --arch sm_90a --sms 132 >"$TMP/manifest.json" ||
+  fail "kforge manifest failed"
+python3 -m json.tool "$TMP/manifest.json" >/dev/null || fail "manifest is not valid JSON"
+grep -q '"variants"' "$TMP/manifest.json" || fail "manifest has no variants"
+sel=$("$KFORGE" select --preset glm-5 --tp 8 --arch sm_90a --sms 132 --batch 1 --sq 1) ||
+  fail "kforge select failed"
+grep -q "sparse_mla_decode_h8_" <<<"$sel" || fail "select did not name the h8 module: $sel"
+set +e
+nofit=$("$KFORGE" select --preset glm-5 --tp 8 --arch sm_90a --sms 132 --batch 1 --sq 1 \
+  --device-arch sm_120a 2>&1)
+rc=$?
+set -e
+[[ $rc -eq 1 ]] || fail "select with no fitting variant exited $rc, want 1"
+grep -q "missing arch sm_120a" <<<"$nofit" || fail "nothing-fits report lacks the arch: $nofit"
+
 if [[ $FAILED -ne 0 ]]; then
   echo "cli_test: FAILED" >&2
   exit 1

@@ -1,0 +1,180 @@
+#include "cli/runtime_cmds.h"
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "cli/flags.h"
+#include "compiler/compiler.h"
+#include "compiler/spec.h"
+#include "google/protobuf/util/json_util.h"
+#include "runtime/manifest.h"
+#include "runtime/selector.h"
+
+namespace kforge::cli {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::cerr << "kforge: " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// Reads an integer flag that must fit an int (and be >= min).
+absl::StatusOr<int> IntFlag(const ParsedArgs& args, const std::string& name, int min) {
+  absl::StatusOr<long long> v = ParseIntFlag(name, args.Get(name));
+  if (!v.ok()) return v.status();
+  if (*v < min || *v > 0x7fffffffLL) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": must be in [", min, ", 2147483647], got ", *v));
+  }
+  return static_cast<int>(*v);
+}
+
+// --preset/--tp (and --s-q when given) -> spec; --arch and --sms -> manifest.
+absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args,
+                                              const std::string& s_q_flag,
+                                              v1::AttentionSpec* spec_out) {
+  if (!args.Has("preset")) return absl::InvalidArgumentError("--preset is required");
+  if (!args.Has("arch")) {
+    return absl::InvalidArgumentError("--arch is required (e.g. --arch sm_90a)");
+  }
+  absl::StatusOr<int> tp = IntFlag(args, "tp", 1);
+  if (!tp.ok()) return tp.status();
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(args.Get("preset"), *tp);
+  if (!spec.ok()) return spec.status();
+  if (args.Has(s_q_flag)) {
+    absl::StatusOr<int> s_q = IntFlag(args, s_q_flag, 1);
+    if (!s_q.ok()) return s_q.status();
+    spec->set_s_q(static_cast<uint32_t>(*s_q));
+  }
+  int sms = 0;
+  if (args.Has("sms")) {
+    absl::StatusOr<int> v = IntFlag(args, "sms", 0);
+    if (!v.ok()) return v.status();
+    sms = *v;
+  }
+  if (spec_out != nullptr) *spec_out = *spec;
+  KernelCompiler compiler;
+  return BuildManifest(compiler, *spec, args.Get("arch"), static_cast<uint32_t>(sms));
+}
+
+}  // namespace
+
+int Manifest(const std::vector<std::string>& argv) {
+  const std::vector<FlagSpec> flags = {
+      {"preset", "NAME", "model preset: deepseek-v3.2 or glm-5"},
+      {"tp", "N", "tensor-parallel degree (divides the preset's heads)", "1"},
+      {"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a"},
+      {"sms", "N", "SM count (0: leave the split count symbolic)", "0"},
+      {"s-q", "N", "query tokens per request put first in the choice order", "1"},
+      {"help", "", "show this help", "", 'h'}};
+  absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
+  if (!args.ok()) return Fail(args.status());
+  if (args->Has("help")) {
+    std::cout << "usage: kforge manifest --preset NAME [--tp N] --arch ARCH "
+                 "[--sms N] [--s-q N]\n\n"
+                 "Prints the selection manifest (variants, what each supports, "
+                 "launch rules, choice order) as JSON. Plans only; compiles "
+                 "nothing.\n\n"
+              << FlagsHelp(flags);
+    return 0;
+  }
+  absl::StatusOr<v1::Manifest> manifest = ManifestFromArgs(*args, "s-q", nullptr);
+  if (!manifest.ok()) return Fail(manifest.status());
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  // Printing a valid message cannot fail.
+  (void)google::protobuf::util::MessageToJsonString(*manifest, &json, options);
+  std::cout << json;
+  return 0;
+}
+
+int Select(const std::vector<std::string>& argv) {
+  const std::vector<FlagSpec> flags = {
+      {"preset", "NAME", "model preset: deepseek-v3.2 or glm-5"},
+      {"tp", "N", "tensor-parallel degree (divides the preset's heads)", "1"},
+      {"arch", "ARCH", "arch the manifest is built for"},
+      {"sms", "N", "the device's SM count"},
+      {"batch", "N", "requests in the decode step"},
+      {"sq", "N", "query tokens per request", "1"},
+      {"device-arch", "ARCH", "the device's arch (default: --arch)"},
+      {"heads", "N", "shape override: query heads (default: the preset's)"},
+      {"topk", "N", "shape override: indices per query token"},
+      {"page-size", "N", "shape override: tokens per KV cache page"},
+      {"kv-dtype", "DTYPE", "shape override: bf16 or fp8_ds_mla"},
+      {"help", "", "show this help", "", 'h'}};
+  absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
+  if (!args.ok()) return Fail(args.status());
+  if (args->Has("help")) {
+    std::cout << "usage: kforge select --preset NAME [--tp N] --arch ARCH --sms N "
+                 "--batch B [--sq S]\n\n"
+                 "Builds the manifest and picks the variant and launch "
+                 "configuration for a runtime shape; exit code 1 with a "
+                 "\"nothing fits\" report when no variant supports it.\n\n"
+              << FlagsHelp(flags);
+    return 0;
+  }
+  for (const char* required : {"sms", "batch"}) {
+    if (!args->Has(required)) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+    }
+  }
+  v1::AttentionSpec spec;
+  absl::StatusOr<v1::Manifest> manifest = ManifestFromArgs(*args, "sq", &spec);
+  if (!manifest.ok()) return Fail(manifest.status());
+  DeviceInfo device;
+  device.arch = args->Has("device-arch") ? args->Get("device-arch") : args->Get("arch");
+  absl::StatusOr<int> sms = IntFlag(*args, "sms", 0);
+  absl::StatusOr<int> batch = IntFlag(*args, "batch", 0);
+  if (!sms.ok()) return Fail(sms.status());
+  if (!batch.ok()) return Fail(batch.status());
+  device.sm_count = *sms;
+  RuntimeShape shape;
+  shape.batch = *batch;
+  shape.s_q = static_cast<int>(spec.s_q());
+  shape.num_q_heads = static_cast<int>(spec.num_q_heads());
+  shape.topk = static_cast<int>(spec.topk());
+  shape.kv_dtype = spec.kv_cache_dtype();
+  shape.page_block_size = static_cast<int>(spec.page_block_size());
+  struct Override {
+    const char* flag;
+    int* field;
+  };
+  for (const Override& o : {Override{"heads", &shape.num_q_heads},
+                            Override{"topk", &shape.topk},
+                            Override{"page-size", &shape.page_block_size}}) {
+    if (!args->Has(o.flag)) continue;
+    absl::StatusOr<int> v = IntFlag(*args, o.flag, 0);
+    if (!v.ok()) return Fail(v.status());
+    *o.field = *v;
+  }
+  if (args->Has("kv-dtype")) {
+    const std::string d = args->Get("kv-dtype");
+    if (d == "bf16") {
+      shape.kv_dtype = v1::KV_CACHE_DTYPE_BF16;
+    } else if (d == "fp8_ds_mla") {
+      shape.kv_dtype = v1::KV_CACHE_DTYPE_FP8_DS_MLA;
+    } else {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--kv-dtype: got '", d, "', expected bf16 or fp8_ds_mla")));
+    }
+  }
+  absl::StatusOr<Selection> sel = kforge::Select(*manifest, device, shape);
+  if (!sel.ok()) {
+    if (sel.status().code() == absl::StatusCode::kNotFound) {
+      std::cout << sel.status().message() << "\n";
+      return 1;
+    }
+    return Fail(sel.status());
+  }
+  std::cout << DescribeSelection(*sel);
+  return 0;
+}
+
+}  // namespace kforge::cli

@@ -1,0 +1,311 @@
+// The selector: manifest tables per preset x TP x arch x batch, "nothing
+// fits" reports and shape validation. Pure CPU (plans only, no compile).
+#include "runtime/selector.h"
+
+#include <string>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/codegen.h"
+#include "compiler/compiler.h"
+#include "compiler/spec.h"
+#include "gtest/gtest.h"
+#include "runtime/manifest.h"
+
+namespace kforge {
+namespace {
+
+// gtest only (no gmock): substring checks with the haystack in the message.
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
+      << "missing \"" << (needle) << "\" in:\n" << (haystack)
+
+constexpr int kSms = 132;
+
+v1::Manifest MakeManifest(const std::string& preset, int tp, const std::string& arch,
+                          int s_q = 1, uint32_t sms = kSms) {
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(preset, tp);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec->set_s_q(static_cast<uint32_t>(s_q));
+  KernelCompiler compiler;
+  absl::StatusOr<v1::Manifest> m = BuildManifest(compiler, *spec, arch, sms);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+RuntimeShape ShapeFor(const v1::AttentionSpec& spec, int batch, int s_q) {
+  RuntimeShape shape;
+  shape.batch = batch;
+  shape.s_q = s_q;
+  shape.num_q_heads = static_cast<int>(spec.num_q_heads());
+  shape.topk = static_cast<int>(spec.topk());
+  shape.kv_dtype = spec.kv_cache_dtype();
+  shape.page_block_size = static_cast<int>(spec.page_block_size());
+  return shape;
+}
+
+// Everything the launch rule promises about a selection.
+void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeShape& shape,
+                    int sm_count) {
+  ASSERT_NE(sel.variant, nullptr);
+  ASSERT_GE(sel.variant_index, 0);
+  ASSERT_LT(sel.variant_index, m.variants_size());
+  EXPECT_EQ(sel.variant, &m.variants(sel.variant_index));
+  const v1::ManifestVariant& v = *sel.variant;
+  const v1::KernelTiling& t = v.tiling();
+  const v1::LaunchRule& l = v.launch();
+  EXPECT_EQ(v.spec().s_q(), static_cast<uint32_t>(shape.s_q));
+  EXPECT_EQ(v.spec().num_q_heads(), static_cast<uint32_t>(shape.num_q_heads));
+  EXPECT_EQ(sel.num_tokens, shape.batch * shape.s_q);
+  EXPECT_GE(sel.num_splits, 1);
+  EXPECT_EQ(sel.num_splits, NumSplits(v.spec(), t, l, sel.num_tokens, sm_count));
+  const auto& by_tokens = v.num_splits_by_tokens();
+  if (m.sm_count() == static_cast<uint32_t>(sm_count) &&
+      by_tokens.count(static_cast<uint32_t>(sel.num_tokens))) {
+    EXPECT_EQ(static_cast<uint32_t>(sel.num_splits),
+              by_tokens.at(static_cast<uint32_t>(sel.num_tokens)));
+  }
+  // Splits never exceed the top-k tiles, and the grid stays within one wave
+  // unless a single split already overflows it.
+  const uint32_t tiles = (v.spec().topk() + t.token_tile() - 1) / t.token_tile();
+  EXPECT_LE(static_cast<uint32_t>(sel.num_splits), tiles);
+  if (sel.num_splits > 1) {
+    EXPECT_LE(static_cast<long long>(t.num_head_groups()) * sel.num_splits * sel.num_tokens,
+              static_cast<long long>(sm_count) * l.ctas_per_sm());
+  }
+  // Main kernel.
+  EXPECT_EQ(sel.grid_x, t.num_head_groups());
+  EXPECT_GE(t.num_head_groups() * t.heads_per_group(), v.spec().num_q_heads());
+  EXPECT_EQ(sel.grid_y, static_cast<uint32_t>(sel.num_splits));
+  EXPECT_EQ(sel.grid_z, static_cast<uint32_t>(sel.num_tokens));
+  EXPECT_EQ(sel.block_threads, l.block_threads());
+  EXPECT_EQ(sel.block_threads, t.warps() * 32);
+  EXPECT_EQ(sel.dynamic_smem_bytes, l.dynamic_smem_bytes());
+  EXPECT_GT(sel.dynamic_smem_bytes, 0u);
+  // Combine and workspace.
+  EXPECT_EQ(sel.needs_combine, sel.num_splits > 1);
+  EXPECT_EQ(sel.workspace_bytes == 0, !sel.needs_combine);
+  if (sel.needs_combine) {
+    EXPECT_EQ(sel.combine_grid_x, static_cast<uint32_t>(sel.num_tokens));
+    const uint32_t warps = l.combine_block_threads() / 32;
+    EXPECT_EQ(sel.combine_grid_y, (v.spec().num_q_heads() + warps - 1) / warps);
+    EXPECT_GE(sel.combine_grid_y * warps, v.spec().num_q_heads());
+    EXPECT_EQ(sel.combine_block_threads, l.combine_block_threads());
+    EXPECT_EQ(sel.workspace_bytes, static_cast<uint64_t>(sel.num_splits) *
+                                       sel.num_tokens * l.workspace_bytes_per_split_token());
+  } else {
+    EXPECT_EQ(sel.combine_grid_x, 0u);
+    EXPECT_EQ(sel.combine_grid_y, 0u);
+    EXPECT_EQ(sel.combine_block_threads, 0u);
+  }
+}
+
+class SelectorTable
+    : public ::testing::TestWithParam<std::tuple<std::string, int, std::string>> {};
+
+TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
+  const auto& [preset, tp, arch] = GetParam();
+  const v1::Manifest m = MakeManifest(preset, tp, arch);
+  ASSERT_EQ(m.variants_size(), 4);
+  ASSERT_EQ(m.choice_order_size(), 4);
+  EXPECT_EQ(m.arch(), arch);
+  const v1::AttentionSpec& spec = m.variants(m.choice_order(0)).spec();
+  EXPECT_EQ(spec.s_q(), 1u);
+  int previous_splits = 1 << 30;
+  for (int batch : {1, 7, 32, 128}) {
+    SCOPED_TRACE(absl::StrCat(preset, " tp", tp, " ", arch, " batch ", batch));
+    const RuntimeShape shape = ShapeFor(spec, batch, 1);
+    absl::StatusOr<Selection> sel = Select(m, DeviceInfo{arch, kSms}, shape);
+    ASSERT_TRUE(sel.ok()) << sel.status();
+    EXPECT_EQ(sel->variant_index, static_cast<int>(m.choice_order(0)));
+    CheckSelection(m, *sel, shape, kSms);
+    // More tokens never mean more splits; batch 1 on 132 SMs always splits.
+    EXPECT_LE(sel->num_splits, previous_splits);
+    if (batch == 1) {
+      EXPECT_TRUE(sel->needs_combine);
+    }
+    previous_splits = sel->num_splits;
+  }
+  // The MTP variants are reachable through the same manifest.
+  for (int s_q : {2, 3, 4}) {
+    SCOPED_TRACE(absl::StrCat(preset, " tp", tp, " ", arch, " s_q ", s_q));
+    const RuntimeShape shape = ShapeFor(spec, 7, s_q);
+    absl::StatusOr<Selection> sel = Select(m, DeviceInfo{arch, kSms}, shape);
+    ASSERT_TRUE(sel.ok()) << sel.status();
+    CheckSelection(m, *sel, shape, kSms);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllPresets, SelectorTable,
+    ::testing::Combine(::testing::Values("deepseek-v3.2", "glm-5"),
+                       ::testing::Values(1, 2, 4, 8),
+                       ::testing::Values("sm_80", "sm_90a", "sm_120a")),
+    [](const auto& info) {
+      std::string name = absl::StrCat(std::get<0>(info.param), "_tp", std::get<1>(info.param),
+                                      "_", std::get<2>(info.param));
+      for (char& c : name) {
+        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+      }
+      return name;
+    });
+
+TEST(BuildManifest, AskedSqComesFirstAndSymbolicSplitsWithoutSmCount) {
+  const v1::Manifest m = MakeManifest("glm-5", 8, "sm_90a", /*s_q=*/3, /*sms=*/0);
+  ASSERT_EQ(m.variants_size(), 4);
+  EXPECT_EQ(m.variants(m.choice_order(0)).spec().s_q(), 3u);
+  EXPECT_EQ(m.sm_count(), 0u);
+  for (const auto& v : m.variants()) EXPECT_TRUE(v.num_splits_by_tokens().empty());
+  // The selector still evaluates it for a concrete device.
+  const RuntimeShape shape = ShapeFor(m.variants(0).spec(), 32, 3);
+  absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms}, shape);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  EXPECT_EQ(sel->variant_index, static_cast<int>(m.choice_order(0)));
+  CheckSelection(m, *sel, shape, kSms);
+}
+
+TEST(Select, FollowsChoiceOrderAndAcceptsShortArchNames) {
+  v1::Manifest m = MakeManifest("deepseek-v3.2", 8, "sm_90a");
+  const RuntimeShape shape = ShapeFor(m.variants(0).spec(), 4, 2);
+  absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"90a", kSms}, shape);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  EXPECT_EQ(sel->variant->spec().s_q(), 2u);
+  // An empty choice order falls back to variant order.
+  m.clear_choice_order();
+  sel = Select(m, DeviceInfo{"sm_90a", kSms}, shape);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  EXPECT_EQ(sel->variant->spec().s_q(), 2u);
+}
+
+TEST(Select, SplitsShrinkAsTheBatchGrows) {
+  const v1::Manifest m = MakeManifest("deepseek-v3.2", 1, "sm_90a");
+  const v1::AttentionSpec& spec = m.variants(0).spec();
+  int previous = 1 << 30;
+  for (int batch = 1; batch <= 256; batch *= 2) {
+    absl::StatusOr<Selection> sel =
+        Select(m, DeviceInfo{"sm_90a", kSms}, ShapeFor(spec, batch, 1));
+    ASSERT_TRUE(sel.ok()) << sel.status();
+    EXPECT_LE(sel->num_splits, previous) << "batch " << batch;
+    previous = sel->num_splits;
+  }
+}
+
+class NothingFits : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    m_ = MakeManifest("glm-5", 8, "sm_90a");
+    shape_ = ShapeFor(m_.variants(0).spec(), 4, 1);
+  }
+  // Selects and expects NotFound whose report names every `needle`.
+  std::string ExpectReport(const DeviceInfo& device, const RuntimeShape& shape) {
+    absl::StatusOr<Selection> sel = Select(m_, device, shape);
+    EXPECT_EQ(sel.status().code(), absl::StatusCode::kNotFound) << sel.status();
+    const std::string report(sel.status().message());
+    EXPECT_CONTAINS(report, ("no kernel variant fits: required arch"));
+    for (int i = 0; i < m_.variants_size(); ++i) {
+      EXPECT_CONTAINS(report, (absl::StrCat("variant ", i, " ",
+                                                 m_.variants(i).module_name(), ": supports")));
+    }
+    return report;
+  }
+  v1::Manifest m_;
+  RuntimeShape shape_;
+};
+
+TEST_F(NothingFits, WrongSq) {
+  shape_.s_q = 5;
+  const std::string r = ExpectReport({"sm_90a", kSms}, shape_);
+  EXPECT_CONTAINS(r, ("s_q 5"));
+  EXPECT_CONTAINS(r, ("missing s_q=5 (supports 1)"));
+  EXPECT_CONTAINS(r, ("missing s_q=5 (supports 4)"));
+  EXPECT_EQ(r.find("heads="), std::string::npos) << r;
+}
+
+TEST_F(NothingFits, WrongHeads) {
+  shape_.num_q_heads = 16;
+  const std::string r = ExpectReport({"sm_90a", kSms}, shape_);
+  EXPECT_CONTAINS(r, ("heads 16"));
+  EXPECT_CONTAINS(r, ("missing heads=16 (supports 8)"));
+}
+
+TEST_F(NothingFits, WrongTopk) {
+  shape_.topk = 1024;
+  const std::string r = ExpectReport({"sm_90a", kSms}, shape_);
+  EXPECT_CONTAINS(r, ("topk=1024 (supports 2048)"));
+}
+
+TEST_F(NothingFits, WrongArch) {
+  const std::string r = ExpectReport({"sm_120a", kSms}, shape_);
+  EXPECT_CONTAINS(r, ("required arch sm_120a"));
+  EXPECT_CONTAINS(r, ("missing arch sm_120a (is sm_90a)"));
+}
+
+TEST_F(NothingFits, WrongDtype) {
+  shape_.kv_dtype = v1::KV_CACHE_DTYPE_FP8_DS_MLA;
+  const std::string r = ExpectReport({"sm_90a", kSms}, shape_);
+  EXPECT_CONTAINS(r, ("dtype fp8_ds_mla"));
+  EXPECT_CONTAINS(r, ("dtype=fp8_ds_mla (supports bf16)"));
+}
+
+TEST_F(NothingFits, WrongPageSizeAndSeveralFeaturesAtOnce) {
+  shape_.page_block_size = 32;
+  shape_.s_q = 3;
+  const std::string r = ExpectReport({"sm_120a", kSms}, shape_);
+  EXPECT_CONTAINS(r, ("page_size=32 (supports 64)"));
+  EXPECT_CONTAINS(r, ("missing arch sm_120a (is sm_90a), s_q=3 (supports 1), "
+                           "page_size=32 (supports 64)"));
+}
+
+TEST_F(NothingFits, EmptyManifest) {
+  m_.clear_variants();
+  m_.clear_choice_order();
+  absl::StatusOr<Selection> sel = Select(m_, {"sm_90a", kSms}, shape_);
+  EXPECT_EQ(sel.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_CONTAINS(std::string(sel.status().message()), ("no variants"));
+}
+
+TEST(SelectInvalid, ShapeDeviceAndManifestFieldsAreNamed) {
+  const v1::Manifest m = MakeManifest("glm-5", 8, "sm_90a");
+  const RuntimeShape good = ShapeFor(m.variants(0).spec(), 4, 1);
+  ASSERT_TRUE(Select(m, {"sm_90a", kSms}, good).ok());
+  struct Case {
+    const char* field;
+    RuntimeShape shape;
+    DeviceInfo device;
+  };
+  auto with = [&](auto mutate) {
+    RuntimeShape s = good;
+    mutate(s);
+    return s;
+  };
+  const Case cases[] = {
+      {"shape.batch", with([](RuntimeShape& s) { s.batch = 0; }), {"sm_90a", kSms}},
+      {"shape.batch", with([](RuntimeShape& s) { s.batch = -3; }), {"sm_90a", kSms}},
+      {"shape.batch", with([](RuntimeShape& s) { s.batch = 40000; s.s_q = 2; }),
+       {"sm_90a", kSms}},
+      {"shape.s_q", with([](RuntimeShape& s) { s.s_q = 0; }), {"sm_90a", kSms}},
+      {"shape.num_q_heads", with([](RuntimeShape& s) { s.num_q_heads = 0; }), {"sm_90a", kSms}},
+      {"shape.topk", with([](RuntimeShape& s) { s.topk = -1; }), {"sm_90a", kSms}},
+      {"shape.page_block_size", with([](RuntimeShape& s) { s.page_block_size = 0; }),
+       {"sm_90a", kSms}},
+      {"shape.kv_dtype",
+       with([](RuntimeShape& s) { s.kv_dtype = v1::KV_CACHE_DTYPE_UNSPECIFIED; }),
+       {"sm_90a", kSms}},
+      {"device.sm_count", good, {"sm_90a", 0}},
+      {"device.arch", good, {"", kSms}},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Selection> sel = Select(m, c.device, c.shape);
+    EXPECT_EQ(sel.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_CONTAINS(std::string(sel.status().message()), (c.field));
+  }
+  v1::Manifest bad = m;
+  bad.add_choice_order(9);
+  absl::StatusOr<Selection> sel = Select(bad, {"sm_90a", kSms}, good);
+  EXPECT_EQ(sel.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(std::string(sel.status().message()), ("manifest.choice_order[4]"));
+}
+
+}  // namespace
+}  // namespace kforge

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Checks the launch rule's split count against a sweep on the GPU.
+
+For every module in MODULE_DIR (one per head count) and batch 1..256 it
+times split counts 1, 2, 4, ..., 64 (graph replays, medians, rotating inputs;
+same method as bench_sparse_mla.py) and prints, per case, the fastest split,
+the rule's choice and how much slower the rule's choice is than the best.
+"""
+
+import argparse
+import glob
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+
+from bench_sparse_mla import time_fn  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("module_dir")
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    import torch
+    from kforge.driver import SparseMlaModule, device_sm_count
+
+    sms = device_sm_count()
+    slots = 1 << 20
+    lines = ["| heads | batch | best splits | best (us) | rule splits | rule (us) | rule / best |",
+             "|---|---|---|---|---|---|---|"]
+    print(lines[0], flush=True)
+    kv = None
+    mods = sorted(glob.glob(os.path.join(args.module_dir, "*.cubin")),
+                  key=lambda c: int(os.path.basename(c).split("_h")[1].split("_")[0]))
+    for cubin in mods:
+        mod = SparseMlaModule(cubin)
+        if kv is None:
+            kv = torch.randn(slots, mod.d_qk, device="cuda").to(torch.bfloat16)
+        H, K = mod.num_heads, mod.topk
+        for B in [int(b) for b in args.batches.split(",")]:
+            sets = []
+            for _ in range(2):
+                sets.append(dict(
+                    q=torch.randn(B, H, mod.d_qk, device="cuda").to(torch.bfloat16),
+                    idx=torch.randint(0, slots, (B, K), device="cuda", dtype=torch.int32),
+                    out=torch.empty(B, H, mod.d_v, device="cuda", dtype=torch.bfloat16),
+                    lse=torch.empty(B, H, device="cuda")))
+            rule = mod.auto_splits(B, sms)
+            cands = sorted({1, 2, 4, 8, 16, 32, 64, rule} & set(range(1, mod.max_splits() + 1)))
+            t = {}
+            for s in cands:
+                ws = mod.workspace(B, s)
+                t[s] = time_fn(lambda st: mod(st["q"], kv, st["idx"], st["out"], st["lse"],
+                                              num_splits=s, workspace=ws), sets, args.reps)
+            best = min(t, key=t.get)
+            row = (f"| {H} | {B} | {best} | {t[best]:.1f} | {rule} | {t[rule]:.1f} | "
+                   f"{t[rule] / t[best]:.2f} |")
+            lines.append(row)
+            print(row, flush=True)
+        del mod
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

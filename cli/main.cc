@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/flags.h"
+#include "cli/kernel_args.h"
 #include "cli/runtime_cmds.h"
 #include "cli/service_cmds.h"
 #include "compiler/compiler.h"
@@ -18,22 +19,10 @@
 #include "compiler/io.h"
 #include "compiler/spec.h"
 #include "service/compile_pool.h"
+#include "service/kernel_store.h"
 
 namespace kforge::cli {
 namespace {
-
-const std::vector<FlagSpec>& SpecFlags() {
-  static const std::vector<FlagSpec> kFlags = {
-      {"preset", "NAME", "model preset: deepseek-v3.2 or glm-5"},
-      {"tp", "N", "tensor-parallel degree (divides the preset's heads)", "1"},
-      {"spec", "FILE", "full AttentionSpec as JSON or text proto (instead of --preset)"},
-      {"s-q", "N", "override: query tokens per request (1..4)"},
-      {"topk", "N", "override: indices per query token"},
-      {"page-block-size", "N", "override: tokens per KV cache page"},
-      {"lse", "BOOL", "override: also return log-sum-exp (true/false)"},
-  };
-  return kFlags;
-}
 
 std::vector<FlagSpec> Concat(std::vector<FlagSpec> a,
                              const std::vector<FlagSpec>& b) {
@@ -41,20 +30,21 @@ std::vector<FlagSpec> Concat(std::vector<FlagSpec> a,
   return a;
 }
 
+const std::vector<FlagSpec>& SpecFlags() {
+  static const std::vector<FlagSpec> kFlags = Concat(
+      KernelChoiceFlags(),
+      {{"s-q", "N", "override: query tokens per request (1..4)"},
+       {"topk", "N", "override: indices per query token"},
+       {"page-block-size", "N", "override: tokens per KV cache page"},
+       {"lse", "BOOL", "override: also return log-sum-exp (true/false)"}});
+  return kFlags;
+}
+
 // Builds the spec from --preset/--tp or --spec, then applies overrides.
 absl::StatusOr<v1::AttentionSpec> SpecFromArgs(const ParsedArgs& args) {
-  absl::StatusOr<v1::AttentionSpec> spec;
-  if (args.Has("spec") == args.Has("preset")) {
-    return absl::InvalidArgumentError(
-        "give exactly one of --preset NAME (with --tp N) or --spec FILE");
-  }
-  if (args.Has("spec")) {
-    spec = LoadSpecFile(args.Get("spec"));
-  } else {
-    absl::StatusOr<long long> tp = ParseIntFlag("tp", args.Get("tp"));
-    if (!tp.ok()) return tp.status();
-    spec = SpecFromPreset(args.Get("preset"), static_cast<int>(*tp));
-  }
+  absl::StatusOr<v1::KernelSelector> selector = SelectorFromArgs(args);
+  if (!selector.ok()) return selector.status();
+  absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(*selector);
   if (!spec.ok()) return spec.status();
   struct Override {
     const char* flag;

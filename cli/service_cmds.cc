@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "cli/flags.h"
+#include "cli/kernel_args.h"
 #include "compiler/compiler.h"
 #include "compiler/io.h"
 #include "compiler/spec.h"
@@ -145,16 +146,15 @@ int Serve(const std::vector<std::string>& argv) {
 }
 
 int Get(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = {
+  std::vector<FlagSpec> flags = {
       {"server", "ADDR", "kforge server address", kDefaultServer},
-      {"preset", "NAME", "model preset: deepseek-v3.2 or glm-5"},
-      {"tp", "N", "tensor-parallel degree (divides the preset's heads)", "1"},
-      {"spec", "FILE", "full AttentionSpec as JSON or text proto (instead of --preset)"},
       {"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a"},
       {"out", "DIR", "output directory", "out", 'o'},
       {"lookup-only", "", "fail with NOT_FOUND instead of compiling on a miss"},
       {"timeout", "SECONDS", "deadline for the call (0: none)", "600"},
       {"help", "", "show this help", "", 'h'}};
+  flags.insert(flags.begin() + 1, KernelChoiceFlags().begin(),
+               KernelChoiceFlags().end());
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {
@@ -165,26 +165,13 @@ int Get(const std::vector<std::string>& argv) {
               << FlagsHelp(flags);
     return 0;
   }
-  if (args->Has("spec") == args->Has("preset")) {
-    return Fail(absl::InvalidArgumentError(
-        "give exactly one of --preset NAME (with --tp N) or --spec FILE"));
-  }
   if (!args->Has("arch")) {
     return Fail(absl::InvalidArgumentError("--arch is required (e.g. --arch sm_90a)"));
   }
   v1::GetKernelRequest request;
-  if (args->Has("spec")) {
-    absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(args->Get("spec"));
-    if (!spec.ok()) return Fail(spec.status());
-    *request.mutable_kernel()->mutable_spec() = *spec;
-  } else {
-    absl::StatusOr<long long> tp = ParseIntFlag("tp", args->Get("tp"));
-    if (!tp.ok()) return Fail(tp.status());
-    if (*tp > 0xffffffffLL) return Fail(absl::InvalidArgumentError("--tp: too large"));
-    v1::PresetRef* preset = request.mutable_kernel()->mutable_preset();
-    preset->set_name(args->Get("preset"));
-    preset->set_tensor_parallel(static_cast<uint32_t>(*tp));
-  }
+  absl::StatusOr<v1::KernelSelector> selector = SelectorFromArgs(*args);
+  if (!selector.ok()) return Fail(selector.status());
+  *request.mutable_kernel() = *std::move(selector);
   request.set_arch(args->Get("arch"));
   request.set_lookup_only(args->Has("lookup-only"));
   absl::StatusOr<long long> timeout_s = ParseIntFlag("timeout", args->Get("timeout"));

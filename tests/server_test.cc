@@ -40,8 +40,6 @@
 #include "service/grpc_service.h"
 #include "tests/test_util.h"
 
-extern char** environ;
-
 namespace kforge {
 namespace {
 
@@ -54,29 +52,8 @@ constexpr char kArch[] = "sm_90a";
 // on topk; no other test spec uses this value.
 constexpr uint32_t kFaultTopk = 1000;
 
-std::string ReadFileOrEmpty(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "kforge_server_test.XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed";
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using ::kforge::testing::ReadFileOrEmpty;
+using ::kforge::testing::TempDir;
 
 v1::AttentionSpec Glm5(int tp = 8, uint32_t topk = 2048) {
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", tp);
@@ -126,72 +103,21 @@ bool IsServing(grpc::Channel* channel) {
   return s.ok() && response == std::string("\x08\x01", 2);
 }
 
-// A `kforge serve` child process with stdout and stderr in a log file.
-class ServerProcess {
+// A `kforge serve` child process (testing::ServeProcess) with a stub, ready
+// once health checking says SERVING.
+class ServerProcess : public ::kforge::testing::ServeProcess {
  public:
   ServerProcess(const fs::path& cache_dir, const fs::path& log,
                 std::vector<std::string> args = {},
                 std::vector<std::string> env = {})
-      : log_(log) {
-    std::vector<std::string> argv = {kBinary, "serve", "--listen", "127.0.0.1:0",
-                                     "--cache-dir", cache_dir.string()};
-    argv.insert(argv.end(), args.begin(), args.end());
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (!absl::StartsWith(*e, "KFORGE_TEST_")) env.emplace_back(*e);
-    }
-    // Compile workers inherit this, so the test can find its own.
-    tag_ = absl::StrCat("KFORGE_TEST_SERVER_TAG=", log.string());
-    env.push_back(tag_);
-    std::vector<char*> c_argv, c_env;
-    for (std::string& a : argv) c_argv.push_back(a.data());
-    c_argv.push_back(nullptr);
-    for (std::string& e : env) c_env.push_back(e.data());
-    c_env.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    const int err = posix_spawn(&pid_, kBinary, &actions, nullptr, c_argv.data(),
-                                c_env.data());
-    posix_spawn_file_actions_destroy(&actions);
-    if (err != 0) {
-      ADD_FAILURE() << "cannot start " << kBinary << ": " << strerror(err);
-      pid_ = -1;
-    }
-  }
-
-  ~ServerProcess() {
-    if (running()) {
-      kill(pid_, SIGKILL);
-      WaitExit(absl::Seconds(30));
-    }
-    KillOrphanedWorkers();
-    if (::testing::Test::HasFailure()) {
-      std::cerr << "---- " << log_.string() << " ----\n" << Log() << "----\n";
-    }
-  }
+      : ServeProcess(kBinary, cache_dir, log, std::move(args), std::move(env)) {}
 
   // Waits for the "serving on" line and a SERVING health answer. Returns
   // false (and records a failure) if the server exits or takes too long.
   bool WaitUntilServing(absl::Duration timeout = absl::Seconds(30)) {
     const absl::Time deadline = absl::Now() + timeout;
-    const std::string marker = "kforge: serving on ";
-    while (address_.empty()) {
-      const std::string log = Log();
-      const size_t at = log.find(marker);
-      if (at != std::string::npos) {
-        const size_t begin = at + marker.size();
-        address_ = log.substr(begin, log.find(' ', begin) - begin);
-        break;
-      }
-      if (!running() || absl::Now() > deadline) {
-        ADD_FAILURE() << "server did not start; log:\n" << log;
-        return false;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    channel_ = Connect(address_);
+    if (!WaitForAddress(timeout)) return false;
+    channel_ = Connect(address());
     stub_ = v1::KernelService::NewStub(channel_);
     while (!IsServing(channel_.get())) {
       if (!running() || absl::Now() > deadline) {
@@ -203,67 +129,10 @@ class ServerProcess {
     return true;
   }
 
-  bool running() {
-    if (pid_ <= 0) return false;
-    int status = 0;
-    const pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      exit_status_ = status;
-      pid_ = -1;
-      return false;
-    }
-    return r == 0;
-  }
-
-  void Signal(int signo) {
-    ASSERT_GT(pid_, 0);
-    kill(pid_, signo);
-  }
-
-  // The exit code, -signal when killed by a signal, or -1000 on timeout.
-  int WaitExit(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (running()) {
-      if (absl::Now() > deadline) return -1000;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    if (WIFEXITED(exit_status_)) return WEXITSTATUS(exit_status_);
-    if (WIFSIGNALED(exit_status_)) return -WTERMSIG(exit_status_);
-    return -1001;
-  }
-
-  std::string Log() const { return ReadFileOrEmpty(log_); }
-
-  // A worker spawned just before its server was SIGKILLed can miss the
-  // parent-death signal (it sets PR_SET_PDEATHSIG only once running), and
-  // one stuck in the hang hook would then wait forever: end this server's
-  // workers, found by the tag in their environment.
-  void KillOrphanedWorkers() {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator("/proc", ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::string environ_bytes = ReadFileOrEmpty(e.path() / "environ");
-      size_t at = 0;
-      for (size_t end; (end = environ_bytes.find('\0', at)) != std::string::npos;
-           at = end + 1) {
-        if (environ_bytes.compare(at, end - at, tag_) == 0) {
-          kill(static_cast<pid_t>(std::stol(name)), SIGKILL);
-          break;
-        }
-      }
-    }
-  }
-  const std::string& address() const { return address_; }
   grpc::Channel* channel() { return channel_.get(); }
   v1::KernelService::Stub& stub() { return *stub_; }
 
  private:
-  fs::path log_;
-  std::string tag_;
-  pid_t pid_ = -1;
-  int exit_status_ = 0;
-  std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KernelService::Stub> stub_;
 };
@@ -364,7 +233,7 @@ class ServerTest : public ::testing::Test {
     EXPECT_EQ(server->WaitExit(absl::Seconds(60)), 0) << server->Log();
   }
 
-  TempDir tmp_;
+  TempDir tmp_{"kforge_server_test"};
   int servers_ = 0;
 };
 

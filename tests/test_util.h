@@ -1,14 +1,34 @@
 #ifndef KFORGE_TESTS_TEST_UTIL_H_
 #define KFORGE_TESTS_TEST_UTIL_H_
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "compiler/compiler.h"
 #include "compiler/key.h"
+#include "compiler/spec.h"
+#include "runtime/manifest.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
 
@@ -56,6 +76,193 @@ inline std::shared_ptr<const v1::KernelArtifact> FakeArtifact(
   artifact->set_cubin(std::move(cubin));
   return artifact;
 }
+
+// A real selection manifest and kernel: glm-5 at TP 8 on `arch`, the
+// manifest with sm_count 0 (variants s_q 1..4), the kernel its first
+// choice's, compiled with NVRTC (about a second; no GPU needed). Link
+// kforge_runtime to use it.
+struct CompiledFirstChoice {
+  v1::Manifest manifest;
+  v1::KernelArtifact artifact;
+};
+inline absl::StatusOr<CompiledFirstChoice> CompileGlm5Tp8(const std::string& arch) {
+  KernelCompiler compiler;
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
+  if (!spec.ok()) return spec.status();
+  CompiledFirstChoice compiled;
+  absl::StatusOr<v1::Manifest> manifest = BuildManifest(compiler, *spec, arch, 0);
+  if (!manifest.ok()) return manifest.status();
+  compiled.manifest = *std::move(manifest);
+  absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(*spec, arch);
+  if (!artifact.ok()) return artifact.status();
+  compiled.artifact = *std::move(artifact);
+  return compiled;
+}
+
+// The whole file, or "" when it cannot be read (logs, /proc entries).
+inline std::string ReadFileOrEmpty(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A fresh directory under the system temporary directory, removed with
+// everything in it at the end of its scope.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "kforge_test") {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / (prefix + ".XXXXXX")).string();
+    if (mkdtemp(pattern.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed";
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A `kforge serve` child process listening on a free loopback port, with
+// stdout and stderr in a log file; killed (with its compile workers) when
+// it goes out of scope, its log printed if the test failed.
+class ServeProcess {
+ public:
+  ServeProcess(const std::string& binary, const std::filesystem::path& cache_dir,
+               const std::filesystem::path& log, std::vector<std::string> args = {},
+               std::vector<std::string> env = {})
+      : log_(log) {
+    std::vector<std::string> argv = {binary, "serve", "--listen", "127.0.0.1:0",
+                                     "--cache-dir", cache_dir.string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (!absl::StartsWith(*e, "KFORGE_TEST_")) env.emplace_back(*e);
+    }
+    // Compile workers inherit this, so the test can find its own.
+    tag_ = absl::StrCat("KFORGE_TEST_SERVER_TAG=", log.string());
+    env.push_back(tag_);
+    std::vector<char*> c_argv, c_env;
+    for (std::string& a : argv) c_argv.push_back(a.data());
+    c_argv.push_back(nullptr);
+    for (std::string& e : env) c_env.push_back(e.data());
+    c_env.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    const int err = posix_spawn(&pid_, binary.c_str(), &actions, nullptr,
+                                c_argv.data(), c_env.data());
+    posix_spawn_file_actions_destroy(&actions);
+    if (err != 0) {
+      ADD_FAILURE() << "cannot start " << binary << ": " << strerror(err);
+      pid_ = -1;
+    }
+  }
+
+  ~ServeProcess() {
+    if (running()) {
+      kill(pid_, SIGKILL);
+      WaitExit(absl::Seconds(30));
+    }
+    KillOrphanedWorkers();
+    if (::testing::Test::HasFailure()) {
+      std::cerr << "---- " << log_.string() << " ----\n" << Log() << "----\n";
+    }
+  }
+
+  ServeProcess(const ServeProcess&) = delete;
+  ServeProcess& operator=(const ServeProcess&) = delete;
+
+  // Waits for the "serving on" line and reads the address from it. Returns
+  // false (and records a failure) if the server exits or takes too long.
+  bool WaitForAddress(absl::Duration timeout = absl::Seconds(30)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    const std::string marker = "kforge: serving on ";
+    while (address_.empty()) {
+      const std::string log = Log();
+      const size_t at = log.find(marker);
+      if (at != std::string::npos) {
+        const size_t begin = at + marker.size();
+        address_ = log.substr(begin, log.find(' ', begin) - begin);
+        break;
+      }
+      if (!running() || absl::Now() > deadline) {
+        ADD_FAILURE() << "server did not start; log:\n" << log;
+        return false;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return true;
+  }
+
+  bool running() {
+    if (pid_ <= 0) return false;
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      exit_status_ = status;
+      pid_ = -1;
+      return false;
+    }
+    return r == 0;
+  }
+
+  void Signal(int signo) {
+    ASSERT_GT(pid_, 0);
+    kill(pid_, signo);
+  }
+
+  // The exit code, -signal when killed by a signal, or -1000 on timeout.
+  int WaitExit(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (running()) {
+      if (absl::Now() > deadline) return -1000;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (WIFEXITED(exit_status_)) return WEXITSTATUS(exit_status_);
+    if (WIFSIGNALED(exit_status_)) return -WTERMSIG(exit_status_);
+    return -1001;
+  }
+
+  std::string Log() const { return ReadFileOrEmpty(log_); }
+
+  // A worker spawned just before its server was SIGKILLed can miss the
+  // parent-death signal (it sets PR_SET_PDEATHSIG only once running), and
+  // one stuck in the hang hook would then wait forever: end this server's
+  // workers, found by the tag in their environment.
+  void KillOrphanedWorkers() {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::string environ_bytes = ReadFileOrEmpty(e.path() / "environ");
+      size_t at = 0;
+      for (size_t end; (end = environ_bytes.find('\0', at)) != std::string::npos;
+           at = end + 1) {
+        if (environ_bytes.compare(at, end - at, tag_) == 0) {
+          kill(static_cast<pid_t>(std::stol(name)), SIGKILL);
+          break;
+        }
+      }
+    }
+  }
+
+  const std::string& address() const { return address_; }
+
+ private:
+  std::filesystem::path log_;
+  std::string tag_;
+  pid_t pid_ = -1;
+  int exit_status_ = 0;
+  std::string address_;
+};
 
 }  // namespace kforge::testing
 

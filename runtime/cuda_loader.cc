@@ -1,0 +1,245 @@
+#include "runtime/cuda_loader.h"
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "compiler/absl_compat.h"
+
+namespace kforge {
+namespace {
+
+struct ParsedArch {
+  int major = 0;
+  int minor = 0;
+  char suffix = 0;  // 'a', 'f' or 0
+};
+
+// "sm_90a" -> {9, 0, 'a'}; "sm_120" -> {12, 0, 0}. The last digit is the
+// minor version, as in every sm_XY name.
+absl::StatusOr<ParsedArch> ParseArchName(std::string_view arch) {
+  absl::string_view rest = absl::StripAsciiWhitespace(AsAbsl(arch));
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "arch: got \"", AsAbsl(arch), "\", expected sm_<major><minor>[a|f] (e.g. sm_89, sm_90a)"));
+  };
+  if (!absl::ConsumePrefix(&rest, "sm_")) return bad();
+  ParsedArch parsed;
+  if (!rest.empty() && (rest.back() == 'a' || rest.back() == 'f')) {
+    parsed.suffix = rest.back();
+    rest.remove_suffix(1);
+  }
+  int digits = 0;
+  if (rest.size() < 2 || rest.size() > 3 || !absl::SimpleAtoi(rest, &digits) ||
+      !absl::ascii_isdigit(rest.front())) {
+    return bad();
+  }
+  parsed.major = digits / 10;
+  parsed.minor = digits % 10;
+  return parsed;
+}
+
+// The message tail that tells the user what to ask kforge for instead.
+std::string DeviceArchHint(int cc_major, int cc_minor) {
+  absl::StatusOr<std::string> arch = ArchForComputeCapability(cc_major, cc_minor);
+  return arch.ok() ? absl::StrCat("; this device needs kernels built for ", *arch) : "";
+}
+
+absl::Status CheckEntryParams(const v1::KernelArtifact& artifact, const std::string& entry,
+                              size_t want, const char* struct_name) {
+  for (const v1::KernelResources& k : artifact.cubin_info().kernels()) {
+    if (k.name() != entry) continue;
+    if (k.param_bytes() != want) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s in %s takes %u parameter bytes but this runtime passes "
+                          "sizeof(%s) = %u: kernel and runtime were built from different "
+                          "templates/kforge/sparse_mla/config.h",
+                          entry, artifact.module_name(), k.param_bytes(), struct_name, want));
+    }
+    return absl::OkStatus();
+  }
+  return absl::DataLossError(absl::StrFormat("%s: cubin_info lists no kernel named \"%s\"",
+                                             artifact.module_name(), entry));
+}
+
+absl::Status CheckRecordedSize(const v1::KernelArtifact& artifact, const char* field,
+                               uint32_t recorded, size_t want, const char* struct_name) {
+  // 0: an artifact from before the field existed; cubin_info still checks.
+  if (recorded == 0 || recorded == want) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrFormat("%s: %s = %u but this runtime's sizeof(%s) = %u: kernel and runtime were "
+                      "built from different templates/kforge/sparse_mla/config.h",
+                      artifact.module_name(), field, recorded, struct_name, want));
+}
+
+absl::StatusOr<int> DeviceAttribute(const CudaDriver& cu, CUdevice device,
+                                    CUdevice_attribute attribute, std::string_view what) {
+  int value = 0;
+  if (absl::Status s =
+          cu.Check(cu.DeviceGetAttribute(&value, attribute, device),
+                   absl::StrCat("cuDeviceGetAttribute(", AsAbsl(what), ", device ", device, ")"));
+      !s.ok()) {
+    return s;
+  }
+  return value;
+}
+
+}  // namespace
+
+absl::Status CheckDeviceArch(std::string_view arch, int cc_major, int cc_minor) {
+  absl::StatusOr<ParsedArch> parsed = ParseArchName(arch);
+  if (!parsed.ok()) return parsed.status();
+  const bool exact = parsed->major == cc_major && parsed->minor == cc_minor;
+  std::string rule;
+  if (parsed->suffix == 'a') {
+    if (exact) return absl::OkStatus();
+    rule = absl::StrFormat("arch-specific code runs only on compute capability %d.%d",
+                           parsed->major, parsed->minor);
+  } else {
+    if (parsed->major == cc_major && cc_minor >= parsed->minor) {
+      return absl::OkStatus();
+    }
+    rule = absl::StrFormat("it runs on compute capability %d.%d to %d.9 only", parsed->major,
+                           parsed->minor, parsed->major);
+  }
+  return absl::FailedPreconditionError(
+      absl::StrFormat("kernel built for %s cannot run on a compute capability %d.%d device (%s%s)",
+                      arch, cc_major, cc_minor, rule, DeviceArchHint(cc_major, cc_minor)));
+}
+
+absl::StatusOr<std::string> ArchForComputeCapability(int cc_major, int cc_minor) {
+  struct Row {
+    int major, minor;
+    const char* arch;
+  };
+  // Matches compiler/arch.cc's SupportedArchs, preferring "a" variants.
+  static constexpr Row kRows[] = {
+      {8, 0, "sm_80"},    {8, 6, "sm_86"},    {8, 9, "sm_89"},    {9, 0, "sm_90a"},
+      {10, 0, "sm_100a"}, {12, 0, "sm_120a"}, {12, 1, "sm_121a"},
+  };
+  for (const Row& row : kRows) {
+    if (row.major == cc_major && row.minor == cc_minor) return std::string(row.arch);
+  }
+  return absl::FailedPreconditionError(
+      absl::StrFormat("compute capability %d.%d: kforge builds kernels for 8.0, 8.6, 8.9, 9.0, "
+                      "10.0, 12.0 and 12.1 only",
+                      cc_major, cc_minor));
+}
+
+absl::Status CheckParamSizes(const v1::KernelArtifact& artifact) {
+  using sparse_mla::CombineParams;
+  using sparse_mla::DecodeParams;
+  if (absl::Status s = CheckRecordedSize(artifact, "params_bytes", artifact.params_bytes(),
+                                         sizeof(DecodeParams), "DecodeParams");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckRecordedSize(artifact, "combine_params_bytes", artifact.combine_params_bytes(),
+                            sizeof(CombineParams), "CombineParams");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckEntryParams(artifact, artifact.main_entry(), sizeof(DecodeParams), "DecodeParams");
+      !s.ok()) {
+    return s;
+  }
+  return CheckEntryParams(artifact, artifact.combine_entry(), sizeof(CombineParams),
+                          "CombineParams");
+}
+
+absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
+    const v1::KernelArtifact& artifact, CUdevice device) {
+  absl::StatusOr<const CudaDriver*> driver = CudaDriver::Get();
+  if (!driver.ok()) return driver.status();
+  const CudaDriver& cu = **driver;
+
+  absl::StatusOr<int> major =
+      DeviceAttribute(cu, device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "cc major");
+  if (!major.ok()) return major.status();
+  absl::StatusOr<int> minor =
+      DeviceAttribute(cu, device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "cc minor");
+  if (!minor.ok()) return minor.status();
+  if (absl::Status s = CheckDeviceArch(artifact.arch(), *major, *minor); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckParamSizes(artifact); !s.ok()) return s;
+  absl::StatusOr<int> smem_optin =
+      DeviceAttribute(cu, device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                      "max shared memory per block (opt-in)");
+  if (!smem_optin.ok()) return smem_optin.status();
+  const uint32_t smem = artifact.launch().dynamic_smem_bytes();
+  if (smem > static_cast<uint32_t>(*smem_optin)) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s needs %u bytes of dynamic shared memory per block; this device allows "
+                        "%d",
+                        artifact.module_name(), smem, *smem_optin));
+  }
+  if (artifact.cubin().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(artifact.module_name(), ": the artifact carries no cubin"));
+  }
+
+  std::unique_ptr<CudaKernelModule> module(
+      new CudaKernelModule(cu, artifact.module_name(), artifact.key()));
+  module->main_entry_ = artifact.main_entry();
+  module->combine_entry_ = artifact.combine_entry();
+  const std::string& name = module->module_name_;
+  if (absl::Status s = cu.Check(cu.LibraryLoadData(&module->library_, artifact.cubin().data(),
+                                                   nullptr, nullptr, 0, nullptr, nullptr, 0),
+                                absl::StrCat("cuLibraryLoadData(", name, ")"));
+      !s.ok()) {
+    return s;
+  }
+  for (auto [entry, kernel] : {std::pair{&module->main_entry_, &module->main_},
+                               std::pair{&module->combine_entry_, &module->combine_}}) {
+    if (absl::Status s = cu.Check(cu.LibraryGetKernel(kernel, module->library_, entry->c_str()),
+                                  absl::StrCat("cuLibraryGetKernel(", name, ", ", *entry, ")"));
+        !s.ok()) {
+      return s;
+    }
+  }
+  // Above 48 KB a kernel must opt into its dynamic shared memory, per device.
+  if (absl::Status s = cu.Check(
+          cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                static_cast<int>(smem), module->main_, device),
+          absl::StrCat("cuKernelSetAttribute(", name, ", max dynamic shared memory ", smem, ")"));
+      !s.ok()) {
+    return s;
+  }
+  return module;
+}
+
+CudaKernelModule::~CudaKernelModule() {
+  if (library_ != nullptr) (void)cu_.LibraryUnload(library_);
+}
+
+absl::Status CudaKernelModule::Launch(CUkernel kernel, std::string_view entry, void* params,
+                                      const LaunchDims& d, CUstream stream) const {
+  void* args[] = {params};
+  // A CUkernel passed as a CUfunction launches in the stream's context
+  // (CUDA 12.0+), so one library serves every context.
+  return cu_.Check(
+      cu_.LaunchKernel(reinterpret_cast<CUfunction>(kernel), d.grid_x, d.grid_y, d.grid_z,
+                       d.block_threads, 1, 1, d.dynamic_smem_bytes, stream, args, nullptr),
+      absl::StrFormat("cuLaunchKernel(%s, %s, grid (%u, %u, %u), block %u, smem %u)", module_name_,
+                      entry, d.grid_x, d.grid_y, d.grid_z, d.block_threads, d.dynamic_smem_bytes));
+}
+
+absl::Status CudaKernelModule::LaunchMain(const sparse_mla::DecodeParams& params,
+                                          const LaunchDims& dims, CUstream stream) const {
+  // cuLaunchKernel copies the parameter block; the const_cast never writes.
+  return Launch(main_, main_entry_, const_cast<sparse_mla::DecodeParams*>(&params), dims, stream);
+}
+
+absl::Status CudaKernelModule::LaunchCombine(const sparse_mla::CombineParams& params,
+                                             const LaunchDims& dims, CUstream stream) const {
+  return Launch(combine_, combine_entry_, const_cast<sparse_mla::CombineParams*>(&params), dims,
+                stream);
+}
+
+}  // namespace kforge

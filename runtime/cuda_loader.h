@@ -1,0 +1,99 @@
+#ifndef KFORGE_RUNTIME_CUDA_LOADER_H_
+#define KFORGE_RUNTIME_CUDA_LOADER_H_
+
+// Loads a kforge kernel artifact (one cubin with the sparse MLA main and
+// combine entry points) with the CUDA Driver API and launches its kernels.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cuda.h"
+#include "kforge/v1/artifact.pb.h"
+#include "runtime/cuda_driver.h"
+#include "templates/kforge/sparse_mla/config.h"
+
+namespace kforge {
+
+// Whether a cubin built for `arch` ("sm_80", "sm_90a", "sm_100f", ...) runs
+// on a device of compute capability major.minor, by NVIDIA's rules for SASS
+// (no PTX is embedded, so nothing is JIT-compiled for a newer device):
+//   - "a" (arch-specific, e.g. wgmma in sm_90a) runs only on exactly that
+//     compute capability;
+//   - "f" (family-specific) and plain targets run on the same major with a
+//     minor >= theirs (sm_80 on 8.0/8.6/8.9, never on 9.0: SASS does not
+//     carry across majors).
+// InvalidArgument for a malformed arch; FailedPrecondition, naming both,
+// when the device cannot run it.
+absl::Status CheckDeviceArch(std::string_view arch, int cc_major, int cc_minor);
+
+// The arch kforge builds for a device of compute capability major.minor:
+// 8.0 -> sm_80, 8.6 -> sm_86, 8.9 -> sm_89, 9.0 -> sm_90a, 10.0 -> sm_100a,
+// 12.0 -> sm_120a, 12.1 -> sm_121a (the arch-specific variant wherever one
+// exists: it unlocks wgmma and friends). FailedPrecondition for any other.
+absl::StatusOr<std::string> ArchForComputeCapability(int cc_major, int cc_minor);
+
+// OK when the cubin's parameter blocks, as read back from its ELF
+// (artifact.cubin_info) and as recorded by the compiler (params_bytes,
+// combine_params_bytes), match the structs this loader passes. A mismatch
+// means the kernel and this runtime disagree on the layout of
+// templates/kforge/sparse_mla/config.h; launching would corrupt memory.
+absl::Status CheckParamSizes(const v1::KernelArtifact& artifact);
+
+// A launch configuration (grid in blocks, block in threads).
+struct LaunchDims {
+  uint32_t grid_x = 1, grid_y = 1, grid_z = 1;
+  uint32_t block_threads = 0;
+  uint32_t dynamic_smem_bytes = 0;
+};
+
+// One artifact's cubin loaded as a context-independent CUlibrary: usable in
+// every context of the process, on the device it was checked for. The
+// driver keeps its own copy of the cubin. Thread-safe after Load.
+class CudaKernelModule {
+ public:
+  // Checks the device's compute capability against artifact.arch (first,
+  // so a wrong-arch kernel fails with a readable message instead of
+  // CUDA_ERROR_NO_BINARY_FOR_GPU), the parameter sizes, and the dynamic
+  // shared memory against the device's opt-in limit; then loads the cubin,
+  // finds both entries and opts the main kernel into its dynamic shared
+  // memory on `device`.
+  static absl::StatusOr<std::unique_ptr<CudaKernelModule>> Load(const v1::KernelArtifact& artifact,
+                                                                CUdevice device);
+  ~CudaKernelModule();  // cuLibraryUnload
+  CudaKernelModule(const CudaKernelModule&) = delete;
+  CudaKernelModule& operator=(const CudaKernelModule&) = delete;
+
+  // Enqueue one kernel on `stream`, in the stream's context (the current
+  // context for the null stream). Errors name the module and entry.
+  absl::Status LaunchMain(const sparse_mla::DecodeParams& params, const LaunchDims& dims,
+                          CUstream stream) const;
+  absl::Status LaunchCombine(const sparse_mla::CombineParams& params, const LaunchDims& dims,
+                             CUstream stream) const;
+
+  const std::string& module_name() const { return module_name_; }
+  const std::string& key() const { return key_; }
+
+ private:
+  CudaKernelModule(const CudaDriver& cu, std::string module_name, std::string key)
+      : cu_(cu), module_name_(std::move(module_name)), key_(std::move(key)) {}
+  absl::Status Launch(CUkernel kernel, std::string_view entry, void* params, const LaunchDims& dims,
+                      CUstream stream) const;
+
+  const CudaDriver& cu_;
+  std::string module_name_;
+  std::string key_;
+  std::string main_entry_, combine_entry_;
+  CUlibrary library_ = nullptr;
+  CUkernel main_ = nullptr;
+  CUkernel combine_ = nullptr;
+};
+
+}  // namespace kforge
+
+#endif  // KFORGE_RUNTIME_CUDA_LOADER_H_

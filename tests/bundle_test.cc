@@ -1,0 +1,468 @@
+// Bundle directories (runtime/bundle.h) and CheckArtifactForVariant, with a
+// real kernel: glm-5 at TP 8 on sm_90a, compiled once for the suite (about
+// a second with NVRTC, no GPU needed).
+#include "runtime/bundle.h"
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "compiler/io.h"
+#include "compiler/key.h"
+#include "compiler/spec.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "runtime/kernel_source.h"
+#include "tests/test_util.h"
+
+namespace kforge {
+namespace {
+
+namespace fs = std::filesystem;
+using ::google::protobuf::util::MessageDifferencer;
+using ::kforge::testing::Contains;
+using ::kforge::testing::ReadFileOrEmpty;
+using ::kforge::testing::TempDir;
+
+constexpr char kArch[] = "sm_90a";
+
+v1::KernelSelector Glm5Selector(int tp) {
+  v1::KernelSelector selector;
+  selector.mutable_preset()->set_name("glm-5");
+  selector.mutable_preset()->set_tensor_parallel(tp);
+  return selector;
+}
+
+// Every problem as "path: message", one a line, for failure messages and
+// substring checks.
+std::string Describe(const std::vector<BundleProblem>& problems) {
+  std::string text;
+  for (const BundleProblem& p : problems)
+    absl::StrAppend(&text, p.path, ": ", p.message, "\n");
+  return text;
+}
+
+// Problems about `path` whose message contains `needle`.
+int CountProblems(const std::vector<BundleProblem>& problems, const std::string& path,
+                  const std::string& needle) {
+  int n = 0;
+  for (const BundleProblem& p : problems) {
+    if (p.path == path && absl::StrContains(p.message, needle)) ++n;
+  }
+  return n;
+}
+
+void FlipByte(const fs::path& path, size_t offset) {
+  std::string bytes = ReadFileOrEmpty(path);
+  ASSERT_LT(offset, bytes.size()) << path;
+  bytes[offset] ^= 0x5a;
+  ASSERT_TRUE(WriteFileAtomic(path.string(), bytes).ok());
+}
+
+class BundleTest : public ::testing::Test {
+ protected:
+  // The four-variant manifest (s_q 1..4) and the first choice's kernel.
+  static void SetUpTestSuite() {
+    absl::StatusOr<testing::CompiledFirstChoice> compiled =
+        testing::CompileGlm5Tp8(kArch);
+    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    full_manifest_ = new v1::Manifest(std::move(compiled->manifest));
+    artifact_ = new v1::KernelArtifact(std::move(compiled->artifact));
+  }
+  static void TearDownTestSuite() {
+    delete full_manifest_;
+    delete artifact_;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(artifact_, nullptr) << "suite setup failed";
+    ASSERT_EQ(FirstChoice().key(), artifact_->key());
+  }
+
+  static const v1::ManifestVariant& FirstChoice() {
+    return full_manifest_->variants(full_manifest_->choice_order(0));
+  }
+
+  // The manifest cut down to the one variant compiled, so a bundle holding
+  // it is complete.
+  static v1::Manifest OneVariantManifest() {
+    v1::Manifest manifest = *full_manifest_;
+    manifest.clear_variants();
+    manifest.clear_choice_order();
+    *manifest.add_variants() = FirstChoice();
+    manifest.add_choice_order(0);
+    return manifest;
+  }
+
+  // A finished bundle in `dir` holding `manifest` and the compiled kernel.
+  static void WriteBundle(const fs::path& dir, const v1::Manifest& manifest) {
+    absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
+        BundleWriter::Open(dir.string());
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->AddKernel(*artifact_).ok());
+    absl::Status s = (*writer)->AddManifest(manifest);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_TRUE((*writer)->Finish().ok());
+  }
+
+  std::string KernelFile() const { return BundleKernelPath(artifact_->key()); }
+  std::string ManifestFile() const { return *BundleManifestPath(*full_manifest_); }
+
+  static v1::Manifest* full_manifest_;
+  static v1::KernelArtifact* artifact_;
+  TempDir tmp_{"kforge_bundle_test"};
+};
+
+v1::Manifest* BundleTest::full_manifest_ = nullptr;
+v1::KernelArtifact* BundleTest::artifact_ = nullptr;
+
+TEST_F(BundleTest, RoundTripAnswersTheSameKernelAndManifest) {
+  const fs::path dir = tmp_.path() / "bundle";
+  const v1::Manifest manifest = OneVariantManifest();
+  WriteBundle(dir, manifest);
+
+  EXPECT_EQ(ReadFileOrEmpty(dir / kBundleMarkerFile),
+            "{\"format\": \"kforge-bundle\", \"format_version\": 1}\n");
+  EXPECT_EQ(ManifestFile(),
+            absl::StrCat("manifests/", FirstChoice().module_name(), ".json"));
+  // sha256sum's own format, sorted by path: `sha256sum -c` works in DIR.
+  EXPECT_EQ(
+      ReadFileOrEmpty(dir / kBundleChecksumsFile),
+      absl::StrCat(Sha256Hex(ReadFileOrEmpty(dir / KernelFile())), "  ", KernelFile(),
+                   "\n", Sha256Hex(ReadFileOrEmpty(dir / ManifestFile())), "  ",
+                   ManifestFile(), "\n"));
+  EXPECT_EQ(Describe(VerifyBundle(dir.string())), "");
+
+  absl::StatusOr<std::unique_ptr<BundleSource>> source = BundleSource::Open(dir.string());
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_EQ((*source)->manifests().size(), 1u);
+  // A preset, its spec spelled out, and another arch spelling: one manifest.
+  v1::KernelSelector by_spec;
+  *by_spec.mutable_spec() = *SpecFromPreset("glm-5", 8);
+  for (const auto& [selector, arch] :
+       {std::pair{Glm5Selector(8), "sm_90a"}, std::pair{by_spec, "90a"}}) {
+    absl::StatusOr<v1::Manifest> got = (*source)->GetManifest(selector, arch);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(MessageDifferencer::Equals(*got, manifest)) << got->DebugString();
+  }
+
+  absl::StatusOr<ArtifactRef> kernel = (*source)->GetKernel(FirstChoice(), kArch);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ((*kernel)->SerializeAsString(), artifact_->SerializeAsString());
+  EXPECT_EQ((*kernel)->cubin(), artifact_->cubin());
+  absl::StatusOr<ArtifactRef> again = (*source)->GetKernel(FirstChoice(), kArch);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->get(), kernel->get()) << "second call should come from memory";
+}
+
+TEST_F(BundleTest, SameInputsGiveIdenticalBytes) {
+  const fs::path a = tmp_.path() / "a", b = tmp_.path() / "b";
+  WriteBundle(a, *full_manifest_);
+  WriteBundle(b, *full_manifest_);
+  const std::string manifest_bytes = ReadFileOrEmpty(a / ManifestFile());
+  EXPECT_EQ(manifest_bytes, ReadFileOrEmpty(b / ManifestFile()));
+  EXPECT_EQ(ReadFileOrEmpty(a / KernelFile()), ReadFileOrEmpty(b / KernelFile()));
+  const std::string checksums = ReadFileOrEmpty(a / kBundleChecksumsFile);
+  EXPECT_EQ(checksums, ReadFileOrEmpty(b / kBundleChecksumsFile));
+  EXPECT_FALSE(checksums.empty());
+  // Protobuf JSON, proto field names, zeros printed, newline-terminated.
+  EXPECT_TRUE(absl::EndsWith(manifest_bytes, "}\n")) << manifest_bytes;
+  EXPECT_TRUE(Contains(manifest_bytes, "\"sm_count\": 0"));
+  EXPECT_TRUE(Contains(manifest_bytes, "\"choice_order\""));
+}
+
+TEST_F(BundleTest, VerifyReportsEveryProblemAtOnce) {
+  const fs::path dir = tmp_.path() / "bundle";
+  WriteBundle(dir, *full_manifest_);
+  // One bundle, four faults: a damaged kernel, a listed file deleted, an
+  // unlisted file added, and (from the start) three variants whose kernels
+  // were never added.
+  const std::string other_manifest = "manifests/other.json";
+  ASSERT_TRUE(WriteFileAtomic((dir / other_manifest).string(), "{}").ok());
+  {
+    absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
+        BundleWriter::Open(dir.string());
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE((*writer)->Finish().ok());
+  }
+  fs::remove(dir / other_manifest);
+  FlipByte(dir / KernelFile(), ReadFileOrEmpty(dir / KernelFile()).size() / 2);
+  ASSERT_TRUE(WriteFileAtomic((dir / "notes.txt").string(), "hello").ok());
+
+  const std::vector<BundleProblem> problems = VerifyBundle(dir.string());
+  const std::string report = Describe(problems);
+  EXPECT_EQ(CountProblems(problems, KernelFile(), "sha256"), 1) << report;
+  EXPECT_EQ(
+      CountProblems(problems, other_manifest, "listed in checksums.sha256 but missing"),
+      1)
+      << report;
+  EXPECT_EQ(CountProblems(problems, "notes.txt", "not listed"), 1) << report;
+  EXPECT_EQ(CountProblems(problems, ManifestFile(), "is missing"), 3) << report;
+  EXPECT_EQ(CountProblems(problems, kBundleMarkerFile, ""), 0) << report;
+}
+
+TEST_F(BundleTest, VerifyChecksMarkerAndNamesAndVariants) {
+  const fs::path dir = tmp_.path() / "bundle";
+  WriteBundle(dir, OneVariantManifest());
+  ASSERT_TRUE(WriteFileAtomic((dir / kBundleMarkerFile).string(),
+                              "{\"format\": \"kforge-bundle\", \"format_version\": 7}\n")
+                  .ok());
+  // A kernel under another key's name, then listed so only the name is wrong.
+  const std::string renamed = BundleKernelPath(std::string(64, 'a'));
+  fs::copy_file(dir / KernelFile(), dir / renamed);
+  fs::remove(dir / kBundleChecksumsFile);
+
+  std::vector<BundleProblem> problems = VerifyBundle(dir.string());
+  std::string report = Describe(problems);
+  EXPECT_EQ(CountProblems(problems, kBundleMarkerFile, "format version 7"), 1) << report;
+  EXPECT_EQ(CountProblems(problems, kBundleChecksumsFile, "cannot open"), 1) << report;
+  EXPECT_EQ(CountProblems(problems, renamed, "holds key " + artifact_->key()), 1)
+      << report;
+  EXPECT_EQ(CountProblems(problems, ManifestFile(), "not listed"), 1) << report;
+
+  fs::remove(dir / kBundleMarkerFile);
+  problems = VerifyBundle(dir.string());
+  report = Describe(problems);
+  EXPECT_EQ(CountProblems(problems, kBundleMarkerFile, "not a kforge bundle"), 1)
+      << report;
+  EXPECT_EQ(
+      Describe(VerifyBundle((tmp_.path() / "nothing").string())),
+      absl::StrCat(".: ", (tmp_.path() / "nothing").string(), " is not a directory\n"));
+}
+
+TEST_F(BundleTest, VerifyRunsTheVariantCheckOnEachKernel) {
+  const fs::path dir = tmp_.path() / "bundle";
+  // A manifest whose variant names the kernel's key but another module:
+  // the kernel is sound on its own and still not the variant's.
+  v1::Manifest manifest = OneVariantManifest();
+  manifest.mutable_variants(0)->set_main_entry("some_other_entry");
+  WriteBundle(dir, manifest);
+  const std::vector<BundleProblem> problems = VerifyBundle(dir.string());
+  EXPECT_EQ(CountProblems(problems, ManifestFile(),
+                          "main_entry: expected \"some_other_entry\""),
+            1)
+      << Describe(problems);
+  EXPECT_EQ(problems.size(), 1u) << Describe(problems);
+}
+
+TEST_F(BundleTest, OpenRefusesAnotherFormatOrVersion) {
+  const fs::path dir = tmp_.path() / "bundle";
+  const std::pair<const char*, const char*> markers[] = {
+      {"{\"format\": \"kforge-bundle\", \"format_version\": 2}\n", "format version 2"},
+      {"{\"format\": \"something-else\", \"format_version\": 1}\n", "\"something-else\""},
+      {"not json", "not a kforge bundle marker"}};
+  for (const auto& [marker, expected] : markers) {
+    ASSERT_TRUE(WriteFileAtomic((dir / kBundleMarkerFile).string(), marker).ok());
+    absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
+        BundleWriter::Open(dir.string());
+    ASSERT_FALSE(writer.ok()) << marker;
+    EXPECT_EQ(writer.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(Contains(writer.status().message(), expected));
+    absl::StatusOr<std::unique_ptr<BundleSource>> source =
+        BundleSource::Open(dir.string());
+    ASSERT_FALSE(source.ok());
+    EXPECT_TRUE(Contains(source.status().message(), expected));
+  }
+  // The marker is left alone: a refused Open writes nothing.
+  EXPECT_EQ(ReadFileOrEmpty(dir / kBundleMarkerFile), "not json");
+
+  absl::StatusOr<std::unique_ptr<BundleSource>> none =
+      BundleSource::Open((tmp_.path() / "empty").string());
+  ASSERT_FALSE(none.ok());
+  EXPECT_TRUE(Contains(none.status().message(), "is not a kforge bundle"));
+}
+
+TEST_F(BundleTest, HasKernelTreatsDamagedFilesAsAbsent) {
+  const fs::path dir = tmp_.path() / "bundle";
+  absl::StatusOr<std::unique_ptr<BundleWriter>> opened = BundleWriter::Open(dir.string());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  BundleWriter& writer = **opened;
+  EXPECT_FALSE(writer.HasKernel(artifact_->key()));
+  ASSERT_TRUE(writer.AddKernel(*artifact_).ok());
+  EXPECT_TRUE(writer.HasKernel(artifact_->key()));
+  EXPECT_FALSE(writer.HasKernel("../" + artifact_->key()));
+
+  const fs::path file = dir / KernelFile();
+  const std::string whole = ReadFileOrEmpty(file);
+  // Fields are written in number order and the params sizes come last, so
+  // cutting exactly them off leaves a file that still parses.
+  v1::KernelArtifact no_params = *artifact_;
+  no_params.clear_params_bytes();
+  no_params.clear_combine_params_bytes();
+  const size_t without_params = no_params.ByteSizeLong();
+  ASSERT_LT(without_params, whole.size());
+  ASSERT_TRUE(no_params.ParseFromString(whole.substr(0, without_params)));
+  // Cut in the cubin; cut after it; garbage.
+  for (const std::string& damaged :
+       {whole.substr(0, whole.size() / 2), whole.substr(0, without_params),
+        std::string("garbage")}) {
+    ASSERT_TRUE(WriteFileAtomic(file.string(), damaged).ok());
+    EXPECT_FALSE(writer.HasKernel(artifact_->key())) << damaged.size() << " bytes";
+  }
+  ASSERT_TRUE(writer.AddKernel(*artifact_).ok());
+  EXPECT_TRUE(writer.HasKernel(artifact_->key()));
+  EXPECT_EQ(ReadFileOrEmpty(file), whole);
+}
+
+TEST_F(BundleTest, WriterRefusesWhatItCannotStoreSafely) {
+  absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
+      BundleWriter::Open((tmp_.path() / "bundle").string());
+  ASSERT_TRUE(writer.ok());
+  v1::Manifest with_sms = OneVariantManifest();
+  with_sms.set_sm_count(132);
+  absl::Status s = (*writer)->AddManifest(with_sms);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "sm_count: got 132"));
+  EXPECT_EQ((*writer)->AddManifest(v1::Manifest()).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  v1::KernelArtifact escape = *artifact_;
+  escape.set_key("../../etc/x");
+  s = (*writer)->AddKernel(escape);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "../../etc/x"));
+  v1::KernelArtifact empty = *artifact_;
+  empty.clear_cubin();
+  s = (*writer)->AddKernel(empty);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "cubin"));
+}
+
+TEST_F(BundleTest, FinishDropsTemporariesOfAKilledWriter) {
+  const fs::path dir = tmp_.path() / "bundle";
+  ASSERT_TRUE(
+      WriteFileAtomic((dir / "kernels" / "x.kfa.tmp.AbC123").string(), "half").ok());
+  WriteBundle(dir, OneVariantManifest());
+  EXPECT_FALSE(fs::exists(dir / "kernels" / "x.kfa.tmp.AbC123"));
+  EXPECT_EQ(Describe(VerifyBundle(dir.string())), "");
+}
+
+TEST_F(BundleTest, SourceRefusesKernelsTheChecksumsDoNotVouchFor) {
+  const fs::path dir = tmp_.path() / "bundle";
+  WriteBundle(dir, OneVariantManifest());
+  const std::string path = (dir / KernelFile()).string();
+  // A changed compile time: the kernel is still sound and still the
+  // variant's, only the checksum can tell.
+  v1::KernelArtifact altered = *artifact_;
+  altered.set_compile_seconds(artifact_->compile_seconds() + 1);
+  ASSERT_TRUE(WriteFileAtomic(path, altered.SerializeAsString()).ok());
+  ASSERT_TRUE(CheckArtifactForVariant(FirstChoice(), kArch, altered).ok());
+  absl::StatusOr<std::unique_ptr<BundleSource>> source = BundleSource::Open(dir.string());
+  ASSERT_TRUE(source.ok()) << source.status();
+  absl::StatusOr<ArtifactRef> kernel = (*source)->GetKernel(FirstChoice(), kArch);
+  ASSERT_FALSE(kernel.ok());
+  EXPECT_EQ(kernel.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(kernel.status().message(), path));
+  EXPECT_TRUE(Contains(kernel.status().message(), "kforge verify"));
+
+  // Unlisted (added after Finish) is refused too; absent and unlisted is
+  // simply not there.
+  fs::remove(dir / kBundleChecksumsFile);
+  {
+    absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
+        BundleWriter::Open(dir.string());
+    ASSERT_TRUE(writer.ok());
+    fs::remove(path);
+    ASSERT_TRUE((*writer)->AddManifest(OneVariantManifest()).ok());
+    ASSERT_TRUE((*writer)->Finish().ok());
+    ASSERT_TRUE((*writer)->AddKernel(*artifact_).ok());
+  }
+  source = BundleSource::Open(dir.string());
+  ASSERT_TRUE(source.ok()) << source.status();
+  kernel = (*source)->GetKernel(FirstChoice(), kArch);
+  EXPECT_EQ(kernel.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(kernel.status().message(), "is not listed in checksums.sha256"));
+  kernel = (*source)->GetKernel(full_manifest_->variants(1), kArch);
+  EXPECT_EQ(kernel.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(kernel.status().message(),
+                       BundleKernelPath(full_manifest_->variants(1).key())));
+}
+
+TEST_F(BundleTest, SourceChecksTheKernelAgainstTheVariant) {
+  const fs::path dir = tmp_.path() / "bundle";
+  WriteBundle(dir, OneVariantManifest());
+  absl::StatusOr<std::unique_ptr<BundleSource>> source = BundleSource::Open(dir.string());
+  ASSERT_TRUE(source.ok());
+  v1::ManifestVariant renamed = FirstChoice();
+  renamed.set_module_name("sparse_mla_decode_something_else");
+  absl::StatusOr<ArtifactRef> kernel = (*source)->GetKernel(renamed, kArch);
+  EXPECT_EQ(kernel.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(kernel.status().message(), "module_name"));
+  kernel = (*source)->GetKernel(FirstChoice(), "sm_120a");
+  EXPECT_EQ(kernel.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(
+      Contains(kernel.status().message(), "arch: expected \"sm_120a\", got \"sm_90a\""));
+  // A refused answer is not kept: the right question still gets the kernel.
+  EXPECT_TRUE((*source)->GetKernel(FirstChoice(), kArch).ok());
+}
+
+TEST_F(BundleTest, UnknownSpecNamesWhatTheBundleHolds) {
+  const fs::path dir = tmp_.path() / "bundle";
+  WriteBundle(dir, OneVariantManifest());
+  absl::StatusOr<std::unique_ptr<BundleSource>> source = BundleSource::Open(dir.string());
+  ASSERT_TRUE(source.ok());
+  for (const auto& [selector, arch] :
+       {std::pair{Glm5Selector(4), "sm_90a"}, std::pair{Glm5Selector(8), "sm_120a"}}) {
+    absl::StatusOr<v1::Manifest> got = (*source)->GetManifest(selector, arch);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_TRUE(Contains(got.status().message(),
+                         absl::StrCat("it holds sm_90a: ", FirstChoice().module_name())));
+    EXPECT_TRUE(Contains(got.status().message(), arch));
+  }
+  EXPECT_EQ((*source)->GetManifest(Glm5Selector(3), kArch).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*source)->GetManifest(Glm5Selector(8), "sm_42").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(BundleTest, PrefetchNamesTheVariantItCannotGet) {
+  const fs::path dir = tmp_.path() / "bundle";
+  WriteBundle(dir, *full_manifest_);
+  absl::StatusOr<std::unique_ptr<BundleSource>> source = BundleSource::Open(dir.string());
+  ASSERT_TRUE(source.ok());
+  EXPECT_TRUE(PrefetchKernels(**source, OneVariantManifest(), kArch).ok());
+  absl::Status s = PrefetchKernels(**source, *full_manifest_, kArch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  const v1::ManifestVariant& missing = full_manifest_->variants(
+      FirstChoice().key() == full_manifest_->variants(0).key() ? 1 : 0);
+  EXPECT_TRUE(Contains(s.message(), absl::StrCat("prefetching ", missing.module_name())));
+}
+
+// CheckArtifactForVariant, one altered field at a time.
+TEST_F(BundleTest, ArtifactCheckNamesTheFirstMismatch) {
+  ASSERT_TRUE(CheckArtifactForVariant(FirstChoice(), kArch, *artifact_).ok());
+  ASSERT_TRUE(CheckArtifactForVariant(FirstChoice(), "90a", *artifact_).ok());
+  struct Case {
+    const char* expected;
+    std::function<void(v1::KernelArtifact&)> alter;
+  };
+  const Case cases[] = {
+      {"key: expected", [](v1::KernelArtifact& a) { a.set_key(std::string(64, '0')); }},
+      {"module_name: expected", [](v1::KernelArtifact& a) { a.set_module_name("x"); }},
+      {"arch: expected \"sm_90a\", got \"sm_120a\"",
+       [](v1::KernelArtifact& a) { a.set_arch("sm_120a"); }},
+      {"main_entry", [](v1::KernelArtifact& a) { a.set_main_entry("other"); }},
+      {"combine_entry", [](v1::KernelArtifact& a) { a.set_combine_entry("other"); }},
+      {"params_bytes: expected", [](v1::KernelArtifact& a) { a.set_params_bytes(8); }},
+      {"combine_params_bytes",
+       [](v1::KernelArtifact& a) { a.set_combine_params_bytes(8); }},
+      {"cubin: expected \"non-empty\"", [](v1::KernelArtifact& a) { a.clear_cubin(); }},
+      {"cubin is unreadable", [](v1::KernelArtifact& a) { a.set_cubin("not an ELF"); }},
+  };
+  for (const Case& c : cases) {
+    v1::KernelArtifact altered = *artifact_;
+    c.alter(altered);
+    absl::Status s = CheckArtifactForVariant(FirstChoice(), kArch, altered);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << c.expected;
+    EXPECT_TRUE(Contains(s.message(), c.expected));
+    EXPECT_TRUE(Contains(s.message(), FirstChoice().module_name()));
+  }
+}
+
+}  // namespace
+}  // namespace kforge

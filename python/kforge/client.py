@@ -1,0 +1,182 @@
+"""gRPC client of a kforge server (proto/kforge/v1/service.proto).
+
+RPCs are called by method name with the generated message classes, so no
+gRPC code generator is needed. Transient failures (UNAVAILABLE: server down
+or restarting; RESOURCE_EXHAUSTED: compile queue full) are retried with
+exponential backoff and jitter; every other status fails at once. Every
+answer is checked against what was asked before it is returned and kept in
+memory, so a second request for the same manifest or kernel makes no RPC.
+"""
+
+import logging
+import random
+import threading
+import time
+
+from kforge._proto import pb
+from kforge.bundle import LocalCopy
+from kforge.errors import KforgeError, KforgeNotFound, KforgeRpcError, KforgeUnavailable
+from kforge.source import KernelSource, check_artifact, check_manifest
+from kforge.spec import canonical_arch, selector
+
+_SERVICE = "/kforge.v1.KernelService/"
+_RETRIED = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
+# Cubins are tens of KB; the default 4 MB limit would be close for a large
+# future kernel, and a RESOURCE_EXHAUSTED from it would be retried in vain.
+_MAX_MESSAGE_BYTES = 256 << 20
+
+_log = logging.getLogger("kforge")
+
+
+def backoff_delay(attempt, initial, maximum, rng):
+    """Sleep before retry number `attempt` (1-based): the exponential step
+    min(maximum, initial * 2^(attempt-1)) with "equal jitter" (uniform in its
+    upper half), so that clients restarted together spread out while each
+    still waits at least half a step."""
+    step = min(maximum, initial * (2 ** (attempt - 1)))
+    return step / 2 + rng.uniform(0, step / 2)
+
+
+class Client(KernelSource):
+    """A kforge server's manifests and kernels.
+
+    address: host:port of `kforge serve`. timeout: seconds one attempt may
+    take (a compile on the server counts). max_attempts: tries per request.
+    initial_backoff, max_backoff: seconds between tries (see backoff_delay).
+    local_copy_dir: optional directory in the bundle layout where every
+    answer is also written; kernels are read from it before asking the server
+    and manifests when the server is unavailable.
+    """
+
+    def __init__(self, address="127.0.0.1:50051", timeout=120.0, max_attempts=5,
+                 initial_backoff=0.1, max_backoff=5.0, local_copy_dir=None):
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts: must be >= 1, got {max_attempts}")
+        if timeout <= 0 or initial_backoff < 0 or max_backoff < initial_backoff:
+            raise ValueError(f"timeout {timeout} must be > 0 and 0 <= initial_backoff "
+                             f"{initial_backoff} <= max_backoff {max_backoff}")
+        try:
+            import grpc
+        except ImportError as e:
+            raise KforgeError(f"kforge.Client needs the 'grpcio' package ({e}); "
+                              "without a server use kforge.Bundle(dir)") from e
+        self._grpc = grpc
+        msgs = pb().service_pb2
+        self.address = address
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self.rpc_calls = 0  # attempts made, for tests and metrics
+        self._rng = random.Random()
+        self._lock = threading.Lock()
+        self._manifests = {}
+        self._kernels = {}
+        self._local = LocalCopy(local_copy_dir) if local_copy_dir is not None else None
+        self._channel = grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
+        self._get_manifest = self._channel.unary_unary(
+            _SERVICE + "GetManifest",
+            request_serializer=msgs.GetManifestRequest.SerializeToString,
+            response_deserializer=msgs.Manifest.FromString)
+        self._get_kernel = self._channel.unary_unary(
+            _SERVICE + "GetKernel",
+            request_serializer=msgs.GetKernelRequest.SerializeToString,
+            response_deserializer=msgs.GetKernelResponse.FromString)
+
+    def __repr__(self):
+        return f"Client({self.address!r})"
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _where(self):
+        return f"kforge server at {self.address}"
+
+    def _call(self, method, request, what):
+        """One RPC with the retry policy; `what` names it in errors."""
+        start = time.monotonic()
+        for attempt in range(1, self.max_attempts + 1):
+            with self._lock:
+                self.rpc_calls += 1
+            try:
+                return method(request, timeout=self.timeout)
+            except self._grpc.RpcError as e:
+                code, details = e.code().name, e.details()
+                if code not in _RETRIED:
+                    raise self._refused(what, code, details) from None
+                if attempt < self.max_attempts:
+                    delay = backoff_delay(attempt, self.initial_backoff, self.max_backoff,
+                                          self._rng)
+                    _log.info("kforge: %s: %s (%s), attempt %d of %d, retrying in %.2fs",
+                              what, code, details, attempt, self.max_attempts, delay)
+                    time.sleep(delay)
+        raise KforgeUnavailable(
+            f"{what}: {self._where()} gave no answer in {self.max_attempts} attempts over "
+            f"{time.monotonic() - start:.1f}s; last error {code}: {details}. Start a server "
+            f"(`kforge serve --listen {self.address}`), point kforge at a running one "
+            "(Client(address=...) or KFORGE_SERVER), or use a bundle written by `kforge "
+            "prebuild` (Bundle(dir) or KFORGE_BUNDLE)")
+
+    def _refused(self, what, code, details):
+        message = f"{what}: {self._where()} answered {code}: {details}"
+        if code == "DEADLINE_EXCEEDED":
+            message += (f" (each attempt may take {self.timeout}s; a first compile can take "
+                        "longer: raise Client(timeout=...))")
+        if code == "NOT_FOUND":
+            return KforgeNotFound(message)
+        return KforgeRpcError(message, code, details)
+
+    def get_manifest(self, preset=None, tp=None, spec=None, arch=None):
+        """The selection manifest (split count symbolic, sm_count 0) for a
+        preset and tensor-parallel degree, or for a spec, on `arch`."""
+        if arch is None:
+            raise ValueError("arch= is required (e.g. arch='sm_90a')")
+        sel = selector(preset=preset, tp=tp, spec=spec)
+        key = (sel.SerializeToString(deterministic=True), canonical_arch(arch))
+        with self._lock:
+            manifest = self._manifests.get(key)
+        if manifest is not None:
+            return manifest
+        request = pb().service_pb2.GetManifestRequest(kernel=sel, arch=arch, sm_count=0)
+        try:
+            manifest = self._call(self._get_manifest, request, f"GetManifest({arch})")
+        except KforgeUnavailable as e:
+            manifest = self._local.manifest(sel, arch) if self._local else None
+            if manifest is None:
+                raise
+            _log.warning("kforge: %s; using the manifest in the local copy %s", e,
+                         self._local.dir)
+        else:
+            check_manifest(manifest, arch, self._where())
+            if self._local:
+                self._local.add_manifest(manifest)
+        with self._lock:
+            self._manifests[key] = manifest
+        return manifest
+
+    def get_kernel(self, variant, arch):
+        """The compiled kernel (cubin included) of one manifest variant."""
+        key = (variant.key, canonical_arch(arch))
+        with self._lock:
+            artifact = self._kernels.get(key)
+        if artifact is None and self._local:
+            artifact = self._local.kernel(variant, arch)
+        if artifact is None:
+            request = pb().service_pb2.GetKernelRequest(arch=arch)
+            request.kernel.spec.CopyFrom(variant.spec)
+            answer = self._call(self._get_kernel, request,
+                                f"GetKernel({variant.module_name}, {arch})")
+            artifact = answer.artifact
+            check_artifact(variant, arch, artifact, self._where())
+            if self._local:
+                self._local.add_kernel(artifact)
+        with self._lock:
+            self._kernels[key] = artifact
+        return artifact

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""End-to-end check of the kforge Python client on a GPU.
+
+Starts `kforge serve` (or opens a bundle with --bundle DIR) and runs
+kforge.sparse_mla_decode for GLM-5 TP1 (64 heads), GLM-5 TP8 (8 heads) and
+DeepSeek-V3.2 TP1 (128 heads) at batch 1, 32 and 128 (s_q 1) on fresh random
+inputs: a paged bf16 cache with a gap between pages, indices with -1 entries,
+duplicates and (batch > 1) one token with nothing to attend to, outputs
+poisoned with NaN. Compares with check_sparse_mla.py's fp64 reference:
+out max|err| / max|ref| <= 1e-2, lse max|err| / max|ref| <= 1e-4, -inf lse
+exactly where nothing is valid, zero output there. Also checks that an
+explicit SparseMlaDecoder gives the same bits. Times nothing.
+
+Usage: e2e_python.py PATH/TO/kforge [--lib-dir DIR]   (DIR: the libraries
+       kforge needs, put on LD_LIBRARY_PATH for the server only)
+       e2e_python.py --bundle DIR                     (no server)
+Exit 0: all passed; 1: a failure; 77: no PyTorch or no GPU (skipped).
+"""
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
+
+CASES = (("glm-5", 1), ("glm-5", 8), ("deepseek-v3.2", 1))
+BATCHES = (1, 32, 128)
+OUT_BAR, LSE_BAR = 1e-2, 1e-4
+PAGE_GAP = 64  # elements between pages (keeps 16-byte alignment)
+SKIP = 77
+
+
+def server_env(lib_dir):
+    """The environment for kforge alone: its staged libraries must not reach
+    torch, which keeps its own libstdc++ (tests/gpu/stage_binaries.sh)."""
+    env = dict(os.environ)
+    if lib_dir:
+        env["LD_LIBRARY_PATH"] = lib_dir + os.pathsep + env.get("LD_LIBRARY_PATH", "")
+    return env
+
+
+def make_inputs(torch, gen, batch, heads, spec, four_dim):
+    """q [batch, 1, heads, d_qk]; a paged cache (3- or 4-dim view with a gap
+    between pages); indices with -1, duplicates and an all -1 token."""
+    d_qk, topk, pbs = spec.kv_lora_rank + spec.rope_dim, spec.topk, spec.page_block_size
+    num_pages = math.ceil(2 * (topk + pbs) / pbs)
+    page_stride = pbs * d_qk + PAGE_GAP
+    storage = torch.randn(num_pages * page_stride, generator=gen, device="cuda").bfloat16()
+    if four_dim:
+        kv = storage.as_strided((num_pages, pbs, 1, d_qk), (page_stride, d_qk, d_qk, 1))
+    else:
+        kv = storage.as_strided((num_pages, pbs, d_qk), (page_stride, d_qk, 1))
+    q = torch.randn(batch, 1, heads, d_qk, generator=gen, device="cuda").bfloat16()
+    slots = num_pages * pbs
+    idx = torch.randint(0, slots, (batch, 1, topk), generator=gen, device="cuda",
+                        dtype=torch.int32)
+    idx[..., topk // 2:topk // 2 + 64] = idx[..., :64]  # duplicates
+    drop = torch.rand(batch, 1, topk, generator=gen, device="cuda") < 0.1
+    idx = torch.where(drop, torch.full_like(idx, -1), idx)
+    if batch > 1:
+        idx[batch // 2].fill_(-1)  # a token with nothing to attend to
+    return q, kv, idx
+
+
+def compare(torch, reference, q, kv, idx, out, lse, scale, d_v):
+    """(out error, lse error, problems) against the fp64 reference."""
+    batch, _, heads, d_qk = q.shape
+    kv3 = kv.reshape(kv.shape[0], kv.shape[1], d_qk)
+    pbs, slots = kv3.shape[1], kv3.shape[0] * kv3.shape[1]
+    t, k = batch, idx.shape[-1]
+    flat = idx.reshape(t, k)
+    valid = (flat >= 0) & (flat < slots)
+    safe = torch.where(valid, flat, torch.zeros_like(flat)).long()
+    rows = kv3[safe // pbs, safe % pbs].double() * valid[..., None]
+    ref_out, ref_lse = reference(q.reshape(t, heads, d_qk).double(), rows, flat, valid, scale,
+                                 d_v)
+    o, l = out.reshape(t, heads, d_v).double(), lse.reshape(t, heads).double()
+    problems = []
+    if torch.isnan(o).any() or torch.isnan(l).any():
+        problems.append("NaN")
+    out_err = float((o - ref_out).abs().max() / ref_out.abs().max().clamp_min(1e-30))
+    finite = torch.isfinite(ref_lse)
+    if not torch.equal(torch.isfinite(l), finite):
+        problems.append("lse finite where the reference is not (or the reverse)")
+    lse_err = float((l[finite] - ref_lse[finite]).abs().max() /
+                    ref_lse[finite].abs().max().clamp_min(1e-30)) if finite.any() else 0.0
+    empty = ~valid.any(dim=1)
+    if empty.any() and not bool((o[empty] == 0).all()):
+        problems.append("output of an empty token is not zero")
+    if out_err > OUT_BAR:
+        problems.append(f"out error > {OUT_BAR}")
+    if lse_err > LSE_BAR:
+        problems.append(f"lse error > {LSE_BAR}")
+    return out_err, lse_err, problems
+
+
+def run_case(torch, kforge, reference, gen, preset, tp, batch, explicit):
+    """One (model, batch) row; `explicit` is a SparseMlaDecoder for the
+    same model, which must give the same bits."""
+    spec = kforge.spec_from_preset(preset, tp)
+    q, kv, idx = make_inputs(torch, gen, batch, spec.num_q_heads, spec, four_dim=(tp == 8))
+    d_v = spec.kv_lora_rank
+    out = torch.full((batch, 1, spec.num_q_heads, d_v), float("nan"), device="cuda",
+                     dtype=torch.bfloat16)
+    result, lse = kforge.sparse_mla_decode(q, kv, idx, spec.softmax_scale, return_lse=True,
+                                           out=out)
+    torch.cuda.synchronize()
+    decoder = kforge.ops.decoder_for(q, kv, idx, spec.softmax_scale, return_lse=True, out=out)
+    splits = decoder.selection(batch, 1).num_splits
+    out_err, lse_err, problems = compare(torch, reference, q, kv, idx, out, lse,
+                                         spec.softmax_scale, d_v)
+    if result is not out:
+        problems.append("out= was not the tensor returned")
+    again, again_lse = explicit(q, kv, idx, return_lse=True)
+    torch.cuda.synchronize()
+    if not (torch.equal(again, out) and torch.equal(again_lse, lse)):
+        problems.append("SparseMlaDecoder differs from sparse_mla_decode")
+    return dict(model=f"{preset} tp{tp}", heads=spec.num_q_heads, batch=batch, splits=splits,
+                out_err=out_err, lse_err=lse_err, problems=problems)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kforge", nargs="?", help="kforge binary (server mode)")
+    ap.add_argument("--lib-dir", default="", help="LD_LIBRARY_PATH for the kforge server")
+    ap.add_argument("--bundle", default="", help="bundle directory (no server)")
+    args = ap.parse_args()
+    if bool(args.kforge) == bool(args.bundle):
+        ap.error("give a kforge binary or --bundle DIR")
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: PyTorch is not installed")
+        return SKIP
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA GPU")
+        return SKIP
+    import kforge
+    import kforge.ops
+    from check_sparse_mla import reference
+    from kforge.testing import start_server, stop_server
+
+    with tempfile.TemporaryDirectory(prefix="kforge_e2e_") as tmp:
+        proc = None
+        if args.bundle:
+            source = kforge.configure(bundle=args.bundle)
+        else:
+            proc, address = start_server(args.kforge, os.path.join(tmp, "cache"),
+                                         os.path.join(tmp, "server.log"),
+                                         env=server_env(args.lib_dir))
+            source = kforge.configure(address=address)
+        try:
+            gen = torch.Generator(device="cuda")
+            gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
+            print(f"source: {source!r}, device: {torch.cuda.get_device_name()}")
+            print(f"{'model':20s} {'heads':>5s} {'batch':>5s} {'splits':>6s} "
+                  f"{'max rel err':>11s} {'lse err':>9s}  pass")
+            failures = 0
+            for preset, tp in CASES:
+                explicit = kforge.SparseMlaDecoder(source, preset=preset, tp=tp)
+                for batch in BATCHES:
+                    r = run_case(torch, kforge, reference, gen, preset, tp, batch, explicit)
+                    failures += bool(r["problems"])
+                    print(f"{r['model']:20s} {r['heads']:5d} {r['batch']:5d} {r['splits']:6d} "
+                          f"{r['out_err']:11.2e} {r['lse_err']:9.2e}  "
+                          f"{'FAIL: ' + '; '.join(r['problems']) if r['problems'] else 'ok'}",
+                          flush=True)
+        finally:
+            if proc is not None:
+                stop_server(proc)
+    total = len(CASES) * len(BATCHES)
+    print(f"{total - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

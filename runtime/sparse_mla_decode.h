@@ -6,7 +6,7 @@
 // this batch, fetched from a kforge server or a bundle, loaded with the CUDA
 // Driver API and launched on the engine's stream.
 //
-//   auto source = ServiceClient::Connect(...);            // or BundleSource
+//   auto source = ServiceClient::Create(...);             // or BundleSource
 //   auto decode = SparseMlaDecode::Create(*source, model, /*device=*/0);
 //   decode->Prefetch();            // engine start: fetch and load every kernel
 //   decode->Reserve(max_tokens);   // before CUDA-graph capture

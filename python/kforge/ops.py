@@ -394,6 +394,14 @@ class SparseMlaDecoder:
                       kv_dtype=self.spec.kv_cache_dtype)
         return select(self.manifest, Device(self.arch, self.sm_count), shape)
 
+    def prefetch(self):
+        """Fetches and loads every variant's kernel (engine start), so that no
+        decode step waits on the network or a compile. Returns the number of
+        kernels loaded."""
+        for variant in self.manifest.variants:
+            self._kernel(variant)
+        return len(self.manifest.variants)
+
     def _kernel(self, variant):
         with self._lock:
             kernel = self._kernels.get(variant.key)

@@ -162,6 +162,7 @@ def main():
             failures = 0
             for preset, tp in CASES:
                 explicit = kforge.SparseMlaDecoder(source, preset=preset, tp=tp)
+                print(f"{preset} tp{tp}: prefetched {explicit.prefetch()} kernels")
                 for batch in BATCHES:
                     r = run_case(torch, kforge, reference, gen, preset, tp, batch, explicit)
                     failures += bool(r["problems"])

@@ -352,13 +352,8 @@ absl::Status BundleWriter::AddKernel(const v1::KernelArtifact& artifact) {
     return absl::InvalidArgumentError(absl::StrCat(
         "refusing to add a broken kernel to bundle ", dir_, ": ", s.message()));
   }
-  // compile_seconds is the only field that depends on the host and the
-  // moment (the cubin itself is deterministic): clear it so that the same
-  // inputs give byte-identical kernel files and checksums on any machine.
-  v1::KernelArtifact stored = artifact;
-  stored.clear_compile_seconds();
   return WriteFileAtomic(JoinPath(dir_, BundleKernelPath(artifact.key())),
-                         SerializeDeterministic(stored));
+                         SerializeDeterministic(artifact));
 }
 
 absl::Status BundleWriter::AddManifest(const v1::Manifest& manifest) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "cli/deploy_cmds.h"
 #include "cli/flags.h"
 #include "cli/kernel_args.h"
 #include "cli/runtime_cmds.h"
@@ -190,7 +191,10 @@ void Usage() {
                "  get       fetch one kernel from a server\n"
                "  stats     print a server's counters as JSON\n"
                "  manifest  print the selection manifest for a preset as JSON\n"
-               "  select    pick the variant and launch configuration for a shape\n\n"
+               "  select    pick the variant and launch configuration for a shape\n"
+               "  warm      have a server compile every kernel of a deployment matrix\n"
+               "  prebuild  compile every kernel of a deployment matrix into a bundle\n"
+               "  verify    check a bundle's checksums, kernels and manifests\n\n"
                "Run 'kforge <command> --help' for its flags.\n";
 }
 
@@ -213,6 +217,9 @@ int main(int argc, char** argv) {
   if (cmd == "stats") return Stats(rest);
   if (cmd == "manifest") return Manifest(rest);
   if (cmd == "select") return Select(rest);
+  if (cmd == "warm") return Warm(rest);
+  if (cmd == "prebuild") return Prebuild(rest);
+  if (cmd == "verify") return Verify(rest);
   if (cmd == "compile-worker") {
     return kforge::RunCompileWorker(argc > 2 ? std::atoi(argv[2]) : 0);
   }

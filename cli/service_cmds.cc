@@ -115,6 +115,10 @@ int Serve(const std::vector<std::string>& argv) {
        absl::StrCat(defaults.store.pool.queue_limit)},
       {"compile-timeout", "SECONDS", "a compile running longer is killed",
        absl::StrCat(absl::ToInt64Seconds(defaults.store.pool.timeout))},
+      {"warm-from", "DIR",
+       "load a bundle (kforge prebuild --out) into the cache at start; health "
+       "says NOT_SERVING until done",
+       ""},
       {"help", "", "show this help", "", 'h'}};
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
@@ -128,6 +132,7 @@ int Serve(const std::vector<std::string>& argv) {
   ServerOptions options;
   options.listen = args->Get("listen");
   options.store.cache_dir = args->Get("cache-dir");
+  options.warm_from = args->Get("warm-from");
   long long memory_bytes = 0, disk_bytes = 0, workers = 0, queue_limit = 0,
             timeout_s = 0;
   for (absl::Status s : {IntFlag(*args, "memory-cache-bytes", 0, &memory_bytes),

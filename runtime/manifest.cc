@@ -1,5 +1,9 @@
 #include "runtime/manifest.h"
 
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "compiler/codegen.h"
 #include "compiler/key.h"
 
@@ -43,6 +47,35 @@ absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
     if (i != asked) manifest.add_choice_order(i);
   }
   return manifest;
+}
+
+absl::StatusOr<v1::Manifest> KeepQueryLengths(const v1::Manifest& manifest,
+                                              const std::set<uint32_t>& s_q_values) {
+  v1::Manifest kept = manifest;
+  kept.clear_variants();
+  kept.clear_choice_order();
+  std::vector<int> new_index(manifest.variants_size(), -1);
+  std::vector<uint32_t> held;
+  for (int i = 0; i < manifest.variants_size(); ++i) {
+    const v1::ManifestVariant& variant = manifest.variants(i);
+    held.push_back(variant.spec().s_q());
+    if (s_q_values.count(variant.spec().s_q()) == 0) continue;
+    new_index[i] = kept.variants_size();
+    *kept.add_variants() = variant;
+  }
+  if (kept.variants_size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keeping s_q {", absl::StrJoin(s_q_values, ", "), "} of the manifest for ",
+        manifest.arch(), ": it has variants for s_q {", absl::StrJoin(held, ", "),
+        "}, none kept; a manifest needs at least one variant"));
+  }
+  // An out-of-range entry names no variant; it has nothing to map to.
+  for (uint32_t choice : manifest.choice_order()) {
+    if (choice < new_index.size() && new_index[choice] >= 0) {
+      kept.add_choice_order(static_cast<uint32_t>(new_index[choice]));
+    }
+  }
+  return kept;
 }
 
 }  // namespace kforge

@@ -2,6 +2,7 @@
 #define KFORGE_RUNTIME_MANIFEST_H_
 
 #include <cstdint>
+#include <set>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -20,6 +21,15 @@ absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
                                            const v1::AttentionSpec& spec,
                                            std::string_view arch,
                                            uint32_t sm_count);
+
+// The manifest with only the variants whose spec.s_q is in `s_q_values`,
+// choice_order remapped to the kept variants in the same relative order.
+// A bundle holds exactly the s_q values its deployment matrix names (a
+// kernel per s_q costs a compile and disk space, and `kforge warm` builds
+// the same set), so its manifests must not list variants it lacks.
+// InvalidArgument, naming the manifest's s_q values, when none is kept.
+absl::StatusOr<v1::Manifest> KeepQueryLengths(const v1::Manifest& manifest,
+                                              const std::set<uint32_t>& s_q_values);
 
 }  // namespace kforge
 

@@ -270,6 +270,27 @@ absl::StatusOr<v1::Manifest> KernelStore::GetManifest(
   return BuildManifest(state_->compiler, spec, arch, sm_count);
 }
 
+absl::StatusOr<bool> KernelStore::Preload(ArtifactPtr artifact) {
+  State& s = *state_;
+  absl::StatusOr<CompilePlan> plan = s.compiler.Plan(artifact->spec(), artifact->arch());
+  if (!plan.ok()) return plan.status();
+  if (plan->key != artifact->key()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: key %s in the bundle, %s here: built by another kforge, template "
+        "or NVRTC version (%s), so this server would never serve it",
+        artifact->module_name(), artifact->key(), plan->key,
+        artifact->compiler_version()));
+  }
+  if (s.memory->Get(plan->key).ok()) return true;
+  const bool on_disk = s.disk->Get(plan->key).ok();
+  if (!on_disk) {
+    absl::Status put = s.disk->Put(plan->key, artifact);
+    if (!put.ok()) ++s.disk_write_failures;
+  }
+  (void)s.memory->Put(plan->key, std::move(artifact));
+  return on_disk;
+}
+
 v1::StatsResponse KernelStore::Stats() const {
   const State& s = *state_;
   v1::StatsResponse out;

@@ -64,6 +64,14 @@ class KernelStore {
                                            std::string_view arch,
                                            uint32_t sm_count) const;
 
+  // Warm-up from a bundle: puts a prebuilt kernel into the memory and disk
+  // tiers. Only a kernel this server would build itself is accepted: the key
+  // it computes for (artifact.spec, artifact.arch) must be the artifact's
+  // key, else FailedPrecondition (a bundle from another kforge or NVRTC
+  // version; its kernels would never be served). Returns true when the
+  // kernel was already cached.
+  absl::StatusOr<bool> Preload(ArtifactPtr artifact);
+
   v1::StatsResponse Stats() const;
 
   // Stops accepting compiles; in-flight ones finish.

@@ -10,13 +10,16 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "service/warm.h"
 
 namespace kforge {
 namespace {
@@ -76,6 +79,25 @@ std::string BoundAddress(const std::string& listen, int port) {
   return absl::StrCat(listen.substr(0, colon), ":", port);
 }
 
+// Loads the bundle, reports what it did, then turns health to SERVING.
+void WarmUp(KernelStore& store, BundleSource& bundle, const std::string& dir,
+            const std::atomic<bool>& stop, grpc::HealthCheckServiceInterface* health) {
+  std::cout << "kforge: warming the cache from " << dir << " ("
+            << bundle.manifests().size() << " manifests)" << std::endl;
+  const WarmReport report = WarmFromBundle(store, bundle, stop);
+  for (const std::string& skipped : report.skipped) {
+    std::cerr << "kforge: warm-up skipped " << skipped << "\n";
+  }
+  if (stop) return;
+  std::cout << absl::StrFormat(
+                   "kforge: warm-up done in %.2f s: %d kernels, %d loaded, %d "
+                   "already cached, %d skipped; SERVING",
+                   report.seconds, report.kernels, report.loaded,
+                   report.already_cached, report.skipped.size())
+            << std::endl;
+  if (health != nullptr) health->SetServingStatus(true);
+}
+
 }  // namespace
 
 int RunServer(const ServerOptions& options) {
@@ -83,6 +105,19 @@ int RunServer(const ServerOptions& options) {
   if (!InstallSignalHandlers(&error)) {
     std::cerr << "kforge: cannot install signal handlers: " << error << "\n";
     return 1;
+  }
+  // A bundle that cannot be opened is a deployment mistake: refuse to start
+  // rather than serve cold without saying so.
+  std::unique_ptr<BundleSource> bundle;
+  if (!options.warm_from.empty()) {
+    absl::StatusOr<std::unique_ptr<BundleSource>> opened =
+        BundleSource::Open(options.warm_from);
+    if (!opened.ok()) {
+      std::cerr << "kforge: --warm-from " << options.warm_from << ": "
+                << opened.status().message() << "\n";
+      return 1;
+    }
+    bundle = *std::move(opened);
   }
   absl::StatusOr<std::unique_ptr<KernelStore>> store =
       KernelStore::Create(options.store);
@@ -112,9 +147,14 @@ int RunServer(const ServerOptions& options) {
     return 1;
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  if (health != nullptr) health->SetServingStatus(true);
+  if (health != nullptr) health->SetServingStatus(bundle == nullptr);
   std::cout << "kforge: serving on " << BoundAddress(options.listen, port)
             << " (cache " << options.store.cache_dir << ")" << std::endl;
+  std::atomic<bool> stop_warm{false};
+  std::thread warm;
+  if (bundle != nullptr) {
+    warm = std::thread([&] { WarmUp(**store, *bundle, options.warm_from, stop_warm, health); });
+  }
 
   const int signo = WaitForShutdownSignal();
   std::cerr << "kforge: " << (signo == SIGINT ? "SIGINT" : "SIGTERM")
@@ -128,6 +168,8 @@ int RunServer(const ServerOptions& options) {
     std::_Exit(1);
   }).detach();
 
+  stop_warm = true;
+  if (warm.joinable()) warm.join();
   if (health != nullptr) health->SetServingStatus(false);
   // Stops accepting calls, waits for in-flight ones until the deadline,
   // then cancels the rest; returns when every call is done.

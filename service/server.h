@@ -17,12 +17,16 @@ struct ServerOptions {
   // After SIGTERM/SIGINT, how long in-flight calls may take to finish
   // before they are cancelled.
   absl::Duration shutdown_grace = absl::Seconds(30);
+  // A bundle directory (`kforge prebuild --out`) loaded into the cache at
+  // start; health answers NOT_SERVING until it is done. "" = none.
+  std::string warm_from;
 };
 
 // Runs `kforge serve`: opens the store, serves KernelService with gRPC
 // health checking and server reflection, prints
 //   kforge: serving on ADDR (cache DIR)
-// once listening, and on SIGTERM/SIGINT shuts down gracefully (health
+// once listening (with warm_from: health NOT_SERVING until the bundle is
+// loaded, then a "kforge: warm-up done" line and SERVING), and on SIGTERM/SIGINT shuts down gracefully (health
 // NOT_SERVING, no new calls, in-flight calls finish, then the store).
 // Returns the process exit code: 0 after a graceful shutdown, 1 when the
 // server cannot start (the reason is printed).

@@ -1,0 +1,230 @@
+// Deployment matrices (compiler/matrix.h): the shipped default, the JSON
+// format, the expansion into (spec, arch) jobs and the error for each bad
+// field.
+#include "compiler/matrix.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/io.h"
+#include "compiler/spec.h"
+#include "gtest/gtest.h"
+#include "kforge/v1/spec.pb.h"
+#include "tests/test_util.h"
+
+namespace kforge {
+namespace {
+
+using ::kforge::testing::Contains;
+
+std::vector<std::string> Labels(const std::vector<MatrixJob>& jobs) {
+  std::vector<std::string> labels;
+  for (const MatrixJob& job : jobs) labels.push_back(job.label);
+  return labels;
+}
+
+std::vector<MatrixJob> Expand(const std::string& json) {
+  absl::StatusOr<v1::DeploymentMatrix> matrix = ParseMatrix(json, "m.json");
+  EXPECT_TRUE(matrix.ok()) << matrix.status();
+  if (!matrix.ok()) return {};
+  absl::StatusOr<std::vector<MatrixJob>> jobs = ExpandMatrix(*matrix);
+  EXPECT_TRUE(jobs.ok()) << jobs.status();
+  return jobs.ok() ? *jobs : std::vector<MatrixJob>{};
+}
+
+TEST(MatrixTest, EmbeddedDefaultIsTheShippedFile) {
+  absl::StatusOr<std::string> file =
+      ReadFile(KFORGE_SOURCE_DIR "/compiler/default_matrix.json");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(DefaultMatrixJson(), *file);
+}
+
+TEST(MatrixTest, DefaultMatrixExpandsToEveryPresetTpSqArch) {
+  absl::StatusOr<v1::DeploymentMatrix> matrix = DefaultMatrix();
+  ASSERT_TRUE(matrix.ok()) << matrix.status();
+  absl::StatusOr<std::vector<MatrixJob>> jobs = ExpandMatrix(*matrix);
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  // 2 presets x 4 tp x 1 kv dtype x 2 s_q x 5 archs.
+  ASSERT_EQ(jobs->size(), 2u * 4 * 2 * 5);
+  EXPECT_EQ(jobs->front().label, "deepseek-v3.2 tp1 sq1 bf16 sm_80");
+  EXPECT_EQ((*jobs)[1].label, "deepseek-v3.2 tp1 sq1 bf16 sm_89");
+  EXPECT_EQ((*jobs)[5].label, "deepseek-v3.2 tp1 sq2 bf16 sm_80");
+  EXPECT_EQ(jobs->back().label, "glm-5 tp8 sq2 bf16 sm_120a");
+  for (const MatrixJob& job : *jobs) {
+    SCOPED_TRACE(job.label);
+    absl::StatusOr<v1::AttentionSpec> preset = SpecFromPreset(job.model, job.tp);
+    ASSERT_TRUE(preset.ok()) << preset.status();
+    EXPECT_EQ(job.spec.num_q_heads(), preset->num_q_heads());
+    EXPECT_EQ(job.spec.softmax_scale(), preset->softmax_scale());
+    EXPECT_EQ(job.spec.s_q(), job.s_q);
+    EXPECT_EQ(job.spec.kv_cache_dtype(), v1::KV_CACHE_DTYPE_BF16);
+    EXPECT_TRUE(ValidateSpec(job.spec).ok());
+  }
+}
+
+TEST(MatrixTest, OrderIsCanonicalWhateverTheFileOrder) {
+  const std::vector<MatrixJob> sorted = Expand(R"({"models": [
+      {"preset": "glm-5", "tp": [4, 8], "s_q": [1, 2]}],
+      "archs": ["sm_90a", "sm_120a"]})");
+  // Same set, shuffled, repeated and spelled differently.
+  const std::vector<MatrixJob> shuffled = Expand(R"({"models": [
+      {"preset": "glm-5", "tp": [8, 4, 8], "sQ": [2, 1, 2]}],
+      "archs": ["SM_120A", "90a", "sm_90a"]})");
+  EXPECT_EQ(Labels(sorted),
+            (std::vector<std::string>{
+                "glm-5 tp4 sq1 bf16 sm_90a", "glm-5 tp4 sq1 bf16 sm_120a",
+                "glm-5 tp4 sq2 bf16 sm_90a", "glm-5 tp4 sq2 bf16 sm_120a",
+                "glm-5 tp8 sq1 bf16 sm_90a", "glm-5 tp8 sq1 bf16 sm_120a",
+                "glm-5 tp8 sq2 bf16 sm_90a", "glm-5 tp8 sq2 bf16 sm_120a"}));
+  EXPECT_EQ(Labels(shuffled), Labels(sorted));
+  EXPECT_EQ(Labels(Expand(R"({"models": [
+      {"preset": "glm-5", "tp": [4, 8], "s_q": [1, 2]}],
+      "archs": ["sm_90a", "sm_120a"]})")),
+            Labels(sorted));
+}
+
+TEST(MatrixTest, EqualSpecOnEqualArchIsOneJob) {
+  // The spec entry is glm-5 at tp 8 written out: its jobs are the preset's.
+  const std::vector<MatrixJob> jobs = Expand(R"({"models": [
+      {"preset": "glm-5", "tp": [8]},
+      {"preset": "glm-5", "tp": [8]},
+      {"name": "glm-5 by hand", "tp": [8], "spec": {
+         "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+         "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048,
+         "page_block_size": 64, "softmax_scale": 0.0625, "return_lse": true}}],
+      "archs": ["sm_90a"]})");
+  EXPECT_EQ(Labels(jobs), std::vector<std::string>{"glm-5 tp8 sq1 bf16 sm_90a"});
+}
+
+TEST(MatrixTest, SpecModelIsDividedByTpAndNamed) {
+  const std::vector<MatrixJob> jobs = Expand(R"({"models": [
+      {"name": "tiny", "tp": [2, 4], "spec": {
+         "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 32,
+         "kv_lora_rank": 256, "rope_dim": 0, "topk": 512, "s_q": 3,
+         "kv_cache_dtype": "bf16", "page_block_size": 16,
+         "softmax_scale": 0.1}},
+      {"spec": {
+         "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 8,
+         "kv_lora_rank": 512, "rope_dim": 64, "topk": 64,
+         "page_block_size": 64, "softmax_scale": 0.1}}],
+      "archs": ["sm_89"]})");
+  ASSERT_EQ(Labels(jobs),
+            (std::vector<std::string>{"tiny tp2 sq3 bf16 sm_89",
+                                      "tiny tp4 sq3 bf16 sm_89",
+                                      "models[1] tp1 sq1 bf16 sm_89"}));
+  EXPECT_EQ(jobs[0].spec.num_q_heads(), 16u);
+  EXPECT_EQ(jobs[1].spec.num_q_heads(), 8u);
+  EXPECT_EQ(jobs[1].spec.kv_lora_rank(), 256u);
+  EXPECT_TRUE(jobs[1].spec.has_rope_dim());
+  EXPECT_EQ(jobs[1].spec.rope_dim(), 0u);
+  EXPECT_EQ(jobs[2].spec.kv_cache_dtype(), v1::KV_CACHE_DTYPE_BF16);
+}
+
+TEST(MatrixTest, ModelArchsReplaceTheMatrixArchs) {
+  const std::vector<MatrixJob> jobs = Expand(R"({"models": [
+      {"preset": "glm-5", "tp": [8], "archs": ["sm_120a"]},
+      {"preset": "deepseek-v3.2", "tp": [8]}],
+      "archs": ["sm_90a"]})");
+  EXPECT_EQ(Labels(jobs),
+            (std::vector<std::string>{"glm-5 tp8 sq1 bf16 sm_120a",
+                                      "deepseek-v3.2 tp8 sq1 bf16 sm_90a"}));
+}
+
+TEST(MatrixTest, DtypesAcceptShortAndEnumNames) {
+  for (const char* name : {"bf16", "BF16", "KV_CACHE_DTYPE_BF16"}) {
+    SCOPED_TRACE(name);
+    const std::vector<MatrixJob> jobs = Expand(absl::StrCat(
+        R"({"models": [{"preset": "glm-5", "tp": [8], "kvDtypes": [")", name,
+        R"("]}], "archs": ["sm_90a"]})"));
+    ASSERT_EQ(jobs.size(), 1u);
+    EXPECT_EQ(jobs[0].kv_dtype, v1::KV_CACHE_DTYPE_BF16);
+    EXPECT_EQ(jobs[0].label, "glm-5 tp8 sq1 bf16 sm_90a");
+  }
+  EXPECT_EQ(KvDtypeShortName(v1::KV_CACHE_DTYPE_FP8_DS_MLA), "fp8_ds_mla");
+  EXPECT_EQ(KvDtypeShortName(v1::KV_CACHE_DTYPE_UNSPECIFIED),
+            "KV_CACHE_DTYPE_UNSPECIFIED");
+}
+
+struct BadMatrix {
+  const char* json;
+  std::vector<const char*> message_parts;  // each must appear
+};
+
+TEST(MatrixTest, EachBadFieldIsNamedWithItsValue) {
+  const std::vector<BadMatrix> cases = {
+      {R"({"models": [], "archs": ["sm_90a"]})",
+       {"m.json: models: empty", "deepseek-v3.2, glm-5"}},
+      {R"({"models": [{"preset": "glm-6"}], "archs": ["sm_90a"]})",
+       {"m.json: models[0].preset", "\"glm-6\"", "deepseek-v3.2, glm-5"}},
+      {R"({"models": [{"tp": [8]}], "archs": ["sm_90a"]})",
+       {"m.json: models[0]: names no model", "\"preset\"", "\"spec\""}},
+      {R"({"models": [{"preset": "glm-5", "tp": [8, 3]}], "archs": ["sm_90a"]})",
+       {"m.json: models[0].tp[1]", "got 3", "divisor of 64"}},
+      {R"({"models": [{"preset": "glm-5", "tp": [0]}], "archs": ["sm_90a"]})",
+       {"models[0].tp[0]", "got 0"}},
+      {R"({"models": [{"preset": "glm-5", "kv_dtypes": ["bf16", "fp8_ds_mla"]}],
+          "archs": ["sm_90a"]})",
+       {"m.json: models[0].kv_dtypes[1]", "KV_CACHE_DTYPE_FP8_DS_MLA",
+        "reserved and not yet supported"}},
+      {R"({"models": [{"preset": "glm-5", "kv_dtypes": ["fp4"]}], "archs": ["sm_90a"]})",
+       {"m.json: models[0].kv_dtypes[0]", "\"fp4\"", "bf16, fp8_ds_mla"}},
+      {R"({"models": [{"preset": "glm-5", "s_q": [1, 5]}], "archs": ["sm_90a"]})",
+       {"m.json: models[0].s_q[1]", "got 5", "1..4"}},
+      {R"({"models": [{"preset": "glm-5"}], "archs": ["sm_90a", "sm_70"]})",
+       {"m.json: archs[1]", "\"sm_70\"", "sm_80", "sm_120a"}},
+      {R"({"models": [{"preset": "glm-5", "archs": ["sm_75"]}], "archs": ["sm_90a"]})",
+       {"m.json: models[0].archs[0]", "\"sm_75\""}},
+      {R"({"models": [{"preset": "glm-5"}]})",
+       {"m.json: models[0].archs: empty", "sm_90a"}},
+      {R"({"models": [{"preset": "glm-5", "tpp": [8]}], "archs": ["sm_90a"]})",
+       {"m.json: not a deployment matrix", "tpp"}},
+      {R"({"models": [{"preset": "glm-5")", {"m.json: invalid JSON"}},
+      {R"({"models": [{"tp": [3], "spec": {
+          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+          "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048,
+          "page_block_size": 64, "softmax_scale": 0.0625}}], "archs": ["sm_90a"]})",
+       {"m.json: models[0].tp[0]", "got 3", "divisor of 64"}},
+      {R"({"models": [{"spec": {
+          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+          "kv_lora_rank": 512, "topk": 2048,
+          "page_block_size": 64, "softmax_scale": 0.0625}}], "archs": ["sm_90a"]})",
+       {"m.json: models[0].spec", "rope_dim"}},
+      {R"({"models": [{"spec": {
+          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 256,
+          "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048,
+          "page_block_size": 64, "softmax_scale": 0.0625}}], "archs": ["sm_90a"]})",
+       {"m.json: models[0].tp", "num_q_heads: got 256", "1..128"}},
+  };
+  for (const BadMatrix& c : cases) {
+    SCOPED_TRACE(c.json);
+    absl::StatusOr<v1::DeploymentMatrix> matrix = ParseMatrix(c.json, "m.json");
+    ASSERT_FALSE(matrix.ok());
+    EXPECT_EQ(matrix.status().code(), absl::StatusCode::kInvalidArgument);
+    for (const char* part : c.message_parts) {
+      EXPECT_TRUE(Contains(matrix.status().message(), part));
+    }
+  }
+}
+
+TEST(MatrixTest, ExpandRejectsAnInvalidMatrixBuiltInCode) {
+  v1::DeploymentMatrix matrix;
+  matrix.add_models()->set_preset("glm-5");
+  matrix.mutable_models(0)->add_s_q(9);
+  matrix.add_archs("sm_90a");
+  absl::StatusOr<std::vector<MatrixJob>> jobs = ExpandMatrix(matrix);
+  ASSERT_FALSE(jobs.ok());
+  EXPECT_TRUE(Contains(jobs.status().message(), "models[0].s_q[0]: s_q: got 9"));
+}
+
+TEST(MatrixTest, MissingFileIsNamed) {
+  absl::StatusOr<v1::DeploymentMatrix> matrix =
+      LoadMatrixFile("/nonexistent/kforge_matrix.json");
+  ASSERT_FALSE(matrix.ok());
+  EXPECT_EQ(matrix.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(matrix.status().message(), "/nonexistent/kforge_matrix.json"));
+}
+
+}  // namespace
+}  // namespace kforge

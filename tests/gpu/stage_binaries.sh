@@ -11,6 +11,7 @@ out=$1; shift
 mkdir -p "$out/bin" "$out/lib"
 for bin in "$@"; do
   cp -f "$bin" "$out/bin/"
+  strip --strip-debug "$out/bin/$(basename "$bin")"  # debug info: not needed there, 64 MiB carry limit
   ldd "$bin" | awk '$3 ~ /^\// {print $3}' |
     grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libnvrtc[^/]*)\.so' |
     while read -r lib; do cp -fL "$lib" "$out/lib/"; done

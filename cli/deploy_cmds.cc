@@ -251,7 +251,7 @@ const std::vector<FlagSpec>& PrebuildFlags() {
   static const std::vector<FlagSpec> kFlags = {
       {"out", "DIR", "the bundle directory (created; an existing bundle is completed)",
        "", 'o'},
-      {"jobs", "N", "compile worker processes at once (default: the CPU count)",
+      {"jobs", "N", "compile worker processes at once (the default is this machine's CPU count)",
        DefaultJobs(), 'j'},
       {"compile-timeout", "SECONDS", "a kernel compiling longer is killed and fails",
        "120"},

@@ -25,17 +25,11 @@ namespace {
 namespace fs = std::filesystem;
 using ::google::protobuf::util::MessageDifferencer;
 using ::kforge::testing::Contains;
+using ::kforge::testing::Glm5Selector;
 using ::kforge::testing::ReadFileOrEmpty;
 using ::kforge::testing::TempDir;
 
 constexpr char kArch[] = "sm_90a";
-
-v1::KernelSelector Glm5Selector(int tp) {
-  v1::KernelSelector selector;
-  selector.mutable_preset()->set_name("glm-5");
-  selector.mutable_preset()->set_tensor_parallel(tp);
-  return selector;
-}
 
 // Every problem as "path: message", one a line, for failure messages and
 // substring checks.

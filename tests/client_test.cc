@@ -32,17 +32,11 @@ namespace {
 namespace fs = std::filesystem;
 using ::google::protobuf::util::MessageDifferencer;
 using ::kforge::testing::Contains;
+using ::kforge::testing::Glm5Selector;
 using ::kforge::testing::TempDir;
 
 constexpr char kBinary[] = KFORGE_BINARY;
 constexpr char kArch[] = "sm_90a";
-
-v1::KernelSelector Glm5Selector() {
-  v1::KernelSelector selector;
-  selector.mutable_preset()->set_name("glm-5");
-  selector.mutable_preset()->set_tensor_parallel(8);
-  return selector;
-}
 
 // A loopback port nothing listens on (bound, read back, released).
 int UnusedPort() {
@@ -190,7 +184,7 @@ TEST_F(ClientTest, ServerDownIsUnavailableAfterMaxAttempts) {
   std::unique_ptr<ServiceClient> client = MustCreate(FastOptions(address));
   ASSERT_NE(client, nullptr);
   const absl::Time start = absl::Now();
-  absl::StatusOr<v1::Manifest> manifest = client->GetManifest(Glm5Selector(), kArch);
+  absl::StatusOr<v1::Manifest> manifest = client->GetManifest(Glm5Selector(8), kArch);
   const absl::Duration elapsed = absl::Now() - start;
   ASSERT_FALSE(manifest.ok());
   EXPECT_EQ(manifest.status().code(), absl::StatusCode::kUnavailable);
@@ -218,14 +212,14 @@ TEST_F(ClientTest, RetriesUnavailableAndQueueFullThenSucceeds) {
   std::unique_ptr<ServiceClient> client = MustCreate(FastOptions(server.address()));
   ASSERT_NE(client, nullptr);
 
-  absl::StatusOr<v1::Manifest> manifest = client->GetManifest(Glm5Selector(), kArch);
+  absl::StatusOr<v1::Manifest> manifest = client->GetManifest(Glm5Selector(8), kArch);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   EXPECT_TRUE(MessageDifferencer::Equals(*manifest, *manifest_));
   EXPECT_EQ(service_.manifest_calls.load(), 3);
   EXPECT_EQ(service_.last_manifest_request.sm_count(), 0u);
   EXPECT_EQ(service_.last_manifest_request.arch(), kArch);
   EXPECT_TRUE(MessageDifferencer::Equals(service_.last_manifest_request.kernel(),
-                                         Glm5Selector()));
+                                         Glm5Selector(8)));
 
   absl::StatusOr<ArtifactRef> kernel = client->GetKernel(FirstChoice(), kArch);
   ASSERT_TRUE(kernel.ok()) << kernel.status();
@@ -238,7 +232,7 @@ TEST_F(ClientTest, RetriesUnavailableAndQueueFullThenSucceeds) {
   EXPECT_EQ(client->rpc_attempts(), 5);
 
   // Both answers are kept: asking again makes no RPC.
-  ASSERT_TRUE(client->GetManifest(Glm5Selector(), kArch).ok());
+  ASSERT_TRUE(client->GetManifest(Glm5Selector(8), kArch).ok());
   absl::StatusOr<ArtifactRef> again = client->GetKernel(FirstChoice(), kArch);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->get(), kernel->get());
@@ -252,7 +246,7 @@ TEST_F(ClientTest, OtherErrorsAreReturnedAtOnceWithTheirCode) {
   FakeServer server(&service_);
   std::unique_ptr<ServiceClient> client = MustCreate(FastOptions(server.address()));
   ASSERT_NE(client, nullptr);
-  absl::StatusOr<v1::Manifest> manifest = client->GetManifest(Glm5Selector(), kArch);
+  absl::StatusOr<v1::Manifest> manifest = client->GetManifest(Glm5Selector(8), kArch);
   EXPECT_EQ(manifest.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(manifest.status().message(), "num_q_heads: got 0"));
   EXPECT_TRUE(Contains(manifest.status().message(), server.address()));
@@ -359,7 +353,7 @@ TEST_F(ClientTest, RealServerWithLocalCopyThenOfflineFromTheBundle) {
   std::unique_ptr<ServiceClient> client = MustCreate(options);
   ASSERT_NE(client, nullptr);
 
-  absl::StatusOr<v1::Manifest> manifest = client->GetManifest(Glm5Selector(), kArch);
+  absl::StatusOr<v1::Manifest> manifest = client->GetManifest(Glm5Selector(8), kArch);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   EXPECT_TRUE(MessageDifferencer::Equals(*manifest, *manifest_))
       << manifest->DebugString();
@@ -372,7 +366,7 @@ TEST_F(ClientTest, RealServerWithLocalCopyThenOfflineFromTheBundle) {
   EXPECT_EQ(before.compiles(), 1u);
 
   // From memory: no RPC, nothing new on the server.
-  ASSERT_TRUE(client->GetManifest(Glm5Selector(), kArch).ok());
+  ASSERT_TRUE(client->GetManifest(Glm5Selector(8), kArch).ok());
   absl::StatusOr<ArtifactRef> again = client->GetKernel(first, kArch);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->get(), kernel->get());
@@ -396,7 +390,7 @@ TEST_F(ClientTest, RealServerWithLocalCopyThenOfflineFromTheBundle) {
   absl::StatusOr<std::unique_ptr<BundleSource>> bundle =
       BundleSource::Open(copy.string());
   ASSERT_TRUE(bundle.ok()) << bundle.status();
-  absl::StatusOr<v1::Manifest> offline = (*bundle)->GetManifest(Glm5Selector(), kArch);
+  absl::StatusOr<v1::Manifest> offline = (*bundle)->GetManifest(Glm5Selector(8), kArch);
   ASSERT_TRUE(offline.ok()) << offline.status();
   EXPECT_TRUE(MessageDifferencer::Equals(*offline, *manifest));
   for (const v1::ManifestVariant& variant : manifest->variants()) {

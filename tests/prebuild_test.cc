@@ -6,7 +6,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -121,26 +120,7 @@ class Kforge {
          std::vector<std::string> env = {})
       : log_(log) {
     args.insert(args.begin(), kBinary);
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (!absl::StartsWith(*e, "KFORGE_TEST_")) env.emplace_back(*e);
-    }
-    std::vector<char*> c_args, c_env;
-    for (std::string& a : args) c_args.push_back(a.data());
-    for (std::string& e : env) c_env.push_back(e.data());
-    c_args.push_back(nullptr);
-    c_env.push_back(nullptr);
-    posix_spawn_file_actions_t files;
-    posix_spawn_file_actions_init(&files);
-    posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, log.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&files, STDOUT_FILENO, STDERR_FILENO);
-    if (const int err = posix_spawn(&pid_, kBinary, &files, nullptr, c_args.data(),
-                                    c_env.data());
-        err != 0) {
-      ADD_FAILURE() << "cannot start " << kBinary << ": " << strerror(err);
-      pid_ = -1;
-    }
-    posix_spawn_file_actions_destroy(&files);
+    pid_ = testing::SpawnWithLog(std::move(args), std::move(env), log);
   }
   ~Kforge() {
     if (pid_ > 0) {

@@ -30,6 +30,7 @@
 #include "compiler/spec.h"
 #include "runtime/manifest.h"
 #include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/service.pb.h"
 #include "kforge/v1/spec.pb.h"
 
 namespace kforge::testing {
@@ -129,6 +130,44 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// The glm-5 preset at tensor-parallel degree `tp`.
+inline v1::KernelSelector Glm5Selector(int tp) {
+  v1::KernelSelector selector;
+  selector.mutable_preset()->set_name("glm-5");
+  selector.mutable_preset()->set_tensor_parallel(tp);
+  return selector;
+}
+
+// Starts argv (argv[0] is the binary) with stdout and stderr in `log`, in
+// the test's environment less its KFORGE_TEST_ hooks (a hook the test sets
+// for itself must not leak into a child it did not mean it for) plus `env`.
+// Returns the pid, or -1 after recording a failure.
+inline pid_t SpawnWithLog(std::vector<std::string> argv, std::vector<std::string> env,
+                          const std::filesystem::path& log) {
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!absl::StartsWith(*e, "KFORGE_TEST_")) env.emplace_back(*e);
+  }
+  std::vector<char*> c_argv, c_env;
+  for (std::string& a : argv) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  for (std::string& e : env) c_env.push_back(e.data());
+  c_env.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = -1;
+  const int err = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, c_argv.data(),
+                              c_env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (err != 0) {
+    ADD_FAILURE() << "cannot start " << argv[0] << ": " << strerror(err);
+    return -1;
+  }
+  return pid;
+}
+
 // A `kforge serve` child process listening on a free loopback port, with
 // stdout and stderr in a log file; killed (with its compile workers) when
 // it goes out of scope, its log printed if the test failed.
@@ -141,29 +180,10 @@ class ServeProcess {
     std::vector<std::string> argv = {binary, "serve", "--listen", "127.0.0.1:0",
                                      "--cache-dir", cache_dir.string()};
     argv.insert(argv.end(), args.begin(), args.end());
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (!absl::StartsWith(*e, "KFORGE_TEST_")) env.emplace_back(*e);
-    }
     // Compile workers inherit this, so the test can find its own.
     tag_ = absl::StrCat("KFORGE_TEST_SERVER_TAG=", log.string());
     env.push_back(tag_);
-    std::vector<char*> c_argv, c_env;
-    for (std::string& a : argv) c_argv.push_back(a.data());
-    c_argv.push_back(nullptr);
-    for (std::string& e : env) c_env.push_back(e.data());
-    c_env.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    const int err = posix_spawn(&pid_, binary.c_str(), &actions, nullptr,
-                                c_argv.data(), c_env.data());
-    posix_spawn_file_actions_destroy(&actions);
-    if (err != 0) {
-      ADD_FAILURE() << "cannot start " << binary << ": " << strerror(err);
-      pid_ = -1;
-    }
+    pid_ = SpawnWithLog(std::move(argv), std::move(env), log);
   }
 
   ~ServeProcess() {

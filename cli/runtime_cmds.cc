@@ -8,11 +8,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "cli/flags.h"
+#include "cli/kernel_args.h"
 #include "compiler/compiler.h"
 #include "compiler/spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/manifest.h"
 #include "runtime/selector.h"
+#include "service/kernel_store.h"
 
 namespace kforge::cli {
 namespace {
@@ -33,17 +35,24 @@ absl::StatusOr<int> IntFlag(const ParsedArgs& args, const std::string& name, int
   return static_cast<int>(*v);
 }
 
-// --preset/--tp (and --s-q when given) -> spec; --arch and --sms -> manifest.
+// The model flags (KernelChoiceFlags) followed by a command's own.
+std::vector<FlagSpec> WithModelFlags(const std::vector<FlagSpec>& own) {
+  std::vector<FlagSpec> flags = KernelChoiceFlags();
+  flags.insert(flags.end(), own.begin(), own.end());
+  return flags;
+}
+
+// --preset/--tp or --spec (and --s-q when given) -> spec; --arch and --sms
+// -> manifest.
 absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args,
                                               const std::string& s_q_flag,
                                               v1::AttentionSpec* spec_out) {
-  if (!args.Has("preset")) return absl::InvalidArgumentError("--preset is required");
   if (!args.Has("arch")) {
     return absl::InvalidArgumentError("--arch is required (e.g. --arch sm_90a)");
   }
-  absl::StatusOr<int> tp = IntFlag(args, "tp", 1);
-  if (!tp.ok()) return tp.status();
-  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(args.Get("preset"), *tp);
+  absl::StatusOr<v1::KernelSelector> selector = SelectorFromArgs(args);
+  if (!selector.ok()) return selector.status();
+  absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(*selector);
   if (!spec.ok()) return spec.status();
   if (args.Has(s_q_flag)) {
     absl::StatusOr<int> s_q = IntFlag(args, s_q_flag, 1);
@@ -64,17 +73,15 @@ absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args,
 }  // namespace
 
 int Manifest(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = {
-      {"preset", "NAME", "model preset: deepseek-v3.2 or glm-5"},
-      {"tp", "N", "tensor-parallel degree (divides the preset's heads)", "1"},
+  const std::vector<FlagSpec> flags = WithModelFlags({
       {"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a"},
       {"sms", "N", "SM count (0: leave the split count symbolic)", "0"},
       {"s-q", "N", "query tokens per request put first in the choice order", "1"},
-      {"help", "", "show this help", "", 'h'}};
+      {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {
-    std::cout << "usage: kforge manifest --preset NAME [--tp N] --arch ARCH "
+    std::cout << "usage: kforge manifest (--preset NAME [--tp N] | --spec FILE) --arch ARCH "
                  "[--sms N] [--s-q N]\n\n"
                  "Prints the selection manifest (variants, what each supports, "
                  "launch rules, choice order) as JSON. Plans only; compiles "
@@ -96,23 +103,21 @@ int Manifest(const std::vector<std::string>& argv) {
 }
 
 int Select(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = {
-      {"preset", "NAME", "model preset: deepseek-v3.2 or glm-5"},
-      {"tp", "N", "tensor-parallel degree (divides the preset's heads)", "1"},
+  const std::vector<FlagSpec> flags = WithModelFlags({
       {"arch", "ARCH", "arch the manifest is built for"},
       {"sms", "N", "the device's SM count"},
       {"batch", "N", "requests in the decode step"},
       {"sq", "N", "query tokens per request", "1"},
       {"device-arch", "ARCH", "the device's arch (default: --arch)"},
-      {"heads", "N", "shape override: query heads (default: the preset's)"},
+      {"heads", "N", "shape override: query heads (default: the model's)"},
       {"topk", "N", "shape override: indices per query token"},
       {"page-size", "N", "shape override: tokens per KV cache page"},
       {"kv-dtype", "DTYPE", "shape override: bf16 or fp8_ds_mla"},
-      {"help", "", "show this help", "", 'h'}};
+      {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {
-    std::cout << "usage: kforge select --preset NAME [--tp N] --arch ARCH --sms N "
+    std::cout << "usage: kforge select (--preset NAME [--tp N] | --spec FILE) --arch ARCH --sms N "
                  "--batch B [--sq S]\n\n"
                  "Builds the manifest and picks the variant and launch "
                  "configuration for a runtime shape; exit code 1 with a "

@@ -93,6 +93,19 @@ rc=$?
 set -e
 [[ $rc -eq 1 ]] || fail "select with no fitting variant exited $rc, want 1"
 grep -q "missing arch sm_120a" <<<"$nofit" || fail "nothing-fits report lacks the arch: $nofit"
+# A custom model through --spec: 24 heads, topk 1024.
+cat >"$TMP/custom.json" <<'JSON'
+{"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 24, "kv_lora_rank": 512,
+ "rope_dim": 64, "topk": 1024, "s_q": 1, "kv_cache_dtype": "KV_CACHE_DTYPE_BF16",
+ "page_block_size": 64, "softmax_scale": 0.1, "return_lse": true}
+JSON
+sel=$("$KFORGE" select --spec "$TMP/custom.json" --arch sm_90a --sms 132 --batch 4) ||
+  fail "kforge select --spec failed"
+grep -q "sparse_mla_decode_h24_d512r64_topk1024_" <<<"$sel" || fail "select --spec: $sel"
+"$KFORGE" manifest --spec "$TMP/custom.json" --arch sm_120a >"$TMP/custom_manifest.json" ||
+  fail "kforge manifest --spec failed"
+grep -q '"num_q_heads": 24' "$TMP/custom_manifest.json" ||
+  fail "manifest --spec does not describe the custom model"
 
 if [[ $FAILED -ne 0 ]]; then
   echo "cli_test: FAILED" >&2

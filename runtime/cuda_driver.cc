@@ -62,6 +62,12 @@ absl::Status Resolve(PFN_cuGetProcAddress_v12000 get_proc, CudaDriverApi& api) {
       {"cuStreamDestroy", slot(api.StreamDestroy)},
       {"cuStreamSynchronize", slot(api.StreamSynchronize)},
       {"cuStreamIsCapturing", slot(api.StreamIsCapturing)},
+      {"cuStreamBeginCapture", slot(api.StreamBeginCapture)},
+      {"cuStreamEndCapture", slot(api.StreamEndCapture)},
+      {"cuGraphInstantiateWithFlags", slot(api.GraphInstantiateWithFlags)},
+      {"cuGraphLaunch", slot(api.GraphLaunch)},
+      {"cuGraphExecDestroy", slot(api.GraphExecDestroy)},
+      {"cuGraphDestroy", slot(api.GraphDestroy)},
   };
   for (const Entry& e : entries) {
     CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;

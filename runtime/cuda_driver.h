@@ -66,6 +66,13 @@ struct CudaDriverApi {
   PFN_cuStreamDestroy_v4000 StreamDestroy = nullptr;
   PFN_cuStreamSynchronize_v2000 StreamSynchronize = nullptr;
   PFN_cuStreamIsCapturing_v10000 StreamIsCapturing = nullptr;
+  // CUDA graphs: Run checks for capture; tests capture and replay it.
+  PFN_cuStreamBeginCapture_v10010 StreamBeginCapture = nullptr;
+  PFN_cuStreamEndCapture_v10000 StreamEndCapture = nullptr;
+  PFN_cuGraphInstantiateWithFlags_v11040 GraphInstantiateWithFlags = nullptr;
+  PFN_cuGraphLaunch_v10000 GraphLaunch = nullptr;
+  PFN_cuGraphExecDestroy_v10000 GraphExecDestroy = nullptr;
+  PFN_cuGraphDestroy_v10000 GraphDestroy = nullptr;
 };
 
 // The loaded driver. Immutable after loading; thread-safe.

@@ -694,5 +694,78 @@ TEST_F(SparseMlaDecodeGpu, MatchesTheReference) {
   EXPECT_EQ(cu_->StreamDestroy(stream), CUDA_SUCCESS);
 }
 
+// What an engine does before serving: prefetch, reserve, capture a decode
+// step in a CUDA graph, replay it. The replay must compute the step again
+// (outputs re-poisoned in between), and a Run that would have to grow the
+// workspace during capture must refuse instead of breaking the capture.
+TEST_F(SparseMlaDecodeGpu, CapturedGraphReplaysAndCaptureNeverAllocates) {
+  v1::AttentionSpec spec = testing::DeepseekTp1Spec();
+  spec.set_num_q_heads(16);
+  spec.set_topk(512);
+  spec.set_softmax_scale(0.0625f);
+  v1::KernelSelector model;
+  *model.mutable_spec() = spec;
+  CompilingSource source;
+  absl::StatusOr<std::unique_ptr<SparseMlaDecode>> decode =
+      SparseMlaDecode::Create(source, model, 0);
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  SparseMlaDecode& d = **decode;
+  ASSERT_EQ(cu_->CtxSetCurrent(d.context()), CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  ASSERT_EQ(cu_->StreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const HostDecodeProblem problem =
+      MakeRandomDecodeProblem(spec, {.batch = 2, .s_q = 1, .seed = 7});
+  absl::StatusOr<std::unique_ptr<DeviceDecodeProblem>> device =
+      DeviceDecodeProblem::Upload(*cu_, problem, /*with_lse=*/true);
+  ASSERT_TRUE(device.ok()) << device.status();
+  const DecodeArgs& args = (*device)->args();
+  absl::StatusOr<Selection> sel = d.Plan(args);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  ASSERT_TRUE(sel->needs_combine) << "the case must exercise the workspace";
+
+  // Global capture mode, as PyTorch's graph capture uses by default: any
+  // unsafe call (an allocation, a module load) during capture would fail.
+  ASSERT_TRUE(d.Prefetch().ok());
+  // Nothing reserved yet: the call needs workspace, so it must refuse.
+  ASSERT_EQ(cu_->StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  const absl::Status refused = d.Run(args, stream);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cu_->StreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  if (graph != nullptr) cu_->GraphDestroy(graph);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(testing::Contains(refused.message(), "Reserve")) << refused;
+  EXPECT_EQ(d.workspace_bytes(), 0u);
+
+  ASSERT_TRUE(d.Reserve(64).ok());
+  ASSERT_EQ(cu_->StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  const absl::Status captured = d.Run(args, stream);
+  ASSERT_EQ(cu_->StreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  ASSERT_TRUE(captured.ok()) << captured;
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cu_->GraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  const DecodeReference reference = ReferenceDecode(problem);
+  for (int replay = 0; replay < 2; ++replay) {
+    SCOPED_TRACE(absl::StrCat("replay ", replay));
+    // Capture launches nothing; before each replay the outputs are NaN.
+    if (replay > 0) {
+      ASSERT_EQ(cu_->MemsetD8(args.out, 0xFF,
+                              static_cast<size_t>(args.out_token_stride) * args.batch * 2),
+                CUDA_SUCCESS);
+      ASSERT_EQ(cu_->MemsetD8(args.lse, 0xFF, sizeof(float) * args.batch * args.num_q_heads),
+                CUDA_SUCCESS);
+    }
+    ASSERT_EQ(cu_->GraphLaunch(exec, stream), CUDA_SUCCESS);
+    ASSERT_EQ(cu_->StreamSynchronize(stream), CUDA_SUCCESS);
+    std::vector<uint16_t> out;
+    std::vector<float> lse;
+    ASSERT_TRUE((*device)->Download(&out, &lse).ok());
+    const DecodeErrors errors = CompareWithReference(problem, reference, out, lse);
+    EXPECT_TRUE(errors.pass) << errors.Summary();
+  }
+  EXPECT_EQ(cu_->GraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(cu_->GraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(cu_->StreamDestroy(stream), CUDA_SUCCESS);
+}
+
 }  // namespace
 }  // namespace kforge

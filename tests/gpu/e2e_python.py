@@ -9,7 +9,10 @@ duplicates and (batch > 1) one token with nothing to attend to, outputs
 poisoned with NaN. Compares with check_sparse_mla.py's fp64 reference:
 out max|err| / max|ref| <= 1e-2, lse max|err| / max|ref| <= 1e-4, -inf lse
 exactly where nothing is valid, zero output there. Also checks that an
-explicit SparseMlaDecoder gives the same bits. Times nothing.
+explicit SparseMlaDecoder gives the same bits, and that a decode step
+captured in a CUDA graph after prefetch() replays correctly on new inputs
+copied into the captured tensors. Prints (does not judge) the host time per
+call, the engine's per-layer overhead.
 
 Usage: e2e_python.py PATH/TO/kforge [--lib-dir DIR]   (DIR: the libraries
        kforge needs, put on LD_LIBRARY_PATH for the server only)
@@ -123,6 +126,44 @@ def run_case(torch, kforge, reference, gen, preset, tp, batch, explicit):
                 out_err=out_err, lse_err=lse_err, problems=problems)
 
 
+def graph_case(torch, kforge, reference, gen, decoder, preset, tp, batch):
+    """Captures one decode step in a CUDA graph (as an engine does after
+    prefetch), replays it on fresh inputs copied into the captured tensors,
+    and times the host side of eager calls. Returns (problems, host us)."""
+    import time
+    spec = kforge.spec_from_preset(preset, tp)
+    q, kv, idx = make_inputs(torch, gen, batch, spec.num_q_heads, spec, four_dim=False)
+    out = torch.empty(batch, 1, spec.num_q_heads, spec.kv_lora_rank, device="cuda",
+                      dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm up on the side stream, as torch recommends
+            decoder(q, kv, idx, return_lse=True, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = decoder(q, kv, idx, return_lse=True, out=out)
+    problems = []
+    for replay in range(2):
+        q2, kv2, idx2 = make_inputs(torch, gen, batch, spec.num_q_heads, spec, four_dim=False)
+        q.copy_(q2), kv.copy_(kv2), idx.copy_(idx2)
+        out.fill_(float("nan")), lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _, _, p = compare(torch, reference, q, kv, idx, out, lse, spec.softmax_scale,
+                          spec.kv_lora_rank)
+        problems += [f"replay {replay}: {x}" for x in p]
+    calls = 200
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        decoder(q, kv, idx, return_lse=True, out=out)
+    host_us = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return problems, host_us
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kforge", nargs="?", help="kforge binary (server mode)")
@@ -170,10 +211,17 @@ def main():
                           f"{r['out_err']:11.2e} {r['lse_err']:9.2e}  "
                           f"{'FAIL: ' + '; '.join(r['problems']) if r['problems'] else 'ok'}",
                           flush=True)
+                if tp == 8:
+                    problems, host_us = graph_case(torch, kforge, reference, gen, explicit,
+                                                   preset, tp, 32)
+                    failures += bool(problems)
+                    print(f"{preset} tp{tp} batch 32 in a CUDA graph: "
+                          f"{'FAIL: ' + '; '.join(problems) if problems else 'ok'}; "
+                          f"host time per eager call {host_us:.0f} us", flush=True)
         finally:
             if proc is not None:
                 stop_server(proc)
-    total = len(CASES) * len(BATCHES)
+    total = len(CASES) * len(BATCHES) + sum(tp == 8 for _, tp in CASES)  # + graph cases
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 

@@ -450,12 +450,14 @@ def decoder_for(q, kv_cache, indices, softmax_scale, *, source=None, return_lse=
     dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv_cache", kv_cache),
                                tensor_info("indices", indices))
     d_v = out.shape[-1] if out is not None else None
-    spec = spec_for_inputs(dims, softmax_scale, return_lse, d_v)
     source = source if source is not None else default_source()
-    key = (source, dims.device, spec.SerializeToString(deterministic=True))
+    # Everything the spec is built from, so a hit builds no protobuf.
+    key = (source, dims.device, dims.heads, dims.d_qk, dims.topk, dims.s_q,
+           dims.page_block_size, float(softmax_scale), bool(return_lse), d_v)
     with _lock:
         decoder = _decoders.get(key)
     if decoder is None:
+        spec = spec_for_inputs(dims, softmax_scale, return_lse, d_v)
         decoder = SparseMlaDecoder(source, spec=spec, device=dims.device[1])
         with _lock:
             decoder = _decoders.setdefault(key, decoder)

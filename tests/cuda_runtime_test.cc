@@ -651,26 +651,46 @@ class SparseMlaDecodeGpu : public ::testing::Test {
     splits_seen_.push_back(sel->num_splits);
   }
 
+  // Small enough to compile and check in seconds: 16 heads, topk 512.
+  static v1::AttentionSpec SmallSpec() {
+    v1::AttentionSpec spec = testing::DeepseekTp1Spec();
+    spec.set_num_q_heads(16);
+    spec.set_topk(512);
+    spec.set_softmax_scale(0.0625f);
+    return spec;
+  }
+
+  // decode_ for `spec`'s model from source_, its context current, and a
+  // stream_ of that context.
+  void StartDecode(const v1::AttentionSpec& spec) {
+    v1::KernelSelector model;
+    *model.mutable_spec() = spec;
+    absl::StatusOr<std::unique_ptr<SparseMlaDecode>> decode =
+        SparseMlaDecode::Create(source_, model, 0);
+    ASSERT_TRUE(decode.ok()) << decode.status();
+    decode_ = *std::move(decode);
+    ASSERT_EQ(cu_->CtxSetCurrent(decode_->context()), CUDA_SUCCESS);
+    ASSERT_EQ(cu_->StreamCreate(&stream_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  }
+
+  void TearDown() override {
+    if (stream_ != nullptr) {
+      EXPECT_EQ(cu_->StreamDestroy(stream_), CUDA_SUCCESS);
+    }
+  }
+
   const CudaDriver* cu_ = nullptr;
+  CompilingSource source_;
+  std::unique_ptr<SparseMlaDecode> decode_;
+  CUstream stream_ = nullptr;
   std::vector<int> splits_seen_;
 };
 
 TEST_F(SparseMlaDecodeGpu, MatchesTheReference) {
-  // Small enough to compile and check in seconds: 16 heads, topk 512.
-  v1::AttentionSpec spec = testing::DeepseekTp1Spec();
-  spec.set_num_q_heads(16);
-  spec.set_topk(512);
-  spec.set_softmax_scale(0.0625f);
-  v1::KernelSelector model;
-  *model.mutable_spec() = spec;
-  CompilingSource source;
-  absl::StatusOr<std::unique_ptr<SparseMlaDecode>> decode =
-      SparseMlaDecode::Create(source, model, 0);
-  ASSERT_TRUE(decode.ok()) << decode.status();
-  SparseMlaDecode& d = **decode;
-  ASSERT_EQ(cu_->CtxSetCurrent(d.context()), CUDA_SUCCESS);
-  CUstream stream = nullptr;
-  ASSERT_EQ(cu_->StreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  v1::AttentionSpec spec = SmallSpec();
+  ASSERT_NO_FATAL_FAILURE(StartDecode(spec));
+  SparseMlaDecode& d = *decode_;
+  CUstream stream = stream_;
 
   // Few tokens: split top-k plus combine; many: one split. Padded strides
   // and no lse on the second.
@@ -679,7 +699,7 @@ TEST_F(SparseMlaDecodeGpu, MatchesTheReference) {
   // An MTP variant (s_q 2) is fetched and loaded on first use.
   spec.set_s_q(2);
   RunAndCheck(d, spec, {.batch = 3, .s_q = 2, .row_padding = 16, .seed = 3}, true, stream);
-  EXPECT_EQ(source.kernel_calls, 2);  // s_q 1 once (cached), s_q 2 once
+  EXPECT_EQ(source_.kernel_calls, 2);  // s_q 1 once (cached), s_q 2 once
   ASSERT_EQ(splits_seen_.size(), 3u);
   EXPECT_GT(splits_seen_[0], 1);
   EXPECT_EQ(splits_seen_[1], 1);
@@ -691,7 +711,6 @@ TEST_F(SparseMlaDecodeGpu, MatchesTheReference) {
   spec.set_s_q(1);
   RunAndCheck(d, spec, {.batch = 1, .s_q = 1, .seed = 4}, true, stream);
   EXPECT_EQ(d.workspace_bytes(), reserved);
-  EXPECT_EQ(cu_->StreamDestroy(stream), CUDA_SUCCESS);
 }
 
 // What an engine does before serving: prefetch, reserve, capture a decode
@@ -699,20 +718,10 @@ TEST_F(SparseMlaDecodeGpu, MatchesTheReference) {
 // (outputs re-poisoned in between), and a Run that would have to grow the
 // workspace during capture must refuse instead of breaking the capture.
 TEST_F(SparseMlaDecodeGpu, CapturedGraphReplaysAndCaptureNeverAllocates) {
-  v1::AttentionSpec spec = testing::DeepseekTp1Spec();
-  spec.set_num_q_heads(16);
-  spec.set_topk(512);
-  spec.set_softmax_scale(0.0625f);
-  v1::KernelSelector model;
-  *model.mutable_spec() = spec;
-  CompilingSource source;
-  absl::StatusOr<std::unique_ptr<SparseMlaDecode>> decode =
-      SparseMlaDecode::Create(source, model, 0);
-  ASSERT_TRUE(decode.ok()) << decode.status();
-  SparseMlaDecode& d = **decode;
-  ASSERT_EQ(cu_->CtxSetCurrent(d.context()), CUDA_SUCCESS);
-  CUstream stream = nullptr;
-  ASSERT_EQ(cu_->StreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  v1::AttentionSpec spec = SmallSpec();
+  ASSERT_NO_FATAL_FAILURE(StartDecode(spec));
+  SparseMlaDecode& d = *decode_;
+  CUstream stream = stream_;
   const HostDecodeProblem problem =
       MakeRandomDecodeProblem(spec, {.batch = 2, .s_q = 1, .seed = 7});
   absl::StatusOr<std::unique_ptr<DeviceDecodeProblem>> device =
@@ -764,7 +773,6 @@ TEST_F(SparseMlaDecodeGpu, CapturedGraphReplaysAndCaptureNeverAllocates) {
   }
   EXPECT_EQ(cu_->GraphExecDestroy(exec), CUDA_SUCCESS);
   EXPECT_EQ(cu_->GraphDestroy(graph), CUDA_SUCCESS);
-  EXPECT_EQ(cu_->StreamDestroy(stream), CUDA_SUCCESS);
 }
 
 }  // namespace

@@ -1,6 +1,12 @@
 #include "runtime/bundle.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <utility>
@@ -323,20 +329,72 @@ absl::StatusOr<std::string> BundleManifestPath(const v1::Manifest& manifest) {
 // ---------------------------------------------------------------------------
 // BundleWriter
 
-absl::StatusOr<std::unique_ptr<BundleWriter>> BundleWriter::Open(const std::string& dir) {
+namespace {
+
+// flock on the bundle directory: the lock lives with the open file
+// description, so it is released when the writer closes it or dies.
+absl::Status LockDirectory(int fd, const std::string& dir, bool wait) {
+  while (flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "bundle directory ", dir, " is being written by another kforge process (a "
+          "prebuild, or a client keeping its local copy there); wait for it to "
+          "finish or write elsewhere"));
+    }
+    return absl::InternalError(
+        absl::StrCat("cannot lock bundle directory ", dir, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+class BundleWriter::WriteLock {
+ public:
+  explicit WriteLock(const BundleWriter& writer)
+      : fd_(writer.locking_ == BundleLocking::kPerWrite ? writer.dir_fd_ : -1) {
+    if (fd_ >= 0) status_ = LockDirectory(fd_, writer.dir_, /*wait=*/true);
+  }
+  ~WriteLock() {
+    if (fd_ >= 0 && status_.ok()) flock(fd_, LOCK_UN);
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  int fd_;
+  absl::Status status_;
+};
+
+absl::StatusOr<std::unique_ptr<BundleWriter>> BundleWriter::Open(const std::string& dir,
+                                                                 BundleLocking locking) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
     return absl::InternalError(
         absl::StrCat("cannot create bundle directory ", dir, ": ", ec.message()));
   }
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot open bundle directory ", dir, ": ", strerror(errno)));
+  }
+  // Owns fd from here: the destructor closes it (and drops any lock).
+  std::unique_ptr<BundleWriter> writer(new BundleWriter(dir, fd, locking));
+  if (locking == BundleLocking::kWholeRun) {
+    if (absl::Status s = LockDirectory(fd, dir, /*wait=*/false); !s.ok()) return s;
+  }
+  WriteLock lock(*writer);
+  if (!lock.status().ok()) return lock.status();
   absl::Status marker = CheckMarker(dir);
   if (absl::IsNotFound(marker)) {
     marker = WriteFileAtomic(JoinPath(dir, kBundleMarkerFile), MarkerText());
   }
   if (!marker.ok()) return marker;
-  return std::unique_ptr<BundleWriter>(new BundleWriter(dir));
+  return writer;
 }
+
+BundleWriter::~BundleWriter() { close(dir_fd_); }
 
 bool BundleWriter::HasKernel(std::string_view key) const {
   if (!CheckFileStem("key", key).ok()) return false;
@@ -352,6 +410,8 @@ absl::Status BundleWriter::AddKernel(const v1::KernelArtifact& artifact) {
     return absl::InvalidArgumentError(absl::StrCat(
         "refusing to add a broken kernel to bundle ", dir_, ": ", s.message()));
   }
+  WriteLock lock(*this);
+  if (!lock.status().ok()) return lock.status();
   return WriteFileAtomic(JoinPath(dir_, BundleKernelPath(artifact.key())),
                          SerializeDeterministic(artifact));
 }
@@ -365,15 +425,20 @@ absl::Status BundleWriter::AddManifest(const v1::Manifest& manifest) {
   }
   absl::StatusOr<std::string> path = BundleManifestPath(manifest);
   if (!path.ok()) return path.status();
+  WriteLock lock(*this);
+  if (!lock.status().ok()) return lock.status();
   return WriteFileAtomic(JoinPath(dir_, *path), ManifestJson(manifest));
 }
 
 absl::Status BundleWriter::Finish() {
+  WriteLock lock(*this);
+  if (!lock.status().ok()) return lock.status();
   std::string text;
   for (const std::string& relative : ListFiles(dir_)) {
     const std::string path = JoinPath(dir_, relative);
     if (IsStaleTemporary(relative)) {
-      // Left by a killed writer; never a bundle file (one writer at a time).
+      // Left by a killed writer (the directory lock keeps live writers out
+      // of Finish); never a bundle file.
       std::error_code ec;
       fs::remove(path, ec);
       continue;

@@ -46,12 +46,29 @@ std::string BundleKernelPath(std::string_view key);  // "kernels/<key>.kfa"
 // with no variants.
 absl::StatusOr<std::string> BundleManifestPath(const v1::Manifest& manifest);
 
+// How a BundleWriter shares its directory with other writers, in this or
+// other processes (an advisory flock on the directory itself, so nothing
+// extra appears in the bundle and a killed writer's lock goes with it).
+enum class BundleLocking {
+  // `kforge prebuild`: the directory is locked from Open until the writer
+  // is destroyed; Open fails at once when another writer holds it.
+  kWholeRun,
+  // A client's local copy: each Add*/Finish waits for the lock and releases
+  // it, so engines on one host can share a local copy directory.
+  kPerWrite,
+};
+
 // Adds to a bundle directory (created if missing; an existing bundle of
-// another format version is refused). Not thread-safe; one writer per
-// directory at a time.
+// another format version is refused). Not thread-safe: one BundleWriter is
+// used by one thread at a time; writers in other processes are kept apart
+// by `locking`.
 class BundleWriter {
  public:
-  static absl::StatusOr<std::unique_ptr<BundleWriter>> Open(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<BundleWriter>> Open(
+      const std::string& dir, BundleLocking locking = BundleLocking::kWholeRun);
+  ~BundleWriter();
+  BundleWriter(const BundleWriter&) = delete;
+  BundleWriter& operator=(const BundleWriter&) = delete;
 
   // True when kernels/<key>.kfa exists, parses, and holds that key with a
   // non-empty cubin (an interrupted earlier run's files count; damaged ones
@@ -66,8 +83,13 @@ class BundleWriter {
   const std::string& dir() const { return dir_; }
 
  private:
-  explicit BundleWriter(std::string dir) : dir_(std::move(dir)) {}
+  BundleWriter(std::string dir, int dir_fd, BundleLocking locking)
+      : dir_(std::move(dir)), dir_fd_(dir_fd), locking_(locking) {}
+  // Holds the directory lock for one write (kPerWrite); no-op for kWholeRun.
+  class WriteLock;
   std::string dir_;
+  int dir_fd_;  // open on dir_, carries the flock
+  BundleLocking locking_;
 };
 
 // One problem found by VerifyBundle.

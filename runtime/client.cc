@@ -155,7 +155,7 @@ absl::StatusOr<std::unique_ptr<ServiceClient>> ServiceClient::Create(
   auto state = std::make_unique<State>();
   if (!options.local_copy_dir.empty()) {
     absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
-        BundleWriter::Open(options.local_copy_dir);
+        BundleWriter::Open(options.local_copy_dir, BundleLocking::kPerWrite);
     if (!writer.ok()) return writer.status();
     state->local_copy = *std::move(writer);
   }

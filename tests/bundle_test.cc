@@ -3,14 +3,17 @@
 // a second with NVRTC, no GPU needed).
 #include "runtime/bundle.h"
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "compiler/io.h"
 #include "compiler/key.h"
 #include "compiler/spec.h"
@@ -332,6 +335,44 @@ TEST_F(BundleTest, FinishDropsTemporariesOfAKilledWriter) {
       WriteFileAtomic((dir / "kernels" / "x.kfa.tmp.AbC123").string(), "half").ok());
   WriteBundle(dir, OneVariantManifest());
   EXPECT_FALSE(fs::exists(dir / "kernels" / "x.kfa.tmp.AbC123"));
+  EXPECT_EQ(Describe(VerifyBundle(dir.string())), "");
+}
+
+// One prebuild per directory at a time; writers that lock per write (a
+// client's local copy) wait for it, and share the directory among
+// themselves. The lock is on the directory: nothing extra in the bundle.
+TEST_F(BundleTest, WritersOnOneDirectoryAreKeptApart) {
+  const fs::path dir = tmp_.path() / "bundle";
+  absl::StatusOr<std::unique_ptr<BundleWriter>> prebuild = BundleWriter::Open(dir.string());
+  ASSERT_TRUE(prebuild.ok()) << prebuild.status();
+  absl::StatusOr<std::unique_ptr<BundleWriter>> second = BundleWriter::Open(dir.string());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(second.status().message(), dir.string())) << second.status();
+  EXPECT_TRUE(Contains(second.status().message(), "another kforge process"));
+
+  std::atomic<bool> copied{false};
+  std::thread local_copy([&] {
+    absl::StatusOr<std::unique_ptr<BundleWriter>> w =
+        BundleWriter::Open(dir.string(), BundleLocking::kPerWrite);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->AddKernel(*artifact_).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+    copied = true;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(copied) << "a per-write writer got in while a prebuild held the directory";
+  prebuild->reset();  // the prebuild ends: its lock goes with its descriptor
+  local_copy.join();
+  EXPECT_TRUE(copied);
+
+  absl::StatusOr<std::unique_ptr<BundleWriter>> a =
+      BundleWriter::Open(dir.string(), BundleLocking::kPerWrite);
+  absl::StatusOr<std::unique_ptr<BundleWriter>> b =
+      BundleWriter::Open(dir.string(), BundleLocking::kPerWrite);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->AddManifest(OneVariantManifest()).ok());
+  ASSERT_TRUE((*b)->Finish().ok());
   EXPECT_EQ(Describe(VerifyBundle(dir.string())), "");
 }
 

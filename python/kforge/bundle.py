@@ -254,8 +254,10 @@ class Bundle(KernelSource):
 
 class LocalCopy:
     """A Client's copy of what it fetched, in the bundle layout (readable
-    with Bundle). Writes are atomic and checksums.sha256 is updated under an
-    flock on the marker, so several processes may share one directory.
+    with Bundle). Each write, and the checksums.sha256 update after it,
+    happens under an flock on the directory itself, the lock the C++
+    BundleWriter takes, so several processes (Python or C++) may share one
+    directory.
     Damaged or unlisted files read as absent: they are fetched again."""
 
     def __init__(self, directory):
@@ -263,20 +265,22 @@ class LocalCopy:
         for sub in (KERNELS_DIR, MANIFESTS_DIR):
             os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
         marker = os.path.join(self.dir, MARKER_FILE)
-        if not os.path.exists(marker):
-            body = json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION})
-            write_file_atomic(marker, body.encode() + b"\n")
-        read_marker(self.dir)
         with self._locked():
+            if not os.path.exists(marker):
+                body = json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION})
+                write_file_atomic(marker, body.encode() + b"\n")
+            read_marker(self.dir)
             if not os.path.exists(os.path.join(self.dir, CHECKSUMS_FILE)):
                 write_file_atomic(os.path.join(self.dir, CHECKSUMS_FILE), b"")
 
     @contextlib.contextmanager
     def _locked(self):
-        # The marker is never replaced, so every process locks the same inode.
-        with open(os.path.join(self.dir, MARKER_FILE), "rb") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
+        finally:
+            os.close(fd)  # drops the lock
 
     def _sums(self):
         try:
@@ -285,8 +289,8 @@ class LocalCopy:
             return {}
 
     def _add(self, rel, data):
-        write_file_atomic(os.path.join(self.dir, rel), data)
         with self._locked():
+            write_file_atomic(os.path.join(self.dir, rel), data)
             sums = self._sums()
             sums[rel] = sha256_hex(data)
             write_file_atomic(os.path.join(self.dir, CHECKSUMS_FILE),

@@ -388,7 +388,9 @@ TEST_F(PrebuildTest, VerifyUsageAndNotABundleExitTwo) {
   EXPECT_TRUE(Contains(no_out.output, "--out DIR is required"));
 }
 
-// Four kernels compiled one at a time; the run is stopped after the first.
+// Four kernels compiled one at a time; the run is stopped after the first
+// (and meanwhile holds the directory against a second prebuild; a killed
+// run's lock goes with it, or the rerun could not start).
 class InterruptedPrebuildTest : public PrebuildTest,
                                 public ::testing::WithParamInterface<int> {};
 
@@ -401,6 +403,11 @@ TEST_P(InterruptedPrebuildTest, LeavesNoBundleThatVerifiesAndTheNextRunCompletes
     Kforge run(dir_.path() / "interrupted.log",
                {"prebuild", matrix, "--out", bundle.string(), "-j", "1"});
     ASSERT_TRUE(run.WaitForLog("[1/4] ok", absl::Seconds(60))) << run.Log();
+    // Meanwhile a second prebuild of the same directory is refused.
+    const RunResult rival = Kf({"prebuild", matrix, "--out", bundle.string(), "-j", "1"});
+    EXPECT_EQ(rival.exit_code, 2) << rival.output;
+    EXPECT_TRUE(Contains(rival.output, "is being written by another kforge process"))
+        << rival.output;
     run.Signal(signo);
     const int code = run.Wait(absl::Seconds(60));
     if (signo == SIGINT) {

@@ -115,6 +115,10 @@ int Serve(const std::vector<std::string>& argv) {
        absl::StrCat(defaults.store.pool.queue_limit)},
       {"compile-timeout", "SECONDS", "a compile running longer is killed",
        absl::StrCat(absl::ToInt64Seconds(defaults.store.pool.timeout))},
+      {"shutdown-grace", "SECONDS",
+       "after SIGTERM/SIGINT, how long in-flight calls may take; then running "
+       "compiles are killed and their calls answered UNAVAILABLE",
+       absl::StrCat(absl::ToInt64Seconds(defaults.shutdown_grace))},
       {"warm-from", "DIR",
        "load a bundle (kforge prebuild --out) into the cache at start; health "
        "says NOT_SERVING until done",
@@ -134,12 +138,13 @@ int Serve(const std::vector<std::string>& argv) {
   options.store.cache_dir = args->Get("cache-dir");
   options.warm_from = args->Get("warm-from");
   long long memory_bytes = 0, disk_bytes = 0, workers = 0, queue_limit = 0,
-            timeout_s = 0;
+            timeout_s = 0, grace_s = 0;
   for (absl::Status s : {IntFlag(*args, "memory-cache-bytes", 0, &memory_bytes),
                          IntFlag(*args, "disk-cache-bytes", 0, &disk_bytes),
                          IntFlag(*args, "workers", 1, &workers),
                          IntFlag(*args, "queue-limit", 0, &queue_limit),
-                         IntFlag(*args, "compile-timeout", 1, &timeout_s)}) {
+                         IntFlag(*args, "compile-timeout", 1, &timeout_s),
+                         IntFlag(*args, "shutdown-grace", 0, &grace_s)}) {
     if (!s.ok()) return Fail(s);
   }
   options.store.memory_cache_bytes = static_cast<uint64_t>(memory_bytes);
@@ -147,6 +152,7 @@ int Serve(const std::vector<std::string>& argv) {
   options.store.pool.workers = static_cast<int>(workers);
   options.store.pool.queue_limit = static_cast<int>(queue_limit);
   options.store.pool.timeout = absl::Seconds(timeout_s);
+  options.shutdown_grace = absl::Seconds(grace_s);
   return RunServer(options);
 }
 

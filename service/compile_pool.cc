@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -191,21 +192,27 @@ void AppendTail(std::string& tail, const char* data, size_t size) {
   }
 }
 
+// How often a running compile looks whether the pool was abandoned.
+constexpr absl::Duration kAbandonCheck = absl::Milliseconds(100);
+
 struct ChildRun {
   int wait_status = -1;           // from waitpid; meaningless when timed_out
   bool timed_out = false;         // killed at the deadline
   bool output_too_large = false;  // killed for writing > kMaxResultBytes
+  bool abandoned = false;         // killed because the pool was abandoned
   std::string out;                // all of stdout
   std::string err_tail;           // the end of stderr
 };
 
 // Runs `binary compile-worker` with `input` on its stdin and collects its
 // stdout and the tail of its stderr until it exits or `deadline` passes
-// (then SIGKILL). The child is reaped on every path. Fails only when the
+// (then SIGKILL), or `abandon` turns true (checked at least every
+// kAbandonCheck). The child is reaped on every path. Fails only when the
 // child cannot be started.
 absl::StatusOr<ChildRun> RunChild(const std::string& binary,
                                   const std::string& input,
-                                  absl::Time deadline) {
+                                  absl::Time deadline,
+                                  const std::atomic<bool>& abandon) {
   Fd in_r, in_w, out_r, out_w, err_r, err_w;
   for (auto [r, w] : {std::pair<Fd*, Fd*>{&in_r, &in_w},
                       {&out_r, &out_w},
@@ -297,9 +304,12 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
       run.timed_out = true;
       break;
     }
-    const int64_t wait_ms = std::min<int64_t>(
-        absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
-        INT_MAX);
+    if (abandon) {
+      run.abandoned = true;
+      break;
+    }
+    const int64_t wait_ms = absl::ToInt64Milliseconds(
+        absl::Ceil(std::min(left, kAbandonCheck), absl::Milliseconds(1)));
     const int ready = ::poll(fds, n, static_cast<int>(wait_ms));
     if (ready < 0) {
       if (errno == EINTR) continue;
@@ -340,10 +350,14 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
   // Both outputs are at EOF, so the worker is exiting; wait for it, still
   // bounded by the deadline (a worker may close stdout and then hang).
   absl::Duration backoff = absl::Milliseconds(1);
-  while (!run.timed_out && !run.output_too_large && !child.TryReap()) {
+  while (!run.timed_out && !run.output_too_large && !run.abandoned && !child.TryReap()) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       run.timed_out = true;
+      break;
+    }
+    if (abandon) {
+      run.abandoned = true;
       break;
     }
     absl::SleepFor(std::min(backoff, left));
@@ -378,13 +392,18 @@ std::string StderrSuffix(const std::string& tail) {
 
 // One job, start to finish, in a fresh worker process.
 ArtifactOr RunJob(const v1::CompileJob& job, const std::string& binary,
-                  absl::Duration timeout) {
+                  absl::Duration timeout, const std::atomic<bool>& abandon) {
   std::string input;
   if (!job.SerializeToString(&input)) {
     return absl::InternalError("cannot serialize the CompileJob");
   }
-  absl::StatusOr<ChildRun> run = RunChild(binary, input, absl::Now() + timeout);
+  absl::StatusOr<ChildRun> run = RunChild(binary, input, absl::Now() + timeout, abandon);
   if (!run.ok()) return run.status();
+  if (run->abandoned) {
+    return absl::UnavailableError(absl::StrCat(
+        "compile of ", JobLabel(job),
+        " abandoned: the server is shutting down and its grace period is over"));
+  }
   if (run->timed_out) {
     return absl::DeadlineExceededError(absl::StrFormat(
         "compile of %s exceeded %g s; worker killed%s", JobLabel(job),
@@ -471,6 +490,10 @@ struct CompilePool::State {
   std::deque<Pending> queue ABSL_GUARDED_BY(mu);
   int in_flight ABSL_GUARDED_BY(mu) = 0;
   bool shut_down ABSL_GUARDED_BY(mu) = false;
+  std::atomic<bool> abandon{false};  // Abandon(): kill running workers
+
+  // Fails every queued job with Unavailable and rejects new ones.
+  void CloseQueue();
 
   // Separate from mu so that Shutdown can join while workers still take mu.
   absl::Mutex join_mu;
@@ -489,7 +512,7 @@ void CompilePool::State::WorkerLoop() {
       ++in_flight;
     }
     ArtifactOr result = binary.ok()
-                            ? RunJob(pending.job, *binary, options.timeout)
+                            ? RunJob(pending.job, *binary, options.timeout, abandon)
                             : ArtifactOr(binary.status());
     {
       // Before the promise, so a caller woken by the future sees the count
@@ -540,18 +563,27 @@ int CompilePool::in_flight() const {
   return state_->in_flight;
 }
 
-void CompilePool::Shutdown() {
-  std::deque<State::Pending> dropped;
+void CompilePool::State::CloseQueue() {
+  std::deque<Pending> dropped;
   {
-    absl::MutexLock lock(&state_->mu);
-    state_->shut_down = true;
-    dropped.swap(state_->queue);
-    state_->work_ready.SignalAll();
+    absl::MutexLock lock(&mu);
+    shut_down = true;
+    dropped.swap(queue);
+    work_ready.SignalAll();
   }
-  for (State::Pending& p : dropped) {
+  for (Pending& p : dropped) {
     p.promise.set_value(absl::UnavailableError(
         "compile pool shut down before the job started"));
   }
+}
+
+void CompilePool::Abandon() {
+  state_->abandon = true;
+  state_->CloseQueue();
+}
+
+void CompilePool::Shutdown() {
+  state_->CloseQueue();
   absl::MutexLock lock(&state_->join_mu);
   for (std::thread& t : state_->threads) t.join();
   state_->threads.clear();

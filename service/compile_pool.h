@@ -44,6 +44,12 @@ class CompilePool {
   // compiles finish, joins the threads.
   void Shutdown();
 
+  // Rejects new jobs, fails the queued ones, and kills the running workers
+  // within ~100 ms (their jobs fail with Unavailable); returns at once. For
+  // a shutdown whose grace period is over: a hung compile must not hold
+  // the process until its timeout. Shutdown() still joins afterwards.
+  void Abandon();
+
  private:
   struct State;
   std::unique_ptr<State> state_;

@@ -85,7 +85,8 @@ struct KernelStore::State {
   std::condition_variable flights_done;
   std::map<std::string, FlightFuture> flights;  // key -> compile in progress
   int running_flights = 0;
-  bool shutting_down = false;
+  bool shutting_down = false;   // no new compiles (Shutdown or AbandonCompiles)
+  bool shutdown_called = false;  // Shutdown ran: it waits for flights once
 
   std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0},
       compile_failures{0}, shared_waits{0}, rejected{0}, disk_write_failures{0};
@@ -314,11 +315,20 @@ v1::StatsResponse KernelStore::Stats() const {
   return out;
 }
 
+void KernelStore::AbandonCompiles() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->shutting_down = true;
+  }
+  state_->pool->Abandon();
+}
+
 void KernelStore::Shutdown() {
   State& s = *state_;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    if (s.shutting_down) return;
+    if (s.shutdown_called) return;
+    s.shutdown_called = true;
     s.shutting_down = true;
   }
   // Queued compiles fail with Unavailable, running ones finish; then every

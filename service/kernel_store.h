@@ -77,6 +77,10 @@ class KernelStore {
   // Stops accepting compiles; in-flight ones finish.
   void Shutdown();
 
+  // Stops accepting compiles and kills the running ones, whose callers get
+  // Unavailable; returns at once (a shutdown past its grace period).
+  void AbandonCompiles();
+
  private:
   struct State;
   explicit KernelStore(std::unique_ptr<State> state);

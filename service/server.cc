@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -171,9 +172,20 @@ int RunServer(const ServerOptions& options) {
   stop_warm = true;
   if (warm.joinable()) warm.join();
   if (health != nullptr) health->SetServingStatus(false);
+  // A call waiting on a hung compile would hold Shutdown until the compile
+  // timeout: once the grace period is over, running compiles are killed and
+  // their callers answered UNAVAILABLE.
+  absl::Notification drained;
+  std::thread watchdog([&] {
+    if (drained.WaitForNotificationWithTimeout(options.shutdown_grace)) return;
+    std::cerr << "kforge: grace period over: abandoning running compiles" << std::endl;
+    (*store)->AbandonCompiles();
+  });
   // Stops accepting calls, waits for in-flight ones until the deadline,
   // then cancels the rest; returns when every call is done.
   server->Shutdown(absl::ToChronoTime(absl::Now() + options.shutdown_grace));
+  drained.Notify();
+  watchdog.join();
   (*store)->Shutdown();
   server->Wait();
   server.reset();

@@ -187,6 +187,27 @@ TEST_F(CompilePoolTest, HangingWorkerIsKilledAtTheDeadline) {
   EXPECT_EQ(wait_errno, ECHILD);
 }
 
+// What a server does when its shutdown grace period is over: the running
+// (hung) compile is killed and its job fails Unavailable at once, not at
+// the 60 s timeout; the queued one fails too; nothing new is taken.
+TEST_F(CompilePoolTest, AbandonKillsRunningWorkersAndFailsQueuedJobs) {
+  CompilePool pool(PoolOptions(1, absl::Seconds(60)));
+  absl::StatusOr<CompileFuture> running = pool.Submit(Glm5Job(kHangTopk));
+  absl::StatusOr<CompileFuture> queued = pool.Submit(Glm5Job());
+  ASSERT_TRUE(running.ok() && queued.ok());
+  ASSERT_TRUE(WaitFor([&] { return pool.in_flight() == 1; }));
+  const absl::Time start = absl::Now();
+  pool.Abandon();
+  const absl::Status killed = running->get().status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(killed.code(), absl::StatusCode::kUnavailable) << killed;
+  EXPECT_TRUE(Contains(killed.message(), "abandoned: the server is shutting down"));
+  EXPECT_EQ(queued->get().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(pool.Submit(Glm5Job()).status().code(), absl::StatusCode::kUnavailable);
+  pool.Shutdown();
+  EXPECT_TRUE(ChildPids().empty());
+}
+
 TEST_F(CompilePoolTest, WorkersRunJobsConcurrently) {
   CompilePool pool(PoolOptions(2, absl::Seconds(1)));
   const absl::Time start = absl::Now();

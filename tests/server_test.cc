@@ -705,6 +705,29 @@ TEST_F(ServerTest, SigtermFinishesTheInFlightCallThenExitsZero) {
   EXPECT_TRUE(Contains(server->Log(), "SIGTERM"));
 }
 
+// A call stuck on a hung compile does not hold shutdown until the compile
+// timeout (120 s): once the grace period is over the compile is killed, the
+// call ends and the server exits 0.
+TEST_F(ServerTest, SigtermAbandonsAHungCompileAfterTheGracePeriod) {
+  std::unique_ptr<ServerProcess> server = StartServer(
+      {"--shutdown-grace", "1"}, {absl::StrCat("KFORGE_TEST_WORKER_HANG_TOPK=", kFaultTopk)});
+  ASSERT_NE(server, nullptr);
+  auto call = std::async(std::launch::async, [&] {
+    return GetKernel(server->stub(), Glm5(8, kFaultTopk), kArch, false, absl::Seconds(60));
+  });
+  ASSERT_TRUE(WaitForStats(server->stub(), [](const v1::StatsResponse& s) {
+    return s.in_flight_compiles() == 1;
+  }));
+  const absl::Time start = absl::Now();
+  server->Signal(SIGTERM);
+  Reply r = call.get();
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_EQ(server->WaitExit(absl::Seconds(30)), 0) << server->Log();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_TRUE(Contains(server->Log(), "grace period over: abandoning running compiles"))
+      << server->Log();
+}
+
 TEST_F(ServerTest, PortInUseFailsClearly) {
   std::unique_ptr<ServerProcess> server = StartServer();
   ASSERT_NE(server, nullptr);

@@ -268,6 +268,16 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
   SetNonBlocking(err_r.get());
 
   ChildRun run;
+  // True, with the reason recorded in `r`, once the deadline has passed or
+  // the pool was abandoned: the caller stops and the child is killed.
+  const auto MustStop = [&](ChildRun& r) {
+    if (absl::Now() >= deadline) {
+      r.timed_out = true;
+    } else if (abandon) {
+      r.abandoned = true;
+    }
+    return r.timed_out || r.abandoned;
+  };
   size_t written = 0;
   if (input.empty()) in_w.Close();
   char buf[64 * 1024];
@@ -299,17 +309,11 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
       fds[n] = {err_r.get(), POLLIN, 0};
       owners[n++] = &err_r;
     }
+    if (MustStop(run)) break;
     const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      run.timed_out = true;
-      break;
-    }
-    if (abandon) {
-      run.abandoned = true;
-      break;
-    }
-    const int64_t wait_ms = absl::ToInt64Milliseconds(
-        absl::Ceil(std::min(left, kAbandonCheck), absl::Milliseconds(1)));
+    // >= 0: a negative timeout would make poll wait forever.
+    const int64_t wait_ms = absl::ToInt64Milliseconds(absl::Ceil(
+        std::clamp(left, absl::ZeroDuration(), kAbandonCheck), absl::Milliseconds(1)));
     const int ready = ::poll(fds, n, static_cast<int>(wait_ms));
     if (ready < 0) {
       if (errno == EINTR) continue;
@@ -351,15 +355,8 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
   // bounded by the deadline (a worker may close stdout and then hang).
   absl::Duration backoff = absl::Milliseconds(1);
   while (!run.timed_out && !run.output_too_large && !run.abandoned && !child.TryReap()) {
+    if (MustStop(run)) break;
     const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      run.timed_out = true;
-      break;
-    }
-    if (abandon) {
-      run.abandoned = true;
-      break;
-    }
     absl::SleepFor(std::min(backoff, left));
     backoff = std::min(backoff * 2, absl::Milliseconds(50));
   }

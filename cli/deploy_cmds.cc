@@ -308,12 +308,8 @@ int Prebuild(const std::vector<std::string>& argv) {
   long long jobs = 0, timeout_s = 0;
   for (auto [name, out] :
        {std::pair{"jobs", &jobs}, std::pair{"compile-timeout", &timeout_s}}) {
-    absl::StatusOr<long long> v = ParseIntFlag(name, args->Get(name));
+    absl::StatusOr<long long> v = IntFlagInRange(*args, name, 1, 100000);
     if (!v.ok()) return UsageError(v.status());
-    if (*v < 1 || *v > 100000) {
-      return UsageError(absl::InvalidArgumentError(
-          absl::StrCat("--", name, ": got ", *v, ", expected 1..100000")));
-    }
     *out = *v;
   }
   options.jobs = static_cast<int>(jobs);

@@ -1,5 +1,8 @@
 #include "cli/flags.h"
 
+#include <climits>
+#include <iostream>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -95,6 +98,23 @@ absl::StatusOr<long long> ParseIntFlag(const std::string& name,
         "--", name, ": got '", value, "', expected a non-negative integer"));
   }
   return v;
+}
+
+absl::StatusOr<long long> IntFlagInRange(const ParsedArgs& args, const std::string& name,
+                                         long long min, long long max) {
+  absl::StatusOr<long long> v = ParseIntFlag(name, args.Get(name));
+  if (!v.ok()) return v.status();
+  if (*v < min || *v > max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, ": got ", *v, ", expected ",
+        max == LLONG_MAX ? absl::StrCat("at least ", min) : absl::StrCat(min, "..", max)));
+  }
+  return v;
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << "kforge: " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
 }  // namespace kforge::cli

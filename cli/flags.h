@@ -55,6 +55,15 @@ std::string FlagsHelp(const std::vector<FlagSpec>& specs);
 absl::StatusOr<long long> ParseIntFlag(const std::string& name,
                                        const std::string& value);
 
+// The value of integer flag `name` in args, which must lie in [min, max];
+// InvalidArgument naming the flag, the value and the range otherwise.
+absl::StatusOr<long long> IntFlagInRange(const ParsedArgs& args, const std::string& name,
+                                         long long min, long long max);
+
+// Prints "kforge: <message>" to stderr and returns the exit code: 2 for bad
+// input (InvalidArgument), 1 for anything else.
+int Fail(const absl::Status& s);
+
 }  // namespace kforge::cli
 
 #endif  // KFORGE_CLI_FLAGS_H_

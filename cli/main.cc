@@ -74,11 +74,6 @@ absl::StatusOr<v1::AttentionSpec> SpecFromArgs(const ParsedArgs& args) {
   return spec;
 }
 
-int Fail(const absl::Status& s) {
-  std::cerr << "kforge: " << s.message() << "\n";
-  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 int Compile(const std::vector<std::string>& argv) {
   const std::vector<FlagSpec> flags = Concat(
       SpecFlags(),

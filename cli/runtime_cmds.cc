@@ -1,5 +1,6 @@
 #include "cli/runtime_cmds.h"
 
+#include <climits>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -19,19 +20,10 @@
 namespace kforge::cli {
 namespace {
 
-int Fail(const absl::Status& s) {
-  std::cerr << "kforge: " << s.message() << "\n";
-  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
-// Reads an integer flag that must fit an int (and be >= min).
+// An integer flag that must fit an int (and be >= min).
 absl::StatusOr<int> IntFlag(const ParsedArgs& args, const std::string& name, int min) {
-  absl::StatusOr<long long> v = ParseIntFlag(name, args.Get(name));
+  absl::StatusOr<long long> v = IntFlagInRange(args, name, min, INT_MAX);
   if (!v.ok()) return v.status();
-  if (*v < min || *v > 0x7fffffffLL) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, ": must be in [", min, ", 2147483647], got ", *v));
-  }
   return static_cast<int>(*v);
 }
 

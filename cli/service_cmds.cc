@@ -3,6 +3,7 @@
 #include "cli/service_cmds.h"
 
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
@@ -32,11 +33,6 @@ constexpr char kDefaultServer[] = "127.0.0.1:50051";
 // Same bound as the server's: cubins are megabytes, gRPC's default is 4 MB.
 constexpr int kMaxMessageBytes = 256 << 20;
 
-int Fail(const absl::Status& s) {
-  std::cerr << "kforge: " << s.message() << "\n";
-  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 // $XDG_CACHE_HOME/kforge, else ~/.cache/kforge (XDG base directory spec).
 std::string DefaultCacheDir() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
@@ -48,12 +44,8 @@ std::string DefaultCacheDir() {
 // Reads a non-negative integer flag into `out`, checking a lower bound.
 absl::Status IntFlag(const ParsedArgs& args, const std::string& name,
                      long long min, long long* out) {
-  absl::StatusOr<long long> v = ParseIntFlag(name, args.Get(name));
+  absl::StatusOr<long long> v = IntFlagInRange(args, name, min, LLONG_MAX);
   if (!v.ok()) return v.status();
-  if (*v < min) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, ": got ", *v, ", must be at least ", min));
-  }
   *out = *v;
   return absl::OkStatus();
 }

@@ -65,7 +65,7 @@ say ""
 say "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 say "- host: nproc $CPUS${CPU_MODEL:+, $CPU_MODEL}"
 say "- commit: $COMMIT"
-say "- matrix: ${MATRIX:-the built-in default (compiler/default_matrix.json)}"
+say "- matrix: ${MATRIX:-the built-in default (deploy/default_matrix.json)}"
 say ""
 
 # --- prebuild at each -j -----------------------------------------------------

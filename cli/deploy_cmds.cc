@@ -1,5 +1,5 @@
 // Deployment subcommands: build every kernel a deployment matrix names
-// (compiler/matrix.h). `kforge warm` has a running server do it; `kforge
+// (deploy/matrix.h). `kforge warm` has a running server do it; `kforge
 // prebuild` does it here, into a bundle directory that `kforge verify`
 // checks.
 #include "cli/deploy_cmds.h"
@@ -28,11 +28,11 @@
 #include "absl/time/time.h"
 #include "cli/flags.h"
 #include "cli/progress.h"
-#include "compiler/matrix.h"
+#include "deploy/matrix.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
-#include "runtime/bundle.h"
-#include "service/prebuild.h"
+#include "bundle/bundle.h"
+#include "deploy/prebuild.h"
 
 namespace kforge::cli {
 namespace {

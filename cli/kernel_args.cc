@@ -1,7 +1,7 @@
 #include "cli/kernel_args.h"
 
 #include "absl/status/status.h"
-#include "compiler/spec.h"
+#include "model/spec.h"
 
 namespace kforge::cli {
 

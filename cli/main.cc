@@ -16,9 +16,9 @@
 #include "cli/runtime_cmds.h"
 #include "cli/service_cmds.h"
 #include "compiler/compiler.h"
-#include "compiler/cubin.h"
-#include "compiler/io.h"
-#include "compiler/spec.h"
+#include "model/cubin.h"
+#include "base/io.h"
+#include "model/spec.h"
 #include "service/compile_pool.h"
 #include "service/kernel_store.h"
 

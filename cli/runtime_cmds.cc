@@ -11,10 +11,10 @@
 #include "cli/flags.h"
 #include "cli/kernel_args.h"
 #include "compiler/compiler.h"
-#include "compiler/spec.h"
+#include "model/spec.h"
 #include "google/protobuf/util/json_util.h"
-#include "runtime/manifest.h"
-#include "runtime/selector.h"
+#include "compiler/manifest.h"
+#include "model/selector.h"
 #include "service/kernel_store.h"
 
 namespace kforge::cli {

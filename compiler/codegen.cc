@@ -135,19 +135,6 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec,
   return rule;
 }
 
-int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
-              const v1::LaunchRule& rule, int num_tokens, int sm_count) {
-  const long long ctas =
-      static_cast<long long>(tiling.num_head_groups()) * std::max(1, num_tokens);
-  const long long fit = static_cast<long long>(sm_count) * rule.ctas_per_sm() / ctas;
-  const int tiles = static_cast<int>((spec.topk() + tiling.token_tile() - 1) /
-                                     tiling.token_tile());
-  const int max_splits =
-      std::max(1, static_cast<int>((tiles + rule.min_tiles_per_split() - 1) /
-                                   rule.min_tiles_per_split()));
-  return static_cast<int>(std::clamp<long long>(fit, 1, max_splits));
-}
-
 std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
   const char* dtype =
       spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA ? "fp8dsmla"

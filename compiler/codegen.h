@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "compiler/arch.h"
+#include "model/arch.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
 
@@ -24,11 +24,6 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec,
 // artifact.proto).
 v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec,
                               const v1::KernelTiling& tiling, const Arch& arch);
-
-// Evaluates the rule's split formula (see LaunchRule in artifact.proto) for
-// a batch of num_tokens query tokens on a GPU with sm_count SMs.
-int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
-              const v1::LaunchRule& rule, int num_tokens, int sm_count);
 
 // Readable, deterministic name built from every kernel-changing parameter,
 // e.g. sparse_mla_decode_h8_d512r64_topk2048_sq1_bf16_pb64_sc3d800000_lse_sm120a.

@@ -6,10 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/codegen.h"
-#include "compiler/cubin.h"
+#include "model/cubin.h"
 #include "compiler/key.h"
 #include "compiler/nvrtc.h"
-#include "compiler/spec.h"
+#include "model/spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "templates/kforge/sparse_mla/config.h"
 

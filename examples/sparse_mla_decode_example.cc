@@ -21,13 +21,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "runtime/bundle.h"
+#include "bundle/bundle.h"
 #include "runtime/client.h"
 #include "runtime/cuda_driver.h"
-#include "runtime/kernel_source.h"
-#include "runtime/selector.h"
+#include "bundle/kernel_source.h"
+#include "model/selector.h"
 #include "runtime/sparse_mla_decode.h"
-#include "runtime/sparse_mla_reference.h"
+#include "tests/reference/sparse_mla_reference.h"
 
 namespace kforge {
 namespace {

@@ -11,10 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "compiler/absl_compat.h"
+#include "base/absl_compat.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
-#include "runtime/bundle.h"
+#include "bundle/bundle.h"
 
 namespace kforge {
 namespace {

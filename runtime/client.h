@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kforge/v1/service.pb.h"
-#include "runtime/kernel_source.h"
+#include "bundle/kernel_source.h"
 
 namespace kforge {
 

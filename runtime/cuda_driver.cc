@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "compiler/absl_compat.h"
+#include "base/absl_compat.h"
 
 namespace kforge {
 namespace {

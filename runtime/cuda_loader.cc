@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "compiler/absl_compat.h"
+#include "base/absl_compat.h"
 
 namespace kforge {
 namespace {

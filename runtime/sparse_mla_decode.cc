@@ -1,173 +1,18 @@
 #include "runtime/sparse_mla_decode.h"
 
 #include <algorithm>
-#include <cmath>
-#include <set>
 #include <string_view>
 #include <tuple>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "compiler/absl_compat.h"
+#include "base/absl_compat.h"
 
 namespace kforge {
 namespace {
 
-using sparse_mla::CombineParams;
-using sparse_mla::DecodeParams;
-
 absl::Status Invalid(std::string_view field, std::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(AsAbsl(field), ": ", AsAbsl(why)));
-}
-
-// The variant whose spec stands for the model (all variants share every
-// field but s_q).
-const v1::AttentionSpec& ModelSpec(const v1::Manifest& manifest) {
-  const int first =
-      manifest.choice_order_size() > 0 &&
-              manifest.choice_order(0) < static_cast<uint32_t>(manifest.variants_size())
-          ? static_cast<int>(manifest.choice_order(0))
-          : 0;
-  return manifest.variants(first).spec();
-}
-
-absl::Status CheckPointers(const DecodeArgs& a) {
-  struct Pointer {
-    const char* name;
-    CUdeviceptr value;
-  };
-  for (const Pointer& p : {Pointer{"q", a.q}, Pointer{"kv", a.kv}, Pointer{"indices", a.indices},
-                           Pointer{"out", a.out}}) {
-    if (p.value == 0) return Invalid(p.name, "null; a device pointer is required");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckPositive(const DecodeArgs& a) {
-  struct Size {
-    const char* name;
-    int64_t value;
-  };
-  for (const Size& s :
-       {Size{"batch", a.batch}, Size{"s_q", a.s_q}, Size{"num_q_heads", a.num_q_heads},
-        Size{"d_qk", a.d_qk}, Size{"d_v", a.d_v}, Size{"topk", a.topk},
-        Size{"page_block_size", a.page_block_size}, Size{"num_kv_slots", a.num_kv_slots}}) {
-    if (s.value < 1) return Invalid(s.name, absl::StrCat("got ", s.value, ", must be >= 1"));
-  }
-  return absl::OkStatus();
-}
-
-// Sizes compiled into the kernels must be the model's.
-absl::Status CheckModel(const DecodeArgs& a, const v1::AttentionSpec& spec) {
-  if (a.kv_dtype != spec.kv_cache_dtype()) {
-    return Invalid("kv_dtype",
-                   absl::StrCat("got ", KvDtypeName(a.kv_dtype), ", the kernels are built for ",
-                                KvDtypeName(spec.kv_cache_dtype())));
-  }
-  struct Size {
-    const char* name;
-    int64_t got, built;
-  };
-  const int64_t d_v = spec.kv_lora_rank();
-  for (const Size& s : {Size{"num_q_heads", a.num_q_heads, spec.num_q_heads()},
-                        Size{"d_qk", a.d_qk, d_v + spec.rope_dim()}, Size{"d_v", a.d_v, d_v},
-                        Size{"topk", a.topk, spec.topk()},
-                        Size{"page_block_size", a.page_block_size, spec.page_block_size()}}) {
-    if (s.got != s.built) {
-      return Invalid(s.name, absl::StrCat("got ", s.got, ", the kernels are built for ", s.built));
-    }
-  }
-  const double built = spec.softmax_scale();
-  if (!(std::abs(a.softmax_scale - built) <= kSoftmaxScaleTolerance * std::abs(built))) {
-    return Invalid("softmax_scale",
-                   absl::StrFormat("got %.9g, the kernels are compiled with %.9g (the "
-                                   "scale is a compile-time constant: ask kforge for "
-                                   "a spec with this scale)",
-                                   a.softmax_scale, built));
-  }
-  if (a.lse != 0 && !spec.return_lse()) {
-    return Invalid("lse",
-                   "given, but the kernels were built without return_lse "
-                   "(pass 0 or use a spec with return_lse)");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckSq(const DecodeArgs& a, const v1::Manifest& manifest) {
-  std::set<uint32_t> supported;
-  for (const v1::ManifestVariant& v : manifest.variants()) supported.insert(v.spec().s_q());
-  if (supported.count(static_cast<uint32_t>(a.s_q)) > 0) return absl::OkStatus();
-  return Invalid("s_q", absl::StrCat("got ", a.s_q, ", the manifest's variants support ",
-                                     absl::StrJoin(supported, ", ")));
-}
-
-// Rows are head-inner ([token][head][dim], any padding): each stride must
-// step over at least the row or block below it, or rows would overlap.
-absl::Status CheckStrides(const DecodeArgs& a) {
-  struct Stride {
-    const char* name;
-    int64_t value;
-    int64_t minimum;
-    std::string what;
-  };
-  const std::vector<Stride> strides = {
-      {"q_head_stride", a.q_head_stride, a.d_qk, "d_qk"},
-      {"q_token_stride", a.q_token_stride, a.num_q_heads * a.q_head_stride,
-       "num_q_heads * q_head_stride"},
-      {"kv_row_stride", a.kv_row_stride, a.d_qk, "d_qk"},
-      {"kv_page_stride", a.kv_page_stride, a.page_block_size * a.kv_row_stride,
-       "page_block_size * kv_row_stride"},
-      {"indices_stride", a.indices_stride, a.topk, "topk"},
-      {"out_head_stride", a.out_head_stride, a.d_v, "d_v"},
-      {"out_token_stride", a.out_token_stride, a.num_q_heads * a.out_head_stride,
-       "num_q_heads * out_head_stride"},
-  };
-  for (const Stride& s : strides) {
-    if (s.value < s.minimum) {
-      return Invalid(s.name, absl::StrCat("got ", s.value, ", must be >= ", s.what, " = ",
-                                          s.minimum, " (rows would overlap)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckAlignment(const DecodeArgs& a) {
-  // Pointers in bytes; strides in bf16 elements, i.e. 2 bytes each.
-  struct Rule {
-    const char* name;
-    uint64_t bytes;
-    int align;
-    bool pointer;
-  };
-  auto stride = [](const char* name, int64_t elements, int align) {
-    return Rule{name, static_cast<uint64_t>(elements) * 2, align, false};
-  };
-  const Rule rules[] = {
-      {"q", a.q, kQKvAlignBytes, true},
-      {"kv", a.kv, kQKvAlignBytes, true},
-      {"out", a.out, kOutAlignBytes, true},
-      {"indices", a.indices, 4, true},
-      {"lse", a.lse, 4, true},
-      stride("q_token_stride", a.q_token_stride, kQKvAlignBytes),
-      stride("q_head_stride", a.q_head_stride, kQKvAlignBytes),
-      stride("kv_page_stride", a.kv_page_stride, kQKvAlignBytes),
-      stride("kv_row_stride", a.kv_row_stride, kQKvAlignBytes),
-      stride("out_token_stride", a.out_token_stride, kOutAlignBytes),
-      stride("out_head_stride", a.out_head_stride, kOutAlignBytes),
-  };
-  for (const Rule& r : rules) {
-    if (r.bytes % r.align == 0) continue;
-    if (r.pointer) {
-      return Invalid(r.name, absl::StrFormat("0x%x is not %d-byte aligned", r.bytes, r.align));
-    }
-    return Invalid(r.name, absl::StrFormat("got %d elements, must be a multiple of %d (%d "
-                                           "bytes) so every row stays %d-byte aligned",
-                                           r.bytes / 2, r.align / 2, r.align, r.align));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status WithContext(const absl::Status& s, std::string_view context) {
@@ -175,72 +20,6 @@ absl::Status WithContext(const absl::Status& s, std::string_view context) {
 }
 
 }  // namespace
-
-absl::StatusOr<RuntimeShape> ValidateDecodeArgs(const DecodeArgs& args,
-                                                const v1::Manifest& manifest) {
-  if (manifest.variants_size() == 0) {
-    return absl::FailedPreconditionError("the manifest has no kernel variants");
-  }
-  const v1::AttentionSpec& spec = ModelSpec(manifest);
-  // In order, each only once the ones before passed (the stride checks
-  // multiply sizes that must be positive and the model's first).
-  absl::Status s = CheckPointers(args);
-  if (s.ok()) s = CheckPositive(args);
-  if (s.ok()) s = CheckModel(args, spec);
-  if (s.ok()) s = CheckSq(args, manifest);
-  if (s.ok()) s = CheckStrides(args);
-  if (s.ok()) s = CheckAlignment(args);
-  if (!s.ok()) return s;
-  return RuntimeShape{args.batch, args.s_q,      args.num_q_heads,
-                      args.topk,  args.kv_dtype, args.page_block_size};
-}
-
-int TokensPerSplit(int topk, int token_tile, int num_splits) {
-  const int per_split = (topk + num_splits - 1) / num_splits;
-  return (per_split + token_tile - 1) / token_tile * token_tile;
-}
-
-DecodeParams MakeDecodeParams(const Selection& sel, const DecodeArgs& a, CUdeviceptr workspace) {
-  const v1::AttentionSpec& spec = sel.variant->spec();
-  DecodeParams p{};
-  p.q = reinterpret_cast<const unsigned short*>(a.q);
-  p.kv = reinterpret_cast<const unsigned short*>(a.kv);
-  p.indices = reinterpret_cast<const int*>(a.indices);
-  p.out = reinterpret_cast<unsigned short*>(a.out);
-  p.lse = reinterpret_cast<float*>(a.lse);
-  if (sel.needs_combine) {
-    const uint64_t o_accum_bytes = static_cast<uint64_t>(sel.num_splits) * sel.num_tokens *
-                                   spec.num_q_heads() * spec.kv_lora_rank() * sizeof(float);
-    p.o_accum = reinterpret_cast<float*>(workspace);
-    p.lse_accum = reinterpret_cast<float*>(workspace + o_accum_bytes);
-  }
-  p.q_token_stride = a.q_token_stride;
-  p.q_head_stride = a.q_head_stride;
-  p.kv_page_stride = a.kv_page_stride;
-  p.kv_row_stride = a.kv_row_stride;
-  p.num_kv_slots = a.num_kv_slots;
-  p.indices_stride = a.indices_stride;
-  p.out_token_stride = a.out_token_stride;
-  p.out_head_stride = a.out_head_stride;
-  p.num_tokens = sel.num_tokens;
-  p.num_splits = sel.num_splits;
-  p.tokens_per_split =
-      TokensPerSplit(static_cast<int>(spec.topk()),
-                     static_cast<int>(sel.variant->tiling().token_tile()), sel.num_splits);
-  return p;
-}
-
-CombineParams MakeCombineParams(const Selection& sel, const DecodeArgs& a, CUdeviceptr workspace) {
-  const DecodeParams main = MakeDecodeParams(sel, a, workspace);
-  return CombineParams{.o_accum = main.o_accum,
-                       .lse_accum = main.lse_accum,
-                       .out = main.out,
-                       .lse = main.lse,
-                       .out_token_stride = main.out_token_stride,
-                       .out_head_stride = main.out_head_stride,
-                       .num_tokens = main.num_tokens,
-                       .num_splits = main.num_splits};
-}
 
 LaunchDims MainLaunchDims(const Selection& sel) {
   return {sel.grid_x, sel.grid_y, sel.grid_z, sel.block_threads, sel.dynamic_smem_bytes};
@@ -379,29 +158,11 @@ absl::Status SparseMlaDecode::GrowWorkspace(uint64_t bytes) {
 }
 
 absl::Status SparseMlaDecode::Reserve(int max_tokens) {
-  if (max_tokens < 1) {
-    return Invalid("max_tokens", absl::StrCat("got ", max_tokens, ", must be >= 1"));
-  }
-  // The split count only falls as the batch grows (the grid fills the GPU),
-  // so each variant is walked up to its first batch that needs no combine.
-  const DeviceInfo device{arch_, sm_count_};
-  uint64_t need = 0;
-  for (const v1::ManifestVariant& v : manifest_.variants()) {
-    RuntimeShape shape{0,
-                       static_cast<int>(v.spec().s_q()),
-                       static_cast<int>(v.spec().num_q_heads()),
-                       static_cast<int>(v.spec().topk()),
-                       v.spec().kv_cache_dtype(),
-                       static_cast<int>(v.spec().page_block_size())};
-    for (shape.batch = 1; shape.batch * shape.s_q <= max_tokens; ++shape.batch) {
-      absl::StatusOr<Selection> sel = Select(manifest_, device, shape);
-      if (!sel.ok()) return sel.status();
-      need = std::max(need, sel->workspace_bytes);
-      if (!sel->needs_combine) break;
-    }
-  }
+  absl::StatusOr<uint64_t> need =
+      WorkspaceBytesFor(manifest_, DeviceInfo{arch_, sm_count_}, max_tokens);
+  if (!need.ok()) return need.status();
   absl::MutexLock lock(&mu_);
-  return GrowWorkspace(need);
+  return GrowWorkspace(*need);
 }
 
 absl::StatusOr<Selection> SparseMlaDecode::Plan(const DecodeArgs& args) const {
@@ -411,9 +172,11 @@ absl::StatusOr<Selection> SparseMlaDecode::Plan(const DecodeArgs& args) const {
 }
 
 absl::Status SparseMlaDecode::Run(const DecodeArgs& args, CUstream stream) {
+  absl::MutexLock lock(&mu_);
+  // Planned under the lock: the parameter blocks point into the workspace,
+  // which a concurrent Run could otherwise grow (and free) in between.
   absl::StatusOr<Selection> sel = Plan(args);
   if (!sel.ok()) return sel.status();
-  absl::MutexLock lock(&mu_);
   absl::StatusOr<const CudaKernelModule*> module = KernelFor(*sel->variant);
   if (!module.ok()) return module.status();
   ScopedCudaContext scope(cu_, context_);

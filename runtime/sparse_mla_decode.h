@@ -28,83 +28,14 @@
 #include "kforge/v1/spec.pb.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/cuda_loader.h"
-#include "runtime/kernel_source.h"
-#include "runtime/selector.h"
+#include "bundle/kernel_source.h"
+#include "model/decode_plan.h"
+#include "model/selector.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
 
-// One decode call. Query tokens are numbered request-major:
-// token = request * s_q + i, num_tokens = batch * s_q. Pointers are device
-// pointers in the context of the SparseMlaDecode's device; strides are in
-// elements of the pointed-to type.
-struct DecodeArgs {
-  CUdeviceptr q = 0;        // bf16 [num_tokens, num_q_heads, d_qk]; not null
-  CUdeviceptr kv = 0;       // bf16 paged cache: the row of slot s starts at
-                            // (s / page_block_size) * kv_page_stride +
-                            // (s % page_block_size) * kv_row_stride; not null
-  CUdeviceptr indices = 0;  // int32 [num_tokens, topk], row stride
-                            // indices_stride; -1 or >= num_kv_slots = no
-                            // token; not null
-  CUdeviceptr out = 0;      // bf16 [num_tokens, num_q_heads, d_v]; not null
-  CUdeviceptr lse = 0;      // fp32 [num_tokens, num_q_heads], contiguous
-                            // (no strides), natural log; 0 = not wanted
-
-  int batch = 0;             // requests
-  int s_q = 0;               // query tokens per request (1, or 2..4 with MTP)
-  int num_q_heads = 0;       // heads on this GPU
-  int d_qk = 0;              // kv_lora_rank + rope_dim (576)
-  int d_v = 0;               // kv_lora_rank (512): V is the first d_v columns
-  int topk = 0;              // indices per query token
-  int page_block_size = 0;   // KV cache tokens per page
-  int64_t num_kv_slots = 0;  // num_pages * page_block_size
-  v1::KvCacheDtype kv_dtype = v1::KV_CACHE_DTYPE_BF16;
-
-  int64_t q_token_stride = 0;
-  int64_t q_head_stride = 0;
-  int64_t kv_page_stride = 0;
-  int64_t kv_row_stride = 0;
-  int64_t indices_stride = 0;  // between query tokens
-  int64_t out_token_stride = 0;
-  int64_t out_head_stride = 0;
-
-  // Must equal the model's (it is compiled into the kernel): relative
-  // difference <= kSoftmaxScaleTolerance.
-  double softmax_scale = 0;
-};
-
-// Alignments the kernels rely on. q and kv rows are gathered with 16-byte
-// cp.async (templates/kforge/sparse_mla/decode.cuh), so their pointers and
-// strides must keep every row on a 16-byte boundary; out is written as
-// pairs of bf16 (4-byte stores) by both kernels; indices and lse are
-// read/written as 4-byte scalars.
-inline constexpr int kQKvAlignBytes = 16;
-inline constexpr int kOutAlignBytes = 4;
-inline constexpr double kSoftmaxScaleTolerance = 1e-6;
-
-// Checks `args` against the model the manifest was built for (every variant
-// shares heads, d_qk, d_v, topk, page size, dtype, scale, return_lse; they
-// differ in s_q) before anything is launched. InvalidArgument naming the
-// field, the value and what the kernels support: null pointers, non-positive
-// sizes, sizes and scale that differ from the model, strides smaller than
-// the row they step over (rows are head-inner: token stride >= heads * head
-// stride), misaligned pointers and strides (see kQKvAlignBytes), an s_q no
-// variant supports, lse given when the kernels were built without
-// return_lse. FailedPrecondition for a manifest with no variants.
-absl::StatusOr<RuntimeShape> ValidateDecodeArgs(const DecodeArgs& args,
-                                                const v1::Manifest& manifest);
-
-// Keys of the top-k range per split: ceil(topk / num_splits) rounded up to
-// the token tile, as the main kernel's grid.y blocks expect.
-int TokensPerSplit(int topk, int token_tile, int num_splits);
-
-// Workspace layout (selection.workspace_bytes at `workspace`, only when
-// selection.needs_combine): fp32 o_accum [num_splits, num_tokens, heads,
-// d_v], then fp32 lse_accum [num_splits, num_tokens, heads].
-sparse_mla::DecodeParams MakeDecodeParams(const Selection& selection, const DecodeArgs& args,
-                                          CUdeviceptr workspace);
-sparse_mla::CombineParams MakeCombineParams(const Selection& selection, const DecodeArgs& args,
-                                            CUdeviceptr workspace);
+// Launch dimensions of a selection's two kernels.
 LaunchDims MainLaunchDims(const Selection& selection);
 LaunchDims CombineLaunchDims(const Selection& selection);
 

@@ -22,8 +22,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "compiler/absl_compat.h"
-#include "compiler/key.h"
+#include "base/absl_compat.h"
+#include "base/sha256.h"
+#include "model/format.h"
 
 namespace kforge {
 namespace {

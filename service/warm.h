@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "runtime/bundle.h"
+#include "bundle/bundle.h"
 #include "service/kernel_store.h"
 
 namespace kforge {

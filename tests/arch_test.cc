@@ -1,4 +1,4 @@
-#include "compiler/arch.h"
+#include "model/arch.h"
 
 #include <set>
 #include <ostream>

@@ -1,7 +1,7 @@
 // Bundle directories (runtime/bundle.h) and CheckArtifactForVariant, with a
 // real kernel: glm-5 at TP 8 on sm_90a, compiled once for the suite (about
 // a second with NVRTC, no GPU needed).
-#include "runtime/bundle.h"
+#include "bundle/bundle.h"
 
 #include <atomic>
 #include <filesystem>
@@ -14,12 +14,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "compiler/io.h"
+#include "base/io.h"
 #include "compiler/key.h"
-#include "compiler/spec.h"
+#include "model/spec.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
-#include "runtime/kernel_source.h"
+#include "bundle/kernel_source.h"
 #include "tests/test_util.h"
 
 namespace kforge {

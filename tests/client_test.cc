@@ -23,7 +23,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/service.grpc.pb.h"
-#include "runtime/bundle.h"
+#include "bundle/bundle.h"
 #include "tests/test_util.h"
 
 namespace kforge {

@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "compiler/spec.h"
+#include "model/spec.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/worker.pb.h"
 #include "tests/test_util.h"

@@ -1,4 +1,4 @@
-#include "compiler/cubin.h"
+#include "model/cubin.h"
 
 #include <nvrtc.h>
 

@@ -17,15 +17,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/compiler.h"
-#include "compiler/spec.h"
+#include "model/spec.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/cuda_loader.h"
-#include "runtime/kernel_source.h"
-#include "runtime/manifest.h"
-#include "runtime/selector.h"
+#include "bundle/kernel_source.h"
+#include "compiler/manifest.h"
+#include "model/selector.h"
+#include "model/launch.h"
 #include "runtime/sparse_mla_decode.h"
-#include "runtime/sparse_mla_reference.h"
+#include "tests/reference/sparse_mla_reference.h"
 #include "tests/test_util.h"
 
 namespace kforge {
@@ -369,13 +370,22 @@ TEST(ValidateDecodeArgs, EmptyManifestIsFailedPrecondition) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// TokensPerSplit for a spec of `topk` keys and a rule of `tile`-key tiles.
+int TokensPerSplitFor(int topk, int tile, int splits) {
+  v1::AttentionSpec spec;
+  spec.set_topk(topk);
+  v1::LaunchRule rule;
+  rule.set_split_granularity_tokens(tile);
+  return TokensPerSplit(spec, rule, splits);
+}
+
 TEST(TokensPerSplit, CoversTopkInWholeTiles) {
-  EXPECT_EQ(TokensPerSplit(2048, 64, 1), 2048);
-  EXPECT_EQ(TokensPerSplit(2048, 64, 8), 256);
-  EXPECT_EQ(TokensPerSplit(2048, 64, 3), 704);  // ceil(2048 / 3) = 683 -> 11 tiles
-  EXPECT_EQ(TokensPerSplit(2049, 64, 2), 1088);
-  EXPECT_EQ(TokensPerSplit(63, 32, 2), 32);
-  EXPECT_EQ(TokensPerSplit(1, 32, 1), 32);
+  EXPECT_EQ(TokensPerSplitFor(2048, 64, 1), 2048);
+  EXPECT_EQ(TokensPerSplitFor(2048, 64, 8), 256);
+  EXPECT_EQ(TokensPerSplitFor(2048, 64, 3), 704);  // ceil(2048 / 3) = 683 -> 11 tiles
+  EXPECT_EQ(TokensPerSplitFor(2049, 64, 2), 1088);
+  EXPECT_EQ(TokensPerSplitFor(63, 32, 2), 32);
+  EXPECT_EQ(TokensPerSplitFor(1, 32, 1), 32);
 }
 
 // Args with padded strides, so a field copied from the wrong stride shows.
@@ -431,7 +441,7 @@ TEST(MakeDecodeParams, SplitLaunchUsesTheWorkspaceLayout) {
   EXPECT_EQ(p.num_tokens, 2);
   EXPECT_EQ(p.num_splits, sel->num_splits);
   const int tile = static_cast<int>(sel->variant->tiling().token_tile());
-  EXPECT_EQ(p.tokens_per_split, TokensPerSplit(2048, tile, sel->num_splits));
+  EXPECT_EQ(p.tokens_per_split, TokensPerSplitFor(2048, tile, sel->num_splits));
   EXPECT_EQ(p.tokens_per_split % tile, 0);
   EXPECT_GE(p.tokens_per_split * sel->num_splits, 2048);
   EXPECT_LT(p.tokens_per_split * (sel->num_splits - 1), 2048);  // no empty split

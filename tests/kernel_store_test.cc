@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "compiler/spec.h"
+#include "model/spec.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 

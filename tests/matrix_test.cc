@@ -1,15 +1,15 @@
-// Deployment matrices (compiler/matrix.h): the shipped default, the JSON
+// Deployment matrices (deploy/matrix.h): the shipped default, the JSON
 // format, the expansion into (spec, arch) jobs and the error for each bad
 // field.
-#include "compiler/matrix.h"
+#include "deploy/matrix.h"
 
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "compiler/io.h"
-#include "compiler/spec.h"
+#include "base/io.h"
+#include "model/spec.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/spec.pb.h"
 #include "tests/test_util.h"
@@ -36,7 +36,7 @@ std::vector<MatrixJob> Expand(const std::string& json) {
 
 TEST(MatrixTest, EmbeddedDefaultIsTheShippedFile) {
   absl::StatusOr<std::string> file =
-      ReadFile(KFORGE_SOURCE_DIR "/compiler/default_matrix.json");
+      ReadFile(KFORGE_SOURCE_DIR "/deploy/default_matrix.json");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(DefaultMatrixJson(), *file);
 }

@@ -2,7 +2,7 @@
 // small matrices: glm-5 on sm_90a, about a second a kernel with NVRTC, no
 // GPU), `kforge serve --warm-from` on the bundles they write,
 // PrebuildBundle's stop, and KeepQueryLengths (runtime/manifest.h).
-#include "service/prebuild.h"
+#include "deploy/prebuild.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -26,18 +26,18 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "compiler/compiler.h"
-#include "compiler/io.h"
+#include "base/io.h"
 #include "compiler/key.h"
-#include "compiler/matrix.h"
-#include "compiler/spec.h"
+#include "deploy/matrix.h"
+#include "model/spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/service.grpc.pb.h"
-#include "runtime/bundle.h"
-#include "runtime/manifest.h"
+#include "bundle/bundle.h"
+#include "compiler/manifest.h"
 #include "tests/test_util.h"
 
 namespace kforge {

@@ -1,6 +1,6 @@
 // The selector: manifest tables per preset x TP x arch x batch, "nothing
 // fits" reports and shape validation. Pure CPU (plans only, no compile).
-#include "runtime/selector.h"
+#include "model/selector.h"
 
 #include <string>
 #include <tuple>
@@ -9,9 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "compiler/codegen.h"
 #include "compiler/compiler.h"
-#include "compiler/spec.h"
+#include "model/launch.h"
+#include "model/spec.h"
 #include "gtest/gtest.h"
-#include "runtime/manifest.h"
+#include "compiler/manifest.h"
 
 namespace kforge {
 namespace {

@@ -1,4 +1,4 @@
-#include "compiler/spec.h"
+#include "model/spec.h"
 
 #include <unistd.h>
 

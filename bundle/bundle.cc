@@ -1,0 +1,717 @@
+#include "bundle/bundle.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "base/absl_compat.h"
+#include "model/arch.h"
+#include "base/io.h"
+#include "base/sha256.h"
+#include "model/format.h"
+#include "model/spec.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "google/protobuf/util/type_resolver.h"
+#include "google/protobuf/util/type_resolver_util.h"
+
+namespace kforge {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kFormatName[] = "kforge-bundle";
+constexpr char kKernelsPrefix[] = "kernels/";
+constexpr char kManifestsPrefix[] = "manifests/";
+constexpr char kKernelSuffix[] = ".kfa";
+constexpr char kManifestSuffix[] = ".json";
+constexpr char kTypeUrlPrefix[] = "type.googleapis.com";
+
+std::string JoinPath(const std::string& dir, std::string_view relative) {
+  return absl::StrCat(dir, "/", AsAbsl(relative));
+}
+
+// Keys and module names become file names. Both are made of [0-9a-z_] by
+// the compiler; refusing anything else keeps a hostile or damaged name
+// ("../x", "a/b") from reaching outside the bundle directory.
+absl::Status CheckFileStem(std::string_view field, std::string_view name) {
+  const bool safe = !name.empty() && name.front() != '.' &&
+                    std::all_of(name.begin(), name.end(), [](char c) {
+                      return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+                             c == '_' || c == '-' || c == '.';
+                    });
+  if (safe) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      AsAbsl(field), ": got \"", AsAbsl(name),
+      "\", a bundle file name must be non-empty letters, digits, '_', '-', '.'"));
+}
+
+std::string MarkerText() {
+  return absl::StrCat("{\"format\": \"", kFormatName,
+                      "\", \"format_version\": ", kBundleFormatVersion, "}\n");
+}
+
+// OK for a marker of this format and version; NotFound (naming the path)
+// when there is none; FailedPrecondition for anything else.
+absl::Status CheckMarker(const std::string& dir) {
+  const std::string path = JoinPath(dir, kBundleMarkerFile);
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  google::protobuf::Struct marker;
+  google::protobuf::util::Status parsed =
+      google::protobuf::util::JsonStringToMessage(*text, &marker);
+  if (!parsed.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": not a kforge bundle marker: ", std::string(parsed.message())));
+  }
+  const auto& fields = marker.fields();
+  auto format = fields.find("format");
+  const std::string got_format =
+      format == fields.end() ? "" : format->second.string_value();
+  if (got_format != kFormatName) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": format is \"", got_format, "\", expected \"", kFormatName,
+                     "\": ", dir, " is not a kforge bundle"));
+  }
+  auto version = fields.find("format_version");
+  const double got_version = version == fields.end() ? 0 : version->second.number_value();
+  if (got_version != kBundleFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": bundle format version ", got_version,
+                     ", this kforge reads and writes "
+                     "version ",
+                     kBundleFormatVersion,
+                     "; rebuild the bundle with this kforge "
+                     "(`kforge prebuild`) or use the kforge that wrote it"));
+  }
+  return absl::OkStatus();
+}
+
+// Protobuf's default serialization may order map entries differently from
+// run to run; bundle files must not.
+std::string SerializeDeterministic(const google::protobuf::Message& message) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    message.SerializeToCodedStream(&coded);
+  }
+  return bytes;
+}
+
+// The manifest as indented JSON with proto field names and every field
+// printed, zeros included (sm_count 0 says "symbolic" in the file, as
+// `kforge manifest` prints it), ending in a newline. Printed from the
+// deterministic binary form so map entries come out sorted by key.
+std::string ManifestJson(const v1::Manifest& manifest) {
+  static google::protobuf::util::TypeResolver* const resolver =
+      google::protobuf::util::NewTypeResolverForDescriptorPool(
+          kTypeUrlPrefix, google::protobuf::DescriptorPool::generated_pool());
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  // Printing a valid message with a resolver over its own pool cannot fail.
+  (void)google::protobuf::util::BinaryToJsonString(
+      resolver,
+      absl::StrCat(kTypeUrlPrefix, "/", v1::Manifest::descriptor()->full_name()),
+      SerializeDeterministic(manifest), &json, options);
+  if (!absl::EndsWith(json, "\n")) json.push_back('\n');
+  return json;
+}
+
+absl::StatusOr<v1::Manifest> ParseManifest(const std::string& json) {
+  v1::Manifest manifest;
+  google::protobuf::util::JsonParseOptions options;
+  // Fields added later within format version 1 must not break older readers.
+  options.ignore_unknown_fields = true;
+  google::protobuf::util::Status s =
+      google::protobuf::util::JsonStringToMessage(json, &manifest, options);
+  if (!s.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("not a manifest: ", std::string(s.message())));
+  }
+  return manifest;
+}
+
+absl::StatusOr<v1::KernelArtifact> ParseKernel(const std::string& bytes) {
+  v1::KernelArtifact artifact;
+  if (!artifact.ParseFromString(bytes)) {
+    return absl::DataLossError("not a binary KernelArtifact (truncated or damaged)");
+  }
+  return artifact;
+}
+
+// The variant an artifact claims to be, to check an artifact on its own
+// (truncated trailing fields, a damaged cubin) with CheckArtifactForVariant.
+v1::ManifestVariant VariantOf(const v1::KernelArtifact& artifact) {
+  v1::ManifestVariant variant;
+  variant.set_module_name(artifact.module_name());
+  variant.set_key(artifact.key());
+  *variant.mutable_spec() = artifact.spec();
+  variant.set_main_entry(artifact.main_entry());
+  variant.set_combine_entry(artifact.combine_entry());
+  return variant;
+}
+
+absl::Status CheckKernelOnItsOwn(const v1::KernelArtifact& artifact) {
+  return CheckArtifactForVariant(VariantOf(artifact), artifact.arch(), artifact);
+}
+
+const v1::ManifestVariant& FirstChoice(const v1::Manifest& manifest) {
+  return manifest.variants(
+      manifest.choice_order_size() > 0 ? static_cast<int>(manifest.choice_order(0)) : 0);
+}
+
+// Regular files under `dir`, as sorted paths relative to it with '/'.
+std::vector<std::string> ListFiles(const std::string& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (it->is_regular_file(ec)) {
+      files.push_back(fs::relative(it->path(), dir, ec).generic_string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+bool IsKernelPath(std::string_view path) {
+  return absl::StartsWith(AsAbsl(path), kKernelsPrefix) &&
+         absl::EndsWith(AsAbsl(path), kKernelSuffix);
+}
+
+bool IsManifestPath(std::string_view path) {
+  return absl::StartsWith(AsAbsl(path), kManifestsPrefix) &&
+         absl::EndsWith(AsAbsl(path), kManifestSuffix);
+}
+
+// "kernels/<key>.kfa" -> "<key>".
+std::string KeyOfPath(std::string_view path) {
+  path.remove_prefix(sizeof(kKernelsPrefix) - 1);
+  path.remove_suffix(sizeof(kKernelSuffix) - 1);
+  return std::string(path);
+}
+
+// A temporary of WriteFileAtomic ("<path>.tmp.XXXXXX") left by a killed
+// writer.
+bool IsStaleTemporary(std::string_view path) {
+  const size_t at = path.rfind(".tmp.");
+  return at != std::string_view::npos && path.size() == at + 5 + 6;
+}
+
+// checksums.sha256 as path -> hex sha256, and what was wrong with its lines.
+struct ChecksumList {
+  std::map<std::string, std::string> sha_by_path;
+  std::vector<std::string> errors;
+};
+
+bool IsHexSha256(std::string_view s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// Lines as sha256sum writes them: "<hex>  <path>" (text) or "<hex> *<path>"
+// (binary mode); paths relative, inside the bundle.
+ChecksumList ParseChecksums(const std::string& text) {
+  ChecksumList list;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    ++line_number;
+    const bool well_formed = line.size() > 66 && IsHexSha256({line.data(), 64}) &&
+                             line[64] == ' ' && (line[65] == ' ' || line[65] == '*');
+    const std::string path(line.substr(well_formed ? 66 : 0));
+    if (!well_formed || path.front() == '/' ||
+        absl::StrContains(absl::StrCat("/", path, "/"), "/../")) {
+      list.errors.push_back(
+          absl::StrCat("line ", line_number, ": got \"", line,
+                       "\", expected \"<sha256 hex>  <relative path>\""));
+      continue;
+    }
+    if (!list.sha_by_path.emplace(path, std::string(line.substr(0, 64))).second) {
+      list.errors.push_back(
+          absl::StrCat("line ", line_number, ": ", path, " listed twice"));
+    }
+  }
+  return list;
+}
+
+std::string VerifyHint(const std::string& dir) {
+  return absl::StrCat("run `kforge verify ", dir, "` for the full report");
+}
+
+// A file of the bundle, checked against the checksum list. NotFound when it
+// is neither listed nor present; DataLoss when it is present but not listed,
+// listed but missing, or its bytes do not hash to the listed sum.
+absl::StatusOr<std::string> ReadListedFile(const std::string& dir,
+                                           const ChecksumList& checksums,
+                                           const std::string& relative) {
+  const std::string path = JoinPath(dir, relative);
+  absl::StatusOr<std::string> data = ReadFile(path);
+  auto listed = checksums.sha_by_path.find(relative);
+  if (listed == checksums.sha_by_path.end()) {
+    if (absl::IsNotFound(data.status())) {
+      return absl::NotFoundError(absl::StrCat("bundle ", dir, " has no ", relative));
+    }
+    return absl::DataLossError(absl::StrCat(path, " is not listed in ",
+                                            kBundleChecksumsFile, "; ", VerifyHint(dir)));
+  }
+  if (!data.ok()) {
+    return absl::DataLossError(absl::StrCat(
+        path, " is listed in ", kBundleChecksumsFile, " but cannot be read (",
+        data.status().message(), "); ", VerifyHint(dir)));
+  }
+  const std::string got = Sha256Hex(*data);
+  if (got != listed->second) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": sha256 ", got, ", ", kBundleChecksumsFile, " lists ",
+                     listed->second, ": the file is damaged; ", VerifyHint(dir)));
+  }
+  return data;
+}
+
+// KernelStore::Resolve without the service: a spec as given or a preset's.
+absl::StatusOr<v1::AttentionSpec> SpecOfSelector(const v1::KernelSelector& selector) {
+  absl::StatusOr<v1::AttentionSpec> spec;
+  if (selector.has_spec()) {
+    spec = selector.spec();
+  } else if (selector.has_preset()) {
+    spec = SpecFromPreset(selector.preset().name(),
+                          static_cast<int>(selector.preset().tensor_parallel()));
+  } else {
+    return absl::InvalidArgumentError(
+        "kernel: got nothing, supported a spec or a preset (name + tensor_parallel)");
+  }
+  if (!spec.ok()) return spec.status();
+  return NormalizeSpec(*spec);
+}
+
+}  // namespace
+
+std::string BundleKernelPath(std::string_view key) {
+  return absl::StrCat(kKernelsPrefix, AsAbsl(key), kKernelSuffix);
+}
+
+absl::StatusOr<std::string> BundleManifestPath(const v1::Manifest& manifest) {
+  if (manifest.variants_size() == 0) {
+    return absl::InvalidArgumentError(
+        "manifest has no variants; a bundle manifest is named by its first choice");
+  }
+  if (manifest.choice_order_size() > 0 &&
+      manifest.choice_order(0) >= static_cast<uint32_t>(manifest.variants_size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest choice_order[0]: got ", manifest.choice_order(0),
+                     ", only ", manifest.variants_size(), " variants"));
+  }
+  const std::string& name = FirstChoice(manifest).module_name();
+  if (absl::Status s = CheckFileStem("module_name", name); !s.ok()) return s;
+  return absl::StrCat(kManifestsPrefix, name, kManifestSuffix);
+}
+
+// ---------------------------------------------------------------------------
+// BundleWriter
+
+namespace {
+
+// flock on the bundle directory: the lock lives with the open file
+// description, so it is released when the writer closes it or dies.
+absl::Status LockDirectory(int fd, const std::string& dir, bool wait) {
+  while (flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "bundle directory ", dir, " is being written by another kforge process (a "
+          "prebuild, or a client keeping its local copy there); wait for it to "
+          "finish or write elsewhere"));
+    }
+    return absl::InternalError(
+        absl::StrCat("cannot lock bundle directory ", dir, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+class BundleWriter::WriteLock {
+ public:
+  explicit WriteLock(const BundleWriter& writer)
+      : fd_(writer.locking_ == BundleLocking::kPerWrite ? writer.dir_fd_ : -1) {
+    if (fd_ >= 0) status_ = LockDirectory(fd_, writer.dir_, /*wait=*/true);
+  }
+  ~WriteLock() {
+    if (fd_ >= 0 && status_.ok()) flock(fd_, LOCK_UN);
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  int fd_;
+  absl::Status status_;
+};
+
+absl::StatusOr<std::unique_ptr<BundleWriter>> BundleWriter::Open(const std::string& dir,
+                                                                 BundleLocking locking) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot create bundle directory ", dir, ": ", ec.message()));
+  }
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot open bundle directory ", dir, ": ", strerror(errno)));
+  }
+  // Owns fd from here: the destructor closes it (and drops any lock).
+  std::unique_ptr<BundleWriter> writer(new BundleWriter(dir, fd, locking));
+  if (locking == BundleLocking::kWholeRun) {
+    if (absl::Status s = LockDirectory(fd, dir, /*wait=*/false); !s.ok()) return s;
+  }
+  WriteLock lock(*writer);
+  if (!lock.status().ok()) return lock.status();
+  absl::Status marker = CheckMarker(dir);
+  if (absl::IsNotFound(marker)) {
+    marker = WriteFileAtomic(JoinPath(dir, kBundleMarkerFile), MarkerText());
+  }
+  if (!marker.ok()) return marker;
+  return writer;
+}
+
+BundleWriter::~BundleWriter() { close(dir_fd_); }
+
+bool BundleWriter::HasKernel(std::string_view key) const {
+  if (!CheckFileStem("key", key).ok()) return false;
+  absl::StatusOr<std::string> bytes = ReadFile(JoinPath(dir_, BundleKernelPath(key)));
+  if (!bytes.ok()) return false;
+  absl::StatusOr<v1::KernelArtifact> artifact = ParseKernel(*bytes);
+  return artifact.ok() && artifact->key() == key && CheckKernelOnItsOwn(*artifact).ok();
+}
+
+absl::Status BundleWriter::AddKernel(const v1::KernelArtifact& artifact) {
+  if (absl::Status s = CheckFileStem("key", artifact.key()); !s.ok()) return s;
+  if (absl::Status s = CheckKernelOnItsOwn(artifact); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "refusing to add a broken kernel to bundle ", dir_, ": ", s.message()));
+  }
+  WriteLock lock(*this);
+  if (!lock.status().ok()) return lock.status();
+  return WriteFileAtomic(JoinPath(dir_, BundleKernelPath(artifact.key())),
+                         SerializeDeterministic(artifact));
+}
+
+absl::Status BundleWriter::AddManifest(const v1::Manifest& manifest) {
+  if (manifest.sm_count() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "manifest sm_count: got ", manifest.sm_count(),
+        ", a bundle manifest leaves the split count symbolic (0) so that it serves "
+        "any device of its arch"));
+  }
+  absl::StatusOr<std::string> path = BundleManifestPath(manifest);
+  if (!path.ok()) return path.status();
+  WriteLock lock(*this);
+  if (!lock.status().ok()) return lock.status();
+  return WriteFileAtomic(JoinPath(dir_, *path), ManifestJson(manifest));
+}
+
+absl::Status BundleWriter::Finish() {
+  WriteLock lock(*this);
+  if (!lock.status().ok()) return lock.status();
+  std::string text;
+  for (const std::string& relative : ListFiles(dir_)) {
+    const std::string path = JoinPath(dir_, relative);
+    if (IsStaleTemporary(relative)) {
+      // Left by a killed writer (the directory lock keeps live writers out
+      // of Finish); never a bundle file.
+      std::error_code ec;
+      fs::remove(path, ec);
+      continue;
+    }
+    if (!IsKernelPath(relative) && !IsManifestPath(relative)) continue;
+    absl::StatusOr<std::string> data = ReadFile(path);
+    if (!data.ok()) return data.status();
+    absl::StrAppend(&text, Sha256Hex(*data), "  ", relative, "\n");
+  }
+  return WriteFileAtomic(JoinPath(dir_, kBundleChecksumsFile), text);
+}
+
+// ---------------------------------------------------------------------------
+// VerifyBundle
+
+namespace {
+
+// What a manifest needs from the kernel files: each variant, by key.
+struct Requirement {
+  std::string manifest_path;
+  std::string arch;
+  v1::ManifestVariant variant;
+};
+
+class Verifier {
+ public:
+  explicit Verifier(std::string dir) : dir_(std::move(dir)) {}
+
+  std::vector<BundleProblem> Run() {
+    if (absl::Status s = CheckMarker(dir_); absl::IsNotFound(s)) {
+      Add(kBundleMarkerFile, absl::StrCat("missing: ", dir_, " is not a kforge bundle"));
+    } else if (!s.ok()) {
+      Add(kBundleMarkerFile, s.message());
+    }
+    LoadChecksums();
+    const std::vector<std::string> files = ListFiles(dir_);
+    for (const std::string& path : files) {
+      if (IsManifestPath(path)) CheckManifest(path);
+    }
+    for (const std::string& path : files) CheckFile(path);
+    for (const auto& [path, sha] : checksums_.sha_by_path) {
+      if (!std::binary_search(files.begin(), files.end(), path)) {
+        Add(path, absl::StrCat("listed in ", kBundleChecksumsFile, " but missing"));
+      }
+    }
+    for (const auto& [key, requirements] : requirements_) {
+      const std::string kernel_path = BundleKernelPath(key);
+      const bool present = std::binary_search(files.begin(), files.end(), kernel_path);
+      for (const Requirement& r : requirements) {
+        Add(r.manifest_path,
+            absl::StrCat("variant ", r.variant.module_name(), ": kernel ", kernel_path,
+                         present ? " is damaged (see its own problem)" : " is missing"));
+      }
+    }
+    std::stable_sort(
+        problems_.begin(), problems_.end(),
+        [](const BundleProblem& a, const BundleProblem& b) { return a.path < b.path; });
+    return std::move(problems_);
+  }
+
+ private:
+  void Add(std::string_view path, absl::string_view message) {
+    problems_.push_back({std::string(path), std::string(message)});
+  }
+
+  void LoadChecksums() {
+    absl::StatusOr<std::string> text = ReadFile(JoinPath(dir_, kBundleChecksumsFile));
+    if (!text.ok()) {
+      Add(kBundleChecksumsFile, text.status().message());
+      return;
+    }
+    checksums_ = ParseChecksums(*text);
+    for (const std::string& error : checksums_.errors) Add(kBundleChecksumsFile, error);
+  }
+
+  // A manifest's own problems; its variants become requirements that the
+  // kernel files settle.
+  void CheckManifest(const std::string& path) {
+    absl::StatusOr<std::string> json = ReadFile(JoinPath(dir_, path));
+    absl::StatusOr<v1::Manifest> manifest =
+        json.ok() ? ParseManifest(*json) : absl::StatusOr<v1::Manifest>(json.status());
+    if (!manifest.ok()) {
+      Add(path, manifest.status().message());
+      return;
+    }
+    if (manifest->sm_count() != 0) {
+      Add(path, absl::StrCat("sm_count: got ", manifest->sm_count(), ", expected 0"));
+    }
+    absl::StatusOr<std::string> expected_path = BundleManifestPath(*manifest);
+    if (!expected_path.ok()) {
+      Add(path, expected_path.status().message());
+    } else if (*expected_path != path) {
+      Add(path, absl::StrCat("named after its first-choice variant it would be ",
+                             *expected_path));
+    }
+    for (const v1::ManifestVariant& variant : manifest->variants()) {
+      requirements_[variant.key()].push_back({path, manifest->arch(), variant});
+    }
+  }
+
+  void CheckFile(const std::string& path) {
+    if (path == kBundleMarkerFile || path == kBundleChecksumsFile) return;
+    absl::StatusOr<std::string> data = ReadFile(JoinPath(dir_, path));
+    if (!data.ok()) {
+      Add(path, data.status().message());
+      return;
+    }
+    auto listed = checksums_.sha_by_path.find(path);
+    if (listed == checksums_.sha_by_path.end()) {
+      Add(path, absl::StrCat("present but not listed in ", kBundleChecksumsFile));
+    } else if (const std::string got = Sha256Hex(*data); got != listed->second) {
+      Add(path, absl::StrCat("sha256 ", got, ", ", kBundleChecksumsFile, " lists ",
+                             listed->second));
+    }
+    if (IsKernelPath(path)) {
+      CheckKernel(path, *data);
+    } else if (!IsManifestPath(path) && listed != checksums_.sha_by_path.end()) {
+      Add(path,
+          "listed, but neither a kernel (kernels/<key>.kfa) nor a manifest "
+          "(manifests/<name>.json)");
+    }
+  }
+
+  void CheckKernel(const std::string& path, const std::string& bytes) {
+    absl::StatusOr<v1::KernelArtifact> artifact = ParseKernel(bytes);
+    if (!artifact.ok()) {
+      Add(path, artifact.status().message());
+      return;
+    }
+    const std::string key = KeyOfPath(path);
+    if (artifact->key() != key) {
+      Add(path, absl::StrCat("holds key ", artifact->key(), ", its name says ", key));
+      return;
+    }
+    if (absl::Status s = CheckKernelOnItsOwn(*artifact); !s.ok()) {
+      Add(path, s.message());
+      return;
+    }
+    auto wanted = requirements_.find(key);
+    if (wanted == requirements_.end()) return;
+    for (const Requirement& r : wanted->second) {
+      if (absl::Status s = CheckArtifactForVariant(r.variant, r.arch, *artifact);
+          !s.ok()) {
+        Add(r.manifest_path, s.message());
+      }
+    }
+    requirements_.erase(wanted);
+  }
+
+  std::string dir_;
+  ChecksumList checksums_;
+  // Settled requirements are erased; what is left names missing kernels.
+  std::map<std::string, std::vector<Requirement>> requirements_;
+  std::vector<BundleProblem> problems_;
+};
+
+}  // namespace
+
+std::vector<BundleProblem> VerifyBundle(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return {{".", absl::StrCat(dir, " is not a directory")}};
+  }
+  return Verifier(dir).Run();
+}
+
+// ---------------------------------------------------------------------------
+// BundleSource
+
+struct BundleSource::State {
+  std::string dir;
+  ChecksumList checksums;
+  std::vector<v1::Manifest> manifests;  // read at Open, never changed
+  std::mutex mu;
+  std::map<std::string, ArtifactRef> kernels;  // by key; guarded by mu
+};
+
+absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(const std::string& dir) {
+  absl::Status marker = CheckMarker(dir);
+  if (absl::IsNotFound(marker)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, " is not a kforge bundle: it has no ", kBundleMarkerFile));
+  }
+  if (!marker.ok()) return marker;
+  auto state = std::make_shared<State>();
+  state->dir = dir;
+  absl::StatusOr<std::string> text = ReadFile(JoinPath(dir, kBundleChecksumsFile));
+  if (!text.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("bundle ", dir, " has no readable ", kBundleChecksumsFile, " (",
+                     text.status().message(),
+                     "): its writer never finished; rebuild it or ", VerifyHint(dir)));
+  }
+  state->checksums = ParseChecksums(*text);
+  if (!state->checksums.errors.empty()) {
+    return absl::DataLossError(absl::StrCat(JoinPath(dir, kBundleChecksumsFile), ": ",
+                                            state->checksums.errors.front(), "; ",
+                                            VerifyHint(dir)));
+  }
+  // The bundle is what its checksum list names: unlisted manifest files
+  // (a writer killed before Finish) are not read.
+  for (const auto& [path, sha] : state->checksums.sha_by_path) {
+    if (!IsManifestPath(path)) continue;
+    absl::StatusOr<std::string> json = ReadListedFile(dir, state->checksums, path);
+    if (!json.ok()) return json.status();
+    absl::StatusOr<v1::Manifest> manifest = ParseManifest(*json);
+    // FirstChoice needs a variant and an in-range choice_order[0].
+    absl::Status valid =
+        manifest.ok() ? BundleManifestPath(*manifest).status() : manifest.status();
+    if (!valid.ok()) {
+      return absl::DataLossError(absl::StrCat(JoinPath(dir, path), ": ", valid.message(),
+                                              "; ", VerifyHint(dir)));
+    }
+    state->manifests.push_back(*std::move(manifest));
+  }
+  std::unique_ptr<BundleSource> source(new BundleSource());
+  source->state_ = std::move(state);
+  return source;
+}
+
+const std::vector<v1::Manifest>& BundleSource::manifests() const {
+  return state_->manifests;
+}
+
+absl::StatusOr<v1::Manifest> BundleSource::GetManifest(const v1::KernelSelector& kernel,
+                                                       std::string_view arch) {
+  absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(kernel);
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<Arch> target = ParseArch(arch);
+  if (!target.ok()) return target.status();
+  std::map<std::string, std::vector<std::string>> held;  // arch -> module names
+  for (const v1::Manifest& m : state_->manifests) {
+    if (m.arch() == target->name && google::protobuf::util::MessageDifferencer::Equals(
+                                        FirstChoice(m).spec(), *spec)) {
+      return m;
+    }
+    held[m.arch()].push_back(FirstChoice(m).module_name());
+  }
+  std::vector<std::string> lines;
+  for (const auto& [held_arch, names] : held) {
+    lines.push_back(absl::StrCat(held_arch, ": ", absl::StrJoin(names, ", ")));
+  }
+  return absl::NotFoundError(
+      absl::StrCat("bundle ", state_->dir, " has no manifest for {",
+                   spec->ShortDebugString(), "} on ", target->name, "; it holds ",
+                   lines.empty() ? "no manifests" : absl::StrJoin(lines, "; ")));
+}
+
+absl::StatusOr<ArtifactRef> BundleSource::GetKernel(const v1::ManifestVariant& variant,
+                                                    std::string_view arch) {
+  if (absl::Status s = CheckFileStem("variant key", variant.key()); !s.ok()) return s;
+  State& state = *state_;
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    auto hit = state.kernels.find(variant.key());
+    if (hit != state.kernels.end()) return hit->second;
+  }
+  const std::string relative = BundleKernelPath(variant.key());
+  absl::StatusOr<std::string> bytes =
+      ReadListedFile(state.dir, state.checksums, relative);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<v1::KernelArtifact> artifact = ParseKernel(*bytes);
+  absl::Status check = artifact.ok() ? CheckArtifactForVariant(variant, arch, *artifact)
+                                     : artifact.status();
+  if (!check.ok()) {
+    return absl::DataLossError(absl::StrCat(JoinPath(state.dir, relative), ": ",
+                                            check.message(), "; ",
+                                            VerifyHint(state.dir)));
+  }
+  auto shared = std::make_shared<const v1::KernelArtifact>(*std::move(artifact));
+  std::lock_guard<std::mutex> lock(state.mu);
+  return state.kernels.emplace(variant.key(), std::move(shared)).first->second;
+}
+
+}  // namespace kforge

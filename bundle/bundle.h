@@ -1,0 +1,131 @@
+#ifndef KFORGE_BUNDLE_BUNDLE_H_
+#define KFORGE_BUNDLE_BUNDLE_H_
+
+// A bundle is a directory of prebuilt kernels and manifests that an engine
+// can use with no server (`kforge prebuild` writes one, `kforge verify`
+// checks one, `kforge serve --warm-from` loads one, ServiceClient can keep
+// its local copy as one). Layout, format version 1:
+//
+//   DIR/kforge-bundle.json     {"format": "kforge-bundle", "format_version": 1}
+//   DIR/kernels/<key>.kfa      one binary KernelArtifact (cubin inside) per
+//                              kernel, named by its cache key
+//   DIR/manifests/<name>.json  one Manifest (protobuf JSON, sm_count 0) per
+//                              (spec, arch); <name> is the module_name of its
+//                              first-choice variant (readable and unique:
+//                              module names spell out spec and arch)
+//   DIR/checksums.sha256       "<sha256 hex>  <path relative to DIR>" per
+//                              kernel and manifest file, sorted by path;
+//                              `sha256sum -c checksums.sha256` works in DIR
+//
+// Every file is written to a temporary name and renamed (WriteFileAtomic),
+// so a killed writer leaves whole files or none; checksums.sha256 is
+// rewritten last by Finish(). Same inputs give byte-identical manifests and
+// checksums (no timestamps, sorted order, deterministic serialization).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/service.pb.h"
+#include "bundle/kernel_source.h"
+#include "model/format.h"
+
+namespace kforge {
+
+inline constexpr uint32_t kBundleFormatVersion = kFormatVersion;
+inline constexpr char kBundleMarkerFile[] = "kforge-bundle.json";
+inline constexpr char kBundleChecksumsFile[] = "checksums.sha256";
+
+std::string BundleKernelPath(std::string_view key);  // "kernels/<key>.kfa"
+// "manifests/<first-choice module_name>.json"; InvalidArgument for a manifest
+// with no variants.
+absl::StatusOr<std::string> BundleManifestPath(const v1::Manifest& manifest);
+
+// How a BundleWriter shares its directory with other writers, in this or
+// other processes (an advisory flock on the directory itself, so nothing
+// extra appears in the bundle and a killed writer's lock goes with it).
+enum class BundleLocking {
+  // `kforge prebuild`: the directory is locked from Open until the writer
+  // is destroyed; Open fails at once when another writer holds it.
+  kWholeRun,
+  // A client's local copy: each Add*/Finish waits for the lock and releases
+  // it, so engines on one host can share a local copy directory.
+  kPerWrite,
+};
+
+// Adds to a bundle directory (created if missing; an existing bundle of
+// another format version is refused). Not thread-safe: one BundleWriter is
+// used by one thread at a time; writers in other processes are kept apart
+// by `locking`.
+class BundleWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<BundleWriter>> Open(
+      const std::string& dir, BundleLocking locking = BundleLocking::kWholeRun);
+  ~BundleWriter();
+  BundleWriter(const BundleWriter&) = delete;
+  BundleWriter& operator=(const BundleWriter&) = delete;
+
+  // True when kernels/<key>.kfa exists, parses, and holds that key with a
+  // non-empty cubin (an interrupted earlier run's files count; damaged ones
+  // do not and will be rewritten).
+  bool HasKernel(std::string_view key) const;
+  absl::Status AddKernel(const v1::KernelArtifact& artifact);
+  absl::Status AddManifest(const v1::Manifest& manifest);  // sm_count must be 0
+  // Rewrites checksums.sha256 over every kernel and manifest file now in
+  // the directory.
+  absl::Status Finish();
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  BundleWriter(std::string dir, int dir_fd, BundleLocking locking)
+      : dir_(std::move(dir)), dir_fd_(dir_fd), locking_(locking) {}
+  // Holds the directory lock for one write (kPerWrite); no-op for kWholeRun.
+  class WriteLock;
+  std::string dir_;
+  int dir_fd_;  // open on dir_, carries the flock
+  BundleLocking locking_;
+};
+
+// One problem found by VerifyBundle.
+struct BundleProblem {
+  std::string path;     // relative to the bundle directory
+  std::string message;  // what is wrong
+};
+
+// Checks a bundle: marker and format version, every checksum, files present
+// but not listed and listed but missing, every kernel parses and its key
+// matches its name, every manifest parses and each variant's kernel is
+// present and passes CheckArtifactForVariant. Empty = good.
+std::vector<BundleProblem> VerifyBundle(const std::string& dir);
+
+// Reads kernels and manifests from a bundle directory with no server. Open
+// checks the marker and format version and reads the manifests; kernels are
+// read on demand and checked against the checksum list and the variant.
+class BundleSource : public KernelSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<BundleSource>> Open(const std::string& dir);
+
+  // NotFound lists what the bundle holds when (spec, arch) is not there.
+  absl::StatusOr<v1::Manifest> GetManifest(const v1::KernelSelector& kernel,
+                                           std::string_view arch) override;
+  absl::StatusOr<ArtifactRef> GetKernel(const v1::ManifestVariant& variant,
+                                        std::string_view arch) override;
+
+  const std::vector<v1::Manifest>& manifests() const;
+
+ private:
+  BundleSource() = default;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace kforge
+
+#endif  // KFORGE_BUNDLE_BUNDLE_H_

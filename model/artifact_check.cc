@@ -1,0 +1,89 @@
+#include "model/artifact_check.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/absl_compat.h"
+#include "model/arch.h"
+#include "model/cubin.h"
+#include "templates/kforge/sparse_mla/config.h"
+
+namespace kforge {
+namespace {
+
+// What one check compares: a field name and the two values as text.
+struct Expectation {
+  const char* field;
+  std::string expected;
+  std::string got;
+};
+
+absl::Status Mismatch(const v1::ManifestVariant& variant, std::string_view field,
+                      std::string_view expected, std::string_view got) {
+  return absl::DataLossError(
+      absl::StrCat("kernel artifact is not the one manifest variant ",
+                   variant.module_name(), " names: ", AsAbsl(field), ": expected \"",
+                   AsAbsl(expected), "\", got \"", AsAbsl(got), "\""));
+}
+
+const v1::KernelResources* FindEntry(const v1::CubinInfo& info, const std::string& name) {
+  auto it = std::find_if(info.kernels().begin(), info.kernels().end(),
+                         [&](const v1::KernelResources& k) { return k.name() == name; });
+  return it == info.kernels().end() ? nullptr : &*it;
+}
+
+// The cubin itself, read back from its ELF: a server or bundle could carry
+// correct metadata around the wrong (or a damaged) binary.
+absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& arch,
+                        const v1::KernelArtifact& artifact) {
+  if (artifact.cubin().empty()) return Mismatch(variant, "cubin", "non-empty", "empty");
+  absl::StatusOr<v1::CubinInfo> info = InspectCubin(artifact.cubin());
+  if (!info.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("kernel artifact for ", variant.module_name(),
+                     ": cubin is unreadable: ", info.status().message()));
+  }
+  if (info->arch() != arch) return Mismatch(variant, "cubin arch", arch, info->arch());
+  const std::pair<const std::string*, uint32_t> entries[] = {
+      {&artifact.main_entry(), artifact.params_bytes()},
+      {&artifact.combine_entry(), artifact.combine_params_bytes()}};
+  for (const auto& [name, params_bytes] : entries) {
+    const v1::KernelResources* entry = FindEntry(*info, *name);
+    if (entry == nullptr) {
+      return Mismatch(variant, "cubin entries", *name, "no such entry");
+    }
+    if (entry->param_bytes() != params_bytes) {
+      return Mismatch(variant, absl::StrCat("cubin ", *name, " param_bytes"),
+                      absl::StrCat(params_bytes), absl::StrCat(entry->param_bytes()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant,
+                                     std::string_view arch,
+                                     const v1::KernelArtifact& artifact) {
+  const std::string canonical_arch = CanonicalArchName(arch);
+  // The parameter blocks this runtime fills are the host's structs; a kernel
+  // built from other templates would read them at the wrong offsets.
+  const Expectation checks[] = {
+      {"key", variant.key(), artifact.key()},
+      {"module_name", variant.module_name(), artifact.module_name()},
+      {"arch", canonical_arch, artifact.arch()},
+      {"main_entry", variant.main_entry(), artifact.main_entry()},
+      {"combine_entry", variant.combine_entry(), artifact.combine_entry()},
+      {"params_bytes", absl::StrCat(sizeof(sparse_mla::DecodeParams)),
+       absl::StrCat(artifact.params_bytes())},
+      {"combine_params_bytes", absl::StrCat(sizeof(sparse_mla::CombineParams)),
+       absl::StrCat(artifact.combine_params_bytes())},
+  };
+  for (const Expectation& c : checks) {
+    if (c.expected != c.got) return Mismatch(variant, c.field, c.expected, c.got);
+  }
+  return CheckCubin(variant, canonical_arch, artifact);
+}
+
+}  // namespace kforge

@@ -1,0 +1,29 @@
+#ifndef KFORGE_MODEL_LAUNCH_H_
+#define KFORGE_MODEL_LAUNCH_H_
+
+// The split-K launch rule, evaluated where a kernel is launched (the
+// selector) for the GPU it runs on. The compiler writes the rule's inputs
+// (LaunchRule in artifact.proto) into the manifest; this is the only place
+// that turns them into a split count.
+
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/spec.pb.h"
+
+namespace kforge {
+
+// Splits of the top-k range for num_tokens query tokens on sm_count SMs:
+// split only while (head groups x tokens x splits) CTAs fit one wave
+// (ctas_per_sm per SM), and never below min_tiles_per_split tiles of
+// split_granularity_tokens keys per split. Always >= 1.
+int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
+              const v1::LaunchRule& rule, int num_tokens, int sm_count);
+
+// Keys of the top-k range per split: ceil(topk / num_splits) rounded up to
+// the rule's granularity (the token tile), as the main kernel's grid.y
+// blocks expect.
+int TokensPerSplit(const v1::AttentionSpec& spec, const v1::LaunchRule& rule,
+                   int num_splits);
+
+}  // namespace kforge
+
+#endif  // KFORGE_MODEL_LAUNCH_H_

@@ -1,0 +1,205 @@
+#include "model/selector.h"
+
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/absl_compat.h"
+#include "model/arch.h"
+#include "model/launch.h"
+
+namespace kforge {
+namespace {
+
+// CUDA's limit on gridDim.y and gridDim.z.
+constexpr long long kMaxGridYZ = 65535;
+
+absl::Status Invalid(std::string_view field, std::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(AsAbsl(field), ": ", AsAbsl(why)));
+}
+
+absl::Status ValidateInputs(const v1::Manifest& manifest,
+                            const DeviceInfo& device,
+                            const RuntimeShape& shape) {
+  if (device.arch.empty()) return Invalid("device.arch", "empty");
+  if (device.sm_count < 1) {
+    return Invalid("device.sm_count", absl::StrCat("must be >= 1, got ", device.sm_count));
+  }
+  struct Positive {
+    const char* name;
+    int value;
+  };
+  for (const Positive& p : {Positive{"batch", shape.batch}, Positive{"s_q", shape.s_q},
+                            Positive{"num_q_heads", shape.num_q_heads},
+                            Positive{"topk", shape.topk},
+                            Positive{"page_block_size", shape.page_block_size}}) {
+    if (p.value < 1) {
+      return Invalid(absl::StrCat("shape.", p.name),
+                     absl::StrCat("must be >= 1, got ", p.value));
+    }
+  }
+  if (shape.kv_dtype == v1::KV_CACHE_DTYPE_UNSPECIFIED ||
+      !v1::KvCacheDtype_IsValid(shape.kv_dtype)) {
+    return Invalid("shape.kv_dtype", absl::StrCat("must be bf16 or fp8_ds_mla, got ",
+                                                  static_cast<int>(shape.kv_dtype)));
+  }
+  const long long tokens = static_cast<long long>(shape.batch) * shape.s_q;
+  if (tokens > kMaxGridYZ) {
+    return Invalid("shape.batch",
+                   absl::StrCat("batch * s_q = ", tokens, " exceeds the grid limit ",
+                                kMaxGridYZ));
+  }
+  for (int i = 0; i < manifest.choice_order_size(); ++i) {
+    if (manifest.choice_order(i) >= static_cast<uint32_t>(manifest.variants_size())) {
+      return Invalid(absl::StrCat("manifest.choice_order[", i, "]"),
+                     absl::StrCat(manifest.choice_order(i), " is out of range (",
+                                  manifest.variants_size(), " variants)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Supports(const v1::Manifest& m, const v1::AttentionSpec& s) {
+  return absl::StrFormat("arch %s, heads %d, dtype %s, topk %d, page size %d",
+                         m.arch(), s.num_q_heads(),
+                         KvDtypeName(s.kv_cache_dtype()), s.topk(), s.page_block_size());
+}
+
+// Names of the features `spec` (in a manifest for `manifest_arch`) lacks.
+std::vector<std::string> Missing(const std::string& manifest_arch,
+                                 const v1::AttentionSpec& s,
+                                 const std::string& device_arch,
+                                 const RuntimeShape& shape) {
+  std::vector<std::string> missing;
+  auto num = [&](const char* name, long long want, long long has) {
+    if (want != has) {
+      missing.push_back(absl::StrFormat("%s=%d (supports %d)", name, want, has));
+    }
+  };
+  if (manifest_arch != device_arch) {
+    missing.push_back(absl::StrFormat("arch %s (is %s)", device_arch, manifest_arch));
+  }
+  num("heads", shape.num_q_heads, s.num_q_heads());
+  if (shape.kv_dtype != s.kv_cache_dtype()) {
+    missing.push_back(absl::StrFormat("dtype=%s (supports %s)", KvDtypeName(shape.kv_dtype),
+                                      KvDtypeName(s.kv_cache_dtype())));
+  }
+  num("topk", shape.topk, s.topk());
+  num("page_size", shape.page_block_size, s.page_block_size());
+  return missing;
+}
+
+uint32_t CeilDiv(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+std::string KvDtypeName(v1::KvCacheDtype dtype) {
+  switch (dtype) {
+    case v1::KV_CACHE_DTYPE_BF16:
+      return "bf16";
+    case v1::KV_CACHE_DTYPE_FP8_DS_MLA:
+      return "fp8_ds_mla";
+    default:
+      return "unspecified";
+  }
+}
+
+absl::StatusOr<Selection> Select(const v1::Manifest& manifest,
+                                 const DeviceInfo& device,
+                                 const RuntimeShape& shape) {
+  if (absl::Status s = ValidateInputs(manifest, device, shape); !s.ok()) return s;
+  const std::string device_arch = CanonicalArchName(device.arch);
+  const std::string manifest_arch = CanonicalArchName(manifest.arch());
+
+  std::vector<int> order;
+  for (uint32_t i : manifest.choice_order()) order.push_back(static_cast<int>(i));
+  if (order.empty()) {
+    for (int i = 0; i < manifest.variants_size(); ++i) order.push_back(i);
+  }
+
+  std::string report = absl::StrFormat(
+      "no kernel variant fits: required arch %s, heads %d, dtype %s, "
+      "topk %d, page size %d",
+      device_arch, shape.num_q_heads, KvDtypeName(shape.kv_dtype),
+      shape.topk, shape.page_block_size);
+  if (order.empty()) absl::StrAppend(&report, "\n  (the manifest has no variants)");
+  for (int index : order) {
+    const v1::ManifestVariant& v = manifest.variants(index);
+    const std::vector<std::string> missing =
+        Missing(manifest_arch, v.spec(), device_arch, shape);
+    if (!missing.empty()) {
+      absl::StrAppend(&report, "\n  variant ", index, " ", v.module_name(),
+                      ": supports ", Supports(manifest, v.spec()), "; missing ",
+                      absl::StrJoin(missing, ", "));
+      continue;
+    }
+    const v1::KernelTiling& tiling = v.tiling();
+    const v1::LaunchRule& launch = v.launch();
+    if (tiling.num_head_groups() == 0 || launch.block_threads() == 0) {
+      return Invalid(absl::StrCat("manifest.variants[", index, "]"),
+                     "tiling.num_head_groups and launch.block_threads must be > 0");
+    }
+    Selection sel;
+    sel.variant_index = index;
+    sel.variant = &v;
+    sel.num_tokens = shape.batch * shape.s_q;
+    sel.num_splits = NumSplits(v.spec(), tiling, launch, sel.num_tokens, device.sm_count);
+    sel.tokens_per_split = TokensPerSplit(v.spec(), launch, sel.num_splits);
+    if (sel.num_splits > kMaxGridYZ) {
+      return absl::InternalError(absl::StrCat("split count ", sel.num_splits,
+                                              " exceeds the grid limit"));
+    }
+    sel.grid_x = tiling.num_head_groups();
+    sel.grid_y = static_cast<uint32_t>(sel.num_splits);
+    sel.grid_z = static_cast<uint32_t>(sel.num_tokens);
+    sel.block_threads = launch.block_threads();
+    sel.dynamic_smem_bytes = launch.dynamic_smem_bytes();
+    sel.needs_combine = sel.num_splits > 1;
+    if (sel.needs_combine) {
+      const uint32_t warps = launch.combine_block_threads() / 32;
+      if (warps == 0) {
+        return Invalid(absl::StrCat("manifest.variants[", index, "]"),
+                       "launch.combine_block_threads must be >= 32");
+      }
+      sel.combine_grid_x = static_cast<uint32_t>(sel.num_tokens);
+      sel.combine_grid_y = CeilDiv(v.spec().num_q_heads(), warps);
+      sel.combine_block_threads = launch.combine_block_threads();
+      sel.workspace_bytes = static_cast<uint64_t>(sel.num_splits) *
+                            static_cast<uint64_t>(sel.num_tokens) *
+                            launch.workspace_bytes_per_split_token();
+    }
+    return sel;
+  }
+  return absl::NotFoundError(report);
+}
+
+std::string DescribeSelection(const Selection& sel) {
+  const v1::ManifestVariant& v = *sel.variant;
+  std::string out = absl::StrFormat(
+      "variant %d: %s\n"
+      "  key            %s\n"
+      "  supports       heads %d, dtype %s, topk %d, page size %d\n"
+      "  tokens         %d (batch * s_q)\n"
+      "  splits         %d (%d keys each)\n"
+      "  main           %s grid (%u, %u, %u) block %u dynamic smem %u B\n",
+      sel.variant_index, v.module_name(), v.key(), v.spec().num_q_heads(),
+      KvDtypeName(v.spec().kv_cache_dtype()), v.spec().topk(),
+      v.spec().page_block_size(), sel.num_tokens, sel.num_splits, sel.tokens_per_split, v.main_entry(),
+      sel.grid_x, sel.grid_y, sel.grid_z, sel.block_threads, sel.dynamic_smem_bytes);
+  if (sel.needs_combine) {
+    absl::StrAppend(&out, absl::StrFormat(
+                              "  combine        %s grid (%u, %u) block %u\n"
+                              "  workspace      %u B\n",
+                              v.combine_entry(), sel.combine_grid_x, sel.combine_grid_y,
+                              sel.combine_block_threads, sel.workspace_bytes));
+  } else {
+    absl::StrAppend(&out, "  combine        none (one split)\n  workspace      0 B\n");
+  }
+  return out;
+}
+
+}  // namespace kforge

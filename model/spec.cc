@@ -1,0 +1,261 @@
+#include "model/spec.h"
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "base/absl_compat.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "kforge/v1/spec.pb.h"
+
+namespace kforge {
+namespace {
+
+std::string_view AsStd(absl::string_view s) { return {s.data(), s.size()}; }
+
+// Limits of the template family (DESIGN.md). Each is what the kernels are
+// written for, not a hardware limit.
+constexpr uint32_t kMaxQHeads = 128;
+constexpr uint32_t kLoraRankStep = 64;  // one MMA k-block of bf16 columns
+constexpr uint32_t kMaxLoraRank = 512;
+constexpr uint32_t kRopeDim = 64;
+constexpr uint32_t kMaxTopk = 16384;
+constexpr uint32_t kMaxSq = 4;  // plain decode plus up to 3 MTP tokens
+constexpr uint32_t kMaxPageBlockSize = 4096;
+
+// Enum names for messages; an out-of-range value (proto3 enums are open)
+// prints as its number.
+std::string KindName(int value) {
+  const std::string& name = v1::AttentionKind_Name(value);
+  return name.empty() ? absl::StrCat(value) : name;
+}
+
+std::string DtypeName(int value) {
+  const std::string& name = v1::KvCacheDtype_Name(value);
+  return name.empty() ? absl::StrCat(value) : name;
+}
+
+// Collects "field: got X, supported Y" problems in field-number order.
+class Problems {
+ public:
+  template <typename T>
+  void Add(absl::string_view field, const T& got, absl::string_view supported) {
+    items_.push_back(
+        absl::StrCat(field, ": got ", got, ", supported ", supported));
+  }
+  absl::Status ToStatus() const {
+    if (items_.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(items_, "; "));
+  }
+
+ private:
+  std::vector<std::string> items_;
+};
+
+// Text-format parse errors with their 1-based line and column.
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    errors_.push_back(
+        absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message));
+  }
+  void AddWarning(int line, google::protobuf::io::ColumnNumber column,
+                  const std::string& message) override {
+    // Warnings (e.g. deprecated fields) do not fail a parse; keep them only
+    // to explain a later error.
+    AddError(line, column, message);
+  }
+  std::string Joined() const { return absl::StrJoin(errors_, "; "); }
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+absl::StatusOr<v1::AttentionSpec> ParseJson(std::string_view text) {
+  v1::AttentionSpec spec;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(text.data(), text.size()), &spec, options);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid JSON spec: ", std::string(status.message())));
+  }
+  return spec;
+}
+
+absl::StatusOr<v1::AttentionSpec> ParseTextProto(std::string_view text) {
+  v1::AttentionSpec spec;
+  CollectErrors errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  parser.AllowUnknownField(false);
+  parser.AllowUnknownExtension(false);
+  if (!parser.ParseFromString(std::string(text), &spec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid text-proto spec: ", errors.Joined()));
+  }
+  return spec;
+}
+
+}  // namespace
+
+absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
+  Problems problems;
+  if (spec.kind() != v1::ATTENTION_KIND_SPARSE_MLA_DECODE) {
+    problems.Add("kind", KindName(spec.kind()),
+                 "ATTENTION_KIND_SPARSE_MLA_DECODE");
+  }
+  if (spec.num_q_heads() < 1 || spec.num_q_heads() > kMaxQHeads) {
+    problems.Add("num_q_heads", spec.num_q_heads(),
+                 absl::StrCat("1..", kMaxQHeads));
+  }
+  if (spec.kv_lora_rank() < kLoraRankStep ||
+      spec.kv_lora_rank() > kMaxLoraRank ||
+      spec.kv_lora_rank() % kLoraRankStep != 0) {
+    problems.Add("kv_lora_rank", spec.kv_lora_rank(),
+                 absl::StrCat("a multiple of ", kLoraRankStep, " in ",
+                              kLoraRankStep, "..", kMaxLoraRank));
+  }
+  if (!spec.has_rope_dim()) {
+    problems.Add("rope_dim", "unset",
+                 absl::StrCat("0 or ", kRopeDim, " (required)"));
+  } else if (spec.rope_dim() != 0 && spec.rope_dim() != kRopeDim) {
+    problems.Add("rope_dim", spec.rope_dim(), absl::StrCat("0 or ", kRopeDim));
+  }
+  if (spec.topk() < 1 || spec.topk() > kMaxTopk) {
+    problems.Add("topk", spec.topk(), absl::StrCat("1..", kMaxTopk));
+  }
+  if (spec.s_q() < 1 || spec.s_q() > kMaxSq) {
+    problems.Add("s_q", spec.s_q(), absl::StrCat("1..", kMaxSq));
+  }
+  if (spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
+    problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()),
+                 "KV_CACHE_DTYPE_BF16 (KV_CACHE_DTYPE_FP8_DS_MLA is reserved "
+                 "and not yet supported)");
+  } else if (spec.kv_cache_dtype() != v1::KV_CACHE_DTYPE_BF16) {
+    problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()),
+                 "KV_CACHE_DTYPE_BF16");
+  }
+  if (spec.page_block_size() < 1 ||
+      spec.page_block_size() > kMaxPageBlockSize) {
+    problems.Add("page_block_size", spec.page_block_size(),
+                 absl::StrCat("1..", kMaxPageBlockSize));
+  }
+  if (!std::isfinite(spec.softmax_scale()) || !(spec.softmax_scale() > 0.0f)) {
+    problems.Add("softmax_scale", spec.softmax_scale(), "finite and > 0");
+  }
+  // return_lse: both values are supported.
+  return problems.ToStatus();
+}
+
+absl::StatusOr<v1::AttentionSpec> NormalizeSpec(const v1::AttentionSpec& spec) {
+  if (absl::Status status = ValidateSpec(spec); !status.ok()) return status;
+  v1::AttentionSpec normalized = spec;
+  // A spec decoded from the wire may carry fields from a newer schema; they
+  // cannot influence a kernel this build generates, and keeping them would
+  // make equal kernels hash differently.
+  normalized.DiscardUnknownFields();
+  // Presence is part of the serialized bytes: make it explicit so that a
+  // NoPE spec always serializes with rope_dim written out.
+  normalized.set_rope_dim(spec.rope_dim());
+  return normalized;
+}
+
+const std::vector<PresetInfo>& Presets() {
+  // Values from DESIGN.md. softmax_scale is the model's own (DeepSeek-V3.2:
+  // 192^-0.5 * yarn mscale^2; GLM-5: 256^-0.5), never (d_qk)^-0.5.
+  static const std::vector<PresetInfo>* const kPresets =
+      new std::vector<PresetInfo>{
+          {"deepseek-v3.2", 128, 512, 64, 2048, 0.135234f},
+          {"glm-5", 64, 512, 64, 2048, 0.0625f},
+      };
+  return *kPresets;
+}
+
+absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name,
+                                                 int tensor_parallel) {
+  const PresetInfo* preset = nullptr;
+  std::vector<absl::string_view> known;
+  for (const PresetInfo& p : Presets()) {
+    known.push_back(p.name);
+    if (p.name == name) preset = &p;
+  }
+  if (preset == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("preset: got \"", AsAbsl(name), "\", supported ",
+                     absl::StrJoin(known, ", ")));
+  }
+  if (tensor_parallel < 1 || preset->total_heads % tensor_parallel != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor_parallel: got ", tensor_parallel, ", supported a divisor of ",
+        preset->total_heads, " (", preset->name, " heads)"));
+  }
+  v1::AttentionSpec spec;
+  spec.set_kind(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
+  spec.set_num_q_heads(preset->total_heads / tensor_parallel);
+  spec.set_kv_lora_rank(preset->kv_lora_rank);
+  spec.set_rope_dim(preset->rope_dim);
+  spec.set_topk(preset->topk);
+  spec.set_s_q(1);
+  spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
+  spec.set_page_block_size(64);
+  spec.set_softmax_scale(preset->softmax_scale);
+  spec.set_return_lse(true);
+  return NormalizeSpec(spec);
+}
+
+absl::StatusOr<v1::AttentionSpec> ParseSpec(std::string_view text) {
+  const absl::string_view body =
+      absl::StripLeadingAsciiWhitespace(AsAbsl(text));
+  if (absl::StripTrailingAsciiWhitespace(body).empty()) {
+    return absl::InvalidArgumentError("spec text is empty");
+  }
+  if (body.front() == '{') return ParseJson(AsStd(body));
+  return ParseTextProto(text);
+}
+
+absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(st)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such spec file"));
+  }
+  if (std::filesystem::is_directory(st)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is a directory, not a spec file"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": cannot open spec file"));
+  }
+  const std::string contents((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat(path, ": read error"));
+  }
+  absl::StatusOr<v1::AttentionSpec> spec = ParseSpec(contents);
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(),
+                        absl::StrCat(path, ": ", spec.status().message()));
+  }
+  return spec;
+}
+
+}  // namespace kforge

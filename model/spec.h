@@ -1,0 +1,51 @@
+#ifndef KFORGE_MODEL_SPEC_H_
+#define KFORGE_MODEL_SPEC_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kforge/v1/spec.pb.h"
+
+namespace kforge {
+
+// Checks every field of a spec. Returns InvalidArgument whose message names
+// the field, the value given and what is supported, e.g.
+//   "num_q_heads: got 0, supported 1..128".
+absl::Status ValidateSpec(const v1::AttentionSpec& spec);
+
+// Returns the canonical form of a valid spec (fields that cannot influence
+// the kernel are cleared) so that equal kernels have equal specs. Calls
+// ValidateSpec first.
+absl::StatusOr<v1::AttentionSpec> NormalizeSpec(const v1::AttentionSpec& spec);
+
+struct PresetInfo {
+  std::string name;
+  int total_heads;
+  int kv_lora_rank;
+  int rope_dim;
+  int topk;
+  float softmax_scale;
+};
+
+// The model presets of DESIGN.md ("deepseek-v3.2", "glm-5").
+const std::vector<PresetInfo>& Presets();
+
+// Builds a spec from a preset: heads = preset heads / tensor_parallel,
+// s_q = 1, bf16 cache, page_block_size 64, return_lse = true. InvalidArgument
+// for an unknown preset or a degree that does not divide the heads.
+absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name,
+                                                 int tensor_parallel);
+
+// Parses a spec given as JSON or as text proto (chosen by content: a leading
+// '{' means JSON). Unknown fields are errors. Does not validate.
+absl::StatusOr<v1::AttentionSpec> ParseSpec(std::string_view text);
+
+// Reads and parses a spec file; errors name the file.
+absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path);
+
+}  // namespace kforge
+
+#endif  // KFORGE_MODEL_SPEC_H_

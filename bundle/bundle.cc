@@ -116,8 +116,8 @@ std::string SerializeDeterministic(const google::protobuf::Message& message) {
 }
 
 // The manifest as indented JSON with proto field names and every field
-// printed, zeros included (sm_count 0 says "symbolic" in the file, as
-// `kforge manifest` prints it), ending in a newline. Printed from the
+// printed, zeros included (as `kforge manifest` prints it), ending in a
+// newline. Printed from the
 // deterministic binary form so map entries come out sorted by key.
 std::string ManifestJson(const v1::Manifest& manifest) {
   static google::protobuf::util::TypeResolver* const resolver =
@@ -418,12 +418,6 @@ absl::Status BundleWriter::AddKernel(const v1::KernelArtifact& artifact) {
 }
 
 absl::Status BundleWriter::AddManifest(const v1::Manifest& manifest) {
-  if (manifest.sm_count() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "manifest sm_count: got ", manifest.sm_count(),
-        ", a bundle manifest leaves the split count symbolic (0) so that it serves "
-        "any device of its arch"));
-  }
   absl::StatusOr<std::string> path = BundleManifestPath(manifest);
   if (!path.ok()) return path.status();
   WriteLock lock(*this);
@@ -524,9 +518,6 @@ class Verifier {
     if (!manifest.ok()) {
       Add(path, manifest.status().message());
       return;
-    }
-    if (manifest->sm_count() != 0) {
-      Add(path, absl::StrCat("sm_count: got ", manifest->sm_count(), ", expected 0"));
     }
     absl::StatusOr<std::string> expected_path = BundleManifestPath(*manifest);
     if (!expected_path.ok()) {

@@ -6,10 +6,10 @@
 // checks one, `kforge serve --warm-from` loads one, ServiceClient can keep
 // its local copy as one). Layout, format version 1:
 //
-//   DIR/kforge-bundle.json     {"format": "kforge-bundle", "format_version": 1}
+//   DIR/kforge-bundle.json     {"format": "kforge-bundle", "format_version": 2}
 //   DIR/kernels/<key>.kfa      one binary KernelArtifact (cubin inside) per
 //                              kernel, named by its cache key
-//   DIR/manifests/<name>.json  one Manifest (protobuf JSON, sm_count 0) per
+//   DIR/manifests/<name>.json  one Manifest (protobuf JSON) per          
 //                              (spec, arch); <name> is the module_name of its
 //                              first-choice variant (readable and unique:
 //                              module names spell out spec and arch)
@@ -76,7 +76,7 @@ class BundleWriter {
   // do not and will be rewritten).
   bool HasKernel(std::string_view key) const;
   absl::Status AddKernel(const v1::KernelArtifact& artifact);
-  absl::Status AddManifest(const v1::Manifest& manifest);  // sm_count must be 0
+  absl::Status AddManifest(const v1::Manifest& manifest);
   // Rewrites checksums.sha256 over every kernel and manifest file now in
   // the directory.
   absl::Status Finish();

@@ -21,9 +21,8 @@ class KernelSource {
  public:
   virtual ~KernelSource() = default;
 
-  // The selection manifest for a model (spec or preset) on an arch, with the
-  // split count left symbolic (sm_count 0): the selector evaluates the launch
-  // rule for the device it runs on.
+  // The selection manifest for a model (spec or preset) on an arch; the
+  // selector evaluates its launch rule for the device it runs on.
   virtual absl::StatusOr<v1::Manifest> GetManifest(
       const v1::KernelSelector& kernel, std::string_view arch) = 0;
 

@@ -13,7 +13,7 @@ namespace {
 const FlagSpec* Find(const std::vector<FlagSpec>& specs,
                      const std::string& name, char short_name) {
   for (const FlagSpec& s : specs) {
-    if ((!name.empty() && s.name == name) ||
+    if ((!name.empty() && (s.name == name || (!s.alias.empty() && s.alias == name))) ||
         (short_name != 0 && s.short_name == short_name)) {
       return &s;
     }
@@ -22,6 +22,11 @@ const FlagSpec* Find(const std::vector<FlagSpec>& specs,
 }
 
 }  // namespace
+
+FlagSpec WithAlias(FlagSpec spec, std::string alias) {
+  spec.alias = std::move(alias);
+  return spec;
+}
 
 absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs,
                                       const std::vector<std::string>& args) {
@@ -85,6 +90,7 @@ std::string FlagsHelp(const std::vector<FlagSpec>& specs) {
     if (!s.value_name.empty()) absl::StrAppend(&left, " ", s.value_name);
     absl::StrAppendFormat(&out, "%-34s %s", left, s.help);
     if (!s.default_value.empty()) absl::StrAppend(&out, " (default ", s.default_value, ")");
+    if (!s.alias.empty()) absl::StrAppend(&out, " (old spelling --", s.alias, " still accepted)");
     absl::StrAppend(&out, "\n");
   }
   return out;

@@ -27,7 +27,13 @@ struct FlagSpec {
   std::string default_value;  // shown in help; applied when absent
   char short_name = 0;        // e.g. 'o' for -o
   bool repeated = false;      // may be given several times
+  // An older spelling still accepted (stored under `name`, noted in help),
+  // kept for one release after a rename so scripts keep working.
+  std::string alias;
 };
+
+// `spec` with `alias` as its deprecated second spelling.
+FlagSpec WithAlias(FlagSpec spec, std::string alias);
 
 struct ParsedArgs {
   std::map<std::string, std::vector<std::string>> values;

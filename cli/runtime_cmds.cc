@@ -34,10 +34,8 @@ std::vector<FlagSpec> WithModelFlags(const std::vector<FlagSpec>& own) {
   return flags;
 }
 
-// --preset/--tp or --spec (and --s-q when given) -> spec; --arch and --sms
-// -> manifest.
+// --preset/--tp or --spec -> spec; --arch -> manifest.
 absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args,
-                                              const std::string& s_q_flag,
                                               v1::AttentionSpec* spec_out) {
   if (!args.Has("arch")) {
     return absl::InvalidArgumentError("--arch is required (e.g. --arch sm_90a)");
@@ -46,20 +44,9 @@ absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args,
   if (!selector.ok()) return selector.status();
   absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(*selector);
   if (!spec.ok()) return spec.status();
-  if (args.Has(s_q_flag)) {
-    absl::StatusOr<int> s_q = IntFlag(args, s_q_flag, 1);
-    if (!s_q.ok()) return s_q.status();
-    spec->set_s_q(static_cast<uint32_t>(*s_q));
-  }
-  int sms = 0;
-  if (args.Has("sms")) {
-    absl::StatusOr<int> v = IntFlag(args, "sms", 0);
-    if (!v.ok()) return v.status();
-    sms = *v;
-  }
   if (spec_out != nullptr) *spec_out = *spec;
   KernelCompiler compiler;
-  return BuildManifest(compiler, *spec, args.Get("arch"), static_cast<uint32_t>(sms));
+  return BuildManifest(compiler, *spec, args.Get("arch"));
 }
 
 }  // namespace
@@ -67,21 +54,26 @@ absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args,
 int Manifest(const std::vector<std::string>& argv) {
   const std::vector<FlagSpec> flags = WithModelFlags({
       {"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a"},
-      {"sms", "N", "SM count (0: leave the split count symbolic)", "0"},
-      {"s-q", "N", "query tokens per request put first in the choice order", "1"},
+      {"sms", "N", "deprecated, ignored: split counts are evaluated by `kforge select`"},
+      {"s-q", "N", "deprecated, ignored: one kernel serves every s_q"},
       {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {
     std::cout << "usage: kforge manifest (--preset NAME [--tp N] | --spec FILE) --arch ARCH "
-                 "[--sms N] [--s-q N]\n\n"
+                 "\n\n"
                  "Prints the selection manifest (variants, what each supports, "
                  "launch rules, choice order) as JSON. Plans only; compiles "
                  "nothing.\n\n"
               << FlagsHelp(flags);
     return 0;
   }
-  absl::StatusOr<v1::Manifest> manifest = ManifestFromArgs(*args, "s-q", nullptr);
+  for (const char* ignored : {"sms", "s-q"}) {
+    if (args->Has(ignored)) {
+      std::cerr << "kforge: --" << ignored << " is deprecated and ignored\n";
+    }
+  }
+  absl::StatusOr<v1::Manifest> manifest = ManifestFromArgs(*args, nullptr);
   if (!manifest.ok()) return Fail(manifest.status());
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
@@ -99,18 +91,19 @@ int Select(const std::vector<std::string>& argv) {
       {"arch", "ARCH", "arch the manifest is built for"},
       {"sms", "N", "the device's SM count"},
       {"batch", "N", "requests in the decode step"},
-      {"sq", "N", "query tokens per request", "1"},
+      WithAlias({"s-q", "N", "query tokens per request (MTP: 2..4)", "1"}, "sq"),
       {"device-arch", "ARCH", "the device's arch (default: --arch)"},
       {"heads", "N", "shape override: query heads (default: the model's)"},
       {"topk", "N", "shape override: indices per query token"},
-      {"page-size", "N", "shape override: tokens per KV cache page"},
+      WithAlias({"page-block-size", "N", "shape override: tokens per KV cache page"},
+                "page-size"),
       {"kv-dtype", "DTYPE", "shape override: bf16 or fp8_ds_mla"},
       {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {
     std::cout << "usage: kforge select (--preset NAME [--tp N] | --spec FILE) --arch ARCH --sms N "
-                 "--batch B [--sq S]\n\n"
+                 "--batch B [--s-q S]\n\n"
                  "Builds the manifest and picks the variant and launch "
                  "configuration for a runtime shape; exit code 1 with a "
                  "\"nothing fits\" report when no variant supports it.\n\n"
@@ -123,7 +116,7 @@ int Select(const std::vector<std::string>& argv) {
     }
   }
   v1::AttentionSpec spec;
-  absl::StatusOr<v1::Manifest> manifest = ManifestFromArgs(*args, "sq", &spec);
+  absl::StatusOr<v1::Manifest> manifest = ManifestFromArgs(*args, &spec);
   if (!manifest.ok()) return Fail(manifest.status());
   DeviceInfo device;
   device.arch = args->Has("device-arch") ? args->Get("device-arch") : args->Get("arch");
@@ -134,7 +127,9 @@ int Select(const std::vector<std::string>& argv) {
   device.sm_count = *sms;
   RuntimeShape shape;
   shape.batch = *batch;
-  shape.s_q = static_cast<int>(spec.s_q());
+  absl::StatusOr<int> s_q = IntFlag(*args, "s-q", 1);
+  if (!s_q.ok()) return Fail(s_q.status());
+  shape.s_q = *s_q;
   shape.num_q_heads = static_cast<int>(spec.num_q_heads());
   shape.topk = static_cast<int>(spec.topk());
   shape.kv_dtype = spec.kv_cache_dtype();
@@ -145,22 +140,16 @@ int Select(const std::vector<std::string>& argv) {
   };
   for (const Override& o : {Override{"heads", &shape.num_q_heads},
                             Override{"topk", &shape.topk},
-                            Override{"page-size", &shape.page_block_size}}) {
+                            Override{"page-block-size", &shape.page_block_size}}) {
     if (!args->Has(o.flag)) continue;
     absl::StatusOr<int> v = IntFlag(*args, o.flag, 0);
     if (!v.ok()) return Fail(v.status());
     *o.field = *v;
   }
   if (args->Has("kv-dtype")) {
-    const std::string d = args->Get("kv-dtype");
-    if (d == "bf16") {
-      shape.kv_dtype = v1::KV_CACHE_DTYPE_BF16;
-    } else if (d == "fp8_ds_mla") {
-      shape.kv_dtype = v1::KV_CACHE_DTYPE_FP8_DS_MLA;
-    } else {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--kv-dtype: got '", d, "', expected bf16 or fp8_ds_mla")));
-    }
+    absl::StatusOr<v1::KvCacheDtype> d = ParseKvDtype(args->Get("kv-dtype"));
+    if (!d.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--", d.status().message())));
+    shape.kv_dtype = *d;
   }
   absl::StatusOr<Selection> sel = kforge::Select(*manifest, device, shape);
   if (!sel.ok()) {

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "model/spec.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
@@ -71,10 +73,22 @@ int RoundUp16(int x) { return (x + 15) / 16 * 16; }
 // with 16 splits = 4 tiles per split (BENCH.md, 2026-11-29).
 constexpr int kMinTilesPerSplit = 4;
 
-uint32_t FloatBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
+// The scale as a readable name part: the shortest decimal that reads back
+// as the same float (%.9g always does; shorter forms are tried first), with
+// '.' -> 'p' and '-' -> 'm': 0.0625 -> "0p0625", 0.135234 -> "0p135234",
+// 1e-06 -> "1em06". Distinct floats give distinct tags.
+std::string ScaleTag(float scale) {
+  std::string text;
+  for (int digits = 1; digits <= 9; ++digits) {
+    text = absl::StrFormat("%.*g", digits, scale);
+    if (std::strtof(text.c_str(), nullptr) == scale) break;
+  }
+  for (char& c : text) {
+    if (c == '.') c = 'p';
+    if (c == '-') c = 'm';
+    if (c == '+') c = 'p';
+  }
+  return text;
 }
 
 }  // namespace
@@ -136,17 +150,14 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec,
 }
 
 std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
-  const char* dtype =
-      spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA ? "fp8dsmla"
-                                                             : "bf16";
   std::string arch_tag = arch.name;
   arch_tag.erase(std::remove(arch_tag.begin(), arch_tag.end(), '_'),
                  arch_tag.end());
   return absl::StrFormat(
-      "sparse_mla_decode_h%d_d%dr%d_topk%d_sq%d_%s_pb%d_sc%08x%s_%s",
+      "sparse_mla_decode_h%d_d%dr%d_topk%d_%s_pb%d_sc%s%s_%s",
       spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(), spec.topk(),
-      spec.s_q(), dtype, spec.page_block_size(),
-      FloatBits(spec.softmax_scale()), spec.return_lse() ? "_lse" : "",
+      KvDtypeName(spec.kv_cache_dtype()), spec.page_block_size(),
+      ScaleTag(spec.softmax_scale()), spec.return_lse() ? "_lse" : "",
       arch_tag);
 }
 

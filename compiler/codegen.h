@@ -26,7 +26,7 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec,
                               const v1::KernelTiling& tiling, const Arch& arch);
 
 // Readable, deterministic name built from every kernel-changing parameter,
-// e.g. sparse_mla_decode_h8_d512r64_topk2048_sq1_bf16_pb64_sc3d800000_lse_sm120a.
+// e.g. sparse_mla_decode_h8_d512r64_topk2048_bf16_pb64_sc0p0625_lse_sm120a.
 std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch);
 
 // The instantiation unit handed to NVRTC: includes, one traits struct with

@@ -55,7 +55,7 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(
   KeyInputs key;
   key.spec = plan.spec;
   key.template_digest = TemplateDigest();
-  key.nvrtc_version = NvrtcVersion();
+  key.nvrtc_version = NvrtcBuildIdentity();
   key.options = plan.options;
   key.arch = plan.arch.name;
   key.max_smem_per_block = options.max_smem_per_block;

@@ -17,7 +17,7 @@ const std::string& TemplateDigest();
 struct KeyInputs {
   v1::AttentionSpec spec;  // normalized
   std::string template_digest;
-  std::string nvrtc_version;
+  std::string nvrtc_version;  // NvrtcBuildIdentity(): version and build
   std::vector<std::string> options;
   std::string arch;
   // PlanOptions::max_smem_per_block: 0 for the arch's own tiling, else the

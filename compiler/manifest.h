@@ -1,8 +1,6 @@
 #ifndef KFORGE_COMPILER_MANIFEST_H_
 #define KFORGE_COMPILER_MANIFEST_H_
 
-#include <cstdint>
-#include <set>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -12,24 +10,15 @@
 
 namespace kforge {
 
-// The selection manifest for a spec on an arch: one variant per s_q (1 =
-// plain decode, 2..4 = MTP), the asked-for s_q first in choice_order. Each
-// variant carries its normalized spec, tiling, launch rule and, when
-// sm_count > 0, num_splits for 1, 2, 4, ..., 256 query tokens. Plans only
-// (no compile, no cache): errors are the compiler's Plan errors.
+// The selection manifest for a spec on an arch: the kernel variants that
+// serve it (today one: the spec's own kernel, which serves any s_q), each
+// with its normalized spec, key, tiling, launch rule and entry names, and
+// the choice order. The split count is not evaluated here: the selector
+// does it for the GPU it runs on (model/launch.h). Plans only (no compile,
+// no cache): errors are the compiler's Plan errors.
 absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
                                            const v1::AttentionSpec& spec,
-                                           std::string_view arch,
-                                           uint32_t sm_count);
-
-// The manifest with only the variants whose spec.s_q is in `s_q_values`,
-// choice_order remapped to the kept variants in the same relative order.
-// A bundle holds exactly the s_q values its deployment matrix names (a
-// kernel per s_q costs a compile and disk space, and `kforge warm` builds
-// the same set), so its manifests must not list variants it lacks.
-// InvalidArgument, naming the manifest's s_q values, when none is kept.
-absl::StatusOr<v1::Manifest> KeepQueryLengths(const v1::Manifest& manifest,
-                                              const std::set<uint32_t>& s_q_values);
+                                           std::string_view arch);
 
 }  // namespace kforge
 

@@ -1,8 +1,13 @@
 #include "compiler/nvrtc.h"
 
+#include <elf.h>
+#include <link.h>
+
 #include <nvrtc.h>
 
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <cstddef>
 #include <string>
 #include <utility>
@@ -10,9 +15,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/io.h"
+#include "base/sha256.h"
 #include "compiler/embedded_templates.h"
 
 namespace kforge {
@@ -173,6 +181,76 @@ std::string NvrtcVersion() {
     return new std::string(absl::StrCat(major, ".", minor));
   }();
   return *kVersion;
+}
+
+namespace {
+
+struct BuildIdSearch {
+  const void* symbol;   // an address inside libnvrtc
+  std::string build_id; // hex, empty until found
+  std::string path;     // the object's file name
+};
+
+// dl_iterate_phdr callback: finds the loaded object that contains
+// `symbol` and reads its NT_GNU_BUILD_ID note. Every note is bounds-checked
+// against its segment.
+int FindBuildId(struct dl_phdr_info* info, size_t, void* data) {
+  auto* search = static_cast<BuildIdSearch*>(data);
+  const auto target = reinterpret_cast<uintptr_t>(search->symbol);
+  bool contains = false;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    const uintptr_t start = info->dlpi_addr + ph.p_vaddr;
+    if (ph.p_type == PT_LOAD && target >= start && target < start + ph.p_memsz) {
+      contains = true;
+    }
+  }
+  if (!contains) return 0;
+  search->path = info->dlpi_name != nullptr ? info->dlpi_name : "";
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_NOTE) continue;
+    const auto* p = reinterpret_cast<const unsigned char*>(info->dlpi_addr + ph.p_vaddr);
+    size_t left = ph.p_memsz;
+    while (left >= sizeof(ElfW(Nhdr))) {
+      ElfW(Nhdr) note;
+      std::memcpy(&note, p, sizeof(note));
+      const size_t name_size = (note.n_namesz + 3) & ~size_t{3};
+      const size_t desc_size = (note.n_descsz + 3) & ~size_t{3};
+      if (name_size > left - sizeof(note) || desc_size > left - sizeof(note) - name_size) break;
+      const unsigned char* name = p + sizeof(note);
+      const unsigned char* desc = name + name_size;
+      if (note.n_type == NT_GNU_BUILD_ID && note.n_namesz == 4 &&
+          std::memcmp(name, "GNU", 4) == 0) {
+        search->build_id = absl::BytesToHexString(
+            absl::string_view(reinterpret_cast<const char*>(desc), note.n_descsz));
+        return 1;
+      }
+      p += sizeof(note) + name_size + desc_size;
+      left -= sizeof(note) + name_size + desc_size;
+    }
+  }
+  return 1;  // the object was found; it has no build ID
+}
+
+}  // namespace
+
+std::string NvrtcBuildIdentity() {
+  static const std::string* const kIdentity = [] {
+    BuildIdSearch search{reinterpret_cast<const void*>(&nvrtcVersion), "", ""};
+    dl_iterate_phdr(FindBuildId, &search);
+    if (!search.build_id.empty()) {
+      return new std::string(absl::StrCat(NvrtcVersion(), " build-id ", search.build_id));
+    }
+    if (!search.path.empty()) {
+      if (absl::StatusOr<std::string> bytes = ReadFile(search.path); bytes.ok()) {
+        return new std::string(absl::StrCat(NvrtcVersion(), " sha256 ", Sha256Hex(*bytes)));
+      }
+    }
+    // Statically linked or unreadable: the version is all there is.
+    return new std::string(absl::StrCat(NvrtcVersion(), " build unknown"));
+  }();
+  return *kIdentity;
 }
 
 }  // namespace kforge

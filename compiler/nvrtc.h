@@ -42,6 +42,14 @@ absl::StatusOr<NvrtcResult> CompileWithNvrtc(const NvrtcRequest& request);
 // "13.0" from nvrtcVersion() (queried once).
 std::string NvrtcVersion();
 
+// Which build of NVRTC this process runs, for the cache key: the version
+// plus the GNU build ID of the loaded libnvrtc (read from its PT_NOTE
+// segment in memory), e.g. "13.0 build-id 65be0db3...". Two toolkits with
+// the same major.minor but another patch or build give different strings.
+// Where the library carries no build ID, the SHA-256 of its file stands in.
+// Computed once per process.
+std::string NvrtcBuildIdentity();
+
 }  // namespace kforge
 
 #endif  // KFORGE_COMPILER_NVRTC_H_

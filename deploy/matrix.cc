@@ -35,16 +35,6 @@ namespace {
 using google::protobuf::RepeatedField;
 using google::protobuf::Value;
 
-// The names a matrix file may use for a KV dtype besides the enum's own.
-struct ShortDtypeName {
-  const char* name;
-  v1::KvCacheDtype dtype;
-};
-constexpr ShortDtypeName kShortDtypeNames[] = {
-    {"bf16", v1::KV_CACHE_DTYPE_BF16},
-    {"fp8_ds_mla", v1::KV_CACHE_DTYPE_FP8_DS_MLA},
-};
-
 // JSON keys whose values are KvCacheDtype names (both spellings protobuf's
 // JSON mapping accepts).
 bool IsDtypeKey(const std::string& key) {
@@ -55,20 +45,12 @@ bool IsDtypeKey(const std::string& key) {
 // A dtype name as protobuf's JSON parser knows it: short names ("bf16")
 // become enum names; an unknown name is an error naming `path`.
 absl::Status ExpandDtypeName(Value& value, const std::string& path) {
-  const std::string lower = absl::AsciiStrToLower(value.string_value());
-  for (const ShortDtypeName& n : kShortDtypeNames) {
-    if (lower == n.name) {
-      value.set_string_value(v1::KvCacheDtype_Name(n.dtype));
-      return absl::OkStatus();
-    }
+  absl::StatusOr<v1::KvCacheDtype> dtype = ParseKvDtype(value.string_value());
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", dtype.status().message()));
   }
-  v1::KvCacheDtype dtype;
-  if (v1::KvCacheDtype_Parse(value.string_value(), &dtype)) return absl::OkStatus();
-  std::vector<absl::string_view> names;
-  for (const ShortDtypeName& n : kShortDtypeNames) names.push_back(n.name);
-  return absl::InvalidArgumentError(absl::StrCat(
-      path, ": got \"", value.string_value(), "\", supported ",
-      absl::StrJoin(names, ", "), " (or the KV_CACHE_DTYPE_* names)"));
+  value.set_string_value(v1::KvCacheDtype_Name(*dtype));
+  return absl::OkStatus();
 }
 
 // Walks the JSON tree and rewrites the strings under dtype keys.
@@ -165,13 +147,12 @@ absl::StatusOr<std::vector<std::string>> ParseArchList(
   return canonical;
 }
 
-// A spec model's spec before tp divides its heads. Its s_q and KV dtype
-// default to 1 and bf16 (the lists usually name them), and every field but
-// the heads must already validate, so that a later error can be pinned on
-// the tp, s_q or kv_dtypes element that caused it.
+// A spec model's spec before tp divides its heads. Its KV dtype defaults
+// to bf16 (the list usually names it), and every field but the heads must
+// already validate, so that a later error can be pinned on the tp or
+// kv_dtypes element that caused it.
 absl::StatusOr<v1::AttentionSpec> SpecModelBase(const v1::AttentionSpec& given) {
   v1::AttentionSpec base = given;
-  if (base.s_q() == 0) base.set_s_q(1);
   if (base.kv_cache_dtype() == v1::KV_CACHE_DTYPE_UNSPECIFIED) {
     base.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
   }
@@ -295,6 +276,9 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
   absl::StatusOr<std::vector<TpSpec>> tp_specs = ModelTpSpecs(model, path, &base);
   if (!tp_specs.ok()) return tp_specs.status();
   // Any tp spec validates; dtypes and s_q values are checked against it.
+  // s_q values are only checked: s_q is not part of the kernel (one kernel
+  // serves every s_q), so they add no jobs. The field stays so that
+  // matrices written for kforge 0.1 still load.
   const v1::AttentionSpec& valid = tp_specs->front().spec;
   absl::StatusOr<std::vector<int>> dtypes = CheckedValues<int>(
       model.kv_dtypes(), base.kv_cache_dtype(), absl::StrCat(path, ".kv_dtypes"),
@@ -302,10 +286,13 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
         s.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(d));
       });
   if (!dtypes.ok()) return dtypes.status();
-  absl::StatusOr<std::vector<uint32_t>> s_qs = CheckedValues<uint32_t>(
-      model.s_q(), base.s_q(), absl::StrCat(path, ".s_q"), valid,
-      [](v1::AttentionSpec& s, uint32_t v) { s.set_s_q(v); });
-  if (!s_qs.ok()) return s_qs.status();
+  if (absl::Status s = CheckedValues<uint32_t>(
+                          model.s_q(), 1, absl::StrCat(path, ".s_q"), valid,
+                          [](v1::AttentionSpec& s, uint32_t v) { s.set_s_q(v); })
+                          .status();
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::vector<std::string>> archs =
       ParseArchList(model.archs(), absl::StrCat(path, ".archs"));
   if (!archs.ok()) return archs.status();
@@ -320,21 +307,16 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
                                                   : model.name();
   for (const TpSpec& tp : *tp_specs) {
     for (int dtype : *dtypes) {
-      for (uint32_t s_q : *s_qs) {
-        MatrixJob job;
-        job.model = name;
-        job.tp = tp.tp;
-        job.kv_dtype = static_cast<v1::KvCacheDtype>(dtype);
-        job.s_q = s_q;
-        job.spec = tp.spec;
-        job.spec.set_kv_cache_dtype(job.kv_dtype);
-        job.spec.set_s_q(s_q);
-        for (const std::string& arch : *archs) {
-          job.arch = arch;
-          job.label = absl::StrCat(name, " tp", tp.tp, " sq", s_q, " ",
-                                   KvDtypeShortName(job.kv_dtype), " ", arch);
-          expansion.Add(job);
-        }
+      MatrixJob job;
+      job.model = name;
+      job.tp = tp.tp;
+      job.kv_dtype = static_cast<v1::KvCacheDtype>(dtype);
+      job.spec = tp.spec;
+      job.spec.set_kv_cache_dtype(job.kv_dtype);
+      for (const std::string& arch : *archs) {
+        job.arch = arch;
+        job.label = absl::StrCat(name, " tp", tp.tp, " ", KvDtypeName(job.kv_dtype), " ", arch);
+        expansion.Add(job);
       }
     }
   }
@@ -342,14 +324,6 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
 }
 
 }  // namespace
-
-std::string KvDtypeShortName(v1::KvCacheDtype dtype) {
-  for (const ShortDtypeName& n : kShortDtypeNames) {
-    if (n.dtype == dtype) return n.name;
-  }
-  const std::string& name = v1::KvCacheDtype_Name(dtype);
-  return name.empty() ? absl::StrCat(static_cast<int>(dtype)) : name;
-}
 
 absl::StatusOr<std::vector<MatrixJob>> ExpandMatrix(
     const v1::DeploymentMatrix& matrix) {

@@ -24,37 +24,35 @@ absl::StatusOr<v1::DeploymentMatrix> ParseMatrix(std::string_view text,
 absl::StatusOr<v1::DeploymentMatrix> LoadMatrixFile(const std::string& path);
 
 // The matrix used when none is given (deploy/default_matrix.json, built
-// into the binary): deepseek-v3.2 and glm-5 at TP 1/2/4/8, s_q 1 and 2,
-// bf16, on sm_80, sm_89, sm_90a, sm_100a and sm_120a. Parsed on each call;
+// into the binary): deepseek-v3.2 and glm-5 at TP 1/2/4/8, bf16, on
+// sm_80, sm_89, sm_90a, sm_100a and sm_120a. Parsed on each call;
 // an error would be a defect of the shipped file (a test pins it).
 absl::StatusOr<v1::DeploymentMatrix> DefaultMatrix();
 
 // The text of deploy/default_matrix.json, for `--help` and docs.
 std::string_view DefaultMatrixJson();
 
-// One (model, tp, kv dtype, s_q, arch) combination of a matrix: the spec an
+// One (model, tp, kv dtype, arch) combination of a matrix: the spec an
 // engine running that configuration asks for, on one arch. Its manifest
-// (runtime/manifest.h) and its kernel are keyed by (spec, arch).
+// (compiler/manifest.h) and its kernel are keyed by (spec, arch). A
+// model's s_q list is validated but adds no combinations: one kernel
+// serves every s_q.
 struct MatrixJob {
   std::string model;  // the preset, the entry's name, or "models[i]"
   uint32_t tp = 1;
   v1::KvCacheDtype kv_dtype = v1::KV_CACHE_DTYPE_UNSPECIFIED;
-  uint32_t s_q = 1;
   std::string arch;        // canonical, e.g. "sm_90a"
   v1::AttentionSpec spec;  // normalized, per-GPU heads
-  std::string label;       // "glm-5 tp8 sq2 bf16 sm_90a"
+  std::string label;       // "glm-5 tp8 bf16 sm_90a"
 };
 
 // Every combination of the matrix, each (spec, arch) once (the first
-// occurrence is kept). Deterministic: models in the matrix's order, then tp,
-// kv dtype and s_q ascending, then archs in SupportedArchs() order.
+// occurrence is kept). Deterministic: models in the matrix's order, then tp
+// and kv dtype ascending, then archs in SupportedArchs() order.
 // InvalidArgument naming the field path (without a source name) for a
 // matrix that does not validate.
 absl::StatusOr<std::vector<MatrixJob>> ExpandMatrix(
     const v1::DeploymentMatrix& matrix);
-
-// "bf16", "fp8_ds_mla"; the enum name for any other value.
-std::string KvDtypeShortName(v1::KvCacheDtype dtype);
 
 }  // namespace kforge
 

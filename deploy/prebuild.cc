@@ -37,31 +37,13 @@ struct KernelTask {
   v1::ManifestVariant variant;
 };
 
-// Jobs that differ only in s_q share their manifest's variants: the arch
-// and the spec with s_q cleared identify them.
-std::string QueryLengthGroup(const MatrixJob& job) {
-  v1::AttentionSpec spec = job.spec;
-  spec.clear_s_q();
-  return absl::StrCat(job.arch, "\n", spec.SerializeAsString());
-}
-
-// Each job's manifest, trimmed to the s_q values the matrix names for its
-// spec and arch (KeepQueryLengths).
+// Each job's manifest.
 std::vector<PlannedManifest> PlanManifests(const std::vector<MatrixJob>& jobs) {
-  std::map<std::string, std::set<uint32_t>> s_q_by_group;
-  for (const MatrixJob& job : jobs) {
-    s_q_by_group[QueryLengthGroup(job)].insert(job.spec.s_q());
-  }
   const KernelCompiler compiler;
   std::vector<PlannedManifest> planned;
   planned.reserve(jobs.size());
   for (const MatrixJob& job : jobs) {
-    absl::StatusOr<v1::Manifest> manifest =
-        BuildManifest(compiler, job.spec, job.arch, /*sm_count=*/0);
-    if (manifest.ok()) {
-      manifest = KeepQueryLengths(*manifest, s_q_by_group[QueryLengthGroup(job)]);
-    }
-    planned.push_back({&job, std::move(manifest)});
+    planned.push_back({&job, BuildManifest(compiler, job.spec, job.arch)});
   }
   return planned;
 }

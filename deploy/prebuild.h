@@ -71,8 +71,7 @@ struct PrebuildReport {
 // bundle directory (runtime/bundle.h) and writes the manifests and
 // checksums.
 //
-// What a bundle holds: for each job, BuildManifest (sm_count 0) trimmed by
-// KeepQueryLengths to the s_q values the matrix names for that spec and
+// What a bundle holds: for each job, BuildManifest for that spec and
 // arch; the kernels are the union of those variants, each key once. That
 // is one kernel per job, the same set `kforge warm` builds.
 //

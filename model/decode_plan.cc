@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/absl_compat.h"
+#include "model/spec.h"
 
 namespace kforge {
 namespace {

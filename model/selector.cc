@@ -10,6 +10,7 @@
 #include "base/absl_compat.h"
 #include "model/arch.h"
 #include "model/launch.h"
+#include "model/spec.h"
 
 namespace kforge {
 namespace {
@@ -96,17 +97,6 @@ std::vector<std::string> Missing(const std::string& manifest_arch,
 uint32_t CeilDiv(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
 }  // namespace
-
-std::string KvDtypeName(v1::KvCacheDtype dtype) {
-  switch (dtype) {
-    case v1::KV_CACHE_DTYPE_BF16:
-      return "bf16";
-    case v1::KV_CACHE_DTYPE_FP8_DS_MLA:
-      return "fp8_ds_mla";
-    default:
-      return "unspecified";
-  }
-}
 
 absl::StatusOr<Selection> Select(const v1::Manifest& manifest,
                                  const DeviceInfo& device,

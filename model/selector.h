@@ -52,9 +52,6 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest,
                                  const DeviceInfo& device,
                                  const RuntimeShape& shape);
 
-// "bf16", "fp8_ds_mla", "unspecified".
-std::string KvDtypeName(v1::KvCacheDtype dtype);
-
 // Multi-line readable description of a selection (for `kforge select`).
 std::string DescribeSelection(const Selection& selection);
 

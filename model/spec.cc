@@ -141,8 +141,10 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
   if (spec.topk() < 1 || spec.topk() > kMaxTopk) {
     problems.Add("topk", spec.topk(), absl::StrCat("1..", kMaxTopk));
   }
-  if (spec.s_q() < 1 || spec.s_q() > kMaxSq) {
-    problems.Add("s_q", spec.s_q(), absl::StrCat("1..", kMaxSq));
+  // s_q is optional (0 = not given) and does not change the kernel; a
+  // given value is still checked so a typo is not silently accepted.
+  if (spec.s_q() > kMaxSq) {
+    problems.Add("s_q", spec.s_q(), absl::StrCat("0 (not given) or 1..", kMaxSq));
   }
   if (spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
     problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()),
@@ -174,6 +176,10 @@ absl::StatusOr<v1::AttentionSpec> NormalizeSpec(const v1::AttentionSpec& spec) {
   // Presence is part of the serialized bytes: make it explicit so that a
   // NoPE spec always serializes with rope_dim written out.
   normalized.set_rope_dim(spec.rope_dim());
+  // s_q does not change the kernel (every query token carries its own
+  // indices): cleared so that s_q 1 and 2 are one key, one module, one
+  // manifest variant.
+  normalized.clear_s_q();
   return normalized;
 }
 
@@ -212,7 +218,6 @@ absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name,
   spec.set_kv_lora_rank(preset->kv_lora_rank);
   spec.set_rope_dim(preset->rope_dim);
   spec.set_topk(preset->topk);
-  spec.set_s_q(1);
   spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
   spec.set_page_block_size(64);
   spec.set_softmax_scale(preset->softmax_scale);
@@ -256,6 +261,43 @@ absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path) {
                         absl::StrCat(path, ": ", spec.status().message()));
   }
   return spec;
+}
+
+namespace {
+
+struct KvDtypeSpelling {
+  const char* name;
+  v1::KvCacheDtype dtype;
+};
+constexpr KvDtypeSpelling kKvDtypeNames[] = {
+    {"bf16", v1::KV_CACHE_DTYPE_BF16},
+    {"fp8_ds_mla", v1::KV_CACHE_DTYPE_FP8_DS_MLA},
+};
+
+}  // namespace
+
+std::string KvDtypeName(v1::KvCacheDtype dtype) {
+  for (const KvDtypeSpelling& n : kKvDtypeNames) {
+    if (n.dtype == dtype) return n.name;
+  }
+  return DtypeName(dtype);
+}
+
+absl::StatusOr<v1::KvCacheDtype> ParseKvDtype(std::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(AsAbsl(name));
+  for (const KvDtypeSpelling& n : kKvDtypeNames) {
+    if (lower == n.name) return n.dtype;
+  }
+  v1::KvCacheDtype dtype;
+  if (v1::KvCacheDtype_Parse(std::string(name), &dtype) &&
+      dtype != v1::KV_CACHE_DTYPE_UNSPECIFIED) {
+    return dtype;
+  }
+  std::vector<absl::string_view> names;
+  for (const KvDtypeSpelling& n : kKvDtypeNames) names.push_back(n.name);
+  return absl::InvalidArgumentError(
+      absl::StrCat("kv dtype: got \"", AsAbsl(name), "\", supported ",
+                   absl::StrJoin(names, ", "), " (or the KV_CACHE_DTYPE_* names)"));
 }
 
 }  // namespace kforge

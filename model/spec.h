@@ -21,6 +21,16 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec);
 // ValidateSpec first.
 absl::StatusOr<v1::AttentionSpec> NormalizeSpec(const v1::AttentionSpec& spec);
 
+// The one spelling of a KV cache dtype wherever kforge prints one (module
+// names, manifests, selections, matrices, flags): "bf16", "fp8_ds_mla"; the
+// enum name (or number) for any other value.
+std::string KvDtypeName(v1::KvCacheDtype dtype);
+
+// Parses a KV cache dtype: "bf16" or "fp8_ds_mla" (any case), or the enum's
+// own names (KV_CACHE_DTYPE_BF16, ...), which spec files in protobuf JSON
+// and text format use. InvalidArgument listing the names otherwise.
+absl::StatusOr<v1::KvCacheDtype> ParseKvDtype(std::string_view name);
+
 struct PresetInfo {
   std::string name;
   int total_heads;
@@ -34,7 +44,7 @@ struct PresetInfo {
 const std::vector<PresetInfo>& Presets();
 
 // Builds a spec from a preset: heads = preset heads / tensor_parallel,
-// s_q = 1, bf16 cache, page_block_size 64, return_lse = true. InvalidArgument
+// bf16 cache, page_block_size 64, return_lse = true. InvalidArgument
 // for an unknown preset or a degree that does not divide the heads.
 absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name,
                                                  int tensor_parallel);

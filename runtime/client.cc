@@ -186,7 +186,6 @@ absl::StatusOr<v1::Manifest> ServiceClient::GetManifest(const v1::KernelSelector
   v1::GetManifestRequest request;
   *request.mutable_kernel() = kernel;
   request.set_arch(std::string(arch));
-  request.set_sm_count(0);
   v1::Manifest manifest;
   absl::Status called = s.Call("GetManifest", [&](grpc::ClientContext* context) {
     manifest.Clear();
@@ -196,10 +195,6 @@ absl::StatusOr<v1::Manifest> ServiceClient::GetManifest(const v1::KernelSelector
   // BundleManifestPath checks what using a manifest relies on: a variant
   // and an in-range first choice.
   absl::Status valid = BundleManifestPath(manifest).status();
-  if (valid.ok() && manifest.sm_count() != 0) {
-    valid = absl::InvalidArgumentError(
-        absl::StrCat("sm_count: got ", manifest.sm_count(), ", asked for 0"));
-  }
   if (!valid.ok()) {
     return absl::DataLossError(
         absl::StrCat("kforge server at ", s.options.address,

@@ -53,7 +53,6 @@ class ServiceClient : public KernelSource {
       ServiceClientOptions options);
   ~ServiceClient() override;
 
-  // Asks with sm_count 0 (the split count stays symbolic).
   absl::StatusOr<v1::Manifest> GetManifest(const v1::KernelSelector& kernel,
                                            std::string_view arch) override;
   // Asks for KernelSelector{spec = variant.spec()} on `arch`.

@@ -237,7 +237,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetManifest(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(request->kernel());
   absl::StatusOr<v1::Manifest> manifest =
-      spec.ok() ? store_->GetManifest(*spec, request->arch(), request->sm_count())
+      spec.ok() ? store_->GetManifest(*spec, request->arch())
                 : absl::StatusOr<v1::Manifest>(spec.status());
   if (manifest.ok()) *response = *std::move(manifest);
   reactor->Finish(ToGrpcStatus(manifest.status()));

@@ -266,9 +266,8 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(
 }
 
 absl::StatusOr<v1::Manifest> KernelStore::GetManifest(
-    const v1::AttentionSpec& spec, std::string_view arch,
-    uint32_t sm_count) const {
-  return BuildManifest(state_->compiler, spec, arch, sm_count);
+    const v1::AttentionSpec& spec, std::string_view arch) const {
+  return BuildManifest(state_->compiler, spec, arch);
 }
 
 absl::StatusOr<bool> KernelStore::Preload(ArtifactPtr artifact) {

@@ -61,8 +61,7 @@ class KernelStore {
   // The selection manifest for a spec on an arch (no compile needed: keys,
   // tilings and launch rules come from planning).
   absl::StatusOr<v1::Manifest> GetManifest(const v1::AttentionSpec& spec,
-                                           std::string_view arch,
-                                           uint32_t sm_count) const;
+                                           std::string_view arch) const;
 
   // Warm-up from a bundle: puts a prebuilt kernel into the memory and disk
   // tiers. Only a kernel this server would build itself is accepted: the key

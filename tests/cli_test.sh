@@ -8,7 +8,7 @@ KFORGE=${1:?usage: cli_test.sh PATH/TO/kforge}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-MODULE=sparse_mla_decode_h8_d512r64_topk2048_sq1_bf16_pb64_sc3d800000_lse_sm120a
+MODULE=sparse_mla_decode_h8_d512r64_topk2048_bf16_pb64_sc0p0625_lse_sm120a
 FAILED=0
 
 fail() {
@@ -38,6 +38,15 @@ expect_error() {
 cat "$TMP/compile.txt"
 [[ -s "$TMP/out/$MODULE.cubin" ]] || fail "missing $TMP/out/$MODULE.cubin"
 [[ -s "$TMP/out/$MODULE.json" ]] || fail "missing $TMP/out/$MODULE.json"
+# s_q is not part of the kernel: --s-q 1 and --s-q 2 give one key.
+key_of() { grep -o '"key": "[0-9a-f]*"' "$1" | head -n1; }
+"$KFORGE" compile --preset glm-5 --tp 8 --arch sm_120a --s-q 1 -o "$TMP/sq1" >/dev/null ||
+  fail "compile --s-q 1 failed"
+"$KFORGE" compile --preset glm-5 --tp 8 --arch sm_120a --s-q 2 -o "$TMP/sq2" >/dev/null ||
+  fail "compile --s-q 2 failed"
+k1=$(key_of "$TMP/sq1/$MODULE.json"); k2=$(key_of "$TMP/sq2/$MODULE.json")
+[[ -n "$k1" && "$k1" == "$k2" ]] || fail "--s-q 1 and --s-q 2 give different keys: '$k1' '$k2'"
+echo "ok: --s-q 1 and --s-q 2 give one key ($k1)"
 python3 -m json.tool "$TMP/out/$MODULE.json" >/dev/null ||
   fail "$MODULE.json is not valid JSON"
 grep -qF "\"module_name\": \"$MODULE\"" "$TMP/out/$MODULE.json" ||
@@ -83,9 +92,16 @@ fi
   fail "kforge manifest failed"
 python3 -m json.tool "$TMP/manifest.json" >/dev/null || fail "manifest is not valid JSON"
 grep -q '"variants"' "$TMP/manifest.json" || fail "manifest has no variants"
-sel=$("$KFORGE" select --preset glm-5 --tp 8 --arch sm_90a --sms 132 --batch 1 --sq 1) ||
+sel=$("$KFORGE" select --preset glm-5 --tp 8 --arch sm_90a --sms 132 --batch 1 --s-q 1) ||
   fail "kforge select failed"
 grep -q "sparse_mla_decode_h8_" <<<"$sel" || fail "select did not name the h8 module: $sel"
+# The old spellings --sq and --page-size still work, with the same answer.
+old=$("$KFORGE" select --preset glm-5 --tp 8 --arch sm_90a --sms 132 --batch 1 --sq 1 \
+  --page-size 64) || fail "kforge select with --sq/--page-size failed"
+[[ "$old" == "$sel" ]] || fail "--sq/--page-size answer differs: $old"
+mtp=$("$KFORGE" select --preset glm-5 --tp 8 --arch sm_90a --sms 132 --batch 3 --s-q 2) ||
+  fail "kforge select --s-q 2 failed"
+grep -q "tokens *6" <<<"$mtp" || fail "select --s-q 2 --batch 3 is not 6 tokens: $mtp"
 set +e
 nofit=$("$KFORGE" select --preset glm-5 --tp 8 --arch sm_90a --sms 132 --batch 1 --sq 1 \
   --device-arch sm_120a 2>&1)

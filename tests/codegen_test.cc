@@ -168,11 +168,11 @@ TEST(CodegenSource, OnlyNumbersVaryWithTheSpec) {
 
 TEST(ModuleName, ExactNames) {
   EXPECT_EQ(ModuleName(Preset("glm-5", 8), ArchNamed("sm_120a")),
-            "sparse_mla_decode_h8_d512r64_topk2048_sq1_bf16_pb64_sc3d800000_"
+            "sparse_mla_decode_h8_d512r64_topk2048_bf16_pb64_sc0p0625_"
             "lse_sm120a");
-  // 0.135234f == 0x3e0a7ac8
+  // The shortest decimal that reads back as the same float.
   EXPECT_EQ(ModuleName(Preset("deepseek-v3.2", 1), ArchNamed("sm_90a")),
-            "sparse_mla_decode_h128_d512r64_topk2048_sq1_bf16_pb64_sc3e0a7ac8_"
+            "sparse_mla_decode_h128_d512r64_topk2048_bf16_pb64_sc0p135234_"
             "lse_sm90a");
   v1::AttentionSpec spec = SpecWith(3, 256, 0);
   spec.set_s_q(2);
@@ -181,7 +181,18 @@ TEST(ModuleName, ExactNames) {
   spec.set_softmax_scale(1.0f);
   spec.set_return_lse(false);
   EXPECT_EQ(ModuleName(spec, ArchNamed("sm_80")),
-            "sparse_mla_decode_h3_d256r0_topk512_sq2_bf16_pb1_sc3f800000_sm80");
+            "sparse_mla_decode_h3_d256r0_topk512_bf16_pb1_sc1_sm80");
+  // s_q is not in the name (it does not change the kernel); a scale with
+  // an exponent and a sign-free tag stay readable and distinct.
+  spec.set_s_q(1);
+  EXPECT_EQ(ModuleName(spec, ArchNamed("sm_80")),
+            "sparse_mla_decode_h3_d256r0_topk512_bf16_pb1_sc1_sm80");
+  spec.set_softmax_scale(1e-6f);
+  EXPECT_EQ(ModuleName(spec, ArchNamed("sm_80")),
+            "sparse_mla_decode_h3_d256r0_topk512_bf16_pb1_sc1em06_sm80");
+  spec.set_softmax_scale(std::nextafter(0.0625f, 1.0f));
+  EXPECT_NE(ModuleName(spec, ArchNamed("sm_80")),
+            ModuleName(Preset("glm-5", 8), ArchNamed("sm_80")));
 }
 
 TEST(ModuleName, DistinctAndDeterministic) {

@@ -56,7 +56,7 @@ TEST(KernelCompilerPlan, Deterministic) {
   EXPECT_EQ(a.options, b.options);
   EXPECT_TRUE(MessageDifferencer::Equals(a.tiling, b.tiling));
   EXPECT_EQ(a.module_name,
-            "sparse_mla_decode_h8_d512r64_topk2048_sq1_bf16_pb64_sc3d800000_"
+            "sparse_mla_decode_h8_d512r64_topk2048_bf16_pb64_sc0p0625_"
             "lse_sm120a");
   EXPECT_EQ(a.arch.name, "sm_120a");
 }

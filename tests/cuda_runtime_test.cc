@@ -46,7 +46,7 @@ class CompilingSource : public KernelSource {
                           : SpecFromPreset(kernel.preset().name(),
                                            static_cast<int>(kernel.preset().tensor_parallel()));
     if (!spec.ok()) return spec.status();
-    return BuildManifest(compiler_, *spec, arch, 0);
+    return BuildManifest(compiler_, *spec, arch);
   }
   absl::StatusOr<ArtifactRef> GetKernel(const v1::ManifestVariant& variant,
                                         std::string_view arch) override {
@@ -71,7 +71,7 @@ v1::KernelSelector Glm5Tp8Selector() {
 }
 
 v1::Manifest ManifestFor(const v1::AttentionSpec& spec, const std::string& arch) {
-  absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), spec, arch, 0);
+  absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), spec, arch);
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? *m : v1::Manifest();
 }

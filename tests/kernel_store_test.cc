@@ -2,6 +2,8 @@
 // Compiles run in real `kforge compile-worker` processes (~1 s each).
 #include "service/kernel_store.h"
 
+#include "model/launch.h"
+
 #include <stdlib.h>
 
 #include <filesystem>
@@ -122,20 +124,25 @@ TEST_F(KernelStoreTest, WaiterDeadlineLeavesTheCompileRunning) {
   EXPECT_EQ(store->Stats().compiles(), 1u);
 }
 
-TEST_F(KernelStoreTest, ManifestListsSqVariantsAskedFirstWithSplitTable) {
+TEST_F(KernelStoreTest, ManifestHasOneVariantForEverySq) {
   auto store = Open();
   v1::AttentionSpec spec = Glm5Tp8();
   spec.set_s_q(2);
-  auto m = store->GetManifest(spec, "sm_90a", 132);
+  auto m = store->GetManifest(spec, "sm_90a");
   ASSERT_TRUE(m.ok()) << m.status();
-  ASSERT_EQ(m->variants_size(), 4);
+  ASSERT_EQ(m->variants_size(), 1);
   EXPECT_EQ(m->arch(), "sm_90a");
-  ASSERT_EQ(m->choice_order_size(), 4);
-  EXPECT_EQ(m->variants(m->choice_order(0)).spec().s_q(), 2u);
+  ASSERT_EQ(m->choice_order_size(), 1);
+  EXPECT_EQ(m->variants(m->choice_order(0)).spec().s_q(), 0u);
   const auto& v = m->variants(m->choice_order(0));
   EXPECT_FALSE(v.key().empty());
-  EXPECT_EQ(v.num_splits_by_tokens().size(), 9u);  // 1, 2, 4, ..., 256
-  EXPECT_EQ(v.num_splits_by_tokens().at(1), 16u);  // 8 heads, one token
+  spec.set_s_q(1);
+  auto m1 = store->GetManifest(spec, "sm_90a");
+  ASSERT_TRUE(m1.ok()) << m1.status();
+  EXPECT_EQ(m1->variants(0).key(), v.key());  // s_q 1 and 2: one kernel
+  // The split count is the selector's, for the device it runs on: 8 heads,
+  // one token on 132 SMs splits 16 ways.
+  EXPECT_EQ(NumSplits(v.spec(), v.tiling(), v.launch(), 1, 132), 16);
   EXPECT_EQ(store->Stats().compiles(), 0u);        // planning only
 }
 

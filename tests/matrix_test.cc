@@ -41,24 +41,25 @@ TEST(MatrixTest, EmbeddedDefaultIsTheShippedFile) {
   EXPECT_EQ(DefaultMatrixJson(), *file);
 }
 
-TEST(MatrixTest, DefaultMatrixExpandsToEveryPresetTpSqArch) {
+TEST(MatrixTest, DefaultMatrixExpandsToEveryPresetTpArch) {
   absl::StatusOr<v1::DeploymentMatrix> matrix = DefaultMatrix();
   ASSERT_TRUE(matrix.ok()) << matrix.status();
   absl::StatusOr<std::vector<MatrixJob>> jobs = ExpandMatrix(*matrix);
   ASSERT_TRUE(jobs.ok()) << jobs.status();
-  // 2 presets x 4 tp x 1 kv dtype x 2 s_q x 5 archs.
-  ASSERT_EQ(jobs->size(), 2u * 4 * 2 * 5);
-  EXPECT_EQ(jobs->front().label, "deepseek-v3.2 tp1 sq1 bf16 sm_80");
-  EXPECT_EQ((*jobs)[1].label, "deepseek-v3.2 tp1 sq1 bf16 sm_89");
-  EXPECT_EQ((*jobs)[5].label, "deepseek-v3.2 tp1 sq2 bf16 sm_80");
-  EXPECT_EQ(jobs->back().label, "glm-5 tp8 sq2 bf16 sm_120a");
+  // 2 presets x 4 tp x 1 kv dtype x 5 archs (s_q is not part of a kernel:
+  // 0.1's 80 kernels were twice what was needed).
+  ASSERT_EQ(jobs->size(), 2u * 4 * 5);
+  EXPECT_EQ(jobs->front().label, "deepseek-v3.2 tp1 bf16 sm_80");
+  EXPECT_EQ((*jobs)[1].label, "deepseek-v3.2 tp1 bf16 sm_89");
+  EXPECT_EQ((*jobs)[5].label, "deepseek-v3.2 tp2 bf16 sm_80");
+  EXPECT_EQ(jobs->back().label, "glm-5 tp8 bf16 sm_120a");
   for (const MatrixJob& job : *jobs) {
     SCOPED_TRACE(job.label);
     absl::StatusOr<v1::AttentionSpec> preset = SpecFromPreset(job.model, job.tp);
     ASSERT_TRUE(preset.ok()) << preset.status();
     EXPECT_EQ(job.spec.num_q_heads(), preset->num_q_heads());
     EXPECT_EQ(job.spec.softmax_scale(), preset->softmax_scale());
-    EXPECT_EQ(job.spec.s_q(), job.s_q);
+    EXPECT_EQ(job.spec.s_q(), 0u);  // not part of the kernel
     EXPECT_EQ(job.spec.kv_cache_dtype(), v1::KV_CACHE_DTYPE_BF16);
     EXPECT_TRUE(ValidateSpec(job.spec).ok());
   }
@@ -74,10 +75,8 @@ TEST(MatrixTest, OrderIsCanonicalWhateverTheFileOrder) {
       "archs": ["SM_120A", "90a", "sm_90a"]})");
   EXPECT_EQ(Labels(sorted),
             (std::vector<std::string>{
-                "glm-5 tp4 sq1 bf16 sm_90a", "glm-5 tp4 sq1 bf16 sm_120a",
-                "glm-5 tp4 sq2 bf16 sm_90a", "glm-5 tp4 sq2 bf16 sm_120a",
-                "glm-5 tp8 sq1 bf16 sm_90a", "glm-5 tp8 sq1 bf16 sm_120a",
-                "glm-5 tp8 sq2 bf16 sm_90a", "glm-5 tp8 sq2 bf16 sm_120a"}));
+                "glm-5 tp4 bf16 sm_90a", "glm-5 tp4 bf16 sm_120a",
+                "glm-5 tp8 bf16 sm_90a", "glm-5 tp8 bf16 sm_120a"}));
   EXPECT_EQ(Labels(shuffled), Labels(sorted));
   EXPECT_EQ(Labels(Expand(R"({"models": [
       {"preset": "glm-5", "tp": [4, 8], "s_q": [1, 2]}],
@@ -95,7 +94,7 @@ TEST(MatrixTest, EqualSpecOnEqualArchIsOneJob) {
          "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048,
          "page_block_size": 64, "softmax_scale": 0.0625, "return_lse": true}}],
       "archs": ["sm_90a"]})");
-  EXPECT_EQ(Labels(jobs), std::vector<std::string>{"glm-5 tp8 sq1 bf16 sm_90a"});
+  EXPECT_EQ(Labels(jobs), std::vector<std::string>{"glm-5 tp8 bf16 sm_90a"});
 }
 
 TEST(MatrixTest, SpecModelIsDividedByTpAndNamed) {
@@ -111,9 +110,9 @@ TEST(MatrixTest, SpecModelIsDividedByTpAndNamed) {
          "page_block_size": 64, "softmax_scale": 0.1}}],
       "archs": ["sm_89"]})");
   ASSERT_EQ(Labels(jobs),
-            (std::vector<std::string>{"tiny tp2 sq3 bf16 sm_89",
-                                      "tiny tp4 sq3 bf16 sm_89",
-                                      "models[1] tp1 sq1 bf16 sm_89"}));
+            (std::vector<std::string>{"tiny tp2 bf16 sm_89",
+                                      "tiny tp4 bf16 sm_89",
+                                      "models[1] tp1 bf16 sm_89"}));
   EXPECT_EQ(jobs[0].spec.num_q_heads(), 16u);
   EXPECT_EQ(jobs[1].spec.num_q_heads(), 8u);
   EXPECT_EQ(jobs[1].spec.kv_lora_rank(), 256u);
@@ -128,8 +127,8 @@ TEST(MatrixTest, ModelArchsReplaceTheMatrixArchs) {
       {"preset": "deepseek-v3.2", "tp": [8]}],
       "archs": ["sm_90a"]})");
   EXPECT_EQ(Labels(jobs),
-            (std::vector<std::string>{"glm-5 tp8 sq1 bf16 sm_120a",
-                                      "deepseek-v3.2 tp8 sq1 bf16 sm_90a"}));
+            (std::vector<std::string>{"glm-5 tp8 bf16 sm_120a",
+                                      "deepseek-v3.2 tp8 bf16 sm_90a"}));
 }
 
 TEST(MatrixTest, DtypesAcceptShortAndEnumNames) {
@@ -140,10 +139,10 @@ TEST(MatrixTest, DtypesAcceptShortAndEnumNames) {
         R"("]}], "archs": ["sm_90a"]})"));
     ASSERT_EQ(jobs.size(), 1u);
     EXPECT_EQ(jobs[0].kv_dtype, v1::KV_CACHE_DTYPE_BF16);
-    EXPECT_EQ(jobs[0].label, "glm-5 tp8 sq1 bf16 sm_90a");
+    EXPECT_EQ(jobs[0].label, "glm-5 tp8 bf16 sm_90a");
   }
-  EXPECT_EQ(KvDtypeShortName(v1::KV_CACHE_DTYPE_FP8_DS_MLA), "fp8_ds_mla");
-  EXPECT_EQ(KvDtypeShortName(v1::KV_CACHE_DTYPE_UNSPECIFIED),
+  EXPECT_EQ(KvDtypeName(v1::KV_CACHE_DTYPE_FP8_DS_MLA), "fp8_ds_mla");
+  EXPECT_EQ(KvDtypeName(v1::KV_CACHE_DTYPE_UNSPECIFIED),
             "KV_CACHE_DTYPE_UNSPECIFIED");
 }
 

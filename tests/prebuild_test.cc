@@ -1,7 +1,7 @@
 // `kforge prebuild` and `kforge verify` end to end (the kforge binary on
 // small matrices: glm-5 on sm_90a, about a second a kernel with NVRTC, no
 // GPU), `kforge serve --warm-from` on the bundles they write,
-// PrebuildBundle's stop, and KeepQueryLengths (runtime/manifest.h).
+// and PrebuildBundle's stop.
 #include "deploy/prebuild.h"
 
 #include <fcntl.h>
@@ -52,61 +52,11 @@ using ::kforge::testing::TempDir;
 constexpr char kBinary[] = KFORGE_BINARY;
 constexpr char kArch[] = "sm_90a";
 
-// Two kernels (s_q 1 and 2) and two manifests.
+// Two kernels and two manifests (TP 4 and 8). The s_q list is still
+// accepted and adds nothing: s_q is not part of the kernel.
 constexpr char kGlm5Tp8[] =
-    R"({"models": [{"preset": "glm-5", "tp": [8], "s_q": [1, 2]}], "archs": ["sm_90a"]})";
+    R"({"models": [{"preset": "glm-5", "tp": [4, 8], "s_q": [1, 2]}], "archs": ["sm_90a"]})";
 
-// ---------------------------------------------------------------------------
-// KeepQueryLengths
-
-v1::Manifest Glm5Manifest(uint32_t s_q) {
-  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  spec->set_s_q(s_q);
-  absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, kArch, 0);
-  EXPECT_TRUE(m.ok()) << m.status();
-  return *m;
-}
-
-// The s_q of each variant in choice order.
-std::vector<uint32_t> ChoiceSq(const v1::Manifest& m) {
-  std::vector<uint32_t> out;
-  for (uint32_t c : m.choice_order()) out.push_back(m.variants(c).spec().s_q());
-  return out;
-}
-
-TEST(KeepQueryLengths, KeepsTheNamedVariantsAndRemapsTheChoiceOrder) {
-  const v1::Manifest full = Glm5Manifest(2);
-  ASSERT_EQ(ChoiceSq(full), (std::vector<uint32_t>{2, 1, 3, 4}));
-  absl::StatusOr<v1::Manifest> kept = KeepQueryLengths(full, {1, 2});
-  ASSERT_TRUE(kept.ok()) << kept.status();
-  ASSERT_EQ(kept->variants_size(), 2);
-  EXPECT_EQ(ChoiceSq(*kept), (std::vector<uint32_t>{2, 1}));
-  EXPECT_EQ(kept->choice_order_size(), 2);
-  // Variants are copied whole; the manifest's own fields are kept.
-  using google::protobuf::util::MessageDifferencer;
-  EXPECT_TRUE(MessageDifferencer::Equals(kept->variants(0), full.variants(0)));
-  EXPECT_TRUE(MessageDifferencer::Equals(kept->variants(1), full.variants(1)));
-  EXPECT_EQ(kept->arch(), full.arch());
-  EXPECT_EQ(kept->format_version(), full.format_version());
-
-  absl::StatusOr<v1::Manifest> sparse = KeepQueryLengths(Glm5Manifest(4), {2, 4});
-  ASSERT_TRUE(sparse.ok()) << sparse.status();
-  EXPECT_EQ(ChoiceSq(*sparse), (std::vector<uint32_t>{4, 2}));
-  EXPECT_EQ(sparse->choice_order(0), 1u);  // indices into the kept variants
-
-  absl::StatusOr<v1::Manifest> one = KeepQueryLengths(Glm5Manifest(1), {3, 9});
-  ASSERT_TRUE(one.ok()) << one.status();
-  EXPECT_EQ(ChoiceSq(*one), (std::vector<uint32_t>{3}));
-}
-
-TEST(KeepQueryLengths, NothingKeptIsAnErrorNamingWhatTheManifestHas) {
-  absl::StatusOr<v1::Manifest> none = KeepQueryLengths(Glm5Manifest(1), {5});
-  ASSERT_FALSE(none.ok());
-  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(none.status().message(), "keeping s_q {5}"));
-  EXPECT_TRUE(Contains(none.status().message(), "s_q {1, 2, 3, 4}"));
-}
 
 // ---------------------------------------------------------------------------
 // The kforge binary
@@ -193,8 +143,8 @@ bool IsServing(const std::shared_ptr<grpc::Channel>& channel) {
   return bytes == std::string("\x08\x01", 2);
 }
 
-v1::AttentionSpec Glm5Tp8Spec(uint32_t s_q) {
-  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
+v1::AttentionSpec Glm5Spec(int tp, uint32_t s_q) {
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", tp);
   EXPECT_TRUE(spec.ok()) << spec.status();
   spec->set_s_q(s_q);
   return *spec;
@@ -260,10 +210,10 @@ class PrebuildTest : public ::testing::Test {
   int runs_ = 0;
 };
 
-v1::GetKernelResponse GetKernel(v1::KernelService::Stub& stub, uint32_t s_q,
+v1::GetKernelResponse GetKernel(v1::KernelService::Stub& stub, int tp, uint32_t s_q,
                                 grpc::Status* status) {
   v1::GetKernelRequest request;
-  *request.mutable_kernel()->mutable_spec() = Glm5Tp8Spec(s_q);
+  *request.mutable_kernel()->mutable_spec() = Glm5Spec(tp, s_q);
   request.set_arch(kArch);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
@@ -287,8 +237,8 @@ TEST_F(PrebuildTest, BundleVerifiesAndWarmsAServerThatThenCompilesNothing) {
   ASSERT_EQ(built.exit_code, 0) << built.output;
   // Not a terminal: one plain line per kernel, then the summary.
   EXPECT_TRUE(Contains(built.output, "ok")) << built.output;
-  EXPECT_TRUE(Contains(built.output, "glm-5 tp8 sq1 bf16 sm_90a\n"));
-  EXPECT_TRUE(Contains(built.output, "glm-5 tp8 sq2 bf16 sm_90a\n"));
+  EXPECT_TRUE(Contains(built.output, "glm-5 tp4 bf16 sm_90a\n"));
+  EXPECT_TRUE(Contains(built.output, "glm-5 tp8 bf16 sm_90a\n"));
   EXPECT_TRUE(Contains(built.output,
                        "2 kernels, 2 compiled, 0 already in the bundle, 0 failed; 2 manifests"));
   EXPECT_EQ(FilesIn(bundle / "kernels").size(), 2u);
@@ -304,16 +254,19 @@ TEST_F(PrebuildTest, BundleVerifiesAndWarmsAServerThatThenCompilesNothing) {
   EXPECT_TRUE(
       Contains(server->Log(), "2 kernels, 2 loaded, 0 already cached, 0 skipped; SERVING"));
   auto stub = v1::KernelService::NewStub(channel);
-  for (uint32_t s_q : {1u, 2u}) {
-    grpc::Status status;
-    const v1::GetKernelResponse r = GetKernel(*stub, s_q, &status);
-    ASSERT_TRUE(status.ok()) << status.error_message();
-    EXPECT_EQ(r.source(), v1::ARTIFACT_SOURCE_MEMORY) << "s_q " << s_q;
-    EXPECT_FALSE(r.artifact().cubin().empty());
+  // Every s_q of each model is served by its one kernel.
+  for (int tp : {4, 8}) {
+    for (uint32_t s_q : {1u, 2u}) {
+      grpc::Status status;
+      const v1::GetKernelResponse r = GetKernel(*stub, tp, s_q, &status);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      EXPECT_EQ(r.source(), v1::ARTIFACT_SOURCE_MEMORY) << "tp " << tp << " s_q " << s_q;
+      EXPECT_FALSE(r.artifact().cubin().empty());
+    }
   }
   const v1::StatsResponse stats = Stats(*stub);
   EXPECT_EQ(stats.compiles(), 0u);
-  EXPECT_EQ(stats.memory_hits(), 2u);
+  EXPECT_EQ(stats.memory_hits(), 4u);
 }
 
 TEST_F(PrebuildTest, SecondRunCompilesNothingAndEveryRunWritesTheSameBytes) {
@@ -453,10 +406,10 @@ TEST_F(PrebuildTest, FailedKernelIsNamedItsManifestLeftOutAndTheRestVerifies) {
   const fs::path bundle = dir_.path() / "bundle";
   const RunResult run = Prebuild(matrix, bundle, {"KFORGE_TEST_WORKER_CRASH_TOPK=1000"});
   EXPECT_EQ(run.exit_code, 1) << run.output;
-  EXPECT_TRUE(Contains(run.output, "  FAIL crashy tp8 sq1 bf16 sm_90a:\n    "));
+  EXPECT_TRUE(Contains(run.output, "  FAIL crashy tp8 bf16 sm_90a:\n    "));
   EXPECT_TRUE(Contains(run.output, "killed by signal"));
   EXPECT_TRUE(Contains(run.output, "manifests not written (a kernel of theirs failed): "
-                                   "crashy tp8 sq1 bf16 sm_90a\n"));
+                                   "crashy tp8 bf16 sm_90a\n"));
   EXPECT_TRUE(Contains(run.output,
                        "2 kernels, 1 compiled, 0 already in the bundle, 1 failed; 1 manifests"));
   const std::vector<fs::path> manifests = FilesIn(bundle / "manifests");
@@ -532,7 +485,7 @@ TEST_F(PrebuildTest, ServeSkipsAKernelItWouldNotBuildAndStillServes) {
   // The kernel is compiled on demand instead.
   auto stub = v1::KernelService::NewStub(channel);
   grpc::Status status;
-  const v1::GetKernelResponse r = GetKernel(*stub, 1, &status);
+  const v1::GetKernelResponse r = GetKernel(*stub, 8, 1, &status);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(r.source(), v1::ARTIFACT_SOURCE_COMPILED);
 }

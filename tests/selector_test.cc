@@ -24,13 +24,11 @@ namespace {
 
 constexpr int kSms = 132;
 
-v1::Manifest MakeManifest(const std::string& preset, int tp, const std::string& arch,
-                          int s_q = 1, uint32_t sms = kSms) {
+v1::Manifest MakeManifest(const std::string& preset, int tp, const std::string& arch) {
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(preset, tp);
   EXPECT_TRUE(spec.ok()) << spec.status();
-  spec->set_s_q(static_cast<uint32_t>(s_q));
   KernelCompiler compiler;
-  absl::StatusOr<v1::Manifest> m = BuildManifest(compiler, *spec, arch, sms);
+  absl::StatusOr<v1::Manifest> m = BuildManifest(compiler, *spec, arch);
   EXPECT_TRUE(m.ok()) << m.status();
   return *m;
 }
@@ -56,17 +54,14 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   const v1::ManifestVariant& v = *sel.variant;
   const v1::KernelTiling& t = v.tiling();
   const v1::LaunchRule& l = v.launch();
-  EXPECT_EQ(v.spec().s_q(), static_cast<uint32_t>(shape.s_q));
+  EXPECT_EQ(v.spec().s_q(), 0u);  // not part of the kernel: any s_q fits
   EXPECT_EQ(v.spec().num_q_heads(), static_cast<uint32_t>(shape.num_q_heads));
   EXPECT_EQ(sel.num_tokens, shape.batch * shape.s_q);
   EXPECT_GE(sel.num_splits, 1);
   EXPECT_EQ(sel.num_splits, NumSplits(v.spec(), t, l, sel.num_tokens, sm_count));
-  const auto& by_tokens = v.num_splits_by_tokens();
-  if (m.sm_count() == static_cast<uint32_t>(sm_count) &&
-      by_tokens.count(static_cast<uint32_t>(sel.num_tokens))) {
-    EXPECT_EQ(static_cast<uint32_t>(sel.num_splits),
-              by_tokens.at(static_cast<uint32_t>(sel.num_tokens)));
-  }
+  EXPECT_EQ(sel.tokens_per_split, TokensPerSplit(v.spec(), l, sel.num_splits));
+  EXPECT_EQ(sel.tokens_per_split % l.split_granularity_tokens(), 0u);
+  EXPECT_GE(static_cast<long long>(sel.tokens_per_split) * sel.num_splits, v.spec().topk());
   // Splits never exceed the top-k tiles, and the grid stays within one wave
   // unless a single split already overflows it.
   const uint32_t tiles = (v.spec().topk() + t.token_tile() - 1) / t.token_tile();
@@ -108,11 +103,12 @@ class SelectorTable
 TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
   const auto& [preset, tp, arch] = GetParam();
   const v1::Manifest m = MakeManifest(preset, tp, arch);
-  ASSERT_EQ(m.variants_size(), 4);
-  ASSERT_EQ(m.choice_order_size(), 4);
+  // One variant: s_q does not change the kernel.
+  ASSERT_EQ(m.variants_size(), 1);
+  ASSERT_EQ(m.choice_order_size(), 1);
   EXPECT_EQ(m.arch(), arch);
   const v1::AttentionSpec& spec = m.variants(m.choice_order(0)).spec();
-  EXPECT_EQ(spec.s_q(), 1u);
+  EXPECT_EQ(spec.s_q(), 0u);
   int previous_splits = 1 << 30;
   for (int batch : {1, 7, 32, 128}) {
     SCOPED_TRACE(absl::StrCat(preset, " tp", tp, " ", arch, " batch ", batch));
@@ -128,7 +124,7 @@ TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
     }
     previous_splits = sel->num_splits;
   }
-  // The MTP variants are reachable through the same manifest.
+  // MTP shapes use the same kernel with batch * s_q tokens.
   for (int s_q : {2, 3, 4}) {
     SCOPED_TRACE(absl::StrCat(preset, " tp", tp, " ", arch, " s_q ", s_q));
     const RuntimeShape shape = ShapeFor(spec, 7, s_q);
@@ -152,13 +148,18 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
-TEST(BuildManifest, AskedSqComesFirstAndSymbolicSplitsWithoutSmCount) {
-  const v1::Manifest m = MakeManifest("glm-5", 8, "sm_90a", /*s_q=*/3, /*sms=*/0);
-  ASSERT_EQ(m.variants_size(), 4);
-  EXPECT_EQ(m.variants(m.choice_order(0)).spec().s_q(), 3u);
-  EXPECT_EQ(m.sm_count(), 0u);
-  for (const auto& v : m.variants()) EXPECT_TRUE(v.num_splits_by_tokens().empty());
-  // The selector still evaluates it for a concrete device.
+TEST(BuildManifest, OneVariantServesEverySqAndTheSelectorEvaluatesSplits) {
+  absl::StatusOr<v1::AttentionSpec> asked = SpecFromPreset("glm-5", 8);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  asked->set_s_q(3);
+  absl::StatusOr<v1::Manifest> with_sq = BuildManifest(KernelCompiler(), *asked, "sm_90a");
+  ASSERT_TRUE(with_sq.ok()) << with_sq.status();
+  const v1::Manifest m = MakeManifest("glm-5", 8, "sm_90a");
+  // Asking with an s_q gives the same manifest, byte for byte.
+  EXPECT_EQ(with_sq->SerializeAsString(), m.SerializeAsString());
+  ASSERT_EQ(m.variants_size(), 1);
+  EXPECT_EQ(m.variants(m.choice_order(0)).spec().s_q(), 0u);
+  // The selector evaluates it for a concrete device.
   const RuntimeShape shape = ShapeFor(m.variants(0).spec(), 32, 3);
   absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms}, shape);
   ASSERT_TRUE(sel.ok()) << sel.status();
@@ -171,12 +172,12 @@ TEST(Select, FollowsChoiceOrderAndAcceptsShortArchNames) {
   const RuntimeShape shape = ShapeFor(m.variants(0).spec(), 4, 2);
   absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"90a", kSms}, shape);
   ASSERT_TRUE(sel.ok()) << sel.status();
-  EXPECT_EQ(sel->variant->spec().s_q(), 2u);
+  EXPECT_EQ(sel->num_tokens, 8);
   // An empty choice order falls back to variant order.
   m.clear_choice_order();
   sel = Select(m, DeviceInfo{"sm_90a", kSms}, shape);
   ASSERT_TRUE(sel.ok()) << sel.status();
-  EXPECT_EQ(sel->variant->spec().s_q(), 2u);
+  EXPECT_EQ(sel->variant_index, 0);
 }
 
 TEST(Select, SplitsShrinkAsTheBatchGrows) {
@@ -214,13 +215,16 @@ class NothingFits : public ::testing::Test {
   RuntimeShape shape_;
 };
 
-TEST_F(NothingFits, WrongSq) {
-  shape_.s_q = 5;
-  const std::string r = ExpectReport({"sm_90a", kSms}, shape_);
-  EXPECT_CONTAINS(r, ("s_q 5"));
-  EXPECT_CONTAINS(r, ("missing s_q=5 (supports 1)"));
-  EXPECT_CONTAINS(r, ("missing s_q=5 (supports 4)"));
-  EXPECT_EQ(r.find("heads="), std::string::npos) << r;
+// s_q only multiplies the tokens: a kernel serves any s_q (MTP, or many
+// query tokens per request as in sparse prefill).
+TEST_F(NothingFits, AnySqFits) {
+  for (int s_q : {1, 2, 4, 5, 64}) {
+    shape_.s_q = s_q;
+    absl::StatusOr<Selection> sel = Select(m_, {"sm_90a", kSms}, shape_);
+    ASSERT_TRUE(sel.ok()) << sel.status();
+    EXPECT_EQ(sel->num_tokens, shape_.batch * s_q);
+    CheckSelection(m_, *sel, shape_, kSms);
+  }
 }
 
 TEST_F(NothingFits, WrongHeads) {
@@ -251,10 +255,10 @@ TEST_F(NothingFits, WrongDtype) {
 
 TEST_F(NothingFits, WrongPageSizeAndSeveralFeaturesAtOnce) {
   shape_.page_block_size = 32;
-  shape_.s_q = 3;
+  shape_.topk = 1024;
   const std::string r = ExpectReport({"sm_120a", kSms}, shape_);
   EXPECT_CONTAINS(r, ("page_size=32 (supports 64)"));
-  EXPECT_CONTAINS(r, ("missing arch sm_120a (is sm_90a), s_q=3 (supports 1), "
+  EXPECT_CONTAINS(r, ("missing arch sm_120a (is sm_90a), topk=1024 (supports 2048), "
                            "page_size=32 (supports 64)"));
 }
 

@@ -674,7 +674,6 @@ TEST_F(ServerTest, ManifestIsServed) {
   request.mutable_kernel()->mutable_preset()->set_name("glm-5");
   request.mutable_kernel()->mutable_preset()->set_tensor_parallel(8);
   request.set_arch(kArch);
-  request.set_sm_count(132);
   grpc::ClientContext context;
   v1::Manifest manifest;
   grpc::Status s = server->stub().GetManifest(&context, request, &manifest);

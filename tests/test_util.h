@@ -79,7 +79,7 @@ inline std::shared_ptr<const v1::KernelArtifact> FakeArtifact(
 }
 
 // A real selection manifest and kernel: glm-5 at TP 8 on `arch`, the
-// manifest with sm_count 0 (variants s_q 1..4), the kernel its first
+// manifest (one variant, any s_q), the kernel its first
 // choice's, compiled with NVRTC (about a second; no GPU needed). Link
 // kforge_runtime to use it.
 struct CompiledFirstChoice {
@@ -91,7 +91,7 @@ inline absl::StatusOr<CompiledFirstChoice> CompileGlm5Tp8(const std::string& arc
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
   if (!spec.ok()) return spec.status();
   CompiledFirstChoice compiled;
-  absl::StatusOr<v1::Manifest> manifest = BuildManifest(compiler, *spec, arch, 0);
+  absl::StatusOr<v1::Manifest> manifest = BuildManifest(compiler, *spec, arch);
   if (!manifest.ok()) return manifest.status();
   compiled.manifest = *std::move(manifest);
   absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(*spec, arch);

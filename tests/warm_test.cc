@@ -109,7 +109,7 @@ class WarmTest : public ::testing::Test {
 };
 
 constexpr char kGlm5Tp8[] =
-    R"({"models": [{"preset": "glm-5", "tp": [8], "s_q": [1, 2]}], "archs": ["sm_90a"]})";
+    R"({"models": [{"preset": "glm-5", "tp": [4, 8], "s_q": [1, 2]}], "archs": ["sm_90a"]})";
 
 TEST_F(WarmTest, CompilesEveryKernelOnceThenFindsThemCached) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
@@ -119,16 +119,16 @@ TEST_F(WarmTest, CompilesEveryKernelOnceThenFindsThemCached) {
   EXPECT_EQ(first.exit_code, 0) << first.output;
   // Not a terminal: one plain line per kernel.
   EXPECT_TRUE(Contains(first.output, "ok")) << first.output;
-  EXPECT_TRUE(Contains(first.output, "glm-5 tp8 sq1 bf16 sm_90a\n"));
-  EXPECT_TRUE(Contains(first.output, "glm-5 tp8 sq2 bf16 sm_90a\n"));
+  EXPECT_TRUE(Contains(first.output, "glm-5 tp4 bf16 sm_90a\n"));
+  EXPECT_TRUE(Contains(first.output, "glm-5 tp8 bf16 sm_90a\n"));
   EXPECT_TRUE(Contains(first.output, "2/2 done in"));
   EXPECT_TRUE(Contains(first.output, "warm: 2 kernels, 2 compiled, 0 cached, 0 failed"));
   EXPECT_EQ(Stats().compiles(), 2u);
 
   RunResult second = Warm({"--server", address_, matrix});
   EXPECT_EQ(second.exit_code, 0) << second.output;
-  EXPECT_TRUE(Contains(second.output, "glm-5 tp8 sq1 bf16 sm_90a (cached)"));
-  EXPECT_TRUE(Contains(second.output, "glm-5 tp8 sq2 bf16 sm_90a (cached)"));
+  EXPECT_TRUE(Contains(second.output, "glm-5 tp4 bf16 sm_90a (cached)"));
+  EXPECT_TRUE(Contains(second.output, "glm-5 tp8 bf16 sm_90a (cached)"));
   EXPECT_TRUE(Contains(second.output, "warm: 2 kernels, 0 compiled, 2 cached, 0 failed"));
   EXPECT_EQ(Stats().compiles(), 2u);
 }
@@ -147,7 +147,7 @@ TEST_F(WarmTest, FailedKernelsAreListedAndExitOne) {
   RunResult run = Warm({"--server", address_, "-j", "2", matrix});
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_TRUE(Contains(run.output, "FAIL")) << run.output;
-  EXPECT_TRUE(Contains(run.output, "  FAIL crashy tp8 sq1 bf16 sm_90a:\n    "));
+  EXPECT_TRUE(Contains(run.output, "  FAIL crashy tp8 bf16 sm_90a:\n    "));
   EXPECT_TRUE(Contains(run.output, "2/2 done in"));
   EXPECT_TRUE(Contains(run.output, "warm: 2 kernels, 1 compiled, 0 cached, 1 failed"));
 }

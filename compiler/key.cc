@@ -7,14 +7,12 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/sha256.h"
 #include "compiler/embedded_templates.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
-#include "llvm/ADT/StringRef.h"
-#include "llvm/Support/SHA256.h"
 
 namespace kforge {
 namespace {
@@ -136,18 +134,7 @@ void AppendMessage(const Message& message, std::string* out) {
   }
 }
 
-std::string HexDigest(llvm::SHA256& hasher) {
-  const llvm::StringRef raw = hasher.final();
-  return absl::BytesToHexString(absl::string_view(raw.data(), raw.size()));
-}
-
 }  // namespace
-
-std::string Sha256Hex(std::string_view data) {
-  llvm::SHA256 hasher;
-  hasher.update(llvm::StringRef(data.data(), data.size()));
-  return HexDigest(hasher);
-}
 
 const std::string& TemplateDigest() {
   // The embedded set is fixed at build time, so hash it once.

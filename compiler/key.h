@@ -5,15 +5,13 @@
 #include <string_view>
 #include <vector>
 
+#include "base/sha256.h"  // Sha256Hex, for callers that reach it through here
 #include "kforge/v1/spec.pb.h"
 
 namespace kforge {
 
 // Bumped on any change to the artifact layout or the key recipe.
 inline constexpr int kFormatVersion = 1;
-
-// Lower-case hex SHA-256.
-std::string Sha256Hex(std::string_view data);
 
 // SHA-256 over (path, contents) of every embedded template header.
 const std::string& TemplateDigest();

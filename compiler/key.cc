@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/sha256.h"
 #include "compiler/embedded_templates.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"

@@ -1,10 +1,18 @@
 #include "model/cubin.h"
 
+#include <gelf.h>
+#include <libelf.h>
+
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -15,12 +23,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kforge/v1/artifact.pb.h"
-#include "llvm/ADT/ArrayRef.h"
-#include "llvm/ADT/StringRef.h"
-#include "llvm/BinaryFormat/ELF.h"
-#include "llvm/Object/ELF.h"
-#include "llvm/Support/Endian.h"
-#include "llvm/Support/Error.h"
 
 // Layout notes, all measured on cubins that NVRTC 13.0 (ptxas 13.0.88) wrote
 // for sm_75 ... sm_121a and cross-checked against `--ptxas-options=-v` and,
@@ -53,11 +55,7 @@
 namespace kforge {
 namespace {
 
-using Elf = llvm::object::ELF64LEFile;
-using Shdr = Elf::Elf_Shdr;
-using Sym = Elf::Elf_Sym;
-using llvm::ArrayRef;
-using llvm::StringRef;
+using Bytes = std::span<const uint8_t>;
 
 // .nv.info / .nv.compat record formats (EIFMT_*). Every record starts with
 // {uint8 format, uint8 attribute, uint16 field}; for SVAL the field is the
@@ -112,25 +110,34 @@ absl::Status Malformed(const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat("malformed cubin: ", why));
 }
 
-template <typename T>
-absl::StatusOr<T> Take(llvm::Expected<T> value, const std::string& what) {
-  if (!value) {
-    return Malformed(
-        absl::StrCat(what, ": ", llvm::toString(value.takeError())));
-  }
-  return std::move(*value);
+// libelf's reason for its last failure on this thread (its error state is
+// thread-local).
+std::string LibelfError() {
+  const char* message = elf_errmsg(-1);
+  return message != nullptr ? message : "unknown libelf error";
+}
+
+// ELF fields are little-endian (checked before anything is read), whatever
+// the host.
+uint16_t Read16Le(const uint8_t* p) {
+  return static_cast<uint16_t>(uint16_t{p[0]} | uint16_t{p[1]} << 8);
+}
+
+uint32_t Read32Le(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
+         uint32_t{p[3]} << 24;
 }
 
 struct Record {
   uint8_t format = 0;
   uint8_t attribute = 0;
-  uint16_t field = 0;         // value for HVAL/BVAL, size for SVAL
-  ArrayRef<uint8_t> payload;  // SVAL only
+  uint16_t field = 0;  // value for HVAL/BVAL, size for SVAL
+  Bytes payload;       // SVAL only
 };
 
 // Splits an attribute section into records, checking every length against
 // the section's end.
-absl::StatusOr<std::vector<Record>> ParseRecords(ArrayRef<uint8_t> data,
+absl::StatusOr<std::vector<Record>> ParseRecords(Bytes data,
                                                  const std::string& section) {
   std::vector<Record> records;
   size_t offset = 0;
@@ -142,7 +149,7 @@ absl::StatusOr<std::vector<Record>> ParseRecords(ArrayRef<uint8_t> data,
     Record record;
     record.format = data[offset];
     record.attribute = data[offset + 1];
-    record.field = llvm::support::endian::read16le(data.data() + offset + 2);
+    record.field = Read16Le(data.data() + offset + 2);
     offset += kRecordHeaderBytes;
     switch (record.format) {
       case kFmtNval:
@@ -155,7 +162,7 @@ absl::StatusOr<std::vector<Record>> ParseRecords(ArrayRef<uint8_t> data,
               "%s: attribute 0x%02x claims %d bytes, %d left", section,
               record.attribute, record.field, data.size() - offset));
         }
-        record.payload = data.slice(offset, record.field);
+        record.payload = data.subspan(offset, record.field);
         offset += record.field;
         break;
       default:
@@ -169,9 +176,8 @@ absl::StatusOr<std::vector<Record>> ParseRecords(ArrayRef<uint8_t> data,
 }
 
 uint32_t PayloadWord(const Record& record, size_t index) {
-  return llvm::support::endian::read32le(record.payload.data() + 4 * index);
+  return Read32Le(record.payload.data() + 4 * index);
 }
-
 absl::Status NeedPayload(const Record& record, size_t bytes,
                          const std::string& section) {
   if (record.format != kFmtSval || record.payload.size() < bytes) {
@@ -191,7 +197,7 @@ struct FunctionInfo {
   std::map<uint32_t, uint32_t> min_stack_bytes;
 };
 
-absl::StatusOr<FunctionInfo> ReadGlobalInfo(ArrayRef<uint8_t> data) {
+absl::StatusOr<FunctionInfo> ReadGlobalInfo(Bytes data) {
   const std::string section = ".nv.info";
   absl::StatusOr<std::vector<Record>> records = ParseRecords(data, section);
   if (!records.ok()) return records.status();
@@ -218,7 +224,7 @@ absl::StatusOr<FunctionInfo> ReadGlobalInfo(ArrayRef<uint8_t> data) {
 }
 
 // Fills param_bytes and max_threads from .nv.info.<kernel>.
-absl::Status ReadKernelInfo(ArrayRef<uint8_t> data, const std::string& section,
+absl::Status ReadKernelInfo(Bytes data, const std::string& section,
                             v1::KernelResources& kernel) {
   absl::StatusOr<std::vector<Record>> records = ParseRecords(data, section);
   if (!records.ok()) return records.status();
@@ -232,7 +238,7 @@ absl::Status ReadKernelInfo(ArrayRef<uint8_t> data, const std::string& section,
       case kAttrParamCbank: {
         if (absl::Status s = NeedPayload(record, 8, section); !s.ok()) return s;
         have_cbank = true;
-        cbank_size = llvm::support::endian::read16le(record.payload.data() + 6);
+        cbank_size = Read16Le(record.payload.data() + 6);
         break;
       }
       case kAttrCbankParamSize:
@@ -248,8 +254,7 @@ absl::Status ReadKernelInfo(ArrayRef<uint8_t> data, const std::string& section,
         if (absl::Status s = NeedPayload(record, 12, section); !s.ok()) {
           return s;
         }
-        const uint64_t offset =
-            llvm::support::endian::read16le(record.payload.data() + 6);
+        const uint64_t offset = Read16Le(record.payload.data() + 6);
         const uint64_t size = PayloadWord(record, 2) >> 18;
         kparam_end = std::max(kparam_end, offset + size);
         break;
@@ -284,9 +289,11 @@ absl::Status ReadKernelInfo(ArrayRef<uint8_t> data, const std::string& section,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadArch(const Elf& elf, const Shdr* compat) {
-  const auto& header = elf.getHeader();
-  const uint8_t abi = header.e_ident[llvm::ELF::EI_ABIVERSION];
+// The SM arch from e_flags, with the "a" marker of .nv.compat (its contents,
+// when the cubin has that section).
+absl::StatusOr<std::string> ReadArch(const Elf64_Ehdr& header,
+                                     std::optional<Bytes> compat) {
+  const uint8_t abi = header.e_ident[EI_ABIVERSION];
   const uint32_t flags = header.e_flags;
   uint32_t sm = 0;
   bool arch_specific = false;
@@ -301,12 +308,9 @@ absl::StatusOr<std::string> ReadArch(const Elf& elf, const Shdr* compat) {
     return Malformed(absl::StrFormat(
         "no SM number in e_flags 0x%08x (EI_ABIVERSION %d)", flags, abi));
   }
-  if (compat != nullptr) {
-    absl::StatusOr<ArrayRef<uint8_t>> data =
-        Take(elf.getSectionContents(*compat), ".nv.compat");
-    if (!data.ok()) return data.status();
+  if (compat.has_value()) {
     absl::StatusOr<std::vector<Record>> records =
-        ParseRecords(*data, ".nv.compat");
+        ParseRecords(*compat, ".nv.compat");
     if (!records.ok()) return records.status();
     for (const Record& record : *records) {
       if (record.attribute == kCompatAttrArchSpecific &&
@@ -318,90 +322,305 @@ absl::StatusOr<std::string> ReadArch(const Elf& elf, const Shdr* compat) {
   return absl::StrCat("sm_", sm, arch_specific ? "a" : "");
 }
 
-absl::StatusOr<ArrayRef<uint8_t>> SectionBytes(const Elf& elf,
-                                               const Shdr& section,
-                                               const std::string& name) {
-  if (section.sh_type == llvm::ELF::SHT_NOBITS) {
+// elf_version must come before any other libelf call and sets process-wide
+// state, so it runs once, on whichever thread inspects the first cubin.
+bool LibelfReady() {
+  static std::once_flag once;
+  static bool ready = false;
+  std::call_once(once, [] { ready = elf_version(EV_CURRENT) != EV_NONE; });
+  return ready;
+}
+
+// Checks the section header table before libelf sees the image, so that
+// what is safe to read does not depend on the libelf version: whole
+// Elf64_Shdr entries, aligned, all inside the file. Returns the number of
+// sections: e_shnum, or section 0's sh_size when e_shnum is 0 (the ELF escape
+// for SHN_LORESERVE or more).
+absl::StatusOr<uint64_t> CheckSectionTable(std::string_view bytes,
+                                           const Elf64_Ehdr& header) {
+  const uint64_t offset = header.e_shoff;
+  if (offset == 0) return Malformed("no section header table (e_shoff 0)");
+  if (header.e_shentsize != sizeof(Elf64_Shdr)) {
+    return Malformed(absl::StrFormat("section headers: e_shentsize %d, want %d",
+                                     header.e_shentsize, sizeof(Elf64_Shdr)));
+  }
+  if (offset > bytes.size() || bytes.size() - offset < sizeof(Elf64_Shdr)) {
+    return Malformed(
+        absl::StrFormat("section headers: e_shoff 0x%x is past the end of "
+                        "the %d-byte file",
+                        offset, bytes.size()));
+  }
+  if (offset % alignof(Elf64_Shdr) != 0) {
+    return Malformed(
+        absl::StrFormat("section headers: e_shoff 0x%x is not %d-byte aligned",
+                        offset, alignof(Elf64_Shdr)));
+  }
+  uint64_t count = header.e_shnum;
+  if (count == 0) {
+    Elf64_Shdr first;
+    std::memcpy(&first, bytes.data() + offset, sizeof(first));
+    count = first.sh_size;
+  }
+  if (count > (bytes.size() - offset) / sizeof(Elf64_Shdr)) {
+    return Malformed(absl::StrFormat(
+        "section headers: %d entries at 0x%x run past the end of the %d-byte "
+        "file",
+        count, offset, bytes.size()));
+  }
+  return count;
+}
+
+struct ElfEnd {
+  void operator()(Elf* elf) const { elf_end(elf); }
+};
+
+// A libelf handle over a private copy of a cubin. elf_memory takes a
+// writable image and reads it in place for as long as the handle lives, so
+// the caller's bytes are copied (a cubin is a few MB at most) rather than
+// cast to non-const. Members are destroyed in reverse order: elf_end runs
+// before the copy is freed. Moving keeps the vector's buffer, so a moved
+// handle still points at live memory.
+class CubinImage {
+ public:
+  static absl::StatusOr<CubinImage> Open(std::string_view bytes) {
+    if (!LibelfReady()) {
+      return absl::InternalError(
+          absl::StrCat("libelf does not support EV_CURRENT: ", LibelfError()));
+    }
+    CubinImage image;
+    image.bytes_.assign(bytes.begin(), bytes.end());
+    image.elf_.reset(elf_memory(image.bytes_.data(), image.bytes_.size()));
+    if (image.elf_ == nullptr) {
+      return Malformed(absl::StrCat("libelf: ", LibelfError()));
+    }
+    if (elf_kind(image.elf_.get()) != ELF_K_ELF) {
+      return NotCudaElf("libelf does not read it as an ELF object");
+    }
+    return image;
+  }
+
+  Elf* elf() const { return elf_.get(); }
+  size_t size() const { return bytes_.size(); }
+
+ private:
+  CubinImage() = default;
+
+  std::vector<char> bytes_;
+  std::unique_ptr<Elf, ElfEnd> elf_;
+};
+
+struct Section {
+  size_t index = 0;
+  GElf_Shdr header{};
+  std::string_view name;  // points into the image
+};
+
+// A section's data as libelf hands it out, after checking that the section
+// lies inside the file (libelf checks this too; checking here does not
+// depend on its version). Null for an empty section.
+absl::StatusOr<Elf_Data*> SectionData(const CubinImage& image,
+                                      const Section& section,
+                                      const std::string& name) {
+  const GElf_Shdr& header = section.header;
+  if (header.sh_type == SHT_NOBITS) {
     return Malformed(absl::StrCat(name, " has no contents (SHT_NOBITS)"));
   }
-  return Take(elf.getSectionContents(section), name);
+  // ptxas never compresses a section. libelf would hand out the compressed
+  // bytes (elf_getdata) or inflate them into a buffer sized by the file
+  // (elf_strptr).
+  if ((header.sh_flags & SHF_COMPRESSED) != 0) {
+    return Malformed(absl::StrCat(name, " is compressed (SHF_COMPRESSED)"));
+  }
+  if (header.sh_offset > image.size() ||
+      header.sh_size > image.size() - header.sh_offset) {
+    return Malformed(absl::StrFormat(
+        "%s: sh_offset 0x%x + sh_size 0x%x runs past the end of the %d-byte "
+        "file",
+        name, header.sh_offset, header.sh_size, image.size()));
+  }
+  if (header.sh_size == 0) return nullptr;
+  Elf_Scn* scn = elf_getscn(image.elf(), section.index);
+  Elf_Data* data = scn == nullptr ? nullptr : elf_getdata(scn, nullptr);
+  if (data == nullptr) {  // e.g. sh_size does not fit the sh_type's entries
+    return Malformed(absl::StrFormat("%s (sh_type 0x%x): %s", name,
+                                     header.sh_type, LibelfError()));
+  }
+  if (data->d_buf == nullptr || data->d_size != header.sh_size) {
+    return Malformed(absl::StrFormat("%s: libelf gives %d bytes, sh_size is %d",
+                                     name, data->d_size, header.sh_size));
+  }
+  return data;
+}
+
+absl::StatusOr<Bytes> SectionBytes(const CubinImage& image,
+                                   const Section& section,
+                                   const std::string& name) {
+  absl::StatusOr<Elf_Data*> data = SectionData(image, section, name);
+  if (!data.ok()) return data.status();
+  if (*data == nullptr) return Bytes();
+  return Bytes(static_cast<const uint8_t*>((*data)->d_buf), (*data)->d_size);
+}
+
+// A string table that elf_strptr may then read: an existing SHT_STRTAB
+// section inside the file, not empty and NUL-terminated, so every string
+// taken from it ends inside it.
+absl::Status CheckStringTable(const CubinImage& image,
+                              const std::vector<Section>& sections,
+                              size_t index, const std::string& what) {
+  if (index >= sections.size()) {
+    return Malformed(
+        absl::StrFormat("%s: section %d does not exist (%d sections)", what,
+                        index, sections.size()));
+  }
+  const Section& section = sections[index];
+  if (section.header.sh_type != SHT_STRTAB) {
+    return Malformed(
+        absl::StrFormat("%s: section %d has sh_type %d, want SHT_STRTAB", what,
+                        index, section.header.sh_type));
+  }
+  absl::StatusOr<Bytes> data = SectionBytes(image, section, what);
+  if (!data.ok()) return data.status();
+  if (data->empty() || data->back() != 0) {
+    return Malformed(absl::StrCat(what, ": empty or not NUL-terminated"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
-  if (bytes.size() < llvm::ELF::EI_NIDENT ||
-      std::memcmp(bytes.data(), llvm::ELF::ElfMagic, 4) != 0) {
+  if (bytes.size() < EI_NIDENT ||
+      std::memcmp(bytes.data(), ELFMAG, SELFMAG) != 0) {
     return NotCudaElf("no ELF magic");
   }
-  if (bytes.size() < sizeof(Elf::Elf_Ehdr)) {
+  if (bytes.size() < sizeof(Elf64_Ehdr)) {
     return NotCudaElf(absl::StrFormat("%d bytes, shorter than an ELF64 header",
                                       bytes.size()));
   }
-  if (bytes[llvm::ELF::EI_CLASS] != llvm::ELF::ELFCLASS64) {
-    return NotCudaElf(absl::StrFormat("ELF class %d, want ELFCLASS64",
-                                      bytes[llvm::ELF::EI_CLASS]));
+  // Read here rather than through gelf_getehdr: the section table checks
+  // below must run before libelf parses the image.
+  Elf64_Ehdr header;
+  std::memcpy(&header, bytes.data(), sizeof(header));
+  const unsigned char* ident = header.e_ident;
+  if (ident[EI_CLASS] != ELFCLASS64) {
+    return NotCudaElf(
+        absl::StrFormat("ELF class %d, want ELFCLASS64", ident[EI_CLASS]));
   }
-  if (bytes[llvm::ELF::EI_DATA] != llvm::ELF::ELFDATA2LSB) {
+  if (ident[EI_DATA] != ELFDATA2LSB) {
     return NotCudaElf(absl::StrFormat(
-        "ELF data encoding %d, want little-endian", bytes[llvm::ELF::EI_DATA]));
+        "ELF data encoding %d, want little-endian", ident[EI_DATA]));
   }
-  absl::StatusOr<Elf> elf_or =
-      Take(Elf::create(StringRef(bytes.data(), bytes.size())), "ELF header");
-  if (!elf_or.ok()) return NotCudaElf(std::string(elf_or.status().message()));
-  const Elf& elf = *elf_or;
-  const auto& header = elf.getHeader();
-  if (header.e_machine != llvm::ELF::EM_CUDA) {
+  // libelf reads only this version (any other is ELF_K_NONE to it); say so
+  // by name.
+  if (ident[EI_VERSION] != EV_CURRENT) {
+    return NotCudaElf(absl::StrFormat("EI_VERSION %d, want EV_CURRENT (%d)",
+                                      ident[EI_VERSION], EV_CURRENT));
+  }
+  if (header.e_machine != EM_CUDA) {
     return NotCudaElf(absl::StrFormat("e_machine %d, want EM_CUDA (%d)",
-                                      uint16_t{header.e_machine},
-                                      llvm::ELF::EM_CUDA));
+                                      header.e_machine, EM_CUDA));
+  }
+  absl::StatusOr<uint64_t> section_count = CheckSectionTable(bytes, header);
+  if (!section_count.ok()) return section_count.status();
+
+  absl::StatusOr<CubinImage> image_or = CubinImage::Open(bytes);
+  if (!image_or.ok()) return image_or.status();
+  const CubinImage& image = *image_or;
+  Elf* elf = image.elf();
+  size_t libelf_count = 0;
+  if (elf_getshdrnum(elf, &libelf_count) != 0) {
+    return Malformed(absl::StrCat("section count: ", LibelfError()));
+  }
+  if (libelf_count != *section_count) {
+    return Malformed(absl::StrFormat("libelf counts %d sections, the header %d",
+                                     libelf_count, *section_count));
   }
 
-  absl::StatusOr<ArrayRef<Shdr>> sections =
-      Take(elf.sections(), "section headers");
-  if (!sections.ok()) return sections.status();
-  absl::StatusOr<StringRef> shstrtab =
-      Take(elf.getSectionStringTable(*sections), "section name table");
-  if (!shstrtab.ok()) return shstrtab.status();
+  std::vector<Section> sections(libelf_count);
+  for (size_t i = 0; i < sections.size(); ++i) {
+    sections[i].index = i;
+    Elf_Scn* scn = elf_getscn(elf, i);
+    if (scn == nullptr || gelf_getshdr(scn, &sections[i].header) == nullptr) {
+      return Malformed(absl::StrCat("section header ", i, ": ", LibelfError()));
+    }
+  }
+  size_t shstrndx = 0;  // SHN_XINDEX already resolved through section 0
+  if (elf_getshdrstrndx(elf, &shstrndx) != 0) {
+    return Malformed(absl::StrCat("section name table: ", LibelfError()));
+  }
+  if (!sections.empty() && shstrndx != SHN_UNDEF) {
+    if (absl::Status s =
+            CheckStringTable(image, sections, shstrndx, "section name table");
+        !s.ok()) {
+      return s;
+    }
+  }
 
-  std::vector<StringRef> section_names(sections->size());
-  std::map<StringRef, const Shdr*> by_name;
-  const Shdr* symtab = nullptr;
-  for (size_t i = 0; i < sections->size(); ++i) {
-    const Shdr& section = (*sections)[i];
-    absl::StatusOr<StringRef> name =
-        Take(elf.getSectionName(section, *shstrtab),
-             absl::StrCat("name of section ", i));
-    if (!name.ok()) return name.status();
-    section_names[i] = *name;
-    by_name.emplace(*name, &section);
-    if (section.sh_type == llvm::ELF::SHT_SYMTAB && symtab == nullptr) {
+  std::map<std::string_view, const Section*> by_name;
+  const Section* symtab = nullptr;
+  for (Section& section : sections) {
+    // sh_name 0 is the empty name, with or without a name table.
+    if (section.header.sh_name != 0) {
+      const char* name =
+          shstrndx == SHN_UNDEF
+              ? nullptr
+              : elf_strptr(elf, shstrndx, section.header.sh_name);
+      if (name == nullptr) {
+        return Malformed(absl::StrCat(
+            "name of section ", section.index, ": ",
+            shstrndx == SHN_UNDEF ? "no section name table" : LibelfError()));
+      }
+      section.name = name;
+    }
+    by_name.emplace(section.name, &section);
+    if (section.header.sh_type == SHT_SYMTAB && symtab == nullptr) {
       symtab = &section;
     }
   }
-  auto find_section = [&](const std::string& name) -> const Shdr* {
+  auto find_section = [&](const std::string& name) -> const Section* {
     auto it = by_name.find(name);
     return it == by_name.end() ? nullptr : it->second;
   };
   if (symtab == nullptr) return Malformed("no symbol table");
 
   v1::CubinInfo info;
-  info.set_elf_abi_version(header.e_ident[llvm::ELF::EI_ABIVERSION]);
-  absl::StatusOr<std::string> arch = ReadArch(elf, find_section(".nv.compat"));
+  info.set_elf_abi_version(header.e_ident[EI_ABIVERSION]);
+  std::optional<Bytes> compat;
+  if (const Section* section = find_section(".nv.compat"); section != nullptr) {
+    absl::StatusOr<Bytes> data = SectionBytes(image, *section, ".nv.compat");
+    if (!data.ok()) return data.status();
+    compat = *data;
+  }
+  absl::StatusOr<std::string> arch = ReadArch(header, compat);
   if (!arch.ok()) return arch.status();
   info.set_arch(*arch);
 
-  absl::StatusOr<ArrayRef<Sym>> symbols =
-      Take(elf.symbols(symtab), "symbol table");
-  if (!symbols.ok()) return symbols.status();
-  absl::StatusOr<StringRef> strtab =
-      Take(elf.getStringTableForSymtab(*symtab, *sections), "symbol names");
-  if (!strtab.ok()) return strtab.status();
+  if (symtab->header.sh_entsize != sizeof(Elf64_Sym) ||
+      symtab->header.sh_size % sizeof(Elf64_Sym) != 0) {
+    return Malformed(absl::StrFormat(
+        "symbol table: sh_entsize %d and sh_size %d, want entries of %d bytes",
+        symtab->header.sh_entsize, symtab->header.sh_size, sizeof(Elf64_Sym)));
+  }
+  absl::StatusOr<Elf_Data*> symbol_data =
+      SectionData(image, *symtab, "symbol table");
+  if (!symbol_data.ok()) return symbol_data.status();
+  const size_t strtab = symtab->header.sh_link;
+  if (absl::Status s =
+          CheckStringTable(image, sections, strtab, "symbol names");
+      !s.ok()) {
+    return s;
+  }
+  const uint64_t symbol_count = symtab->header.sh_size / sizeof(Elf64_Sym);
+  if (symbol_count > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+    // gelf_getsym takes an int index.
+    return Malformed(absl::StrFormat("%d symbols", symbol_count));
+  }
+  std::vector<GElf_Sym> symbols(symbol_count);
+  std::vector<std::string_view> symbol_names(symbols.size());
 
   FunctionInfo functions;
-  if (const Shdr* global = find_section(".nv.info"); global != nullptr) {
-    absl::StatusOr<ArrayRef<uint8_t>> data =
-        SectionBytes(elf, *global, ".nv.info");
+  if (const Section* global = find_section(".nv.info"); global != nullptr) {
+    absl::StatusOr<Bytes> data = SectionBytes(image, *global, ".nv.info");
     if (!data.ok()) return data.status();
     absl::StatusOr<FunctionInfo> read = ReadGlobalInfo(*data);
     if (!read.ok()) return read.status();
@@ -410,27 +629,33 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
 
   bool reserved_smem_in_sections =
       find_section(".nv.shared.reserved.0") != nullptr;
-  std::vector<StringRef> symbol_names(symbols->size());
-  for (size_t i = 0; i < symbols->size(); ++i) {
-    absl::StatusOr<StringRef> name =
-        Take((*symbols)[i].getName(*strtab), absl::StrCat("symbol ", i));
-    if (!name.ok()) return name.status();
-    symbol_names[i] = *name;
-    if (*name == ".nv.reservedSmem.offset0") reserved_smem_in_sections = true;
+  for (size_t i = 0; i < symbols.size(); ++i) {
+    if (gelf_getsym(*symbol_data, static_cast<int>(i), &symbols[i]) ==
+        nullptr) {
+      return Malformed(absl::StrCat("symbol ", i, ": ", LibelfError()));
+    }
+    const char* name = elf_strptr(elf, strtab, symbols[i].st_name);
+    if (name == nullptr) {
+      return Malformed(absl::StrCat("name of symbol ", i, ": ", LibelfError()));
+    }
+    symbol_names[i] = name;
+    if (symbol_names[i] == ".nv.reservedSmem.offset0") {
+      reserved_smem_in_sections = true;
+    }
   }
 
-  for (size_t i = 0; i < symbols->size(); ++i) {
-    const Sym& symbol = (*symbols)[i];
-    if (symbol.getType() != llvm::ELF::STT_FUNC) continue;
+  for (size_t i = 0; i < symbols.size(); ++i) {
+    const GElf_Sym& symbol = symbols[i];
+    if (GELF_ST_TYPE(symbol.st_info) != STT_FUNC) continue;
     const uint32_t shndx = symbol.st_shndx;
-    if (shndx == llvm::ELF::SHN_UNDEF || shndx >= llvm::ELF::SHN_LORESERVE ||
-        shndx >= sections->size()) {
+    if (shndx == SHN_UNDEF || shndx >= SHN_LORESERVE ||
+        shndx >= sections.size()) {
       continue;
     }
-    const std::string name = symbol_names[i].str();
-    if (section_names[shndx] != ".text." + name) continue;
+    const std::string name(symbol_names[i]);
+    if (sections[shndx].name != ".text." + name) continue;
     const std::string info_name = ".nv.info." + name;
-    const Shdr* kernel_info = find_section(info_name);
+    const Section* kernel_info = find_section(info_name);
     if ((symbol.st_other & kStoCudaEntry) == 0 && kernel_info == nullptr) {
       continue;  // a device function
     }
@@ -442,7 +667,7 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
         it != functions.registers.end()) {
       kernel.set_registers(it->second);
     } else {
-      kernel.set_registers((*sections)[shndx].sh_info >> 24);
+      kernel.set_registers(sections[shndx].header.sh_info >> 24);
     }
     uint32_t local = 0;
     if (auto it = functions.frame_bytes.find(symbol_index);
@@ -457,9 +682,9 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
     }
     kernel.set_local_bytes(local);
 
-    if (const Shdr* shared = find_section(".nv.shared." + name);
+    if (const Section* shared = find_section(".nv.shared." + name);
         shared != nullptr) {
-      uint64_t smem = shared->sh_size;
+      uint64_t smem = shared->header.sh_size;
       if (reserved_smem_in_sections) {
         smem = smem > kReservedSmemBytes ? smem - kReservedSmemBytes : 0;
       }
@@ -471,8 +696,7 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
     }
 
     if (kernel_info != nullptr) {
-      absl::StatusOr<ArrayRef<uint8_t>> data =
-          SectionBytes(elf, *kernel_info, info_name);
+      absl::StatusOr<Bytes> data = SectionBytes(image, *kernel_info, info_name);
       if (!data.ok()) return data.status();
       if (absl::Status s = ReadKernelInfo(*data, info_name, kernel); !s.ok()) {
         return s;

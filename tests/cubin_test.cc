@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -475,6 +476,115 @@ TEST(CubinTest, RejectsBrokenAttributeRecords) {
                 sizeof(size));
     EXPECT_EQ(InspectCubin(corrupted).status().code(),
               absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(CubinTest, RejectsOtherElfVersion) {
+  std::string cubin = Compile(kTrivialKernel, "sm_90a").cubin;
+  ASSERT_FALSE(cubin.empty());
+  cubin[6] = 2;  // EI_VERSION
+  absl::StatusOr<v1::CubinInfo> info = InspectCubin(cubin);
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(info.status().message().find("not a CUDA ELF"), std::string::npos)
+      << info.status();
+}
+
+TEST(CubinTest, RejectsCompressedSections) {
+  // ptxas never compresses; a compressed string table must not be inflated.
+  const std::string cubin = Compile(kKernels, "sm_90a").cubin;
+  ASSERT_FALSE(cubin.empty());
+  for (const char* name :
+       {".shstrtab", ".strtab", ".symtab", ".nv.info", ".nv.info.k_param"}) {
+    SCOPED_TRACE(name);
+    const std::optional<RawSection> section = FindRawSection(cubin, name);
+    ASSERT_TRUE(section.has_value());
+    std::string corrupted = cubin;
+    const uint64_t flags =
+        Load<uint64_t>(corrupted, section->header_offset + 0x08) | 0x800;
+    std::memcpy(corrupted.data() + section->header_offset + 0x08, &flags,
+                sizeof(flags));
+    absl::StatusOr<v1::CubinInfo> info = InspectCubin(corrupted);
+    EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(info.status().message().find("compressed"), std::string::npos)
+        << info.status();
+  }
+}
+
+TEST(CubinTest, EdgeValuesInHeaderFieldsNeverCrash) {
+  // Every ELF and section header field the inspector or libelf reads, set in
+  // turn to values at the edges of its range: e_shnum 0 (count taken from
+  // section 0), e_shstrndx SHN_XINDEX, offsets and sizes at or past the end
+  // of the file, links to sections that do not exist.
+  const std::string cubin = Compile(kKernels, "sm_90a").cubin;
+  ASSERT_FALSE(cubin.empty());
+  const auto shoff = Load<uint64_t>(cubin, 0x28);
+  const auto shnum = Load<uint16_t>(cubin, 0x3c);
+  struct Field {
+    size_t offset;
+    size_t width;
+  };
+  std::vector<Field> fields = {{0x28, 8}, {0x3a, 2}, {0x3c, 2}, {0x3e, 2}};
+  for (size_t i = 0; i < shnum; ++i) {
+    const size_t header = shoff + i * 64;
+    // sh_name, sh_type, sh_flags, sh_offset, sh_size, sh_link, sh_info,
+    // sh_entsize
+    for (const Field& field : std::vector<Field>{{0x00, 4},
+                                                 {0x04, 4},
+                                                 {0x08, 8},
+                                                 {0x18, 8},
+                                                 {0x20, 8},
+                                                 {0x28, 4},
+                                                 {0x2c, 4},
+                                                 {0x38, 8}}) {
+      fields.push_back({header + field.offset, field.width});
+    }
+  }
+  const uint64_t values[] = {0,
+                             1,
+                             2,
+                             8,
+                             0xff,
+                             0xffff,
+                             0x7fffffff,
+                             0xffffffff,
+                             ~uint64_t{0},
+                             cubin.size() - 1,
+                             cubin.size(),
+                             shoff,
+                             shnum};
+  for (const Field& field : fields) {
+    for (const uint64_t value : values) {
+      std::string corrupted = cubin;
+      std::memcpy(corrupted.data() + field.offset, &value, field.width);
+      absl::StatusOr<v1::CubinInfo> info = InspectCubin(corrupted);
+      ASSERT_TRUE(IsOkOrInvalidArgument(info.status()))
+          << "field at " << field.offset << " = " << value << ": "
+          << info.status();
+    }
+  }
+}
+
+TEST(CubinTest, InspectsConcurrently) {
+  // libelf is set up once, on whichever thread comes first; after that each
+  // call has its own handle.
+  const std::string cubin = Compile(kKernels, "sm_90a").cubin;
+  ASSERT_FALSE(cubin.empty());
+  absl::StatusOr<v1::CubinInfo> want = InspectCubin(cubin);
+  ASSERT_TRUE(want.ok()) << want.status();
+  std::vector<std::string> results(8);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < results.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        absl::StatusOr<v1::CubinInfo> info = InspectCubin(cubin);
+        results[t] = info.ok() ? info->SerializeAsString() : "error";
+        if (!info.ok()) return;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const std::string& result : results) {
+    EXPECT_EQ(result, want->SerializeAsString());
   }
 }
 

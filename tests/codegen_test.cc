@@ -208,7 +208,6 @@ TEST(ModuleName, DistinctAndDeterministic) {
   with([](v1::AttentionSpec& s) { s.set_kv_lora_rank(256); });
   with([](v1::AttentionSpec& s) { s.set_rope_dim(0); });
   with([](v1::AttentionSpec& s) { s.set_topk(1024); });
-  with([](v1::AttentionSpec& s) { s.set_s_q(2); });
   with([](v1::AttentionSpec& s) { s.set_page_block_size(1); });
   with([](v1::AttentionSpec& s) { s.set_softmax_scale(0.0625001f); });
   with([](v1::AttentionSpec& s) { s.set_return_lse(false); });

@@ -295,7 +295,7 @@ TEST(ValidateDecodeArgs, EachBadFieldIsNamedWithItsValue) {
       // 576^-0.5, the classic mistake (DESIGN.md).
       {[](DecodeArgs& a) { a.softmax_scale = 1 / std::sqrt(576.0); },
        "softmax_scale: got 0.0416666667, the kernels are compiled with 0.0625"},
-      {[](DecodeArgs& a) { a.s_q = 5; }, "s_q: got 5, the manifest's variants support 1, 2, 3, 4"},
+      {[](DecodeArgs& a) { a.s_q = 0; }, "s_q: got 0, must be >= 1"},
       {[](DecodeArgs& a) { a.q_head_stride = 512; },
        "q_head_stride: got 512, must be >= d_qk = 576"},
       {[](DecodeArgs& a) { a.q_token_stride = 576; },
@@ -363,6 +363,17 @@ TEST(ValidateDecodeArgs, LseNeedsKernelsBuiltWithIt) {
   DecodeArgs args = ValidArgs();
   args.lse = 0;
   EXPECT_TRUE(ValidateDecodeArgs(args, m).ok());
+}
+
+// One kernel serves every s_q: MTP and many query tokens per request alike.
+TEST(ValidateDecodeArgs, AnySqIsValid) {
+  for (int s_q : {1, 2, 4, 5, 16}) {
+    DecodeArgs a = ValidArgs();
+    a.s_q = s_q;
+    absl::StatusOr<RuntimeShape> shape = ValidateDecodeArgs(a, ManifestFor(Glm5Tp8(), "sm_90a"));
+    ASSERT_TRUE(shape.ok()) << shape.status();
+    EXPECT_EQ(shape->s_q, s_q);
+  }
 }
 
 TEST(ValidateDecodeArgs, EmptyManifestIsFailedPrecondition) {

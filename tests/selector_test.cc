@@ -309,7 +309,7 @@ TEST(SelectInvalid, ShapeDeviceAndManifestFieldsAreNamed) {
   bad.add_choice_order(9);
   absl::StatusOr<Selection> sel = Select(bad, {"sm_90a", kSms}, good);
   EXPECT_EQ(sel.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_CONTAINS(std::string(sel.status().message()), ("manifest.choice_order[4]"));
+  EXPECT_CONTAINS(std::string(sel.status().message()), ("manifest.choice_order[1]"));
 }
 
 }  // namespace

@@ -7,7 +7,7 @@ random indices into a large cache, so L2 cannot hold the working set), times
 main + combine with CUDA events (warm-up, median of many runs) for several
 split counts, and compares with a PyTorch gather + bmm implementation and the
 roofline floor max(bytes / 4.2 TB/s, flops / 708 TFLOP/s) measured on the
-H200 (DESIGN.md). Prints a markdown table and writes it to --out.
+H200 (docs/DESIGN.md). Prints a markdown table and writes it to --out.
 """
 
 import argparse

@@ -27,7 +27,7 @@ namespace {
 
 std::string_view AsStd(absl::string_view s) { return {s.data(), s.size()}; }
 
-// Limits of the template family (DESIGN.md). Each is what the kernels are
+// Limits of the template family (docs/DESIGN.md). Each is what the kernels are
 // written for, not a hardware limit.
 constexpr uint32_t kMaxQHeads = 128;
 constexpr uint32_t kLoraRankStep = 64;  // one MMA k-block of bf16 columns
@@ -184,7 +184,7 @@ absl::StatusOr<v1::AttentionSpec> NormalizeSpec(const v1::AttentionSpec& spec) {
 }
 
 const std::vector<PresetInfo>& Presets() {
-  // Values from DESIGN.md. softmax_scale is the model's own (DeepSeek-V3.2:
+  // Values from docs/DESIGN.md. softmax_scale is the model's own (DeepSeek-V3.2:
   // 192^-0.5 * yarn mscale^2; GLM-5: 256^-0.5), never (d_qk)^-0.5.
   static const std::vector<PresetInfo>* const kPresets =
       new std::vector<PresetInfo>{

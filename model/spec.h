@@ -40,7 +40,7 @@ struct PresetInfo {
   float softmax_scale;
 };
 
-// The model presets of DESIGN.md ("deepseek-v3.2", "glm-5").
+// The model presets of docs/DESIGN.md ("deepseek-v3.2", "glm-5").
 const std::vector<PresetInfo>& Presets();
 
 // Builds a spec from a preset: heads = preset heads / tensor_parallel,

@@ -292,7 +292,7 @@ TEST(ValidateDecodeArgs, EachBadFieldIsNamedWithItsValue) {
       {[](DecodeArgs& a) { a.page_block_size = 16; }, "page_block_size: got 16"},
       {[](DecodeArgs& a) { a.kv_dtype = v1::KV_CACHE_DTYPE_FP8_DS_MLA; },
        "kv_dtype: got fp8_ds_mla, the kernels are built for bf16"},
-      // 576^-0.5, the classic mistake (DESIGN.md).
+      // 576^-0.5, the classic mistake (docs/DESIGN.md).
       {[](DecodeArgs& a) { a.softmax_scale = 1 / std::sqrt(576.0); },
        "softmax_scale: got 0.0416666667, the kernels are compiled with 0.0625"},
       {[](DecodeArgs& a) { a.s_q = 0; }, "s_q: got 0, must be >= 1"},

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# What an inference engine links must carry no compiler: no LLVM, no NVRTC
+# and none of the CUDA template text. Checked on the example engine binary
+# and on the engine-side libraries, with the kforge CLI (which has all
+# three) as the control that proves the probes find what they look for.
+# usage: layering_test.sh KFORGE_BINARY EXAMPLE_BINARY LIBRARY...
+set -uo pipefail
+kforge=$1
+example=$2
+shift 2
+failed=0
+fail() { echo "FAIL: $*" >&2; failed=1; }
+
+# Probes: symbol patterns (nm) and bytes (grep -a) that only a compiler or
+# the embedded templates bring.
+symbols_of() { { nm -C "$1"; nm -D "$1"; } 2>/dev/null; }
+# (grep reads the whole list: with pipefail, an early exit would SIGPIPE nm.)
+has_llvm() { symbols_of "$1" | grep -c 'llvm::' | grep -qv '^0$'; }
+has_nvrtc() { symbols_of "$1" | grep -c 'nvrtc[A-Z]' | grep -qv '^0$'; }
+# The include guard of the decode template: in the embedded text, never in
+# code that only includes config.h for the parameter blocks.
+has_templates() { grep -aq 'KFORGE_SPARSE_MLA_DECODE_CUH_' "$1"; }
+
+# Control: the CLI embeds the templates and links NVRTC.
+has_nvrtc "$kforge" || fail "control: no NVRTC symbols found in $kforge (probe broken?)"
+has_templates "$kforge" || fail "control: no template text found in $kforge (probe broken?)"
+
+for f in "$example" "$@"; do
+  [[ -e "$f" ]] || { fail "$f: missing"; continue; }
+  has_llvm "$f" && fail "$f: contains LLVM symbols"
+  has_nvrtc "$f" && fail "$f: references NVRTC"
+  has_templates "$f" && fail "$f: contains the CUDA template text"
+  echo "ok: $(basename "$f"): no LLVM, no NVRTC, no template text"
+done
+if ldd "$example" | grep -Eq 'libLLVM|libnvrtc'; then
+  fail "$example: dynamically links LLVM or NVRTC: $(ldd "$example" | grep -E 'libLLVM|libnvrtc')"
+fi
+[[ $failed -eq 0 ]] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
+exit $failed

@@ -26,7 +26,16 @@
 namespace kforge {
 namespace sparse_mla {
 
-KFORGE_HD constexpr int Gcd(int a, int b) { return b == 0 ? a : Gcd(b, a % b); }
+// Instantiated by DecodeTraits only to report a rejected tiling: the
+// compiler's "during instantiation of AssertTilingOk<...>" note names the
+// TilingError (see CheckDecodeTiling in config.h).
+template <TilingError kError>
+struct AssertTilingOk {
+  static_assert(kError == TilingError::kOk,
+                "CheckDecodeTiling (config.h) rejects this DecodeTraits "
+                "tiling; the TilingError is this template's argument");
+  static constexpr bool value = true;
+};
 
 template <int kNumHeads_, int kDv_, int kRope_, int kTopk_, int kHeadTile_,
           int kHeadsPerGroup_, int kTokenTile_, int kStages_, int kWarps_,
@@ -35,7 +44,6 @@ struct DecodeTraits {
   static constexpr int kNumHeads = kNumHeads_;
   static constexpr int kDv = kDv_;
   static constexpr int kRope = kRope_;
-  static constexpr int kDqk = kDv + kRope;
   static constexpr int kTopk = kTopk_;
   static constexpr int kHeadTile = kHeadTile_;
   static constexpr int kHeadsPerGroup = kHeadsPerGroup_;
@@ -47,65 +55,63 @@ struct DecodeTraits {
   // S = Q K^T with sm_90a warpgroup MMA (wgmma) instead of mma.sync.
   static constexpr bool kWgmma = kWgmma_;
 
+  // The tiling rule and every derived number come from config.h, which the
+  // host codegen evaluates too.
+  static constexpr DecodeShape kShape = {
+      kDv,    kRope,  kHeadTile, kHeadsPerGroup, kTokenTile,
+      kStages, kWarps, kWgmma,   0 /* bf16 KV: nothing staged */};
+  static_assert(AssertTilingOk<CheckDecodeTiling(kShape)>::value, "");
+  static_assert(kNumHeads >= 1 && kNumHeads <= 128, "1..128 heads");
+  static_assert(kPageBlock >= 1, "page block size");
+
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kNumGroups =
       (kNumHeads + kHeadsPerGroup - 1) / kHeadsPerGroup;
-  static constexpr int kMTiles = kHeadTile / 16;
+  static constexpr int kDqk = DeriveDecodeDims(kShape).d_qk;
+  static constexpr int kMTiles = DeriveDecodeDims(kShape).m_tiles;
   // Q and KV tiles are stored as d_qk / 64 column blocks, each block
   // [rows][128 B] with 16-byte chunk c of row r at c ^ (r & 7): the 128-byte
   // swizzle that wgmma's K-major descriptors read, and conflict-free for
   // ldmatrix on every arch.
-  static constexpr int kBlocks = kDqk / 64;
+  static constexpr int kBlocks = DeriveDecodeDims(kShape).blocks;
   static constexpr int kQBlockBytes = kHeadTile * 128;
   static constexpr int kKvBlockBytes = kTokenTile * 128;
   static constexpr int kTileBytes = kTokenTile * kDqk * 2;
   // S = Q K^T warp layout.
-  static constexpr int kWarpsM = Gcd(kMTiles, kWarps);
-  static constexpr int kWarpsN = kWarps / kWarpsM;
-  static constexpr int kSM = kMTiles / kWarpsM;            // m16 tiles / warp
-  static constexpr int kSN = kTokenTile / 8 / kWarpsN;     // n8 tiles / warp
+  static constexpr int kWarpsM = DeriveDecodeDims(kShape).warps_m;
+  static constexpr int kWarpsN = DeriveDecodeDims(kShape).warps_n;
+  static constexpr int kSM = DeriveDecodeDims(kShape).s_m;  // m16 tiles / warp
+  static constexpr int kSN = DeriveDecodeDims(kShape).s_n;  // n8 tiles / warp
   // O = P V warp layout: every warp owns all heads and kVCols columns.
-  static constexpr int kVCols = kDv / kWarps;
-  static constexpr int kVN = kVCols / 8;
-  static constexpr int kPStride = kTokenTile + 8;  // bf16 elements per P row
-  static constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
-  static constexpr int kSmemBytes =
-      DecodeSmemBytes(kHeadTile, kTokenTile, kStages, kDqk, kWarpsN);
-
-  static_assert(kNumHeads >= 1 && kNumHeads <= 128, "1..128 heads");
-  static_assert(kDv % 64 == 0 && kDv >= 64 && kDv <= 512,
-                "kv_lora_rank must be a multiple of 64 up to 512");
-  static_assert(kRope == 0 || kRope == 64, "rope_dim must be 0 or 64");
-  static_assert(kHeadTile % 16 == 0 && kHeadTile >= 16 && kHeadTile <= 64,
-                "head tile is 1..4 MMA rows of 16");
-  static_assert(kHeadsPerGroup <= kHeadTile && kHeadsPerGroup > kHeadTile - 16,
-                "a head group is padded by less than one MMA tile");
-  static_assert(kTokenTile % 16 == 0, "token tile is a multiple of MMA K");
-  static_assert((kTokenTile / 8) % kWarpsN == 0, "S columns split evenly");
-  static_assert(kVCols % 16 == 0, "each warp owns pairs of n8 V tiles");
-  static_assert(kTokenTile % kRowsPerPass == 0, "whole gather passes");
-  static_assert(kStages >= 2, "at least double buffering");
-  static_assert(kMTiles * kVN * 4 <= 128, "O accumulator fits in registers");
-  static_assert(kPageBlock >= 1, "page block size");
-  static_assert(!kWgmma || (kHeadTile == 64 && kWarpsM == 4 && kSM == 1 &&
-                            kWarps == 4 * kWarpsN),
-                "wgmma S path: one warpgroup per 64-head x (tokens / warpgroups) slab");
-  static_assert(!kWgmma || kTokenTile / kWarpsN == 32,
-                "wgmma S path is written for m64n32k16");
+  static constexpr int kVCols = DeriveDecodeDims(kShape).v_cols;
+  static constexpr int kVN = DeriveDecodeDims(kShape).v_n;
+  static constexpr int kPStride = DeriveDecodeDims(kShape).p_stride;
+  static constexpr int kRowsPerPass = DeriveDecodeDims(kShape).rows_per_pass;
+  // Byte offsets into dynamic shared memory (scalars: device code may read
+  // a host constexpr only if it is scalar).
+  static constexpr int kSmemQ = MakeDecodeSmemLayout(kShape).q;
+  static constexpr int kSmemKv = MakeDecodeSmemLayout(kShape).kv;
+  static constexpr int kSmemP = MakeDecodeSmemLayout(kShape).p;
+  static constexpr int kSmemRed = MakeDecodeSmemLayout(kShape).red;
+  static constexpr int kSmemScale = MakeDecodeSmemLayout(kShape).scale;
+  static constexpr int kSmemMax = MakeDecodeSmemLayout(kShape).max;
+  static constexpr int kSmemValid = MakeDecodeSmemLayout(kShape).valid;
+  static constexpr int kSmemBytes = MakeDecodeSmemLayout(kShape).bytes;
 };
 
 template <class T>
 __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   using ptx::u32;
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* const q_s = smem;
-  unsigned char* const kv_s = q_s + T::kBlocks * T::kQBlockBytes;
+  // Regions of DecodeSmemLayout (config.h), which also sizes the launch.
+  unsigned char* const q_s = smem + T::kSmemQ;
+  unsigned char* const kv_s = smem + T::kSmemKv;
   unsigned short* const p_s =
-      reinterpret_cast<unsigned short*>(kv_s + T::kStages * T::kTileBytes);
-  float* const red_s = reinterpret_cast<float*>(p_s + T::kHeadTile * T::kPStride);
-  float* const scale_s = red_s + T::kWarpsN * T::kHeadTile;
-  float* const max_s = scale_s + T::kHeadTile;
-  int* const valid_s = reinterpret_cast<int*>(max_s + T::kHeadTile);
+      reinterpret_cast<unsigned short*>(smem + T::kSmemP);
+  float* const red_s = reinterpret_cast<float*>(smem + T::kSmemRed);
+  float* const scale_s = reinterpret_cast<float*>(smem + T::kSmemScale);
+  float* const max_s = reinterpret_cast<float*>(smem + T::kSmemMax);
+  int* const valid_s = reinterpret_cast<int*>(smem + T::kSmemValid);
 
   const int group = blockIdx.x;
   const int split = blockIdx.y;

@@ -31,6 +31,19 @@ const std::vector<TileConfig>& CandidatesFor(int head_tile) {
   return k64;  // 48 and 64
 }
 
+// The KV format type (templates/kforge/sparse_mla/kv_format.cuh) of a spec's
+// cache dtype: its name in the instantiation unit and the host-visible sizes
+// of its base struct in config.h. A new format is a new row here and a new
+// type there. bf16 is the only one so far (ValidateSpec rejects the others).
+struct KvFormatInfo {
+  const char* type_name;
+  int staging_bytes_per_token;
+};
+
+KvFormatInfo KvFormatOf(const v1::AttentionSpec& /*spec*/) {
+  return {"ks::KvBf16", sparse_mla::KvBf16Sizes::kStagingBytesPerToken};
+}
+
 // The kernel's compile-time shape for a spec and a tiling candidate: the
 // input of config.h's CheckDecodeTiling and MakeDecodeSmemLayout, the same
 // functions DecodeTraits evaluates on the device.
@@ -46,7 +59,7 @@ sparse_mla::DecodeShape ShapeOf(const v1::AttentionSpec& spec, int head_tile,
   shape.stages = stages;
   shape.warps = warps;
   shape.wgmma = wgmma;
-  shape.kv_staging_bytes_per_token = 0;  // bf16 KV rows are not staged
+  shape.kv_staging_bytes_per_token = KvFormatOf(spec).staging_bytes_per_token;
   return shape;
 }
 
@@ -191,7 +204,7 @@ std::string GenerateSource(const v1::AttentionSpec& spec,
   absl::StrAppendFormat(
       &src,
       "struct Traits : ks::DecodeTraits<%d, %d, %d, %d, %d, %d, %d, %d, %d, "
-      "%d, %s, %s> {\n"
+      "%d, %s, %s, %s> {\n"
       "  // softmax_scale %.9g times log2(e)\n"
       "  static constexpr float kScaleLog2 = %af;\n"
       "};\n\n",
@@ -199,7 +212,7 @@ std::string GenerateSource(const v1::AttentionSpec& spec,
       tiling.head_tile(), tiling.heads_per_group(), tiling.token_tile(),
       tiling.stages(), tiling.warps(), spec.page_block_size(),
       spec.return_lse() ? "true" : "false", tiling.wgmma() ? "true" : "false",
-      spec.softmax_scale(), scale_log2);
+      KvFormatOf(spec).type_name, spec.softmax_scale(), scale_log2);
   absl::StrAppendFormat(
       &src,
       "extern \"C\" __global__ void __launch_bounds__(Traits::kThreads, 1)\n"

@@ -65,8 +65,23 @@ constexpr int kThreadsPerRow = 8;
 constexpr int kCombineWarps = 4;
 
 // ---------------------------------------------------------------------------
+// KV cache formats: the numbers the host needs. The device half of a format
+// (how one cache record becomes a bf16 row of the KV tile) is the type of the
+// same name without "Sizes" in kv_format.cuh, which inherits these, so the
+// host sizes shared memory from the very constants the kernel uses.
+
+// bf16: the cache row is the d_qk-wide latent row itself, gathered straight
+// into the tile; nothing is staged.
+struct KvBf16Sizes {
+  KFORGE_HD static constexpr int BytesPerToken(int d_qk) { return 2 * d_qk; }
+  // Raw bytes per token per pipeline stage that the format lands in shared
+  // memory before converting them into the bf16 tile.
+  static constexpr int kStagingBytesPerToken = 0;
+};
+
+// ---------------------------------------------------------------------------
 // Tiling: the compile-time shape of the main kernel, its validity rule and
-// the quantities derived from it. DecodeTraits (decode.cuh) static_asserts
+// the quantities derived from it. DecodeTraits (decode_traits.cuh) asserts
 // CheckDecodeTiling; the codegen (compiler/codegen.cc) calls the same
 // function to choose a tiling, so it never emits a unit that fails to
 // compile and no rule is written twice.
@@ -80,9 +95,7 @@ struct DecodeShape {
   int stages;           // KV pipeline depth
   int warps;            // warps per CTA
   bool wgmma;           // S = Q K^T with sm_90a wgmma instead of mma.sync
-  int kv_staging_bytes_per_token;  // raw cache bytes per token a KV format
-                                   // lands in smem before converting them
-                                   // to the bf16 tile; 0 for bf16
+  int kv_staging_bytes_per_token;  // the KV format's kStagingBytesPerToken
 };
 
 KFORGE_HD constexpr int Gcd(int a, int b) { return b == 0 ? a : Gcd(b, a % b); }
@@ -123,12 +136,12 @@ KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
 }
 
 // The one wgmma eligibility rule (apart from the arch, sm_90a, which the
-// codegen checks): the wgmma S path (decode.cuh) gives each warpgroup
-// a 64-head x 32-token slab of S (m64n32k16), its 4 warps one m16 row tile
-// each. It is admitted only for the pipeline it was measured and checked
-// with on the H200, 8 warps (two warpgroups) x 64 tokens, where it beat
-// mma.sync (BENCH.md, 2026-11-29); other warp counts would compile but have
-// never run.
+// codegen checks): the wgmma S implementation (QkWgmma, qk.cuh) gives each
+// warpgroup a 64-head x 32-token slab of S (m64n32k16), its 4 warps one m16
+// row tile each. It is admitted only for the pipeline it was measured and
+// checked with on the H200, 8 warps (two warpgroups) x 64 tokens, where it
+// beat mma.sync (BENCH.md, 2026-11-29); other warp counts would compile but
+// have never run.
 KFORGE_HD constexpr bool WgmmaCovers(const DecodeShape& s) {
   const DecodeDims d = DeriveDecodeDims(s);
   return s.head_tile == 64 && s.warps == 8 && d.warps_m == 4 && d.s_m == 1 &&
@@ -202,7 +215,7 @@ KFORGE_HD constexpr const char* TilingErrorName(TilingError e) {
 // ---------------------------------------------------------------------------
 // Shared memory of the main kernel: byte offsets from the dynamic smem base.
 // The host sizes the launch with `bytes`; the kernel takes its pointers from
-// the same offsets (DecodeMain in decode.cuh).
+// the same offsets (CarveDecodeSmem in decode_traits.cuh).
 struct DecodeSmemLayout {
   int q;           // Q tile: head_tile x d_qk bf16 as d_qk / 64 swizzled
                    // [head_tile][128 B] blocks; first, so it sits on the

@@ -62,6 +62,8 @@ struct KvBf16 : KvBf16Sizes {
                                                  int slot, bool ok,
                                                  const DecodeSmem& sm,
                                                  int stage, int row, int sub) {
+    static_assert(sizeof(Elem) * T::kDqk == BytesPerToken(T::kDqk),
+                  "a bf16 cache row is the d_qk-wide latent row itself");
     const Elem* src = reinterpret_cast<const Elem*>(p.kv);
     if (ok) {
       src += (slot / T::kPageBlock) * p.kv_page_stride +

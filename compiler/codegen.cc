@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -34,33 +33,53 @@ const std::vector<TileConfig>& CandidatesFor(int head_tile) {
   return k64;  // 48 and 64
 }
 
-int DqkOf(const v1::AttentionSpec& spec) {
-  return static_cast<int>(spec.kv_lora_rank() + spec.rope_dim());
+// The KV format type (templates/kforge/sparse_mla/kv_format.cuh) of a spec's
+// cache dtype: its name in the instantiation unit and the host-visible sizes
+// of its base struct in config.h. A new format is a new row here and a new
+// type there. bf16 is the only one so far (ValidateSpec rejects the others).
+struct KvFormatInfo {
+  const char* type_name;
+  int staging_bytes_per_token;
+};
+
+KvFormatInfo KvFormatOf(const v1::AttentionSpec& /*spec*/) {
+  return {"ks::KvBf16", sparse_mla::KvBf16Sizes::kStagingBytesPerToken};
 }
 
-// Mirrors DecodeTraits: warps along the token axis of S.
-int WarpsN(int head_tile, int warps) {
-  return warps / std::gcd(head_tile / 16, warps);
+// The kernel's compile-time shape for a spec and a tiling candidate: the
+// input of config.h's CheckDecodeTiling and MakeDecodeSmemLayout, the same
+// functions DecodeTraits evaluates on the device.
+sparse_mla::DecodeShape ShapeOf(const v1::AttentionSpec& spec, int head_tile,
+                                int heads_per_group, int token_tile,
+                                int stages, int warps, bool wgmma) {
+  sparse_mla::DecodeShape shape{};
+  shape.d_v = static_cast<int>(spec.kv_lora_rank());
+  shape.rope = static_cast<int>(spec.rope_dim());
+  shape.head_tile = head_tile;
+  shape.heads_per_group = heads_per_group;
+  shape.token_tile = token_tile;
+  shape.stages = stages;
+  shape.warps = warps;
+  shape.wgmma = wgmma;
+  shape.kv_staging_bytes_per_token = KvFormatOf(spec).staging_bytes_per_token;
+  return shape;
 }
 
 // Shrinks the warp count until every warp owns >= 16 output columns, then
-// checks the remaining DecodeTraits static_asserts so codegen never emits a
-// unit that fails to compile.
-bool Fit(const v1::AttentionSpec& spec, int head_tile, TileConfig c,
-         const Arch& arch, v1::KernelTiling* out) {
+// keeps the candidate if CheckDecodeTiling accepts it and its shared memory
+// fits the arch, so codegen never emits a unit that fails to compile.
+bool Fit(const v1::AttentionSpec& spec, int head_tile, int heads_per_group,
+         TileConfig c, const Arch& arch, v1::KernelTiling* out) {
   const int dv = static_cast<int>(spec.kv_lora_rank());
   while (c.warps > 1 && dv / c.warps < 16) c.warps /= 2;
-  const int vcols = dv / c.warps;
-  const int warps_n = WarpsN(head_tile, c.warps);
-  if (vcols % 16 != 0) return false;
-  if ((c.token_tile / 8) % warps_n != 0) return false;
-  if (c.token_tile % (c.warps * 32 / sparse_mla::kThreadsPerRow) != 0)
+  const sparse_mla::DecodeShape shape = ShapeOf(
+      spec, head_tile, heads_per_group, c.token_tile, c.stages, c.warps, false);
+  if (sparse_mla::CheckDecodeTiling(shape) != sparse_mla::TilingError::kOk)
     return false;
-  if ((head_tile / 16) * (vcols / 8) * 4 > 128) return false;
-  const int smem = sparse_mla::DecodeSmemBytes(head_tile, c.token_tile,
-                                               c.stages, DqkOf(spec), warps_n);
-  if (smem > arch.max_smem_per_block) return false;
+  if (sparse_mla::MakeDecodeSmemLayout(shape).bytes > arch.max_smem_per_block)
+    return false;
   out->set_head_tile(head_tile);
+  out->set_heads_per_group(heads_per_group);
   out->set_token_tile(c.token_tile);
   out->set_stages(c.stages);
   out->set_warps(c.warps);
@@ -107,29 +126,37 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec,
     const int head_tile = RoundUp16(per_group);
     v1::KernelTiling tiling;
     for (const TileConfig& c : CandidatesFor(head_tile)) {
-      if (Fit(spec, head_tile, c, arch, &tiling)) break;
+      if (Fit(spec, head_tile, per_group, c, arch, &tiling)) break;
     }
     if (tiling.head_tile() == 0) continue;
-    // sm_90a: the 64-head, 8-warp, 64-token pipeline computes S with
-    // wgmma (one warpgroup per 32 tokens); measured in BENCH.md.
+    // wgmma exists on sm_90a only; which shapes it covers is config.h's
+    // WgmmaCovers (the same rule DecodeTraits checks). The layout does not
+    // depend on it, so the tiling still fits.
+    sparse_mla::DecodeShape shape = DecodeShapeFor(spec, tiling);
+    shape.wgmma = true;
     tiling.set_wgmma(arch.arch_specific && arch.major == 9 &&
-                     tiling.head_tile() == 64 && tiling.warps() == 8 &&
-                     tiling.token_tile() / WarpsN(64, 8) == 32);
-    tiling.set_heads_per_group(per_group);
+                     sparse_mla::WgmmaCovers(shape));
     tiling.set_num_head_groups((heads + per_group - 1) / per_group);
     return tiling;
   }
   return absl::FailedPreconditionError(absl::StrFormat(
       "%s: no sparse MLA tiling fits %d bytes of shared memory per block "
       "for d_qk=%d",
-      arch.name, arch.max_smem_per_block, DqkOf(spec)));
+      arch.name, arch.max_smem_per_block,
+      spec.kv_lora_rank() + spec.rope_dim()));
+}
+
+sparse_mla::DecodeShape DecodeShapeFor(const v1::AttentionSpec& spec,
+                                       const v1::KernelTiling& t) {
+  return ShapeOf(spec, static_cast<int>(t.head_tile()),
+                 static_cast<int>(t.heads_per_group()),
+                 static_cast<int>(t.token_tile()), static_cast<int>(t.stages()),
+                 static_cast<int>(t.warps()), t.wgmma());
 }
 
 int DecodeSmemBytesFor(const v1::AttentionSpec& spec,
                        const v1::KernelTiling& tiling) {
-  return sparse_mla::DecodeSmemBytes(
-      tiling.head_tile(), tiling.token_tile(), tiling.stages(), DqkOf(spec),
-      WarpsN(tiling.head_tile(), tiling.warps()));
+  return sparse_mla::MakeDecodeSmemLayout(DecodeShapeFor(spec, tiling)).bytes;
 }
 
 v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec,
@@ -175,7 +202,7 @@ std::string GenerateSource(const v1::AttentionSpec& spec,
   absl::StrAppendFormat(
       &src,
       "struct Traits : ks::DecodeTraits<%d, %d, %d, %d, %d, %d, %d, %d, %d, "
-      "%d, %s, %s> {\n"
+      "%d, %s, %s, %s> {\n"
       "  // softmax_scale %.9g times log2(e)\n"
       "  static constexpr float kScaleLog2 = %af;\n"
       "};\n\n",
@@ -183,7 +210,7 @@ std::string GenerateSource(const v1::AttentionSpec& spec,
       tiling.head_tile(), tiling.heads_per_group(), tiling.token_tile(),
       tiling.stages(), tiling.warps(), spec.page_block_size(),
       spec.return_lse() ? "true" : "false", tiling.wgmma() ? "true" : "false",
-      spec.softmax_scale(), scale_log2);
+      KvFormatOf(spec).type_name, spec.softmax_scale(), scale_log2);
   absl::StrAppendFormat(
       &src,
       "extern \"C\" __global__ void __launch_bounds__(Traits::kThreads, 1)\n"

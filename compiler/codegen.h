@@ -7,6 +7,7 @@
 #include "model/arch.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
+#include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
 
@@ -34,7 +35,15 @@ std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch);
 std::string GenerateSource(const v1::AttentionSpec& spec,
                            const v1::KernelTiling& tiling);
 
-// Shared memory the main kernel needs for a tiling (bytes).
+// The main kernel's compile-time shape for a spec and a tiling: the input of
+// the tiling rule and the shared-memory layout in
+// templates/kforge/sparse_mla/config.h (CheckDecodeTiling,
+// MakeDecodeSmemLayout), which DecodeTraits evaluates on the device too.
+sparse_mla::DecodeShape DecodeShapeFor(const v1::AttentionSpec& spec,
+                                       const v1::KernelTiling& tiling);
+
+// Shared memory the main kernel needs for a tiling (bytes):
+// MakeDecodeSmemLayout(DecodeShapeFor(spec, tiling)).bytes.
 int DecodeSmemBytesFor(const v1::AttentionSpec& spec,
                        const v1::KernelTiling& tiling);
 

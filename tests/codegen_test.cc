@@ -5,7 +5,6 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <numeric>
 #include <regex>
 #include <set>
 #include <string>
@@ -235,26 +234,14 @@ TEST(ModuleName, DistinctAndDeterministic) {
 
 bool Is99KB(const Arch& arch) { return arch.max_smem_per_block == 99 * 1024; }
 
-// Mirrors the static_asserts of DecodeTraits (decode.cuh) that depend on the
-// tiling, so the whole table is checked without compiling each entry.
+// Every chosen tiling passes the rule DecodeTraits static_asserts (the same
+// function), so the whole table is checked without compiling each entry.
 void ExpectTraitsHold(const v1::AttentionSpec& spec,
                       const v1::KernelTiling& t, const std::string& where) {
-  const int dv = static_cast<int>(spec.kv_lora_rank());
-  const int warps = static_cast<int>(t.warps());
-  const int m_tiles = static_cast<int>(t.head_tile()) / 16;
-  const int warps_m = std::gcd(m_tiles, warps);
-  const int warps_n = warps / warps_m;
-  const int vcols = dv / warps;
-  const int rows_per_pass = warps * 32 / sparse_mla::kThreadsPerRow;
-  EXPECT_GE(t.head_tile(), 16u) << where;
-  EXPECT_LE(t.head_tile(), 64u) << where;
-  EXPECT_EQ(t.token_tile() % 16, 0u) << where;
-  EXPECT_EQ((t.token_tile() / 8) % warps_n, 0u) << where;
-  EXPECT_EQ(dv % warps, 0) << where;
-  EXPECT_EQ(vcols % 16, 0) << where;
-  EXPECT_EQ(static_cast<int>(t.token_tile()) % rows_per_pass, 0) << where;
-  EXPECT_GE(t.stages(), 2u) << where;
-  EXPECT_LE(m_tiles * (vcols / 8) * 4, 128) << where;
+  const sparse_mla::TilingError error =
+      sparse_mla::CheckDecodeTiling(DecodeShapeFor(spec, t));
+  EXPECT_EQ(error, sparse_mla::TilingError::kOk)
+      << where << ": " << sparse_mla::TilingErrorName(error);
 }
 
 TEST(ChooseTiling, TableOverArchsHeadsAndDims) {
@@ -339,6 +326,123 @@ TEST(ChooseTiling, FailsWhenNothingFits) {
   absl::StatusOr<v1::KernelTiling> t = ChooseTiling(Preset("glm-5", 8), tiny);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// ---------------------------------------------------------------------------
+// config.h: CheckDecodeTiling, WgmmaCovers, MakeDecodeSmemLayout
+
+// glm-5 tp1 on sm_90a: 64 heads, 64-token tiles, 2 stages, 8 warps, wgmma.
+constexpr sparse_mla::DecodeShape kWgmmaShape = {512, 64, 64, 64, 64,
+                                                  2,   8,  true, 0};
+// glm-5 tp8 on sm_120a: 8 heads in a 16-row tile, 32-token tiles, 4 warps.
+constexpr sparse_mla::DecodeShape kSmallShape = {512, 64, 16, 8, 32,
+                                                  2,   4,  false, 0};
+
+// The host evaluates the rule at compile time exactly as DecodeTraits does.
+static_assert(sparse_mla::CheckDecodeTiling(kWgmmaShape) ==
+              sparse_mla::TilingError::kOk);
+static_assert(sparse_mla::CheckDecodeTiling(kSmallShape) ==
+              sparse_mla::TilingError::kOk);
+
+TEST(CheckDecodeTiling, NamesTheBrokenRule) {
+  using sparse_mla::TilingError;
+  struct Case {
+    const char* what;
+    void (*mutate)(sparse_mla::DecodeShape&);
+    TilingError expected;
+  };
+  const Case cases[] = {
+      {"d_v 96", [](sparse_mla::DecodeShape& s) { s.d_v = 96; },
+       TilingError::kDims},
+      {"rope 32", [](sparse_mla::DecodeShape& s) { s.rope = 32; },
+       TilingError::kDims},
+      {"head tile 24",
+       [](sparse_mla::DecodeShape& s) { s.head_tile = s.heads_per_group = 24; },
+       TilingError::kHeadTile},
+      {"48 heads in a 64-row tile",
+       [](sparse_mla::DecodeShape& s) { s.heads_per_group = 48; },
+       TilingError::kHeadsPerGroup},
+      {"token tile 24", [](sparse_mla::DecodeShape& s) { s.token_tile = 24; },
+       TilingError::kTokenTile},
+      {"1 stage", [](sparse_mla::DecodeShape& s) { s.stages = 1; },
+       TilingError::kStages},
+      {"3 warps", [](sparse_mla::DecodeShape& s) { s.warps = 3; },
+       TilingError::kWarps},
+      {"16-row tile, 8 warps, 32 tokens",
+       [](sparse_mla::DecodeShape& s) {
+         s.head_tile = 16;
+         s.heads_per_group = 16;
+         s.token_tile = 32;
+       },
+       TilingError::kSColumns},
+      {"d_v 64 over 8 warps", [](sparse_mla::DecodeShape& s) { s.d_v = 64; },
+       TilingError::kVCols},
+      {"16 tokens, 32 rows per pass",
+       [](sparse_mla::DecodeShape& s) { s.token_tile = 16; },
+       TilingError::kGatherPasses},
+      {"2 warps own 256 columns of 64 heads",
+       [](sparse_mla::DecodeShape& s) { s.warps = 2; },
+       TilingError::kORegisters},
+      {"8 staging bytes",
+       [](sparse_mla::DecodeShape& s) { s.kv_staging_bytes_per_token = 8; },
+       TilingError::kStaging},
+      {"wgmma on a 32-row tile",
+       [](sparse_mla::DecodeShape& s) { s.head_tile = s.heads_per_group = 32; },
+       TilingError::kWgmmaShape},
+  };
+  for (const Case& c : cases) {
+    sparse_mla::DecodeShape shape = kWgmmaShape;
+    c.mutate(shape);
+    EXPECT_EQ(sparse_mla::CheckDecodeTiling(shape), c.expected)
+        << c.what << ": got "
+        << sparse_mla::TilingErrorName(sparse_mla::CheckDecodeTiling(shape));
+  }
+}
+
+TEST(CheckDecodeTiling, WgmmaCoversOnlyTheMeasuredPipeline) {
+  EXPECT_TRUE(sparse_mla::WgmmaCovers(kWgmmaShape));
+  sparse_mla::DecodeShape four_warps = kWgmmaShape;
+  four_warps.warps = 4;
+  four_warps.token_tile = 32;
+  EXPECT_FALSE(sparse_mla::WgmmaCovers(four_warps));
+  sparse_mla::DecodeShape short_tile = kWgmmaShape;
+  short_tile.token_tile = 32;
+  EXPECT_FALSE(sparse_mla::WgmmaCovers(short_tile));
+  EXPECT_FALSE(sparse_mla::WgmmaCovers(kSmallShape));
+}
+
+TEST(DecodeSmemLayout, RegionsInOrderAlignedAndSized) {
+  for (sparse_mla::DecodeShape shape : {kWgmmaShape, kSmallShape}) {
+    for (int staging : {0, 656}) {
+      shape.kv_staging_bytes_per_token = staging;
+      const sparse_mla::DecodeDims d = sparse_mla::DeriveDecodeDims(shape);
+      const sparse_mla::DecodeSmemLayout l =
+          sparse_mla::MakeDecodeSmemLayout(shape);
+      const std::string where =
+          absl::StrCat("head_tile ", shape.head_tile, " staging ", staging);
+      EXPECT_EQ(l.q, 0) << where;  // wgmma needs the 1024-B aligned base
+      EXPECT_EQ(l.kv - l.q, shape.head_tile * d.d_qk * 2) << where;
+      EXPECT_EQ(l.kv_staging - l.kv,
+                shape.stages * shape.token_tile * d.d_qk * 2)
+          << where;
+      EXPECT_EQ(l.p - l.kv_staging, shape.stages * shape.token_tile * staging)
+          << where;
+      EXPECT_EQ(l.red - l.p, shape.head_tile * (shape.token_tile + 8) * 2)
+          << where;
+      EXPECT_EQ(l.scale - l.red, d.warps_n * shape.head_tile * 4) << where;
+      EXPECT_EQ(l.max - l.scale, shape.head_tile * 4) << where;
+      EXPECT_EQ(l.valid - l.max, shape.head_tile * 4) << where;
+      EXPECT_EQ(l.bytes - l.valid, shape.stages * shape.token_tile * 4)
+          << where;
+      // cp.async and ldmatrix need 16-byte aligned regions.
+      for (int offset : {l.kv, l.kv_staging, l.p, l.red}) {
+        EXPECT_EQ(offset % 16, 0) << where;
+      }
+    }
+  }
+  // Pinned sizes (the kernels measured in BENCH.md): bf16 stages nothing.
+  EXPECT_EQ(sparse_mla::MakeDecodeSmemLayout(kWgmmaShape).bytes, 231936);
+  EXPECT_EQ(sparse_mla::MakeDecodeSmemLayout(kSmallShape).bytes, 94080);
 }
 
 // ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // Shared by the host (codegen, runtime) and the device templates: the kernel
-// parameter blocks and the shared-memory layout arithmetic. Plain C++ with
-// fundamental types only, so it compiles under NVRTC with no toolkit headers
-// and byte-for-byte identically on the host.
+// parameter blocks, the tiling rule of the main kernel and its shared-memory
+// layout, each written once. Plain C++ with fundamental types only, so it
+// compiles under NVRTC with no toolkit headers and byte-for-byte identically
+// on the host.
 #ifndef KFORGE_SPARSE_MLA_CONFIG_H_
 #define KFORGE_SPARSE_MLA_CONFIG_H_
 
@@ -63,18 +64,187 @@ constexpr int kThreadsPerRow = 8;
 // Heads handled by one warp of the combine kernel's block.
 constexpr int kCombineWarps = 4;
 
-// Shared memory of the main kernel, in bytes: the resident Q tile, the KV
-// pipeline stages, the bf16 P tile (rows padded by 16 B against bank
-// conflicts), the cross-warp row-max buffer, per-row rescale/max/sum and the
-// per-stage token validity flags.
-KFORGE_HD constexpr int DecodeSmemBytes(int head_tile, int token_tile,
-                                        int stages, int d_qk, int warps_n) {
-  return head_tile * d_qk * 2                 // Q
-         + stages * token_tile * d_qk * 2     // KV stages
-         + head_tile * (token_tile + 8) * 2   // P
-         + warps_n * head_tile * 4            // row max / row sum exchange
-         + 2 * head_tile * 4                  // row scale, row max
-         + stages * token_tile * 4;           // validity flags
+// ---------------------------------------------------------------------------
+// KV cache formats: the numbers the host needs. The device half of a format
+// (how one cache record becomes a bf16 row of the KV tile) is the type of the
+// same name without "Sizes" in kv_format.cuh, which inherits these, so the
+// host sizes shared memory from the very constants the kernel uses.
+
+// bf16: the cache row is the d_qk-wide latent row itself, gathered straight
+// into the tile; nothing is staged.
+struct KvBf16Sizes {
+  KFORGE_HD static constexpr int BytesPerToken(int d_qk) { return 2 * d_qk; }
+  // Raw bytes per token per pipeline stage that the format lands in shared
+  // memory before converting them into the bf16 tile.
+  static constexpr int kStagingBytesPerToken = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Tiling: the compile-time shape of the main kernel, its validity rule and
+// the quantities derived from it. DecodeTraits (decode_traits.cuh) asserts
+// CheckDecodeTiling; the codegen (compiler/codegen.cc) calls the same
+// function to choose a tiling, so it never emits a unit that fails to
+// compile and no rule is written twice.
+
+struct DecodeShape {
+  int d_v;              // kv_lora_rank: V columns = first d_v columns of K
+  int rope;             // rope_dim: the K columns after d_v
+  int head_tile;        // Q rows per CTA (whole 16-row MMA tiles)
+  int heads_per_group;  // real heads among them; the rest are zero padding
+  int token_tile;       // KV rows per pipeline stage
+  int stages;           // KV pipeline depth
+  int warps;            // warps per CTA
+  bool wgmma;           // S = Q K^T with sm_90a wgmma instead of mma.sync
+  int kv_staging_bytes_per_token;  // the KV format's kStagingBytesPerToken
+};
+
+KFORGE_HD constexpr int Gcd(int a, int b) { return b == 0 ? a : Gcd(b, a % b); }
+
+// Everything the kernel derives from a shape. Zero where a shape is too
+// broken to derive it (CheckDecodeTiling reports why).
+struct DecodeDims {
+  int d_qk;           // K row width = d_v + rope
+  int blocks;         // 64-column (128-byte) swizzled blocks per K/Q row
+  int m_tiles;        // 16-row MMA tiles of the head tile
+  int warps_m;        // S = Q K^T: warps along the head axis ...
+  int warps_n;        // ... and along the token axis (warps_m * warps_n)
+  int s_m;            // m16 tiles of S per warp
+  int s_n;            // n8 tiles of S per warp
+  int v_cols;         // O = P V: output columns owned by each warp
+  int v_n;            // n8 tiles of O per warp
+  int rows_per_pass;  // KV rows one gather pass of the CTA covers
+  int p_stride;       // bf16 elements per P row (16 B of padding: no bank
+                      // conflicts for ldmatrix)
+};
+
+KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
+  DecodeDims d{};
+  d.d_qk = s.d_v + s.rope;
+  d.blocks = d.d_qk / 64;
+  d.m_tiles = s.head_tile / 16;
+  if (s.warps <= 0) return d;
+  d.warps_m = Gcd(d.m_tiles, s.warps);
+  if (d.warps_m <= 0) return d;
+  d.warps_n = s.warps / d.warps_m;
+  d.s_m = d.m_tiles / d.warps_m;
+  d.s_n = s.token_tile / 8 / d.warps_n;
+  d.v_cols = s.d_v / s.warps;
+  d.v_n = d.v_cols / 8;
+  d.rows_per_pass = s.warps * 32 / kThreadsPerRow;
+  d.p_stride = s.token_tile + 8;
+  return d;
+}
+
+// The one wgmma eligibility rule (apart from the arch, sm_90a, which the
+// codegen checks): the wgmma S implementation (QkWgmma, qk.cuh) gives each
+// warpgroup a 64-head x 32-token slab of S (m64n32k16), its 4 warps one m16
+// row tile each. It is admitted only for the pipeline it was measured and
+// checked with on the H200, 8 warps (two warpgroups) x 64 tokens, where it
+// beat mma.sync (BENCH.md, 2026-11-29); other warp counts would compile but
+// have never run.
+KFORGE_HD constexpr bool WgmmaCovers(const DecodeShape& s) {
+  const DecodeDims d = DeriveDecodeDims(s);
+  return s.head_tile == 64 && s.warps == 8 && d.warps_m == 4 && d.s_m == 1 &&
+         d.warps_n == 2 && s.token_tile / d.warps_n == 32;
+}
+
+enum class TilingError : int {
+  kOk = 0,
+  kDims,           // d_v not a multiple of 64 in 64..512, or rope not 0/64
+  kHeadTile,       // head tile not 1..4 MMA rows of 16
+  kHeadsPerGroup,  // a group padded by >= 16 rows, or larger than the tile
+  kTokenTile,      // token tile not a positive multiple of MMA K (16)
+  kStages,         // fewer than 2 stages (no double buffering)
+  kWarps,          // warps not 1..16, or d_v not split evenly over them
+  kSColumns,       // S columns (token_tile / 8) not split evenly over warps_n
+  kVCols,          // a warp's V columns not a whole pair of n8 tiles
+  kGatherPasses,   // token tile not a whole number of gather passes
+  kORegisters,     // O accumulator over 128 fp32 registers per thread
+  kStaging,        // KV staging bytes per token negative or not 16-B chunks
+  kWgmmaShape,     // wgmma asked for a shape it does not implement
+};
+
+// Whether the main kernel can be instantiated for `s`. The only source of
+// the tiling rules: on the device DecodeTraits static_asserts it, on the
+// host ChooseTiling keeps the candidates it accepts.
+KFORGE_HD constexpr TilingError CheckDecodeTiling(const DecodeShape& s) {
+  if (s.d_v % 64 != 0 || s.d_v < 64 || s.d_v > 512 ||
+      (s.rope != 0 && s.rope != 64))
+    return TilingError::kDims;
+  if (s.head_tile % 16 != 0 || s.head_tile < 16 || s.head_tile > 64)
+    return TilingError::kHeadTile;
+  if (s.heads_per_group > s.head_tile || s.heads_per_group <= s.head_tile - 16)
+    return TilingError::kHeadsPerGroup;
+  if (s.token_tile % 16 != 0 || s.token_tile <= 0)
+    return TilingError::kTokenTile;
+  if (s.stages < 2) return TilingError::kStages;
+  if (s.warps < 1 || s.warps > 16 || s.d_v % s.warps != 0)
+    return TilingError::kWarps;
+  const DecodeDims d = DeriveDecodeDims(s);
+  if ((s.token_tile / 8) % d.warps_n != 0) return TilingError::kSColumns;
+  if (d.v_cols % 16 != 0) return TilingError::kVCols;
+  if (s.token_tile % d.rows_per_pass != 0) return TilingError::kGatherPasses;
+  if (d.m_tiles * d.v_n * 4 > 128) return TilingError::kORegisters;
+  if (s.kv_staging_bytes_per_token < 0 ||
+      s.kv_staging_bytes_per_token % 16 != 0)
+    return TilingError::kStaging;
+  if (s.wgmma && !WgmmaCovers(s)) return TilingError::kWgmmaShape;
+  return TilingError::kOk;
+}
+
+// For messages (the codegen's, and this header's readers').
+KFORGE_HD constexpr const char* TilingErrorName(TilingError e) {
+  switch (e) {
+    case TilingError::kOk: return "ok";
+    case TilingError::kDims: return "d_v/rope";
+    case TilingError::kHeadTile: return "head tile";
+    case TilingError::kHeadsPerGroup: return "heads per group";
+    case TilingError::kTokenTile: return "token tile";
+    case TilingError::kStages: return "stages";
+    case TilingError::kWarps: return "warps";
+    case TilingError::kSColumns: return "S columns per warp";
+    case TilingError::kVCols: return "V columns per warp";
+    case TilingError::kGatherPasses: return "gather passes";
+    case TilingError::kORegisters: return "O accumulator registers";
+    case TilingError::kStaging: return "KV staging bytes";
+    case TilingError::kWgmmaShape: return "wgmma shape";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------
+// Shared memory of the main kernel: byte offsets from the dynamic smem base.
+// The host sizes the launch with `bytes`; the kernel takes its pointers from
+// the same offsets (CarveDecodeSmem in decode_traits.cuh).
+struct DecodeSmemLayout {
+  int q;           // Q tile: head_tile x d_qk bf16 as d_qk / 64 swizzled
+                   // [head_tile][128 B] blocks; first, so it sits on the
+                   // 1024-B boundary wgmma's swizzle needs
+  int kv;          // stages x [token_tile x d_qk bf16] in the same blocks
+  int kv_staging;  // stages x token_tile x kv_staging_bytes_per_token raw
+                   // cache bytes (empty for bf16)
+  int p;           // P: head_tile x p_stride bf16
+  int red;         // warps_n x head_tile fp32: row max / row sum exchange
+  int scale;       // head_tile fp32: this tile's O rescale factor per row
+  int max;         // head_tile fp32: running row max, for the epilogue
+  int valid;       // stages x token_tile int32: token validity flags
+  int bytes;       // total dynamic shared memory
+};
+
+KFORGE_HD constexpr DecodeSmemLayout MakeDecodeSmemLayout(
+    const DecodeShape& s) {
+  const DecodeDims d = DeriveDecodeDims(s);
+  DecodeSmemLayout l{};
+  l.q = 0;
+  l.kv = l.q + s.head_tile * d.d_qk * 2;
+  l.kv_staging = l.kv + s.stages * s.token_tile * d.d_qk * 2;
+  l.p = l.kv_staging + s.stages * s.token_tile * s.kv_staging_bytes_per_token;
+  l.red = l.p + s.head_tile * d.p_stride * 2;
+  l.scale = l.red + d.warps_n * s.head_tile * 4;
+  l.max = l.scale + s.head_tile * 4;
+  l.valid = l.max + s.head_tile * 4;
+  l.bytes = l.valid + s.stages * s.token_tile * 4;
+  return l;
 }
 
 }  // namespace sparse_mla

@@ -114,7 +114,6 @@ INSTANTIATE_TEST_SUITE_P(
                   [](S& s) { s.set_topk(16385); }},
         // s_q
         FieldCase{"Sq4", "", "", [](S& s) { s.set_s_q(4); }},
-        FieldCase{"Sq0", "s_q", "0", [](S& s) { s.set_s_q(0); }},
         FieldCase{"Sq5", "s_q", "5", [](S& s) { s.set_s_q(5); }},
         // kv_cache_dtype
         FieldCase{
@@ -169,6 +168,7 @@ TEST(ValidateSpecTest, Fp8SaysReserved) {
 
 TEST(ValidateSpecTest, ReportsAllBadFieldsInFieldOrder) {
   v1::AttentionSpec spec;  // every field at its default
+  spec.set_s_q(9);         // 0 means "not given" and is valid
   absl::Status status = ValidateSpec(spec);
   ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   const std::vector<std::string> fields = {
@@ -192,7 +192,11 @@ TEST(NormalizeSpecTest, KeepsEveryKernelFieldAndIsIdempotent) {
   spec.set_rope_dim(0);
   absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec);
   ASSERT_TRUE(normalized.ok()) << normalized.status();
-  EXPECT_TRUE(MessageDifferencer::Equals(*normalized, spec));
+  // s_q does not change the kernel and is cleared; every other field stays.
+  EXPECT_EQ(normalized->s_q(), 0u);
+  v1::AttentionSpec without_sq = spec;
+  without_sq.clear_s_q();
+  EXPECT_TRUE(MessageDifferencer::Equals(*normalized, without_sq));
   EXPECT_TRUE(normalized->has_rope_dim());
   absl::StatusOr<v1::AttentionSpec> again = NormalizeSpec(*normalized);
   ASSERT_TRUE(again.ok());
@@ -210,7 +214,9 @@ TEST(NormalizeSpecTest, DropsUnknownWireFields) {
   ASSERT_NE(with_unknown.SerializeAsString(), spec.SerializeAsString());
   absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(with_unknown);
   ASSERT_TRUE(normalized.ok()) << normalized.status();
-  EXPECT_EQ(normalized->SerializeAsString(), spec.SerializeAsString());
+  absl::StatusOr<v1::AttentionSpec> plain = NormalizeSpec(spec);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(normalized->SerializeAsString(), plain->SerializeAsString());
 }
 
 TEST(PresetsTest, ListsBothModels) {
@@ -249,7 +255,7 @@ TEST_P(SpecFromPresetTest, SplitsHeads) {
   ASSERT_TRUE(spec->has_rope_dim());
   EXPECT_EQ(spec->rope_dim(), 64u);
   EXPECT_EQ(spec->topk(), 2048u);
-  EXPECT_EQ(spec->s_q(), 1u);
+  EXPECT_EQ(spec->s_q(), 0u);  // not part of the kernel
   EXPECT_EQ(spec->kv_cache_dtype(), v1::KV_CACHE_DTYPE_BF16);
   EXPECT_EQ(spec->page_block_size(), 64u);
   EXPECT_EQ(spec->softmax_scale(), c.scale);
@@ -367,8 +373,9 @@ TEST(ParseSpecTest, TextProtoWithComments) {
     return_lse: true
   )");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_TRUE(
-      MessageDifferencer::Equals(*parsed, *SpecFromPreset("deepseek-v3.2", 8)));
+  EXPECT_EQ(parsed->s_q(), 1u);  // parsed as written
+  EXPECT_TRUE(MessageDifferencer::Equals(*NormalizeSpec(*parsed),
+                                         *SpecFromPreset("deepseek-v3.2", 8)));
 }
 
 TEST(ParseSpecTest, JsonUnknownFieldIsError) {

@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -16,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "base/absl_compat.h"
 #include "model/arch.h"
 #include "base/io.h"
@@ -619,8 +619,8 @@ struct BundleSource::State {
   std::string dir;
   ChecksumList checksums;
   std::vector<v1::Manifest> manifests;  // read at Open, never changed
-  std::mutex mu;
-  std::map<std::string, ArtifactRef> kernels;  // by key; guarded by mu
+  absl::Mutex mu;
+  std::map<std::string, ArtifactRef> kernels ABSL_GUARDED_BY(mu);  // by key
 };
 
 absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(const std::string& dir) {
@@ -699,7 +699,7 @@ absl::StatusOr<ArtifactRef> BundleSource::GetKernel(const v1::ManifestVariant& v
   if (absl::Status s = CheckFileStem("variant key", variant.key()); !s.ok()) return s;
   State& state = *state_;
   {
-    std::lock_guard<std::mutex> lock(state.mu);
+    absl::MutexLock lock(&state.mu);
     auto hit = state.kernels.find(variant.key());
     if (hit != state.kernels.end()) return hit->second;
   }
@@ -716,7 +716,7 @@ absl::StatusOr<ArtifactRef> BundleSource::GetKernel(const v1::ManifestVariant& v
                                             VerifyHint(state.dir)));
   }
   auto shared = std::make_shared<const v1::KernelArtifact>(*std::move(artifact));
-  std::lock_guard<std::mutex> lock(state.mu);
+  absl::MutexLock lock(&state.mu);
   return state.kernels.emplace(variant.key(), std::move(shared)).first->second;
 }
 

@@ -13,7 +13,6 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -21,6 +20,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/absl_compat.h"
 #include "base/io.h"
 #include "base/sha256.h"
@@ -245,13 +245,13 @@ std::vector<FileInfo> ListEntries(const std::string& layout_dir,
 // process uses it, re-measured at Open and at every eviction pass when
 // several share it.
 struct DiskCache::State {
-  std::mutex mu;
-  uint64_t bytes = 0;
-  uint64_t entries = 0;
-  uint64_t corrupt_entries = 0;
-  uint64_t evictions = 0;
+  absl::Mutex mu;
+  uint64_t bytes ABSL_GUARDED_BY(mu) = 0;
+  uint64_t entries ABSL_GUARDED_BY(mu) = 0;
+  uint64_t corrupt_entries ABSL_GUARDED_BY(mu) = 0;
+  uint64_t evictions ABSL_GUARDED_BY(mu) = 0;
 
-  void Forget(uint64_t size) {
+  void Forget(uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     bytes -= std::min(bytes, size);
     entries -= std::min<uint64_t>(entries, 1);
   }
@@ -280,6 +280,7 @@ absl::StatusOr<std::unique_ptr<DiskCache>> DiskCache::Open(
   }
 
   std::unique_ptr<DiskCache> cache(new DiskCache(root, max_bytes));
+  absl::MutexLock lock(&cache->state_->mu);
   for (const FileInfo& f : ListEntries(layout_dir, /*clean_tmp=*/true)) {
     cache->state_->bytes += f.size;
     ++cache->state_->entries;
@@ -327,7 +328,7 @@ absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
 
   // Damaged. Remove it so the next Put rebuilds it, unless another process
   // has renamed a fresh entry over it since it was opened.
-  std::lock_guard<std::mutex> lock(state_->mu);
+  absl::MutexLock lock(&state_->mu);
   ++state_->corrupt_entries;
   struct stat now;
   if (stat(path.c_str(), &now) == 0 && now.st_dev == st.st_dev &&
@@ -381,7 +382,7 @@ absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {
 
   bool over_cap;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     struct stat old;
     const bool replaced = stat(path.c_str(), &old) == 0;
     if (absl::Status s = file->Rename(); !s.ok()) return s;
@@ -397,7 +398,7 @@ absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {
 }
 
 void DiskCache::Evict(const std::string& keep) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  absl::MutexLock lock(&state_->mu);
   // Re-measure: other processes sharing the directory add and remove
   // entries this one has not counted.
   std::vector<FileInfo> files =
@@ -426,7 +427,7 @@ void DiskCache::Evict(const std::string& keep) {
 }
 
 CacheUsage DiskCache::Usage() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  absl::MutexLock lock(&state_->mu);
   CacheUsage usage;
   usage.bytes = state_->bytes;
   usage.entries = state_->entries;

@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "cli/flags.h"
 #include "cli/progress.h"
+#include "cli/worker_faults.h"
 #include "deploy/matrix.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
@@ -233,15 +234,20 @@ std::string DefaultJobs() {
   return absl::StrCat(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+std::vector<FlagSpec> WithWorkerFaultFlags(std::vector<FlagSpec> flags) {
+  for (FlagSpec& hidden : WorkerFaultFlags()) flags.push_back(std::move(hidden));
+  return flags;
+}
+
 const std::vector<FlagSpec>& PrebuildFlags() {
-  static const std::vector<FlagSpec> kFlags = {
+  static const std::vector<FlagSpec> kFlags = WithWorkerFaultFlags({
       {"out", "DIR", "the bundle directory (created; an existing bundle is completed)",
        "", 'o'},
       {"jobs", "N", "compile worker processes at once (the default is this machine's CPU count)",
        DefaultJobs(), 'j'},
       {"compile-timeout", "SECONDS", "a kernel compiling longer is killed and fails",
        "120"},
-      {"help", "", "show this help", "", 'h'}};
+      {"help", "", "show this help", "", 'h'}});
   return kFlags;
 }
 
@@ -301,6 +307,9 @@ int Prebuild(const std::vector<std::string>& argv) {
   }
   options.jobs = static_cast<int>(jobs);
   options.compile_timeout = absl::Seconds(timeout_s);
+  absl::StatusOr<WorkerFaults> faults = WorkerFaultsFromArgs(*args);
+  if (!faults.ok()) return UsageError(faults.status());
+  options.worker_faults = *faults;
   absl::StatusOr<std::vector<MatrixJob>> matrix_jobs = MatrixJobsFromArgs(*args);
   if (!matrix_jobs.ok()) return UsageError(matrix_jobs.status());
 

@@ -1,9 +1,11 @@
 #ifndef KFORGE_SERVICE_COMPILE_POOL_H_
 #define KFORGE_SERVICE_COMPILE_POOL_H_
 
+#include <cstdint>
 #include <future>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -12,6 +14,19 @@
 
 namespace kforge {
 
+// Test-only fault injection into compile workers, so that tests can prove
+// that a crashing or hanging worker fails only its own job. Set by tests
+// (and by `kforge serve`/`prebuild`'s hidden --test-worker-* flags for the
+// process-level ones); a worker gets them on its command line. 0 = off.
+struct WorkerFaults {
+  uint32_t crash_topk = 0;  // abort() on a job whose spec.topk is this
+  uint32_t hang_topk = 0;   // sleep forever on a job whose spec.topk is this
+
+  // The worker command-line arguments that carry them; and back.
+  std::vector<std::string> ToArgs() const;
+  static absl::StatusOr<WorkerFaults> FromArgs(const std::vector<std::string>& args);
+};
+
 struct CompilePoolOptions {
   int workers = 1;        // concurrent worker processes
   int queue_limit = 256;  // jobs waiting for a worker; more -> ResourceExhausted
@@ -19,6 +34,7 @@ struct CompilePoolOptions {
   // The kforge binary; run as `<worker_binary> compile-worker`. Empty means
   // this process's own executable (/proc/self/exe).
   std::string worker_binary;
+  WorkerFaults faults;  // tests only
 };
 
 using CompileFuture = std::shared_future<absl::StatusOr<v1::KernelArtifact>>;
@@ -55,11 +71,11 @@ class CompilePool {
   std::unique_ptr<State> state_;
 };
 
-// Entry point of `kforge compile-worker [SERVER_PID]`: reads a CompileJob
-// from stdin, compiles it in this process and writes a CompileResult to
-// stdout. Exits at once if its parent is no longer expected_parent (> 0).
-// Returns the process exit code.
-int RunCompileWorker(int expected_parent = 0);
+// Entry point of `kforge compile-worker [SERVER_PID] [fault flags]`: reads a
+// CompileJob from stdin, compiles it in this process and writes a
+// CompileResult to stdout. Exits at once if its parent is no longer
+// expected_parent (> 0). Returns the process exit code.
+int RunCompileWorker(int expected_parent = 0, WorkerFaults faults = {});
 
 }  // namespace kforge
 

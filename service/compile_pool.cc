@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <future>
 #include <cstring>
 #include <deque>
 #include <iostream>
@@ -506,7 +507,7 @@ absl::StatusOr<WorkerFaults> WorkerFaults::FromArgs(const std::vector<std::strin
 struct CompilePool::State {
   struct Pending {
     v1::CompileJob job;
-    std::promise<ArtifactOr> promise;
+    CompileCallback done;
   };
 
   explicit State(CompilePoolOptions o)
@@ -550,12 +551,12 @@ void CompilePool::State::WorkerLoop() {
         binary.ok() ? RunJob(pending.job, *binary, worker_args, options.timeout, abandon)
                     : ArtifactOr(binary.status());
     {
-      // Before the promise, so a caller woken by the future sees the count
-      // without this job.
+      // Before the callback, so a caller it wakes sees the count without
+      // this job.
       absl::MutexLock lock(&mu);
       --in_flight;
     }
-    pending.promise.set_value(std::move(result));
+    pending.done(std::move(result));
   }
 }
 
@@ -571,8 +572,17 @@ CompilePool::CompilePool(CompilePoolOptions options)
 CompilePool::~CompilePool() { Shutdown(); }
 
 absl::StatusOr<CompileFuture> CompilePool::Submit(v1::CompileJob job) {
-  State::Pending pending{std::move(job), {}};
-  CompileFuture future = pending.promise.get_future().share();
+  auto promise = std::make_shared<std::promise<ArtifactOr>>();
+  CompileFuture future = promise->get_future().share();
+  absl::Status submitted = Submit(std::move(job), [promise](ArtifactOr result) {
+    promise->set_value(std::move(result));
+  });
+  if (!submitted.ok()) return submitted;
+  return future;
+}
+
+absl::Status CompilePool::Submit(v1::CompileJob job, CompileCallback done) {
+  State::Pending pending{std::move(job), std::move(done)};
   absl::MutexLock lock(&state_->mu);
   if (state_->shut_down) {
     return absl::UnavailableError("compile pool is shut down");
@@ -585,7 +595,7 @@ absl::StatusOr<CompileFuture> CompilePool::Submit(v1::CompileJob job) {
   }
   state_->queue.push_back(std::move(pending));
   state_->work_ready.Signal();
-  return future;
+  return absl::OkStatus();
 }
 
 int CompilePool::queue_depth() const {
@@ -607,7 +617,7 @@ void CompilePool::State::CloseQueue() {
     work_ready.SignalAll();
   }
   for (Pending& p : dropped) {
-    p.promise.set_value(absl::UnavailableError(
+    p.done(absl::UnavailableError(
         "compile pool shut down before the job started"));
   }
 }

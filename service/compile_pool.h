@@ -2,6 +2,7 @@
 #define KFORGE_SERVICE_COMPILE_POOL_H_
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -38,6 +39,10 @@ struct CompilePoolOptions {
 };
 
 using CompileFuture = std::shared_future<absl::StatusOr<v1::KernelArtifact>>;
+// Called once with a job's result, on a pool thread (or, for a job dropped
+// at shutdown, on the thread that shuts the pool down). Must not call back
+// into the pool's Shutdown.
+using CompileCallback = std::function<void(absl::StatusOr<v1::KernelArtifact>)>;
 
 // Runs compiles in isolated child processes (`kforge compile-worker`, job
 // on stdin, CompileResult on stdout), at most `workers` at a time. A worker
@@ -52,6 +57,9 @@ class CompilePool {
   // Queues a job. ResourceExhausted at once when queue_limit jobs are
   // already waiting; Unavailable after Shutdown().
   absl::StatusOr<CompileFuture> Submit(v1::CompileJob job);
+  // The same, with the result delivered to `done` instead of a future, so
+  // that no thread has to wait for it. On an error `done` is not called.
+  absl::Status Submit(v1::CompileJob job, CompileCallback done);
 
   int queue_depth() const;  // waiting for a worker
   int in_flight() const;    // running in a worker process now

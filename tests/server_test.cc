@@ -37,7 +37,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/service.grpc.pb.h"
-#include "service/grpc_service.h"
+#include "service/status_mapping.h"
 #include "tests/test_util.h"
 
 namespace kforge {

@@ -1,14 +1,13 @@
 #include "bundle/bundle.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -16,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "base/absl_compat.h"
 #include "model/arch.h"
 #include "base/io.h"
@@ -334,36 +334,37 @@ namespace {
 
 // flock on the bundle directory: the lock lives with the open file
 // description, so it is released when the writer closes it or dies.
-absl::Status LockDirectory(int fd, const std::string& dir, bool wait) {
-  while (flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) != 0) {
-    if (errno == EINTR) continue;
-    if (errno == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "bundle directory ", dir, " is being written by another kforge process (a "
-          "prebuild, or a client keeping its local copy there); wait for it to "
-          "finish or write elsewhere"));
-    }
-    return absl::InternalError(
-        absl::StrCat("cannot lock bundle directory ", dir, ": ", strerror(errno)));
+absl::StatusOr<FileLock> LockDirectory(int fd, const std::string& dir,
+                                       FileLock::Wait wait) {
+  absl::StatusOr<FileLock> lock =
+      FileLock::Lock(fd, absl::StrCat("bundle directory ", dir), wait);
+  if (absl::IsUnavailable(lock.status())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bundle directory ", dir, " is being written by another kforge process (a "
+        "prebuild, or a client keeping its local copy there); wait for it to "
+        "finish or write elsewhere"));
   }
-  return absl::OkStatus();
+  return lock;
 }
 
 }  // namespace
 
 class BundleWriter::WriteLock {
  public:
-  explicit WriteLock(const BundleWriter& writer)
-      : fd_(writer.locking_ == BundleLocking::kPerWrite ? writer.dir_fd_ : -1) {
-    if (fd_ >= 0) status_ = LockDirectory(fd_, writer.dir_, /*wait=*/true);
-  }
-  ~WriteLock() {
-    if (fd_ >= 0 && status_.ok()) flock(fd_, LOCK_UN);
+  explicit WriteLock(const BundleWriter& writer) {
+    if (writer.locking_ != BundleLocking::kPerWrite) return;
+    absl::StatusOr<FileLock> lock =
+        LockDirectory(writer.dir_fd_, writer.dir_, FileLock::Wait::kBlock);
+    if (lock.ok()) {
+      lock_.emplace(*std::move(lock));
+    } else {
+      status_ = lock.status();
+    }
   }
   const absl::Status& status() const { return status_; }
 
  private:
-  int fd_;
+  std::optional<FileLock> lock_;
   absl::Status status_;
 };
 
@@ -383,7 +384,9 @@ absl::StatusOr<std::unique_ptr<BundleWriter>> BundleWriter::Open(const std::stri
   // Owns fd from here: the destructor closes it (and drops any lock).
   std::unique_ptr<BundleWriter> writer(new BundleWriter(dir, fd, locking));
   if (locking == BundleLocking::kWholeRun) {
-    if (absl::Status s = LockDirectory(fd, dir, /*wait=*/false); !s.ok()) return s;
+    absl::StatusOr<FileLock> lock = LockDirectory(fd, dir, FileLock::Wait::kTry);
+    if (!lock.ok()) return lock.status();
+    writer->run_lock_.emplace(*std::move(lock));
   }
   WriteLock lock(*writer);
   if (!lock.status().ok()) return lock.status();
@@ -395,7 +398,10 @@ absl::StatusOr<std::unique_ptr<BundleWriter>> BundleWriter::Open(const std::stri
   return writer;
 }
 
-BundleWriter::~BundleWriter() { close(dir_fd_); }
+BundleWriter::~BundleWriter() {
+  run_lock_.reset();  // unlocks dir_fd_, which must still be open
+  close(dir_fd_);
+}
 
 bool BundleWriter::HasKernel(std::string_view key) const {
   if (!CheckFileStem("key", key).ok()) return false;
@@ -604,8 +610,8 @@ struct BundleSource::State {
   std::string dir;
   ChecksumList checksums;
   std::vector<v1::Manifest> manifests;  // read at Open, never changed
-  std::mutex mu;
-  std::map<std::string, ArtifactRef> kernels;  // by key; guarded by mu
+  absl::Mutex mu;
+  std::map<std::string, ArtifactRef> kernels ABSL_GUARDED_BY(mu);  // by key
 };
 
 absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(const std::string& dir) {
@@ -684,7 +690,7 @@ absl::StatusOr<ArtifactRef> BundleSource::GetKernel(const v1::ManifestVariant& v
   if (absl::Status s = CheckFileStem("variant key", variant.key()); !s.ok()) return s;
   State& state = *state_;
   {
-    std::lock_guard<std::mutex> lock(state.mu);
+    absl::MutexLock lock(&state.mu);
     auto hit = state.kernels.find(variant.key());
     if (hit != state.kernels.end()) return hit->second;
   }
@@ -701,7 +707,7 @@ absl::StatusOr<ArtifactRef> BundleSource::GetKernel(const v1::ManifestVariant& v
                                             VerifyHint(state.dir)));
   }
   auto shared = std::make_shared<const v1::KernelArtifact>(*std::move(artifact));
-  std::lock_guard<std::mutex> lock(state.mu);
+  absl::MutexLock lock(&state.mu);
   return state.kernels.emplace(variant.key(), std::move(shared)).first->second;
 }
 

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/service.pb.h"
+#include "base/file_lock.h"
 #include "bundle/kernel_source.h"
 #include "model/format.h"
 
@@ -91,6 +93,7 @@ class BundleWriter {
   std::string dir_;
   int dir_fd_;  // open on dir_, carries the flock
   BundleLocking locking_;
+  std::optional<FileLock> run_lock_;  // kWholeRun: held from Open on
 };
 
 // One problem found by VerifyBundle.

@@ -28,9 +28,11 @@
 #include "absl/time/time.h"
 #include "cli/flags.h"
 #include "cli/progress.h"
+#include "cli/worker_faults.h"
 #include "deploy/matrix.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
+#include "base/shutdown_signals.h"
 #include "bundle/bundle.h"
 #include "deploy/prebuild.h"
 
@@ -212,54 +214,45 @@ int Warm(const std::vector<std::string>& argv) {
 
 namespace {
 
-// Set by the first SIGINT or SIGTERM: PrebuildBundle starts no further
-// compile. The signal number, for the exit status.
-std::atomic<bool> g_stop_prebuild{false};
-std::atomic<int> g_stop_signal{0};
-static_assert(std::atomic<bool>::is_always_lock_free &&
-              std::atomic<int>::is_always_lock_free,
-              "used from a signal handler");
-
-extern "C" void OnPrebuildStopSignal(int signo) {
-  if (g_stop_signal.exchange(signo) != 0) {
-    // The second signal: quit now. Every file is written atomically, so
-    // what is on disk stays whole.
-    static const char kNow[] = "\nkforge: second signal, exiting now\n";
-    [[maybe_unused]] ssize_t n = write(STDERR_FILENO, kNow, sizeof(kNow) - 1);
-    _exit(128 + signo);
-  }
-  g_stop_prebuild.store(true);
-  static const char kStopping[] =
-      "\nkforge: stopping: no new compiles; waiting for the running ones "
-      "(signal again to quit now)\n";
-  [[maybe_unused]] ssize_t n = write(STDERR_FILENO, kStopping, sizeof(kStopping) - 1);
-}
-
-void InstallPrebuildStopHandlers() {
-  struct sigaction action = {};
-  action.sa_handler = OnPrebuildStopSignal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  for (int signo : {SIGINT, SIGTERM}) sigaction(signo, &action, nullptr);
+// SIGINT/SIGTERM for `kforge prebuild`: the first stops new compiles (the
+// running ones finish, their kernels are kept), the second quits at once
+// with 128 + its number. Every file is written atomically, so what is on
+// disk stays whole either way.
+absl::StatusOr<std::unique_ptr<ShutdownSignals>> InstallPrebuildStopSignals() {
+  ShutdownSignalOptions options;
+  options.on_first = [](int) {
+    std::cerr << "\nkforge: stopping: no new compiles; waiting for the running ones "
+                 "(signal again to quit now)"
+              << std::endl;
+  };
+  options.second_message = "\nkforge: second signal, exiting now\n";
+  options.second_exit_code = [](int signo) { return 128 + signo; };
+  return ShutdownSignals::Install(std::move(options));
 }
 
 std::string DefaultJobs() {
   return absl::StrCat(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+std::vector<FlagSpec> WithWorkerFaultFlags(std::vector<FlagSpec> flags) {
+  for (FlagSpec& hidden : WorkerFaultFlags()) flags.push_back(std::move(hidden));
+  return flags;
+}
+
 const std::vector<FlagSpec>& PrebuildFlags() {
-  static const std::vector<FlagSpec> kFlags = {
+  static const std::vector<FlagSpec> kFlags = WithWorkerFaultFlags({
       {"out", "DIR", "the bundle directory (created; an existing bundle is completed)",
        "", 'o'},
       {"jobs", "N", "compile worker processes at once (the default is this machine's CPU count)",
        DefaultJobs(), 'j'},
       {"compile-timeout", "SECONDS", "a kernel compiling longer is killed and fails",
        "120"},
-      {"help", "", "show this help", "", 'h'}};
+      {"help", "", "show this help", "", 'h'}});
   return kFlags;
 }
 
-void PrintPrebuildSummary(const std::string& dir, const PrebuildReport& report) {
+void PrintPrebuildSummary(const std::string& dir, const PrebuildReport& report,
+                          int stop_signal) {
   if (!report.manifests_skipped.empty()) {
     std::cout << "prebuild: manifests not written (a kernel of theirs failed): "
               << absl::StrJoin(report.manifests_skipped, ", ") << "\n";
@@ -268,7 +261,7 @@ void PrintPrebuildSummary(const std::string& dir, const PrebuildReport& report) 
             << report.compiled << " compiled, " << report.plan.present
             << " already in the bundle, " << report.failed.size() << " failed";
   if (report.stopped) {
-    std::cout << "; stopped by " << (g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM")
+    std::cout << "; stopped by " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM")
               << " with " << report.not_built
               << " left to build: no manifests or checksums written (the "
                  "bundle is incomplete); run the same command again to "
@@ -279,8 +272,8 @@ void PrintPrebuildSummary(const std::string& dir, const PrebuildReport& report) 
             << " written in " << absl::StrFormat("%.1f", report.seconds) << " s\n";
 }
 
-int PrebuildExitCode(const PrebuildReport& report) {
-  if (report.stopped) return 128 + g_stop_signal.load();
+int PrebuildExitCode(const PrebuildReport& report, int stop_signal) {
+  if (report.stopped) return 128 + stop_signal;
   return report.failed.empty() ? kExitOk : kExitFailures;
 }
 
@@ -314,10 +307,18 @@ int Prebuild(const std::vector<std::string>& argv) {
   }
   options.jobs = static_cast<int>(jobs);
   options.compile_timeout = absl::Seconds(timeout_s);
+  absl::StatusOr<WorkerFaults> faults = WorkerFaultsFromArgs(*args);
+  if (!faults.ok()) return UsageError(faults.status());
+  options.worker_faults = *faults;
   absl::StatusOr<std::vector<MatrixJob>> matrix_jobs = MatrixJobsFromArgs(*args);
   if (!matrix_jobs.ok()) return UsageError(matrix_jobs.status());
 
-  InstallPrebuildStopHandlers();
+  absl::StatusOr<std::unique_ptr<ShutdownSignals>> signals = InstallPrebuildStopSignals();
+  if (!signals.ok()) {
+    std::cerr << "kforge: cannot install signal handlers: " << signals.status().message()
+              << "\n";
+    return kExitFailures;
+  }
   Progress progress(StderrProgressOptions());
   bool progress_started = false;
   PrebuildCallbacks callbacks;
@@ -341,7 +342,7 @@ int Prebuild(const std::vector<std::string>& argv) {
     progress.Done(done.label, done.ok, done.seconds, done.error);
   };
   absl::StatusOr<PrebuildReport> report =
-      PrebuildBundle(*matrix_jobs, options, callbacks, g_stop_prebuild);
+      PrebuildBundle(*matrix_jobs, options, callbacks, (*signals)->requested());
   if (progress_started) progress.Finish();
   if (!report.ok()) {
     std::cerr << "kforge: prebuild " << options.out_dir << ": "
@@ -353,8 +354,8 @@ int Prebuild(const std::vector<std::string>& argv) {
                ? kExitUsage
                : kExitFailures;
   }
-  PrintPrebuildSummary(options.out_dir, *report);
-  return PrebuildExitCode(*report);
+  PrintPrebuildSummary(options.out_dir, *report, (*signals)->received());
+  return PrebuildExitCode(*report, (*signals)->received());
 }
 
 // ---------------------------------------------------------------------------

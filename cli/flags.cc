@@ -85,6 +85,7 @@ absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs,
 std::string FlagsHelp(const std::vector<FlagSpec>& specs) {
   std::string out;
   for (const FlagSpec& s : specs) {
+    if (s.hidden) continue;
     std::string left = absl::StrCat("  --", s.name);
     if (s.short_name) left = absl::StrCat("  -", std::string(1, s.short_name), ", --", s.name);
     if (!s.value_name.empty()) absl::StrAppend(&left, " ", s.value_name);

@@ -14,19 +14,21 @@ namespace kforge::cli {
 struct FlagSpec {
   FlagSpec(std::string name, std::string value_name, std::string help,
            std::string default_value = "", char short_name = 0,
-           bool repeated = false)
+           bool repeated = false, bool hidden = false)
       : name(std::move(name)),
         value_name(std::move(value_name)),
         help(std::move(help)),
         default_value(std::move(default_value)),
         short_name(short_name),
-        repeated(repeated) {}
+        repeated(repeated),
+        hidden(hidden) {}
   std::string name;  // without dashes, e.g. "arch"
   std::string value_name;  // empty for a boolean switch
   std::string help;
   std::string default_value;  // shown in help; applied when absent
   char short_name = 0;        // e.g. 'o' for -o
   bool repeated = false;      // may be given several times
+  bool hidden = false;        // left out of the help (test hooks)
   // An older spelling still accepted (stored under `name`, noted in help),
   // kept for one release after a rename so scripts keep working.
   std::string alias;

@@ -222,7 +222,13 @@ int main(int argc, char** argv) {
   if (cmd == "prebuild") return Prebuild(rest);
   if (cmd == "verify") return Verify(rest);
   if (cmd == "compile-worker") {
-    return kforge::RunCompileWorker(argc > 2 ? std::atoi(argv[2]) : 0);
+    // Run by the compile pool, never by hand: `compile-worker PID [faults]`.
+    absl::StatusOr<kforge::WorkerFaults> faults =
+        kforge::WorkerFaults::FromArgs(rest.size() > 1 ? std::vector<std::string>(rest.begin() + 1,
+                                                                          rest.end())
+                                               : std::vector<std::string>{});
+    if (!faults.ok()) return Fail(faults.status());
+    return kforge::RunCompileWorker(rest.empty() ? 0 : std::atoi(rest[0].c_str()), *faults);
   }
   std::cerr << "kforge: unknown command '" << cmd << "'\n";
   Usage();

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <iostream>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -56,7 +55,7 @@ ProgressOptions StderrProgressOptions() {
 Progress::Progress(ProgressOptions options) : options_(std::move(options)) {}
 
 void Progress::Start(size_t total) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   start_ = options_.now();
   summary_ = ProgressSummary();
   summary_.total = total;
@@ -65,7 +64,7 @@ void Progress::Start(size_t total) {
 
 void Progress::Done(std::string_view label, bool ok, double seconds,
                     std::string_view error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++summary_.done;
   if (!ok) summary_.failures.push_back({std::string(label), std::string(error)});
   if (!options_.tty) {
@@ -123,7 +122,7 @@ void Progress::DrawStatusLine(std::string_view label) {
 }
 
 ProgressSummary Progress::Finish() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   summary_.elapsed = options_.now() - start_;
   std::ostream& out = *options_.out;
   if (status_line_shown_) {

@@ -3,12 +3,13 @@
 
 #include <cstddef>
 #include <functional>
-#include <mutex>
 #include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -61,14 +62,14 @@ class Progress {
 
  private:
   void PrintItemLine(std::string_view label, bool ok, double seconds,
-                     std::string_view error);  // mu_ held
-  void DrawStatusLine(std::string_view label);  // mu_ held
+                     std::string_view error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DrawStatusLine(std::string_view label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ProgressOptions options_;
-  std::mutex mu_;
-  absl::Time start_;
-  ProgressSummary summary_;
-  bool status_line_shown_ = false;
+  absl::Mutex mu_;
+  absl::Time start_ ABSL_GUARDED_BY(mu_);
+  ProgressSummary summary_ ABSL_GUARDED_BY(mu_);
+  bool status_line_shown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // "0:41", "12:03", "1:02:09".

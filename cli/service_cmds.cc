@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "cli/flags.h"
 #include "cli/kernel_args.h"
+#include "cli/worker_faults.h"
 #include "compiler/compiler.h"
 #include "base/io.h"
 #include "model/spec.h"
@@ -94,7 +95,7 @@ const char* SourceName(v1::ArtifactSource source) {
 int Serve(const std::vector<std::string>& argv) {
   const ServerOptions defaults;
   const unsigned cores = std::thread::hardware_concurrency();
-  const std::vector<FlagSpec> flags = {
+  std::vector<FlagSpec> flags = {
       {"listen", "ADDR", "address to serve on (port 0: any free port)", defaults.listen},
       {"cache-dir", "DIR", "kernel cache directory", DefaultCacheDir()},
       {"memory-cache-bytes", "N", "memory tier size",
@@ -116,6 +117,7 @@ int Serve(const std::vector<std::string>& argv) {
        "says NOT_SERVING until done",
        ""},
       {"help", "", "show this help", "", 'h'}};
+  for (FlagSpec& hidden : WorkerFaultFlags()) flags.push_back(std::move(hidden));
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help") || !args->positional.empty()) {
@@ -145,6 +147,9 @@ int Serve(const std::vector<std::string>& argv) {
   options.store.pool.queue_limit = static_cast<int>(queue_limit);
   options.store.pool.timeout = absl::Seconds(timeout_s);
   options.shutdown_grace = absl::Seconds(grace_s);
+  absl::StatusOr<WorkerFaults> faults = WorkerFaultsFromArgs(*args);
+  if (!faults.ok()) return Fail(faults.status());
+  options.store.pool.faults = *faults;
   return RunServer(options);
 }
 

@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -14,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "compiler/compiler.h"
 #include "bundle/bundle.h"
@@ -81,22 +81,28 @@ class KernelBuilder {
       : pool_(CompilePoolOptions{.workers = workers,
                                  .queue_limit = workers,
                                  .timeout = options.compile_timeout,
-                                 .worker_binary = options.worker_binary}),
+                                 .worker_binary = options.worker_binary,
+                                 .faults = options.worker_faults}),
         workers_(workers),
-        writer_(writer),
+        writer_(&writer),
         callbacks_(callbacks),
         stop_(stop) {}
 
   // Adds the keys built to `built` and their counts and failures to
   // `report`.
   void Run(const std::vector<KernelTask>& tasks, std::set<std::string>& built,
-           PrebuildReport& report) {
+           PrebuildReport& report) ABSL_LOCKS_EXCLUDED(report_mu_) {
+    {
+      absl::MutexLock lock(&report_mu_);
+      built_ = &built;
+      report_ = &report;
+    }
     std::vector<std::thread> threads;
     for (int t = 0; t < workers_; ++t) {
       threads.emplace_back([&] {
         // The stop check comes first: once set, no further task is taken.
         for (size_t i; !stop_.load() && (i = next_++) < tasks.size();) {
-          Finished(tasks[i], Build(tasks[i]), built, report);
+          Finished(tasks[i], Build(tasks[i]));
         }
       });
     }
@@ -136,25 +142,25 @@ class KernelBuilder {
     // gives byte-identical kernel files and checksums on any machine.
     v1::KernelArtifact stored = *artifact;
     stored.clear_compile_seconds();
-    std::lock_guard<std::mutex> lock(writer_mu_);
-    return writer_.AddKernel(stored);
+    absl::MutexLock lock(&writer_mu_);
+    return writer_->AddKernel(stored);
   }
 
-  void Finished(const KernelTask& task, const Outcome& outcome,
-                std::set<std::string>& built, PrebuildReport& report) {
+  void Finished(const KernelTask& task, const Outcome& outcome)
+      ABSL_LOCKS_EXCLUDED(report_mu_) {
     PrebuildKernelDone done{task.label, outcome.status.ok(), outcome.seconds,
                             std::string(outcome.status.message())};
     {
-      std::lock_guard<std::mutex> lock(report_mu_);
+      absl::MutexLock lock(&report_mu_);
       if (outcome.status.ok()) {
-        ++report.compiled;
-        built.insert(task.variant.key());
+        ++report_->compiled;
+        built_->insert(task.variant.key());
       } else if (stop_.load()) {
         // Cut short by the stop (a terminal's Ctrl-C also reaches the
         // workers): left for the next run, not a kernel failure.
         return;
       } else {
-        report.failed.push_back({task.label, done.error});
+        report_->failed.push_back({task.label, done.error});
       }
     }
     if (callbacks_.on_done) callbacks_.on_done(done);
@@ -162,12 +168,15 @@ class KernelBuilder {
 
   CompilePool pool_;
   const int workers_;
-  BundleWriter& writer_;
-  std::mutex writer_mu_;  // BundleWriter is not thread-safe
+  absl::Mutex writer_mu_;
+  BundleWriter* const writer_ ABSL_PT_GUARDED_BY(writer_mu_);  // not thread-safe
   const PrebuildCallbacks& callbacks_;
   const std::atomic<bool>& stop_;
   std::atomic<size_t> next_{0};
-  std::mutex report_mu_;
+  absl::Mutex report_mu_;
+  // Run's out-parameters, filled in as kernels finish.
+  std::set<std::string>* built_ ABSL_PT_GUARDED_BY(report_mu_) = nullptr;
+  PrebuildReport* report_ ABSL_PT_GUARDED_BY(report_mu_) = nullptr;
 };
 
 // Writes each planned manifest whose kernels are all in the bundle; removes

@@ -4,12 +4,12 @@
 #include <atomic>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/absl_compat.h"
 #include "grpcpp/grpcpp.h"
@@ -87,13 +87,15 @@ struct ServiceClient::State {
   std::unique_ptr<v1::KernelService::Stub> stub;
   std::atomic<int64_t> rpc_attempts{0};
 
-  std::mutex mu;
-  std::map<std::string, ArtifactRef> kernels;  // by key; guarded by mu
-  // By serialized selector + '\0' + arch as asked; guarded by mu.
-  std::map<std::string, v1::Manifest> manifests;
+  absl::Mutex mu;
+  std::map<std::string, ArtifactRef> kernels ABSL_GUARDED_BY(mu);  // by key
+  // By serialized selector + '\0' + arch as asked.
+  std::map<std::string, v1::Manifest> manifests ABSL_GUARDED_BY(mu);
 
-  std::mutex local_copy_mu;                  // BundleWriter is not thread-safe
-  std::unique_ptr<BundleWriter> local_copy;  // null: no local copy
+  // Set once at Create, before any other thread sees the state; the writer
+  // it points to is not thread-safe.
+  absl::Mutex local_copy_mu;
+  std::unique_ptr<BundleWriter> local_copy ABSL_PT_GUARDED_BY(local_copy_mu);  // null: none
 
   // One RPC with retries. `rpc` makes one attempt with the context given.
   absl::Status Call(std::string_view what,
@@ -141,7 +143,7 @@ absl::Status ServiceClient::State::Call(
 absl::Status ServiceClient::State::KeepLocalCopy(
     const std::function<absl::Status(BundleWriter&)>& add) {
   if (local_copy == nullptr) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(local_copy_mu);
+  absl::MutexLock lock(&local_copy_mu);
   absl::Status s = add(*local_copy);
   if (s.ok()) s = local_copy->Finish();
   if (s.ok()) return s;
@@ -179,7 +181,7 @@ absl::StatusOr<v1::Manifest> ServiceClient::GetManifest(const v1::KernelSelector
   memo_key.push_back('\0');
   memo_key.append(arch);
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    absl::MutexLock lock(&s.mu);
     auto hit = s.manifests.find(memo_key);
     if (hit != s.manifests.end()) return hit->second;
   }
@@ -205,7 +207,7 @@ absl::StatusOr<v1::Manifest> ServiceClient::GetManifest(const v1::KernelSelector
       !c.ok()) {
     return c;
   }
-  std::lock_guard<std::mutex> lock(s.mu);
+  absl::MutexLock lock(&s.mu);
   return s.manifests.emplace(std::move(memo_key), std::move(manifest)).first->second;
 }
 
@@ -213,7 +215,7 @@ absl::StatusOr<ArtifactRef> ServiceClient::GetKernel(const v1::ManifestVariant& 
                                                      std::string_view arch) {
   State& s = *state_;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    absl::MutexLock lock(&s.mu);
     auto hit = s.kernels.find(variant.key());
     if (hit != s.kernels.end()) return hit->second;
   }
@@ -239,7 +241,7 @@ absl::StatusOr<ArtifactRef> ServiceClient::GetKernel(const v1::ManifestVariant& 
       !c.ok()) {
     return c;
   }
-  std::lock_guard<std::mutex> lock(s.mu);
+  absl::MutexLock lock(&s.mu);
   return s.kernels.emplace(variant.key(), std::move(artifact)).first->second;
 }
 

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <future>
 #include <cstring>
 #include <deque>
 #include <iostream>
@@ -29,6 +30,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/strip.h"
+#include "base/absl_compat.h"
 #include "compiler/compiler.h"
 
 extern char** environ;
@@ -210,6 +213,7 @@ struct ChildRun {
 // kAbandonCheck). The child is reaped on every path. Fails only when the
 // child cannot be started.
 absl::StatusOr<ChildRun> RunChild(const std::string& binary,
+                                  const std::vector<std::string>& extra_args,
                                   const std::string& input,
                                   absl::Time deadline,
                                   const std::atomic<bool>& abandon) {
@@ -248,10 +252,13 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
   // Our pid, so the worker can tell whether we died before it asked to die
   // with us (see RunCompileWorker).
   std::string arg2 = std::to_string(::getpid());
-  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+  std::vector<std::string> extra = extra_args;
+  std::vector<char*> argv = {arg0.data(), arg1.data(), arg2.data()};
+  for (std::string& a : extra) argv.push_back(a.data());
+  argv.push_back(nullptr);
   pid_t pid = -1;
   const int spawn_error =
-      ::posix_spawn(&pid, binary.c_str(), &actions, &attr, argv, environ);
+      ::posix_spawn(&pid, binary.c_str(), &actions, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (spawn_error != 0) {
@@ -389,12 +396,14 @@ std::string StderrSuffix(const std::string& tail) {
 
 // One job, start to finish, in a fresh worker process.
 ArtifactOr RunJob(const v1::CompileJob& job, const std::string& binary,
+                  const std::vector<std::string>& extra_args,
                   absl::Duration timeout, const std::atomic<bool>& abandon) {
   std::string input;
   if (!job.SerializeToString(&input)) {
     return absl::InternalError("cannot serialize the CompileJob");
   }
-  absl::StatusOr<ChildRun> run = RunChild(binary, input, absl::Now() + timeout, abandon);
+  absl::StatusOr<ChildRun> run =
+      RunChild(binary, extra_args, input, absl::Now() + timeout, abandon);
   if (!run.ok()) return run.status();
   if (run->abandoned) {
     return absl::UnavailableError(absl::StrCat(
@@ -467,20 +476,50 @@ absl::StatusOr<std::string> ResolveWorkerBinary(const std::string& configured) {
 
 }  // namespace
 
+constexpr std::string_view kCrashTopkArg = "--test-crash-topk=";
+constexpr std::string_view kHangTopkArg = "--test-hang-topk=";
+
+std::vector<std::string> WorkerFaults::ToArgs() const {
+  std::vector<std::string> args;
+  if (crash_topk != 0) args.push_back(absl::StrCat(AsAbsl(kCrashTopkArg), crash_topk));
+  if (hang_topk != 0) args.push_back(absl::StrCat(AsAbsl(kHangTopkArg), hang_topk));
+  return args;
+}
+
+absl::StatusOr<WorkerFaults> WorkerFaults::FromArgs(const std::vector<std::string>& args) {
+  WorkerFaults faults;
+  for (const std::string& arg : args) {
+    absl::string_view value = arg;
+    uint32_t* out = nullptr;
+    if (absl::ConsumePrefix(&value, AsAbsl(kCrashTopkArg))) {
+      out = &faults.crash_topk;
+    } else if (absl::ConsumePrefix(&value, AsAbsl(kHangTopkArg))) {
+      out = &faults.hang_topk;
+    }
+    if (out == nullptr || !absl::SimpleAtoi(value, out)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("compile-worker: unexpected argument '", arg, "'"));
+    }
+  }
+  return faults;
+}
+
 struct CompilePool::State {
   struct Pending {
     v1::CompileJob job;
-    std::promise<ArtifactOr> promise;
+    CompileCallback done;
   };
 
   explicit State(CompilePoolOptions o)
       : options(std::move(o)),
-        binary(ResolveWorkerBinary(options.worker_binary)) {}
+        binary(ResolveWorkerBinary(options.worker_binary)),
+        worker_args(options.faults.ToArgs()) {}
 
   void WorkerLoop();
 
   const CompilePoolOptions options;
   const absl::StatusOr<std::string> binary;
+  const std::vector<std::string> worker_args;  // after `compile-worker PID`
 
   mutable absl::Mutex mu;
   absl::CondVar work_ready;
@@ -508,16 +547,16 @@ void CompilePool::State::WorkerLoop() {
       queue.pop_front();
       ++in_flight;
     }
-    ArtifactOr result = binary.ok()
-                            ? RunJob(pending.job, *binary, options.timeout, abandon)
-                            : ArtifactOr(binary.status());
+    ArtifactOr result =
+        binary.ok() ? RunJob(pending.job, *binary, worker_args, options.timeout, abandon)
+                    : ArtifactOr(binary.status());
     {
-      // Before the promise, so a caller woken by the future sees the count
-      // without this job.
+      // Before the callback, so a caller it wakes sees the count without
+      // this job.
       absl::MutexLock lock(&mu);
       --in_flight;
     }
-    pending.promise.set_value(std::move(result));
+    pending.done(std::move(result));
   }
 }
 
@@ -533,8 +572,17 @@ CompilePool::CompilePool(CompilePoolOptions options)
 CompilePool::~CompilePool() { Shutdown(); }
 
 absl::StatusOr<CompileFuture> CompilePool::Submit(v1::CompileJob job) {
-  State::Pending pending{std::move(job), {}};
-  CompileFuture future = pending.promise.get_future().share();
+  auto promise = std::make_shared<std::promise<ArtifactOr>>();
+  CompileFuture future = promise->get_future().share();
+  absl::Status submitted = Submit(std::move(job), [promise](ArtifactOr result) {
+    promise->set_value(std::move(result));
+  });
+  if (!submitted.ok()) return submitted;
+  return future;
+}
+
+absl::Status CompilePool::Submit(v1::CompileJob job, CompileCallback done) {
+  State::Pending pending{std::move(job), std::move(done)};
   absl::MutexLock lock(&state_->mu);
   if (state_->shut_down) {
     return absl::UnavailableError("compile pool is shut down");
@@ -547,7 +595,7 @@ absl::StatusOr<CompileFuture> CompilePool::Submit(v1::CompileJob job) {
   }
   state_->queue.push_back(std::move(pending));
   state_->work_ready.Signal();
-  return future;
+  return absl::OkStatus();
 }
 
 int CompilePool::queue_depth() const {
@@ -569,7 +617,7 @@ void CompilePool::State::CloseQueue() {
     work_ready.SignalAll();
   }
   for (Pending& p : dropped) {
-    p.promise.set_value(absl::UnavailableError(
+    p.done(absl::UnavailableError(
         "compile pool shut down before the job started"));
   }
 }
@@ -588,17 +636,6 @@ void CompilePool::Shutdown() {
 
 namespace {
 
-// Test-only fault injection, read from the environment. The pool and
-// server tests set these to prove that a crashing or hanging worker fails
-// only its own request; nothing in production sets them:
-//   KFORGE_TEST_WORKER_CRASH_TOPK=N  abort() when spec.topk == N
-//   KFORGE_TEST_WORKER_HANG_TOPK=N   sleep forever when spec.topk == N
-bool TestHookMatches(const char* name, uint32_t topk) {
-  const char* value = std::getenv(name);
-  uint32_t n = 0;
-  return value != nullptr && absl::SimpleAtoi(value, &n) && n == topk;
-}
-
 bool WriteAll(int fd, const std::string& data) {
   size_t done = 0;
   while (done < data.size()) {
@@ -612,7 +649,7 @@ bool WriteAll(int fd, const std::string& data) {
 
 }  // namespace
 
-int RunCompileWorker(int expected_parent) {
+int RunCompileWorker(int expected_parent, WorkerFaults faults) {
   // Die with the pool thread that spawned us instead of compiling for a
   // server that is gone. If the server died between spawning us and this
   // call, the death signal will never come: we have been re-parented.
@@ -655,10 +692,10 @@ int RunCompileWorker(int expected_parent) {
     return 2;
   }
 
-  if (TestHookMatches("KFORGE_TEST_WORKER_CRASH_TOPK", job.spec().topk())) {
+  if (faults.crash_topk != 0 && job.spec().topk() == faults.crash_topk) {
     std::abort();
   }
-  if (TestHookMatches("KFORGE_TEST_WORKER_HANG_TOPK", job.spec().topk())) {
+  if (faults.hang_topk != 0 && job.spec().topk() == faults.hang_topk) {
     for (;;) ::pause();
   }
 

@@ -1,9 +1,12 @@
 #ifndef KFORGE_SERVICE_COMPILE_POOL_H_
 #define KFORGE_SERVICE_COMPILE_POOL_H_
 
+#include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -12,6 +15,19 @@
 
 namespace kforge {
 
+// Test-only fault injection into compile workers, so that tests can prove
+// that a crashing or hanging worker fails only its own job. Set by tests
+// (and by `kforge serve`/`prebuild`'s hidden --test-worker-* flags for the
+// process-level ones); a worker gets them on its command line. 0 = off.
+struct WorkerFaults {
+  uint32_t crash_topk = 0;  // abort() on a job whose spec.topk is this
+  uint32_t hang_topk = 0;   // sleep forever on a job whose spec.topk is this
+
+  // The worker command-line arguments that carry them; and back.
+  std::vector<std::string> ToArgs() const;
+  static absl::StatusOr<WorkerFaults> FromArgs(const std::vector<std::string>& args);
+};
+
 struct CompilePoolOptions {
   int workers = 1;        // concurrent worker processes
   int queue_limit = 256;  // jobs waiting for a worker; more -> ResourceExhausted
@@ -19,9 +35,14 @@ struct CompilePoolOptions {
   // The kforge binary; run as `<worker_binary> compile-worker`. Empty means
   // this process's own executable (/proc/self/exe).
   std::string worker_binary;
+  WorkerFaults faults;  // tests only
 };
 
 using CompileFuture = std::shared_future<absl::StatusOr<v1::KernelArtifact>>;
+// Called once with a job's result, on a pool thread (or, for a job dropped
+// at shutdown, on the thread that shuts the pool down). Must not call back
+// into the pool's Shutdown.
+using CompileCallback = std::function<void(absl::StatusOr<v1::KernelArtifact>)>;
 
 // Runs compiles in isolated child processes (`kforge compile-worker`, job
 // on stdin, CompileResult on stdout), at most `workers` at a time. A worker
@@ -36,6 +57,9 @@ class CompilePool {
   // Queues a job. ResourceExhausted at once when queue_limit jobs are
   // already waiting; Unavailable after Shutdown().
   absl::StatusOr<CompileFuture> Submit(v1::CompileJob job);
+  // The same, with the result delivered to `done` instead of a future, so
+  // that no thread has to wait for it. On an error `done` is not called.
+  absl::Status Submit(v1::CompileJob job, CompileCallback done);
 
   int queue_depth() const;  // waiting for a worker
   int in_flight() const;    // running in a worker process now
@@ -55,11 +79,11 @@ class CompilePool {
   std::unique_ptr<State> state_;
 };
 
-// Entry point of `kforge compile-worker [SERVER_PID]`: reads a CompileJob
-// from stdin, compiles it in this process and writes a CompileResult to
-// stdout. Exits at once if its parent is no longer expected_parent (> 0).
-// Returns the process exit code.
-int RunCompileWorker(int expected_parent = 0);
+// Entry point of `kforge compile-worker [SERVER_PID] [fault flags]`: reads a
+// CompileJob from stdin, compiles it in this process and writes a
+// CompileResult to stdout. Exits at once if its parent is no longer
+// expected_parent (> 0). Returns the process exit code.
+int RunCompileWorker(int expected_parent = 0, WorkerFaults faults = {});
 
 }  // namespace kforge
 

@@ -13,8 +13,6 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
-#include <random>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -22,7 +20,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/absl_compat.h"
+#include "base/io.h"
 #include "base/sha256.h"
 #include "model/format.h"
 
@@ -62,25 +62,6 @@ absl::Status KeyError(std::string_view key) {
   return absl::InvalidArgumentError(
       absl::StrCat("cache key must be 64 lower-case hex digits, got \"",
                    absl::CEscape(AsAbsl(key.substr(0, 80))), "\""));
-}
-
-absl::Status ErrnoStatus(int err, std::string_view what,
-                         std::string_view path) {
-  const std::string msg =
-      absl::StrCat(AsAbsl(what), " ", AsAbsl(path), ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(msg);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(msg);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
 }
 
 void PutLe(uint64_t v, int bytes, std::string& out) {
@@ -143,19 +124,6 @@ absl::StatusOr<v1::KernelArtifact> DecodeEntry(std::string_view file,
   return artifact;
 }
 
-absl::Status WriteAll(int fd, std::string_view data, std::string_view path) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "cannot write", path);
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::string> ReadAll(int fd, size_t size,
                                     std::string_view path) {
   std::string data(size, '\0');
@@ -171,16 +139,6 @@ absl::StatusOr<std::string> ReadAll(int fd, size_t size,
   }
   data.resize(done);
   return data;
-}
-
-absl::Status FsyncDir(const std::string& dir) {
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open directory", dir);
-  const int rc = fsync(fd);
-  const int err = errno;
-  close(fd);
-  if (rc != 0) return ErrnoStatus(err, "cannot fsync directory", dir);
-  return absl::OkStatus();
 }
 
 // Creates `path` if missing. Sets *created when this call made it (its
@@ -226,15 +184,6 @@ void Touch(int fd) {
   const timespec stamp = AccessStamp();
   const timespec times[2] = {stamp, stamp};
   (void)futimens(fd, times);
-}
-
-std::string RandomSuffix() {
-  // Seeded per thread; the pid in the name keeps forked children apart and
-  // O_EXCL settles any remaining collision.
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string out;
-  PutLe(rng(), 8, out);
-  return absl::BytesToHexString(out);
 }
 
 struct FileInfo {
@@ -296,13 +245,13 @@ std::vector<FileInfo> ListEntries(const std::string& layout_dir,
 // process uses it, re-measured at Open and at every eviction pass when
 // several share it.
 struct DiskCache::State {
-  std::mutex mu;
-  uint64_t bytes = 0;
-  uint64_t entries = 0;
-  uint64_t corrupt_entries = 0;
-  uint64_t evictions = 0;
+  absl::Mutex mu;
+  uint64_t bytes ABSL_GUARDED_BY(mu) = 0;
+  uint64_t entries ABSL_GUARDED_BY(mu) = 0;
+  uint64_t corrupt_entries ABSL_GUARDED_BY(mu) = 0;
+  uint64_t evictions ABSL_GUARDED_BY(mu) = 0;
 
-  void Forget(uint64_t size) {
+  void Forget(uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     bytes -= std::min(bytes, size);
     entries -= std::min<uint64_t>(entries, 1);
   }
@@ -331,6 +280,7 @@ absl::StatusOr<std::unique_ptr<DiskCache>> DiskCache::Open(
   }
 
   std::unique_ptr<DiskCache> cache(new DiskCache(root, max_bytes));
+  absl::MutexLock lock(&cache->state_->mu);
   for (const FileInfo& f : ListEntries(layout_dir, /*clean_tmp=*/true)) {
     cache->state_->bytes += f.size;
     ++cache->state_->entries;
@@ -378,7 +328,7 @@ absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
 
   // Damaged. Remove it so the next Put rebuilds it, unless another process
   // has renamed a fresh entry over it since it was opened.
-  std::lock_guard<std::mutex> lock(state_->mu);
+  absl::MutexLock lock(&state_->mu);
   ++state_->corrupt_entries;
   struct stat now;
   if (stat(path.c_str(), &now) == 0 && now.st_dev == st.st_dev &&
@@ -417,40 +367,25 @@ absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {
     }
   }
 
-  // A unique name per writer: two processes storing the same key each write
-  // their own file, and whichever rename lands last leaves a whole entry.
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; fd < 0 && attempt < 8; ++attempt) {
-    tmp = absl::StrCat(path, AsAbsl(kTmpMarker), getpid(), ".", RandomSuffix());
-    fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) return ErrnoStatus(errno, "cannot create", tmp);
-  absl::Status written = WriteAll(fd, header, tmp);
-  if (written.ok()) written = WriteAll(fd, payload, tmp);
+  // A unique temporary per writer: two processes storing the same key each
+  // write their own file, and whichever rename lands last leaves a whole
+  // entry.
+  absl::StatusOr<AtomicFile> file = AtomicFile::Create(path);
+  if (!file.ok()) return file.status();
+  absl::Status written = file->Write(header);
+  if (written.ok()) written = file->Write(payload);
   if (written.ok()) {
-    Touch(fd);
-    if (fsync(fd) != 0) written = ErrnoStatus(errno, "cannot fsync", tmp);
+    Touch(file->fd());
+    written = file->Sync();
   }
-  if (close(fd) != 0 && written.ok()) {
-    written = ErrnoStatus(errno, "cannot close", tmp);
-  }
-  if (!written.ok()) {
-    unlink(tmp.c_str());
-    return written;
-  }
+  if (!written.ok()) return written;
 
   bool over_cap;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     struct stat old;
     const bool replaced = stat(path.c_str(), &old) == 0;
-    if (rename(tmp.c_str(), path.c_str()) != 0) {
-      const int err = errno;
-      unlink(tmp.c_str());
-      return ErrnoStatus(err, "cannot rename into", path);
-    }
+    if (absl::Status s = file->Rename(); !s.ok()) return s;
     if (replaced) state_->Forget(static_cast<uint64_t>(old.st_size));
     state_->bytes += size;
     ++state_->entries;
@@ -463,7 +398,7 @@ absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {
 }
 
 void DiskCache::Evict(const std::string& keep) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  absl::MutexLock lock(&state_->mu);
   // Re-measure: other processes sharing the directory add and remove
   // entries this one has not counted.
   std::vector<FileInfo> files =
@@ -492,7 +427,7 @@ void DiskCache::Evict(const std::string& keep) {
 }
 
 CacheUsage DiskCache::Usage() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  absl::MutexLock lock(&state_->mu);
   CacheUsage usage;
   usage.bytes = state_->bytes;
   usage.entries = state_->entries;

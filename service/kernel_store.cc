@@ -1,27 +1,26 @@
 #include "service/kernel_store.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
+#include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <filesystem>
 #include <map>
-#include <mutex>
-#include <thread>
+#include <memory>
+#include <optional>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "base/absl_compat.h"
+#include "base/file_lock.h"
 #include "compiler/codegen.h"
 #include "compiler/compiler.h"
 #include "compiler/key.h"
-#include "model/spec.h"
 #include "compiler/manifest.h"
+#include "model/spec.h"
 #include "service/disk_cache.h"
 #include "service/memory_cache.h"
 
@@ -30,39 +29,28 @@ namespace kforge {
 namespace {
 
 using FlightResult = absl::StatusOr<KernelStore::Result>;
-using FlightFuture = std::shared_future<FlightResult>;
 
-std::chrono::system_clock::time_point ToChrono(absl::Time t) {
-  if (t == absl::InfiniteFuture()) return std::chrono::system_clock::time_point::max();
-  return absl::ToChronoTime(t);
-}
+// While another process holds a key's lock file (it is compiling the key),
+// the flight's driver retries the lock this often at most: a cross-process
+// wait costs a compile's time, so tens of milliseconds are noise.
+constexpr absl::Duration kMaxLockRetry = absl::Milliseconds(50);
 
-// Holds an exclusive flock on a per-key lock file, so that server processes
-// sharing one cache directory compile a key once between them.
-class KeyLock {
- public:
-  static absl::StatusOr<KeyLock> Acquire(const std::string& path) {
-    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      return absl::InternalError(absl::StrCat("cannot open lock file ", path));
-    }
-    while (flock(fd, LOCK_EX) != 0) {
-      if (errno != EINTR) {
-        close(fd);
-        return absl::InternalError(absl::StrCat("cannot lock ", path));
-      }
-    }
-    return KeyLock(fd);
-  }
-  KeyLock(KeyLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  KeyLock& operator=(KeyLock&&) = delete;
-  ~KeyLock() {
-    if (fd_ >= 0) close(fd_);  // releases the flock
-  }
-
- private:
-  explicit KeyLock(int fd) : fd_(fd) {}
-  int fd_;
+// One compile per key in progress, shared by every caller that asks for the
+// key meanwhile. No thread is set aside for it: a waiting caller drives its
+// first phase (taking the key's lock file, looking on disk again, handing
+// the job to the pool), and the pool's completion callback finishes it.
+// Guarded by State::mu.
+struct Flight {
+  enum class Phase {
+    kLocking,    // waiting for the key's lock file; needs a driver
+    kCompiling,  // in the compile pool; its callback completes the flight
+    kDone,       // `result` is set
+  };
+  Phase phase = Phase::kLocking;
+  bool has_driver = false;  // a caller is running the kLocking phase
+  int waiters = 0;          // callers in GetKernel waiting on it
+  std::optional<FlightResult> result;
+  absl::CondVar changed;  // phase or has_driver changed
 };
 
 }  // namespace
@@ -78,60 +66,131 @@ struct KernelStore::State {
   // (serialized selector + arch) -> key, for MemoryHit. Bounded: cleared
   // when it reaches kMaxMemo entries (a deployment uses a handful).
   static constexpr size_t kMaxMemo = 4096;
-  std::mutex memo_mu;
-  std::map<std::string, std::string> memo;
+  absl::Mutex memo_mu;
+  std::map<std::string, std::string> memo ABSL_GUARDED_BY(memo_mu);
 
-  std::mutex mu;
-  std::condition_variable flights_done;
-  std::map<std::string, FlightFuture> flights;  // key -> compile in progress
-  int running_flights = 0;
-  bool shutting_down = false;   // no new compiles (Shutdown or AbandonCompiles)
-  bool shutdown_called = false;  // Shutdown ran: it waits for flights once
+  absl::Mutex mu;
+  absl::CondVar flights_done;  // running_flights reached 0
+  // key -> compile in progress.
+  std::map<std::string, std::shared_ptr<Flight>> flights ABSL_GUARDED_BY(mu);
+  int running_flights ABSL_GUARDED_BY(mu) = 0;
+  // No new compiles (Shutdown or AbandonCompiles).
+  bool shutting_down ABSL_GUARDED_BY(mu) = false;
+  bool shutdown_called ABSL_GUARDED_BY(mu) = false;  // Shutdown waits once
 
   std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0},
       compile_failures{0}, shared_waits{0}, rejected{0}, disk_write_failures{0};
 
-  // Runs on its own thread so the compile outlives any one caller's
-  // deadline: every waiter, the first included, only waits on the future.
-  FlightResult Fly(const CompilePlan& plan) {
-    absl::StatusOr<KeyLock> lock =
-        KeyLock::Acquire(absl::StrCat(lock_dir, "/", plan.key, ".lock"));
-    if (!lock.ok()) return lock.status();
-    // Another process on this cache directory may have built it meanwhile.
-    absl::StatusOr<ArtifactPtr> on_disk = disk->Get(plan.key);
-    if (on_disk.ok()) {
-      (void)memory->Put(plan.key, *on_disk);
-      return KernelStore::Result{*on_disk, v1::ARTIFACT_SOURCE_SHARED_COMPILE};
-    }
-    v1::CompileJob job;
-    *job.mutable_spec() = plan.spec;
-    job.set_arch(plan.arch.name);
-    absl::StatusOr<CompileFuture> submitted = pool->Submit(std::move(job));
-    if (!submitted.ok()) {
-      if (absl::IsResourceExhausted(submitted.status())) ++rejected;
-      return submitted.status();
-    }
-    ++compiles;
-    absl::StatusOr<v1::KernelArtifact> built = submitted->get();
-    if (!built.ok()) {
-      ++compile_failures;
-      return built.status();
-    }
-    if (built->key() != plan.key) {
-      ++compile_failures;
-      return absl::InternalError(absl::StrCat(
-          "compile worker returned key ", built->key(), " for ", plan.key,
-          " (", plan.module_name, "): worker and server disagree on the "
-          "compiler version or templates"));
-    }
-    auto artifact = std::make_shared<const v1::KernelArtifact>(*std::move(built));
-    // Disk first: once the lock is released other processes look there. A
-    // failed disk write (full disk) still serves the kernel from memory.
-    if (!disk->Put(plan.key, artifact).ok()) ++disk_write_failures;
-    (void)memory->Put(plan.key, artifact);
-    return KernelStore::Result{artifact, v1::ARTIFACT_SOURCE_COMPILED};
+  // Publishes a flight's result and wakes its waiters. Once running_flights
+  // reaches 0 Shutdown may return and State be destroyed, so nothing here
+  // touches State after the lock is released.
+  void Complete(const std::shared_ptr<Flight>& flight, const std::string& key,
+                FlightResult result) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    flight->result = std::move(result);
+    flight->phase = Flight::Phase::kDone;
+    auto it = flights.find(key);
+    if (it != flights.end() && it->second == flight) flights.erase(it);
+    --running_flights;
+    flight->changed.SignalAll();
+    if (running_flights == 0) flights_done.SignalAll();
   }
+
+  // The kLocking phase on a caller's thread. Takes the key's lock file, so
+  // that server processes sharing the cache directory compile a key once
+  // between them; while another process holds it, retries until `deadline`
+  // (then returns with the phase unchanged, for another waiter to drive) or
+  // until the store shuts down. With the lock: the disk tier again (the
+  // other process may have built the key), else the compile pool, whose
+  // callback completes the flight and releases the lock.
+  void Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
+             absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu);
+
+  // The compile pool's callback for a flight's job: stores the kernel,
+  // releases the key's lock file, completes the flight.
+  void FinishCompile(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
+                     FileLock& key_lock, absl::StatusOr<v1::KernelArtifact> built)
+      ABSL_LOCKS_EXCLUDED(mu);
 };
+
+void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight,
+                               const CompilePlan& plan, absl::Time deadline) {
+  const std::string path = absl::StrCat(lock_dir, "/", plan.key, ".lock");
+  absl::Duration backoff = absl::Milliseconds(1);
+  absl::StatusOr<FileLock> key_lock;
+  for (;;) {
+    key_lock = FileLock::Acquire(path, FileLock::Wait::kTry);
+    if (!absl::IsUnavailable(key_lock.status())) break;
+    {
+      absl::MutexLock lock(&mu);
+      if (shutting_down) {
+        key_lock = absl::UnavailableError("kforge server is shutting down");
+        break;
+      }
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return;
+    absl::SleepFor(std::min(backoff, deadline - now));
+    backoff = std::min(backoff * 2, kMaxLockRetry);
+  }
+  if (!key_lock.ok()) {
+    Complete(flight, plan.key, key_lock.status());
+    return;
+  }
+  // Another process on this cache directory may have built it meanwhile.
+  if (absl::StatusOr<ArtifactPtr> on_disk = disk->Get(plan.key); on_disk.ok()) {
+    (void)memory->Put(plan.key, *on_disk);
+    Complete(flight, plan.key, KernelStore::Result{*on_disk, v1::ARTIFACT_SOURCE_SHARED_COMPILE});
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu);
+    flight->phase = Flight::Phase::kCompiling;
+  }
+  v1::CompileJob job;
+  *job.mutable_spec() = plan.spec;
+  job.set_arch(plan.arch.name);
+  // The callback owns the lock file from here.
+  auto held = std::make_shared<FileLock>(*std::move(key_lock));
+  ++compiles;
+  absl::Status submitted = pool->Submit(
+      std::move(job), [this, flight, plan, held](absl::StatusOr<v1::KernelArtifact> built) {
+        FinishCompile(flight, plan, *held, std::move(built));
+      });
+  if (!submitted.ok()) {
+    --compiles;
+    if (absl::IsResourceExhausted(submitted)) ++rejected;
+    Complete(flight, plan.key, submitted);
+  }
+}
+
+void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
+                                       const CompilePlan& plan, FileLock& key_lock,
+                                       absl::StatusOr<v1::KernelArtifact> built) {
+  if (!built.ok()) {
+    key_lock.Release();
+    ++compile_failures;
+    Complete(flight, plan.key, built.status());
+    return;
+  }
+  if (built->key() != plan.key) {
+    key_lock.Release();
+    ++compile_failures;
+    Complete(flight, plan.key,
+             absl::InternalError(absl::StrCat(
+                 "compile worker returned key ", built->key(), " for ", plan.key, " (",
+                 plan.module_name,
+                 "): worker and server disagree on the compiler version or templates")));
+    return;
+  }
+  auto artifact = std::make_shared<const v1::KernelArtifact>(*std::move(built));
+  // Disk first: once the lock is released other processes look there. A
+  // failed disk write (full disk) still serves the kernel from memory.
+  if (!disk->Put(plan.key, artifact).ok()) ++disk_write_failures;
+  key_lock.Release();
+  (void)memory->Put(plan.key, artifact);
+  Complete(flight, plan.key, KernelStore::Result{artifact, v1::ARTIFACT_SOURCE_COMPILED});
+}
 
 KernelStore::KernelStore(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
@@ -183,7 +242,7 @@ absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(
   memo_key += arch;
   std::string key;
   {
-    std::lock_guard<std::mutex> lock(s.memo_mu);
+    absl::MutexLock lock(&s.memo_mu);
     auto it = s.memo.find(memo_key);
     if (it != s.memo.end()) key = it->second;
   }
@@ -193,7 +252,7 @@ absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(
     absl::StatusOr<CompilePlan> plan = s.compiler.Plan(*spec, arch);
     if (!plan.ok()) return plan.status();
     key = plan->key;
-    std::lock_guard<std::mutex> lock(s.memo_mu);
+    absl::MutexLock lock(&s.memo_mu);
     if (s.memo.size() >= State::kMaxMemo) s.memo.clear();
     s.memo.emplace(std::move(memo_key), key);
   }
@@ -225,10 +284,11 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(
         ") is not cached and lookup_only was set"));
   }
 
-  FlightFuture flight;
+  std::shared_ptr<Flight> flight;
   bool joined = false;
+  FlightResult result = absl::UnknownError("unset");
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    absl::MutexLock lock(&s.mu);
     if (s.shutting_down) {
       return absl::UnavailableError("kforge server is shutting down");
     }
@@ -238,29 +298,42 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(
       joined = true;
       ++s.shared_waits;
     } else {
-      auto promise = std::make_shared<std::promise<FlightResult>>();
-      flight = promise->get_future().share();
+      flight = std::make_shared<Flight>();
       s.flights.emplace(plan->key, flight);
       ++s.running_flights;
-      std::thread([&s, promise, p = *plan]() {
-        FlightResult result = s.Fly(p);
-        // Notify under the lock: once running_flights reaches 0 Shutdown may
-        // return and the State be destroyed.
-        std::lock_guard<std::mutex> lock(s.mu);
-        s.flights.erase(p.key);
-        promise->set_value(std::move(result));
-        --s.running_flights;
-        s.flights_done.notify_all();
-      }).detach();
     }
+    ++flight->waiters;
+    bool timed_out = false;
+    while (flight->phase != Flight::Phase::kDone && !timed_out) {
+      if (flight->phase == Flight::Phase::kLocking && !flight->has_driver) {
+        flight->has_driver = true;
+        s.mu.Unlock();
+        s.Drive(flight, *plan, deadline);
+        s.mu.Lock();
+        flight->has_driver = false;
+        // Gave up at its deadline: another waiter takes over.
+        if (flight->phase == Flight::Phase::kLocking) flight->changed.SignalAll();
+        timed_out = absl::Now() >= deadline;
+      } else {
+        timed_out = flight->changed.WaitWithDeadline(&s.mu, deadline);
+      }
+    }
+    --flight->waiters;
+    if (flight->phase != Flight::Phase::kDone) {
+      if (flight->phase == Flight::Phase::kLocking && flight->waiters == 0 &&
+          !flight->has_driver) {
+        // Nobody is left to wait for the other process's lock; whatever it
+        // builds lands on disk, and the next caller starts a new flight.
+        s.flights.erase(plan->key);
+        if (--s.running_flights == 0) s.flights_done.SignalAll();
+      }
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "deadline passed while %s compiled; the compile goes on and its "
+          "result will be cached",
+          plan->module_name));
+    }
+    result = *flight->result;
   }
-  if (flight.wait_until(ToChrono(deadline)) != std::future_status::ready) {
-    return absl::DeadlineExceededError(absl::StrFormat(
-        "deadline passed while %s compiled; the compile goes on and its "
-        "result will be cached",
-        plan->module_name));
-  }
-  FlightResult result = flight.get();
   if (result.ok() && joined) result->source = v1::ARTIFACT_SOURCE_SHARED_COMPILE;
   return result;
 }
@@ -316,7 +389,7 @@ v1::StatsResponse KernelStore::Stats() const {
 
 void KernelStore::AbandonCompiles() {
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     state_->shutting_down = true;
   }
   state_->pool->Abandon();
@@ -325,16 +398,18 @@ void KernelStore::AbandonCompiles() {
 void KernelStore::Shutdown() {
   State& s = *state_;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    absl::MutexLock lock(&s.mu);
     if (s.shutdown_called) return;
     s.shutdown_called = true;
     s.shutting_down = true;
   }
-  // Queued compiles fail with Unavailable, running ones finish; then every
-  // flight thread has published its result and no longer touches State.
+  // Queued compiles fail with Unavailable, running ones finish, and their
+  // callbacks complete the flights; a flight still waiting for another
+  // process's lock file is completed by its driver, which sees
+  // shutting_down. Then nothing touches State any more.
   s.pool->Shutdown();
-  std::unique_lock<std::mutex> lock(s.mu);
-  s.flights_done.wait(lock, [&] { return s.running_flights == 0; });
+  absl::MutexLock lock(&s.mu);
+  while (s.running_flights > 0) s.flights_done.Wait(&s.mu);
 }
 
 }  // namespace kforge

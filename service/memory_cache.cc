@@ -17,7 +17,7 @@ struct MemoryCache::Entry {
 MemoryCache::MemoryCache(uint64_t max_bytes) : max_bytes_(max_bytes) {}
 
 absl::StatusOr<ArtifactPtr> MemoryCache::Get(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat("no artifact ", key, " in memory"));
@@ -38,7 +38,7 @@ absl::Status MemoryCache::Put(const std::string& key, ArtifactPtr artifact) {
   // Outside the lock: ByteSizeLong walks the whole message.
   const uint64_t bytes = artifact->ByteSizeLong();
 
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it != entries_.end()) {
     // Same key, same content: refresh the pointer and the recency.
@@ -69,7 +69,7 @@ absl::Status MemoryCache::Put(const std::string& key, ArtifactPtr artifact) {
 }
 
 CacheUsage MemoryCache::Usage() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   CacheUsage usage;
   usage.bytes = bytes_;
   usage.entries = entries_.size();

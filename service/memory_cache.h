@@ -4,10 +4,11 @@
 #include <cstdint>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "service/artifact_cache.h"
 
 namespace kforge {
@@ -25,11 +26,11 @@ class MemoryCache : public ArtifactCache {
  private:
   struct Entry;
   const uint64_t max_bytes_;
-  mutable std::mutex mu_;
-  std::list<std::string> lru_;  // front = most recent
-  std::unordered_map<std::string, std::shared_ptr<Entry>> entries_;
-  uint64_t bytes_ = 0;
-  uint64_t evictions_ = 0;
+  mutable absl::Mutex mu_;
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // front = most recent
+  std::unordered_map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kforge

@@ -1,12 +1,7 @@
 #include "service/server.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -20,6 +15,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "base/shutdown_signals.h"
 #include "service/warm.h"
 
 namespace kforge {
@@ -28,50 +24,6 @@ namespace {
 // Cubins of big tilings reach several MB; 256 MB leaves room for manifests
 // and future multi-arch bundles without letting a client exhaust memory.
 constexpr int kMaxMessageBytes = 256 << 20;
-
-// Self-pipe: the signal handler only writes the signal number; the main
-// thread does the shutdown work outside signal context.
-int g_signal_pipe[2] = {-1, -1};
-
-extern "C" void OnShutdownSignal(int signo) {
-  const int saved_errno = errno;
-  const unsigned char byte = static_cast<unsigned char>(signo);
-  // Nothing useful to do if the pipe is full: a signal is already pending.
-  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
-  errno = saved_errno;
-}
-
-bool InstallSignalHandlers(std::string* error) {
-  // O_CLOEXEC: compile worker processes must not inherit the pipe.
-  if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    *error = absl::StrCat("pipe2: ", strerror(errno));
-    return false;
-  }
-  // The read end blocks; only the handler's write end must never block.
-  fcntl(g_signal_pipe[0], F_SETFL, 0);
-  struct sigaction action = {};
-  action.sa_handler = OnShutdownSignal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  for (int signo : {SIGTERM, SIGINT}) {
-    if (sigaction(signo, &action, nullptr) != 0) {
-      *error = absl::StrCat("sigaction: ", strerror(errno));
-      return false;
-    }
-  }
-  return true;
-}
-
-// Blocks until SIGTERM or SIGINT arrives; returns its number.
-int WaitForShutdownSignal() {
-  unsigned char byte = 0;
-  while (true) {
-    const ssize_t n = read(g_signal_pipe[0], &byte, 1);
-    if (n == 1) return byte;
-    if (n < 0 && errno == EINTR) continue;
-    return SIGTERM;  // the pipe broke: treat it as a request to stop
-  }
-}
 
 // "host:0" names the port the kernel picked; print the real one.
 std::string BoundAddress(const std::string& listen, int port) {
@@ -102,9 +54,11 @@ void WarmUp(KernelStore& store, BundleSource& bundle, const std::string& dir,
 }  // namespace
 
 int RunServer(const ServerOptions& options) {
-  std::string error;
-  if (!InstallSignalHandlers(&error)) {
-    std::cerr << "kforge: cannot install signal handlers: " << error << "\n";
+  // A second signal means "now": skip the grace period (exit 1).
+  absl::StatusOr<std::unique_ptr<ShutdownSignals>> signals = ShutdownSignals::Install();
+  if (!signals.ok()) {
+    std::cerr << "kforge: cannot install signal handlers: " << signals.status().message()
+              << "\n";
     return 1;
   }
   // A bundle that cannot be opened is a deployment mistake: refuse to start
@@ -157,17 +111,10 @@ int RunServer(const ServerOptions& options) {
     warm = std::thread([&] { WarmUp(**store, *bundle, options.warm_from, stop_warm, health); });
   }
 
-  const int signo = WaitForShutdownSignal();
+  const int signo = (*signals)->Wait();
   std::cerr << "kforge: " << (signo == SIGINT ? "SIGINT" : "SIGTERM")
             << ": shutting down (in-flight calls get "
             << absl::FormatDuration(options.shutdown_grace) << ")" << std::endl;
-  // A second signal means "now": skip the grace period.
-  std::thread([] {
-    WaitForShutdownSignal();
-    static const char kMessage[] = "kforge: second signal, exiting now\n";
-    [[maybe_unused]] ssize_t n = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
-    std::_Exit(1);
-  }).detach();
 
   stop_warm = true;
   if (warm.joinable()) warm.join();

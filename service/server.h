@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "service/grpc_service.h"
+#include "service/kernel_service.h"
 #include "service/kernel_store.h"
 
 namespace kforge {

@@ -33,7 +33,7 @@ namespace {
 using ::kforge::testing::Contains;
 
 // topk values that trigger the worker's test-only fault hooks (set in
-// SetUpTestSuite); both are valid topk values for any other spec.
+// PoolOptions); both are valid topk values for any other spec.
 constexpr uint32_t kCrashTopk = 1111;
 constexpr uint32_t kHangTopk = 2222;
 
@@ -53,6 +53,8 @@ CompilePoolOptions PoolOptions(int workers = 1,
   options.workers = workers;
   options.timeout = timeout;
   options.worker_binary = KFORGE_BINARY;
+  options.faults.crash_topk = kCrashTopk;
+  options.faults.hang_topk = kHangTopk;
   return options;
 }
 
@@ -109,14 +111,7 @@ std::string FakeWorker(const std::string& name, const std::string& body) {
   return path;
 }
 
-class CompilePoolTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    setenv("KFORGE_TEST_WORKER_CRASH_TOPK", absl::StrCat(kCrashTopk).c_str(),
-           1);
-    setenv("KFORGE_TEST_WORKER_HANG_TOPK", absl::StrCat(kHangTopk).c_str(), 1);
-  }
-};
+class CompilePoolTest : public ::testing::Test {};
 
 TEST_F(CompilePoolTest, CompilesInWorkerProcess) {
   CompilePool pool(PoolOptions());

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "base/file_lock.h"
+#include "compiler/compiler.h"
 #include "model/spec.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -31,10 +33,11 @@ class KernelStoreTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  std::unique_ptr<KernelStore> Open(int workers = 2) {
+  std::unique_ptr<KernelStore> Open(int workers = 2, WorkerFaults faults = {}) {
     KernelStoreOptions o;
     o.cache_dir = dir_.string();
     o.pool.workers = workers;
+    o.pool.faults = faults;
     o.pool.worker_binary = KFORGE_BINARY;
     o.pool.timeout = absl::Seconds(60);
     absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(o);
@@ -121,6 +124,60 @@ TEST_F(KernelStoreTest, WaiterDeadlineLeavesTheCompileRunning) {
   // The compile finishes for the next caller and is cached.
   auto later = store->GetKernel(Glm5Tp8(), "sm_80", false);
   ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(store->Stats().compiles(), 1u);
+}
+
+// Threads of this process now.
+int ThreadCount() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    ++n;
+  }
+  return n;
+}
+
+TEST_F(KernelStoreTest, AMissHoldsNoThreadOfItsOwn) {
+  constexpr uint32_t kHangTopk = 1000;
+  auto store = Open(/*workers=*/1, WorkerFaults{.hang_topk = kHangTopk});
+  v1::AttentionSpec hanging = Glm5Tp8();
+  hanging.set_topk(kHangTopk);
+  const int before = ThreadCount();
+  // The caller gives up; the compile goes on (hung) in the pool's worker,
+  // with no thread of its own waiting for it.
+  auto r = store->GetKernel(hanging, "sm_90a", false, absl::Now() + absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+  EXPECT_EQ(store->Stats().in_flight_compiles(), 1u);
+  EXPECT_EQ(ThreadCount(), before);
+  // A second caller joins the flight rather than starting another compile.
+  auto joined = store->GetKernel(hanging, "sm_90a", false, absl::Now() + absl::Milliseconds(100));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(joined.status())) << joined.status();
+  EXPECT_EQ(store->Stats().shared_compile_waits(), 1u);
+  EXPECT_EQ(store->Stats().compiles(), 1u);
+  store->AbandonCompiles();
+  store->Shutdown();
+}
+
+TEST_F(KernelStoreTest, WaitsForAnotherProcessHoldingTheKeyLock) {
+  auto store = Open();
+  const v1::AttentionSpec spec = Glm5Tp8();
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec, "sm_90a");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string key = plan->key;
+  // Another server process sharing the cache directory compiles this key:
+  // it holds the key's lock file (another open file description excludes
+  // us just like another process would).
+  absl::StatusOr<FileLock> other =
+      FileLock::Acquire((dir_ / "locks" / (key + ".lock")).string(), FileLock::Wait::kBlock);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto r = store->GetKernel(spec, "sm_90a", false, absl::Now() + absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+  EXPECT_EQ(store->Stats().compiles(), 0u);
+  // Nobody waits any more: the flight is dropped, and the next caller
+  // takes the lock once it is free and compiles.
+  other->Release();
+  auto later = store->GetKernel(spec, "sm_90a", false);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->artifact->key(), key);
   EXPECT_EQ(store->Stats().compiles(), 1u);
 }
 

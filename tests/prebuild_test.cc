@@ -168,9 +168,11 @@ class PrebuildTest : public ::testing::Test {
   }
 
   RunResult Prebuild(const std::string& matrix_json, const fs::path& out,
-               std::vector<std::string> env = {}) {
-    return Kf({"prebuild", Matrix(matrix_json), "--out", out.string(), "-j", "2"},
-              std::move(env));
+                     std::vector<std::string> extra_args = {}) {
+    std::vector<std::string> args = {"prebuild", Matrix(matrix_json), "--out",
+                                     out.string(), "-j", "2"};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    return Kf(std::move(args));
   }
 
   RunResult Verify(const fs::path& bundle) { return Kf({"verify", bundle.string()}); }
@@ -404,7 +406,7 @@ TEST_F(PrebuildTest, FailedKernelIsNamedItsManifestLeftOutAndTheRestVerifies) {
          "page_block_size": 64, "softmax_scale": 0.0625}}],
       "archs": ["sm_90a"]})";
   const fs::path bundle = dir_.path() / "bundle";
-  const RunResult run = Prebuild(matrix, bundle, {"KFORGE_TEST_WORKER_CRASH_TOPK=1000"});
+  const RunResult run = Prebuild(matrix, bundle, {"--test-worker-crash-topk", "1000"});
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_TRUE(Contains(run.output, "  FAIL crashy tp8 bf16 sm_90a:\n    "));
   EXPECT_TRUE(Contains(run.output, "killed by signal"));

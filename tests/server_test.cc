@@ -37,7 +37,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/service.grpc.pb.h"
-#include "service/grpc_service.h"
+#include "service/status_mapping.h"
 #include "tests/test_util.h"
 
 namespace kforge {
@@ -335,8 +335,8 @@ TEST_F(ServerTest, FlippedByteIsDetectedRebuiltAndNeverServed) {
 TEST_F(ServerTest, SigkillDuringCompileLeavesNothingServableAndRestartsCleanly) {
   const v1::AttentionSpec hanging = Glm5(8, kFaultTopk);
   {
-    std::unique_ptr<ServerProcess> server = StartServer(
-        {}, {absl::StrCat("KFORGE_TEST_WORKER_HANG_TOPK=", kFaultTopk)});
+    std::unique_ptr<ServerProcess> server =
+        StartServer({"--test-worker-hang-topk", absl::StrCat(kFaultTopk)});
     ASSERT_NE(server, nullptr);
     auto call = std::async(std::launch::async,
                            [&] { return GetKernel(server->stub(), hanging); });
@@ -371,8 +371,8 @@ TEST_F(ServerTest, SigkillDuringCompileLeavesNothingServableAndRestartsCleanly) 
 }
 
 TEST_F(ServerTest, CrashingWorkerFailsOnlyItsRequest) {
-  std::unique_ptr<ServerProcess> server = StartServer(
-      {"--workers", "2"}, {absl::StrCat("KFORGE_TEST_WORKER_CRASH_TOPK=", kFaultTopk)});
+  std::unique_ptr<ServerProcess> server =
+      StartServer({"--workers", "2", "--test-worker-crash-topk", absl::StrCat(kFaultTopk)});
   ASSERT_NE(server, nullptr);
   auto crashing = std::async(std::launch::async, [&] {
     return GetKernel(server->stub(), Glm5(8, kFaultTopk));
@@ -397,8 +397,8 @@ TEST_F(ServerTest, CrashingWorkerFailsOnlyItsRequest) {
 
 TEST_F(ServerTest, FullQueueIsResourceExhaustedAtOnce) {
   std::unique_ptr<ServerProcess> server =
-      StartServer({"--workers", "1", "--queue-limit", "1"},
-                  {absl::StrCat("KFORGE_TEST_WORKER_HANG_TOPK=", kFaultTopk)});
+      StartServer({"--workers", "1", "--queue-limit", "1", "--test-worker-hang-topk",
+                   absl::StrCat(kFaultTopk)});
   ASSERT_NE(server, nullptr);
   // One job hangs in the only worker, a second waits in the queue.
   auto running = std::async(std::launch::async, [&] {
@@ -427,8 +427,8 @@ TEST_F(ServerTest, FullQueueIsResourceExhaustedAtOnce) {
 }
 
 TEST_F(ServerTest, DeadlineIsHonouredWhileACompileHangs) {
-  std::unique_ptr<ServerProcess> server = StartServer(
-      {}, {absl::StrCat("KFORGE_TEST_WORKER_HANG_TOPK=", kFaultTopk)});
+  std::unique_ptr<ServerProcess> server =
+      StartServer({"--test-worker-hang-topk", absl::StrCat(kFaultTopk)});
   ASSERT_NE(server, nullptr);
   const absl::Time start = absl::Now();
   Reply r = GetKernel(server->stub(), Glm5(8, kFaultTopk), kArch, false,
@@ -709,7 +709,7 @@ TEST_F(ServerTest, SigtermFinishesTheInFlightCallThenExitsZero) {
 // call ends and the server exits 0.
 TEST_F(ServerTest, SigtermAbandonsAHungCompileAfterTheGracePeriod) {
   std::unique_ptr<ServerProcess> server = StartServer(
-      {"--shutdown-grace", "1"}, {absl::StrCat("KFORGE_TEST_WORKER_HANG_TOPK=", kFaultTopk)});
+      {"--shutdown-grace", "1", "--test-worker-hang-topk", absl::StrCat(kFaultTopk)});
   ASSERT_NE(server, nullptr);
   auto call = std::async(std::launch::async, [&] {
     return GetKernel(server->stub(), Glm5(8, kFaultTopk), kArch, false, absl::Seconds(60));

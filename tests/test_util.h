@@ -139,8 +139,9 @@ inline v1::KernelSelector Glm5Selector(int tp) {
 }
 
 // Starts argv (argv[0] is the binary) with stdout and stderr in `log`, in
-// the test's environment less its KFORGE_TEST_ hooks (a hook the test sets
-// for itself must not leak into a child it did not mean it for) plus `env`.
+// the test's environment less its KFORGE_TEST_ variables (a server tag the
+// test runs under must not leak into a child it did not mean it for) plus
+// `env`.
 // Returns the pid, or -1 after recording a failure.
 inline pid_t SpawnWithLog(std::vector<std::string> argv, std::vector<std::string> env,
                           const std::filesystem::path& log) {

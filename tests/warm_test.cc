@@ -67,12 +67,11 @@ class WarmTest : public ::testing::Test {
     }
   }
 
-  // Starts `kforge serve` on a free port, with `env` added for it.
-  void StartServer(std::vector<std::string> env = {}) {
+  // Starts `kforge serve` on a free port, with `args` added for it.
+  void StartServer(std::vector<std::string> args = {}) {
+    args.insert(args.begin(), {"--workers", "2"});
     server_ = std::make_unique<ServeProcess>(kBinary, dir_.path() / "cache",
-                                             dir_.path() / "server.log",
-                                             std::vector<std::string>{"--workers", "2"},
-                                             std::move(env));
+                                             dir_.path() / "server.log", std::move(args));
     ASSERT_TRUE(server_->WaitForAddress());
     address_ = server_->address();
     stub_ = v1::KernelService::NewStub(
@@ -136,7 +135,7 @@ TEST_F(WarmTest, CompilesEveryKernelOnceThenFindsThemCached) {
 TEST_F(WarmTest, FailedKernelsAreListedAndExitOne) {
   // The compile worker's crash hook (service/compile_pool.cc) fails every
   // kernel with topk 1000; the glm-5 preset kernel still builds.
-  ASSERT_NO_FATAL_FAILURE(StartServer({"KFORGE_TEST_WORKER_CRASH_TOPK=1000"}));
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--test-worker-crash-topk", "1000"}));
   const std::string matrix = Matrix(R"({"models": [
       {"preset": "glm-5", "tp": [8]},
       {"name": "crashy", "tp": [8], "spec": {

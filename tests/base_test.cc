@@ -1,0 +1,105 @@
+// base/io.h: errno statuses, durable atomic writes.
+#include <sys/stat.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <string>
+
+#include "base/io.h"
+#include "gtest/gtest.h"
+
+namespace kforge {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kforge_base_XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+TEST(ErrnoStatusTest, KeepsTheCanonicalCodeAndNamesThePath) {
+  const absl::Status s = ErrnoStatus(ENOENT, "cannot open", "/x/y");
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "cannot open /x/y: No such file or directory");
+  EXPECT_EQ(ErrnoStatus(EACCES, "a", "b").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ErrnoStatus(EROFS, "a", "b").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ErrnoStatus(ENOSPC, "a", "b").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoStatus(EDQUOT, "a", "b").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoStatus(EIO, "a", "b").code(), absl::StatusCode::kInternal);
+}
+
+TEST(WriteFileAtomicTest, WritesCreatesParentsAndReplaces) {
+  TempDir dir;
+  const std::string path = (dir.path() / "a" / "b" / "file").string();
+  ASSERT_TRUE(WriteFileAtomic(path, "first").ok());
+  EXPECT_EQ(*ReadFile(path), "first");
+  ASSERT_TRUE(WriteFileAtomic(path, std::string(100000, 'x')).ok());
+  EXPECT_EQ(ReadFile(path)->size(), 100000u);
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  // No temporary is left behind.
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path() / "a" / "b")) {
+    ++files;
+    EXPECT_EQ(e.path().filename(), "file");
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST(WriteFileAtomicTest, ReadFileOfAMissingFileIsNotFound) {
+  TempDir dir;
+  EXPECT_EQ(ReadFile((dir.path() / "none").string()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(AtomicFileTest, DroppedWithoutCommitLeavesNothing) {
+  TempDir dir;
+  const std::string path = (dir.path() / "file").string();
+  {
+    absl::StatusOr<AtomicFile> file = AtomicFile::Create(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_TRUE(file->Write("half").ok());
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+TEST(AtomicFileTest, CommitInStepsRenamesOverTheTarget) {
+  TempDir dir;
+  const std::string path = (dir.path() / "file").string();
+  ASSERT_TRUE(WriteFileAtomic(path, "old").ok());
+  absl::StatusOr<AtomicFile> file = AtomicFile::Create(path);
+  ASSERT_TRUE(file.ok());
+  ASSERT_GE(file->fd(), 0);
+  ASSERT_TRUE(file->Write("new").ok());
+  ASSERT_TRUE(file->Sync().ok());
+  EXPECT_EQ(file->fd(), -1);
+  EXPECT_EQ(*ReadFile(path), "old");  // not visible before the rename
+  ASSERT_TRUE(file->Rename().ok());
+  EXPECT_EQ(*ReadFile(path), "new");
+  EXPECT_EQ(file->directory(), dir.path().string());
+  EXPECT_TRUE(FsyncDir(file->directory()).ok());
+  EXPECT_FALSE(file->Rename().ok());
+}
+
+TEST(AtomicFileTest, MissingDirectoryIsNotFound) {
+  TempDir dir;
+  EXPECT_EQ(AtomicFile::Create((dir.path() / "no" / "file").string()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kforge

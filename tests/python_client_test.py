@@ -840,6 +840,20 @@ class CapiGarbageTest(unittest.TestCase):
             self.assertNotEqual(code, 0)
             lib.kforge_free(error.value)
         self.expect_error("plan_decode", *m, ctypes.byref(dev), None, 0, *refs)
+        # Strides whose products overflow int64 fail their checks, not wrap.
+        q = info("q", (4, 1, 8, 576), ptr=DUMP_Q)
+        kv = info("kv_cache", (64, 64, 576), ptr=DUMP_KV)
+        idx = info("indices", (4, 1, 2048), dtype="int32", size=4, ptr=DUMP_INDICES)
+        out = info("out", (4, 1, 8, 512), ptr=DUMP_OUT)
+        dims = ops.check_decode_inputs(q, kv, idx)
+        for field, value in (("q_head_stride", 2 ** 62), ("kv_row_stride", 2 ** 62),
+                             ("out_head_stride", 2 ** 62), ("q_token_stride", -2 ** 63)):
+            args = ops.make_decode_args(q, kv, idx, dims, out, ops.check_out(out, dims), 0,
+                                        0.0625)
+            setattr(args, field, value)
+            code, message = self.expect_error("plan_decode", *m, ctypes.byref(dev),
+                                              ctypes.byref(args), 0, *refs)
+            self.assertEqual(code, _capi.INVALID_ARGUMENT, message)
         for max_tokens in (0, -1, -2 ** 31):
             self.expect_error("workspace_bytes_for", *m, ctypes.byref(dev), max_tokens,
                               ctypes.byref(ctypes.c_uint64()))

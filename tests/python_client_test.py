@@ -42,7 +42,7 @@ from kforge.kernel import read_artifact  # noqa: E402
 from kforge.plan import Device, Shape, plan_decode, select  # noqa: E402
 from kforge.spec import arch_for_capability, check_arch_runs, infer_latent_dims  # noqa: E402
 from kforge.testing import start_server, stop_server  # noqa: E402
-from kforge.v1 import artifact_pb2, service_pb2, spec_pb2  # noqa: E402
+from kforge.v1 import artifact_pb2, service_pb2  # noqa: E402
 
 ARCH = "sm_90a"
 SERVICE = "kforge.v1.KernelService"

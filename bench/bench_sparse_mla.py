@@ -2,7 +2,7 @@
 """Times kforge sparse MLA modules on the GPU against PyTorch and the roofline.
 
 For each case (heads x batch, topk 2048, bf16 KV) it loads the module for
-that head count from MODULE_DIR, rotates through several input sets (fresh
+that head count from MODULE_DIR (kforge.Kernel.from_files), rotates through several input sets (fresh
 random indices into a large cache, so L2 cannot hold the working set), times
 main + combine with CUDA events (warm-up, median of many runs) for several
 split counts, and compares with a PyTorch gather + bmm implementation and the
@@ -12,7 +12,6 @@ H200 (docs/DESIGN.md). Prints a markdown table and writes it to --out.
 
 import argparse
 import glob
-import json
 import os
 import statistics
 import sys
@@ -75,15 +74,14 @@ def main():
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     args = ap.parse_args()
     import torch
-    from kforge.driver import SparseMlaModule, device_sm_count
+    import kforge
+    from kforge.kernel import read_artifact
 
-    sms = device_sm_count()
     mods = {}
     for c in glob.glob(os.path.join(args.module_dir, "*.cubin")):
-        with open(c[:-6] + ".json") as f:
-            meta = json.load(f)
-        if meta["spec"]["topk"] == 2048 and meta["spec"]["s_q"] == 1:
-            mods[meta["spec"]["num_q_heads"]] = c
+        spec = read_artifact(c).spec
+        if spec.topk == 2048 and spec.s_q <= 1:
+            mods[spec.num_q_heads] = c
     D = 576
     kv = torch.randn(args.cache_slots, D, device="cuda", dtype=torch.float32).to(torch.bfloat16)
     lines = []
@@ -97,8 +95,8 @@ def main():
         if H not in mods:
             print(f"| {H} x {B} | no module in {args.module_dir} |")
             continue
-        mod = SparseMlaModule(mods[H])
-        K, Dv = mod.topk, mod.d_v
+        mod = kforge.Kernel.from_files(mods[H])
+        K, Dv = mod.spec.topk, mod.spec.kv_lora_rank
         T = B
         sets = []
         for _ in range(args.sets):
@@ -111,8 +109,8 @@ def main():
         bytes_ = T * K * D * 2 + T * H * (D + Dv) * 2
         floor = max(bytes_ / COPY_BW, flops / MMA_RATE) * 1e6
         results = {}
-        auto = mod.auto_splits(T, sms)
-        cands = sorted({1, 2, 4, 8, 16, 32, auto} & set(range(1, mod.max_splits() + 1)))
+        auto = mod.auto_splits(T)
+        cands = sorted({1, 2, 4, 8, 16, 32, auto} & set(range(1, mod.max_splits + 1)))
         for splits in cands:
             ws = mod.workspace(T, splits)
             results[splits] = time_fn(
@@ -120,7 +118,7 @@ def main():
                                num_splits=splits, workspace=ws), sets, args.reps)
         best_s = min(results, key=results.get)
         ref = float("nan") if args.no_torch else time_fn(
-            torch_reference_impl(kv, mod.meta["spec"]["softmax_scale"], Dv), sets,
+            torch_reference_impl(kv, mod.spec.softmax_scale, Dv), sets,
             max(5, args.reps // 3))
         best = results[best_s]
         row = (f"| {H} x {B} | {best:.1f} | {best_s} | {results[auto]:.1f} | {auto} | {ref:.1f} | "

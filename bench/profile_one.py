@@ -6,15 +6,17 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 import torch  # noqa: E402
-from kforge.driver import SparseMlaModule  # noqa: E402
+import kforge  # noqa: E402
 
-mod = SparseMlaModule(sys.argv[1])
+mod = kforge.Kernel.from_files(sys.argv[1])
 T, splits = int(sys.argv[2]), int(sys.argv[3])
-kv = torch.randn(1 << 20, mod.d_qk, device="cuda").to(torch.bfloat16)
-q = torch.randn(T, mod.num_heads, mod.d_qk, device="cuda").to(torch.bfloat16)
-idx = torch.randint(0, 1 << 20, (T, mod.topk), device="cuda", dtype=torch.int32)
-out = torch.empty(T, mod.num_heads, mod.d_v, device="cuda", dtype=torch.bfloat16)
-lse = torch.empty(T, mod.num_heads, device="cuda")
+spec = mod.spec
+d_v, d_qk, heads = spec.kv_lora_rank, spec.kv_lora_rank + spec.rope_dim, spec.num_q_heads
+kv = torch.randn(1 << 20, d_qk, device="cuda").to(torch.bfloat16)
+q = torch.randn(T, heads, d_qk, device="cuda").to(torch.bfloat16)
+idx = torch.randint(0, 1 << 20, (T, spec.topk), device="cuda", dtype=torch.int32)
+out = torch.empty(T, heads, d_v, device="cuda", dtype=torch.bfloat16)
+lse = torch.empty(T, heads, device="cuda") if spec.return_lse else None
 for _ in range(3):
     mod(q, kv, idx, out, lse, num_splits=splits)
 torch.cuda.synchronize()

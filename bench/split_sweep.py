@@ -26,9 +26,7 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     import torch
-    from kforge.driver import SparseMlaModule, device_sm_count
-
-    sms = device_sm_count()
+    import kforge
     slots = 1 << 20
     lines = ["| heads | batch | best splits | best (us) | rule splits | rule (us) | rule / best |",
              "|---|---|---|---|---|---|---|"]
@@ -37,20 +35,22 @@ def main():
     mods = sorted(glob.glob(os.path.join(args.module_dir, "*.cubin")),
                   key=lambda c: int(os.path.basename(c).split("_h")[1].split("_")[0]))
     for cubin in mods:
-        mod = SparseMlaModule(cubin)
+        mod = kforge.Kernel.from_files(cubin)
+        spec = mod.spec
+        d_v, d_qk = spec.kv_lora_rank, spec.kv_lora_rank + spec.rope_dim
         if kv is None:
-            kv = torch.randn(slots, mod.d_qk, device="cuda").to(torch.bfloat16)
-        H, K = mod.num_heads, mod.topk
+            kv = torch.randn(slots, d_qk, device="cuda").to(torch.bfloat16)
+        H, K = spec.num_q_heads, spec.topk
         for B in [int(b) for b in args.batches.split(",")]:
             sets = []
             for _ in range(2):
                 sets.append(dict(
-                    q=torch.randn(B, H, mod.d_qk, device="cuda").to(torch.bfloat16),
+                    q=torch.randn(B, H, d_qk, device="cuda").to(torch.bfloat16),
                     idx=torch.randint(0, slots, (B, K), device="cuda", dtype=torch.int32),
-                    out=torch.empty(B, H, mod.d_v, device="cuda", dtype=torch.bfloat16),
+                    out=torch.empty(B, H, d_v, device="cuda", dtype=torch.bfloat16),
                     lse=torch.empty(B, H, device="cuda")))
-            rule = mod.auto_splits(B, sms)
-            cands = sorted({1, 2, 4, 8, 16, 32, 64, rule} & set(range(1, mod.max_splits() + 1)))
+            rule = mod.auto_splits(B)
+            cands = sorted({1, 2, 4, 8, 16, 32, 64, rule} & set(range(1, mod.max_splits + 1)))
             t = {}
             for s in cands:
                 ws = mod.workspace(B, s)

@@ -166,6 +166,8 @@ v1::ManifestVariant VariantOf(const v1::KernelArtifact& artifact) {
   variant.set_module_name(artifact.module_name());
   variant.set_key(artifact.key());
   *variant.mutable_spec() = artifact.spec();
+  *variant.mutable_tiling() = artifact.tiling();
+  *variant.mutable_launch() = artifact.launch();
   variant.set_main_entry(artifact.main_entry());
   variant.set_combine_entry(artifact.combine_entry());
   return variant;

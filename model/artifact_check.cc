@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "base/absl_compat.h"
 #include "model/arch.h"
 #include "model/cubin.h"
@@ -82,6 +84,20 @@ absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant,
   };
   for (const Expectation& c : checks) {
     if (c.expected != c.got) return Mismatch(variant, c.field, c.expected, c.got);
+  }
+  // The launch is computed from the variant's spec, tiling and launch rule;
+  // a kernel built with others would be launched with the wrong grid or
+  // shared memory even under the right key.
+  const std::pair<const char*, std::pair<const google::protobuf::Message*,
+                                         const google::protobuf::Message*>>
+      messages[] = {{"spec", {&variant.spec(), &artifact.spec()}},
+                    {"tiling", {&variant.tiling(), &artifact.tiling()}},
+                    {"launch", {&variant.launch(), &artifact.launch()}}};
+  for (const auto& [field, pair] : messages) {
+    if (!google::protobuf::util::MessageDifferencer::Equals(*pair.first, *pair.second)) {
+      return Mismatch(variant, field, pair.first->ShortDebugString(),
+                      pair.second->ShortDebugString());
+    }
   }
   return CheckCubin(variant, canonical_arch, artifact);
 }

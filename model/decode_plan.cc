@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -96,6 +97,13 @@ absl::Status CheckModel(const DecodeArgs& a, const v1::AttentionSpec& spec) {
   return absl::OkStatus();
 }
 
+// a * b, or INT64_MAX when that overflows: a hostile stride then fails its
+// check instead of wrapping into one that passes.
+int64_t SaturatingMul(int64_t a, int64_t b) {
+  int64_t product = 0;
+  return __builtin_mul_overflow(a, b, &product) ? INT64_MAX : product;
+}
+
 // Rows are head-inner ([token][head][dim], any padding): each stride must
 // step over at least the row or block below it, or rows would overlap.
 absl::Status CheckStrides(const DecodeArgs& a) {
@@ -107,14 +115,14 @@ absl::Status CheckStrides(const DecodeArgs& a) {
   };
   const std::vector<Stride> strides = {
       {"q_head_stride", a.q_head_stride, a.d_qk, "d_qk"},
-      {"q_token_stride", a.q_token_stride, a.num_q_heads * a.q_head_stride,
+      {"q_token_stride", a.q_token_stride, SaturatingMul(a.num_q_heads, a.q_head_stride),
        "num_q_heads * q_head_stride"},
       {"kv_row_stride", a.kv_row_stride, a.d_qk, "d_qk"},
-      {"kv_page_stride", a.kv_page_stride, a.page_block_size * a.kv_row_stride,
+      {"kv_page_stride", a.kv_page_stride, SaturatingMul(a.page_block_size, a.kv_row_stride),
        "page_block_size * kv_row_stride"},
       {"indices_stride", a.indices_stride, a.topk, "topk"},
       {"out_head_stride", a.out_head_stride, a.d_v, "d_v"},
-      {"out_token_stride", a.out_token_stride, a.num_q_heads * a.out_head_stride,
+      {"out_token_stride", a.out_token_stride, SaturatingMul(a.num_q_heads, a.out_head_stride),
        "num_q_heads * out_head_stride"},
   };
   for (const Stride& s : strides) {

@@ -5,7 +5,7 @@
 // caller's tensors against the model, the variant and launch the manifest
 // picks for them, and the kernels' parameter blocks. The C++ runtime
 // (runtime/sparse_mla_decode.h) and the Python package (through
-// model/c_api.h) both launch exactly what PlanDecode returns, so the rules
+// capi/kforge_capi.h) both launch exactly what PlanDecode returns, so the rules
 // here exist once.
 
 #include <cstdint>

@@ -28,4 +28,9 @@ int TokensPerSplit(const v1::AttentionSpec& spec, const v1::LaunchRule& rule,
   return static_cast<int>(CeilDiv(per_split, granularity) * granularity);
 }
 
+int MaxSplits(const v1::AttentionSpec& spec, const v1::LaunchRule& rule) {
+  const long long granularity = std::max<long long>(1, rule.split_granularity_tokens());
+  return static_cast<int>(std::max<long long>(1, CeilDiv(spec.topk(), granularity)));
+}
+
 }  // namespace kforge

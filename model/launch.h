@@ -24,6 +24,11 @@ int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
 int TokensPerSplit(const v1::AttentionSpec& spec, const v1::LaunchRule& rule,
                    int num_splits);
 
+// The most splits the kernels accept: one granule (split_granularity_tokens
+// keys) per split, ceil(topk / granularity). A forced split count (tests,
+// sweeps) must be in 1..MaxSplits; NumSplits never exceeds it.
+int MaxSplits(const v1::AttentionSpec& spec, const v1::LaunchRule& rule);
+
 }  // namespace kforge
 
 #endif  // KFORGE_MODEL_LAUNCH_H_

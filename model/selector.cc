@@ -137,7 +137,17 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest,
     sel.variant_index = index;
     sel.variant = &v;
     sel.num_tokens = shape.batch * shape.s_q;
-    sel.num_splits = NumSplits(v.spec(), tiling, launch, sel.num_tokens, device.sm_count);
+    if (device.forced_num_splits != 0) {
+      const int max_splits = MaxSplits(v.spec(), launch);
+      if (device.forced_num_splits < 1 || device.forced_num_splits > max_splits) {
+        return Invalid("device.forced_num_splits",
+                       absl::StrCat("got ", device.forced_num_splits, ", supported 1..",
+                                    max_splits, " for ", v.module_name()));
+      }
+      sel.num_splits = device.forced_num_splits;
+    } else {
+      sel.num_splits = NumSplits(v.spec(), tiling, launch, sel.num_tokens, device.sm_count);
+    }
     sel.tokens_per_split = TokensPerSplit(v.spec(), launch, sel.num_splits);
     if (sel.num_splits > kMaxGridYZ) {
       return absl::InternalError(absl::StrCat("split count ", sel.num_splits,

@@ -14,6 +14,10 @@ namespace kforge {
 struct DeviceInfo {
   std::string arch;  // "sm_90a", "sm_120a", ...
   int sm_count = 0;
+  // 0: the launch rule's split count. Otherwise that many splits, 1..
+  // MaxSplits (model/launch.h), for tests and sweeps that must exercise the
+  // combine kernel at a given count; InvalidArgument outside that range.
+  int forced_num_splits = 0;
 };
 
 // One decode call's shape.

@@ -12,42 +12,6 @@
 namespace kforge {
 namespace {
 
-struct ParsedArch {
-  int major = 0;
-  int minor = 0;
-  char suffix = 0;  // 'a', 'f' or 0
-};
-
-// "sm_90a" -> {9, 0, 'a'}; "sm_120" -> {12, 0, 0}. The last digit is the
-// minor version, as in every sm_XY name.
-absl::StatusOr<ParsedArch> ParseArchName(std::string_view arch) {
-  absl::string_view rest = absl::StripAsciiWhitespace(AsAbsl(arch));
-  auto bad = [&] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "arch: got \"", AsAbsl(arch), "\", expected sm_<major><minor>[a|f] (e.g. sm_89, sm_90a)"));
-  };
-  if (!absl::ConsumePrefix(&rest, "sm_")) return bad();
-  ParsedArch parsed;
-  if (!rest.empty() && (rest.back() == 'a' || rest.back() == 'f')) {
-    parsed.suffix = rest.back();
-    rest.remove_suffix(1);
-  }
-  int digits = 0;
-  if (rest.size() < 2 || rest.size() > 3 || !absl::SimpleAtoi(rest, &digits) ||
-      !absl::ascii_isdigit(rest.front())) {
-    return bad();
-  }
-  parsed.major = digits / 10;
-  parsed.minor = digits % 10;
-  return parsed;
-}
-
-// The message tail that tells the user what to ask kforge for instead.
-std::string DeviceArchHint(int cc_major, int cc_minor) {
-  absl::StatusOr<std::string> arch = ArchForComputeCapability(cc_major, cc_minor);
-  return arch.ok() ? absl::StrCat("; this device needs kernels built for ", *arch) : "";
-}
-
 absl::Status CheckEntryParams(const v1::KernelArtifact& artifact, const std::string& entry,
                               size_t want, const char* struct_name) {
   for (const v1::KernelResources& k : artifact.cubin_info().kernels()) {
@@ -88,46 +52,6 @@ absl::StatusOr<int> DeviceAttribute(const CudaDriver& cu, CUdevice device,
 }
 
 }  // namespace
-
-absl::Status CheckDeviceArch(std::string_view arch, int cc_major, int cc_minor) {
-  absl::StatusOr<ParsedArch> parsed = ParseArchName(arch);
-  if (!parsed.ok()) return parsed.status();
-  const bool exact = parsed->major == cc_major && parsed->minor == cc_minor;
-  std::string rule;
-  if (parsed->suffix == 'a') {
-    if (exact) return absl::OkStatus();
-    rule = absl::StrFormat("arch-specific code runs only on compute capability %d.%d",
-                           parsed->major, parsed->minor);
-  } else {
-    if (parsed->major == cc_major && cc_minor >= parsed->minor) {
-      return absl::OkStatus();
-    }
-    rule = absl::StrFormat("it runs on compute capability %d.%d to %d.9 only", parsed->major,
-                           parsed->minor, parsed->major);
-  }
-  return absl::FailedPreconditionError(
-      absl::StrFormat("kernel built for %s cannot run on a compute capability %d.%d device (%s%s)",
-                      arch, cc_major, cc_minor, rule, DeviceArchHint(cc_major, cc_minor)));
-}
-
-absl::StatusOr<std::string> ArchForComputeCapability(int cc_major, int cc_minor) {
-  struct Row {
-    int major, minor;
-    const char* arch;
-  };
-  // Matches compiler/arch.cc's SupportedArchs, preferring "a" variants.
-  static constexpr Row kRows[] = {
-      {8, 0, "sm_80"},    {8, 6, "sm_86"},    {8, 9, "sm_89"},    {9, 0, "sm_90a"},
-      {10, 0, "sm_100a"}, {12, 0, "sm_120a"}, {12, 1, "sm_121a"},
-  };
-  for (const Row& row : kRows) {
-    if (row.major == cc_major && row.minor == cc_minor) return std::string(row.arch);
-  }
-  return absl::FailedPreconditionError(
-      absl::StrFormat("compute capability %d.%d: kforge builds kernels for 8.0, 8.6, 8.9, 9.0, "
-                      "10.0, 12.0 and 12.1 only",
-                      cc_major, cc_minor));
-}
 
 absl::Status CheckParamSizes(const v1::KernelArtifact& artifact) {
   using sparse_mla::CombineParams;

@@ -15,28 +15,13 @@
 #include "absl/status/statusor.h"
 #include "cuda.h"
 #include "kforge/v1/artifact.pb.h"
+#include "model/arch.h"
 #include "runtime/cuda_driver.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
 
-// Whether a cubin built for `arch` ("sm_80", "sm_90a", "sm_100f", ...) runs
-// on a device of compute capability major.minor, by NVIDIA's rules for SASS
-// (no PTX is embedded, so nothing is JIT-compiled for a newer device):
-//   - "a" (arch-specific, e.g. wgmma in sm_90a) runs only on exactly that
-//     compute capability;
-//   - "f" (family-specific) and plain targets run on the same major with a
-//     minor >= theirs (sm_80 on 8.0/8.6/8.9, never on 9.0: SASS does not
-//     carry across majors).
-// InvalidArgument for a malformed arch; FailedPrecondition, naming both,
-// when the device cannot run it.
-absl::Status CheckDeviceArch(std::string_view arch, int cc_major, int cc_minor);
-
-// The arch kforge builds for a device of compute capability major.minor:
-// 8.0 -> sm_80, 8.6 -> sm_86, 8.9 -> sm_89, 9.0 -> sm_90a, 10.0 -> sm_100a,
-// 12.0 -> sm_120a, 12.1 -> sm_121a (the arch-specific variant wherever one
-// exists: it unlocks wgmma and friends). FailedPrecondition for any other.
-absl::StatusOr<std::string> ArchForComputeCapability(int cc_major, int cc_minor);
+// CheckDeviceArch and ArchForComputeCapability: model/arch.h.
 
 // OK when the cubin's parameter blocks, as read back from its ELF
 // (artifact.cubin_info) and as recorded by the compiler (params_bytes,

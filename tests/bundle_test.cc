@@ -493,6 +493,11 @@ TEST_F(BundleTest, ArtifactCheckNamesTheFirstMismatch) {
       {"params_bytes: expected", [](v1::KernelArtifact& a) { a.set_params_bytes(8); }},
       {"combine_params_bytes",
        [](v1::KernelArtifact& a) { a.set_combine_params_bytes(8); }},
+      {"spec: expected", [](v1::KernelArtifact& a) { a.mutable_spec()->set_topk(7); }},
+      {"tiling: expected",
+       [](v1::KernelArtifact& a) { a.mutable_tiling()->set_token_tile(8); }},
+      {"launch: expected",
+       [](v1::KernelArtifact& a) { a.mutable_launch()->set_block_threads(32); }},
       {"cubin: expected \"non-empty\"", [](v1::KernelArtifact& a) { a.clear_cubin(); }},
       {"cubin is unreadable", [](v1::KernelArtifact& a) { a.set_cubin("not an ELF"); }},
   };

@@ -161,9 +161,16 @@ TEST(CheckDeviceArch, MessageNamesBothAndTheArchToAskFor) {
 }
 
 TEST(CheckDeviceArch, MalformedArchIsInvalidArgument) {
-  for (const char* arch : {"", "90a", "sm_9", "sm_1200", "sm_90x", "sm_a", "sm_-90"}) {
+  for (const char* arch : {"", "sm_9", "sm_1200", "sm_90x", "sm_a", "sm_-90"}) {
     EXPECT_EQ(CheckDeviceArch(arch, 9, 0).code(), absl::StatusCode::kInvalidArgument)
         << "\"" << arch << "\"";
+  }
+}
+
+// ParseArch's spellings, as everywhere else in kforge.
+TEST(CheckDeviceArch, TakesEverySpellingParseArchTakes) {
+  for (const char* arch : {"90a", "SM_90A", " sm_90a "}) {
+    EXPECT_TRUE(CheckDeviceArch(arch, 9, 0).ok()) << "\"" << arch << "\"";
   }
 }
 

@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
 """Tests of the kforge Python client package (python/kforge), no GPU needed:
 retries and answer checks against scripted fake servers, a real
-`kforge serve`, bundles read offline, the Python selector against
-`kforge select`, and the input checks and launch planning of kforge.ops.
+`kforge serve`, bundles read offline, launch plans made through the C ABI
+against the C++ model library's own (launch_plan_dump, `kforge select`),
+garbage into every C ABI call, and the tensor mapping of kforge.ops.
 
-Usage: python_client_test.py PATH/TO/kforge PYTHON_DIR
-(PYTHON_DIR holds the kforge package with its generated kforge/v1 modules.)
+Usage: python_client_test.py PATH/TO/kforge PYTHON_DIR PATH/TO/launch_plan_dump
+(PYTHON_DIR holds the kforge package with its generated kforge/v1 modules
+and its native library kforge/_native/libkforge_capi.so.)
 """
 import collections
 import ctypes
+import hashlib
+import json
 import os
+import random
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -21,24 +27,31 @@ import time
 import unittest
 from concurrent import futures
 
-KFORGE, PYTHON_DIR = sys.argv[1], sys.argv[2]
+KFORGE, PYTHON_DIR, PLAN_DUMP = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, PYTHON_DIR)
 
 import grpc  # noqa: E402
 
 import kforge  # noqa: E402
 from google.protobuf import json_format  # noqa: E402
+from kforge import _capi  # noqa: E402
 from kforge import bundle as kbundle  # noqa: E402
 from kforge import ops  # noqa: E402
 from kforge.client import backoff_delay  # noqa: E402
-from kforge.driver import CombineParams, DecodeParams  # noqa: E402
-from kforge.select import Device, Shape, select  # noqa: E402
+from kforge.kernel import read_artifact  # noqa: E402
+from kforge.plan import Device, Shape, plan_decode, select  # noqa: E402
 from kforge.spec import arch_for_capability, check_arch_runs, infer_latent_dims  # noqa: E402
 from kforge.testing import start_server, stop_server  # noqa: E402
 from kforge.v1 import artifact_pb2, service_pb2  # noqa: E402
 
 ARCH = "sm_90a"
 SERVICE = "kforge.v1.KernelService"
+TMP = tempfile.mkdtemp(prefix="kforge_pytest_")
+
+
+def param_sizes():
+    """sizeof(DecodeParams), sizeof(CombineParams) as the C++ side has them."""
+    return tuple(_capi.lib().kforge_sizeof(n) for n in (b"DecodeParams", b"CombineParams"))
 
 
 def free_port():
@@ -47,26 +60,29 @@ def free_port():
         return s.getsockname()[1]
 
 
+_compiled = {}
+
+
+def compiled(arch=ARCH, preset="glm-5", tp=8):
+    """The artifact `kforge compile` writes for a preset (NVRTC, no GPU;
+    the artifact checks read the cubin's ELF, so fakes will not do)."""
+    key = (arch, preset, tp)
+    if key not in _compiled:
+        out = os.path.join(TMP, f"compiled_{arch}_{preset}_{tp}")
+        r = run_kforge("compile", "--preset", preset, "--tp", str(tp), "--arch", arch, "-o", out)
+        if r.returncode != 0:
+            raise AssertionError(f"kforge compile failed: {r.stderr}")
+        cubin = [f for f in os.listdir(out) if f.endswith(".cubin")][0]
+        _compiled[key] = read_artifact(os.path.join(out, cubin))
+    art = artifact_pb2.KernelArtifact()
+    art.CopyFrom(_compiled[key])
+    return art
+
+
 def fake_pair(arch=ARCH):
     """A manifest with one variant and the artifact that matches it."""
-    spec = kforge.spec_from_preset("glm-5", 8)
-    module = "sparse_mla_decode_fake_" + arch.replace("_", "")
-    v = service_pb2.ManifestVariant(module_name=module, key="ab" * 32, spec=spec,
-                                    main_entry="sparse_mla_decode_main",
-                                    combine_entry="sparse_mla_decode_combine")
-    v.tiling.num_head_groups, v.tiling.token_tile, v.tiling.head_tile = 1, 64, 16
-    v.launch.block_threads, v.launch.combine_block_threads = 128, 128
-    v.launch.ctas_per_sm, v.launch.min_tiles_per_split = 2, 2
-    manifest = service_pb2.Manifest(format_version=1, arch=arch, variants=[v], choice_order=[0])
-    art = artifact_pb2.KernelArtifact(
-        format_version=1, module_name=module, key=v.key, arch=arch, spec=spec, tiling=v.tiling,
-        launch=v.launch, main_entry=v.main_entry, combine_entry=v.combine_entry,
-        cubin=b"\x7fELF" + bytes(60), params_bytes=ctypes.sizeof(DecodeParams),
-        combine_params_bytes=ctypes.sizeof(CombineParams))
-    art.cubin_info.arch = arch
-    art.cubin_info.kernels.add(name=v.main_entry, param_bytes=art.params_bytes)
-    art.cubin_info.kernels.add(name=v.combine_entry, param_bytes=art.combine_params_bytes)
-    return manifest, art
+    art = compiled(arch)
+    return _capi.manifest_for_artifact(art), art
 
 
 class FakeServer:
@@ -197,25 +213,30 @@ class RetryAndAnswerTest(unittest.TestCase):
 
     def test_wrong_kernels_are_bad_answers(self):
         other_spec = kforge.spec_from_preset("glm-5", 4)
+        # case -> (reply, what the message names: CheckArtifactForVariant's words)
         cases = {
-            "key": self.kernel_reply(key="cd" * 32),
-            "module_name": self.kernel_reply(module_name="other"),
-            "arch": self.kernel_reply(arch="sm_120a"),
-            "empty cubin": self.kernel_reply(cubin=b""),
-            "not an ELF": self.kernel_reply(cubin=b"MZ" + bytes(60)),
-            "params_bytes": self.kernel_reply(params_bytes=128),
-            "spec": service_pb2.GetKernelResponse(artifact=self.artifact),
+            "key": (self.kernel_reply(key="cd" * 32), "key"),
+            "module_name": (self.kernel_reply(module_name="other"), "module_name"),
+            "arch": (self.kernel_reply(arch="sm_120a"), "arch"),
+            "empty cubin": (self.kernel_reply(cubin=b""), 'cubin: expected "non-empty"'),
+            "not an ELF": (self.kernel_reply(cubin=b"MZ" + bytes(60)), "cubin is unreadable"),
+            "params_bytes": (self.kernel_reply(params_bytes=128), "params_bytes"),
+            "spec": (service_pb2.GetKernelResponse(artifact=self.artifact), "spec"),
+            "tiling": (self.kernel_reply(), "tiling"),
         }
-        cases["spec"].artifact.spec.CopyFrom(other_spec)
-        missing = cases["does not export"] = self.kernel_reply()
-        del missing.artifact.cubin_info.kernels[1]
-        for what, reply in cases.items():
+        cases["spec"][0].artifact.spec.CopyFrom(other_spec)
+        cases["tiling"][0].artifact.tiling.token_tile += 1
+        # The right metadata around a cubin of other entries: the ELF is read.
+        other = compiled(ARCH, "deepseek-v3.2", 1)
+        if other.main_entry != self.artifact.main_entry:
+            cases["does not export"] = (self.kernel_reply(cubin=other.cubin), "no such entry")
+        for what, (reply, words) in cases.items():
             with self.subTest(what):
                 fake = self.fake(manifests=[self.manifest], kernels=[reply, self.kernel_reply()])
                 client = fake.client()
                 with self.assertRaises(kforge.KforgeBadAnswer) as cm:
                     client.get_kernel(self.manifest.variants[0], ARCH)
-                self.assertIn(what, str(cm.exception))
+                self.assertIn(words, str(cm.exception))
                 self.assertIn(fake.address, str(cm.exception))
                 # Neither retried nor kept: the next call asks again.
                 self.assertEqual(fake.calls["GetKernel"], 1)
@@ -254,23 +275,56 @@ class RetryAndAnswerTest(unittest.TestCase):
         self.assertEqual(client.rpc_calls, 0)
 
 
+def sha256_hex(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_to_json(manifest):
+    """bundle/bundle.cc's ManifestJson options: proto field names, every
+    field printed (sm_count 0 included), indented, newline at the end."""
+    try:
+        text = json_format.MessageToJson(manifest, preserving_proto_field_name=True,
+                                         including_default_value_fields=True, indent=1)
+    except TypeError:  # protobuf >= 5.26 renamed the option
+        text = json_format.MessageToJson(manifest, preserving_proto_field_name=True,
+                                         always_print_fields_with_no_presence=True, indent=1)
+    return text + "\n"
+
+
+def read_checksums(directory):
+    """{relative path: sha256 hex} of DIR/checksums.sha256."""
+    with open(os.path.join(directory, "checksums.sha256")) as f:
+        return {line.split()[1]: line.split()[0] for line in f if line.strip()}
+
+
+def write_checksums(directory, sums):
+    with open(os.path.join(directory, "checksums.sha256"), "w") as f:
+        f.write("".join(f"{sums[name]}  {name}\n" for name in sorted(sums)))
+
+
+def bundle_format_version():
+    """The format version the C++ BundleWriter writes (model/format.h)."""
+    directory = tempfile.mkdtemp(dir=TMP)
+    kbundle.LocalCopy(directory)
+    with open(os.path.join(directory, "kforge-bundle.json")) as f:
+        return json.load(f)["format_version"]
+
+
 def write_bundle(directory, manifest, artifacts):
-    """A bundle written by hand from runtime/bundle.h's layout comment, with
-    runtime/bundle.cc's JSON options (proto field names, every field)."""
+    """A bundle written by hand from bundle/bundle.h's layout comment, with
+    bundle/bundle.cc's JSON options (proto field names, every field)."""
     files = {}
     for art in artifacts:
         files[f"kernels/{art.key}.kfa"] = art.SerializeToString(deterministic=True)
     first = manifest.variants[manifest.choice_order[0]].module_name
-    files[f"manifests/{first}.json"] = kbundle.manifest_to_json(manifest).encode()
+    files[f"manifests/{first}.json"] = manifest_to_json(manifest).encode()
     for rel, data in files.items():
         os.makedirs(os.path.dirname(os.path.join(directory, rel)), exist_ok=True)
         with open(os.path.join(directory, rel), "wb") as f:
             f.write(data)
     with open(os.path.join(directory, "kforge-bundle.json"), "w") as f:
-        f.write('{"format": "kforge-bundle", "format_version": 1}\n')
-    with open(os.path.join(directory, "checksums.sha256"), "w") as f:
-        for rel in sorted(files):
-            f.write(f"{kbundle.sha256_hex(files[rel])}  {rel}\n")
+        f.write('{"format": "kforge-bundle", "format_version": %d}\n' % bundle_format_version())
+    write_checksums(directory, {rel: sha256_hex(data) for rel, data in files.items()})
 
 
 class RealServerTest(unittest.TestCase):
@@ -304,9 +358,8 @@ class RealServerTest(unittest.TestCase):
         self.assertEqual([a.key for a in self.artifacts], [v.key for v in m.variants])
         for art in self.artifacts:
             self.assertGreater(len(art.cubin), 1000)
-            # The loader's parameter blocks are the compiled kernel's.
-            self.assertEqual((art.params_bytes, art.combine_params_bytes),
-                             (ctypes.sizeof(DecodeParams), ctypes.sizeof(CombineParams)))
+            # The parameter blocks PlanDecode fills are the compiled kernel's.
+            self.assertEqual((art.params_bytes, art.combine_params_bytes), param_sizes())
 
     def test_second_requests_make_no_rpc(self):
         before = self.client.rpc_calls
@@ -395,7 +448,8 @@ class RealServerTest(unittest.TestCase):
         directory = self.bundle("missing")
         rel = kbundle.kernel_path(self.artifacts[2].key)
         os.unlink(os.path.join(directory, rel))
-        with self.assertRaises(kforge.KforgeNotFound) as cm:
+        # Listed but missing is a damaged bundle (BundleSource: DATA_LOSS).
+        with self.assertRaises(kforge.KforgeBadAnswer) as cm:
             kforge.Bundle(directory).get_kernel(self.manifest.variants[2], ARCH)
         self.assertIn(rel, str(cm.exception))
 
@@ -418,11 +472,11 @@ class RealServerTest(unittest.TestCase):
         directory = self.bundle("marker")
         marker = os.path.join(directory, "kforge-bundle.json")
         with open(marker, "w") as f:
-            f.write('{"format": "kforge-bundle", "format_version": 2}\n')
-        with self.assertRaisesRegex(kforge.KforgeError, "format_version 2"):
+            f.write('{"format": "kforge-bundle", "format_version": 99}\n')
+        with self.assertRaisesRegex(kforge.KforgeError, "format version 99"):
             kforge.Bundle(directory)
         os.unlink(marker)
-        with self.assertRaisesRegex(kforge.KforgeError, "kforge-bundle.json is missing"):
+        with self.assertRaisesRegex(kforge.KforgeError, "has no kforge-bundle.json"):
             kforge.Bundle(directory)
 
     def test_bundle_serves_the_wrong_kernel_as_bad_answer(self):
@@ -432,10 +486,9 @@ class RealServerTest(unittest.TestCase):
         data = self.artifacts[1].SerializeToString(deterministic=True)
         with open(os.path.join(directory, rel0), "wb") as f:
             f.write(data)
-        sums = kbundle.read_checksums(directory)
-        sums[rel0] = kbundle.sha256_hex(data)
-        with open(os.path.join(directory, "checksums.sha256"), "w") as f:
-            f.write(kbundle.format_checksums(sums))
+        sums = read_checksums(directory)
+        sums[rel0] = sha256_hex(data)
+        write_checksums(directory, sums)
         with self.assertRaises(kforge.KforgeBadAnswer) as cm:
             kforge.Bundle(directory).get_kernel(self.manifest.variants[0], ARCH)
         self.assertIn("key", str(cm.exception))
@@ -457,7 +510,7 @@ def run_kforge(*args):
 def parse_select(text):
     """The fields of `kforge select`'s description (DescribeSelection)."""
     out = {"variant": int(re.search(r"^variant (\d+):", text, re.M).group(1)),
-           "splits": int(re.search(r"^  splits +(\d+)$", text, re.M).group(1)),
+           "splits": int(re.search(r"^  splits +(\d+)", text, re.M).group(1)),
            "workspace": int(re.search(r"^  workspace +(\d+) B$", text, re.M).group(1))}
     m = re.search(r"^  main +\S+ grid \((\d+), (\d+), (\d+)\) block (\d+) dynamic smem (\d+) B$",
                   text, re.M)
@@ -485,7 +538,8 @@ def cli_manifest(preset, tp, arch, s_q):
 
 
 class SelectorParityTest(unittest.TestCase):
-    """kforge.select against runtime/selector.cc through `kforge select`."""
+    """kforge.select (the C++ Select through the C ABI) against `kforge
+    select`'s description of the same selection."""
 
     SMS = 132
 
@@ -506,7 +560,7 @@ class SelectorParityTest(unittest.TestCase):
                                   topk=spec.topk, page_block_size=spec.page_block_size)
                     sel = select(manifest, Device(arch, self.SMS), shape)
                     self.assertEqual(describe(sel), parse_select(r.stdout))
-                    self.assertEqual(sel.variant.spec.s_q, s_q)
+                    self.assertEqual(sel.num_tokens, batch * s_q)
                     checked += 1
         self.assertEqual(checked, 64)
 
@@ -525,14 +579,339 @@ class SelectorParityTest(unittest.TestCase):
 
     def test_bad_shapes_and_devices(self):
         manifest = cli_manifest("glm-5", 8, ARCH, 1)
+        max_splits = select(manifest, Device(ARCH, 132), Shape(1, 1, 8, 2048, 64)).max_splits
         for device, shape, field in (
                 (Device(ARCH, 0), Shape(1, 1, 8, 2048, 64), "device.sm_count"),
                 (Device("", 132), Shape(1, 1, 8, 2048, 64), "device.arch"),
                 (Device(ARCH, 132), Shape(0, 1, 8, 2048, 64), "shape.batch"),
                 (Device(ARCH, 132), Shape(1, 1, 8, 2048, 64, kv_dtype=0), "shape.kv_dtype"),
-                (Device(ARCH, 132), Shape(40000, 2, 8, 2048, 64), "grid limit")):
+                (Device(ARCH, 132), Shape(40000, 2, 8, 2048, 64), "grid limit"),
+                (Device(ARCH, 132, forced_num_splits=-1), Shape(1, 1, 8, 2048, 64),
+                 "device.forced_num_splits"),
+                (Device(ARCH, 132, forced_num_splits=max_splits + 1), Shape(1, 1, 8, 2048, 64),
+                 f"supported 1..{max_splits}")):
             with self.assertRaisesRegex(ValueError, re.escape(field)):
                 select(manifest, device, shape)
+
+    def test_forced_splits(self):
+        manifest = cli_manifest("glm-5", 8, ARCH, 1)
+        shape = Shape(256, 1, 8, 2048, 64)
+        self.assertEqual(select(manifest, Device(ARCH, 132), shape).num_splits, 1)
+        # One split per token tile at most (glm-5 TP8 on sm_90a: 2048 / 32).
+        tile = manifest.variants[0].tiling.token_tile
+        self.assertEqual(select(manifest, Device(ARCH, 132), shape).max_splits, 2048 // tile)
+        for forced in (1, 2, 7, 2048 // tile):
+            sel = select(manifest, Device(ARCH, 132, forced), shape)
+            self.assertEqual((sel.num_splits, sel.grid[1]), (forced, forced))
+            self.assertGreaterEqual(sel.tokens_per_split * forced, 2048)
+            self.assertEqual(sel.needs_combine, forced > 1)
+
+
+# The addresses tests/launch_plan_dump.cc plans with.
+DUMP_Q, DUMP_KV, DUMP_INDICES, DUMP_OUT, DUMP_LSE, DUMP_WORKSPACE = (
+    0x10000000, 0x20000000, 0x30000000, 0x40000000, 0x50000000, 0x60000000)
+DUMP_PAGES, DUMP_PAGE_GAP = 64, 64
+
+
+def spec_manifest(arch, heads, topk=2048, page=64, return_lse=True, scale=0.0625):
+    """`kforge manifest` for a spec (written to a file), as (manifest, path)."""
+    spec = {"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": heads,
+            "kv_lora_rank": 512, "rope_dim": 64, "topk": topk, "s_q": 1,
+            "kv_cache_dtype": "KV_CACHE_DTYPE_BF16", "page_block_size": page,
+            "softmax_scale": scale, "return_lse": return_lse}
+    name = f"{arch}_h{heads}_k{topk}_p{page}_{return_lse}"
+    spec_path = os.path.join(TMP, f"spec_{name}.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    r = run_kforge("manifest", "--spec", spec_path, "--arch", arch)
+    if r.returncode != 0:
+        raise AssertionError(f"kforge manifest failed: {r.stderr}")
+    path = os.path.join(TMP, f"manifest_{name}.json")
+    with open(path, "w") as f:
+        f.write(r.stdout)
+    return json_format.Parse(r.stdout, service_pb2.Manifest()), path
+
+
+def python_decode_plan(manifest, device, batch, s_q):
+    """PlanDecode through the package's tensor mapping, for the tensors
+    launch_plan_dump describes."""
+    spec = manifest.variants[0].spec
+    heads, d_v, pbs = spec.num_q_heads, spec.kv_lora_rank, spec.page_block_size
+    d_qk = d_v + spec.rope_dim
+    q = info("q", (batch, s_q, heads, d_qk), ptr=DUMP_Q)
+    kv = info("kv_cache", (DUMP_PAGES, pbs, d_qk), (pbs * d_qk + DUMP_PAGE_GAP, d_qk, 1),
+              ptr=DUMP_KV)
+    idx = info("indices", (batch, s_q, spec.topk), dtype="int32", size=4, ptr=DUMP_INDICES)
+    out = info("out", (batch, s_q, heads, d_v), ptr=DUMP_OUT)
+    dims = ops.check_decode_inputs(q, kv, idx)
+    args = ops.make_decode_args(q, kv, idx, dims, out, ops.check_out(out, dims),
+                                DUMP_LSE if spec.return_lse else 0, spec.softmax_scale,
+                                spec.kv_cache_dtype)
+    return plan_decode(manifest, device, args, DUMP_WORKSPACE)
+
+
+class PlanParityTest(unittest.TestCase):
+    """The same grid of shapes through the C++ model library
+    (tests/launch_plan_dump.cc) and through the Python package: identical
+    launch plans (variant, grid, splits, tokens per split, workspace, smem,
+    parameter bytes) and identical errors."""
+
+    ARCHS = ("sm_90a", "sm_80", "sm_86", "sm_100a", "sm_120a")
+    HEADS = (1, 5, 8, 16, 24, 32, 64, 100, 128)
+    CASES = [(sms, forced, batch, s_q) for sms in (1, 108, 132, 170)
+             for forced in (0, 1, 2, 5, 32, 10000)
+             for batch in (1, 2, 7, 16, 33, 128, 256) for s_q in (1, 2, 3, 4)]
+
+    def check_manifest(self, arch, heads, **spec):
+        manifest, path = spec_manifest(arch, heads, **spec)
+        lines = "".join(f"{arch} {sms} {forced} {batch} {s_q}\n"
+                        for sms, forced, batch, s_q in self.CASES)
+        r = subprocess.run([PLAN_DUMP, path], input=lines, capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = r.stdout.splitlines()
+        self.assertEqual(len(out), 2 * len(self.CASES))
+        spec_ = manifest.variants[0].spec
+        plans = 0
+        for i, (sms, forced, batch, s_q) in enumerate(self.CASES):
+            device = Device(arch, sms, forced)
+            shape = Shape(batch, s_q, spec_.num_q_heads, spec_.topk, spec_.page_block_size)
+            for line, make in ((out[2 * i], lambda: select(manifest, device, shape)),
+                               (out[2 * i + 1],
+                                lambda: python_decode_plan(manifest, device, batch, s_q))):
+                what, rest = line.split(" ", 1)
+                case = f"{arch} heads {heads} {spec}: {what} sms {sms} forced {forced} " \
+                       f"batch {batch} s_q {s_q}"
+                if rest.startswith("error "):
+                    code, message = rest[len("error "):].split(" ", 1)
+                    with self.assertRaises(kforge.KforgeError, msg=case) as cm:
+                        make()
+                    self.assertEqual(str(cm.exception), message, case)
+                    self.assertEqual(getattr(cm.exception, "code", None) or
+                                     {kforge.KforgeNotFound: 5}.get(type(cm.exception)),
+                                     int(code), case)
+                    continue
+                want = json_format.Parse(rest, artifact_pb2.LaunchPlan())
+                got = make().plan
+                self.assertEqual(got, want, case)
+                if what == "decode":
+                    self.assertEqual(len(got.main_params), param_sizes()[0], case)
+                    self.assertEqual(len(got.combine_params),
+                                     param_sizes()[1] if got.needs_combine else 0, case)
+                plans += 1
+        return plans
+
+    def test_grid(self):
+        plans = 0
+        for arch in self.ARCHS:
+            for heads in self.HEADS:
+                plans += self.check_manifest(arch, heads)
+        # topk and page sizes off the presets, no lse.
+        plans += self.check_manifest("sm_90a", 16, topk=63, page=16, return_lse=False)
+        plans += self.check_manifest("sm_120a", 64, topk=2049, page=32, scale=0.135234)
+        self.assertGreater(plans, 10000)
+
+
+def random_struct(cls, rng):
+    data = bytes(rng.getrandbits(8) for _ in range(ctypes.sizeof(cls)))
+    return cls.from_buffer_copy(data)
+
+
+class CapiGarbageTest(unittest.TestCase):
+    """Hostile input into every C ABI call: an error code with a message,
+    never a crash (this process would die)."""
+
+    def setUp(self):
+        self.lib = _capi.lib()
+        self.rng = random.Random(1234)
+        manifest, self.art = fake_pair()
+        self.manifest = manifest.SerializeToString()
+
+    def expect_error(self, name, *args):
+        error = ctypes.c_void_p()
+        code = getattr(self.lib, "kforge_" + name)(*args, ctypes.byref(error))
+        self.assertNotEqual(code, 0, (name, args))
+        self.assertTrue(error.value, name)
+        message = ctypes.string_at(error.value).decode("utf-8", "replace")
+        self.lib.kforge_free(error.value)
+        self.assertTrue(message, name)
+        return code, message
+
+    def blobs(self):
+        """Garbage messages as (pointer, size): random bytes, truncated and
+        bit-flipped real messages, a NULL with a size, and sizes far beyond
+        the buffer (refused before anything is read)."""
+        real = [self.manifest, self.art.SerializeToString()]
+        out = [bytes(self.rng.getrandbits(8) for _ in range(n)) for n in (1, 7, 64, 4096)]
+        for data in real:
+            out.append(data[:len(data) // 2])
+            flipped = bytearray(data)
+            for _ in range(16):
+                flipped[self.rng.randrange(len(flipped))] ^= 0xFF
+            out.append(bytes(flipped))
+        pairs = [_capi.buffer(b) for b in out]
+        small = _capi.buffer(b"\x08\x01")[0]
+        pairs += [(None, 5), (small, 1 << 40), (small, (1 << 64) - 1)]
+        return pairs
+
+    def test_every_call_refuses_garbage(self):
+        lib, err = self.lib, None
+        out, size = ctypes.POINTER(ctypes.c_uint8)(), ctypes.c_size_t()
+        string = ctypes.c_void_p()
+        dev = _capi.device(ARCH, 132)
+        shape = Shape(4, 1, 8, 2048, 64).c_struct()
+        args = random_struct(_capi.DecodeArgs, self.rng)
+        variant = _capi.serialized(_capi.manifest_for_artifact(self.art).variants[0])
+        del err
+        refs = (ctypes.byref(out), ctypes.byref(size))
+        for blob in self.blobs():
+            for name, call in (
+                    ("validate_spec", lambda b: (*b,)),
+                    ("normalize_spec", lambda b: (*b, *refs)),
+                    ("select", lambda b: (*b, ctypes.byref(dev), ctypes.byref(shape), *refs)),
+                    ("plan_decode", lambda b: (*b, ctypes.byref(dev), ctypes.byref(args), 0,
+                                               *refs)),
+                    ("workspace_bytes_for", lambda b: (*b, ctypes.byref(dev), 64,
+                                                       ctypes.byref(ctypes.c_uint64()))),
+                    ("check_artifact", lambda b: (*b, ARCH.encode(), *b)),
+                    ("check_artifact", lambda b: (*variant, ARCH.encode(), *b)),
+                    ("manifest_for_artifact", lambda b: (*b, *refs)),
+                    ("bundle_manifest_path", lambda b: (*b, ctypes.byref(string)))):
+                with self.subTest(name=name, size=blob[1]):
+                    error = ctypes.c_void_p()
+                    code = getattr(lib, "kforge_" + name)(*call(blob), ctypes.byref(error))
+                    if code == 0:  # garbage that parses as an acceptable message
+                        continue
+                    self.assertTrue(error.value)
+                    lib.kforge_free(error.value)
+        # A text spec of random bytes, and one far longer than its buffer.
+        for text in (bytes(self.rng.getrandbits(8) for _ in range(300)), b"{", b"num_q_heads:"):
+            self.expect_error("parse_spec", text, len(text), *refs)
+        self.expect_error("parse_spec", b"x", 1 << 40, *refs)
+        self.expect_error("parse_spec", None, 3, *refs)
+
+    def test_nulls_and_extremes(self):
+        lib = self.lib
+        out, size = ctypes.POINTER(ctypes.c_uint8)(), ctypes.c_size_t()
+        refs = (ctypes.byref(out), ctypes.byref(size))
+        string = ctypes.c_void_p()
+        m = _capi.buffer(self.manifest)
+        dev = _capi.device(ARCH, 132)
+        shape = Shape(4, 1, 8, 2048, 64).c_struct()
+        for tp in (0, -1, 3, 2 ** 31 - 1, -2 ** 31):
+            self.expect_error("spec_from_preset", b"glm-5", tp, *refs)
+        self.expect_error("spec_from_preset", None, 1, *refs)
+        self.expect_error("spec_from_preset", b"no-such-model", 1, *refs)
+        self.expect_error("spec_from_preset", b"glm-5", 1, None, None)
+        self.expect_error("presets", None)
+        for name in (None, b"", b"sm_", b"sm_999z", b"\xff\xfe", b"x" * 100000):
+            self.expect_error("canonical_arch", name, ctypes.byref(string))
+        self.expect_error("canonical_arch", b"sm_90a", None)
+        for major, minor in ((0, 0), (-1, 5), (2 ** 31 - 1, 2 ** 31 - 1), (7, 5)):
+            self.expect_error("arch_for_capability", major, minor, ctypes.byref(string))
+        for arch, cc in ((None, (9, 0)), (b"sm_90a", (8, 0)), (b"garbage", (9, 0)),
+                         (b"sm_80", (-2 ** 31, 0))):
+            self.expect_error("check_device_arch", arch, *cc)
+        # Devices and shapes: NULLs, NULL arch, extreme values.
+        self.expect_error("select", *m, None, ctypes.byref(shape), *refs)
+        self.expect_error("select", *m, ctypes.byref(dev), None, *refs)
+        self.expect_error("select", *m, ctypes.byref(_capi.Device(None, 132, 0)),
+                          ctypes.byref(shape), *refs)
+        self.expect_error("select", *m, ctypes.byref(dev), ctypes.byref(shape), None, None)
+        for field in ("batch", "s_q", "num_q_heads", "topk", "page_block_size", "kv_dtype"):
+            for value in (0, -1, 2 ** 31 - 1, -2 ** 31):
+                bad = Shape(4, 1, 8, 2048, 64).c_struct()
+                setattr(bad, field, value)
+                self.expect_error("select", *m, ctypes.byref(dev), ctypes.byref(bad), *refs)
+        for sms, forced in ((0, 0), (-2 ** 31, 0), (132, -1), (132, 2 ** 31 - 1),
+                            (132, -2 ** 31)):
+            d = _capi.device(ARCH, sms, forced)
+            self.expect_error("select", *m, ctypes.byref(d), ctypes.byref(shape), *refs)
+        # No overflow in the launch rule at the largest SM count.
+        sel = select(_capi.manifest_for_artifact(self.art), Device(ARCH, 2 ** 31 - 1),
+                     Shape(1, 1, 8, 2048, 64))
+        self.assertTrue(1 < sel.num_splits <= sel.max_splits, sel)
+        # Decode arguments: every field at extremes, and random structs.
+        for _ in range(300):
+            args = random_struct(_capi.DecodeArgs, self.rng)
+            error = ctypes.c_void_p()
+            code = lib.kforge_plan_decode(*m, ctypes.byref(dev), ctypes.byref(args),
+                                          self.rng.getrandbits(64), *refs, ctypes.byref(error))
+            self.assertNotEqual(code, 0)
+            lib.kforge_free(error.value)
+        self.expect_error("plan_decode", *m, ctypes.byref(dev), None, 0, *refs)
+        # Strides whose products overflow int64 fail their checks, not wrap.
+        q = info("q", (4, 1, 8, 576), ptr=DUMP_Q)
+        kv = info("kv_cache", (64, 64, 576), ptr=DUMP_KV)
+        idx = info("indices", (4, 1, 2048), dtype="int32", size=4, ptr=DUMP_INDICES)
+        out = info("out", (4, 1, 8, 512), ptr=DUMP_OUT)
+        dims = ops.check_decode_inputs(q, kv, idx)
+        for field, value in (("q_head_stride", 2 ** 62), ("kv_row_stride", 2 ** 62),
+                             ("out_head_stride", 2 ** 62), ("q_token_stride", -2 ** 63)):
+            args = ops.make_decode_args(q, kv, idx, dims, out, ops.check_out(out, dims), 0,
+                                        0.0625)
+            setattr(args, field, value)
+            code, message = self.expect_error("plan_decode", *m, ctypes.byref(dev),
+                                              ctypes.byref(args), 0, *refs)
+            self.assertEqual(code, _capi.INVALID_ARGUMENT, message)
+        for max_tokens in (0, -1, -2 ** 31):
+            self.expect_error("workspace_bytes_for", *m, ctypes.byref(dev), max_tokens,
+                              ctypes.byref(ctypes.c_uint64()))
+        self.expect_error("workspace_bytes_for", *m, ctypes.byref(dev), 8, None)
+        # Bundles: missing, unreadable and hostile paths, NULL handles.
+        handle = ctypes.c_void_p()
+        for path in (None, b"", b"/nonexistent/kforge", b"/proc/self/mem", b"\xff" * 5000,
+                     b"/etc/passwd"):
+            self.expect_error("bundle_open", path, ctypes.byref(handle))
+        self.expect_error("bundle_open", TMP.encode(), None)
+        for call, args in (("bundle_manifest", (None, 0, *refs)),
+                           ("bundle_get_manifest", (None, *m, ARCH.encode(), *refs)),
+                           ("bundle_get_kernel", (None, *m, ARCH.encode(), *refs)),
+                           ("bundle_writer_has_kernel", (None, b"k", ctypes.byref(ctypes.c_int32()))),
+                           ("bundle_writer_add_kernel", (None, *m)),
+                           ("bundle_writer_add_manifest", (None, *m)),
+                           ("bundle_writer_finish", ()),
+                           ("bundle_kernel_path", (None, ctypes.byref(string))),
+                           ("verify_bundle", (None, ctypes.byref(ctypes.c_int32()),
+                                              ctypes.byref(string)))):
+            if call == "bundle_writer_finish":
+                self.expect_error(call, None)
+            else:
+                self.expect_error(call, *args)
+        for path in (None, b"/proc/kforge/x", b"/etc/passwd"):
+            self.expect_error("bundle_writer_open", path, 1, ctypes.byref(handle))
+        lib.kforge_bundle_close(None)
+        lib.kforge_bundle_writer_close(None)
+        lib.kforge_free(None)
+        # A real bundle handle given garbage.
+        directory = os.path.join(TMP, "garbage_bundle")
+        copy = kbundle.LocalCopy(directory)
+        copy.add_manifest(_capi.manifest_for_artifact(self.art))
+        copy.add_kernel(self.art)
+        source = _capi.BundleSource(directory)
+        for index in (-1, 1, 2 ** 31 - 1):
+            self.expect_error("bundle_manifest", source.handle, index, *refs)
+        for blob in self.blobs():
+            self.expect_error("bundle_get_kernel", source.handle, *blob, ARCH.encode(), *refs)
+        self.expect_error("bundle_get_kernel", source.handle, *m, None, *refs)
+        writer = _capi.BundleWriter(directory, per_write=True)
+        for key in (b"../../etc/passwd", b"", b".hidden", b"a/b"):
+            has = ctypes.c_int32(7)
+            error = ctypes.c_void_p()
+            self.assertEqual(lib.kforge_bundle_writer_has_kernel(
+                writer.handle, key, ctypes.byref(has), ctypes.byref(error)), 0)
+            self.assertEqual(has.value, 0)
+        bad = artifact_pb2.KernelArtifact()
+        bad.CopyFrom(self.art)
+        bad.key = "../../escape"
+        self.expect_error("bundle_writer_add_kernel", writer.handle, *_capi.serialized(bad))
+        self.assertEqual(kforge.verify_bundle(directory), [])
+        for blob in self.blobs():
+            error = ctypes.c_void_p()
+            if lib.kforge_bundle_writer_add_manifest(writer.handle, *blob,
+                                                     ctypes.byref(error)) != 0:
+                self.assertTrue(error.value)
+                lib.kforge_free(error.value)
 
 
 def info(name, shape, strides=None, dtype="bfloat16", device=("cuda", 0), ptr=1 << 20,
@@ -547,7 +926,8 @@ def info(name, shape, strides=None, dtype="bfloat16", device=("cuda", 0), ptr=1 
 
 
 class OpsChecksTest(unittest.TestCase):
-    """kforge.ops input checks and launch planning (no torch, no GPU)."""
+    """kforge.ops's tensor mapping and the checks PlanDecode makes of what it
+    maps (no torch, no GPU)."""
 
     def inputs(self, batch=4, s_q=1, heads=8, pages=40, gap=64, topk=2048):
         page = 64 * 576 + gap  # a page stride with a gap between pages
@@ -555,11 +935,27 @@ class OpsChecksTest(unittest.TestCase):
                 info("kv_cache", (pages, 64, 1, 576), (page, 576, 576, 1), ptr=1 << 30),
                 info("indices", (batch, s_q, topk), dtype="int32", size=4, ptr=1 << 24))
 
+    def plan(self, q=None, kv=None, idx=None, out=None, lse=0, scale=0.0625, batch=4, s_q=1,
+             sms=132, workspace=1 << 32):
+        """PlanDecode for glm-5 TP8 on sm_90a (the inputs' defaults
+        replaced by any given)."""
+        dq, dkv, didx = self.inputs(batch=batch, s_q=s_q)
+        q, kv, idx = q or dq, kv or dkv, idx or didx
+        dims = ops.check_decode_inputs(q, kv, idx)
+        out = out or info("out", (*q.shape[:-1], 512), ptr=1 << 28)
+        args = ops.make_decode_args(q, kv, idx, dims, out, ops.check_out(out, dims), lse, scale)
+        return plan_decode(self.manifest, Device(ARCH, sms), args, workspace)
+
+    @classmethod
+    def setUpClass(cls):
+        cls.manifest = cli_manifest("glm-5", 8, ARCH, 1)
+
     def test_good_inputs(self):
         q, kv, idx = self.inputs(s_q=2)
         dims = ops.check_decode_inputs(q, kv, idx)
         self.assertEqual((dims.batch, dims.s_q, dims.heads, dims.d_qk, dims.topk,
-                          dims.num_pages, dims.page_block_size), (4, 2, 8, 576, 2048, 40, 64))
+                          dims.num_kv_slots, dims.page_block_size), (4, 2, 8, 576, 2048, 40 * 64,
+                                                                     64))
         self.assertEqual((dims.q_token_stride, dims.q_head_stride), (8 * 576, 576))
         self.assertEqual((dims.kv_page_stride, dims.kv_row_stride), (64 * 576 + 64, 576))
         self.assertEqual(dims.indices_token_stride, 2048)
@@ -569,6 +965,7 @@ class OpsChecksTest(unittest.TestCase):
         qt = info("q", (4, 2, 8, 576), (8 * 576, 4 * 8 * 576, 576, 1))
         with self.assertRaisesRegex(ValueError, "q: dims 0 and 1"):
             ops.check_decode_inputs(qt, kv, idx)
+        self.plan(q, kv, idx, s_q=2)
 
     def expect(self, error, pattern, **replace):
         q, kv, idx = self.inputs()
@@ -589,30 +986,42 @@ class OpsChecksTest(unittest.TestCase):
         self.expect(ValueError, "kv_cache is on cuda:1 but q on cuda:0",
                     kv=kv._replace(device=("cuda", 1)))
         self.expect(ValueError, r"q: expected \[batch, s_q, heads, d_qk\]",
-                    q=info("q", (4, 8, 576)))
+                    q=info("q", (4, 8, 576, 1, 1)))
         self.expect(ValueError, "one latent KV head", kv=info("kv_cache", (40, 64, 2, 576)))
         self.expect(ValueError, "rows of 512 values", kv=info("kv_cache", (40, 64, 512)))
         self.expect(ValueError, r"indices: shape \[4, 2, 2048\]",
                     idx=info("indices", (4, 2, 2048), dtype="int32", size=4))
         self.expect(ValueError, "q: the last dim must be contiguous",
                     q=info("q", (4, 1, 8, 576), (8 * 576 * 2, 8 * 576 * 2, 576 * 2, 2)))
-        self.expect(ValueError, "16-byte aligned", q=q._replace(data_ptr=(1 << 20) + 8))
-        self.expect(ValueError, "kv_cache: stride 36868 elements",
-                    kv=info("kv_cache", (40, 64, 576), (64 * 576 + 4, 576, 1)))
         self.expect(ValueError, "every dim must be >= 1", q=info("q", (0, 1, 8, 576)))
+        # Alignment is PlanDecode's (16 bytes for q and kv rows).
+        with self.assertRaisesRegex(kforge.KforgeInvalidArgument, "q: 0x100008 is not 16-byte"):
+            self.plan(q=q._replace(data_ptr=(1 << 20) + 8))
+        with self.assertRaisesRegex(ValueError, "kv_page_stride: got 36868 elements"):
+            self.plan(kv=info("kv_cache", (40, 64, 576), (64 * 576 + 4, 576, 1)))
 
     def test_out_checks(self):
         dims = ops.check_decode_inputs(*self.inputs(batch=3, s_q=2))
-        self.assertEqual(ops.check_out(info("out", (3, 2, 8, 512)), dims, 512), (8 * 512, 512))
-        # Heads outermost is fine; a stride that folds rows onto each other is not.
-        self.assertEqual(ops.check_out(info("out", (3, 2, 8, 512), (2 * 512, 512, 6 * 512, 1)),
-                                       dims, 512), (512, 6 * 512))
-        with self.assertRaisesRegex(ValueError, "rows overlap"):
-            ops.check_out(info("out", (3, 2, 8, 512), (8 * 512, 4 * 512, 256, 1)), dims, 512)
-        with self.assertRaisesRegex(ValueError, r"expected shape \[3, 2, 8, 512\]"):
-            ops.check_out(info("out", (3, 2, 8, 576)), dims, 512)
+        self.assertEqual(ops.check_out(info("out", (3, 2, 8, 512)), dims), (8 * 512, 512))
+        self.plan(batch=3, s_q=2)
+        # Out needs 4-byte alignment only (two bf16 per store), not 16 as the
+        # old Python check had it.
+        self.plan(out=info("out", (4, 1, 8, 512), (8 * 514, 8 * 514, 514, 1), ptr=(1 << 28) + 4))
+        with self.assertRaisesRegex(ValueError, "out: 0x10000002 is not 4-byte aligned"):
+            self.plan(out=info("out", (4, 1, 8, 512), ptr=(1 << 28) + 2))
+        # Heads outermost: rows are head-inner in PlanDecode's model.
+        with self.assertRaisesRegex(ValueError, "out_token_stride"):
+            self.plan(batch=3, s_q=2,
+                      out=info("out", (3, 2, 8, 512), (2 * 512, 512, 6 * 512, 1)))
+        with self.assertRaisesRegex(ValueError, "out_head_stride.*overlap"):
+            self.plan(batch=3, s_q=2,
+                      out=info("out", (3, 2, 8, 512), (8 * 512, 4 * 512, 256, 1)))
+        with self.assertRaisesRegex(ValueError, "d_v: got 576, the kernels are built for 512"):
+            self.plan(batch=3, s_q=2, out=info("out", (3, 2, 8, 576)))
+        with self.assertRaisesRegex(ValueError, r"out: expected shape \[3, 2, 8"):
+            ops.check_out(info("out", (3, 1, 8, 512)), dims)
         with self.assertRaisesRegex(TypeError, "float32"):
-            ops.check_out(info("out", (3, 2, 8, 512), dtype="float32", size=4), dims, 512)
+            ops.check_out(info("out", (3, 2, 8, 512), dtype="float32", size=4), dims)
 
     def test_spec_from_inputs(self):
         dims = ops.check_decode_inputs(*self.inputs(s_q=2))
@@ -636,55 +1045,62 @@ class OpsChecksTest(unittest.TestCase):
                 infer_latent_dims(d_qk, d_v)
 
     def test_inputs_against_spec(self):
-        spec = kforge.spec_from_preset("glm-5", 8)
-        dims = ops.check_decode_inputs(*self.inputs())
-        ops.check_against_spec(dims, spec, 0.0625, True)
-        ops.check_against_spec(dims, spec, None, False)
-        for changed, pattern in ((dims._replace(heads=16), "heads"),
-                                 (dims._replace(topk=1024), "topk"),
-                                 (dims._replace(page_block_size=32), "page_block_size"),
-                                 (dims._replace(d_qk=512), "d_qk")):
+        self.plan(lse=1 << 27)
+        self.plan(scale=0.0625 * (1 + 5e-7))  # PlanDecode's 1e-6 relative tolerance
+        for inputs, pattern in ((self.inputs(heads=16), "num_q_heads"),
+                                (self.inputs(topk=1024), "topk")):
             with self.assertRaisesRegex(ValueError, pattern):
-                ops.check_against_spec(changed, spec, None, False)
-        with self.assertRaisesRegex(ValueError, "differs from the kernel's 0.0625"):
-            ops.check_against_spec(dims, spec, 0.07, False)
-        spec.return_lse = False
-        with self.assertRaisesRegex(ValueError, "return_lse"):
-            ops.check_against_spec(dims, spec, None, True)
+                self.plan(*inputs, out=info("out", (*inputs[0].shape[:-1], 512)))
+        with self.assertRaisesRegex(ValueError, "page_block_size"):
+            self.plan(kv=info("kv_cache", (40, 32, 576)))
+        with self.assertRaisesRegex(ValueError, "d_qk"):
+            q, kv, idx = self.inputs()
+            self.plan(q=info("q", (4, 1, 8, 512)), kv=info("kv_cache", (40, 64, 512)))
+        with self.assertRaisesRegex(ValueError, "softmax_scale: got 0.07, the kernels are "
+                                                "compiled with 0.0625"):
+            self.plan(scale=0.07)
+        with self.assertRaisesRegex(ValueError, "softmax_scale"):
+            self.plan(scale=0.0625 * (1 + 3e-6))
 
     def test_launch_plan(self):
-        manifest = cli_manifest("glm-5", 8, ARCH, 1)
         q, kv, idx = self.inputs(batch=32)
-        dims = ops.check_decode_inputs(q, kv, idx)
-        sel = select(manifest, Device(ARCH, 132), Shape(32, 1, 8, 2048, 64))
-        self.assertGreater(sel.num_splits, 1)
         ws = 1 << 32
-        ptrs = ops.Pointers(q=q.data_ptr, kv=kv.data_ptr, indices=idx.data_ptr, out=1 << 28,
-                            lse=1 << 27, workspace=ws)
-        plan = ops.plan_launch(sel, dims, (8 * 512, 512), ptrs)
-        p = plan.main.params
-        self.assertEqual((plan.main.grid, plan.main.block, plan.main.smem),
-                         (sel.grid, sel.block_threads, sel.dynamic_smem_bytes))
-        self.assertEqual((p.q, p.kv, p.indices, p.out, p.lse), tuple(ptrs[:5]))
-        self.assertEqual((p.o_accum, p.lse_accum), (ws, ws + sel.num_splits * 32 * 8 * 512 * 4))
-        self.assertEqual((p.kv_page_stride, p.kv_row_stride, p.num_kv_slots),
+        sel = self.plan(q, kv, idx, lse=1 << 27, batch=32, workspace=ws)
+        self.assertGreater(sel.num_splits, 1)
+        want = select(self.manifest, Device(ARCH, 132), Shape(32, 1, 8, 2048, 64)).plan
+        got = artifact_pb2.LaunchPlan()
+        got.CopyFrom(sel.plan)
+        got.ClearField("main_params")
+        got.ClearField("combine_params")
+        self.assertEqual(got, want)
+        # templates/kforge/sparse_mla/config.h DecodeParams / CombineParams.
+        p = dict(zip(("q", "kv", "indices", "out", "lse", "o_accum", "lse_accum",
+                      "q_token_stride", "q_head_stride", "kv_page_stride", "kv_row_stride",
+                      "num_kv_slots", "indices_stride", "out_token_stride", "out_head_stride",
+                      "num_tokens", "num_splits", "tokens_per_split", "reserved"),
+                     struct.unpack("<7Q8q4i", sel.main_params)))
+        self.assertEqual((p["q"], p["kv"], p["indices"], p["out"], p["lse"]),
+                         (q.data_ptr, kv.data_ptr, idx.data_ptr, 1 << 28, 1 << 27))
+        self.assertEqual((p["o_accum"], p["lse_accum"]),
+                         (ws, ws + sel.num_splits * 32 * 8 * 512 * 4))
+        self.assertEqual((p["kv_page_stride"], p["kv_row_stride"], p["num_kv_slots"]),
                          (64 * 576 + 64, 576, 40 * 64))
-        self.assertEqual((p.num_tokens, p.num_splits), (32, sel.num_splits))
-        self.assertEqual(p.tokens_per_split % 64, 0)
-        self.assertGreaterEqual(p.tokens_per_split * sel.num_splits, 2048)
-        c = plan.combine.params
-        self.assertEqual((plan.combine.grid, plan.combine.block), ((32, 2, 1), 128))
-        self.assertEqual((c.o_accum, c.lse_accum, c.out, c.lse, c.num_splits),
-                         (p.o_accum, p.lse_accum, p.out, p.lse, p.num_splits))
+        self.assertEqual((p["num_tokens"], p["num_splits"]), (32, sel.num_splits))
+        self.assertEqual(p["tokens_per_split"] % 64, 0)
+        self.assertGreaterEqual(p["tokens_per_split"] * sel.num_splits, 2048)
+        c = dict(zip(("o_accum", "lse_accum", "out", "lse", "out_token_stride",
+                      "out_head_stride", "num_tokens", "num_splits"),
+                     struct.unpack("<4Q2q2i", sel.combine_params)))
+        self.assertEqual((sel.combine_grid, sel.combine_block_threads), ((32, 2), 128))
+        self.assertEqual((c["o_accum"], c["lse_accum"], c["out"], c["lse"], c["num_splits"]),
+                         (p["o_accum"], p["lse_accum"], p["out"], p["lse"], p["num_splits"]))
         # One split (264 CTA slots, 256 tokens): no combine, no workspace, and
         # lse may be absent.
-        sel1 = select(manifest, Device(ARCH, 132), Shape(256, 1, 8, 2048, 64))
-        self.assertEqual((sel1.num_splits, sel1.workspace_bytes), (1, 0))
-        dims = ops.check_decode_inputs(*self.inputs(batch=256))
-        plan = ops.plan_launch(sel1, dims, (8 * 512, 512), ptrs._replace(lse=0, workspace=0))
-        self.assertIsNone(plan.combine)
-        self.assertEqual((plan.main.params.lse, plan.main.params.o_accum,
-                          plan.main.params.tokens_per_split), (None, None, 2048))
+        sel1 = self.plan(batch=256, workspace=0)
+        self.assertEqual((sel1.num_splits, sel1.workspace_bytes, sel1.combine_params),
+                         (1, 0, b""))
+        p1 = struct.unpack("<7Q8q4i", sel1.main_params)
+        self.assertEqual((p1[4], p1[5], p1[17]), (0, 0, 2048))  # lse, o_accum, tokens/split
 
     def test_arch_rules(self):
         self.assertEqual(arch_for_capability(9, 0), "sm_90a")
@@ -697,6 +1113,10 @@ class OpsChecksTest(unittest.TestCase):
                                  ("sm_80", (9, 0))):
             with self.assertRaisesRegex(kforge.KforgeError, arch):
                 check_arch_runs(arch, capability)
+        self.assertEqual(kforge.spec.canonical_arch(" SM_90A"), "sm_90a")
+        self.assertEqual(kforge.spec.canonical_arch("sm_75z"), "sm_75z")  # as given
+        self.assertEqual(sorted(kforge.PRESETS), ["deepseek-v3.2", "glm-5"])
+        self.assertEqual(kforge.PRESETS["glm-5"].num_q_heads, 64)
 
 
 class PackageTest(unittest.TestCase):
@@ -746,4 +1166,7 @@ class PackageTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[3:])
+    try:
+        unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[4:])
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)

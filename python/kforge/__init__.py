@@ -7,26 +7,33 @@ on PyTorch tensors.
     out, lse = kforge.sparse_mla_decode(q, kv_cache, indices, 0.0625,
                                         return_lse=True)
 
-Importing kforge needs neither torch, cuda-python nor grpcio, nor the
-generated message modules (kforge/v1/*_pb2.py, written by scripts/build.sh):
-each is imported when first used, with an error saying what is missing.
+Every rule (presets, arch names, selection, launch math, argument checks,
+the bundle format, artifact checks) is kforge's C++ model and bundle
+library, bound through its C ABI (kforge/_native/libkforge_capi.so, see
+kforge._capi). Importing kforge needs neither that library, torch,
+cuda-python, grpcio nor the generated message modules (kforge/v1/*_pb2.py,
+written by the build): each is loaded when first used, with an error saying
+what is missing.
 """
 
-from kforge.bundle import Bundle
+from kforge.bundle import Bundle, verify_bundle
 from kforge.client import Client
-from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeNotFound, KforgeRpcError,
-                           KforgeUnavailable)
+from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument, KforgeNotFound,
+                           KforgeRpcError, KforgeUnavailable)
+from kforge.kernel import Kernel
 from kforge.ops import SparseMlaDecoder, configure, default_source, sparse_mla_decode
-from kforge.select import Device, Selection, Shape
+from kforge.plan import Device, Selection, Shape, plan_decode, select, workspace_bytes_for
 from kforge.spec import PRESETS, spec_from_preset
 
-__all__ = ["Bundle", "Client", "Device", "KforgeBadAnswer", "KforgeError", "KforgeNotFound",
-           "KforgeRpcError", "KforgeUnavailable", "PRESETS", "Selection", "Shape",
-           "SparseMlaDecoder", "configure", "default_source", "prefetch", "spec_from_preset",
-           "sparse_mla_decode"]
+__all__ = ["Bundle", "Client", "Device", "Kernel", "KforgeBadAnswer", "KforgeError",
+           "KforgeInvalidArgument", "KforgeNotFound", "KforgeRpcError", "KforgeUnavailable",
+           "PRESETS", "Selection", "Shape", "SparseMlaDecoder", "configure", "default_source",
+           "plan_decode", "prefetch", "select", "spec_from_preset", "sparse_mla_decode",
+           "verify_bundle", "workspace_bytes_for"]
 
 
 def prefetch(manifest, arch=None, source=None):
     """Fetches every variant's kernel of `manifest` from `source` (default:
     the configured one); returns the artifacts in variant order."""
     return (source if source is not None else default_source()).prefetch(manifest, arch)
+

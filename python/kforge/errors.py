@@ -29,3 +29,14 @@ class KforgeRpcError(KforgeError):
         super().__init__(message)
         self.code_name = code_name  # e.g. "INVALID_ARGUMENT"
         self.details = details      # the server's status message
+
+
+class KforgeInvalidArgument(KforgeError, ValueError):
+    """A bad argument, as kforge's C++ rules judge it (absl
+    INVALID_ARGUMENT or OUT_OF_RANGE): a shape, stride, pointer, spec field
+    or device the kernels do not support. The message names the field, the
+    value and what is supported. Also a ValueError."""
+
+    def __init__(self, message, code=3):
+        super().__init__(message)
+        self.code = code  # the absl status code

@@ -15,9 +15,12 @@ variables. Kernels are loaded with cuda-python (cuda.bindings.driver) and
 launched on torch's current stream; the split-K workspace comes from torch's
 caching allocator on that stream, so it is stream-ordered like any tensor.
 
-torch and cuda.bindings are imported only when a kernel is used: the input
-checks and launch planning below are plain functions of shapes and strides
-(tests/python_client_test.py runs them with no GPU).
+What is Python's own here: reading torch tensor metadata into the C struct
+model/decode_plan.h checks (dtype, device and layout, which that struct
+does not carry), and the launch. Every rule about the call (sizes against
+the model, strides, alignment, the scale, the variant, grid and split
+count, the parameter blocks) is the C++ PlanDecode's, reached through the
+C ABI (kforge.plan).
 """
 
 import collections
@@ -26,12 +29,11 @@ import math
 import os
 import threading
 
+from kforge import _capi
 from kforge.bundle import Bundle, first_choice
-from kforge.driver import CombineParams, DecodeParams
 from kforge.errors import KforgeError
-from kforge.select import Device, Shape, select
-from kforge.spec import (arch_for_capability, check_arch_runs, float32, infer_latent_dims,
-                         make_spec)
+from kforge.plan import Device, ManifestRef, Shape, plan_decode, select
+from kforge.spec import arch_for_capability, check_arch_runs, infer_latent_dims, make_spec
 
 # ---------------------------------------------------------------- sources
 
@@ -80,22 +82,19 @@ def default_source():
         return _default_source
 
 
-# ---------------------------------------------------------------- checks
+# ------------------------------------------------- tensors -> DecodeArgs
 
-# What the checks need of a tensor. device is (type, index); dtype is torch's
-# name without "torch."; data_ptr and strides as torch reports them (strides
-# in elements).
+# What the mapping needs of a tensor. device is (type, index); dtype is
+# torch's name without "torch."; data_ptr and strides as torch reports them
+# (strides in elements).
 TensorInfo = collections.namedtuple(
     "TensorInfo", "name shape strides dtype device data_ptr element_size")
 
+# q, kv_cache and indices read as one decode call; strides in elements.
 DecodeDims = collections.namedtuple(
-    "DecodeDims", "batch s_q heads d_qk topk num_pages page_block_size device "
+    "DecodeDims", "batch s_q heads d_qk topk num_kv_slots page_block_size device "
                   "q_token_stride q_head_stride kv_page_stride kv_row_stride "
                   "indices_token_stride")
-
-# cp.async moves 16-byte chunks of q and KV rows; the epilogue stores out in
-# 16-byte vectors.
-_ALIGN = 16
 
 
 def tensor_info(name, t):
@@ -121,25 +120,17 @@ def _check_last_dim(info):
                          f"strides {list(info.strides)}")
 
 
-def _check_aligned(info, strides):
-    if info.data_ptr % _ALIGN:
-        raise ValueError(f"{info.name}: data pointer {info.data_ptr:#x} is not "
-                         f"{_ALIGN}-byte aligned")
-    for s in strides:
-        if s * info.element_size % _ALIGN:
-            raise ValueError(f"{info.name}: stride {s} elements ({s * info.element_size} "
-                             f"bytes) is not a multiple of {_ALIGN} bytes; strides "
-                             f"{list(info.strides)}")
-
-
-def _token_stride(info):
-    """Stride between query tokens when dims 0 and 1 (batch, s_q) are read
-    as one token dim t = b * s_q + s."""
+def _tokens(info, ndim):
+    """(tokens shape prefix, token stride) of a tensor whose leading dims
+    are [batch, s_q] (ndim dims) or one token dim (ndim - 1 dims): dims 0
+    and 1 are read as one token dim t = b * s_q + s."""
+    if len(info.shape) == ndim - 1:
+        return (info.shape[0], 1), info.strides[0]
     (b, s), (sb, ss) = info.shape[:2], info.strides[:2]
     if s == 1:
-        return sb
+        return (b, s), sb
     if b == 1 or sb == s * ss:
-        return ss
+        return (b, s), ss
     raise ValueError(f"{info.name}: dims 0 and 1 (batch, s_q) must merge into one token dim "
                      f"(stride(0) == shape[1] * stride(1)); got shape {list(info.shape)} "
                      f"strides {list(info.strides)}")
@@ -155,68 +146,96 @@ def _check_device(infos):
                              f"{first.name} on cuda:{first.device[1]}; all must be on one GPU")
 
 
-def check_decode_inputs(q, kv, indices):
-    """DecodeDims of (q, kv_cache, indices) given as TensorInfo; TypeError
-    for a dtype, ValueError naming the tensor for anything else."""
+def check_decode_inputs(q, kv, indices, page_block_size=None):
+    """DecodeDims of (q, kv_cache, indices) given as TensorInfo. q is
+    [batch, s_q, heads, d_qk] (or [tokens, heads, d_qk]); kv_cache
+    [num_pages, page_block_size, d_qk], [num_pages, page_block_size, 1,
+    d_qk], or [num_slots, d_qk] with `page_block_size` given; indices
+    [batch, s_q, topk] (or [tokens, topk]). TypeError for a dtype,
+    ValueError naming the tensor for a layout this mapping cannot express;
+    everything else is PlanDecode's to judge."""
     _check_dtype(q, "bfloat16")
     _check_dtype(kv, "bfloat16")
     _check_dtype(indices, "int32")
     _check_device([q, kv, indices])
-    _check_ndim(q, (4,), "[batch, s_q, heads, d_qk]")
-    _check_ndim(kv, (3, 4), "[num_pages, page_block_size, d_qk] or "
-                            "[num_pages, page_block_size, 1, d_qk]")
-    _check_ndim(indices, (3,), "[batch, s_q, topk]")
-    batch, s_q, heads, d_qk = q.shape
+    _check_ndim(q, (3, 4), "[batch, s_q, heads, d_qk]")
+    _check_ndim(kv, (2, 3, 4), "[num_pages, page_block_size, d_qk] or "
+                               "[num_pages, page_block_size, 1, d_qk]")
+    _check_ndim(indices, (len(q.shape) - 1,), "[batch, s_q, topk]")
+    (batch, s_q), q_token = _tokens(q, 4)
+    heads, d_qk = q.shape[-2:]
     if len(kv.shape) == 4 and kv.shape[2] != 1:
         raise ValueError(f"{kv.name}: a 4-dim cache is [num_pages, page_block_size, 1, d_qk] "
                          f"(one latent KV head), got shape {list(kv.shape)}")
     if kv.shape[-1] != d_qk:
         raise ValueError(f"{kv.name}: rows of {kv.shape[-1]} values, {q.name} has d_qk {d_qk}")
-    if indices.shape[:2] != (batch, s_q):
+    idx_tokens, idx_stride = _tokens(indices, 3)
+    if idx_tokens != (batch, s_q):
         raise ValueError(f"{indices.name}: shape {list(indices.shape)} does not start with "
                          f"{q.name}'s [batch, s_q] = {[batch, s_q]}")
     for info in (q, kv, indices):
         _check_last_dim(info)
-    q_token, kv_page, kv_row = _token_stride(q), kv.strides[0], kv.strides[1]
-    _check_aligned(q, (q_token, q.strides[2]))
-    _check_aligned(kv, (kv_page, kv_row))
-    return DecodeDims(batch=batch, s_q=s_q, heads=heads, d_qk=d_qk, topk=indices.shape[2],
-                      num_pages=kv.shape[0], page_block_size=kv.shape[1], device=q.device,
-                      q_token_stride=q_token, q_head_stride=q.strides[2],
-                      kv_page_stride=kv_page, kv_row_stride=kv_row,
-                      indices_token_stride=_token_stride(indices))
+    if len(kv.shape) == 2:
+        if page_block_size is None:
+            raise ValueError(f"{kv.name}: a 2-dim cache [num_slots, d_qk] needs the page size")
+        pbs, row = page_block_size, kv.strides[0]
+        slots, page = kv.shape[0], row * page_block_size
+    else:
+        pbs, row, page = kv.shape[1], kv.strides[1], kv.strides[0]
+        slots = kv.shape[0] * kv.shape[1]
+    return DecodeDims(batch=batch, s_q=s_q, heads=heads, d_qk=d_qk, topk=indices.shape[-1],
+                      num_kv_slots=slots, page_block_size=pbs, device=q.device,
+                      q_token_stride=q_token, q_head_stride=q.strides[-2],
+                      kv_page_stride=page, kv_row_stride=row, indices_token_stride=idx_stride)
 
 
-def _rows_overlap(row, dims):
-    """Whether rows of `row` elements placed by (size, stride) dims overlap:
-    from the innermost dim out, each stride must step past all that the
-    inner dims cover."""
-    span = row
-    for size, stride in sorted((d for d in dims if d[0] > 1), key=lambda d: d[1]):
-        if stride < span:
-            return True
-        span += stride * (size - 1)
-    return False
-
-
-def check_out(out, dims, d_v):
+def check_out(out, dims):
     """(token stride, head stride) of a caller's out buffer [batch, s_q,
-    heads, d_v] bf16, whose rows must not overlap (the kernel writes them)."""
+    heads, d_v] (or [tokens, heads, d_v]) bf16 for the inputs `dims`."""
     _check_dtype(out, "bfloat16")
-    _check_ndim(out, (4,), "[batch, s_q, heads, d_v]")
-    want = (dims.batch, dims.s_q, dims.heads, d_v)
-    if out.shape != want:
-        raise ValueError(f"{out.name}: expected shape {list(want)}, got {list(out.shape)}")
+    _check_ndim(out, (3, 4), "[batch, s_q, heads, d_v]")
+    tokens, token_stride = _tokens(out, 4)
+    if tokens != (dims.batch, dims.s_q) or out.shape[-2] != dims.heads:
+        raise ValueError(f"{out.name}: expected shape {[dims.batch, dims.s_q, dims.heads, 'd_v']}"
+                         f", got {list(out.shape)}")
     if out.device != dims.device:
         raise ValueError(f"{out.name} is on {out.device[0]}:{out.device[1]}, the inputs on "
                          f"cuda:{dims.device[1]}")
     _check_last_dim(out)
-    token, head = _token_stride(out), out.strides[2]
-    if _rows_overlap(d_v, ((dims.batch * dims.s_q, token), (dims.heads, head))):
-        raise ValueError(f"{out.name}: rows overlap (strides {list(out.strides)} for shape "
-                         f"{list(out.shape)}); pass a dense or non-overlapping buffer")
-    _check_aligned(out, (token, head))
-    return token, head
+    return token_stride, out.strides[-2]
+
+
+def check_lse(lse, dims):
+    """lse [batch, s_q, heads] (or [tokens, heads]) fp32, contiguous (the
+    kernels write it with no strides)."""
+    _check_dtype(lse, "float32")
+    tokens = dims.batch * dims.s_q
+    contiguous = lse.strides[-1] == 1 and (len(lse.shape) < 2 or lse.strides[-2] == dims.heads or
+                                          tokens == 1)
+    if math.prod(lse.shape) != tokens * dims.heads or lse.shape[-1] != dims.heads or \
+            not contiguous:
+        raise ValueError(f"{lse.name}: expected a contiguous [batch, s_q, heads] = "
+                         f"{[dims.batch, dims.s_q, dims.heads]} tensor, got shape "
+                         f"{list(lse.shape)} strides {list(lse.strides)}")
+    if lse.device != dims.device:
+        raise ValueError(f"{lse.name} is on {lse.device[0]}:{lse.device[1]}, the inputs on "
+                         f"cuda:{dims.device[1]}")
+
+
+def make_decode_args(q, kv, indices, dims, out, out_strides, lse_ptr, softmax_scale,
+                     kv_dtype=1):
+    """The C struct PlanDecode checks (model/decode_plan.h DecodeArgs) for
+    TensorInfos q, kv, indices, out with `dims` and `out_strides` read from
+    them, and an lse address (0 = not wanted)."""
+    return _capi.DecodeArgs(
+        q=q.data_ptr, kv=kv.data_ptr, indices=indices.data_ptr, out=out.data_ptr, lse=lse_ptr,
+        batch=dims.batch, s_q=dims.s_q, num_q_heads=dims.heads, d_qk=dims.d_qk,
+        d_v=out.shape[-1], topk=dims.topk, page_block_size=dims.page_block_size,
+        kv_dtype=kv_dtype, num_kv_slots=dims.num_kv_slots,
+        q_token_stride=dims.q_token_stride, q_head_stride=dims.q_head_stride,
+        kv_page_stride=dims.kv_page_stride, kv_row_stride=dims.kv_row_stride,
+        indices_stride=dims.indices_token_stride, out_token_stride=out_strides[0],
+        out_head_stride=out_strides[1], softmax_scale=float(softmax_scale))
 
 
 def spec_for_inputs(dims, softmax_scale, return_lse, d_v=None):
@@ -228,61 +247,6 @@ def spec_for_inputs(dims, softmax_scale, return_lse, d_v=None):
     return make_spec(num_q_heads=dims.heads, kv_lora_rank=rank, rope_dim=rope, topk=dims.topk,
                      s_q=dims.s_q, page_block_size=dims.page_block_size,
                      softmax_scale=scale, return_lse=bool(return_lse))
-
-
-def check_against_spec(dims, spec, softmax_scale, return_lse):
-    """ValueError unless the inputs fit the kernel's spec (everything but
-    s_q, which picks the manifest variant)."""
-    for what, got, want in (("heads (q dim 2)", dims.heads, spec.num_q_heads),
-                            ("d_qk (q dim 3)", dims.d_qk, spec.kv_lora_rank + spec.rope_dim),
-                            ("topk (indices dim 2)", dims.topk, spec.topk),
-                            ("page_block_size (kv_cache dim 1)", dims.page_block_size,
-                             spec.page_block_size)):
-        if got != want:
-            raise ValueError(f"{what} is {got}; the kernel is built for {want}")
-    if softmax_scale is not None and float32(softmax_scale) != spec.softmax_scale:
-        raise ValueError(f"softmax_scale {softmax_scale} differs from the kernel's "
-                         f"{spec.softmax_scale:.9g} (the scale is compiled into the kernel)")
-    if return_lse and not spec.return_lse:
-        raise ValueError("return_lse=True but the kernel was built with return_lse false")
-
-
-Launch = collections.namedtuple("Launch", "grid block smem params")
-LaunchPlan = collections.namedtuple("LaunchPlan", "main combine")
-Pointers = collections.namedtuple("Pointers", "q kv indices out lse workspace")
-
-
-def plan_launch(sel, dims, out_strides, ptrs):
-    """The parameter blocks and launch shapes of one call. ptrs.lse may be
-    0 (not written); ptrs.workspace is sel.workspace_bytes of device memory
-    when sel.needs_combine: fp32 partial O [splits, tokens, heads, d_v], then
-    fp32 partial lse [splits, tokens, heads]."""
-    spec = sel.variant.spec
-    tokens, heads, d_v = sel.num_tokens, spec.num_q_heads, spec.kv_lora_rank
-    o_accum = lse_accum = 0
-    if sel.needs_combine:
-        o_bytes = sel.num_splits * tokens * heads * d_v * 4
-        if sel.workspace_bytes != o_bytes + sel.num_splits * tokens * heads * 4:
-            raise KforgeError(f"{sel.variant.module_name}: workspace of {sel.workspace_bytes} "
-                              "bytes does not hold the fp32 partial O and lse this loader lays "
-                              "out")
-        o_accum, lse_accum = ptrs.workspace, ptrs.workspace + o_bytes
-    p = DecodeParams(
-        q=ptrs.q, kv=ptrs.kv, indices=ptrs.indices, out=ptrs.out, lse=ptrs.lse or None,
-        o_accum=o_accum or None, lse_accum=lse_accum or None,
-        q_token_stride=dims.q_token_stride, q_head_stride=dims.q_head_stride,
-        kv_page_stride=dims.kv_page_stride, kv_row_stride=dims.kv_row_stride,
-        num_kv_slots=dims.num_pages * dims.page_block_size,
-        indices_stride=dims.indices_token_stride,
-        out_token_stride=out_strides[0], out_head_stride=out_strides[1],
-        num_tokens=tokens, num_splits=sel.num_splits, tokens_per_split=sel.tokens_per_split)
-    main = Launch(sel.grid, sel.block_threads, sel.dynamic_smem_bytes, p)
-    if not sel.needs_combine:
-        return LaunchPlan(main, None)
-    c = CombineParams(o_accum=o_accum, lse_accum=lse_accum, out=ptrs.out, lse=ptrs.lse or None,
-                      out_token_stride=out_strides[0], out_head_stride=out_strides[1],
-                      num_tokens=tokens, num_splits=sel.num_splits)
-    return LaunchPlan(main, Launch(sel.combine_grid + (1,), sel.combine_block_threads, 0, c))
 
 
 # ---------------------------------------------------------------- CUDA
@@ -315,8 +279,9 @@ def _cu_check(cu, result, what):
     return result[1] if len(result) == 2 else result[1:]
 
 
-class _LoadedKernel:
-    """One artifact's two entry points, loaded for one device."""
+class LoadedKernel:
+    """One artifact's two entry points, loaded for one device, launching
+    the plans PlanDecode makes."""
 
     def __init__(self, artifact, device_index, capability):
         check_arch_runs(artifact.arch, capability)
@@ -343,22 +308,26 @@ class _LoadedKernel:
             for k in entries]
         self.name = name
 
-    def run(self, plan, stream):
-        """Enqueues a LaunchPlan on `stream` (a cudaStream_t as an int)."""
-        self._launch(self.main, plan.main, stream)
-        if plan.combine is not None:
-            self._launch(self.combine, plan.combine, stream)
+    def run(self, sel, stream):
+        """Enqueues a Selection made by plan_decode on `stream` (a
+        cudaStream_t as an int): the main kernel, then the combine."""
+        p = sel.plan
+        self._launch(self.main, (p.grid_x, p.grid_y, p.grid_z), p.block_threads,
+                     p.dynamic_smem_bytes, p.main_params, stream)
+        if p.needs_combine:
+            self._launch(self.combine, (p.combine_grid_x, p.combine_grid_y, 1),
+                         p.combine_block_threads, 0, p.combine_params, stream)
 
-    def _launch(self, function, launch, stream):
+    def _launch(self, function, grid, block, smem, params, stream):
         cu = self._cu
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(launch.params))  # one by-value struct
-        gx, gy, gz = launch.grid
-        _cu_check(cu, cu.cuLaunchKernel(function, gx, gy, gz, launch.block, 1, 1, launch.smem,
+        block_bytes = ctypes.create_string_buffer(params, len(params))
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(block_bytes))  # one by-value struct
+        _cu_check(cu, cu.cuLaunchKernel(function, *grid, block, 1, 1, smem,
                                         cu.CUstream(stream), ctypes.addressof(args), 0),
-                  f"cuLaunchKernel({self.name}, grid {launch.grid}, block {launch.block})")
+                  f"cuLaunchKernel({self.name}, grid {grid}, block {block})")
 
 
-def _cuda_device(torch, device):
+def cuda_device(torch, device):
     if device is None:
         return torch.device("cuda", torch.cuda.current_device())
     device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
@@ -368,21 +337,48 @@ def _cuda_device(torch, device):
         "cuda", torch.cuda.current_device())
 
 
+def run_planned(torch, device, manifest, dev, kernel_for, q, kv, indices, dims, out, lse,
+                softmax_scale, kv_dtype):
+    """Plans one call with PlanDecode (a second time, with its workspace,
+    when it splits) and launches it on torch's current stream. Returns the
+    Selection."""
+    out_info = tensor_info("out", out)
+    out_strides = check_out(out_info, dims)
+    lse_ptr = 0
+    if lse is not None:
+        check_lse(tensor_info("lse", lse), dims)
+        lse_ptr = lse.data_ptr()
+    args = make_decode_args(tensor_info("q", q), tensor_info("kv_cache", kv),
+                            tensor_info("indices", indices), dims, out_info, out_strides,
+                            lse_ptr, softmax_scale, kv_dtype)
+    sel = plan_decode(manifest, dev, args, 0)
+    workspace = None
+    if sel.needs_combine:
+        workspace = torch.empty(sel.workspace_bytes, dtype=torch.uint8, device=device)
+        sel = plan_decode(manifest, dev, args, workspace.data_ptr())
+    kernel = kernel_for(sel.variant)
+    with torch.cuda.device(device):
+        kernel.run(sel, torch.cuda.current_stream(device).cuda_stream)
+    return sel
+
+
 class SparseMlaDecoder:
     """Sparse MLA decode for one model (preset + tp, or spec) on one GPU.
 
     Fetches the manifest once; loads each variant's kernel the first time a
-    call needs it (plain decode and each MTP s_q are separate variants)."""
+    call needs it."""
 
     def __init__(self, source=None, preset=None, tp=None, spec=None, device=None, arch=None):
         torch = self._torch = _torch()
         self.source = source if source is not None else default_source()
-        self.device = _cuda_device(torch, device)
+        self.device = cuda_device(torch, device)
         self.capability = torch.cuda.get_device_capability(self.device)
         self.arch = arch or arch_for_capability(*self.capability)
         check_arch_runs(self.arch, self.capability)
         self.sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.manifest = self.source.get_manifest(preset=preset, tp=tp, spec=spec, arch=self.arch)
+        self._manifest = ManifestRef(self.manifest)
+        self._device = Device(self.arch, self.sm_count).c_struct()
         self.spec = first_choice(self.manifest).spec
         self._kernels = {}
         self._lock = threading.Lock()
@@ -392,7 +388,7 @@ class SparseMlaDecoder:
         shape = Shape(batch=batch, s_q=s_q, num_q_heads=self.spec.num_q_heads,
                       topk=self.spec.topk, page_block_size=self.spec.page_block_size,
                       kv_dtype=self.spec.kv_cache_dtype)
-        return select(self.manifest, Device(self.arch, self.sm_count), shape)
+        return select(self._manifest, self._device, shape)
 
     def prefetch(self):
         """Fetches and loads every variant's kernel (engine start), so that no
@@ -409,7 +405,7 @@ class SparseMlaDecoder:
             artifact = self.source.get_kernel(variant, self.arch)
             with self._torch.cuda.device(self.device):
                 self._torch.zeros(1, device=self.device)  # torch's context is current
-                kernel = _LoadedKernel(artifact, self.device.index, self.capability)
+                kernel = LoadedKernel(artifact, self.device.index, self.capability)
             with self._lock:
                 kernel = self._kernels.setdefault(variant.key, kernel)
         return kernel
@@ -417,30 +413,20 @@ class SparseMlaDecoder:
     def __call__(self, q, kv_cache, indices, softmax_scale=None, *, return_lse=False, out=None):
         """out [batch, s_q, heads, d_v] bf16, or (out, lse [batch, s_q,
         heads] fp32) with return_lse. softmax_scale, when given, must be the
-        kernel's."""
+        kernel's (1e-6 relative, as PlanDecode checks)."""
         torch = self._torch
         dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv_cache", kv_cache),
                                    tensor_info("indices", indices))
         if dims.device != ("cuda", self.device.index):
             raise ValueError(f"q is on cuda:{dims.device[1]}, this decoder on {self.device}")
-        check_against_spec(dims, self.spec, softmax_scale, return_lse)
-        sel = self.selection(dims.batch, dims.s_q)
-        kernel = self._kernel(sel.variant)
-        d_v = self.spec.kv_lora_rank
         if out is None:
-            out = torch.empty(dims.batch, dims.s_q, dims.heads, d_v, dtype=torch.bfloat16,
+            out = torch.empty(*q.shape[:-1], self.spec.kv_lora_rank, dtype=torch.bfloat16,
                               device=self.device)
-        out_strides = check_out(tensor_info("out", out), dims, d_v)
-        lse = (torch.empty(dims.batch, dims.s_q, dims.heads, dtype=torch.float32,
-                           device=self.device) if return_lse else None)
-        workspace = (torch.empty(sel.workspace_bytes, dtype=torch.uint8, device=self.device)
-                     if sel.needs_combine else None)
-        ptrs = Pointers(q=q.data_ptr(), kv=kv_cache.data_ptr(), indices=indices.data_ptr(),
-                        out=out.data_ptr(), lse=lse.data_ptr() if lse is not None else 0,
-                        workspace=workspace.data_ptr() if workspace is not None else 0)
-        plan = plan_launch(sel, dims, out_strides, ptrs)
-        with torch.cuda.device(self.device):
-            kernel.run(plan, torch.cuda.current_stream(self.device).cuda_stream)
+        lse = (torch.empty(*q.shape[:-2], dims.heads, dtype=torch.float32, device=self.device)
+               if return_lse else None)
+        scale = self.spec.softmax_scale if softmax_scale is None else softmax_scale
+        run_planned(torch, self.device, self._manifest, self._device, self._kernel, q, kv_cache,
+                    indices, dims, out, lse, scale, self.spec.kv_cache_dtype)
         return (out, lse) if return_lse else out
 
 

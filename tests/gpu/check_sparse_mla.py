@@ -2,11 +2,14 @@
 """GPU correctness check for kforge sparse MLA modules (needs a CUDA GPU).
 
 Loads every module under MODULE_DIR (written by `kforge compile`, see
-tests/gpu/compile_check_modules.sh) with the CUDA Driver API and compares it
+tests/gpu/compile_check_modules.sh) with the kforge package
+(kforge.Kernel.from_files: launches planned by the C++ PlanDecode through
+the C ABI, loaded with cuda-python) and compares it
 with an fp64 PyTorch reference on fresh random inputs: -1 padding,
 out-of-range slots, a query token whose indices are all invalid, a paged
 cache with a gap between pages, outputs poisoned with NaN before each run,
-and several split counts (1, the automatic choice, the maximum).
+and several split counts (1, the launch rule's choice, the maximum), forced
+through the selector's forced_num_splits.
 
 Bars: bf16 output relative error <= 1e-2, lse relative error <= 1e-4, no NaN,
 every output element written. Prints one table row per case and exits 1 on
@@ -35,11 +38,13 @@ def reference(q, kv_rows, idx, valid, scale, d_v):
     return out, lse
 
 
-def run_case(mod, batch, s_q, splits_mode, gen, sm_count, paged_gap):
+def run_case(mod, batch, s_q, splits_mode, gen, paged_gap):
     import torch
-    H, D, Dv, K = mod.num_heads, mod.d_qk, mod.d_v, mod.topk
+    spec = mod.spec
+    H, Dv, K = spec.num_q_heads, spec.kv_lora_rank, spec.topk
+    D = Dv + spec.rope_dim
     T = batch * s_q
-    pbs = mod.page_block_size
+    pbs = spec.page_block_size
     num_pages = max(4, math.ceil(2 * (K + 64) / pbs))
     num_slots = num_pages * pbs
     gap = 64 if paged_gap else 0  # elements between pages (keeps 16 B alignment)
@@ -65,23 +70,24 @@ def run_case(mod, batch, s_q, splits_mode, gen, sm_count, paged_gap):
     if splits_mode == "1":
         splits = 1
     elif splits_mode == "max":
-        splits = mod.max_splits()
+        splits = mod.max_splits
     else:
-        splits = mod.auto_splits(T, sm_count)
+        splits = mod.auto_splits(T)
     # The kernel addresses slot s at (s / pbs) * page_stride + (s % pbs) * D.
-    mod(q, kv_view, idx, out, lse if mod.return_lse else None, num_splits=splits)
+    sel = mod(q, kv_view, idx, out, lse if spec.return_lse else None, num_splits=splits)
     torch.cuda.synchronize()
+    assert sel.num_splits == splits, (sel.num_splits, splits)
 
     safe = torch.where(valid, idx, torch.zeros_like(idx)).long()
     page, off = safe // pbs, safe % pbs
     rows = kv_view[page, off].double()  # [T, K, D]
     rows = rows * valid[..., None]
-    ref_out, ref_lse = reference(q.double(), rows, idx, valid, mod.meta["spec"]["softmax_scale"], Dv)
+    ref_out, ref_lse = reference(q.double(), rows, idx, valid, spec.softmax_scale, Dv)
 
     o = out.double()
-    nan = bool(torch.isnan(o).any()) or (mod.return_lse and bool(torch.isnan(lse).any()))
+    nan = bool(torch.isnan(o).any()) or (spec.return_lse and bool(torch.isnan(lse).any()))
     err = float(torch.linalg.vector_norm(o - ref_out) / max(torch.linalg.vector_norm(ref_out), 1e-30))
-    if mod.return_lse:
+    if spec.return_lse:
         fin = torch.isfinite(ref_lse)
         same_inf = bool(torch.equal(torch.isinf(lse.double()), ~fin))
         lerr = float(torch.linalg.vector_norm(lse.double()[fin] - ref_lse[fin]) /
@@ -111,22 +117,21 @@ def main():
     if not torch.cuda.is_available():
         print("SKIP: no CUDA GPU")
         return 0
-    from kforge.driver import SparseMlaModule, device_sm_count
-    sm_count = device_sm_count()
+    import kforge
     gen = torch.Generator(device="cuda")
     gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
     rows, failures = [], 0
     print(f"{'module':70s} {'tiling':>14s} {'B':>4s} {'T':>4s} {'spl':>4s} "
           f"{'out rel err':>11s} {'lse rel err':>11s}  result")
     for cubin in sorted(glob.glob(os.path.join(args.module_dir, "*.cubin"))):
-        mod = SparseMlaModule(cubin)
-        s_q = mod.meta["spec"]["s_q"]
-        t = mod.meta["tiling"]
-        tiling = f"h{t['head_tile']}n{t['token_tile']}w{t['warps']}"
+        mod = kforge.Kernel.from_files(cubin)
+        s_q = max(1, mod.spec.s_q)  # tokens per request; 0 once s_q leaves the spec
+        t = mod.artifact.tiling
+        tiling = f"h{t.head_tile}n{t.token_tile}w{t.warps}"
         for b in [int(x) for x in args.batches.split(",")]:
             for mode, gap in (("1", False), ("auto", True), ("max", False)):
-                r = run_case(mod, b, s_q, mode, gen, sm_count, gap)
-                r.update(module=mod.meta["module_name"], tiling=tiling, batch=b)
+                r = run_case(mod, b, s_q, mode, gen, gap)
+                r.update(module=mod.module_name, tiling=tiling, batch=b)
                 rows.append(r)
                 failures += not r["ok"]
                 print(f"{r['module']:70s} {tiling:>14s} {b:4d} {r['T']:4d} {r['splits']:4d} "

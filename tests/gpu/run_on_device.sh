@@ -2,8 +2,14 @@
 # Runs on the GPU machine: correctness check, then the benchmark, over
 # modules compiled beforehand (see compile_check_modules.sh and
 # bench/compile_bench_modules.sh). Writes logs and tables under $OUT.
-# usage: run_on_device.sh CHECK_DIR BENCH_DIR
+# The Python package needs its native library staged for that machine
+# (tests/gpu/stage_binaries.sh --beside CAPI_DIR build/capi/libkforge_capi.so).
+# usage: run_on_device.sh CHECK_DIR BENCH_DIR [CAPI_DIR]
 set -uo pipefail
+if [ -n "${3:-}" ]; then
+  KFORGE_CAPI_LIB=$(cd "$3" && pwd)
+  export KFORGE_CAPI_LIB
+fi
 out=${OUT:-/tmp/kforge-gpu}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"

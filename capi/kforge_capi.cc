@@ -1,0 +1,474 @@
+#include "capi/kforge_capi.h"
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "base/absl_compat.h"
+#include "bundle/bundle.h"
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/service.pb.h"
+#include "kforge/v1/spec.pb.h"
+#include "model/arch.h"
+#include "model/artifact_check.h"
+#include "model/decode_plan.h"
+#include "model/launch_plan.h"
+#include "model/selector.h"
+#include "model/spec.h"
+#include "templates/kforge/sparse_mla/config.h"
+
+struct KforgeBundle {
+  std::unique_ptr<kforge::BundleSource> source;
+};
+
+struct KforgeBundleWriter {
+  std::unique_ptr<kforge::BundleWriter> writer;
+};
+
+namespace {
+
+using kforge::v1::KernelArtifact;
+using kforge::v1::Manifest;
+
+// Serialized inputs larger than this are refused before protobuf sees them
+// (its parsers take an int size; a real manifest or cubin is well below).
+constexpr size_t kMaxMessageBytes = size_t{1} << 30;
+
+char* CopyString(std::string_view s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out == nullptr) throw std::bad_alloc();
+  std::memcpy(out, s.data(), s.size());
+  out[s.size()] = '\0';
+  return out;
+}
+
+// Runs `body` (returning absl::Status) and turns its status, or anything it
+// throws, into the ABI's code + message.
+template <typename Body>
+int32_t Call(char** error, Body&& body) {
+  if (error != nullptr) *error = nullptr;
+  absl::Status status;
+  try {
+    status = body();
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError("out of memory");
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("unexpected exception: ", e.what()));
+  } catch (...) {
+    status = absl::InternalError("unexpected exception");
+  }
+  if (!status.ok() && error != nullptr) {
+    try {
+      *error = CopyString(std::string_view(status.message().data(), status.message().size()));
+    } catch (...) {
+      *error = nullptr;
+    }
+  }
+  return static_cast<int32_t>(status.code());
+}
+
+absl::Status Null(std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(kforge::AsAbsl(what), ": NULL"));
+}
+
+absl::Status Parse(const uint8_t* data, size_t size, google::protobuf::Message* message,
+                   std::string_view what) {
+  if (data == nullptr && size != 0) return Null(what);
+  if (size > kMaxMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(kforge::AsAbsl(what), ": ", size,
+                                                   " bytes, more than the ",
+                                                   kMaxMessageBytes, " accepted"));
+  }
+  if (!message->ParseFromArray(data, static_cast<int>(size))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kforge::AsAbsl(what), ": ", size, " bytes do not parse as a ", message->GetTypeName()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Output(const google::protobuf::Message& message, uint8_t** out, size_t* out_size,
+                    std::string_view what) {
+  if (out == nullptr || out_size == nullptr) return Null(what);
+  const size_t size = message.ByteSizeLong();
+  uint8_t* buffer = static_cast<uint8_t*>(std::malloc(size == 0 ? 1 : size));
+  if (buffer == nullptr) throw std::bad_alloc();
+  if (!message.SerializeWithCachedSizesToArray(buffer)) {
+    std::free(buffer);
+    return absl::InternalError(absl::StrCat(kforge::AsAbsl(what), ": cannot serialize"));
+  }
+  *out = buffer;
+  *out_size = size;
+  return absl::OkStatus();
+}
+
+absl::Status OutputString(std::string_view s, char** out, std::string_view what) {
+  if (out == nullptr) return Null(what);
+  *out = CopyString(s);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<kforge::DeviceInfo> ToDevice(const KforgeDevice* device) {
+  if (device == nullptr) return Null("device");
+  if (device->arch == nullptr) return Null("device.arch");
+  kforge::DeviceInfo info;
+  info.arch = device->arch;
+  info.sm_count = device->sm_count;
+  info.forced_num_splits = device->forced_num_splits;
+  return info;
+}
+
+kforge::v1::KvCacheDtype ToDtype(int32_t value) {
+  return static_cast<kforge::v1::KvCacheDtype>(value);
+}
+
+kforge::DecodeArgs ToDecodeArgs(const KforgeDecodeArgs& a) {
+  kforge::DecodeArgs d;
+  d.q = a.q;
+  d.kv = a.kv;
+  d.indices = a.indices;
+  d.out = a.out;
+  d.lse = a.lse;
+  d.batch = a.batch;
+  d.s_q = a.s_q;
+  d.num_q_heads = a.num_q_heads;
+  d.d_qk = a.d_qk;
+  d.d_v = a.d_v;
+  d.topk = a.topk;
+  d.page_block_size = a.page_block_size;
+  d.num_kv_slots = a.num_kv_slots;
+  d.kv_dtype = ToDtype(a.kv_dtype);
+  d.q_token_stride = a.q_token_stride;
+  d.q_head_stride = a.q_head_stride;
+  d.kv_page_stride = a.kv_page_stride;
+  d.kv_row_stride = a.kv_row_stride;
+  d.indices_stride = a.indices_stride;
+  d.out_token_stride = a.out_token_stride;
+  d.out_head_stride = a.out_head_stride;
+  d.softmax_scale = a.softmax_scale;
+  return d;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t kforge_capi_version(void) { return KFORGE_CAPI_VERSION; }
+
+size_t kforge_sizeof(const char* struct_name) {
+  if (struct_name == nullptr) return 0;
+  const std::string_view name(struct_name);
+  if (name == "KforgeDevice") return sizeof(KforgeDevice);
+  if (name == "KforgeShape") return sizeof(KforgeShape);
+  if (name == "KforgeDecodeArgs") return sizeof(KforgeDecodeArgs);
+  if (name == "DecodeParams") return sizeof(kforge::sparse_mla::DecodeParams);
+  if (name == "CombineParams") return sizeof(kforge::sparse_mla::CombineParams);
+  return 0;
+}
+
+void kforge_free(void* p) { std::free(p); }
+
+int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, uint8_t** spec,
+                                size_t* spec_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (name == nullptr) return Null("preset");
+    absl::StatusOr<kforge::v1::AttentionSpec> s = kforge::SpecFromPreset(name, tensor_parallel);
+    if (!s.ok()) return s.status();
+    return Output(*s, spec, spec_size, "spec");
+  });
+}
+
+int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    kforge::v1::AttentionSpec s;
+    if (absl::Status p = Parse(spec, spec_size, &s, "spec"); !p.ok()) return p;
+    return kforge::ValidateSpec(s);
+  });
+}
+
+int32_t kforge_normalize_spec(const uint8_t* spec, size_t spec_size, uint8_t** normalized,
+                              size_t* normalized_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    kforge::v1::AttentionSpec s;
+    if (absl::Status p = Parse(spec, spec_size, &s, "spec"); !p.ok()) return p;
+    absl::StatusOr<kforge::v1::AttentionSpec> n = kforge::NormalizeSpec(s);
+    if (!n.ok()) return n.status();
+    return Output(*n, normalized, normalized_size, "normalized");
+  });
+}
+
+int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec,
+                          size_t* spec_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (text == nullptr && text_size != 0) return Null("text");
+    if (text_size > kMaxMessageBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("text: ", text_size, " bytes"));
+    }
+    absl::StatusOr<kforge::v1::AttentionSpec> s =
+        kforge::ParseSpec(std::string_view(text == nullptr ? "" : text, text_size));
+    if (!s.ok()) return s.status();
+    return Output(*s, spec, spec_size, "spec");
+  });
+}
+
+int32_t kforge_presets(char** names, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    std::string text;
+    for (const kforge::PresetInfo& p : kforge::Presets()) absl::StrAppend(&text, p.name, "\n");
+    return OutputString(text, names, "names");
+  });
+}
+
+int32_t kforge_canonical_arch(const char* name, char** canonical, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (name == nullptr) return Null("arch");
+    absl::StatusOr<kforge::Arch> arch = kforge::ParseArch(name);
+    if (!arch.ok()) return arch.status();
+    return OutputString(arch->name, canonical, "canonical");
+  });
+}
+
+int32_t kforge_arch_for_capability(int32_t major, int32_t minor, char** arch, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    absl::StatusOr<std::string> a = kforge::ArchForComputeCapability(major, minor);
+    if (!a.ok()) return a.status();
+    return OutputString(*a, arch, "arch");
+  });
+}
+
+int32_t kforge_check_device_arch(const char* arch, int32_t major, int32_t minor, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (arch == nullptr) return Null("arch");
+    return kforge::CheckDeviceArch(arch, major, minor);
+  });
+}
+
+int32_t kforge_select(const uint8_t* manifest, size_t manifest_size, const KforgeDevice* device,
+                      const KforgeShape* shape, uint8_t** plan, size_t* plan_size,
+                      char** error) {
+  return Call(error, [&]() -> absl::Status {
+    Manifest m;
+    if (absl::Status p = Parse(manifest, manifest_size, &m, "manifest"); !p.ok()) return p;
+    absl::StatusOr<kforge::DeviceInfo> d = ToDevice(device);
+    if (!d.ok()) return d.status();
+    if (shape == nullptr) return Null("shape");
+    const kforge::RuntimeShape s{shape->batch,         shape->s_q,
+                                 shape->num_q_heads,   shape->topk,
+                                 ToDtype(shape->kv_dtype), shape->page_block_size};
+    absl::StatusOr<kforge::Selection> sel = kforge::Select(m, *d, s);
+    if (!sel.ok()) return sel.status();
+    return Output(kforge::ToLaunchPlan(*sel), plan, plan_size, "plan");
+  });
+}
+
+int32_t kforge_plan_decode(const uint8_t* manifest, size_t manifest_size,
+                           const KforgeDevice* device, const KforgeDecodeArgs* args,
+                           uint64_t workspace, uint8_t** plan, size_t* plan_size,
+                           char** error) {
+  return Call(error, [&]() -> absl::Status {
+    Manifest m;
+    if (absl::Status p = Parse(manifest, manifest_size, &m, "manifest"); !p.ok()) return p;
+    absl::StatusOr<kforge::DeviceInfo> d = ToDevice(device);
+    if (!d.ok()) return d.status();
+    if (args == nullptr) return Null("args");
+    absl::StatusOr<kforge::DecodeLaunch> launch =
+        kforge::PlanDecode(m, *d, ToDecodeArgs(*args), workspace);
+    if (!launch.ok()) return launch.status();
+    return Output(kforge::ToLaunchPlan(*launch), plan, plan_size, "plan");
+  });
+}
+
+int32_t kforge_workspace_bytes_for(const uint8_t* manifest, size_t manifest_size,
+                                   const KforgeDevice* device, int32_t max_tokens,
+                                   uint64_t* bytes, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    Manifest m;
+    if (absl::Status p = Parse(manifest, manifest_size, &m, "manifest"); !p.ok()) return p;
+    absl::StatusOr<kforge::DeviceInfo> d = ToDevice(device);
+    if (!d.ok()) return d.status();
+    if (bytes == nullptr) return Null("bytes");
+    absl::StatusOr<uint64_t> need = kforge::WorkspaceBytesFor(m, *d, max_tokens);
+    if (!need.ok()) return need.status();
+    *bytes = *need;
+    return absl::OkStatus();
+  });
+}
+
+int32_t kforge_check_artifact(const uint8_t* variant, size_t variant_size, const char* arch,
+                              const uint8_t* artifact, size_t artifact_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    kforge::v1::ManifestVariant v;
+    KernelArtifact a;
+    if (absl::Status p = Parse(variant, variant_size, &v, "variant"); !p.ok()) return p;
+    if (absl::Status p = Parse(artifact, artifact_size, &a, "artifact"); !p.ok()) return p;
+    if (arch == nullptr) return Null("arch");
+    return kforge::CheckArtifactForVariant(v, arch, a);
+  });
+}
+
+int32_t kforge_manifest_for_artifact(const uint8_t* artifact, size_t artifact_size,
+                                     uint8_t** manifest, size_t* manifest_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    KernelArtifact a;
+    if (absl::Status p = Parse(artifact, artifact_size, &a, "artifact"); !p.ok()) return p;
+    absl::StatusOr<Manifest> m = kforge::ManifestForArtifact(a);
+    if (!m.ok()) return m.status();
+    return Output(*m, manifest, manifest_size, "manifest");
+  });
+}
+
+int32_t kforge_bundle_kernel_path(const char* key, char** path, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (key == nullptr) return Null("key");
+    return OutputString(kforge::BundleKernelPath(key), path, "path");
+  });
+}
+
+int32_t kforge_bundle_manifest_path(const uint8_t* manifest, size_t manifest_size, char** path,
+                                    char** error) {
+  return Call(error, [&]() -> absl::Status {
+    Manifest m;
+    if (absl::Status p = Parse(manifest, manifest_size, &m, "manifest"); !p.ok()) return p;
+    absl::StatusOr<std::string> rel = kforge::BundleManifestPath(m);
+    if (!rel.ok()) return rel.status();
+    return OutputString(*rel, path, "path");
+  });
+}
+
+int32_t kforge_bundle_open(const char* dir, KforgeBundle** bundle, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (dir == nullptr) return Null("dir");
+    if (bundle == nullptr) return Null("bundle");
+    absl::StatusOr<std::unique_ptr<kforge::BundleSource>> source =
+        kforge::BundleSource::Open(dir);
+    if (!source.ok()) return source.status();
+    *bundle = new KforgeBundle{*std::move(source)};
+    return absl::OkStatus();
+  });
+}
+
+void kforge_bundle_close(KforgeBundle* bundle) { delete bundle; }
+
+int32_t kforge_bundle_manifest(KforgeBundle* bundle, int32_t index, uint8_t** manifest,
+                               size_t* manifest_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (bundle == nullptr) return Null("bundle");
+    const std::vector<Manifest>& all = bundle->source->manifests();
+    if (index < 0 || static_cast<size_t>(index) >= all.size()) {
+      return absl::OutOfRangeError(
+          absl::StrCat("manifest index ", index, ": the bundle holds ", all.size()));
+    }
+    return Output(all[index], manifest, manifest_size, "manifest");
+  });
+}
+
+int32_t kforge_bundle_get_manifest(KforgeBundle* bundle, const uint8_t* selector,
+                                   size_t selector_size, const char* arch, uint8_t** manifest,
+                                   size_t* manifest_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (bundle == nullptr) return Null("bundle");
+    kforge::v1::KernelSelector sel;
+    if (absl::Status p = Parse(selector, selector_size, &sel, "selector"); !p.ok()) return p;
+    if (arch == nullptr) return Null("arch");
+    absl::StatusOr<Manifest> m = bundle->source->GetManifest(sel, arch);
+    if (!m.ok()) return m.status();
+    return Output(*m, manifest, manifest_size, "manifest");
+  });
+}
+
+int32_t kforge_bundle_get_kernel(KforgeBundle* bundle, const uint8_t* variant,
+                                 size_t variant_size, const char* arch, uint8_t** artifact,
+                                 size_t* artifact_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (bundle == nullptr) return Null("bundle");
+    kforge::v1::ManifestVariant v;
+    if (absl::Status p = Parse(variant, variant_size, &v, "variant"); !p.ok()) return p;
+    if (arch == nullptr) return Null("arch");
+    absl::StatusOr<kforge::ArtifactRef> a = bundle->source->GetKernel(v, arch);
+    if (!a.ok()) return a.status();
+    return Output(**a, artifact, artifact_size, "artifact");
+  });
+}
+
+int32_t kforge_bundle_writer_open(const char* dir, int32_t per_write_locking,
+                                  KforgeBundleWriter** writer, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (dir == nullptr) return Null("dir");
+    if (writer == nullptr) return Null("writer");
+    absl::StatusOr<std::unique_ptr<kforge::BundleWriter>> w = kforge::BundleWriter::Open(
+        dir, per_write_locking != 0 ? kforge::BundleLocking::kPerWrite
+                                    : kforge::BundleLocking::kWholeRun);
+    if (!w.ok()) return w.status();
+    *writer = new KforgeBundleWriter{*std::move(w)};
+    return absl::OkStatus();
+  });
+}
+
+void kforge_bundle_writer_close(KforgeBundleWriter* writer) { delete writer; }
+
+int32_t kforge_bundle_writer_has_kernel(KforgeBundleWriter* writer, const char* key,
+                                        int32_t* has, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (writer == nullptr) return Null("writer");
+    if (key == nullptr) return Null("key");
+    if (has == nullptr) return Null("has");
+    *has = writer->writer->HasKernel(key) ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+int32_t kforge_bundle_writer_add_kernel(KforgeBundleWriter* writer, const uint8_t* artifact,
+                                        size_t artifact_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (writer == nullptr) return Null("writer");
+    KernelArtifact a;
+    if (absl::Status p = Parse(artifact, artifact_size, &a, "artifact"); !p.ok()) return p;
+    return writer->writer->AddKernel(a);
+  });
+}
+
+int32_t kforge_bundle_writer_add_manifest(KforgeBundleWriter* writer, const uint8_t* manifest,
+                                          size_t manifest_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (writer == nullptr) return Null("writer");
+    Manifest m;
+    if (absl::Status p = Parse(manifest, manifest_size, &m, "manifest"); !p.ok()) return p;
+    return writer->writer->AddManifest(m);
+  });
+}
+
+int32_t kforge_bundle_writer_finish(KforgeBundleWriter* writer, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (writer == nullptr) return Null("writer");
+    return writer->writer->Finish();
+  });
+}
+
+int32_t kforge_verify_bundle(const char* dir, int32_t* problems, char** report, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (dir == nullptr) return Null("dir");
+    if (problems == nullptr) return Null("problems");
+    if (report == nullptr) return Null("report");
+    std::string text;
+    const std::vector<kforge::BundleProblem> found = kforge::VerifyBundle(dir);
+    for (const kforge::BundleProblem& p : found) {
+      // One line each: tabs and newlines inside a message become spaces.
+      absl::StrAppend(&text, p.path, "\t",
+                      absl::StrReplaceAll(p.message, {{"\n", " "}, {"\t", " "}}), "\n");
+    }
+    *report = CopyString(text);
+    *problems = static_cast<int32_t>(found.size());
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"

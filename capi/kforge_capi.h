@@ -1,0 +1,187 @@
+#ifndef KFORGE_CAPI_KFORGE_CAPI_H_
+#define KFORGE_CAPI_KFORGE_CAPI_H_
+
+/* A C ABI over kforge's model and bundle libraries (specs, presets, arch
+ * rules, the selector, the decode plan, artifact checks, bundles), so that
+ * other languages use these rules instead of re-implementing them. The
+ * Python package binds it with ctypes (python/kforge/_capi.py): one shared
+ * library serves every Python version and needs no Python headers.
+ *
+ * Conventions, for every function below:
+ *  - The return value is an absl::StatusCode (0 = OK, 3 = INVALID_ARGUMENT,
+ *    5 = NOT_FOUND, 9 = FAILED_PRECONDITION, 11 = OUT_OF_RANGE,
+ *    15 = DATA_LOSS, ...).
+ *  - `error` may be NULL. Otherwise *error is NULL on success and, on
+ *    failure, a NUL-terminated message naming the field and the value.
+ *  - Protobuf messages cross as serialized bytes of kforge.v1 messages
+ *    (pointer + size); bytes that do not parse are INVALID_ARGUMENT.
+ *  - Every output (bytes, strings, error messages) is allocated here and
+ *    released with kforge_free. Outputs are written only on success.
+ *  - Nothing throws across the ABI; NULL or hostile input gives an error.
+ *    No pointer to an input is kept after a call returns.
+ *  - Thread safety: free functions may be called concurrently; a bundle or
+ *    bundle writer handle is used by one thread at a time. */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped on any change of a signature or a struct below. */
+#define KFORGE_CAPI_VERSION 1
+
+int32_t kforge_capi_version(void);
+
+/* sizeof of a struct as this library was built, for bindings to check
+ * their mirrors: "KforgeDevice", "KforgeShape", "KforgeDecodeArgs",
+ * "DecodeParams", "CombineParams". 0 for any other name. */
+size_t kforge_sizeof(const char* struct_name);
+
+void kforge_free(void* p);
+
+/* model/selector.h DeviceInfo. */
+typedef struct KforgeDevice {
+  const char* arch;          /* "sm_90a", "90a", ...; not NULL */
+  int32_t sm_count;          /* >= 1 */
+  int32_t forced_num_splits; /* 0: the launch rule's; else 1..max_splits */
+} KforgeDevice;
+
+/* model/selector.h RuntimeShape. */
+typedef struct KforgeShape {
+  int32_t batch;
+  int32_t s_q;
+  int32_t num_q_heads;
+  int32_t topk;
+  int32_t page_block_size;
+  int32_t kv_dtype; /* kforge.v1.KvCacheDtype value (1 = bf16) */
+} KforgeShape;
+
+/* model/decode_plan.h DecodeArgs, field for field (see there for shapes,
+ * strides and nullability). Pointers are device addresses. */
+typedef struct KforgeDecodeArgs {
+  uint64_t q;
+  uint64_t kv;
+  uint64_t indices;
+  uint64_t out;
+  uint64_t lse; /* 0: not wanted */
+  int32_t batch;
+  int32_t s_q;
+  int32_t num_q_heads;
+  int32_t d_qk;
+  int32_t d_v;
+  int32_t topk;
+  int32_t page_block_size;
+  int32_t kv_dtype;
+  int64_t num_kv_slots;
+  int64_t q_token_stride;
+  int64_t q_head_stride;
+  int64_t kv_page_stride;
+  int64_t kv_row_stride;
+  int64_t indices_stride;
+  int64_t out_token_stride;
+  int64_t out_head_stride;
+  double softmax_scale;
+} KforgeDecodeArgs;
+
+/* ---- specs (model/spec.h) ---- */
+
+/* AttentionSpec of a preset at a tensor-parallel degree. */
+int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, uint8_t** spec,
+                                size_t* spec_size, char** error);
+/* ValidateSpec. */
+int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error);
+/* NormalizeSpec (validates first). */
+int32_t kforge_normalize_spec(const uint8_t* spec, size_t spec_size, uint8_t** normalized,
+                              size_t* normalized_size, char** error);
+/* ParseSpec: JSON or text proto; not validated. */
+int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec,
+                          size_t* spec_size, char** error);
+/* The preset names, one per line. */
+int32_t kforge_presets(char** names, char** error);
+
+/* ---- archs (model/arch.h) ---- */
+
+/* ParseArch's canonical name ("90a" -> "sm_90a"); FAILED_PRECONDITION for
+ * a target kforge does not build for. */
+int32_t kforge_canonical_arch(const char* name, char** canonical, char** error);
+/* ArchForComputeCapability. */
+int32_t kforge_arch_for_capability(int32_t major, int32_t minor, char** arch, char** error);
+/* CheckDeviceArch: OK when a cubin for `arch` runs on compute capability
+ * major.minor. */
+int32_t kforge_check_device_arch(const char* arch, int32_t major, int32_t minor, char** error);
+
+/* ---- selection and planning (model/selector.h, model/decode_plan.h) ---- */
+
+/* Select -> a serialized kforge.v1.LaunchPlan without parameter blocks. */
+int32_t kforge_select(const uint8_t* manifest, size_t manifest_size, const KforgeDevice* device,
+                      const KforgeShape* shape, uint8_t** plan, size_t* plan_size, char** error);
+/* PlanDecode -> a serialized LaunchPlan with main_params (and
+ * combine_params when it needs a combine), for a workspace at `workspace`
+ * holding plan.workspace_bytes (0 when none is needed). */
+int32_t kforge_plan_decode(const uint8_t* manifest, size_t manifest_size,
+                           const KforgeDevice* device, const KforgeDecodeArgs* args,
+                           uint64_t workspace, uint8_t** plan, size_t* plan_size, char** error);
+/* WorkspaceBytesFor. */
+int32_t kforge_workspace_bytes_for(const uint8_t* manifest, size_t manifest_size,
+                                   const KforgeDevice* device, int32_t max_tokens,
+                                   uint64_t* bytes, char** error);
+
+/* ---- artifacts (model/artifact_check.h, model/launch_plan.h) ---- */
+
+/* CheckArtifactForVariant (variant: ManifestVariant, artifact:
+ * KernelArtifact); DATA_LOSS naming the first mismatch. */
+int32_t kforge_check_artifact(const uint8_t* variant, size_t variant_size, const char* arch,
+                              const uint8_t* artifact, size_t artifact_size, char** error);
+/* ManifestForArtifact: a one-variant Manifest for a compiled kernel. */
+int32_t kforge_manifest_for_artifact(const uint8_t* artifact, size_t artifact_size,
+                                     uint8_t** manifest, size_t* manifest_size, char** error);
+
+/* ---- bundles (bundle/bundle.h) ---- */
+
+/* BundleKernelPath / BundleManifestPath: a file's path in a bundle. */
+int32_t kforge_bundle_kernel_path(const char* key, char** path, char** error);
+int32_t kforge_bundle_manifest_path(const uint8_t* manifest, size_t manifest_size, char** path,
+                                    char** error);
+
+typedef struct KforgeBundle KforgeBundle;
+/* BundleSource::Open. Close with kforge_bundle_close. */
+int32_t kforge_bundle_open(const char* dir, KforgeBundle** bundle, char** error);
+void kforge_bundle_close(KforgeBundle* bundle);
+/* The bundle's index-th manifest (in checksum-list order); OUT_OF_RANGE
+ * past the last. */
+int32_t kforge_bundle_manifest(KforgeBundle* bundle, int32_t index, uint8_t** manifest,
+                               size_t* manifest_size, char** error);
+/* BundleSource::GetManifest (selector: KernelSelector). */
+int32_t kforge_bundle_get_manifest(KforgeBundle* bundle, const uint8_t* selector,
+                                   size_t selector_size, const char* arch, uint8_t** manifest,
+                                   size_t* manifest_size, char** error);
+/* BundleSource::GetKernel (variant: ManifestVariant) -> KernelArtifact. */
+int32_t kforge_bundle_get_kernel(KforgeBundle* bundle, const uint8_t* variant,
+                                 size_t variant_size, const char* arch, uint8_t** artifact,
+                                 size_t* artifact_size, char** error);
+
+typedef struct KforgeBundleWriter KforgeBundleWriter;
+/* BundleWriter::Open; per_write_locking != 0 is BundleLocking::kPerWrite
+ * (a client's local copy shared by processes), 0 kWholeRun. */
+int32_t kforge_bundle_writer_open(const char* dir, int32_t per_write_locking,
+                                  KforgeBundleWriter** writer, char** error);
+void kforge_bundle_writer_close(KforgeBundleWriter* writer);
+int32_t kforge_bundle_writer_has_kernel(KforgeBundleWriter* writer, const char* key,
+                                        int32_t* has, char** error);
+int32_t kforge_bundle_writer_add_kernel(KforgeBundleWriter* writer, const uint8_t* artifact,
+                                        size_t artifact_size, char** error);
+int32_t kforge_bundle_writer_add_manifest(KforgeBundleWriter* writer, const uint8_t* manifest,
+                                          size_t manifest_size, char** error);
+int32_t kforge_bundle_writer_finish(KforgeBundleWriter* writer, char** error);
+
+/* VerifyBundle: *problems problems, listed in *report one per line as
+ * "<path>\t<message>" (empty when the bundle is good). */
+int32_t kforge_verify_bundle(const char* dir, int32_t* problems, char** report, char** error);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* KFORGE_CAPI_KFORGE_CAPI_H_ */

@@ -64,7 +64,6 @@ absl::StatusOr<v1::Manifest> ManifestForArtifact(const v1::KernelArtifact& artif
   v1::Manifest manifest;
   manifest.set_format_version(kFormatVersion);
   manifest.set_arch(artifact.arch());
-  manifest.set_sm_count(0);
   v1::ManifestVariant* v = manifest.add_variants();
   v->set_module_name(artifact.module_name());
   v->set_key(artifact.key());

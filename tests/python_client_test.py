@@ -187,7 +187,7 @@ class RetryAndAnswerTest(unittest.TestCase):
         self.assertEqual(client.rpc_calls, 6)
         request = fake.requests["GetManifest"][-1]
         self.assertEqual((request.kernel.preset.name, request.kernel.preset.tensor_parallel,
-                          request.arch, request.sm_count), ("glm-5", 8, ARCH, 0))
+                          request.arch), ("glm-5", 8, ARCH))
         request = fake.requests["GetKernel"][-1]
         self.assertEqual(request.kernel.spec, self.manifest.variants[0].spec)
         self.assertEqual(request.arch, ARCH)
@@ -281,7 +281,7 @@ def sha256_hex(data):
 
 def manifest_to_json(manifest):
     """bundle/bundle.cc's ManifestJson options: proto field names, every
-    field printed (sm_count 0 included), indented, newline at the end."""
+    field printed (zeros included), indented, newline at the end."""
     try:
         text = json_format.MessageToJson(manifest, preserving_proto_field_name=True,
                                          including_default_value_fields=True, indent=1)
@@ -328,8 +328,8 @@ def write_bundle(directory, manifest, artifacts):
 
 
 class RealServerTest(unittest.TestCase):
-    """Against `kforge serve` (compiles glm-5 TP8 for sm_90a, four s_q
-    variants, about a second each)."""
+    """Against `kforge serve` (compiles glm-5 at TP 8, 4 and 2 for sm_90a,
+    about a second each)."""
 
     @classmethod
     def setUpClass(cls):
@@ -340,6 +340,15 @@ class RealServerTest(unittest.TestCase):
         cls.client = kforge.Client(cls.address, timeout=120)
         cls.manifest = cls.client.get_manifest(preset="glm-5", tp=8, arch=ARCH)
         cls.artifacts = cls.client.prefetch(cls.manifest)
+        # Bundles that must hold several kernels: the manifest with glm-5 at
+        # TP 4 and 2 appended as further variants (a real manifest has one).
+        cls.multi = type(cls.manifest)()
+        cls.multi.CopyFrom(cls.manifest)
+        for tp in (4, 2):
+            other = cls.client.get_manifest(preset="glm-5", tp=tp, arch=ARCH)
+            cls.multi.choice_order.append(len(cls.multi.variants))
+            cls.multi.variants.append(other.variants[0])
+        cls.multi_artifacts = cls.client.prefetch(cls.multi)
 
     @classmethod
     def tearDownClass(cls):
@@ -351,8 +360,9 @@ class RealServerTest(unittest.TestCase):
 
     def test_manifest_and_kernels(self):
         m = self.manifest
-        self.assertEqual((m.arch, m.sm_count, len(m.variants)), (ARCH, 0, 4))
-        self.assertEqual([v.spec.s_q for v in m.variants], [1, 2, 3, 4])
+        # One variant: it serves every s_q.
+        self.assertEqual((m.arch, len(m.variants)), (ARCH, 1))
+        self.assertEqual([v.spec.s_q for v in m.variants], [0])
         # The Python preset table matches the server's.
         self.assertEqual(m.variants[m.choice_order[0]].spec, kforge.spec_from_preset("glm-5", 8))
         self.assertEqual([a.key for a in self.artifacts], [v.key for v in m.variants])
@@ -395,7 +405,7 @@ class RealServerTest(unittest.TestCase):
         offline = kforge.Bundle(copy)
         self.assertEqual(offline.get_manifest(preset="glm-5", tp=8, arch=ARCH), self.manifest)
         with open(os.path.join(copy, kbundle.manifest_path(self.manifest))) as f:
-            self.assertIn('"sm_count": 0', f.read())
+            self.assertIn('"choice_order"', f.read())
         # With the server gone: the manifest from the copy, kernels with no RPC.
         down = kforge.Client(f"127.0.0.1:{free_port()}", max_attempts=1, local_copy_dir=copy)
         self.assertEqual(down.get_manifest(preset="glm-5", tp=8, arch=ARCH), self.manifest)
@@ -415,46 +425,46 @@ class RealServerTest(unittest.TestCase):
 
     def bundle(self, name):
         directory = os.path.join(self.tmp, name)
-        write_bundle(directory, self.manifest, self.artifacts)
+        write_bundle(directory, self.multi, self.multi_artifacts)
         return directory
 
     def test_bundle_reads_what_the_layout_says(self):
         b = kforge.Bundle(self.bundle("good"))
-        self.assertEqual(b.get_manifest(preset="glm-5", tp=8, arch=ARCH), self.manifest)
+        self.assertEqual(b.get_manifest(preset="glm-5", tp=8, arch=ARCH), self.multi)
         self.assertEqual(b.get_manifest(spec=kforge.spec_from_preset("glm-5", 8), arch="90a"),
-                         self.manifest)
+                         self.multi)
         mtp = kforge.spec_from_preset("glm-5", 8)
         mtp.s_q = 2  # not a first choice here, but a variant
-        self.assertEqual(b.get_manifest(spec=mtp, arch=ARCH), self.manifest)
-        self.assertEqual(b.prefetch(self.manifest), self.artifacts)
+        self.assertEqual(b.get_manifest(spec=mtp, arch=ARCH), self.multi)
+        self.assertEqual(b.prefetch(self.multi), self.multi_artifacts)
         with self.assertRaises(kforge.KforgeNotFound) as cm:
             b.get_manifest(preset="glm-5", tp=4, arch=ARCH)
-        self.assertIn(self.manifest.variants[0].module_name, str(cm.exception))  # what it holds
+        self.assertIn(self.multi.variants[0].module_name, str(cm.exception))  # what it holds
         with self.assertRaises(kforge.KforgeNotFound):
             b.get_manifest(preset="glm-5", tp=8, arch="sm_120a")
 
     def test_bundle_flipped_byte_is_named(self):
         directory = self.bundle("flipped")
-        rel = kbundle.kernel_path(self.artifacts[1].key)
+        rel = kbundle.kernel_path(self.multi_artifacts[1].key)
         flip_byte(os.path.join(directory, rel))
         b = kforge.Bundle(directory)
-        b.get_kernel(self.manifest.variants[0], ARCH)  # the others are fine
+        b.get_kernel(self.multi.variants[0], ARCH)  # the others are fine
         with self.assertRaises(kforge.KforgeBadAnswer) as cm:
-            b.get_kernel(self.manifest.variants[1], ARCH)
+            b.get_kernel(self.multi.variants[1], ARCH)
         self.assertIn(rel, str(cm.exception))
         self.assertIn("sha256", str(cm.exception))
 
     def test_bundle_problems_are_named(self):
         directory = self.bundle("missing")
-        rel = kbundle.kernel_path(self.artifacts[2].key)
+        rel = kbundle.kernel_path(self.multi_artifacts[2].key)
         os.unlink(os.path.join(directory, rel))
         # Listed but missing is a damaged bundle (BundleSource: DATA_LOSS).
         with self.assertRaises(kforge.KforgeBadAnswer) as cm:
-            kforge.Bundle(directory).get_kernel(self.manifest.variants[2], ARCH)
+            kforge.Bundle(directory).get_kernel(self.multi.variants[2], ARCH)
         self.assertIn(rel, str(cm.exception))
 
         directory = self.bundle("manifest")
-        rel = kbundle.manifest_path(self.manifest)
+        rel = kbundle.manifest_path(self.multi)
         flip_byte(os.path.join(directory, rel))
         with self.assertRaises(kforge.KforgeBadAnswer) as cm:
             kforge.Bundle(directory)
@@ -466,7 +476,7 @@ class RealServerTest(unittest.TestCase):
         with open(os.path.join(directory, "checksums.sha256"), "w") as f:
             f.writelines(lines)
         with self.assertRaises(kforge.KforgeBadAnswer) as cm:
-            kforge.Bundle(directory).get_kernel(self.manifest.variants[0], ARCH)
+            kforge.Bundle(directory).get_kernel(self.multi.variants[0], ARCH)
         self.assertIn("not listed", str(cm.exception))
 
         directory = self.bundle("marker")
@@ -482,15 +492,15 @@ class RealServerTest(unittest.TestCase):
     def test_bundle_serves_the_wrong_kernel_as_bad_answer(self):
         directory = self.bundle("swapped")
         # kernels/<key0>.kfa holding kernel 1, with a matching checksum.
-        rel0 = kbundle.kernel_path(self.artifacts[0].key)
-        data = self.artifacts[1].SerializeToString(deterministic=True)
+        rel0 = kbundle.kernel_path(self.multi_artifacts[0].key)
+        data = self.multi_artifacts[1].SerializeToString(deterministic=True)
         with open(os.path.join(directory, rel0), "wb") as f:
             f.write(data)
         sums = read_checksums(directory)
         sums[rel0] = sha256_hex(data)
         write_checksums(directory, sums)
         with self.assertRaises(kforge.KforgeBadAnswer) as cm:
-            kforge.Bundle(directory).get_kernel(self.manifest.variants[0], ARCH)
+            kforge.Bundle(directory).get_kernel(self.multi.variants[0], ARCH)
         self.assertIn("key", str(cm.exception))
         self.assertIn(rel0, str(cm.exception))
 

@@ -134,8 +134,8 @@ class Client(KernelSource):
         return KforgeRpcError(message, code, details)
 
     def get_manifest(self, preset=None, tp=None, spec=None, arch=None):
-        """The selection manifest (split count symbolic, sm_count 0) for a
-        preset and tensor-parallel degree, or for a spec, on `arch`."""
+        """The selection manifest for a preset and tensor-parallel degree, or
+        for a spec, on `arch` (the split count is the selector's, per device)."""
         if arch is None:
             raise ValueError("arch= is required (e.g. arch='sm_90a')")
         sel = selector(preset=preset, tp=tp, spec=spec)
@@ -144,7 +144,7 @@ class Client(KernelSource):
             manifest = self._manifests.get(key)
         if manifest is not None:
             return manifest
-        request = pb().service_pb2.GetManifestRequest(kernel=sel, arch=arch, sm_count=0)
+        request = pb().service_pb2.GetManifestRequest(kernel=sel, arch=arch)
         try:
             manifest = self._call(self._get_manifest, request, f"GetManifest({arch})")
         except KforgeUnavailable as e:

@@ -37,7 +37,7 @@ def _bad(where, what):
 def check_manifest(manifest, arch, where):
     """Raises KforgeBadAnswer unless `manifest` is for `arch`, with the
     variants and in-range first choice that using it relies on (the C++
-    client's check: BundleManifestPath) and a symbolic split count."""
+    client's check: BundleManifestPath)."""
     arch = canonical_arch(arch)
     if canonical_arch(manifest.arch) != arch:
         raise _bad(where, f"a manifest for arch {manifest.arch!r}, asked for {arch}")
@@ -45,8 +45,6 @@ def check_manifest(manifest, arch, where):
         _capi.bundle_manifest_path(manifest)
     except KforgeError as e:
         raise _bad(where, f"a bad manifest: {e}") from None
-    if manifest.sm_count != 0:
-        raise _bad(where, f"a bad manifest: sm_count: got {manifest.sm_count}, asked for 0")
 
 
 def check_artifact(variant, arch, artifact, where):

@@ -10,9 +10,7 @@ namespace kforge {
 // Debian's Abseil is built with ABSL_OPTION_USE_STD_STRING_VIEW 0, so
 // absl::string_view is its own type and absl::StrCat & co. do not take a
 // std::string_view. kforge's interfaces use std::string_view; convert here.
-inline absl::string_view AsAbsl(std::string_view s) {
-  return {s.data(), s.size()};
-}
+inline absl::string_view AsAbsl(std::string_view s) { return {s.data(), s.size()}; }
 
 }  // namespace kforge
 

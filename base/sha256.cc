@@ -17,8 +17,7 @@ std::string Sha256Hex(std::string_view data) {
     std::fputs("kforge: EVP_Digest(SHA-256) failed\n", stderr);
     std::abort();
   }
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(digest), size));
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), size));
 }
 
 }  // namespace kforge

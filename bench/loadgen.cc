@@ -13,8 +13,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/spec.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
+#include "model/spec.h"
 
 namespace {
 
@@ -54,7 +54,7 @@ struct Options {
   // thread per core of a 2-core machine keeps the client from becoming the
   // bottleneck (it parses every 45 KB response).
   int client_threads = 2;
-  double wait = 30;  // seconds to wait for the server to answer
+  double wait = 30;           // seconds to wait for the server to answer
   double cold_timeout = 600;  // per cold compile
   std::string out;
   // "getkernel" (default), or "stats": a tiny unary call answered on the
@@ -64,12 +64,11 @@ struct Options {
 
 [[noreturn]] void Usage(const std::string& error) {
   if (!error.empty()) std::cerr << "kforge_loadgen: " << error << "\n";
-  std::cerr
-      << "usage: kforge_loadgen [--server ADDR] [--concurrency 1,16,64]\n"
-         "         [--seconds S] [--warmup S] [--arch sm_90a] [--preset glm-5]\n"
-         "         [--tp 8] [--cold N] [--cold-base TOPK] [--client-threads N]\n"
-         "         [--wait S] [--cold-timeout S] [--rpc getkernel|stats]\n"
-         "         [--out FILE]\n";
+  std::cerr << "usage: kforge_loadgen [--server ADDR] [--concurrency 1,16,64]\n"
+               "         [--seconds S] [--warmup S] [--arch sm_90a] [--preset glm-5]\n"
+               "         [--tp 8] [--cold N] [--cold-base TOPK] [--client-threads N]\n"
+               "         [--wait S] [--cold-timeout S] [--rpc getkernel|stats]\n"
+               "         [--out FILE]\n";
   std::exit(error.empty() ? 0 : 2);
 }
 
@@ -78,8 +77,7 @@ long ToInt(const std::string& flag, const std::string& v, long min) {
   errno = 0;
   const long n = std::strtol(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || errno != 0 || n < min) {
-    Usage("--" + flag + ": bad value '" + v + "' (an integer >= " +
-          std::to_string(min) + ")");
+    Usage("--" + flag + ": bad value '" + v + "' (an integer >= " + std::to_string(min) + ")");
   }
   return n;
 }
@@ -180,8 +178,7 @@ T Percentile(const std::vector<T>& sorted, double p) {
 
 // Waits until the server answers a lookup-only GetKernel (any answer but
 // UNAVAILABLE / DEADLINE_EXCEEDED means it is serving).
-bool WaitForServer(v1::KernelService::Stub& stub, const v1::GetKernelRequest& warm,
-                   double wait_s) {
+bool WaitForServer(v1::KernelService::Stub& stub, const v1::GetKernelRequest& warm, double wait_s) {
   const auto give_up = Clock::now() + std::chrono::duration<double>(wait_s);
   v1::GetKernelRequest probe = warm;
   probe.set_lookup_only(true);
@@ -215,7 +212,7 @@ struct Call {
 };
 
 struct ThreadResult {
-  std::vector<uint32_t> latency_ns;  // completions inside the measured window
+  std::vector<uint32_t> latency_ns;    // completions inside the measured window
   std::vector<double> server_seconds;  // sampled server-side time of hits
   uint64_t errors = 0;
   uint64_t not_memory = 0;  // OK answers that were not memory hits
@@ -224,9 +221,9 @@ struct ThreadResult {
 
 // Keeps `outstanding` calls in flight on its own completion queue from
 // `measure_start - warmup` until `measure_end`, then drains.
-void DriveLoad(v1::KernelService::Stub* stub, const v1::GetKernelRequest* request,
-               bool stats_rpc, int outstanding, Clock::time_point measure_start,
-               Clock::time_point measure_end, ThreadResult* result) {
+void DriveLoad(v1::KernelService::Stub* stub, const v1::GetKernelRequest* request, bool stats_rpc,
+               int outstanding, Clock::time_point measure_start, Clock::time_point measure_end,
+               ThreadResult* result) {
   grpc::CompletionQueue cq;
   auto start_call = [&] {
     auto* call = new Call;
@@ -265,10 +262,9 @@ void DriveLoad(v1::KernelService::Stub* stub, const v1::GetKernelRequest* reques
       ++result->not_memory;
     }
     if (call->start >= measure_start && now <= measure_end) {
-      result->latency_ns.push_back(static_cast<uint32_t>(
-          std::min<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                now - call->start).count(),
-                            UINT32_MAX)));
+      result->latency_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now - call->start).count(),
+          UINT32_MAX)));
       if ((seen++ & 63) == 0) result->server_seconds.push_back(call->resp.seconds());
     }
   }
@@ -290,16 +286,15 @@ struct LevelResult {
   uint64_t not_memory = 0;
 };
 
-LevelResult RunLevel(const Options& o,
-                     std::vector<std::unique_ptr<v1::KernelService::Stub>>& stubs,
+LevelResult RunLevel(const Options& o, std::vector<std::unique_ptr<v1::KernelService::Stub>>& stubs,
                      const v1::GetKernelRequest& request, int concurrency) {
   const int threads = std::min<int>(o.client_threads, concurrency);
   const Clock::time_point measure_start =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(o.warmup));
+      Clock::now() +
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.warmup));
   const Clock::time_point measure_end =
-      measure_start + std::chrono::duration_cast<Clock::duration>(
-                          std::chrono::duration<double>(o.seconds));
+      measure_start +
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
   std::vector<ThreadResult> results(threads);
   std::vector<std::thread> workers;
   double cpu0 = 0;
@@ -307,8 +302,7 @@ LevelResult RunLevel(const Options& o,
   for (int t = 0; t < threads; ++t) {
     const int share = concurrency / threads + (t < concurrency % threads ? 1 : 0);
     workers.emplace_back(DriveLoad, stubs[t].get(), &request, o.rpc == "stats", share,
-                         measure_start,
-                         measure_end, &results[t]);
+                         measure_start, measure_end, &results[t]);
   }
   // Client CPU over the measured window only.
   std::this_thread::sleep_until(measure_start);
@@ -328,8 +322,8 @@ LevelResult RunLevel(const Options& o,
     r.errors += tr.errors;
     r.not_memory += tr.not_memory;
     if (tr.errors > 0) {
-      std::cerr << "kforge_loadgen: " << tr.errors << " failed calls at concurrency "
-                << concurrency << ", first: " << tr.first_error << "\n";
+      std::cerr << "kforge_loadgen: " << tr.errors << " failed calls at concurrency " << concurrency
+                << ", first: " << tr.first_error << "\n";
     }
   }
   std::sort(all.begin(), all.end());
@@ -358,11 +352,16 @@ struct ColdResult {
 
 const char* SourceName(v1::ArtifactSource s) {
   switch (s) {
-    case v1::ARTIFACT_SOURCE_MEMORY: return "memory";
-    case v1::ARTIFACT_SOURCE_DISK: return "disk";
-    case v1::ARTIFACT_SOURCE_COMPILED: return "compiled";
-    case v1::ARTIFACT_SOURCE_SHARED_COMPILE: return "shared";
-    default: return "unknown";
+    case v1::ARTIFACT_SOURCE_MEMORY:
+      return "memory";
+    case v1::ARTIFACT_SOURCE_DISK:
+      return "disk";
+    case v1::ARTIFACT_SOURCE_COMPILED:
+      return "compiled";
+    case v1::ARTIFACT_SOURCE_SHARED_COMPILE:
+      return "shared";
+    default:
+      return "unknown";
   }
 }
 
@@ -412,11 +411,10 @@ int main(int argc, char** argv) {
     }
     response_bytes = resp.ByteSizeLong();
     cubin_bytes = resp.artifact().cubin().size();
-    std::cerr << "warm-up: " << resp.artifact().module_name() << " ("
-              << SourceName(resp.source()) << ", "
-              << Fixed(std::chrono::duration<double>(Clock::now() - t0).count(), 3)
-              << " s), response " << response_bytes << " bytes, cubin "
-              << cubin_bytes << " bytes\n";
+    std::cerr << "warm-up: " << resp.artifact().module_name() << " (" << SourceName(resp.source())
+              << ", " << Fixed(std::chrono::duration<double>(Clock::now() - t0).count(), 3)
+              << " s), response " << response_bytes << " bytes, cubin " << cubin_bytes
+              << " bytes\n";
   }
   // Connect every client thread's channel before measuring.
   for (auto& s : stubs) {
@@ -428,14 +426,12 @@ int main(int argc, char** argv) {
   std::vector<LevelResult> levels;
   for (int c : o.concurrency) {
     LevelResult r = RunLevel(o, stubs, request, c);
-    std::cerr << "concurrency " << c << ": " << r.calls << " calls, "
-              << Fixed(r.rps, 0) << " req/s, p50 " << Fixed(r.p50_us, 0)
-              << " us, p99 " << Fixed(r.p99_us, 0) << " us, server p50 "
-              << Fixed(r.server_p50_us, 0) << " us, client CPU "
+    std::cerr << "concurrency " << c << ": " << r.calls << " calls, " << Fixed(r.rps, 0)
+              << " req/s, p50 " << Fixed(r.p50_us, 0) << " us, p99 " << Fixed(r.p99_us, 0)
+              << " us, server p50 " << Fixed(r.server_p50_us, 0) << " us, client CPU "
               << Fixed(r.client_cpu, 2) << " cores"
               << (r.errors ? ", errors " + std::to_string(r.errors) : "")
-              << (r.not_memory ? ", non-memory " + std::to_string(r.not_memory) : "")
-              << "\n";
+              << (r.not_memory ? ", non-memory " + std::to_string(r.not_memory) : "") << "\n";
     levels.push_back(r);
   }
 
@@ -480,20 +476,19 @@ int main(int argc, char** argv) {
   std::ostringstream md;
   md << (o.rpc == "stats" ? "### Stats calls (gRPC floor, no kernel)\n\n"
                           : "### GetKernel cache hits\n\n")
-     << "Preset " << o.preset << " tp " << o.tp << ", " << o.arch << "; response "
-     << response_bytes << " bytes (cubin " << cubin_bytes << "); " << o.seconds
-     << " s per level after " << o.warmup << " s warm-up; " << max_threads
-     << " client thread(s); " << std::thread::hardware_concurrency()
+     << "Preset " << o.preset << " tp " << o.tp << ", " << o.arch << "; response " << response_bytes
+     << " bytes (cubin " << cubin_bytes << "); " << o.seconds << " s per level after " << o.warmup
+     << " s warm-up; " << max_threads << " client thread(s); "
+     << std::thread::hardware_concurrency()
      << " cores, client and server on one machine, loopback.\n\n"
      << "| Concurrency | Calls | Hits/s | p50 (us) | p90 (us) | p99 (us) | max (us) "
         "| server p50 (us) | client CPU (cores) | errors |\n"
      << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const LevelResult& r : levels) {
-    md << "| " << r.concurrency << " | " << r.calls << " | " << Fixed(r.rps, 0)
-       << " | " << Fixed(r.p50_us, 0) << " | " << Fixed(r.p90_us, 0) << " | "
-       << Fixed(r.p99_us, 0) << " | " << Fixed(r.max_us, 0) << " | "
-       << (o.rpc == "stats" ? "-" : Fixed(r.server_p50_us, 0)) << " | " << Fixed(r.client_cpu, 2) << " | "
-       << r.errors + r.not_memory << " |\n";
+    md << "| " << r.concurrency << " | " << r.calls << " | " << Fixed(r.rps, 0) << " | "
+       << Fixed(r.p50_us, 0) << " | " << Fixed(r.p90_us, 0) << " | " << Fixed(r.p99_us, 0) << " | "
+       << Fixed(r.max_us, 0) << " | " << (o.rpc == "stats" ? "-" : Fixed(r.server_p50_us, 0))
+       << " | " << Fixed(r.client_cpu, 2) << " | " << r.errors + r.not_memory << " |\n";
   }
   if (!colds.empty()) {
     std::vector<double> wall;
@@ -507,23 +502,22 @@ int main(int argc, char** argv) {
                                : (wall[wall.size() / 2 - 1] + wall[wall.size() / 2]) / 2;
     }
     md << "\n### Cold compiles\n\n"
-       << o.cold << " distinct specs (" << o.preset << " tp " << o.tp << ", topk "
-       << o.cold_base << ".." << o.cold_base + o.cold - 1
-       << "), one at a time, end-to-end GetKernel latency.\n\n"
+       << o.cold << " distinct specs (" << o.preset << " tp " << o.tp << ", topk " << o.cold_base
+       << ".." << o.cold_base + o.cold - 1 << "), one at a time, end-to-end GetKernel latency.\n\n"
        << "| Kernels | OK | median (s) | max (s) |\n|---:|---:|---:|---:|\n"
-       << "| " << colds.size() << " | " << wall.size() << " | " << Fixed(median, 3)
-       << " | " << Fixed(wall.empty() ? 0 : wall.back(), 3) << " |\n\n"
+       << "| " << colds.size() << " | " << wall.size() << " | " << Fixed(median, 3) << " | "
+       << Fixed(wall.empty() ? 0 : wall.back(), 3) << " |\n\n"
        << "| topk | source | GetKernel (s) | server (s) | NVRTC compile (s) |\n"
        << "|---:|---|---:|---:|---:|\n";
     for (const ColdResult& c : colds) {
-      md << "| " << c.topk << " | " << (c.error.empty() ? c.source : "FAILED: " + c.error)
-         << " | " << Fixed(c.wall_s, 3) << " | " << Fixed(c.server_s, 3) << " | "
-         << Fixed(c.compile_s, 3) << " |\n";
+      md << "| " << c.topk << " | " << (c.error.empty() ? c.source : "FAILED: " + c.error) << " | "
+         << Fixed(c.wall_s, 3) << " | " << Fixed(c.server_s, 3) << " | " << Fixed(c.compile_s, 3)
+         << " |\n";
     }
   }
-  md << "\nServer stats: memory_hits " << stats.memory_hits() << ", disk_hits "
-     << stats.disk_hits() << ", misses " << stats.misses() << ", compiles "
-     << stats.compiles() << ", compile_failures " << stats.compile_failures() << "\n";
+  md << "\nServer stats: memory_hits " << stats.memory_hits() << ", disk_hits " << stats.disk_hits()
+     << ", misses " << stats.misses() << ", compiles " << stats.compiles() << ", compile_failures "
+     << stats.compile_failures() << "\n";
 
   std::cout << md.str();
   if (!o.out.empty()) {

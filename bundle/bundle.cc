@@ -17,11 +17,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "base/absl_compat.h"
-#include "model/arch.h"
 #include "base/io.h"
 #include "base/sha256.h"
-#include "model/format.h"
-#include "model/spec.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/struct.pb.h"
@@ -29,6 +26,9 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/type_resolver.h"
 #include "google/protobuf/util/type_resolver_util.h"
+#include "model/arch.h"
+#include "model/format.h"
+#include "model/spec.h"
 
 namespace kforge {
 namespace {
@@ -50,15 +50,15 @@ std::string JoinPath(const std::string& dir, std::string_view relative) {
 // the compiler; refusing anything else keeps a hostile or damaged name
 // ("../x", "a/b") from reaching outside the bundle directory.
 absl::Status CheckFileStem(std::string_view field, std::string_view name) {
-  const bool safe = !name.empty() && name.front() != '.' &&
-                    std::all_of(name.begin(), name.end(), [](char c) {
-                      return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
-                             c == '_' || c == '-' || c == '.';
-                    });
+  const bool safe =
+      !name.empty() && name.front() != '.' && std::all_of(name.begin(), name.end(), [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
+               c == '.';
+      });
   if (safe) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      AsAbsl(field), ": got \"", AsAbsl(name),
-      "\", a bundle file name must be non-empty letters, digits, '_', '-', '.'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(AsAbsl(field), ": got \"", AsAbsl(name),
+                   "\", a bundle file name must be non-empty letters, digits, '_', '-', '.'"));
 }
 
 std::string MarkerText() {
@@ -76,17 +76,16 @@ absl::Status CheckMarker(const std::string& dir) {
   google::protobuf::util::Status parsed =
       google::protobuf::util::JsonStringToMessage(*text, &marker);
   if (!parsed.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, ": not a kforge bundle marker: ", std::string(parsed.message())));
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": not a kforge bundle marker: ", std::string(parsed.message())));
   }
   const auto& fields = marker.fields();
   auto format = fields.find("format");
-  const std::string got_format =
-      format == fields.end() ? "" : format->second.string_value();
+  const std::string got_format = format == fields.end() ? "" : format->second.string_value();
   if (got_format != kFormatName) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": format is \"", got_format, "\", expected \"", kFormatName,
-                     "\": ", dir, " is not a kforge bundle"));
+    return absl::FailedPreconditionError(absl::StrCat(path, ": format is \"", got_format,
+                                                      "\", expected \"", kFormatName, "\": ", dir,
+                                                      " is not a kforge bundle"));
   }
   auto version = fields.find("format_version");
   const double got_version = version == fields.end() ? 0 : version->second.number_value();
@@ -130,8 +129,7 @@ std::string ManifestJson(const v1::Manifest& manifest) {
   std::string json;
   // Printing a valid message with a resolver over its own pool cannot fail.
   (void)google::protobuf::util::BinaryToJsonString(
-      resolver,
-      absl::StrCat(kTypeUrlPrefix, "/", v1::Manifest::descriptor()->full_name()),
+      resolver, absl::StrCat(kTypeUrlPrefix, "/", v1::Manifest::descriptor()->full_name()),
       SerializeDeterministic(manifest), &json, options);
   if (!absl::EndsWith(json, "\n")) json.push_back('\n');
   return json;
@@ -145,8 +143,7 @@ absl::StatusOr<v1::Manifest> ParseManifest(const std::string& json) {
   google::protobuf::util::Status s =
       google::protobuf::util::JsonStringToMessage(json, &manifest, options);
   if (!s.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("not a manifest: ", std::string(s.message())));
+    return absl::DataLossError(absl::StrCat("not a manifest: ", std::string(s.message())));
   }
   return manifest;
 }
@@ -186,8 +183,7 @@ const v1::ManifestVariant& FirstChoice(const v1::Manifest& manifest) {
 std::vector<std::string> ListFiles(const std::string& dir) {
   std::vector<std::string> files;
   std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     if (it->is_regular_file(ec)) {
       files.push_back(fs::relative(it->path(), dir, ec).generic_string());
     }
@@ -244,14 +240,12 @@ ChecksumList ParseChecksums(const std::string& text) {
     const std::string path(line.substr(well_formed ? 66 : 0));
     if (!well_formed || path.front() == '/' ||
         absl::StrContains(absl::StrCat("/", path, "/"), "/../")) {
-      list.errors.push_back(
-          absl::StrCat("line ", line_number, ": got \"", line,
-                       "\", expected \"<sha256 hex>  <relative path>\""));
+      list.errors.push_back(absl::StrCat("line ", line_number, ": got \"", line,
+                                         "\", expected \"<sha256 hex>  <relative path>\""));
       continue;
     }
     if (!list.sha_by_path.emplace(path, std::string(line.substr(0, 64))).second) {
-      list.errors.push_back(
-          absl::StrCat("line ", line_number, ": ", path, " listed twice"));
+      list.errors.push_back(absl::StrCat("line ", line_number, ": ", path, " listed twice"));
     }
   }
   return list;
@@ -264,8 +258,7 @@ std::string VerifyHint(const std::string& dir) {
 // A file of the bundle, checked against the checksum list. NotFound when it
 // is neither listed nor present; DataLoss when it is present but not listed,
 // listed but missing, or its bytes do not hash to the listed sum.
-absl::StatusOr<std::string> ReadListedFile(const std::string& dir,
-                                           const ChecksumList& checksums,
+absl::StatusOr<std::string> ReadListedFile(const std::string& dir, const ChecksumList& checksums,
                                            const std::string& relative) {
   const std::string path = JoinPath(dir, relative);
   absl::StatusOr<std::string> data = ReadFile(path);
@@ -274,19 +267,19 @@ absl::StatusOr<std::string> ReadListedFile(const std::string& dir,
     if (absl::IsNotFound(data.status())) {
       return absl::NotFoundError(absl::StrCat("bundle ", dir, " has no ", relative));
     }
-    return absl::DataLossError(absl::StrCat(path, " is not listed in ",
-                                            kBundleChecksumsFile, "; ", VerifyHint(dir)));
+    return absl::DataLossError(
+        absl::StrCat(path, " is not listed in ", kBundleChecksumsFile, "; ", VerifyHint(dir)));
   }
   if (!data.ok()) {
-    return absl::DataLossError(absl::StrCat(
-        path, " is listed in ", kBundleChecksumsFile, " but cannot be read (",
-        data.status().message(), "); ", VerifyHint(dir)));
+    return absl::DataLossError(absl::StrCat(path, " is listed in ", kBundleChecksumsFile,
+                                            " but cannot be read (", data.status().message(), "); ",
+                                            VerifyHint(dir)));
   }
   const std::string got = Sha256Hex(*data);
   if (got != listed->second) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": sha256 ", got, ", ", kBundleChecksumsFile, " lists ",
-                     listed->second, ": the file is damaged; ", VerifyHint(dir)));
+    return absl::DataLossError(absl::StrCat(path, ": sha256 ", got, ", ", kBundleChecksumsFile,
+                                            " lists ", listed->second, ": the file is damaged; ",
+                                            VerifyHint(dir)));
   }
   return data;
 }
@@ -320,9 +313,9 @@ absl::StatusOr<std::string> BundleManifestPath(const v1::Manifest& manifest) {
   }
   if (manifest.choice_order_size() > 0 &&
       manifest.choice_order(0) >= static_cast<uint32_t>(manifest.variants_size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("manifest choice_order[0]: got ", manifest.choice_order(0),
-                     ", only ", manifest.variants_size(), " variants"));
+    return absl::InvalidArgumentError(absl::StrCat("manifest choice_order[0]: got ",
+                                                   manifest.choice_order(0), ", only ",
+                                                   manifest.variants_size(), " variants"));
   }
   const std::string& name = FirstChoice(manifest).module_name();
   if (absl::Status s = CheckFileStem("module_name", name); !s.ok()) return s;
@@ -336,15 +329,14 @@ namespace {
 
 // flock on the bundle directory: the lock lives with the open file
 // description, so it is released when the writer closes it or dies.
-absl::StatusOr<FileLock> LockDirectory(int fd, const std::string& dir,
-                                       FileLock::Wait wait) {
-  absl::StatusOr<FileLock> lock =
-      FileLock::Lock(fd, absl::StrCat("bundle directory ", dir), wait);
+absl::StatusOr<FileLock> LockDirectory(int fd, const std::string& dir, FileLock::Wait wait) {
+  absl::StatusOr<FileLock> lock = FileLock::Lock(fd, absl::StrCat("bundle directory ", dir), wait);
   if (absl::IsUnavailable(lock.status())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "bundle directory ", dir, " is being written by another kforge process (a "
-        "prebuild, or a client keeping its local copy there); wait for it to "
-        "finish or write elsewhere"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("bundle directory ", dir,
+                     " is being written by another kforge process (a "
+                     "prebuild, or a client keeping its local copy there); wait for it to "
+                     "finish or write elsewhere"));
   }
   return lock;
 }
@@ -416,8 +408,8 @@ bool BundleWriter::HasKernel(std::string_view key) const {
 absl::Status BundleWriter::AddKernel(const v1::KernelArtifact& artifact) {
   if (absl::Status s = CheckFileStem("key", artifact.key()); !s.ok()) return s;
   if (absl::Status s = CheckKernelOnItsOwn(artifact); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "refusing to add a broken kernel to bundle ", dir_, ": ", s.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("refusing to add a broken kernel to bundle ", dir_, ": ", s.message()));
   }
   WriteLock lock(*this);
   if (!lock.status().ok()) return lock.status();
@@ -531,8 +523,7 @@ class Verifier {
     if (!expected_path.ok()) {
       Add(path, expected_path.status().message());
     } else if (*expected_path != path) {
-      Add(path, absl::StrCat("named after its first-choice variant it would be ",
-                             *expected_path));
+      Add(path, absl::StrCat("named after its first-choice variant it would be ", *expected_path));
     }
     for (const v1::ManifestVariant& variant : manifest->variants()) {
       requirements_[variant.key()].push_back({path, manifest->arch(), variant});
@@ -550,8 +541,8 @@ class Verifier {
     if (listed == checksums_.sha_by_path.end()) {
       Add(path, absl::StrCat("present but not listed in ", kBundleChecksumsFile));
     } else if (const std::string got = Sha256Hex(*data); got != listed->second) {
-      Add(path, absl::StrCat("sha256 ", got, ", ", kBundleChecksumsFile, " lists ",
-                             listed->second));
+      Add(path,
+          absl::StrCat("sha256 ", got, ", ", kBundleChecksumsFile, " lists ", listed->second));
     }
     if (IsKernelPath(path)) {
       CheckKernel(path, *data);
@@ -580,8 +571,7 @@ class Verifier {
     auto wanted = requirements_.find(key);
     if (wanted == requirements_.end()) return;
     for (const Requirement& r : wanted->second) {
-      if (absl::Status s = CheckArtifactForVariant(r.variant, r.arch, *artifact);
-          !s.ok()) {
+      if (absl::Status s = CheckArtifactForVariant(r.variant, r.arch, *artifact); !s.ok()) {
         Add(r.manifest_path, s.message());
       }
     }
@@ -627,10 +617,9 @@ absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(const std::stri
   state->dir = dir;
   absl::StatusOr<std::string> text = ReadFile(JoinPath(dir, kBundleChecksumsFile));
   if (!text.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("bundle ", dir, " has no readable ", kBundleChecksumsFile, " (",
-                     text.status().message(),
-                     "): its writer never finished; rebuild it or ", VerifyHint(dir)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bundle ", dir, " has no readable ", kBundleChecksumsFile, " (", text.status().message(),
+        "): its writer never finished; rebuild it or ", VerifyHint(dir)));
   }
   state->checksums = ParseChecksums(*text);
   if (!state->checksums.errors.empty()) {
@@ -646,11 +635,10 @@ absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(const std::stri
     if (!json.ok()) return json.status();
     absl::StatusOr<v1::Manifest> manifest = ParseManifest(*json);
     // FirstChoice needs a variant and an in-range choice_order[0].
-    absl::Status valid =
-        manifest.ok() ? BundleManifestPath(*manifest).status() : manifest.status();
+    absl::Status valid = manifest.ok() ? BundleManifestPath(*manifest).status() : manifest.status();
     if (!valid.ok()) {
-      return absl::DataLossError(absl::StrCat(JoinPath(dir, path), ": ", valid.message(),
-                                              "; ", VerifyHint(dir)));
+      return absl::DataLossError(
+          absl::StrCat(JoinPath(dir, path), ": ", valid.message(), "; ", VerifyHint(dir)));
     }
     state->manifests.push_back(*std::move(manifest));
   }
@@ -659,9 +647,7 @@ absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(const std::stri
   return source;
 }
 
-const std::vector<v1::Manifest>& BundleSource::manifests() const {
-  return state_->manifests;
-}
+const std::vector<v1::Manifest>& BundleSource::manifests() const { return state_->manifests; }
 
 absl::StatusOr<v1::Manifest> BundleSource::GetManifest(const v1::KernelSelector& kernel,
                                                        std::string_view arch) {
@@ -671,8 +657,8 @@ absl::StatusOr<v1::Manifest> BundleSource::GetManifest(const v1::KernelSelector&
   if (!target.ok()) return target.status();
   std::map<std::string, std::vector<std::string>> held;  // arch -> module names
   for (const v1::Manifest& m : state_->manifests) {
-    if (m.arch() == target->name && google::protobuf::util::MessageDifferencer::Equals(
-                                        FirstChoice(m).spec(), *spec)) {
+    if (m.arch() == target->name &&
+        google::protobuf::util::MessageDifferencer::Equals(FirstChoice(m).spec(), *spec)) {
       return m;
     }
     held[m.arch()].push_back(FirstChoice(m).module_name());
@@ -681,10 +667,9 @@ absl::StatusOr<v1::Manifest> BundleSource::GetManifest(const v1::KernelSelector&
   for (const auto& [held_arch, names] : held) {
     lines.push_back(absl::StrCat(held_arch, ": ", absl::StrJoin(names, ", ")));
   }
-  return absl::NotFoundError(
-      absl::StrCat("bundle ", state_->dir, " has no manifest for {",
-                   spec->ShortDebugString(), "} on ", target->name, "; it holds ",
-                   lines.empty() ? "no manifests" : absl::StrJoin(lines, "; ")));
+  return absl::NotFoundError(absl::StrCat(
+      "bundle ", state_->dir, " has no manifest for {", spec->ShortDebugString(), "} on ",
+      target->name, "; it holds ", lines.empty() ? "no manifests" : absl::StrJoin(lines, "; ")));
 }
 
 absl::StatusOr<ArtifactRef> BundleSource::GetKernel(const v1::ManifestVariant& variant,
@@ -697,16 +682,14 @@ absl::StatusOr<ArtifactRef> BundleSource::GetKernel(const v1::ManifestVariant& v
     if (hit != state.kernels.end()) return hit->second;
   }
   const std::string relative = BundleKernelPath(variant.key());
-  absl::StatusOr<std::string> bytes =
-      ReadListedFile(state.dir, state.checksums, relative);
+  absl::StatusOr<std::string> bytes = ReadListedFile(state.dir, state.checksums, relative);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<v1::KernelArtifact> artifact = ParseKernel(*bytes);
-  absl::Status check = artifact.ok() ? CheckArtifactForVariant(variant, arch, *artifact)
-                                     : artifact.status();
+  absl::Status check =
+      artifact.ok() ? CheckArtifactForVariant(variant, arch, *artifact) : artifact.status();
   if (!check.ok()) {
-    return absl::DataLossError(absl::StrCat(JoinPath(state.dir, relative), ": ",
-                                            check.message(), "; ",
-                                            VerifyHint(state.dir)));
+    return absl::DataLossError(absl::StrCat(JoinPath(state.dir, relative), ": ", check.message(),
+                                            "; ", VerifyHint(state.dir)));
   }
   auto shared = std::make_shared<const v1::KernelArtifact>(*std::move(artifact));
   absl::MutexLock lock(&state.mu);

@@ -9,7 +9,7 @@
 //   DIR/kforge-bundle.json     {"format": "kforge-bundle", "format_version": 2}
 //   DIR/kernels/<key>.kfa      one binary KernelArtifact (cubin inside) per
 //                              kernel, named by its cache key
-//   DIR/manifests/<name>.json  one Manifest (protobuf JSON) per          
+//   DIR/manifests/<name>.json  one Manifest (protobuf JSON) per
 //                              (spec, arch); <name> is the module_name of its
 //                              first-choice variant (readable and unique:
 //                              module names spell out spec and arch)
@@ -32,10 +32,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kforge/v1/artifact.pb.h"
-#include "kforge/v1/service.pb.h"
 #include "base/file_lock.h"
 #include "bundle/kernel_source.h"
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/service.pb.h"
 #include "model/format.h"
 
 namespace kforge {

@@ -22,8 +22,8 @@ absl::Status PrefetchKernels(KernelSource& source, const v1::Manifest& manifest,
   for (int i = 0; i < manifest.variants_size(); ++i) {
     if (!results[i].ok()) {
       return absl::Status(results[i].code(),
-                          absl::StrCat("prefetching ", manifest.variants(i).module_name(),
-                                       ": ", results[i].message()));
+                          absl::StrCat("prefetching ", manifest.variants(i).module_name(), ": ",
+                                       results[i].message()));
     }
   }
   return absl::OkStatus();

@@ -23,13 +23,13 @@ class KernelSource {
 
   // The selection manifest for a model (spec or preset) on an arch; the
   // selector evaluates its launch rule for the device it runs on.
-  virtual absl::StatusOr<v1::Manifest> GetManifest(
-      const v1::KernelSelector& kernel, std::string_view arch) = 0;
+  virtual absl::StatusOr<v1::Manifest> GetManifest(const v1::KernelSelector& kernel,
+                                                   std::string_view arch) = 0;
 
   // The compiled kernel of one manifest variant, cubin included. The answer
   // is checked with CheckArtifactForVariant before it is returned.
-  virtual absl::StatusOr<ArtifactRef> GetKernel(
-      const v1::ManifestVariant& variant, std::string_view arch) = 0;
+  virtual absl::StatusOr<ArtifactRef> GetKernel(const v1::ManifestVariant& variant,
+                                                std::string_view arch) = 0;
 };
 
 // Fetches the kernel of every variant of `manifest` (in parallel, one thread

@@ -85,9 +85,8 @@ absl::Status Parse(const uint8_t* data, size_t size, google::protobuf::Message* 
                    std::string_view what) {
   if (data == nullptr && size != 0) return Null(what);
   if (size > kMaxMessageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(kforge::AsAbsl(what), ": ", size,
-                                                   " bytes, more than the ",
-                                                   kMaxMessageBytes, " accepted"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        kforge::AsAbsl(what), ": ", size, " bytes, more than the ", kMaxMessageBytes, " accepted"));
   }
   if (!message->ParseFromArray(data, static_cast<int>(size))) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -206,8 +205,8 @@ int32_t kforge_normalize_spec(const uint8_t* spec, size_t spec_size, uint8_t** n
   });
 }
 
-int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec,
-                          size_t* spec_size, char** error) {
+int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec, size_t* spec_size,
+                          char** error) {
   return Call(error, [&]() -> absl::Status {
     if (text == nullptr && text_size != 0) return Null("text");
     if (text_size > kMaxMessageBytes) {
@@ -253,17 +252,19 @@ int32_t kforge_check_device_arch(const char* arch, int32_t major, int32_t minor,
 }
 
 int32_t kforge_select(const uint8_t* manifest, size_t manifest_size, const KforgeDevice* device,
-                      const KforgeShape* shape, uint8_t** plan, size_t* plan_size,
-                      char** error) {
+                      const KforgeShape* shape, uint8_t** plan, size_t* plan_size, char** error) {
   return Call(error, [&]() -> absl::Status {
     Manifest m;
     if (absl::Status p = Parse(manifest, manifest_size, &m, "manifest"); !p.ok()) return p;
     absl::StatusOr<kforge::DeviceInfo> d = ToDevice(device);
     if (!d.ok()) return d.status();
     if (shape == nullptr) return Null("shape");
-    const kforge::RuntimeShape s{shape->batch,         shape->s_q,
-                                 shape->num_q_heads,   shape->topk,
-                                 ToDtype(shape->kv_dtype), shape->page_block_size};
+    const kforge::RuntimeShape s{shape->batch,
+                                 shape->s_q,
+                                 shape->num_q_heads,
+                                 shape->topk,
+                                 ToDtype(shape->kv_dtype),
+                                 shape->page_block_size};
     absl::StatusOr<kforge::Selection> sel = kforge::Select(m, *d, s);
     if (!sel.ok()) return sel.status();
     return Output(kforge::ToLaunchPlan(*sel), plan, plan_size, "plan");
@@ -272,8 +273,7 @@ int32_t kforge_select(const uint8_t* manifest, size_t manifest_size, const Kforg
 
 int32_t kforge_plan_decode(const uint8_t* manifest, size_t manifest_size,
                            const KforgeDevice* device, const KforgeDecodeArgs* args,
-                           uint64_t workspace, uint8_t** plan, size_t* plan_size,
-                           char** error) {
+                           uint64_t workspace, uint8_t** plan, size_t* plan_size, char** error) {
   return Call(error, [&]() -> absl::Status {
     Manifest m;
     if (absl::Status p = Parse(manifest, manifest_size, &m, "manifest"); !p.ok()) return p;
@@ -288,8 +288,8 @@ int32_t kforge_plan_decode(const uint8_t* manifest, size_t manifest_size,
 }
 
 int32_t kforge_workspace_bytes_for(const uint8_t* manifest, size_t manifest_size,
-                                   const KforgeDevice* device, int32_t max_tokens,
-                                   uint64_t* bytes, char** error) {
+                                   const KforgeDevice* device, int32_t max_tokens, uint64_t* bytes,
+                                   char** error) {
   return Call(error, [&]() -> absl::Status {
     Manifest m;
     if (absl::Status p = Parse(manifest, manifest_size, &m, "manifest"); !p.ok()) return p;
@@ -348,8 +348,7 @@ int32_t kforge_bundle_open(const char* dir, KforgeBundle** bundle, char** error)
   return Call(error, [&]() -> absl::Status {
     if (dir == nullptr) return Null("dir");
     if (bundle == nullptr) return Null("bundle");
-    absl::StatusOr<std::unique_ptr<kforge::BundleSource>> source =
-        kforge::BundleSource::Open(dir);
+    absl::StatusOr<std::unique_ptr<kforge::BundleSource>> source = kforge::BundleSource::Open(dir);
     if (!source.ok()) return source.status();
     *bundle = new KforgeBundle{*std::move(source)};
     return absl::OkStatus();
@@ -385,9 +384,9 @@ int32_t kforge_bundle_get_manifest(KforgeBundle* bundle, const uint8_t* selector
   });
 }
 
-int32_t kforge_bundle_get_kernel(KforgeBundle* bundle, const uint8_t* variant,
-                                 size_t variant_size, const char* arch, uint8_t** artifact,
-                                 size_t* artifact_size, char** error) {
+int32_t kforge_bundle_get_kernel(KforgeBundle* bundle, const uint8_t* variant, size_t variant_size,
+                                 const char* arch, uint8_t** artifact, size_t* artifact_size,
+                                 char** error) {
   return Call(error, [&]() -> absl::Status {
     if (bundle == nullptr) return Null("bundle");
     kforge::v1::ManifestVariant v;
@@ -404,9 +403,9 @@ int32_t kforge_bundle_writer_open(const char* dir, int32_t per_write_locking,
   return Call(error, [&]() -> absl::Status {
     if (dir == nullptr) return Null("dir");
     if (writer == nullptr) return Null("writer");
-    absl::StatusOr<std::unique_ptr<kforge::BundleWriter>> w = kforge::BundleWriter::Open(
-        dir, per_write_locking != 0 ? kforge::BundleLocking::kPerWrite
-                                    : kforge::BundleLocking::kWholeRun);
+    absl::StatusOr<std::unique_ptr<kforge::BundleWriter>> w =
+        kforge::BundleWriter::Open(dir, per_write_locking != 0 ? kforge::BundleLocking::kPerWrite
+                                                               : kforge::BundleLocking::kWholeRun);
     if (!w.ok()) return w.status();
     *writer = new KforgeBundleWriter{*std::move(w)};
     return absl::OkStatus();
@@ -415,8 +414,8 @@ int32_t kforge_bundle_writer_open(const char* dir, int32_t per_write_locking,
 
 void kforge_bundle_writer_close(KforgeBundleWriter* writer) { delete writer; }
 
-int32_t kforge_bundle_writer_has_kernel(KforgeBundleWriter* writer, const char* key,
-                                        int32_t* has, char** error) {
+int32_t kforge_bundle_writer_has_kernel(KforgeBundleWriter* writer, const char* key, int32_t* has,
+                                        char** error) {
   return Call(error, [&]() -> absl::Status {
     if (writer == nullptr) return Null("writer");
     if (key == nullptr) return Null("key");

@@ -96,8 +96,8 @@ int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error
 int32_t kforge_normalize_spec(const uint8_t* spec, size_t spec_size, uint8_t** normalized,
                               size_t* normalized_size, char** error);
 /* ParseSpec: JSON or text proto; not validated. */
-int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec,
-                          size_t* spec_size, char** error);
+int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec, size_t* spec_size,
+                          char** error);
 /* The preset names, one per line. */
 int32_t kforge_presets(char** names, char** error);
 
@@ -125,8 +125,8 @@ int32_t kforge_plan_decode(const uint8_t* manifest, size_t manifest_size,
                            uint64_t workspace, uint8_t** plan, size_t* plan_size, char** error);
 /* WorkspaceBytesFor. */
 int32_t kforge_workspace_bytes_for(const uint8_t* manifest, size_t manifest_size,
-                                   const KforgeDevice* device, int32_t max_tokens,
-                                   uint64_t* bytes, char** error);
+                                   const KforgeDevice* device, int32_t max_tokens, uint64_t* bytes,
+                                   char** error);
 
 /* ---- artifacts (model/artifact_check.h, model/launch_plan.h) ---- */
 
@@ -158,9 +158,9 @@ int32_t kforge_bundle_get_manifest(KforgeBundle* bundle, const uint8_t* selector
                                    size_t selector_size, const char* arch, uint8_t** manifest,
                                    size_t* manifest_size, char** error);
 /* BundleSource::GetKernel (variant: ManifestVariant) -> KernelArtifact. */
-int32_t kforge_bundle_get_kernel(KforgeBundle* bundle, const uint8_t* variant,
-                                 size_t variant_size, const char* arch, uint8_t** artifact,
-                                 size_t* artifact_size, char** error);
+int32_t kforge_bundle_get_kernel(KforgeBundle* bundle, const uint8_t* variant, size_t variant_size,
+                                 const char* arch, uint8_t** artifact, size_t* artifact_size,
+                                 char** error);
 
 typedef struct KforgeBundleWriter KforgeBundleWriter;
 /* BundleWriter::Open; per_write_locking != 0 is BundleLocking::kPerWrite
@@ -168,8 +168,8 @@ typedef struct KforgeBundleWriter KforgeBundleWriter;
 int32_t kforge_bundle_writer_open(const char* dir, int32_t per_write_locking,
                                   KforgeBundleWriter** writer, char** error);
 void kforge_bundle_writer_close(KforgeBundleWriter* writer);
-int32_t kforge_bundle_writer_has_kernel(KforgeBundleWriter* writer, const char* key,
-                                        int32_t* has, char** error);
+int32_t kforge_bundle_writer_has_kernel(KforgeBundleWriter* writer, const char* key, int32_t* has,
+                                        char** error);
 int32_t kforge_bundle_writer_add_kernel(KforgeBundleWriter* writer, const uint8_t* artifact,
                                         size_t artifact_size, char** error);
 int32_t kforge_bundle_writer_add_manifest(KforgeBundleWriter* writer, const uint8_t* manifest,
@@ -181,7 +181,7 @@ int32_t kforge_bundle_writer_finish(KforgeBundleWriter* writer, char** error);
 int32_t kforge_verify_bundle(const char* dir, int32_t* problems, char** report, char** error);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* KFORGE_CAPI_KFORGE_CAPI_H_ */
+#endif /* KFORGE_CAPI_KFORGE_CAPI_H_ */

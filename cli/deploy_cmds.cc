@@ -26,15 +26,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/shutdown_signals.h"
+#include "bundle/bundle.h"
 #include "cli/flags.h"
 #include "cli/progress.h"
 #include "cli/worker_faults.h"
 #include "deploy/matrix.h"
+#include "deploy/prebuild.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
-#include "base/shutdown_signals.h"
-#include "bundle/bundle.h"
-#include "deploy/prebuild.h"
 
 namespace kforge::cli {
 namespace {
@@ -52,9 +52,9 @@ int UsageError(const absl::Status& s) {
 // The matrix named by the only positional argument, else the default one.
 absl::StatusOr<std::vector<MatrixJob>> MatrixJobsFromArgs(const ParsedArgs& args) {
   if (args.positional.size() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected at most one MATRIX file, got ",
-                     args.positional.size(), " arguments (see --help)"));
+    return absl::InvalidArgumentError(absl::StrCat("expected at most one MATRIX file, got ",
+                                                   args.positional.size(),
+                                                   " arguments (see --help)"));
   }
   absl::StatusOr<v1::DeploymentMatrix> matrix =
       args.positional.empty() ? DefaultMatrix() : LoadMatrixFile(args.positional[0]);
@@ -82,9 +82,8 @@ std::vector<SpecGroup> GroupBySpec(const std::vector<MatrixJob>& jobs) {
 }
 
 std::string CallError(const grpc::Status& status) {
-  return absl::StrCat(
-      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
-      ": ", status.error_message());
+  return absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+                      ": ", status.error_message());
 }
 
 struct WarmCounts {
@@ -94,8 +93,8 @@ struct WarmCounts {
 
 // Runs one Prebuild call and reports each of its kernels to `progress`,
 // kernels the call did not report as failed with the call's status.
-void WarmGroup(v1::KernelService::Stub& stub, const SpecGroup& group,
-               absl::Time deadline, Progress& progress, WarmCounts& counts) {
+void WarmGroup(v1::KernelService::Stub& stub, const SpecGroup& group, absl::Time deadline,
+               Progress& progress, WarmCounts& counts) {
   v1::PrebuildRequest request;
   *request.add_kernels()->mutable_spec() = group.spec;
   for (const MatrixJob* job : group.jobs) request.add_archs(job->arch);
@@ -118,14 +117,14 @@ void WarmGroup(v1::KernelService::Stub& stub, const SpecGroup& group,
       } else if (message.state() == v1::PREBUILD_STATE_COMPILED) {
         ++counts.compiled;
       }
-      progress.Done(label, message.state() != v1::PREBUILD_STATE_FAILED,
-                    message.seconds(), message.error());
+      progress.Done(label, message.state() != v1::PREBUILD_STATE_FAILED, message.seconds(),
+                    message.error());
       break;
     }
   }
   const grpc::Status status = reader->Finish();
-  const std::string why = status.ok() ? "the server reported nothing for this kernel"
-                                      : CallError(status);
+  const std::string why =
+      status.ok() ? "the server reported nothing for this kernel" : CallError(status);
   for (size_t i = 0; i < group.jobs.size(); ++i) {
     if (!reported[i]) progress.Done(group.jobs[i]->label, false, 0.0, why);
   }
@@ -133,9 +132,8 @@ void WarmGroup(v1::KernelService::Stub& stub, const SpecGroup& group,
 
 // Warms the groups on `parallel` concurrent calls; the server bounds the
 // compiles themselves (its pool and queue).
-void WarmAll(v1::KernelService::Stub& stub, const std::vector<SpecGroup>& groups,
-             int parallel, absl::Time deadline, Progress& progress,
-             WarmCounts& counts) {
+void WarmAll(v1::KernelService::Stub& stub, const std::vector<SpecGroup>& groups, int parallel,
+             absl::Time deadline, Progress& progress, WarmCounts& counts) {
   std::atomic<size_t> next{0};
   std::vector<std::thread> threads;
   const int n = std::max(1, std::min<int>(parallel, static_cast<int>(groups.size())));
@@ -170,7 +168,8 @@ int Warm(const std::vector<std::string>& argv) {
                  "deployment matrix\n(docs/MATRIX.md) into its cache: one "
                  "kernel per model, tp, kv dtype, s_q and arch.\nWithout "
                  "MATRIX, the built-in default:\n\n"
-              << DefaultMatrixJson() << "\n" << FlagsHelp(WarmFlags());
+              << DefaultMatrixJson() << "\n"
+              << FlagsHelp(WarmFlags());
     return kExitOk;
   }
   long long jobs = 0, connect_s = 0, timeout_s = 0;
@@ -190,8 +189,7 @@ int Warm(const std::vector<std::string>& argv) {
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(connect_s)))) {
     return UsageError(absl::UnavailableError(absl::StrCat(
-        "cannot reach kforge server at ", address, " (no connection within ",
-        connect_s, " s)")));
+        "cannot reach kforge server at ", address, " (no connection within ", connect_s, " s)")));
   }
   auto stub = v1::KernelService::NewStub(channel);
   const absl::Time deadline =
@@ -200,12 +198,10 @@ int Warm(const std::vector<std::string>& argv) {
   Progress progress(StderrProgressOptions());
   WarmCounts counts;
   progress.Start(matrix_jobs->size());
-  WarmAll(*stub, GroupBySpec(*matrix_jobs), static_cast<int>(jobs), deadline,
-          progress, counts);
+  WarmAll(*stub, GroupBySpec(*matrix_jobs), static_cast<int>(jobs), deadline, progress, counts);
   const ProgressSummary summary = progress.Finish();
-  std::cout << "warm: " << summary.total << " kernels, " << counts.compiled
-            << " compiled, " << counts.cached << " cached, "
-            << summary.failures.size() << " failed\n";
+  std::cout << "warm: " << summary.total << " kernels, " << counts.compiled << " compiled, "
+            << counts.cached << " cached, " << summary.failures.size() << " failed\n";
   return summary.failures.empty() ? kExitOk : kExitFailures;
 }
 
@@ -240,36 +236,33 @@ std::vector<FlagSpec> WithWorkerFaultFlags(std::vector<FlagSpec> flags) {
 }
 
 const std::vector<FlagSpec>& PrebuildFlags() {
-  static const std::vector<FlagSpec> kFlags = WithWorkerFaultFlags({
-      {"out", "DIR", "the bundle directory (created; an existing bundle is completed)",
-       "", 'o'},
-      {"jobs", "N", "compile worker processes at once (the default is this machine's CPU count)",
-       DefaultJobs(), 'j'},
-      {"compile-timeout", "SECONDS", "a kernel compiling longer is killed and fails",
-       "120"},
-      {"help", "", "show this help", "", 'h'}});
+  static const std::vector<FlagSpec> kFlags = WithWorkerFaultFlags(
+      {{"out", "DIR", "the bundle directory (created; an existing bundle is completed)", "", 'o'},
+       {"jobs", "N", "compile worker processes at once (the default is this machine's CPU count)",
+        DefaultJobs(), 'j'},
+       {"compile-timeout", "SECONDS", "a kernel compiling longer is killed and fails", "120"},
+       {"help", "", "show this help", "", 'h'}});
   return kFlags;
 }
 
-void PrintPrebuildSummary(const std::string& dir, const PrebuildReport& report,
-                          int stop_signal) {
+void PrintPrebuildSummary(const std::string& dir, const PrebuildReport& report, int stop_signal) {
   if (!report.manifests_skipped.empty()) {
     std::cout << "prebuild: manifests not written (a kernel of theirs failed): "
               << absl::StrJoin(report.manifests_skipped, ", ") << "\n";
   }
-  std::cout << "prebuild: " << dir << ": " << report.plan.kernels << " kernels, "
-            << report.compiled << " compiled, " << report.plan.present
-            << " already in the bundle, " << report.failed.size() << " failed";
+  std::cout << "prebuild: " << dir << ": " << report.plan.kernels << " kernels, " << report.compiled
+            << " compiled, " << report.plan.present << " already in the bundle, "
+            << report.failed.size() << " failed";
   if (report.stopped) {
-    std::cout << "; stopped by " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM")
-              << " with " << report.not_built
+    std::cout << "; stopped by " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << " with "
+              << report.not_built
               << " left to build: no manifests or checksums written (the "
                  "bundle is incomplete); run the same command again to "
                  "complete it\n";
     return;
   }
-  std::cout << "; " << report.manifests << " manifests; " << kBundleChecksumsFile
-            << " written in " << absl::StrFormat("%.1f", report.seconds) << " s\n";
+  std::cout << "; " << report.manifests << " manifests; " << kBundleChecksumsFile << " written in "
+            << absl::StrFormat("%.1f", report.seconds) << " s\n";
 }
 
 int PrebuildExitCode(const PrebuildReport& report, int stop_signal) {
@@ -289,18 +282,18 @@ int Prebuild(const std::vector<std::string>& argv) {
                  "--warm-from` read with no compiler:\nkernels named by their "
                  "cache key, manifests, checksums. Kernels already in\nDIR are "
                  "not compiled again. Without MATRIX, the built-in default:\n\n"
-              << DefaultMatrixJson() << "\n" << FlagsHelp(PrebuildFlags());
+              << DefaultMatrixJson() << "\n"
+              << FlagsHelp(PrebuildFlags());
     return kExitOk;
   }
   PrebuildOptions options;
   options.out_dir = args->Get("out");
   if (options.out_dir.empty()) {
-    return UsageError(absl::InvalidArgumentError(
-        "--out DIR is required: the bundle directory to write"));
+    return UsageError(
+        absl::InvalidArgumentError("--out DIR is required: the bundle directory to write"));
   }
   long long jobs = 0, timeout_s = 0;
-  for (auto [name, out] :
-       {std::pair{"jobs", &jobs}, std::pair{"compile-timeout", &timeout_s}}) {
+  for (auto [name, out] : {std::pair{"jobs", &jobs}, std::pair{"compile-timeout", &timeout_s}}) {
     absl::StatusOr<long long> v = IntFlagInRange(*args, name, 1, 100000);
     if (!v.ok()) return UsageError(v.status());
     *out = *v;
@@ -315,22 +308,20 @@ int Prebuild(const std::vector<std::string>& argv) {
 
   absl::StatusOr<std::unique_ptr<ShutdownSignals>> signals = InstallPrebuildStopSignals();
   if (!signals.ok()) {
-    std::cerr << "kforge: cannot install signal handlers: " << signals.status().message()
-              << "\n";
+    std::cerr << "kforge: cannot install signal handlers: " << signals.status().message() << "\n";
     return kExitFailures;
   }
   Progress progress(StderrProgressOptions());
   bool progress_started = false;
   PrebuildCallbacks callbacks;
   callbacks.on_plan = [&](const PrebuildPlan& plan) {
-    std::cout << "prebuild: " << options.out_dir << ": " << plan.kernels
-              << " kernels, " << plan.present << " already in the bundle, ";
+    std::cout << "prebuild: " << options.out_dir << ": " << plan.kernels << " kernels, "
+              << plan.present << " already in the bundle, ";
     if (plan.to_compile == 0) {
       std::cout << "nothing to compile" << std::endl;
     } else {
       std::cout << plan.to_compile << " to compile with " << plan.workers
-                << (plan.workers == 1 ? " worker process" : " worker processes")
-                << std::endl;
+                << (plan.workers == 1 ? " worker process" : " worker processes") << std::endl;
     }
     const int items = plan.to_compile + plan.unplanned;
     if (items > 0) {
@@ -345,12 +336,11 @@ int Prebuild(const std::vector<std::string>& argv) {
       PrebuildBundle(*matrix_jobs, options, callbacks, (*signals)->requested());
   if (progress_started) progress.Finish();
   if (!report.ok()) {
-    std::cerr << "kforge: prebuild " << options.out_dir << ": "
-              << report.status().message() << "\n";
+    std::cerr << "kforge: prebuild " << options.out_dir << ": " << report.status().message()
+              << "\n";
     // Refused before any work (another format, not a directory) is a usage
     // error; a write that failed midway is not.
-    return absl::IsFailedPrecondition(report.status()) ||
-                   absl::IsInvalidArgument(report.status())
+    return absl::IsFailedPrecondition(report.status()) || absl::IsInvalidArgument(report.status())
                ? kExitUsage
                : kExitFailures;
   }
@@ -399,9 +389,9 @@ int Verify(const std::vector<std::string>& argv) {
     return UsageError(absl::NotFoundError(absl::StrCat(dir, " is not a directory")));
   }
   if (!std::filesystem::exists(std::filesystem::path(dir) / kBundleMarkerFile, ec)) {
-    return UsageError(absl::FailedPreconditionError(absl::StrCat(
-        dir, " is not a kforge bundle: it has no ", kBundleMarkerFile,
-        " (`kforge prebuild --out ", dir, "` writes one)")));
+    return UsageError(absl::FailedPreconditionError(
+        absl::StrCat(dir, " is not a kforge bundle: it has no ", kBundleMarkerFile,
+                     " (`kforge prebuild --out ", dir, "` writes one)")));
   }
   const std::vector<BundleProblem> problems = VerifyBundle(dir);
   for (const BundleProblem& p : problems) std::cout << p.path << ": " << p.message << "\n";
@@ -410,8 +400,8 @@ int Verify(const std::vector<std::string>& argv) {
               << (problems.size() == 1 ? " problem" : " problems") << "\n";
     return kExitFailures;
   }
-  std::cout << "verify: " << dir << ": OK, " << CountFiles(dir, "kernels", ".kfa")
-            << " kernels, " << CountFiles(dir, "manifests", ".json") << " manifests\n";
+  std::cout << "verify: " << dir << ": OK, " << CountFiles(dir, "kernels", ".kfa") << " kernels, "
+            << CountFiles(dir, "manifests", ".json") << " manifests\n";
   return kExitOk;
 }
 

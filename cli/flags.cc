@@ -10,8 +10,7 @@
 namespace kforge::cli {
 namespace {
 
-const FlagSpec* Find(const std::vector<FlagSpec>& specs,
-                     const std::string& name, char short_name) {
+const FlagSpec* Find(const std::vector<FlagSpec>& specs, const std::string& name, char short_name) {
   for (const FlagSpec& s : specs) {
     if ((!name.empty() && (s.name == name || (!s.alias.empty() && s.alias == name))) ||
         (short_name != 0 && s.short_name == short_name)) {
@@ -54,19 +53,17 @@ absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs,
       spec = Find(specs, "", a[1]);
     }
     if (spec == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag ", a, " (see --help)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a, " (see --help)"));
     }
     if (spec->value_name.empty()) {
       if (has_value) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--", spec->name, " takes no value"));
+        return absl::InvalidArgumentError(absl::StrCat("--", spec->name, " takes no value"));
       }
       value = "true";
     } else if (!has_value) {
       if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--", spec->name, " needs a value (", spec->value_name, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", spec->name, " needs a value (", spec->value_name, ")"));
       }
       value = args[++i];
     }
@@ -97,12 +94,11 @@ std::string FlagsHelp(const std::vector<FlagSpec>& specs) {
   return out;
 }
 
-absl::StatusOr<long long> ParseIntFlag(const std::string& name,
-                                       const std::string& value) {
+absl::StatusOr<long long> ParseIntFlag(const std::string& name, const std::string& value) {
   long long v = 0;
   if (!absl::SimpleAtoi(value, &v) || v < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", name, ": got '", value, "', expected a non-negative integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": got '", value, "', expected a non-negative integer"));
   }
   return v;
 }

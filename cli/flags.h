@@ -13,8 +13,8 @@ namespace kforge::cli {
 // One flag a subcommand accepts.
 struct FlagSpec {
   FlagSpec(std::string name, std::string value_name, std::string help,
-           std::string default_value = "", char short_name = 0,
-           bool repeated = false, bool hidden = false)
+           std::string default_value = "", char short_name = 0, bool repeated = false,
+           bool hidden = false)
       : name(std::move(name)),
         value_name(std::move(value_name)),
         help(std::move(help)),
@@ -22,7 +22,7 @@ struct FlagSpec {
         short_name(short_name),
         repeated(repeated),
         hidden(hidden) {}
-  std::string name;  // without dashes, e.g. "arch"
+  std::string name;        // without dashes, e.g. "arch"
   std::string value_name;  // empty for a boolean switch
   std::string help;
   std::string default_value;  // shown in help; applied when absent
@@ -60,8 +60,7 @@ absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs,
 std::string FlagsHelp(const std::vector<FlagSpec>& specs);
 
 // Parses a non-negative integer flag value, naming the flag on error.
-absl::StatusOr<long long> ParseIntFlag(const std::string& name,
-                                       const std::string& value);
+absl::StatusOr<long long> ParseIntFlag(const std::string& name, const std::string& value);
 
 // The value of integer flag `name` in args, which must lie in [min, max];
 // InvalidArgument naming the flag, the value and the range otherwise.

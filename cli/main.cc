@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/io.h"
 #include "cli/deploy_cmds.h"
 #include "cli/flags.h"
 #include "cli/kernel_args.h"
@@ -17,7 +18,6 @@
 #include "cli/service_cmds.h"
 #include "compiler/compiler.h"
 #include "model/cubin.h"
-#include "base/io.h"
 #include "model/spec.h"
 #include "service/compile_pool.h"
 #include "service/kernel_store.h"
@@ -25,8 +25,7 @@
 namespace kforge::cli {
 namespace {
 
-std::vector<FlagSpec> Concat(std::vector<FlagSpec> a,
-                             const std::vector<FlagSpec>& b) {
+std::vector<FlagSpec> Concat(std::vector<FlagSpec> a, const std::vector<FlagSpec>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
@@ -54,8 +53,7 @@ absl::StatusOr<v1::AttentionSpec> SpecFromArgs(const ParsedArgs& args) {
   };
   for (const Override& o : {Override{"s-q", &v1::AttentionSpec::set_s_q},
                             Override{"topk", &v1::AttentionSpec::set_topk},
-                            Override{"page-block-size",
-                                     &v1::AttentionSpec::set_page_block_size}}) {
+                            Override{"page-block-size", &v1::AttentionSpec::set_page_block_size}}) {
     if (!args.Has(o.flag)) continue;
     absl::StatusOr<long long> v = ParseIntFlag(o.flag, args.Get(o.flag));
     if (!v.ok()) return v.status();
@@ -82,13 +80,13 @@ absl::StatusOr<v1::AttentionSpec> SpecFromArgs(const ParsedArgs& args) {
 
 int Compile(const std::vector<std::string>& argv) {
   const std::vector<FlagSpec> flags = Concat(
-      SpecFlags(),
-      {{"arch", "ARCH[,ARCH]", "target(s): sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a", "", 0, true},
-       {"out", "DIR", "output directory", "out", 'o'},
-       {"max-smem-per-block", "BYTES",
-        "tile for at most this much shared memory (e.g. 101376 runs the "
-        "99 KB sm_120 pipeline on an H200)"},
-       {"help", "", "show this help", "", 'h'}});
+      SpecFlags(), {{"arch", "ARCH[,ARCH]",
+                     "target(s): sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a", "", 0, true},
+                    {"out", "DIR", "output directory", "out", 'o'},
+                    {"max-smem-per-block", "BYTES",
+                     "tile for at most this much shared memory (e.g. 101376 runs the "
+                     "99 KB sm_120 pipeline on an H200)"},
+                    {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {
@@ -136,18 +134,16 @@ int Compile(const std::vector<std::string>& argv) {
       if (k.name() == artifact->main_entry()) main_k = &k;
     }
     std::cout << absl::StrFormat(
-        "%s.cubin  %s  %zu bytes  %d regs  %d B smem  %.2f s\n", base,
-        artifact->arch(), artifact->cubin().size(),
-        main_k ? main_k->registers() : 0, artifact->launch().dynamic_smem_bytes(),
-        artifact->compile_seconds());
+        "%s.cubin  %s  %zu bytes  %d regs  %d B smem  %.2f s\n", base, artifact->arch(),
+        artifact->cubin().size(), main_k ? main_k->registers() : 0,
+        artifact->launch().dynamic_smem_bytes(), artifact->compile_seconds());
   }
   return failures == 0 ? 0 : 1;
 }
 
 int Inspect(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = {
-      {"json", "", "print JSON instead of a table"},
-      {"help", "", "show this help", "", 'h'}};
+  const std::vector<FlagSpec> flags = {{"json", "", "print JSON instead of a table"},
+                                       {"help", "", "show this help", "", 'h'}};
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help") || args->positional.size() != 1) {
@@ -161,8 +157,9 @@ int Inspect(const std::vector<std::string>& argv) {
   absl::StatusOr<std::string> bytes = ReadFile(path);
   if (!bytes.ok()) return Fail(bytes.status());
   absl::StatusOr<v1::CubinInfo> info = InspectCubin(*bytes);
-  if (!info.ok()) return Fail(absl::Status(info.status().code(),
-                                           absl::StrCat(path, ": ", info.status().message())));
+  if (!info.ok())
+    return Fail(
+        absl::Status(info.status().code(), absl::StrCat(path, ": ", info.status().message())));
   if (args->Has("json")) {
     v1::KernelArtifact wrapper;
     *wrapper.mutable_cubin_info() = *info;
@@ -170,15 +167,14 @@ int Inspect(const std::vector<std::string>& argv) {
     std::cout << json;
     return 0;
   }
-  std::cout << absl::StrFormat("%s: %s (ELF ABI %d), %d kernels\n", path,
-                               info->arch(), info->elf_abi_version(),
-                               info->kernels_size());
-  std::cout << absl::StrFormat("  %-32s %5s %10s %7s %7s %8s\n", "kernel", "regs",
-                               "smem(B)", "param", "local", "maxthr");
+  std::cout << absl::StrFormat("%s: %s (ELF ABI %d), %d kernels\n", path, info->arch(),
+                               info->elf_abi_version(), info->kernels_size());
+  std::cout << absl::StrFormat("  %-32s %5s %10s %7s %7s %8s\n", "kernel", "regs", "smem(B)",
+                               "param", "local", "maxthr");
   for (const v1::KernelResources& k : info->kernels()) {
-    std::cout << absl::StrFormat("  %-32s %5d %10d %7d %7d %8d\n", k.name(),
-                                 k.registers(), k.static_smem_bytes(),
-                                 k.param_bytes(), k.local_bytes(), k.max_threads());
+    std::cout << absl::StrFormat("  %-32s %5d %10d %7d %7d %8d\n", k.name(), k.registers(),
+                                 k.static_smem_bytes(), k.param_bytes(), k.local_bytes(),
+                                 k.max_threads());
   }
   return 0;
 }
@@ -223,10 +219,9 @@ int main(int argc, char** argv) {
   if (cmd == "verify") return Verify(rest);
   if (cmd == "compile-worker") {
     // Run by the compile pool, never by hand: `compile-worker PID [faults]`.
-    absl::StatusOr<kforge::WorkerFaults> faults =
-        kforge::WorkerFaults::FromArgs(rest.size() > 1 ? std::vector<std::string>(rest.begin() + 1,
-                                                                          rest.end())
-                                               : std::vector<std::string>{});
+    absl::StatusOr<kforge::WorkerFaults> faults = kforge::WorkerFaults::FromArgs(
+        rest.size() > 1 ? std::vector<std::string>(rest.begin() + 1, rest.end())
+                        : std::vector<std::string>{});
     if (!faults.ok()) return Fail(faults.status());
     return kforge::RunCompileWorker(rest.empty() ? 0 : std::atoi(rest[0].c_str()), *faults);
   }

@@ -33,8 +33,7 @@ absl::string_view FirstLine(std::string_view text) {
 }  // namespace
 
 std::string FormatClock(absl::Duration d) {
-  const int64_t total =
-      absl::ToInt64Seconds(d < absl::ZeroDuration() ? absl::ZeroDuration() : d);
+  const int64_t total = absl::ToInt64Seconds(d < absl::ZeroDuration() ? absl::ZeroDuration() : d);
   const int64_t h = total / 3600, m = total / 60 % 60, s = total % 60;
   if (h > 0) return absl::StrFormat("%d:%02d:%02d", h, m, s);
   return absl::StrFormat("%d:%02d", m, s);
@@ -45,8 +44,7 @@ ProgressOptions StderrProgressOptions() {
   options.out = &std::cerr;
   options.tty = isatty(STDERR_FILENO) == 1;
   winsize size{};
-  if (options.tty && ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 &&
-      size.ws_col > 0) {
+  if (options.tty && ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) {
     options.width = size.ws_col;
   }
   return options;
@@ -62,8 +60,7 @@ void Progress::Start(size_t total) {
   if (options_.tty) DrawStatusLine("");
 }
 
-void Progress::Done(std::string_view label, bool ok, double seconds,
-                    std::string_view error) {
+void Progress::Done(std::string_view label, bool ok, double seconds, std::string_view error) {
   absl::MutexLock lock(&mu_);
   ++summary_.done;
   if (!ok) summary_.failures.push_back({std::string(label), std::string(error)});
@@ -74,8 +71,8 @@ void Progress::Done(std::string_view label, bool ok, double seconds,
   // A failure stays on screen as a line of its own; successes only move
   // the status line.
   if (!ok) {
-    *options_.out << "\r" << kClearToEol << "FAIL " << AsAbsl(label) << ": "
-                  << FirstLine(error) << "\n";
+    *options_.out << "\r" << kClearToEol << "FAIL " << AsAbsl(label) << ": " << FirstLine(error)
+                  << "\n";
   }
   DrawStatusLine(label);
 }
@@ -83,8 +80,7 @@ void Progress::Done(std::string_view label, bool ok, double seconds,
 void Progress::PrintItemLine(std::string_view label, bool ok, double seconds,
                              std::string_view error) {
   const int digits = static_cast<int>(absl::StrCat(summary_.total).size());
-  *options_.out << absl::StrFormat("[%*d/%d] %-4s %7.2fs %s", digits,
-                                   summary_.done, summary_.total,
+  *options_.out << absl::StrFormat("[%*d/%d] %-4s %7.2fs %s", digits, summary_.done, summary_.total,
                                    ok ? "ok" : "FAIL", seconds, AsAbsl(label));
   if (!ok) *options_.out << ": " << FirstLine(error);
   *options_.out << "\n" << std::flush;
@@ -95,11 +91,9 @@ void Progress::DrawStatusLine(std::string_view label) {
   const size_t total = summary_.total;
   const size_t done = summary_.done;
   const int filled =
-      total == 0 ? kBarCells
-                 : static_cast<int>(std::min(done, total) * kBarCells / total);
+      total == 0 ? kBarCells : static_cast<int>(std::min(done, total) * kBarCells / total);
   std::string line = absl::StrCat("[", std::string(filled, '#'),
-                                  std::string(kBarCells - filled, '-'), "] ",
-                                  done, "/", total);
+                                  std::string(kBarCells - filled, '-'), "] ", done, "/", total);
   if (!summary_.failures.empty()) {
     absl::StrAppend(&line, "  ", summary_.failures.size(), " failed");
   }
@@ -108,8 +102,8 @@ void Progress::DrawStatusLine(std::string_view label) {
     absl::StrAppend(&line, "  ETA --:--");
   } else if (done < total) {
     // Mean time per finished item times the items left.
-    const absl::Duration eta = elapsed / static_cast<double>(done) *
-                               static_cast<double>(total - done);
+    const absl::Duration eta =
+        elapsed / static_cast<double>(done) * static_cast<double>(total - done);
     absl::StrAppend(&line, "  ETA ", FormatClock(eta));
   }
   if (!label.empty()) absl::StrAppend(&line, "  ", AsAbsl(label));
@@ -130,14 +124,13 @@ ProgressSummary Progress::Finish() {
     out << "\n";
     status_line_shown_ = false;
   }
-  out << absl::StrFormat("%d/%d done in %s, %d failed\n", summary_.done,
-                         summary_.total, FormatClock(summary_.elapsed),
-                         summary_.failures.size());
+  out << absl::StrFormat("%d/%d done in %s, %d failed\n", summary_.done, summary_.total,
+                         FormatClock(summary_.elapsed), summary_.failures.size());
   for (const ProgressFailure& f : summary_.failures) {
     // The whole error (an NVRTC log has its root cause first), indented
     // under the item it belongs to.
-    out << "  FAIL " << f.label << ":\n    "
-        << absl::StrReplaceAll(f.error, {{"\n", "\n    "}}) << "\n";
+    out << "  FAIL " << f.label << ":\n    " << absl::StrReplaceAll(f.error, {{"\n", "\n    "}})
+        << "\n";
   }
   out << std::flush;
   return summary_;

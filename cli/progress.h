@@ -34,7 +34,7 @@ struct ProgressFailure {
 
 struct ProgressSummary {
   size_t total = 0;
-  size_t done = 0;  // finished, failed ones included
+  size_t done = 0;                        // finished, failed ones included
   std::vector<ProgressFailure> failures;  // in the order they finished
   absl::Duration elapsed;
 };
@@ -54,15 +54,14 @@ class Progress {
 
   void Start(size_t total);
   // `seconds` is the item's own time; `error` says why it failed.
-  void Done(std::string_view label, bool ok, double seconds,
-            std::string_view error = {});
+  void Done(std::string_view label, bool ok, double seconds, std::string_view error = {});
   // Ends the status line and prints the summary: counts, elapsed time and
   // every failure with its whole error.
   ProgressSummary Finish();
 
  private:
-  void PrintItemLine(std::string_view label, bool ok, double seconds,
-                     std::string_view error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PrintItemLine(std::string_view label, bool ok, double seconds, std::string_view error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DrawStatusLine(std::string_view label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ProgressOptions options_;

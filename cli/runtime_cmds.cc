@@ -11,10 +11,10 @@
 #include "cli/flags.h"
 #include "cli/kernel_args.h"
 #include "compiler/compiler.h"
-#include "model/spec.h"
-#include "google/protobuf/util/json_util.h"
 #include "compiler/manifest.h"
+#include "google/protobuf/util/json_util.h"
 #include "model/selector.h"
+#include "model/spec.h"
 #include "service/kernel_store.h"
 
 namespace kforge::cli {
@@ -35,8 +35,7 @@ std::vector<FlagSpec> WithModelFlags(const std::vector<FlagSpec>& own) {
 }
 
 // --preset/--tp or --spec -> spec; --arch -> manifest.
-absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args,
-                                              v1::AttentionSpec* spec_out) {
+absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args, v1::AttentionSpec* spec_out) {
   if (!args.Has("arch")) {
     return absl::InvalidArgumentError("--arch is required (e.g. --arch sm_90a)");
   }
@@ -52,11 +51,11 @@ absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args,
 }  // namespace
 
 int Manifest(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = WithModelFlags({
-      {"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a"},
-      {"sms", "N", "deprecated, ignored: split counts are evaluated by `kforge select`"},
-      {"s-q", "N", "deprecated, ignored: one kernel serves every s_q"},
-      {"help", "", "show this help", "", 'h'}});
+  const std::vector<FlagSpec> flags = WithModelFlags(
+      {{"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a"},
+       {"sms", "N", "deprecated, ignored: split counts are evaluated by `kforge select`"},
+       {"s-q", "N", "deprecated, ignored: one kernel serves every s_q"},
+       {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {
@@ -87,18 +86,17 @@ int Manifest(const std::vector<std::string>& argv) {
 }
 
 int Select(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = WithModelFlags({
-      {"arch", "ARCH", "arch the manifest is built for"},
-      {"sms", "N", "the device's SM count"},
-      {"batch", "N", "requests in the decode step"},
-      WithAlias({"s-q", "N", "query tokens per request (MTP: 2..4)", "1"}, "sq"),
-      {"device-arch", "ARCH", "the device's arch (default: --arch)"},
-      {"heads", "N", "shape override: query heads (default: the model's)"},
-      {"topk", "N", "shape override: indices per query token"},
-      WithAlias({"page-block-size", "N", "shape override: tokens per KV cache page"},
-                "page-size"),
-      {"kv-dtype", "DTYPE", "shape override: bf16 or fp8_ds_mla"},
-      {"help", "", "show this help", "", 'h'}});
+  const std::vector<FlagSpec> flags = WithModelFlags(
+      {{"arch", "ARCH", "arch the manifest is built for"},
+       {"sms", "N", "the device's SM count"},
+       {"batch", "N", "requests in the decode step"},
+       WithAlias({"s-q", "N", "query tokens per request (MTP: 2..4)", "1"}, "sq"),
+       {"device-arch", "ARCH", "the device's arch (default: --arch)"},
+       {"heads", "N", "shape override: query heads (default: the model's)"},
+       {"topk", "N", "shape override: indices per query token"},
+       WithAlias({"page-block-size", "N", "shape override: tokens per KV cache page"}, "page-size"),
+       {"kv-dtype", "DTYPE", "shape override: bf16 or fp8_ds_mla"},
+       {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {
@@ -138,8 +136,7 @@ int Select(const std::vector<std::string>& argv) {
     const char* flag;
     int* field;
   };
-  for (const Override& o : {Override{"heads", &shape.num_q_heads},
-                            Override{"topk", &shape.topk},
+  for (const Override& o : {Override{"heads", &shape.num_q_heads}, Override{"topk", &shape.topk},
                             Override{"page-block-size", &shape.page_block_size}}) {
     if (!args->Has(o.flag)) continue;
     absl::StatusOr<int> v = IntFlag(*args, o.flag, 0);

@@ -16,15 +16,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "base/io.h"
 #include "cli/flags.h"
 #include "cli/kernel_args.h"
 #include "cli/worker_faults.h"
 #include "compiler/compiler.h"
-#include "base/io.h"
-#include "model/spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
+#include "model/spec.h"
 #include "service/server.h"
 
 namespace kforge::cli {
@@ -43,8 +43,8 @@ std::string DefaultCacheDir() {
 }
 
 // Reads a non-negative integer flag into `out`, checking a lower bound.
-absl::Status IntFlag(const ParsedArgs& args, const std::string& name,
-                     long long min, long long* out) {
+absl::Status IntFlag(const ParsedArgs& args, const std::string& name, long long min,
+                     long long* out) {
   absl::StatusOr<long long> v = IntFlagInRange(args, name, min, LLONG_MAX);
   if (!v.ok()) return v.status();
   *out = *v;
@@ -55,14 +55,12 @@ std::shared_ptr<grpc::Channel> Connect(const std::string& address) {
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   channel_args.SetMaxSendMessageSize(kMaxMessageBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   channel_args);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args);
 }
 
 // A failed call as the user should read it: a server that cannot be reached
 // is told apart from an error the server answered with.
-int FailCall(const grpc::Status& status, grpc::Channel& channel,
-             const std::string& address) {
+int FailCall(const grpc::Status& status, grpc::Channel& channel, const std::string& address) {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
       channel.GetState(false) != GRPC_CHANNEL_READY) {
     std::cerr << "kforge: cannot reach kforge server at " << address << ": "
@@ -70,8 +68,8 @@ int FailCall(const grpc::Status& status, grpc::Channel& channel,
     return 1;
   }
   std::cerr << "kforge: "
-            << absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))
-            << ": " << status.error_message() << "\n";
+            << absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())) << ": "
+            << status.error_message() << "\n";
   return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? 2 : 1;
 }
 
@@ -102,8 +100,7 @@ int Serve(const std::vector<std::string>& argv) {
        absl::StrCat(defaults.store.memory_cache_bytes)},
       {"disk-cache-bytes", "N", "disk tier size (LRU eviction beyond it)",
        absl::StrCat(defaults.store.disk_cache_bytes)},
-      {"workers", "N", "concurrent compile worker processes",
-       absl::StrCat(cores == 0 ? 1 : cores)},
+      {"workers", "N", "concurrent compile worker processes", absl::StrCat(cores == 0 ? 1 : cores)},
       {"queue-limit", "N", "compiles waiting for a worker; more are refused",
        absl::StrCat(defaults.store.pool.queue_limit)},
       {"compile-timeout", "SECONDS", "a compile running longer is killed",
@@ -131,14 +128,14 @@ int Serve(const std::vector<std::string>& argv) {
   options.listen = args->Get("listen");
   options.store.cache_dir = args->Get("cache-dir");
   options.warm_from = args->Get("warm-from");
-  long long memory_bytes = 0, disk_bytes = 0, workers = 0, queue_limit = 0,
-            timeout_s = 0, grace_s = 0;
-  for (absl::Status s : {IntFlag(*args, "memory-cache-bytes", 0, &memory_bytes),
-                         IntFlag(*args, "disk-cache-bytes", 0, &disk_bytes),
-                         IntFlag(*args, "workers", 1, &workers),
-                         IntFlag(*args, "queue-limit", 0, &queue_limit),
-                         IntFlag(*args, "compile-timeout", 1, &timeout_s),
-                         IntFlag(*args, "shutdown-grace", 0, &grace_s)}) {
+  long long memory_bytes = 0, disk_bytes = 0, workers = 0, queue_limit = 0, timeout_s = 0,
+            grace_s = 0;
+  for (absl::Status s :
+       {IntFlag(*args, "memory-cache-bytes", 0, &memory_bytes),
+        IntFlag(*args, "disk-cache-bytes", 0, &disk_bytes), IntFlag(*args, "workers", 1, &workers),
+        IntFlag(*args, "queue-limit", 0, &queue_limit),
+        IntFlag(*args, "compile-timeout", 1, &timeout_s),
+        IntFlag(*args, "shutdown-grace", 0, &grace_s)}) {
     if (!s.ok()) return Fail(s);
   }
   options.store.memory_cache_bytes = static_cast<uint64_t>(memory_bytes);
@@ -161,8 +158,7 @@ int Get(const std::vector<std::string>& argv) {
       {"lookup-only", "", "fail with NOT_FOUND instead of compiling on a miss"},
       {"timeout", "SECONDS", "deadline for the call (0: none)", "600"},
       {"help", "", "show this help", "", 'h'}};
-  flags.insert(flags.begin() + 1, KernelChoiceFlags().begin(),
-               KernelChoiceFlags().end());
+  flags.insert(flags.begin() + 1, KernelChoiceFlags().begin(), KernelChoiceFlags().end());
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {
@@ -190,8 +186,7 @@ int Get(const std::vector<std::string>& argv) {
   auto stub = v1::KernelService::NewStub(channel);
   grpc::ClientContext context;
   if (*timeout_s > 0) {  // 0: no deadline
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(*timeout_s));
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(*timeout_s));
   }
   v1::GetKernelResponse response;
   grpc::Status status = stub->GetKernel(&context, request, &response);
@@ -209,9 +204,8 @@ int Get(const std::vector<std::string>& argv) {
 }
 
 int Stats(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = {
-      {"server", "ADDR", "kforge server address", kDefaultServer},
-      {"help", "", "show this help", "", 'h'}};
+  const std::vector<FlagSpec> flags = {{"server", "ADDR", "kforge server address", kDefaultServer},
+                                       {"help", "", "show this help", "", 'h'}};
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {

@@ -49,9 +49,8 @@ KvFormatInfo KvFormatOf(const v1::AttentionSpec& /*spec*/) {
 // The kernel's compile-time shape for a spec and a tiling candidate: the
 // input of config.h's CheckDecodeTiling and MakeDecodeSmemLayout, the same
 // functions DecodeTraits evaluates on the device.
-sparse_mla::DecodeShape ShapeOf(const v1::AttentionSpec& spec, int head_tile,
-                                int heads_per_group, int token_tile,
-                                int stages, int warps, bool wgmma) {
+sparse_mla::DecodeShape ShapeOf(const v1::AttentionSpec& spec, int head_tile, int heads_per_group,
+                                int token_tile, int stages, int warps, bool wgmma) {
   sparse_mla::DecodeShape shape{};
   shape.d_v = static_cast<int>(spec.kv_lora_rank());
   shape.rope = static_cast<int>(spec.rope_dim());
@@ -68,16 +67,14 @@ sparse_mla::DecodeShape ShapeOf(const v1::AttentionSpec& spec, int head_tile,
 // Shrinks the warp count until every warp owns >= 16 output columns, then
 // keeps the candidate if CheckDecodeTiling accepts it and its shared memory
 // fits the arch, so codegen never emits a unit that fails to compile.
-bool Fit(const v1::AttentionSpec& spec, int head_tile, int heads_per_group,
-         TileConfig c, const Arch& arch, v1::KernelTiling* out) {
+bool Fit(const v1::AttentionSpec& spec, int head_tile, int heads_per_group, TileConfig c,
+         const Arch& arch, v1::KernelTiling* out) {
   const int dv = static_cast<int>(spec.kv_lora_rank());
   while (c.warps > 1 && dv / c.warps < 16) c.warps /= 2;
-  const sparse_mla::DecodeShape shape = ShapeOf(
-      spec, head_tile, heads_per_group, c.token_tile, c.stages, c.warps, false);
-  if (sparse_mla::CheckDecodeTiling(shape) != sparse_mla::TilingError::kOk)
-    return false;
-  if (sparse_mla::MakeDecodeSmemLayout(shape).bytes > arch.max_smem_per_block)
-    return false;
+  const sparse_mla::DecodeShape shape =
+      ShapeOf(spec, head_tile, heads_per_group, c.token_tile, c.stages, c.warps, false);
+  if (sparse_mla::CheckDecodeTiling(shape) != sparse_mla::TilingError::kOk) return false;
+  if (sparse_mla::MakeDecodeSmemLayout(shape).bytes > arch.max_smem_per_block) return false;
   out->set_head_tile(head_tile);
   out->set_heads_per_group(heads_per_group);
   out->set_token_tile(c.token_tile);
@@ -112,8 +109,7 @@ std::string ScaleTag(float scale) {
 
 }  // namespace
 
-absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec,
-                                              const Arch& arch) {
+absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, const Arch& arch) {
   const int heads = static_cast<int>(spec.num_q_heads());
   // Try the largest group size first: spread the heads evenly over the
   // fewest groups of at most max_tile, round the group up to whole MMA rows
@@ -134,43 +130,36 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec,
     // depend on it, so the tiling still fits.
     sparse_mla::DecodeShape shape = DecodeShapeFor(spec, tiling);
     shape.wgmma = true;
-    tiling.set_wgmma(arch.arch_specific && arch.major == 9 &&
-                     sparse_mla::WgmmaCovers(shape));
+    tiling.set_wgmma(arch.arch_specific && arch.major == 9 && sparse_mla::WgmmaCovers(shape));
     tiling.set_num_head_groups((heads + per_group - 1) / per_group);
     return tiling;
   }
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "%s: no sparse MLA tiling fits %d bytes of shared memory per block "
-      "for d_qk=%d",
-      arch.name, arch.max_smem_per_block,
-      spec.kv_lora_rank() + spec.rope_dim()));
+  return absl::FailedPreconditionError(
+      absl::StrFormat("%s: no sparse MLA tiling fits %d bytes of shared memory per block "
+                      "for d_qk=%d",
+                      arch.name, arch.max_smem_per_block, spec.kv_lora_rank() + spec.rope_dim()));
 }
 
-sparse_mla::DecodeShape DecodeShapeFor(const v1::AttentionSpec& spec,
-                                       const v1::KernelTiling& t) {
-  return ShapeOf(spec, static_cast<int>(t.head_tile()),
-                 static_cast<int>(t.heads_per_group()),
+sparse_mla::DecodeShape DecodeShapeFor(const v1::AttentionSpec& spec, const v1::KernelTiling& t) {
+  return ShapeOf(spec, static_cast<int>(t.head_tile()), static_cast<int>(t.heads_per_group()),
                  static_cast<int>(t.token_tile()), static_cast<int>(t.stages()),
                  static_cast<int>(t.warps()), t.wgmma());
 }
 
-int DecodeSmemBytesFor(const v1::AttentionSpec& spec,
-                       const v1::KernelTiling& tiling) {
+int DecodeSmemBytesFor(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling) {
   return sparse_mla::MakeDecodeSmemLayout(DecodeShapeFor(spec, tiling)).bytes;
 }
 
-v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec,
-                              const v1::KernelTiling& tiling, const Arch& arch) {
+v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
+                              const Arch& arch) {
   v1::LaunchRule rule;
   rule.set_block_threads(tiling.warps() * 32);
   rule.set_dynamic_smem_bytes(DecodeSmemBytesFor(spec, tiling));
   rule.set_combine_block_threads(sparse_mla::kCombineWarps * 32);
   rule.set_split_granularity_tokens(tiling.token_tile());
-  rule.set_workspace_bytes_per_split_token(
-      static_cast<uint64_t>(spec.num_q_heads()) * (spec.kv_lora_rank() + 1) *
-      sizeof(float));
-  const int per_block =
-      static_cast<int>(rule.dynamic_smem_bytes()) + Arch::kReservedSmemPerBlock;
+  rule.set_workspace_bytes_per_split_token(static_cast<uint64_t>(spec.num_q_heads()) *
+                                           (spec.kv_lora_rank() + 1) * sizeof(float));
+  const int per_block = static_cast<int>(rule.dynamic_smem_bytes()) + Arch::kReservedSmemPerBlock;
   rule.set_ctas_per_sm(std::max(1, arch.smem_per_sm / per_block));
   rule.set_min_tiles_per_split(kMinTilesPerSplit);
   return rule;
@@ -178,50 +167,44 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec,
 
 std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
   std::string arch_tag = arch.name;
-  arch_tag.erase(std::remove(arch_tag.begin(), arch_tag.end(), '_'),
-                 arch_tag.end());
-  return absl::StrFormat(
-      "sparse_mla_decode_h%d_d%dr%d_topk%d_%s_pb%d_sc%s%s_%s",
-      spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(), spec.topk(),
-      KvDtypeName(spec.kv_cache_dtype()), spec.page_block_size(),
-      ScaleTag(spec.softmax_scale()), spec.return_lse() ? "_lse" : "",
-      arch_tag);
+  arch_tag.erase(std::remove(arch_tag.begin(), arch_tag.end(), '_'), arch_tag.end());
+  return absl::StrFormat("sparse_mla_decode_h%d_d%dr%d_topk%d_%s_pb%d_sc%s%s_%s",
+                         spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(), spec.topk(),
+                         KvDtypeName(spec.kv_cache_dtype()), spec.page_block_size(),
+                         ScaleTag(spec.softmax_scale()), spec.return_lse() ? "_lse" : "", arch_tag);
 }
 
-std::string GenerateSource(const v1::AttentionSpec& spec,
-                           const v1::KernelTiling& tiling) {
+std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling) {
   // softmax_scale * log2(e), rounded once to float; %a prints it exactly.
-  const float scale_log2 = static_cast<float>(
-      static_cast<double>(spec.softmax_scale()) * 1.4426950408889634);
+  const float scale_log2 =
+      static_cast<float>(static_cast<double>(spec.softmax_scale()) * 1.4426950408889634);
   std::string src;
   absl::StrAppend(&src,
                   "// Generated by kforge codegen: one sparse MLA module.\n"
                   "#include \"kforge/sparse_mla/decode.cuh\"\n"
                   "#include \"kforge/sparse_mla/combine.cuh\"\n\n"
                   "namespace ks = kforge::sparse_mla;\n\n");
-  absl::StrAppendFormat(
-      &src,
-      "struct Traits : ks::DecodeTraits<%d, %d, %d, %d, %d, %d, %d, %d, %d, "
-      "%d, %s, %s, %s> {\n"
-      "  // softmax_scale %.9g times log2(e)\n"
-      "  static constexpr float kScaleLog2 = %af;\n"
-      "};\n\n",
-      spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(), spec.topk(),
-      tiling.head_tile(), tiling.heads_per_group(), tiling.token_tile(),
-      tiling.stages(), tiling.warps(), spec.page_block_size(),
-      spec.return_lse() ? "true" : "false", tiling.wgmma() ? "true" : "false",
-      KvFormatOf(spec).type_name, spec.softmax_scale(), scale_log2);
-  absl::StrAppendFormat(
-      &src,
-      "extern \"C\" __global__ void __launch_bounds__(Traits::kThreads, 1)\n"
-      "%s(const ks::DecodeParams p) {\n"
-      "  ks::DecodeMain<Traits>(p);\n"
-      "}\n\n"
-      "extern \"C\" __global__ void __launch_bounds__(ks::kCombineWarps * 32)\n"
-      "%s(const ks::CombineParams p) {\n"
-      "  ks::Combine<Traits>(p);\n"
-      "}\n",
-      kMainEntry, kCombineEntry);
+  absl::StrAppendFormat(&src,
+                        "struct Traits : ks::DecodeTraits<%d, %d, %d, %d, %d, %d, %d, %d, %d, "
+                        "%d, %s, %s, %s> {\n"
+                        "  // softmax_scale %.9g times log2(e)\n"
+                        "  static constexpr float kScaleLog2 = %af;\n"
+                        "};\n\n",
+                        spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(), spec.topk(),
+                        tiling.head_tile(), tiling.heads_per_group(), tiling.token_tile(),
+                        tiling.stages(), tiling.warps(), spec.page_block_size(),
+                        spec.return_lse() ? "true" : "false", tiling.wgmma() ? "true" : "false",
+                        KvFormatOf(spec).type_name, spec.softmax_scale(), scale_log2);
+  absl::StrAppendFormat(&src,
+                        "extern \"C\" __global__ void __launch_bounds__(Traits::kThreads, 1)\n"
+                        "%s(const ks::DecodeParams p) {\n"
+                        "  ks::DecodeMain<Traits>(p);\n"
+                        "}\n\n"
+                        "extern \"C\" __global__ void __launch_bounds__(ks::kCombineWarps * 32)\n"
+                        "%s(const ks::CombineParams p) {\n"
+                        "  ks::Combine<Traits>(p);\n"
+                        "}\n",
+                        kMainEntry, kCombineEntry);
   return src;
 }
 

@@ -6,11 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/codegen.h"
-#include "model/cubin.h"
 #include "compiler/key.h"
 #include "compiler/nvrtc.h"
-#include "model/spec.h"
 #include "google/protobuf/util/json_util.h"
+#include "model/cubin.h"
+#include "model/spec.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
@@ -23,9 +23,9 @@ std::string CompilerVersion() {
   return absl::StrCat("kforge ", KFORGE_VERSION, " / nvrtc ", NvrtcVersion());
 }
 
-absl::StatusOr<CompilePlan> KernelCompiler::Plan(
-    const v1::AttentionSpec& spec, std::string_view arch,
-    const PlanOptions& options) const {
+absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
+                                                 std::string_view arch,
+                                                 const PlanOptions& options) const {
   CompilePlan plan;
   absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec);
   if (!normalized.ok()) return normalized.status();
@@ -34,9 +34,9 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(
   if (!parsed.ok()) return parsed.status();
   plan.arch = *std::move(parsed);
   if (options.max_smem_per_block < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_smem_per_block: got ", options.max_smem_per_block,
-        ", supported 0 (the arch's own limit) or a positive byte count"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_smem_per_block: got ", options.max_smem_per_block,
+                     ", supported 0 (the arch's own limit) or a positive byte count"));
   }
   if (options.max_smem_per_block > 0) {
     plan.arch.max_smem_per_block =
@@ -63,8 +63,7 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(
   return plan;
 }
 
-absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(
-    const CompilePlan& plan) const {
+absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan) const {
   NvrtcRequest request;
   request.source = plan.source;
   request.program_name = plan.module_name + ".cu";
@@ -74,22 +73,20 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(
 
   absl::StatusOr<v1::CubinInfo> info = InspectCubin(compiled->cubin);
   if (!info.ok()) {
-    return absl::InternalError(absl::StrCat(
-        plan.module_name, ": NVRTC produced a cubin kforge cannot read: ",
-        info.status().message()));
+    return absl::InternalError(
+        absl::StrCat(plan.module_name,
+                     ": NVRTC produced a cubin kforge cannot read: ", info.status().message()));
   }
   if (info->arch() != plan.arch.name) {
-    return absl::InternalError(absl::StrCat(
-        plan.module_name, ": cubin is for ", info->arch(), ", asked for ",
-        plan.arch.name, "; refusing to serve it"));
+    return absl::InternalError(absl::StrCat(plan.module_name, ": cubin is for ", info->arch(),
+                                            ", asked for ", plan.arch.name,
+                                            "; refusing to serve it"));
   }
   for (const char* entry : {kMainEntry, kCombineEntry}) {
-    const bool found =
-        std::any_of(info->kernels().begin(), info->kernels().end(),
-                    [&](const v1::KernelResources& k) { return k.name() == entry; });
+    const bool found = std::any_of(info->kernels().begin(), info->kernels().end(),
+                                   [&](const v1::KernelResources& k) { return k.name() == entry; });
     if (!found) {
-      return absl::InternalError(absl::StrCat(plan.module_name,
-                                              ": cubin has no entry ", entry));
+      return absl::InternalError(absl::StrCat(plan.module_name, ": cubin has no entry ", entry));
     }
   }
 
@@ -114,9 +111,9 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(
   return artifact;
 }
 
-absl::StatusOr<v1::KernelArtifact> KernelCompiler::Compile(
-    const v1::AttentionSpec& spec, std::string_view arch,
-    const PlanOptions& options) const {
+absl::StatusOr<v1::KernelArtifact> KernelCompiler::Compile(const v1::AttentionSpec& spec,
+                                                           std::string_view arch,
+                                                           const PlanOptions& options) const {
   absl::StatusOr<CompilePlan> plan = Plan(spec, arch, options);
   if (!plan.ok()) return plan.status();
   return Build(*plan);

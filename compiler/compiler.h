@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/arch.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
+#include "model/arch.h"
 
 namespace kforge {
 
@@ -38,8 +38,7 @@ class KernelCompiler {
  public:
   // Validates the spec (InvalidArgument naming the field) and the arch
   // (FailedPrecondition), chooses the tiling and computes the cache key.
-  absl::StatusOr<CompilePlan> Plan(const v1::AttentionSpec& spec,
-                                   std::string_view arch,
+  absl::StatusOr<CompilePlan> Plan(const v1::AttentionSpec& spec, std::string_view arch,
                                    const PlanOptions& options = {}) const;
 
   // Compiles a plan and inspects the cubin. Internal with the NVRTC log on a
@@ -48,9 +47,8 @@ class KernelCompiler {
   absl::StatusOr<v1::KernelArtifact> Build(const CompilePlan& plan) const;
 
   // Plan + Build.
-  absl::StatusOr<v1::KernelArtifact> Compile(
-      const v1::AttentionSpec& spec, std::string_view arch,
-      const PlanOptions& options = {}) const;
+  absl::StatusOr<v1::KernelArtifact> Compile(const v1::AttentionSpec& spec, std::string_view arch,
+                                             const PlanOptions& options = {}) const;
 };
 
 // "kforge 0.1.0 / nvrtc 13.0".

@@ -46,8 +46,7 @@ std::string DoubleBits(double value) {
 void AppendMessage(const Message& message, std::string* out);
 
 // One value of a (possibly repeated) field; index < 0 means singular.
-std::string FieldValue(const Message& message, const FieldDescriptor* field,
-                       int index) {
+std::string FieldValue(const Message& message, const FieldDescriptor* field, int index) {
   const Reflection& r = *message.GetReflection();
   const bool rep = index >= 0;
   switch (field->cpp_type()) {
@@ -64,10 +63,8 @@ std::string FieldValue(const Message& message, const FieldDescriptor* field,
       return absl::StrCat(rep ? r.GetRepeatedUInt64(message, field, index)
                               : r.GetUInt64(message, field));
     case FieldDescriptor::CPPTYPE_BOOL:
-      return (rep ? r.GetRepeatedBool(message, field, index)
-                  : r.GetBool(message, field))
-                 ? "true"
-                 : "false";
+      return (rep ? r.GetRepeatedBool(message, field, index) : r.GetBool(message, field)) ? "true"
+                                                                                          : "false";
     // Exact bits: a decimal rendering could round two scales to one key.
     case FieldDescriptor::CPPTYPE_FLOAT:
       return FloatBits(rep ? r.GetRepeatedFloat(message, field, index)
@@ -81,16 +78,14 @@ std::string FieldValue(const Message& message, const FieldDescriptor* field,
                               : r.GetEnumValue(message, field));
     case FieldDescriptor::CPPTYPE_STRING: {
       std::string value;
-      AppendItem(rep ? r.GetRepeatedString(message, field, index)
-                     : r.GetString(message, field),
+      AppendItem(rep ? r.GetRepeatedString(message, field, index) : r.GetString(message, field),
                  &value);
       return value;
     }
     case FieldDescriptor::CPPTYPE_MESSAGE: {
       std::string value = "{";
-      AppendMessage(rep ? r.GetRepeatedMessage(message, field, index)
-                        : r.GetMessage(message, field),
-                    &value);
+      AppendMessage(
+          rep ? r.GetRepeatedMessage(message, field, index) : r.GetMessage(message, field), &value);
       value += "}";
       return value;
     }
@@ -110,10 +105,9 @@ void AppendMessage(const Message& message, std::string* out) {
   for (int i = 0; i < descriptor.field_count(); ++i) {
     fields.push_back(descriptor.field(i));
   }
-  std::sort(fields.begin(), fields.end(),
-            [](const FieldDescriptor* a, const FieldDescriptor* b) {
-              return a->number() < b->number();
-            });
+  std::sort(fields.begin(), fields.end(), [](const FieldDescriptor* a, const FieldDescriptor* b) {
+    return a->number() < b->number();
+  });
   const Reflection& r = *message.GetReflection();
   for (const FieldDescriptor* field : fields) {
     std::string entry = absl::StrCat(field->name(), "=");

@@ -6,8 +6,7 @@
 namespace kforge {
 
 absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
-                                           const v1::AttentionSpec& spec,
-                                           std::string_view arch) {
+                                           const v1::AttentionSpec& spec, std::string_view arch) {
   absl::StatusOr<CompilePlan> plan = compiler.Plan(spec, arch);
   if (!plan.ok()) return plan.status();
   v1::Manifest manifest;

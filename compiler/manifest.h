@@ -17,8 +17,7 @@ namespace kforge {
 // does it for the GPU it runs on (model/launch.h). Plans only (no compile,
 // no cache): errors are the compiler's Plan errors.
 absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
-                                           const v1::AttentionSpec& spec,
-                                           std::string_view arch);
+                                           const v1::AttentionSpec& spec, std::string_view arch);
 
 }  // namespace kforge
 

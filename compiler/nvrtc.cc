@@ -6,9 +6,9 @@
 #include <nvrtc.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,12 +49,10 @@ class ProgramGuard {
 std::string TruncatedLog(const std::string& log) {
   if (log.size() <= kMaxLogInMessage) return log;
   const size_t head = kMaxLogInMessage - kLogTailKept;
-  return absl::StrCat(
-      log.substr(0, head),
-      absl::StrFormat(
-          "\n[... NVRTC log truncated: %d of %d bytes omitted ...]\n",
-          log.size() - kMaxLogInMessage, log.size()),
-      log.substr(log.size() - kLogTailKept));
+  return absl::StrCat(log.substr(0, head),
+                      absl::StrFormat("\n[... NVRTC log truncated: %d of %d bytes omitted ...]\n",
+                                      log.size() - kMaxLogInMessage, log.size()),
+                      log.substr(log.size() - kLogTailKept));
 }
 
 // NVRTC reports the log size including the terminating NUL.
@@ -102,8 +100,8 @@ std::vector<std::string> BaseNvrtcOptions(const std::string& arch) {
 
 absl::StatusOr<NvrtcResult> CompileWithNvrtc(const NvrtcRequest& request) {
   if (request.arch.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "NVRTC compile of '", request.program_name, "': no arch given"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("NVRTC compile of '", request.program_name, "': no arch given"));
   }
   const auto start = std::chrono::steady_clock::now();
   const std::string program_name =
@@ -131,26 +129,25 @@ absl::StatusOr<NvrtcResult> CompileWithNvrtc(const NvrtcRequest& request) {
 
   const std::string joined_options = absl::StrJoin(result.options, " ");
   auto failure = [&](const char* what, nvrtcResult code) {
-    return absl::InternalError(absl::StrCat(
-        "NVRTC ", what, " failed for '", program_name, "' (",
-        nvrtcGetErrorString(code), ")\noptions: ", joined_options));
+    return absl::InternalError(absl::StrCat("NVRTC ", what, " failed for '", program_name, "' (",
+                                            nvrtcGetErrorString(code),
+                                            ")\noptions: ", joined_options));
   };
 
   nvrtcProgram program = nullptr;
-  nvrtcResult rc = nvrtcCreateProgram(
-      &program, request.source.c_str(), program_name.c_str(),
-      static_cast<int>(headers.size()), source_ptrs.data(), name_ptrs.data());
+  nvrtcResult rc =
+      nvrtcCreateProgram(&program, request.source.c_str(), program_name.c_str(),
+                         static_cast<int>(headers.size()), source_ptrs.data(), name_ptrs.data());
   if (rc != NVRTC_SUCCESS) return failure("nvrtcCreateProgram", rc);
   ProgramGuard guard(program);
 
-  const nvrtcResult compile_rc = nvrtcCompileProgram(
-      program, static_cast<int>(option_ptrs.size()), option_ptrs.data());
+  const nvrtcResult compile_rc =
+      nvrtcCompileProgram(program, static_cast<int>(option_ptrs.size()), option_ptrs.data());
   result.log = ProgramLog(program);
   if (compile_rc != NVRTC_SUCCESS) {
     return absl::InternalError(absl::StrCat(
-        "NVRTC compile failed for '", program_name, "' (",
-        nvrtcGetErrorString(compile_rc), ")\noptions: ", joined_options,
-        "\nlog:\n", TruncatedLog(result.log)));
+        "NVRTC compile failed for '", program_name, "' (", nvrtcGetErrorString(compile_rc),
+        ")\noptions: ", joined_options, "\nlog:\n", TruncatedLog(result.log)));
   }
 
   size_t cubin_size = 0;
@@ -158,17 +155,14 @@ absl::StatusOr<NvrtcResult> CompileWithNvrtc(const NvrtcRequest& request) {
   if (rc != NVRTC_SUCCESS) return failure("nvrtcGetCUBINSize", rc);
   if (cubin_size == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "NVRTC produced no cubin for '", program_name, "': arch '",
-        request.arch, "' must be a real sm_XX arch, not a virtual one\n",
-        "options: ", joined_options));
+        "NVRTC produced no cubin for '", program_name, "': arch '", request.arch,
+        "' must be a real sm_XX arch, not a virtual one\n", "options: ", joined_options));
   }
   result.cubin.resize(cubin_size);
   rc = nvrtcGetCUBIN(program, result.cubin.data());
   if (rc != NVRTC_SUCCESS) return failure("nvrtcGetCUBIN", rc);
 
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
 
@@ -186,9 +180,9 @@ std::string NvrtcVersion() {
 namespace {
 
 struct BuildIdSearch {
-  const void* symbol;   // an address inside libnvrtc
-  std::string build_id; // hex, empty until found
-  std::string path;     // the object's file name
+  const void* symbol;    // an address inside libnvrtc
+  std::string build_id;  // hex, empty until found
+  std::string path;      // the object's file name
 };
 
 // dl_iterate_phdr callback: finds the loaded object that contains

@@ -10,9 +10,9 @@
 namespace kforge {
 
 struct NvrtcRequest {
-  std::string source;        // the generated instantiation unit
-  std::string program_name;  // shown in diagnostics, e.g. "<module>.cu"
-  std::string arch;          // "sm_90a": compiled straight to cubin
+  std::string source;                      // the generated instantiation unit
+  std::string program_name;                // shown in diagnostics, e.g. "<module>.cu"
+  std::string arch;                        // "sm_90a": compiled straight to cubin
   std::vector<std::string> extra_options;  // appended after the base options
   // The only headers the source may #include, matched by exact include name
   // (EmbeddedFile::path). An EMPTY vector means "use EmbeddedTemplates()";

@@ -16,13 +16,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "base/absl_compat.h"
-#include "model/arch.h"
 #include "base/io.h"
-#include "model/spec.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "kforge/v1/matrix.pb.h"
 #include "kforge/v1/spec.pb.h"
+#include "model/arch.h"
+#include "model/spec.h"
 
 namespace kforge {
 
@@ -54,16 +54,15 @@ absl::Status ExpandDtypeName(Value& value, const std::string& path) {
 }
 
 // Walks the JSON tree and rewrites the strings under dtype keys.
-absl::Status ExpandShortDtypeNames(Value& value, const std::string& path,
-                                   bool under_dtype_key) {
+absl::Status ExpandShortDtypeNames(Value& value, const std::string& path, bool under_dtype_key) {
   switch (value.kind_case()) {
     case Value::kStringValue:
       return under_dtype_key ? ExpandDtypeName(value, path) : absl::OkStatus();
     case Value::kListValue: {
       auto& values = *value.mutable_list_value()->mutable_values();
       for (int i = 0; i < values.size(); ++i) {
-        absl::Status s = ExpandShortDtypeNames(
-            values[i], absl::StrCat(path, "[", i, "]"), under_dtype_key);
+        absl::Status s =
+            ExpandShortDtypeNames(values[i], absl::StrCat(path, "[", i, "]"), under_dtype_key);
         if (!s.ok()) return s;
       }
       return absl::OkStatus();
@@ -71,8 +70,7 @@ absl::Status ExpandShortDtypeNames(Value& value, const std::string& path,
     case Value::kStructValue:
       for (auto& field : *value.mutable_struct_value()->mutable_fields()) {
         absl::Status s = ExpandShortDtypeNames(
-            field.second,
-            path.empty() ? field.first : absl::StrCat(path, ".", field.first),
+            field.second, path.empty() ? field.first : absl::StrCat(path, ".", field.first),
             IsDtypeKey(field.first));
         if (!s.ok()) return s;
       }
@@ -127,17 +125,14 @@ std::string ArchNames() {
 
 // Canonical arch names in SupportedArchs() order, each once.
 absl::StatusOr<std::vector<std::string>> ParseArchList(
-    const google::protobuf::RepeatedPtrField<std::string>& names,
-    absl::string_view path) {
+    const google::protobuf::RepeatedPtrField<std::string>& names, absl::string_view path) {
   std::vector<Arch> archs;
   for (int i = 0; i < names.size(); ++i) {
     absl::StatusOr<Arch> arch = ParseArch(names[i]);
     if (!arch.ok()) return AtPath(absl::StrCat(path, "[", i, "]"), arch.status());
     archs.push_back(*std::move(arch));
   }
-  const auto order = [](const Arch& a) {
-    return std::make_pair(a.sm_version(), a.arch_specific);
-  };
+  const auto order = [](const Arch& a) { return std::make_pair(a.sm_version(), a.arch_specific); };
   std::sort(archs.begin(), archs.end(),
             [&](const Arch& a, const Arch& b) { return order(a) < order(b); });
   std::vector<std::string> canonical;
@@ -169,15 +164,14 @@ absl::StatusOr<v1::AttentionSpec> SpecModelBase(const v1::AttentionSpec& given) 
 
 // The per-GPU spec of a model at one tensor-parallel degree.
 absl::StatusOr<v1::AttentionSpec> SpecAtTp(const v1::ModelEntry& model,
-                                           const v1::AttentionSpec& base,
-                                           uint32_t tp) {
+                                           const v1::AttentionSpec& base, uint32_t tp) {
   if (model.has_preset()) {
     return SpecFromPreset(model.preset(), static_cast<int>(tp));
   }
   if (tp == 0 || base.num_q_heads() % tp != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor_parallel: got ", tp, ", supported a divisor of ",
-                     base.num_q_heads(), " (the spec's num_q_heads)"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor_parallel: got ", tp,
+                                                   ", supported a divisor of ", base.num_q_heads(),
+                                                   " (the spec's num_q_heads)"));
   }
   v1::AttentionSpec spec = base;
   spec.set_num_q_heads(base.num_q_heads() / tp);
@@ -190,8 +184,7 @@ absl::StatusOr<v1::AttentionSpec> SpecAtTp(const v1::ModelEntry& model,
 template <typename T>
 absl::StatusOr<std::vector<T>> CheckedValues(
     const RepeatedField<T>& values, T fallback, absl::string_view path,
-    const v1::AttentionSpec& valid,
-    const std::function<void(v1::AttentionSpec&, T)>& apply) {
+    const v1::AttentionSpec& valid, const std::function<void(v1::AttentionSpec&, T)>& apply) {
   std::vector<T> out;
   for (int i = 0; i < values.size(); ++i) {
     v1::AttentionSpec probe = valid;
@@ -229,8 +222,7 @@ struct TpSpec {
 };
 
 absl::StatusOr<std::vector<TpSpec>> ModelTpSpecs(const v1::ModelEntry& model,
-                                                 absl::string_view path,
-                                                 v1::AttentionSpec* base) {
+                                                 absl::string_view path, v1::AttentionSpec* base) {
   switch (model.model_case()) {
     case v1::ModelEntry::kPreset: {
       absl::StatusOr<v1::AttentionSpec> s = SpecFromPreset(model.preset(), 1);
@@ -245,9 +237,8 @@ absl::StatusOr<std::vector<TpSpec>> ModelTpSpecs(const v1::ModelEntry& model,
       break;
     }
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": names no model; give \"preset\" (", PresetNames(),
-          ") or \"spec\""));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": names no model; give \"preset\" (",
+                                                     PresetNames(), ") or \"spec\""));
   }
   std::vector<TpSpec> out;
   for (int i = 0; i < model.tp_size(); ++i) {
@@ -260,8 +251,7 @@ absl::StatusOr<std::vector<TpSpec>> ModelTpSpecs(const v1::ModelEntry& model,
     if (!s.ok()) return AtPath(absl::StrCat(path, ".tp (default [1])"), s.status());
     out.push_back({1, *std::move(s)});
   }
-  std::sort(out.begin(), out.end(),
-            [](const TpSpec& a, const TpSpec& b) { return a.tp < b.tp; });
+  std::sort(out.begin(), out.end(), [](const TpSpec& a, const TpSpec& b) { return a.tp < b.tp; });
   out.erase(std::unique(out.begin(), out.end(),
                         [](const TpSpec& a, const TpSpec& b) { return a.tp == b.tp; }),
             out.end());
@@ -269,8 +259,7 @@ absl::StatusOr<std::vector<TpSpec>> ModelTpSpecs(const v1::ModelEntry& model,
 }
 
 absl::Status ExpandModel(const v1::ModelEntry& model, int index,
-                         const std::vector<std::string>& matrix_archs,
-                         Expansion& expansion) {
+                         const std::vector<std::string>& matrix_archs, Expansion& expansion) {
   const std::string path = absl::StrCat("models[", index, "]");
   v1::AttentionSpec base;
   absl::StatusOr<std::vector<TpSpec>> tp_specs = ModelTpSpecs(model, path, &base);
@@ -281,15 +270,13 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
   // matrices written for kforge 0.1 still load.
   const v1::AttentionSpec& valid = tp_specs->front().spec;
   absl::StatusOr<std::vector<int>> dtypes = CheckedValues<int>(
-      model.kv_dtypes(), base.kv_cache_dtype(), absl::StrCat(path, ".kv_dtypes"),
-      valid, [](v1::AttentionSpec& s, int d) {
-        s.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(d));
-      });
+      model.kv_dtypes(), base.kv_cache_dtype(), absl::StrCat(path, ".kv_dtypes"), valid,
+      [](v1::AttentionSpec& s, int d) { s.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(d)); });
   if (!dtypes.ok()) return dtypes.status();
-  if (absl::Status s = CheckedValues<uint32_t>(
-                          model.s_q(), 1, absl::StrCat(path, ".s_q"), valid,
-                          [](v1::AttentionSpec& s, uint32_t v) { s.set_s_q(v); })
-                          .status();
+  if (absl::Status s =
+          CheckedValues<uint32_t>(model.s_q(), 1, absl::StrCat(path, ".s_q"), valid,
+                                  [](v1::AttentionSpec& s, uint32_t v) { s.set_s_q(v); })
+              .status();
       !s.ok()) {
     return s;
   }
@@ -298,11 +285,10 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
   if (!archs.ok()) return archs.status();
   if (archs->empty()) *archs = matrix_archs;
   if (archs->empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ".archs: empty and the matrix names no archs; supported ",
-        ArchNames()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ".archs: empty and the matrix names no archs; supported ", ArchNames()));
   }
-  const std::string name = model.has_preset() ? model.preset()
+  const std::string name = model.has_preset()     ? model.preset()
                            : model.name().empty() ? path
                                                   : model.name();
   for (const TpSpec& tp : *tp_specs) {
@@ -325,14 +311,12 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
 
 }  // namespace
 
-absl::StatusOr<std::vector<MatrixJob>> ExpandMatrix(
-    const v1::DeploymentMatrix& matrix) {
+absl::StatusOr<std::vector<MatrixJob>> ExpandMatrix(const v1::DeploymentMatrix& matrix) {
   if (matrix.models().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "models: empty; name at least one (presets: ", PresetNames(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("models: empty; name at least one (presets: ", PresetNames(), ")"));
   }
-  absl::StatusOr<std::vector<std::string>> archs =
-      ParseArchList(matrix.archs(), "archs");
+  absl::StatusOr<std::vector<std::string>> archs = ParseArchList(matrix.archs(), "archs");
   if (!archs.ok()) return archs.status();
   Expansion expansion;
   for (int i = 0; i < matrix.models_size(); ++i) {
@@ -348,8 +332,7 @@ absl::StatusOr<v1::DeploymentMatrix> ParseMatrix(std::string_view text,
   absl::Status status = matrix.status();
   if (status.ok()) status = ExpandMatrix(*matrix).status();
   if (!status.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(source_name), ": ", status.message()));
+    return absl::InvalidArgumentError(absl::StrCat(AsAbsl(source_name), ": ", status.message()));
   }
   return matrix;
 }

@@ -51,8 +51,7 @@ struct MatrixJob {
 // and kv dtype ascending, then archs in SupportedArchs() order.
 // InvalidArgument naming the field path (without a source name) for a
 // matrix that does not validate.
-absl::StatusOr<std::vector<MatrixJob>> ExpandMatrix(
-    const v1::DeploymentMatrix& matrix);
+absl::StatusOr<std::vector<MatrixJob>> ExpandMatrix(const v1::DeploymentMatrix& matrix);
 
 }  // namespace kforge
 

@@ -15,9 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "compiler/compiler.h"
 #include "bundle/bundle.h"
 #include "bundle/kernel_source.h"
+#include "compiler/compiler.h"
 #include "compiler/manifest.h"
 #include "service/compile_pool.h"
 
@@ -131,11 +131,9 @@ class KernelBuilder {
     if (!artifact.ok()) return artifact.status();
     // The worker is another binary (--worker-binary or a replaced file): a
     // kernel that is not the planned one would make the manifest lie.
-    if (absl::Status s = CheckArtifactForVariant(task.variant, task.arch, *artifact);
-        !s.ok()) {
+    if (absl::Status s = CheckArtifactForVariant(task.variant, task.arch, *artifact); !s.ok()) {
       return absl::InternalError(
-          absl::StrCat("the compile worker built another kernel than planned: ",
-                       s.message()));
+          absl::StrCat("the compile worker built another kernel than planned: ", s.message()));
     }
     // compile_seconds is the only field that depends on the host and the
     // moment (NVRTC's cubin is deterministic): cleared, the same matrix
@@ -146,8 +144,7 @@ class KernelBuilder {
     return writer_->AddKernel(stored);
   }
 
-  void Finished(const KernelTask& task, const Outcome& outcome)
-      ABSL_LOCKS_EXCLUDED(report_mu_) {
+  void Finished(const KernelTask& task, const Outcome& outcome) ABSL_LOCKS_EXCLUDED(report_mu_) {
     PrebuildKernelDone done{task.label, outcome.status.ok(), outcome.seconds,
                             std::string(outcome.status.message())};
     {
@@ -187,9 +184,9 @@ absl::Status WriteManifests(const std::vector<PlannedManifest>& planned,
                             PrebuildReport& report) {
   for (const PlannedManifest& p : planned) {
     if (!p.manifest.ok()) continue;
-    const bool complete = std::all_of(
-        p.manifest->variants().begin(), p.manifest->variants().end(),
-        [&](const v1::ManifestVariant& v) { return present.count(v.key()) > 0; });
+    const bool complete =
+        std::all_of(p.manifest->variants().begin(), p.manifest->variants().end(),
+                    [&](const v1::ManifestVariant& v) { return present.count(v.key()) > 0; });
     if (complete) {
       if (absl::Status s = writer.AddManifest(*p.manifest); !s.ok()) return s;
       ++report.manifests;
@@ -201,9 +198,8 @@ absl::Status WriteManifests(const std::vector<PlannedManifest>& planned,
     std::error_code ec;
     std::filesystem::remove(std::filesystem::path(writer.dir()) / *path, ec);
     if (ec) {
-      return absl::InternalError(absl::StrCat("cannot remove the stale manifest ",
-                                              writer.dir(), "/", *path, ": ",
-                                              ec.message()));
+      return absl::InternalError(absl::StrCat("cannot remove the stale manifest ", writer.dir(),
+                                              "/", *path, ": ", ec.message()));
     }
   }
   return absl::OkStatus();
@@ -216,8 +212,7 @@ absl::StatusOr<PrebuildReport> PrebuildBundle(const std::vector<MatrixJob>& jobs
                                               const PrebuildCallbacks& callbacks,
                                               const std::atomic<bool>& stop) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
-      BundleWriter::Open(options.out_dir);
+  absl::StatusOr<std::unique_ptr<BundleWriter>> writer = BundleWriter::Open(options.out_dir);
   if (!writer.ok()) return writer.status();
 
   const std::vector<PlannedManifest> planned = PlanManifests(jobs);

@@ -20,7 +20,7 @@ struct PrebuildOptions {
   // this process's own executable (CompilePoolOptions::worker_binary).
   std::string worker_binary;
   absl::Duration compile_timeout = absl::Seconds(120);  // per kernel
-  WorkerFaults worker_faults;  // tests only (CompilePoolOptions::faults)
+  WorkerFaults worker_faults;                           // tests only (CompilePoolOptions::faults)
 };
 
 // What the bundle needs, known once the matrix is planned (no compile yet).

@@ -22,10 +22,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bundle/bundle.h"
-#include "runtime/client.h"
-#include "runtime/cuda_driver.h"
 #include "bundle/kernel_source.h"
 #include "model/selector.h"
+#include "runtime/client.h"
+#include "runtime/cuda_driver.h"
 #include "runtime/sparse_mla_decode.h"
 #include "tests/reference/sparse_mla_reference.h"
 

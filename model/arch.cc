@@ -5,16 +5,16 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "base/absl_compat.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "base/absl_compat.h"
 
 namespace kforge {
 namespace {
@@ -58,8 +58,7 @@ std::vector<Arch> BuildSupportedArchs() {
       MakeArch(10, 0, false, kSmem227KB),  // B200, portable path
       MakeArch(10, 0, true, kSmem227KB),   // B200 with tcgen05
       MakeArch(12, 0, false, kSmem99KB),   // RTX PRO 6000, RTX 50xx
-      MakeArch(12, 0, true, kSmem99KB),
-      MakeArch(12, 1, false, kSmem99KB),  // GB10
+      MakeArch(12, 0, true, kSmem99KB),   MakeArch(12, 1, false, kSmem99KB),  // GB10
       MakeArch(12, 1, true, kSmem99KB),
   };
 }
@@ -111,24 +110,22 @@ std::string DeviceArchHint(int cc_major, int cc_minor) {
 }  // namespace
 
 const std::vector<Arch>& SupportedArchs() {
-  static const std::vector<Arch>* const kArchs =
-      new std::vector<Arch>(BuildSupportedArchs());
+  static const std::vector<Arch>* const kArchs = new std::vector<Arch>(BuildSupportedArchs());
   return *kArchs;
 }
 
 absl::StatusOr<Arch> ParseArch(std::string_view name) {
   // Accept "sm_90a", "SM_90A", "90a" and surrounding spaces; everything maps
   // onto the canonical "sm_<digits>[a]" spelling.
-  std::string canonical =
-      absl::AsciiStrToLower(absl::StripAsciiWhitespace(AsAbsl(name)));
+  std::string canonical = absl::AsciiStrToLower(absl::StripAsciiWhitespace(AsAbsl(name)));
   if (!absl::StartsWith(canonical, "sm_")) {
     canonical = absl::StrCat("sm_", canonical);
   }
   for (const Arch& arch : SupportedArchs()) {
     if (arch.name == canonical) return arch;
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "arch: got \"", AsAbsl(name), "\", supported ", SupportedNames()));
+  return absl::FailedPreconditionError(
+      absl::StrCat("arch: got \"", AsAbsl(name), "\", supported ", SupportedNames()));
 }
 
 std::string CanonicalArchName(std::string_view name) {

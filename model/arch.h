@@ -12,9 +12,9 @@ namespace kforge {
 
 // A GPU target kforge can compile for, with the limits the codegen tiles by.
 struct Arch {
-  std::string name;  // canonical: "sm_80", "sm_90a", "sm_120a"
-  int major = 0;     // compute capability major
-  int minor = 0;     // compute capability minor
+  std::string name;            // canonical: "sm_80", "sm_90a", "sm_120a"
+  int major = 0;               // compute capability major
+  int minor = 0;               // compute capability minor
   bool arch_specific = false;  // the "a" suffix (wgmma, tcgen05, ...)
   // Largest dynamic shared memory one block may opt into
   // (cudaDevAttrMaxSharedMemoryPerBlockOptin), in bytes.

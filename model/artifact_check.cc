@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/util/message_differencer.h"
 #include "base/absl_compat.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "model/arch.h"
 #include "model/cubin.h"
 #include "templates/kforge/sparse_mla/config.h"
@@ -23,10 +23,10 @@ struct Expectation {
 
 absl::Status Mismatch(const v1::ManifestVariant& variant, std::string_view field,
                       std::string_view expected, std::string_view got) {
-  return absl::DataLossError(
-      absl::StrCat("kernel artifact is not the one manifest variant ",
-                   variant.module_name(), " names: ", AsAbsl(field), ": expected \"",
-                   AsAbsl(expected), "\", got \"", AsAbsl(got), "\""));
+  return absl::DataLossError(absl::StrCat("kernel artifact is not the one manifest variant ",
+                                          variant.module_name(), " names: ", AsAbsl(field),
+                                          ": expected \"", AsAbsl(expected), "\", got \"",
+                                          AsAbsl(got), "\""));
 }
 
 const v1::KernelResources* FindEntry(const v1::CubinInfo& info, const std::string& name) {
@@ -42,9 +42,8 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
   if (artifact.cubin().empty()) return Mismatch(variant, "cubin", "non-empty", "empty");
   absl::StatusOr<v1::CubinInfo> info = InspectCubin(artifact.cubin());
   if (!info.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("kernel artifact for ", variant.module_name(),
-                     ": cubin is unreadable: ", info.status().message()));
+    return absl::DataLossError(absl::StrCat("kernel artifact for ", variant.module_name(),
+                                            ": cubin is unreadable: ", info.status().message()));
   }
   if (info->arch() != arch) return Mismatch(variant, "cubin arch", arch, info->arch());
   const std::pair<const std::string*, uint32_t> entries[] = {
@@ -65,8 +64,7 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
 
 }  // namespace
 
-absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant,
-                                     std::string_view arch,
+absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::string_view arch,
                                      const v1::KernelArtifact& artifact) {
   const std::string canonical_arch = CanonicalArchName(arch);
   // The parameter blocks this runtime fills are the host's structs; a kernel
@@ -88,8 +86,8 @@ absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant,
   // The launch is computed from the variant's spec, tiling and launch rule;
   // a kernel built with others would be launched with the wrong grid or
   // shared memory even under the right key.
-  const std::pair<const char*, std::pair<const google::protobuf::Message*,
-                                         const google::protobuf::Message*>>
+  const std::pair<const char*,
+                  std::pair<const google::protobuf::Message*, const google::protobuf::Message*>>
       messages[] = {{"spec", {&variant.spec(), &artifact.spec()}},
                     {"tiling", {&variant.tiling(), &artifact.tiling()}},
                     {"launch", {&variant.launch(), &artifact.launch()}}};

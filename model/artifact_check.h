@@ -14,8 +14,7 @@ namespace kforge {
 // inspected arch is `arch` and which exports both entries. Otherwise
 // DataLoss naming the first mismatch (a server or bundle answered with
 // something else).
-absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant,
-                                     std::string_view arch,
+absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::string_view arch,
                                      const v1::KernelArtifact& artifact);
 
 }  // namespace kforge

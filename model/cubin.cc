@@ -124,8 +124,7 @@ uint16_t Read16Le(const uint8_t* p) {
 }
 
 uint32_t Read32Le(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
-         uint32_t{p[3]} << 24;
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
 }
 
 struct Record {
@@ -137,14 +136,12 @@ struct Record {
 
 // Splits an attribute section into records, checking every length against
 // the section's end.
-absl::StatusOr<std::vector<Record>> ParseRecords(Bytes data,
-                                                 const std::string& section) {
+absl::StatusOr<std::vector<Record>> ParseRecords(Bytes data, const std::string& section) {
   std::vector<Record> records;
   size_t offset = 0;
   while (offset < data.size()) {
     if (data.size() - offset < kRecordHeaderBytes) {
-      return Malformed(absl::StrFormat("%s: truncated record at offset %d",
-                                       section, offset));
+      return Malformed(absl::StrFormat("%s: truncated record at offset %d", section, offset));
     }
     Record record;
     record.format = data[offset];
@@ -158,17 +155,15 @@ absl::StatusOr<std::vector<Record>> ParseRecords(Bytes data,
         break;
       case kFmtSval:
         if (data.size() - offset < record.field) {
-          return Malformed(absl::StrFormat(
-              "%s: attribute 0x%02x claims %d bytes, %d left", section,
-              record.attribute, record.field, data.size() - offset));
+          return Malformed(absl::StrFormat("%s: attribute 0x%02x claims %d bytes, %d left", section,
+                                           record.attribute, record.field, data.size() - offset));
         }
         record.payload = data.subspan(offset, record.field);
         offset += record.field;
         break;
       default:
-        return Malformed(absl::StrFormat(
-            "%s: unknown record format 0x%02x at offset %d", section,
-            record.format, offset - kRecordHeaderBytes));
+        return Malformed(absl::StrFormat("%s: unknown record format 0x%02x at offset %d", section,
+                                         record.format, offset - kRecordHeaderBytes));
     }
     records.push_back(record);
   }
@@ -178,14 +173,12 @@ absl::StatusOr<std::vector<Record>> ParseRecords(Bytes data,
 uint32_t PayloadWord(const Record& record, size_t index) {
   return Read32Le(record.payload.data() + 4 * index);
 }
-absl::Status NeedPayload(const Record& record, size_t bytes,
-                         const std::string& section) {
+absl::Status NeedPayload(const Record& record, size_t bytes, const std::string& section) {
   if (record.format != kFmtSval || record.payload.size() < bytes) {
-    return Malformed(absl::StrFormat(
-        "%s: attribute 0x%02x has format 0x%02x and %d payload bytes, want "
-        "SVAL with at least %d",
-        section, record.attribute, record.format, record.payload.size(),
-        bytes));
+    return Malformed(
+        absl::StrFormat("%s: attribute 0x%02x has format 0x%02x and %d payload bytes, want "
+                        "SVAL with at least %d",
+                        section, record.attribute, record.format, record.payload.size(), bytes));
   }
   return absl::OkStatus();
 }
@@ -224,8 +217,7 @@ absl::StatusOr<FunctionInfo> ReadGlobalInfo(Bytes data) {
 }
 
 // Fills param_bytes and max_threads from .nv.info.<kernel>.
-absl::Status ReadKernelInfo(Bytes data, const std::string& section,
-                            v1::KernelResources& kernel) {
+absl::Status ReadKernelInfo(Bytes data, const std::string& section, v1::KernelResources& kernel) {
   absl::StatusOr<std::vector<Record>> records = ParseRecords(data, section);
   if (!records.ok()) return records.status();
   bool have_cbank = false;
@@ -243,9 +235,8 @@ absl::Status ReadKernelInfo(Bytes data, const std::string& section,
       }
       case kAttrCbankParamSize:
         if (record.format != kFmtHval) {
-          return Malformed(absl::StrFormat(
-              "%s: attribute 0x%02x has format 0x%02x, want HVAL", section,
-              record.attribute, record.format));
+          return Malformed(absl::StrFormat("%s: attribute 0x%02x has format 0x%02x, want HVAL",
+                                           section, record.attribute, record.format));
         }
         have_cbank_param_size = true;
         cbank_param_size = record.field;
@@ -263,12 +254,10 @@ absl::Status ReadKernelInfo(Bytes data, const std::string& section,
         if (absl::Status s = NeedPayload(record, 12, section); !s.ok()) {
           return s;
         }
-        const uint64_t threads = uint64_t{PayloadWord(record, 0)} *
-                                 PayloadWord(record, 1) *
-                                 PayloadWord(record, 2);
+        const uint64_t threads =
+            uint64_t{PayloadWord(record, 0)} * PayloadWord(record, 1) * PayloadWord(record, 2);
         if (threads > std::numeric_limits<uint32_t>::max()) {
-          return Malformed(
-              absl::StrFormat("%s: max threads %d overflow", section, threads));
+          return Malformed(absl::StrFormat("%s: max threads %d overflow", section, threads));
         }
         kernel.set_max_threads(static_cast<uint32_t>(threads));
         break;
@@ -291,8 +280,7 @@ absl::Status ReadKernelInfo(Bytes data, const std::string& section,
 
 // The SM arch from e_flags, with the "a" marker of .nv.compat (its contents,
 // when the cubin has that section).
-absl::StatusOr<std::string> ReadArch(const Elf64_Ehdr& header,
-                                     std::optional<Bytes> compat) {
+absl::StatusOr<std::string> ReadArch(const Elf64_Ehdr& header, std::optional<Bytes> compat) {
   const uint8_t abi = header.e_ident[EI_ABIVERSION];
   const uint32_t flags = header.e_flags;
   uint32_t sm = 0;
@@ -305,16 +293,15 @@ absl::StatusOr<std::string> ReadArch(const Elf64_Ehdr& header,
     arch_specific = (flags & kFlagsV1Accelerators) != 0;
   }
   if (sm == 0) {
-    return Malformed(absl::StrFormat(
-        "no SM number in e_flags 0x%08x (EI_ABIVERSION %d)", flags, abi));
+    return Malformed(
+        absl::StrFormat("no SM number in e_flags 0x%08x (EI_ABIVERSION %d)", flags, abi));
   }
   if (compat.has_value()) {
-    absl::StatusOr<std::vector<Record>> records =
-        ParseRecords(*compat, ".nv.compat");
+    absl::StatusOr<std::vector<Record>> records = ParseRecords(*compat, ".nv.compat");
     if (!records.ok()) return records.status();
     for (const Record& record : *records) {
-      if (record.attribute == kCompatAttrArchSpecific &&
-          record.format == kFmtBval && (record.field & 0xff) != 0) {
+      if (record.attribute == kCompatAttrArchSpecific && record.format == kFmtBval &&
+          (record.field & 0xff) != 0) {
         arch_specific = true;
       }
     }
@@ -336,13 +323,12 @@ bool LibelfReady() {
 // Elf64_Shdr entries, aligned, all inside the file. Returns the number of
 // sections: e_shnum, or section 0's sh_size when e_shnum is 0 (the ELF escape
 // for SHN_LORESERVE or more).
-absl::StatusOr<uint64_t> CheckSectionTable(std::string_view bytes,
-                                           const Elf64_Ehdr& header) {
+absl::StatusOr<uint64_t> CheckSectionTable(std::string_view bytes, const Elf64_Ehdr& header) {
   const uint64_t offset = header.e_shoff;
   if (offset == 0) return Malformed("no section header table (e_shoff 0)");
   if (header.e_shentsize != sizeof(Elf64_Shdr)) {
-    return Malformed(absl::StrFormat("section headers: e_shentsize %d, want %d",
-                                     header.e_shentsize, sizeof(Elf64_Shdr)));
+    return Malformed(absl::StrFormat("section headers: e_shentsize %d, want %d", header.e_shentsize,
+                                     sizeof(Elf64_Shdr)));
   }
   if (offset > bytes.size() || bytes.size() - offset < sizeof(Elf64_Shdr)) {
     return Malformed(
@@ -351,9 +337,8 @@ absl::StatusOr<uint64_t> CheckSectionTable(std::string_view bytes,
                         offset, bytes.size()));
   }
   if (offset % alignof(Elf64_Shdr) != 0) {
-    return Malformed(
-        absl::StrFormat("section headers: e_shoff 0x%x is not %d-byte aligned",
-                        offset, alignof(Elf64_Shdr)));
+    return Malformed(absl::StrFormat("section headers: e_shoff 0x%x is not %d-byte aligned", offset,
+                                     alignof(Elf64_Shdr)));
   }
   uint64_t count = header.e_shnum;
   if (count == 0) {
@@ -362,10 +347,10 @@ absl::StatusOr<uint64_t> CheckSectionTable(std::string_view bytes,
     count = first.sh_size;
   }
   if (count > (bytes.size() - offset) / sizeof(Elf64_Shdr)) {
-    return Malformed(absl::StrFormat(
-        "section headers: %d entries at 0x%x run past the end of the %d-byte "
-        "file",
-        count, offset, bytes.size()));
+    return Malformed(
+        absl::StrFormat("section headers: %d entries at 0x%x run past the end of the %d-byte "
+                        "file",
+                        count, offset, bytes.size()));
   }
   return count;
 }
@@ -418,8 +403,7 @@ struct Section {
 // A section's data as libelf hands it out, after checking that the section
 // lies inside the file (libelf checks this too; checking here does not
 // depend on its version). Null for an empty section.
-absl::StatusOr<Elf_Data*> SectionData(const CubinImage& image,
-                                      const Section& section,
+absl::StatusOr<Elf_Data*> SectionData(const CubinImage& image, const Section& section,
                                       const std::string& name) {
   const GElf_Shdr& header = section.header;
   if (header.sh_type == SHT_NOBITS) {
@@ -431,29 +415,26 @@ absl::StatusOr<Elf_Data*> SectionData(const CubinImage& image,
   if ((header.sh_flags & SHF_COMPRESSED) != 0) {
     return Malformed(absl::StrCat(name, " is compressed (SHF_COMPRESSED)"));
   }
-  if (header.sh_offset > image.size() ||
-      header.sh_size > image.size() - header.sh_offset) {
-    return Malformed(absl::StrFormat(
-        "%s: sh_offset 0x%x + sh_size 0x%x runs past the end of the %d-byte "
-        "file",
-        name, header.sh_offset, header.sh_size, image.size()));
+  if (header.sh_offset > image.size() || header.sh_size > image.size() - header.sh_offset) {
+    return Malformed(
+        absl::StrFormat("%s: sh_offset 0x%x + sh_size 0x%x runs past the end of the %d-byte "
+                        "file",
+                        name, header.sh_offset, header.sh_size, image.size()));
   }
   if (header.sh_size == 0) return nullptr;
   Elf_Scn* scn = elf_getscn(image.elf(), section.index);
   Elf_Data* data = scn == nullptr ? nullptr : elf_getdata(scn, nullptr);
   if (data == nullptr) {  // e.g. sh_size does not fit the sh_type's entries
-    return Malformed(absl::StrFormat("%s (sh_type 0x%x): %s", name,
-                                     header.sh_type, LibelfError()));
+    return Malformed(absl::StrFormat("%s (sh_type 0x%x): %s", name, header.sh_type, LibelfError()));
   }
   if (data->d_buf == nullptr || data->d_size != header.sh_size) {
-    return Malformed(absl::StrFormat("%s: libelf gives %d bytes, sh_size is %d",
-                                     name, data->d_size, header.sh_size));
+    return Malformed(absl::StrFormat("%s: libelf gives %d bytes, sh_size is %d", name, data->d_size,
+                                     header.sh_size));
   }
   return data;
 }
 
-absl::StatusOr<Bytes> SectionBytes(const CubinImage& image,
-                                   const Section& section,
+absl::StatusOr<Bytes> SectionBytes(const CubinImage& image, const Section& section,
                                    const std::string& name) {
   absl::StatusOr<Elf_Data*> data = SectionData(image, section, name);
   if (!data.ok()) return data.status();
@@ -464,19 +445,16 @@ absl::StatusOr<Bytes> SectionBytes(const CubinImage& image,
 // A string table that elf_strptr may then read: an existing SHT_STRTAB
 // section inside the file, not empty and NUL-terminated, so every string
 // taken from it ends inside it.
-absl::Status CheckStringTable(const CubinImage& image,
-                              const std::vector<Section>& sections,
+absl::Status CheckStringTable(const CubinImage& image, const std::vector<Section>& sections,
                               size_t index, const std::string& what) {
   if (index >= sections.size()) {
-    return Malformed(
-        absl::StrFormat("%s: section %d does not exist (%d sections)", what,
-                        index, sections.size()));
+    return Malformed(absl::StrFormat("%s: section %d does not exist (%d sections)", what, index,
+                                     sections.size()));
   }
   const Section& section = sections[index];
   if (section.header.sh_type != SHT_STRTAB) {
-    return Malformed(
-        absl::StrFormat("%s: section %d has sh_type %d, want SHT_STRTAB", what,
-                        index, section.header.sh_type));
+    return Malformed(absl::StrFormat("%s: section %d has sh_type %d, want SHT_STRTAB", what, index,
+                                     section.header.sh_type));
   }
   absl::StatusOr<Bytes> data = SectionBytes(image, section, what);
   if (!data.ok()) return data.status();
@@ -489,13 +467,11 @@ absl::Status CheckStringTable(const CubinImage& image,
 }  // namespace
 
 absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
-  if (bytes.size() < EI_NIDENT ||
-      std::memcmp(bytes.data(), ELFMAG, SELFMAG) != 0) {
+  if (bytes.size() < EI_NIDENT || std::memcmp(bytes.data(), ELFMAG, SELFMAG) != 0) {
     return NotCudaElf("no ELF magic");
   }
   if (bytes.size() < sizeof(Elf64_Ehdr)) {
-    return NotCudaElf(absl::StrFormat("%d bytes, shorter than an ELF64 header",
-                                      bytes.size()));
+    return NotCudaElf(absl::StrFormat("%d bytes, shorter than an ELF64 header", bytes.size()));
   }
   // Read here rather than through gelf_getehdr: the section table checks
   // below must run before libelf parses the image.
@@ -503,22 +479,20 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
   std::memcpy(&header, bytes.data(), sizeof(header));
   const unsigned char* ident = header.e_ident;
   if (ident[EI_CLASS] != ELFCLASS64) {
-    return NotCudaElf(
-        absl::StrFormat("ELF class %d, want ELFCLASS64", ident[EI_CLASS]));
+    return NotCudaElf(absl::StrFormat("ELF class %d, want ELFCLASS64", ident[EI_CLASS]));
   }
   if (ident[EI_DATA] != ELFDATA2LSB) {
-    return NotCudaElf(absl::StrFormat(
-        "ELF data encoding %d, want little-endian", ident[EI_DATA]));
+    return NotCudaElf(absl::StrFormat("ELF data encoding %d, want little-endian", ident[EI_DATA]));
   }
   // libelf reads only this version (any other is ELF_K_NONE to it); say so
   // by name.
   if (ident[EI_VERSION] != EV_CURRENT) {
-    return NotCudaElf(absl::StrFormat("EI_VERSION %d, want EV_CURRENT (%d)",
-                                      ident[EI_VERSION], EV_CURRENT));
+    return NotCudaElf(
+        absl::StrFormat("EI_VERSION %d, want EV_CURRENT (%d)", ident[EI_VERSION], EV_CURRENT));
   }
   if (header.e_machine != EM_CUDA) {
-    return NotCudaElf(absl::StrFormat("e_machine %d, want EM_CUDA (%d)",
-                                      header.e_machine, EM_CUDA));
+    return NotCudaElf(
+        absl::StrFormat("e_machine %d, want EM_CUDA (%d)", header.e_machine, EM_CUDA));
   }
   absl::StatusOr<uint64_t> section_count = CheckSectionTable(bytes, header);
   if (!section_count.ok()) return section_count.status();
@@ -532,8 +506,8 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
     return Malformed(absl::StrCat("section count: ", LibelfError()));
   }
   if (libelf_count != *section_count) {
-    return Malformed(absl::StrFormat("libelf counts %d sections, the header %d",
-                                     libelf_count, *section_count));
+    return Malformed(
+        absl::StrFormat("libelf counts %d sections, the header %d", libelf_count, *section_count));
   }
 
   std::vector<Section> sections(libelf_count);
@@ -549,8 +523,7 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
     return Malformed(absl::StrCat("section name table: ", LibelfError()));
   }
   if (!sections.empty() && shstrndx != SHN_UNDEF) {
-    if (absl::Status s =
-            CheckStringTable(image, sections, shstrndx, "section name table");
+    if (absl::Status s = CheckStringTable(image, sections, shstrndx, "section name table");
         !s.ok()) {
       return s;
     }
@@ -562,13 +535,11 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
     // sh_name 0 is the empty name, with or without a name table.
     if (section.header.sh_name != 0) {
       const char* name =
-          shstrndx == SHN_UNDEF
-              ? nullptr
-              : elf_strptr(elf, shstrndx, section.header.sh_name);
+          shstrndx == SHN_UNDEF ? nullptr : elf_strptr(elf, shstrndx, section.header.sh_name);
       if (name == nullptr) {
-        return Malformed(absl::StrCat(
-            "name of section ", section.index, ": ",
-            shstrndx == SHN_UNDEF ? "no section name table" : LibelfError()));
+        return Malformed(
+            absl::StrCat("name of section ", section.index, ": ",
+                         shstrndx == SHN_UNDEF ? "no section name table" : LibelfError()));
       }
       section.name = name;
     }
@@ -597,17 +568,14 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
 
   if (symtab->header.sh_entsize != sizeof(Elf64_Sym) ||
       symtab->header.sh_size % sizeof(Elf64_Sym) != 0) {
-    return Malformed(absl::StrFormat(
-        "symbol table: sh_entsize %d and sh_size %d, want entries of %d bytes",
-        symtab->header.sh_entsize, symtab->header.sh_size, sizeof(Elf64_Sym)));
+    return Malformed(
+        absl::StrFormat("symbol table: sh_entsize %d and sh_size %d, want entries of %d bytes",
+                        symtab->header.sh_entsize, symtab->header.sh_size, sizeof(Elf64_Sym)));
   }
-  absl::StatusOr<Elf_Data*> symbol_data =
-      SectionData(image, *symtab, "symbol table");
+  absl::StatusOr<Elf_Data*> symbol_data = SectionData(image, *symtab, "symbol table");
   if (!symbol_data.ok()) return symbol_data.status();
   const size_t strtab = symtab->header.sh_link;
-  if (absl::Status s =
-          CheckStringTable(image, sections, strtab, "symbol names");
-      !s.ok()) {
+  if (absl::Status s = CheckStringTable(image, sections, strtab, "symbol names"); !s.ok()) {
     return s;
   }
   const uint64_t symbol_count = symtab->header.sh_size / sizeof(Elf64_Sym);
@@ -627,11 +595,9 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
     functions = *std::move(read);
   }
 
-  bool reserved_smem_in_sections =
-      find_section(".nv.shared.reserved.0") != nullptr;
+  bool reserved_smem_in_sections = find_section(".nv.shared.reserved.0") != nullptr;
   for (size_t i = 0; i < symbols.size(); ++i) {
-    if (gelf_getsym(*symbol_data, static_cast<int>(i), &symbols[i]) ==
-        nullptr) {
+    if (gelf_getsym(*symbol_data, static_cast<int>(i), &symbols[i]) == nullptr) {
       return Malformed(absl::StrCat("symbol ", i, ": ", LibelfError()));
     }
     const char* name = elf_strptr(elf, strtab, symbols[i].st_name);
@@ -648,8 +614,7 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
     const GElf_Sym& symbol = symbols[i];
     if (GELF_ST_TYPE(symbol.st_info) != STT_FUNC) continue;
     const uint32_t shndx = symbol.st_shndx;
-    if (shndx == SHN_UNDEF || shndx >= SHN_LORESERVE ||
-        shndx >= sections.size()) {
+    if (shndx == SHN_UNDEF || shndx >= SHN_LORESERVE || shndx >= sections.size()) {
       continue;
     }
     const std::string name(symbol_names[i]);
@@ -663,15 +628,13 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
     v1::KernelResources& kernel = *info.add_kernels();
     kernel.set_name(name);
     const uint32_t symbol_index = static_cast<uint32_t>(i);
-    if (auto it = functions.registers.find(symbol_index);
-        it != functions.registers.end()) {
+    if (auto it = functions.registers.find(symbol_index); it != functions.registers.end()) {
       kernel.set_registers(it->second);
     } else {
       kernel.set_registers(sections[shndx].header.sh_info >> 24);
     }
     uint32_t local = 0;
-    if (auto it = functions.frame_bytes.find(symbol_index);
-        it != functions.frame_bytes.end()) {
+    if (auto it = functions.frame_bytes.find(symbol_index); it != functions.frame_bytes.end()) {
       local = it->second;
     }
     // The cumulative stack adds callees' frames: what a launch must
@@ -682,15 +645,13 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
     }
     kernel.set_local_bytes(local);
 
-    if (const Section* shared = find_section(".nv.shared." + name);
-        shared != nullptr) {
+    if (const Section* shared = find_section(".nv.shared." + name); shared != nullptr) {
       uint64_t smem = shared->header.sh_size;
       if (reserved_smem_in_sections) {
         smem = smem > kReservedSmemBytes ? smem - kReservedSmemBytes : 0;
       }
       if (smem > std::numeric_limits<uint32_t>::max()) {
-        return Malformed(
-            absl::StrFormat(".nv.shared.%s: size %d too large", name, smem));
+        return Malformed(absl::StrFormat(".nv.shared.%s: size %d too large", name, smem));
       }
       kernel.set_static_smem_bytes(static_cast<uint32_t>(smem));
     }
@@ -704,11 +665,10 @@ absl::StatusOr<v1::CubinInfo> InspectCubin(std::string_view bytes) {
     }
   }
 
-  std::stable_sort(
-      info.mutable_kernels()->begin(), info.mutable_kernels()->end(),
-      [](const v1::KernelResources& a, const v1::KernelResources& b) {
-        return a.name() < b.name();
-      });
+  std::stable_sort(info.mutable_kernels()->begin(), info.mutable_kernels()->end(),
+                   [](const v1::KernelResources& a, const v1::KernelResources& b) {
+                     return a.name() < b.name();
+                   });
   return info;
 }
 

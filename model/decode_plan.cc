@@ -170,10 +170,6 @@ absl::Status CheckAlignment(const DecodeArgs& a) {
   return absl::OkStatus();
 }
 
-absl::Status WithContext(const absl::Status& s, std::string_view context) {
-  return absl::Status(s.code(), absl::StrCat(AsAbsl(context), ": ", s.message()));
-}
-
 }  // namespace
 
 absl::StatusOr<RuntimeShape> ValidateDecodeArgs(const DecodeArgs& args,
@@ -234,10 +230,8 @@ CombineParams MakeCombineParams(const Selection& sel, const DecodeArgs& a, uint6
                        .num_splits = main.num_splits};
 }
 
-absl::StatusOr<DecodeLaunch> PlanDecode(const v1::Manifest& manifest,
-                                        const DeviceInfo& device,
-                                        const DecodeArgs& args,
-                                        uint64_t workspace) {
+absl::StatusOr<DecodeLaunch> PlanDecode(const v1::Manifest& manifest, const DeviceInfo& device,
+                                        const DecodeArgs& args, uint64_t workspace) {
   absl::StatusOr<RuntimeShape> shape = ValidateDecodeArgs(args, manifest);
   if (!shape.ok()) return shape.status();
   absl::StatusOr<Selection> sel = Select(manifest, device, *shape);
@@ -249,8 +243,7 @@ absl::StatusOr<DecodeLaunch> PlanDecode(const v1::Manifest& manifest,
   return launch;
 }
 
-absl::StatusOr<uint64_t> WorkspaceBytesFor(const v1::Manifest& manifest,
-                                           const DeviceInfo& device,
+absl::StatusOr<uint64_t> WorkspaceBytesFor(const v1::Manifest& manifest, const DeviceInfo& device,
                                            int max_tokens) {
   if (max_tokens < 1) {
     return Invalid("max_tokens", absl::StrCat("got ", max_tokens, ", must be >= 1"));

@@ -91,26 +91,21 @@ struct DecodeLaunch {
 };
 
 // ValidateDecodeArgs + Select + the parameter blocks.
-absl::StatusOr<DecodeLaunch> PlanDecode(const v1::Manifest& manifest,
-                                        const DeviceInfo& device,
-                                        const DecodeArgs& args,
-                                        uint64_t workspace);
+absl::StatusOr<DecodeLaunch> PlanDecode(const v1::Manifest& manifest, const DeviceInfo& device,
+                                        const DecodeArgs& args, uint64_t workspace);
 
 // Workspace layout (selection.workspace_bytes at `workspace`, only when
 // selection.needs_combine): fp32 o_accum [num_splits, num_tokens, heads,
 // d_v], then fp32 lse_accum [num_splits, num_tokens, heads].
-sparse_mla::DecodeParams MakeDecodeParams(const Selection& selection,
-                                          const DecodeArgs& args,
+sparse_mla::DecodeParams MakeDecodeParams(const Selection& selection, const DecodeArgs& args,
                                           uint64_t workspace);
-sparse_mla::CombineParams MakeCombineParams(const Selection& selection,
-                                            const DecodeArgs& args,
+sparse_mla::CombineParams MakeCombineParams(const Selection& selection, const DecodeArgs& args,
                                             uint64_t workspace);
 
 // The workspace that serves every call of up to max_tokens (batch * s_q)
 // query tokens with any variant on `device`: reserve it before capturing a
 // CUDA graph. InvalidArgument for max_tokens < 1.
-absl::StatusOr<uint64_t> WorkspaceBytesFor(const v1::Manifest& manifest,
-                                           const DeviceInfo& device,
+absl::StatusOr<uint64_t> WorkspaceBytesFor(const v1::Manifest& manifest, const DeviceInfo& device,
                                            int max_tokens);
 
 }  // namespace kforge

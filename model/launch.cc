@@ -12,8 +12,7 @@ long long CeilDiv(long long a, long long b) { return (a + b - 1) / b; }
 int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
               const v1::LaunchRule& rule, int num_tokens, int sm_count) {
   const long long granularity = std::max<long long>(1, rule.split_granularity_tokens());
-  const long long ctas =
-      std::max<long long>(1, tiling.num_head_groups()) * std::max(1, num_tokens);
+  const long long ctas = std::max<long long>(1, tiling.num_head_groups()) * std::max(1, num_tokens);
   const long long fit = static_cast<long long>(std::max(0, sm_count)) * rule.ctas_per_sm() / ctas;
   const long long tiles = CeilDiv(spec.topk(), granularity);
   const long long max_splits =
@@ -21,8 +20,7 @@ int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
   return static_cast<int>(std::clamp<long long>(fit, 1, max_splits));
 }
 
-int TokensPerSplit(const v1::AttentionSpec& spec, const v1::LaunchRule& rule,
-                   int num_splits) {
+int TokensPerSplit(const v1::AttentionSpec& spec, const v1::LaunchRule& rule, int num_splits) {
   const long long granularity = std::max<long long>(1, rule.split_granularity_tokens());
   const long long per_split = CeilDiv(spec.topk(), std::max(1, num_splits));
   return static_cast<int>(CeilDiv(per_split, granularity) * granularity);

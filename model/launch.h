@@ -21,8 +21,7 @@ int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
 // Keys of the top-k range per split: ceil(topk / num_splits) rounded up to
 // the rule's granularity (the token tile), as the main kernel's grid.y
 // blocks expect.
-int TokensPerSplit(const v1::AttentionSpec& spec, const v1::LaunchRule& rule,
-                   int num_splits);
+int TokensPerSplit(const v1::AttentionSpec& spec, const v1::LaunchRule& rule, int num_splits);
 
 // The most splits the kernels accept: one granule (split_granularity_tokens
 // keys) per split, ceil(topk / granularity). A forced split count (tests,

@@ -36,11 +36,11 @@ v1::LaunchPlan ToLaunchPlan(const Selection& sel) {
 
 v1::LaunchPlan ToLaunchPlan(const DecodeLaunch& launch) {
   v1::LaunchPlan plan = ToLaunchPlan(launch.selection);
-  plan.set_main_params(std::string(reinterpret_cast<const char*>(&launch.main),
-                                   sizeof(launch.main)));
+  plan.set_main_params(
+      std::string(reinterpret_cast<const char*>(&launch.main), sizeof(launch.main)));
   if (launch.selection.needs_combine) {
-    plan.set_combine_params(std::string(reinterpret_cast<const char*>(&launch.combine),
-                                        sizeof(launch.combine)));
+    plan.set_combine_params(
+        std::string(reinterpret_cast<const char*>(&launch.combine), sizeof(launch.combine)));
   }
   return plan;
 }
@@ -50,15 +50,14 @@ absl::StatusOr<v1::Manifest> ManifestForArtifact(const v1::KernelArtifact& artif
     const char* field;
     const std::string& value;
   };
-  for (const Required& r : {Required{"key", artifact.key()},
-                            Required{"module_name", artifact.module_name()},
-                            Required{"arch", artifact.arch()},
-                            Required{"main_entry", artifact.main_entry()},
-                            Required{"combine_entry", artifact.combine_entry()}}) {
+  for (const Required& r :
+       {Required{"key", artifact.key()}, Required{"module_name", artifact.module_name()},
+        Required{"arch", artifact.arch()}, Required{"main_entry", artifact.main_entry()},
+        Required{"combine_entry", artifact.combine_entry()}}) {
     if (r.value.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("kernel artifact: ", r.field, " is empty; expected an artifact "
-                       "written by `kforge compile` or a server"));
+      return absl::InvalidArgumentError(absl::StrCat("kernel artifact: ", r.field,
+                                                     " is empty; expected an artifact "
+                                                     "written by `kforge compile` or a server"));
     }
   }
   v1::Manifest manifest;

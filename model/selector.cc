@@ -19,12 +19,10 @@ namespace {
 constexpr long long kMaxGridYZ = 65535;
 
 absl::Status Invalid(std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(AsAbsl(field), ": ", AsAbsl(why)));
+  return absl::InvalidArgumentError(absl::StrCat(AsAbsl(field), ": ", AsAbsl(why)));
 }
 
-absl::Status ValidateInputs(const v1::Manifest& manifest,
-                            const DeviceInfo& device,
+absl::Status ValidateInputs(const v1::Manifest& manifest, const DeviceInfo& device,
                             const RuntimeShape& shape) {
   if (device.arch.empty()) return Invalid("device.arch", "empty");
   if (device.sm_count < 1) {
@@ -34,13 +32,12 @@ absl::Status ValidateInputs(const v1::Manifest& manifest,
     const char* name;
     int value;
   };
-  for (const Positive& p : {Positive{"batch", shape.batch}, Positive{"s_q", shape.s_q},
-                            Positive{"num_q_heads", shape.num_q_heads},
-                            Positive{"topk", shape.topk},
-                            Positive{"page_block_size", shape.page_block_size}}) {
+  for (const Positive& p :
+       {Positive{"batch", shape.batch}, Positive{"s_q", shape.s_q},
+        Positive{"num_q_heads", shape.num_q_heads}, Positive{"topk", shape.topk},
+        Positive{"page_block_size", shape.page_block_size}}) {
     if (p.value < 1) {
-      return Invalid(absl::StrCat("shape.", p.name),
-                     absl::StrCat("must be >= 1, got ", p.value));
+      return Invalid(absl::StrCat("shape.", p.name), absl::StrCat("must be >= 1, got ", p.value));
     }
   }
   if (shape.kv_dtype == v1::KV_CACHE_DTYPE_UNSPECIFIED ||
@@ -51,8 +48,7 @@ absl::Status ValidateInputs(const v1::Manifest& manifest,
   const long long tokens = static_cast<long long>(shape.batch) * shape.s_q;
   if (tokens > kMaxGridYZ) {
     return Invalid("shape.batch",
-                   absl::StrCat("batch * s_q = ", tokens, " exceeds the grid limit ",
-                                kMaxGridYZ));
+                   absl::StrCat("batch * s_q = ", tokens, " exceeds the grid limit ", kMaxGridYZ));
   }
   for (int i = 0; i < manifest.choice_order_size(); ++i) {
     if (manifest.choice_order(i) >= static_cast<uint32_t>(manifest.variants_size())) {
@@ -65,16 +61,14 @@ absl::Status ValidateInputs(const v1::Manifest& manifest,
 }
 
 std::string Supports(const v1::Manifest& m, const v1::AttentionSpec& s) {
-  return absl::StrFormat("arch %s, heads %d, dtype %s, topk %d, page size %d",
-                         m.arch(), s.num_q_heads(),
-                         KvDtypeName(s.kv_cache_dtype()), s.topk(), s.page_block_size());
+  return absl::StrFormat("arch %s, heads %d, dtype %s, topk %d, page size %d", m.arch(),
+                         s.num_q_heads(), KvDtypeName(s.kv_cache_dtype()), s.topk(),
+                         s.page_block_size());
 }
 
 // Names of the features `spec` (in a manifest for `manifest_arch`) lacks.
-std::vector<std::string> Missing(const std::string& manifest_arch,
-                                 const v1::AttentionSpec& s,
-                                 const std::string& device_arch,
-                                 const RuntimeShape& shape) {
+std::vector<std::string> Missing(const std::string& manifest_arch, const v1::AttentionSpec& s,
+                                 const std::string& device_arch, const RuntimeShape& shape) {
   std::vector<std::string> missing;
   auto num = [&](const char* name, long long want, long long has) {
     if (want != has) {
@@ -98,8 +92,7 @@ uint32_t CeilDiv(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-absl::StatusOr<Selection> Select(const v1::Manifest& manifest,
-                                 const DeviceInfo& device,
+absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo& device,
                                  const RuntimeShape& shape) {
   if (absl::Status s = ValidateInputs(manifest, device, shape); !s.ok()) return s;
   const std::string device_arch = CanonicalArchName(device.arch);
@@ -114,17 +107,15 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest,
   std::string report = absl::StrFormat(
       "no kernel variant fits: required arch %s, heads %d, dtype %s, "
       "topk %d, page size %d",
-      device_arch, shape.num_q_heads, KvDtypeName(shape.kv_dtype),
-      shape.topk, shape.page_block_size);
+      device_arch, shape.num_q_heads, KvDtypeName(shape.kv_dtype), shape.topk,
+      shape.page_block_size);
   if (order.empty()) absl::StrAppend(&report, "\n  (the manifest has no variants)");
   for (int index : order) {
     const v1::ManifestVariant& v = manifest.variants(index);
-    const std::vector<std::string> missing =
-        Missing(manifest_arch, v.spec(), device_arch, shape);
+    const std::vector<std::string> missing = Missing(manifest_arch, v.spec(), device_arch, shape);
     if (!missing.empty()) {
-      absl::StrAppend(&report, "\n  variant ", index, " ", v.module_name(),
-                      ": supports ", Supports(manifest, v.spec()), "; missing ",
-                      absl::StrJoin(missing, ", "));
+      absl::StrAppend(&report, "\n  variant ", index, " ", v.module_name(), ": supports ",
+                      Supports(manifest, v.spec()), "; missing ", absl::StrJoin(missing, ", "));
       continue;
     }
     const v1::KernelTiling& tiling = v.tiling();
@@ -141,8 +132,8 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest,
       const int max_splits = MaxSplits(v.spec(), launch);
       if (device.forced_num_splits < 1 || device.forced_num_splits > max_splits) {
         return Invalid("device.forced_num_splits",
-                       absl::StrCat("got ", device.forced_num_splits, ", supported 1..",
-                                    max_splits, " for ", v.module_name()));
+                       absl::StrCat("got ", device.forced_num_splits, ", supported 1..", max_splits,
+                                    " for ", v.module_name()));
       }
       sel.num_splits = device.forced_num_splits;
     } else {
@@ -150,8 +141,8 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest,
     }
     sel.tokens_per_split = TokensPerSplit(v.spec(), launch, sel.num_splits);
     if (sel.num_splits > kMaxGridYZ) {
-      return absl::InternalError(absl::StrCat("split count ", sel.num_splits,
-                                              " exceeds the grid limit"));
+      return absl::InternalError(
+          absl::StrCat("split count ", sel.num_splits, " exceeds the grid limit"));
     }
     sel.grid_x = tiling.num_head_groups();
     sel.grid_y = static_cast<uint32_t>(sel.num_splits);
@@ -187,15 +178,14 @@ std::string DescribeSelection(const Selection& sel) {
       "  splits         %d (%d keys each)\n"
       "  main           %s grid (%u, %u, %u) block %u dynamic smem %u B\n",
       sel.variant_index, v.module_name(), v.key(), v.spec().num_q_heads(),
-      KvDtypeName(v.spec().kv_cache_dtype()), v.spec().topk(),
-      v.spec().page_block_size(), sel.num_tokens, sel.num_splits, sel.tokens_per_split, v.main_entry(),
-      sel.grid_x, sel.grid_y, sel.grid_z, sel.block_threads, sel.dynamic_smem_bytes);
+      KvDtypeName(v.spec().kv_cache_dtype()), v.spec().topk(), v.spec().page_block_size(),
+      sel.num_tokens, sel.num_splits, sel.tokens_per_split, v.main_entry(), sel.grid_x, sel.grid_y,
+      sel.grid_z, sel.block_threads, sel.dynamic_smem_bytes);
   if (sel.needs_combine) {
-    absl::StrAppend(&out, absl::StrFormat(
-                              "  combine        %s grid (%u, %u) block %u\n"
-                              "  workspace      %u B\n",
-                              v.combine_entry(), sel.combine_grid_x, sel.combine_grid_y,
-                              sel.combine_block_threads, sel.workspace_bytes));
+    absl::StrAppend(&out, absl::StrFormat("  combine        %s grid (%u, %u) block %u\n"
+                                          "  workspace      %u B\n",
+                                          v.combine_entry(), sel.combine_grid_x, sel.combine_grid_y,
+                                          sel.combine_block_threads, sel.workspace_bytes));
   } else {
     absl::StrAppend(&out, "  combine        none (one split)\n  workspace      0 B\n");
   }

@@ -32,11 +32,11 @@ struct RuntimeShape {
 
 // The chosen variant and how to launch it (see LaunchRule in artifact.proto).
 struct Selection {
-  int variant_index = -1;  // into manifest.variants()
+  int variant_index = -1;                        // into manifest.variants()
   const v1::ManifestVariant* variant = nullptr;  // points into the manifest
-  int num_tokens = 0;  // batch * s_q
+  int num_tokens = 0;                            // batch * s_q
   int num_splits = 1;
-  int tokens_per_split = 0;  // DecodeParams.tokens_per_split
+  int tokens_per_split = 0;                     // DecodeParams.tokens_per_split
   uint32_t grid_x = 0, grid_y = 0, grid_z = 0;  // head groups, splits, tokens
   uint32_t block_threads = 0;
   uint32_t dynamic_smem_bytes = 0;
@@ -52,8 +52,7 @@ struct Selection {
 // InvalidArgument naming the field for a bad shape, device or manifest;
 // NotFound with a report (required features, what each variant supports and
 // which features it misses) when nothing fits.
-absl::StatusOr<Selection> Select(const v1::Manifest& manifest,
-                                 const DeviceInfo& device,
+absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo& device,
                                  const RuntimeShape& shape);
 
 // Multi-line readable description of a selection (for `kforge select`).

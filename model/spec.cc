@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "base/absl_compat.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "base/absl_compat.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
@@ -54,8 +54,7 @@ class Problems {
  public:
   template <typename T>
   void Add(absl::string_view field, const T& got, absl::string_view supported) {
-    items_.push_back(
-        absl::StrCat(field, ": got ", got, ", supported ", supported));
+    items_.push_back(absl::StrCat(field, ": got ", got, ", supported ", supported));
   }
   absl::Status ToStatus() const {
     if (items_.empty()) return absl::OkStatus();
@@ -71,8 +70,7 @@ class CollectErrors : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
-    errors_.push_back(
-        absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message));
+    errors_.push_back(absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message));
   }
   void AddWarning(int line, google::protobuf::io::ColumnNumber column,
                   const std::string& message) override {
@@ -107,8 +105,7 @@ absl::StatusOr<v1::AttentionSpec> ParseTextProto(std::string_view text) {
   parser.AllowUnknownField(false);
   parser.AllowUnknownExtension(false);
   if (!parser.ParseFromString(std::string(text), &spec)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid text-proto spec: ", errors.Joined()));
+    return absl::InvalidArgumentError(absl::StrCat("invalid text-proto spec: ", errors.Joined()));
   }
   return spec;
 }
@@ -118,23 +115,19 @@ absl::StatusOr<v1::AttentionSpec> ParseTextProto(std::string_view text) {
 absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
   Problems problems;
   if (spec.kind() != v1::ATTENTION_KIND_SPARSE_MLA_DECODE) {
-    problems.Add("kind", KindName(spec.kind()),
-                 "ATTENTION_KIND_SPARSE_MLA_DECODE");
+    problems.Add("kind", KindName(spec.kind()), "ATTENTION_KIND_SPARSE_MLA_DECODE");
   }
   if (spec.num_q_heads() < 1 || spec.num_q_heads() > kMaxQHeads) {
-    problems.Add("num_q_heads", spec.num_q_heads(),
-                 absl::StrCat("1..", kMaxQHeads));
+    problems.Add("num_q_heads", spec.num_q_heads(), absl::StrCat("1..", kMaxQHeads));
   }
-  if (spec.kv_lora_rank() < kLoraRankStep ||
-      spec.kv_lora_rank() > kMaxLoraRank ||
+  if (spec.kv_lora_rank() < kLoraRankStep || spec.kv_lora_rank() > kMaxLoraRank ||
       spec.kv_lora_rank() % kLoraRankStep != 0) {
-    problems.Add("kv_lora_rank", spec.kv_lora_rank(),
-                 absl::StrCat("a multiple of ", kLoraRankStep, " in ",
-                              kLoraRankStep, "..", kMaxLoraRank));
+    problems.Add(
+        "kv_lora_rank", spec.kv_lora_rank(),
+        absl::StrCat("a multiple of ", kLoraRankStep, " in ", kLoraRankStep, "..", kMaxLoraRank));
   }
   if (!spec.has_rope_dim()) {
-    problems.Add("rope_dim", "unset",
-                 absl::StrCat("0 or ", kRopeDim, " (required)"));
+    problems.Add("rope_dim", "unset", absl::StrCat("0 or ", kRopeDim, " (required)"));
   } else if (spec.rope_dim() != 0 && spec.rope_dim() != kRopeDim) {
     problems.Add("rope_dim", spec.rope_dim(), absl::StrCat("0 or ", kRopeDim));
   }
@@ -151,13 +144,10 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
                  "KV_CACHE_DTYPE_BF16 (KV_CACHE_DTYPE_FP8_DS_MLA is reserved "
                  "and not yet supported)");
   } else if (spec.kv_cache_dtype() != v1::KV_CACHE_DTYPE_BF16) {
-    problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()),
-                 "KV_CACHE_DTYPE_BF16");
+    problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()), "KV_CACHE_DTYPE_BF16");
   }
-  if (spec.page_block_size() < 1 ||
-      spec.page_block_size() > kMaxPageBlockSize) {
-    problems.Add("page_block_size", spec.page_block_size(),
-                 absl::StrCat("1..", kMaxPageBlockSize));
+  if (spec.page_block_size() < 1 || spec.page_block_size() > kMaxPageBlockSize) {
+    problems.Add("page_block_size", spec.page_block_size(), absl::StrCat("1..", kMaxPageBlockSize));
   }
   if (!std::isfinite(spec.softmax_scale()) || !(spec.softmax_scale() > 0.0f)) {
     problems.Add("softmax_scale", spec.softmax_scale(), "finite and > 0");
@@ -186,16 +176,14 @@ absl::StatusOr<v1::AttentionSpec> NormalizeSpec(const v1::AttentionSpec& spec) {
 const std::vector<PresetInfo>& Presets() {
   // Values from docs/DESIGN.md. softmax_scale is the model's own (DeepSeek-V3.2:
   // 192^-0.5 * yarn mscale^2; GLM-5: 256^-0.5), never (d_qk)^-0.5.
-  static const std::vector<PresetInfo>* const kPresets =
-      new std::vector<PresetInfo>{
-          {"deepseek-v3.2", 128, 512, 64, 2048, 0.135234f},
-          {"glm-5", 64, 512, 64, 2048, 0.0625f},
-      };
+  static const std::vector<PresetInfo>* const kPresets = new std::vector<PresetInfo>{
+      {"deepseek-v3.2", 128, 512, 64, 2048, 0.135234f},
+      {"glm-5", 64, 512, 64, 2048, 0.0625f},
+  };
   return *kPresets;
 }
 
-absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name,
-                                                 int tensor_parallel) {
+absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int tensor_parallel) {
   const PresetInfo* preset = nullptr;
   std::vector<absl::string_view> known;
   for (const PresetInfo& p : Presets()) {
@@ -204,13 +192,12 @@ absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name,
   }
   if (preset == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("preset: got \"", AsAbsl(name), "\", supported ",
-                     absl::StrJoin(known, ", ")));
+        absl::StrCat("preset: got \"", AsAbsl(name), "\", supported ", absl::StrJoin(known, ", ")));
   }
   if (tensor_parallel < 1 || preset->total_heads % tensor_parallel != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor_parallel: got ", tensor_parallel, ", supported a divisor of ",
-        preset->total_heads, " (", preset->name, " heads)"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor_parallel: got ", tensor_parallel,
+                                                   ", supported a divisor of ", preset->total_heads,
+                                                   " (", preset->name, " heads)"));
   }
   v1::AttentionSpec spec;
   spec.set_kind(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
@@ -226,8 +213,7 @@ absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name,
 }
 
 absl::StatusOr<v1::AttentionSpec> ParseSpec(std::string_view text) {
-  const absl::string_view body =
-      absl::StripLeadingAsciiWhitespace(AsAbsl(text));
+  const absl::string_view body = absl::StripLeadingAsciiWhitespace(AsAbsl(text));
   if (absl::StripTrailingAsciiWhitespace(body).empty()) {
     return absl::InvalidArgumentError("spec text is empty");
   }
@@ -242,13 +228,11 @@ absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path) {
     return absl::NotFoundError(absl::StrCat(path, ": no such spec file"));
   }
   if (std::filesystem::is_directory(st)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": is a directory, not a spec file"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a spec file"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(path, ": cannot open spec file"));
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open spec file"));
   }
   const std::string contents((std::istreambuf_iterator<char>(in)),
                              std::istreambuf_iterator<char>());
@@ -257,8 +241,7 @@ absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path) {
   }
   absl::StatusOr<v1::AttentionSpec> spec = ParseSpec(contents);
   if (!spec.ok()) {
-    return absl::Status(spec.status().code(),
-                        absl::StrCat(path, ": ", spec.status().message()));
+    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
   }
   return spec;
 }
@@ -295,9 +278,9 @@ absl::StatusOr<v1::KvCacheDtype> ParseKvDtype(std::string_view name) {
   }
   std::vector<absl::string_view> names;
   for (const KvDtypeSpelling& n : kKvDtypeNames) names.push_back(n.name);
-  return absl::InvalidArgumentError(
-      absl::StrCat("kv dtype: got \"", AsAbsl(name), "\", supported ",
-                   absl::StrJoin(names, ", "), " (or the KV_CACHE_DTYPE_* names)"));
+  return absl::InvalidArgumentError(absl::StrCat("kv dtype: got \"", AsAbsl(name), "\", supported ",
+                                                 absl::StrJoin(names, ", "),
+                                                 " (or the KV_CACHE_DTYPE_* names)"));
 }
 
 }  // namespace kforge

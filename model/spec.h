@@ -46,8 +46,7 @@ const std::vector<PresetInfo>& Presets();
 // Builds a spec from a preset: heads = preset heads / tensor_parallel,
 // bf16 cache, page_block_size 64, return_lse = true. InvalidArgument
 // for an unknown preset or a degree that does not divide the heads.
-absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name,
-                                                 int tensor_parallel);
+absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int tensor_parallel);
 
 // Parses a spec given as JSON or as text proto (chosen by content: a leading
 // '{' means JSON). Unknown fields are errors. Does not validate.

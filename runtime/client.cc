@@ -12,9 +12,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/absl_compat.h"
+#include "bundle/bundle.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
-#include "bundle/bundle.h"
 
 namespace kforge {
 namespace {
@@ -22,24 +22,23 @@ namespace {
 // A server that is down or restarting, and a full compile queue, are
 // passing conditions; any other answer is final.
 bool IsRetryable(grpc::StatusCode code) {
-  return code == grpc::StatusCode::UNAVAILABLE ||
-         code == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::RESOURCE_EXHAUSTED;
 }
 
 absl::Status ValidateOptions(const ServiceClientOptions& o) {
   if (o.address.empty()) return absl::InvalidArgumentError("address: empty");
   if (o.deadline <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "deadline: got ", absl::FormatDuration(o.deadline), ", must be > 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("deadline: got ", absl::FormatDuration(o.deadline), ", must be > 0"));
   }
   if (o.max_attempts < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_attempts: got ", o.max_attempts, ", must be >= 1"));
   }
   if (o.initial_backoff < absl::ZeroDuration() || o.max_backoff < o.initial_backoff) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "backoff: got initial ", absl::FormatDuration(o.initial_backoff), " and max ",
-        absl::FormatDuration(o.max_backoff), ", must be 0 <= initial <= max"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("backoff: got initial ", absl::FormatDuration(o.initial_backoff), " and max ",
+                     absl::FormatDuration(o.max_backoff), ", must be 0 <= initial <= max"));
   }
   if (o.max_message_bytes < 1) {
     return absl::InvalidArgumentError(
@@ -117,27 +116,27 @@ absl::Status ServiceClient::State::Call(
     last = rpc(&context);
     if (last.ok()) return absl::OkStatus();
     if (last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          AsAbsl(what), ": kforge server at ", options.address, " gave no answer within ",
-          absl::FormatDuration(options.deadline),
-          " (ServiceClientOptions::deadline; a cold compile may wait behind a full "
-          "queue): ",
-          last.error_message()));
+      return absl::DeadlineExceededError(
+          absl::StrCat(AsAbsl(what), ": kforge server at ", options.address,
+                       " gave no answer within ", absl::FormatDuration(options.deadline),
+                       " (ServiceClientOptions::deadline; a cold compile may wait behind a full "
+                       "queue): ",
+                       last.error_message()));
     }
     if (!IsRetryable(last.error_code())) {
       return absl::Status(static_cast<absl::StatusCode>(last.error_code()),
-                          absl::StrCat(AsAbsl(what), ": kforge server at ",
-                                       options.address, ": ", last.error_message()));
+                          absl::StrCat(AsAbsl(what), ": kforge server at ", options.address, ": ",
+                                       last.error_message()));
     }
   }
-  return absl::UnavailableError(absl::StrFormat(
-      "%s: no answer from kforge server at %s: %d attempts over %.1f s failed, the "
-      "last with %s: %s. Start `kforge serve --listen %s` (or point the client at "
-      "a running server), or run from a prebuilt bundle (`kforge prebuild`, "
-      "BundleSource) with no server",
-      AsAbsl(what), options.address, options.max_attempts,
-      absl::ToDoubleSeconds(absl::Now() - start), CodeName(last.error_code()),
-      last.error_message(), options.address));
+  return absl::UnavailableError(
+      absl::StrFormat("%s: no answer from kforge server at %s: %d attempts over %.1f s failed, the "
+                      "last with %s: %s. Start `kforge serve --listen %s` (or point the client at "
+                      "a running server), or run from a prebuilt bundle (`kforge prebuild`, "
+                      "BundleSource) with no server",
+                      AsAbsl(what), options.address, options.max_attempts,
+                      absl::ToDoubleSeconds(absl::Now() - start), CodeName(last.error_code()),
+                      last.error_message(), options.address));
 }
 
 absl::Status ServiceClient::State::KeepLocalCopy(
@@ -147,12 +146,11 @@ absl::Status ServiceClient::State::KeepLocalCopy(
   absl::Status s = add(*local_copy);
   if (s.ok()) s = local_copy->Finish();
   if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat("cannot keep the local copy in ",
-                                             local_copy->dir(), ": ", s.message()));
+  return absl::Status(s.code(), absl::StrCat("cannot keep the local copy in ", local_copy->dir(),
+                                             ": ", s.message()));
 }
 
-absl::StatusOr<std::unique_ptr<ServiceClient>> ServiceClient::Create(
-    ServiceClientOptions options) {
+absl::StatusOr<std::unique_ptr<ServiceClient>> ServiceClient::Create(ServiceClientOptions options) {
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   auto state = std::make_unique<State>();
   if (!options.local_copy_dir.empty()) {
@@ -198,12 +196,10 @@ absl::StatusOr<v1::Manifest> ServiceClient::GetManifest(const v1::KernelSelector
   // and an in-range first choice.
   absl::Status valid = BundleManifestPath(manifest).status();
   if (!valid.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("kforge server at ", s.options.address,
-                     " answered a bad manifest: ", valid.message()));
+    return absl::DataLossError(absl::StrCat("kforge server at ", s.options.address,
+                                            " answered a bad manifest: ", valid.message()));
   }
-  if (absl::Status c =
-          s.KeepLocalCopy([&](BundleWriter& w) { return w.AddManifest(manifest); });
+  if (absl::Status c = s.KeepLocalCopy([&](BundleWriter& w) { return w.AddManifest(manifest); });
       !c.ok()) {
     return c;
   }
@@ -223,21 +219,19 @@ absl::StatusOr<ArtifactRef> ServiceClient::GetKernel(const v1::ManifestVariant& 
   *request.mutable_kernel()->mutable_spec() = variant.spec();
   request.set_arch(std::string(arch));
   v1::GetKernelResponse response;
-  absl::Status called = s.Call(absl::StrCat("GetKernel ", variant.module_name()),
-                               [&](grpc::ClientContext* context) {
-                                 response.Clear();
-                                 return s.stub->GetKernel(context, request, &response);
-                               });
+  absl::Status called =
+      s.Call(absl::StrCat("GetKernel ", variant.module_name()), [&](grpc::ClientContext* context) {
+        response.Clear();
+        return s.stub->GetKernel(context, request, &response);
+      });
   if (!called.ok()) return called;
-  if (absl::Status c = CheckArtifactForVariant(variant, arch, response.artifact());
-      !c.ok()) {
+  if (absl::Status c = CheckArtifactForVariant(variant, arch, response.artifact()); !c.ok()) {
     return absl::DataLossError(absl::StrCat("kforge server at ", s.options.address,
                                             " answered a wrong kernel: ", c.message()));
   }
   auto artifact =
       std::make_shared<const v1::KernelArtifact>(std::move(*response.mutable_artifact()));
-  if (absl::Status c =
-          s.KeepLocalCopy([&](BundleWriter& w) { return w.AddKernel(*artifact); });
+  if (absl::Status c = s.KeepLocalCopy([&](BundleWriter& w) { return w.AddKernel(*artifact); });
       !c.ok()) {
     return c;
   }

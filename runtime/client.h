@@ -9,8 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "kforge/v1/service.pb.h"
 #include "bundle/kernel_source.h"
+#include "kforge/v1/service.pb.h"
 
 namespace kforge {
 
@@ -49,8 +49,7 @@ class ServiceClient : public KernelSource {
   // InvalidArgument for bad options; errors of BundleWriter::Open for the
   // local copy. Connects lazily: a server that is down fails the first call,
   // not Create.
-  static absl::StatusOr<std::unique_ptr<ServiceClient>> Create(
-      ServiceClientOptions options);
+  static absl::StatusOr<std::unique_ptr<ServiceClient>> Create(ServiceClientOptions options);
   ~ServiceClient() override;
 
   absl::StatusOr<v1::Manifest> GetManifest(const v1::KernelSelector& kernel,

@@ -23,14 +23,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "bundle/kernel_source.h"
 #include "cuda.h"
 #include "kforge/v1/service.pb.h"
 #include "kforge/v1/spec.pb.h"
-#include "runtime/cuda_driver.h"
-#include "runtime/cuda_loader.h"
-#include "bundle/kernel_source.h"
 #include "model/decode_plan.h"
 #include "model/selector.h"
+#include "runtime/cuda_driver.h"
+#include "runtime/cuda_loader.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {

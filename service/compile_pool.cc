@@ -14,9 +14,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
-#include <future>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -29,8 +29,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "base/absl_compat.h"
 #include "compiler/compiler.h"
 
@@ -57,8 +57,7 @@ std::string ErrnoText(int err) {
 // "SIGABRT (6)".
 std::string SignalText(int sig) {
   const char* abbrev = sigabbrev_np(sig);
-  return abbrev ? absl::StrCat("SIG", abbrev, " (", sig, ")")
-                : absl::StrCat("signal ", sig);
+  return abbrev ? absl::StrCat("SIG", abbrev, " (", sig, ")") : absl::StrCat("signal ", sig);
 }
 
 // Owns one file descriptor.
@@ -214,13 +213,10 @@ struct ChildRun {
 // child cannot be started.
 absl::StatusOr<ChildRun> RunChild(const std::string& binary,
                                   const std::vector<std::string>& extra_args,
-                                  const std::string& input,
-                                  absl::Time deadline,
+                                  const std::string& input, absl::Time deadline,
                                   const std::atomic<bool>& abandon) {
   Fd in_r, in_w, out_r, out_w, err_r, err_w;
-  for (auto [r, w] : {std::pair<Fd*, Fd*>{&in_r, &in_w},
-                      {&out_r, &out_w},
-                      {&err_r, &err_w}}) {
+  for (auto [r, w] : {std::pair<Fd*, Fd*>{&in_r, &in_w}, {&out_r, &out_w}, {&err_r, &err_w}}) {
     absl::Status s = MakePipe(*r, *w);
     if (!s.ok()) return s;
   }
@@ -244,8 +240,7 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
   posix_spawnattr_setsigmask(&attr, &signals);
   sigfillset(&signals);
   posix_spawnattr_setsigdefault(&attr, &signals);
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 
   std::string arg0 = binary;
   std::string arg1 = "compile-worker";
@@ -262,9 +257,8 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (spawn_error != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot start compile worker '", binary,
-                     " compile-worker': ", ErrnoText(spawn_error)));
+    return absl::InternalError(absl::StrCat("cannot start compile worker '", binary,
+                                            " compile-worker': ", ErrnoText(spawn_error)));
   }
   Child child(pid);
   in_r.Close();
@@ -319,8 +313,8 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
     if (MustStop(run)) break;
     const absl::Duration left = deadline - absl::Now();
     // >= 0: a negative timeout would make poll wait forever.
-    const int64_t wait_ms = absl::ToInt64Milliseconds(absl::Ceil(
-        std::clamp(left, absl::ZeroDuration(), kAbandonCheck), absl::Milliseconds(1)));
+    const int64_t wait_ms = absl::ToInt64Milliseconds(
+        absl::Ceil(std::clamp(left, absl::ZeroDuration(), kAbandonCheck), absl::Milliseconds(1)));
     const int ready = ::poll(fds, n, static_cast<int>(wait_ms));
     if (ready < 0) {
       if (errno == EINTR) continue;
@@ -330,18 +324,16 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
       if (fds[i].revents == 0) continue;
       Fd& fd = *owners[i];
       if (&fd == &in_w) {
-        const ssize_t w = WriteNoSigpipe(in_w.get(), input.data() + written,
-                                         input.size() - written);
+        const ssize_t w =
+            WriteNoSigpipe(in_w.get(), input.data() + written, input.size() - written);
         if (w > 0) written += static_cast<size_t>(w);
         // EPIPE: the worker closed stdin or exited; its exit status and
         // output say why, so stop writing and keep reading.
-        if (written == input.size() ||
-            (w < 0 && errno != EAGAIN && errno != EINTR)) {
+        if (written == input.size() || (w < 0 && errno != EAGAIN && errno != EINTR)) {
           in_w.Close();
         }
       } else if (&fd == &out_r) {
-        if (!drain(out_r.get(),
-                   [&run](const char* d, size_t s) { run.out.append(d, s); })) {
+        if (!drain(out_r.get(), [&run](const char* d, size_t s) { run.out.append(d, s); })) {
           out_r.Close();
         }
         if (run.out.size() > kMaxResultBytes) {
@@ -349,9 +341,8 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
           break;
         }
       } else {
-        if (!drain(err_r.get(), [&run](const char* d, size_t s) {
-              AppendTail(run.err_tail, d, s);
-            })) {
+        if (!drain(err_r.get(),
+                   [&run](const char* d, size_t s) { AppendTail(run.err_tail, d, s); })) {
           err_r.Close();
         }
       }
@@ -376,9 +367,9 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
 std::string JobLabel(const v1::CompileJob& job) {
   absl::string_view arch = job.arch();
   if (arch.size() > 32) arch = arch.substr(0, 32);
-  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(
-      job.spec(), std::string_view(arch.data(), arch.size()),
-      PlanOptions{job.max_smem_per_block()});
+  absl::StatusOr<CompilePlan> plan =
+      KernelCompiler().Plan(job.spec(), std::string_view(arch.data(), arch.size()),
+                            PlanOptions{job.max_smem_per_block()});
   if (plan.ok()) return absl::StrCat(plan->module_name, " (", arch, ")");
   return absl::StrCat("topk ", job.spec().topk(), " kernel (", arch, ")");
 }
@@ -396,8 +387,8 @@ std::string StderrSuffix(const std::string& tail) {
 
 // One job, start to finish, in a fresh worker process.
 ArtifactOr RunJob(const v1::CompileJob& job, const std::string& binary,
-                  const std::vector<std::string>& extra_args,
-                  absl::Duration timeout, const std::atomic<bool>& abandon) {
+                  const std::vector<std::string>& extra_args, absl::Duration timeout,
+                  const std::atomic<bool>& abandon) {
   std::string input;
   if (!job.SerializeToString(&input)) {
     return absl::InternalError("cannot serialize the CompileJob");
@@ -406,59 +397,54 @@ ArtifactOr RunJob(const v1::CompileJob& job, const std::string& binary,
       RunChild(binary, extra_args, input, absl::Now() + timeout, abandon);
   if (!run.ok()) return run.status();
   if (run->abandoned) {
-    return absl::UnavailableError(absl::StrCat(
-        "compile of ", JobLabel(job),
-        " abandoned: the server is shutting down and its grace period is over"));
+    return absl::UnavailableError(
+        absl::StrCat("compile of ", JobLabel(job),
+                     " abandoned: the server is shutting down and its grace period is over"));
   }
   if (run->timed_out) {
-    return absl::DeadlineExceededError(absl::StrFormat(
-        "compile of %s exceeded %g s; worker killed%s", JobLabel(job),
-        absl::ToDoubleSeconds(timeout), StderrSuffix(run->err_tail)));
+    return absl::DeadlineExceededError(
+        absl::StrFormat("compile of %s exceeded %g s; worker killed%s", JobLabel(job),
+                        absl::ToDoubleSeconds(timeout), StderrSuffix(run->err_tail)));
   }
   if (run->output_too_large) {
-    return absl::InternalError(
-        absl::StrCat("compile worker for ", JobLabel(job), " wrote more than ",
-                     kMaxResultBytes >> 20, " MB to stdout; worker killed",
-                     StderrSuffix(run->err_tail)));
+    return absl::InternalError(absl::StrCat(
+        "compile worker for ", JobLabel(job), " wrote more than ", kMaxResultBytes >> 20,
+        " MB to stdout; worker killed", StderrSuffix(run->err_tail)));
   }
   const int st = run->wait_status;
   if (st == -1) {
-    return absl::InternalError(absl::StrCat("compile worker for ",
-                                            JobLabel(job), ": exit status lost",
-                                            StderrSuffix(run->err_tail)));
+    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                            ": exit status lost", StderrSuffix(run->err_tail)));
   }
   if (WIFSIGNALED(st)) {
-    return absl::InternalError(absl::StrCat(
-        "compile worker for ", JobLabel(job), " was killed by signal ",
-        SignalText(WTERMSIG(st)), StderrSuffix(run->err_tail)));
+    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                            " was killed by signal ", SignalText(WTERMSIG(st)),
+                                            StderrSuffix(run->err_tail)));
   }
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    return absl::InternalError(absl::StrCat(
-        "compile worker for ", JobLabel(job), " exited with code ",
-        WIFEXITED(st) ? WEXITSTATUS(st) : st, StderrSuffix(run->err_tail)));
+    return absl::InternalError(
+        absl::StrCat("compile worker for ", JobLabel(job), " exited with code ",
+                     WIFEXITED(st) ? WEXITSTATUS(st) : st, StderrSuffix(run->err_tail)));
   }
   v1::CompileResult result;
   if (!result.ParseFromString(run->out)) {
-    return absl::InternalError(absl::StrCat(
-        "compile worker for ", JobLabel(job), " wrote an unparsable result (",
-        run->out.size(), " bytes on stdout)", StderrSuffix(run->err_tail)));
+    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                            " wrote an unparsable result (", run->out.size(),
+                                            " bytes on stdout)", StderrSuffix(run->err_tail)));
   }
   if (result.status_code() != 0) {
     const int code = result.status_code();
-    if (code < 0 ||
-        code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-      return absl::InternalError(
-          absl::StrCat("compile worker for ", JobLabel(job),
-                       " returned unknown status code ", code, ": ",
-                       result.status_message()));
+    if (code < 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+      return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                              " returned unknown status code ", code, ": ",
+                                              result.status_message()));
     }
-    return absl::Status(static_cast<absl::StatusCode>(code),
-                        result.status_message());
+    return absl::Status(static_cast<absl::StatusCode>(code), result.status_message());
   }
   if (!result.has_artifact()) {
-    return absl::InternalError(absl::StrCat(
-        "compile worker for ", JobLabel(job),
-        " reported success without an artifact", StderrSuffix(run->err_tail)));
+    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                            " reported success without an artifact",
+                                            StderrSuffix(run->err_tail)));
   }
   return std::move(*result.mutable_artifact());
 }
@@ -468,8 +454,8 @@ absl::StatusOr<std::string> ResolveWorkerBinary(const std::string& configured) {
   char path[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
   if (n < 0) {
-    return absl::InternalError(absl::StrCat(
-        "compile pool: readlink /proc/self/exe: ", ErrnoText(errno)));
+    return absl::InternalError(
+        absl::StrCat("compile pool: readlink /proc/self/exe: ", ErrnoText(errno)));
   }
   return std::string(path, static_cast<size_t>(n));
 }
@@ -547,9 +533,9 @@ void CompilePool::State::WorkerLoop() {
       queue.pop_front();
       ++in_flight;
     }
-    ArtifactOr result =
-        binary.ok() ? RunJob(pending.job, *binary, worker_args, options.timeout, abandon)
-                    : ArtifactOr(binary.status());
+    ArtifactOr result = binary.ok()
+                            ? RunJob(pending.job, *binary, worker_args, options.timeout, abandon)
+                            : ArtifactOr(binary.status());
     {
       // Before the callback, so a caller it wakes sees the count without
       // this job.
@@ -574,9 +560,8 @@ CompilePool::~CompilePool() { Shutdown(); }
 absl::StatusOr<CompileFuture> CompilePool::Submit(v1::CompileJob job) {
   auto promise = std::make_shared<std::promise<ArtifactOr>>();
   CompileFuture future = promise->get_future().share();
-  absl::Status submitted = Submit(std::move(job), [promise](ArtifactOr result) {
-    promise->set_value(std::move(result));
-  });
+  absl::Status submitted = Submit(
+      std::move(job), [promise](ArtifactOr result) { promise->set_value(std::move(result)); });
   if (!submitted.ok()) return submitted;
   return future;
 }
@@ -589,9 +574,9 @@ absl::Status CompilePool::Submit(v1::CompileJob job, CompileCallback done) {
   }
   const int limit = std::max(0, state_->options.queue_limit);
   if (static_cast<int>(state_->queue.size()) >= limit) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "compile queue is full: %d jobs waiting (limit %d), %d compiling",
-        state_->queue.size(), limit, state_->in_flight));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("compile queue is full: %d jobs waiting (limit %d), %d compiling",
+                        state_->queue.size(), limit, state_->in_flight));
   }
   state_->queue.push_back(std::move(pending));
   state_->work_ready.Signal();
@@ -617,8 +602,7 @@ void CompilePool::State::CloseQueue() {
     work_ready.SignalAll();
   }
   for (Pending& p : dropped) {
-    p.done(absl::UnavailableError(
-        "compile pool shut down before the job started"));
+    p.done(absl::UnavailableError("compile pool shut down before the job started"));
   }
 }
 
@@ -665,8 +649,7 @@ int RunCompileWorker(int expected_parent, WorkerFaults faults) {
   // prints cannot corrupt the result.
   const int result_fd = ::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
   if (result_fd < 0 || ::dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
-    std::cerr << "kforge compile-worker: cannot set up stdout: "
-              << ErrnoText(errno) << "\n";
+    std::cerr << "kforge compile-worker: cannot set up stdout: " << ErrnoText(errno) << "\n";
     return 1;
   }
 
@@ -679,8 +662,7 @@ int RunCompileWorker(int expected_parent, WorkerFaults faults) {
     } else if (n == 0) {
       break;
     } else if (errno != EINTR) {
-      std::cerr << "kforge compile-worker: reading stdin: " << ErrnoText(errno)
-                << "\n";
+      std::cerr << "kforge compile-worker: reading stdin: " << ErrnoText(errno) << "\n";
       return 1;
     }
   }
@@ -701,8 +683,7 @@ int RunCompileWorker(int expected_parent, WorkerFaults faults) {
 
   PlanOptions plan_options;
   plan_options.max_smem_per_block = job.max_smem_per_block();
-  ArtifactOr artifact =
-      KernelCompiler().Compile(job.spec(), job.arch(), plan_options);
+  ArtifactOr artifact = KernelCompiler().Compile(job.spec(), job.arch(), plan_options);
   v1::CompileResult result;
   if (artifact.ok()) {
     *result.mutable_artifact() = *std::move(artifact);
@@ -712,8 +693,7 @@ int RunCompileWorker(int expected_parent, WorkerFaults faults) {
   }
   std::string bytes;
   if (!result.SerializeToString(&bytes) || !WriteAll(result_fd, bytes)) {
-    std::cerr << "kforge compile-worker: writing the result: "
-              << ErrnoText(errno) << "\n";
+    std::cerr << "kforge compile-worker: writing the result: " << ErrnoText(errno) << "\n";
     return 1;
   }
   ::close(result_fd);

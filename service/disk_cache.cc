@@ -48,9 +48,7 @@ constexpr std::string_view kTmpMarker = ".tmp.";
 // renames it within the time of one write + fsync.
 constexpr int64_t kStaleTmpSeconds = 60;
 
-bool IsLowerHex(char c) {
-  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-}
+bool IsLowerHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
 
 // A key is exactly the 64 lower-case hex digits of a SHA-256; nothing else
 // reaches a path, so no key can name a file outside the cache.
@@ -65,8 +63,7 @@ absl::Status KeyError(std::string_view key) {
 }
 
 void PutLe(uint64_t v, int bytes, std::string& out) {
-  for (int i = 0; i < bytes; ++i)
-    out.push_back(static_cast<char>(v >> (8 * i)));
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
 }
 
 uint64_t GetLe(std::string_view in, int bytes) {
@@ -88,44 +85,39 @@ std::string EncodeHeader(std::string_view payload) {
 }
 
 // Why a file is not a valid entry for `key`, or OK and the artifact.
-absl::StatusOr<v1::KernelArtifact> DecodeEntry(std::string_view file,
-                                               std::string_view key) {
+absl::StatusOr<v1::KernelArtifact> DecodeEntry(std::string_view file, std::string_view key) {
   if (file.size() < kHeaderSize) {
-    return absl::DataLossError(
-        absl::StrCat("truncated header (", file.size(), " bytes)"));
+    return absl::DataLossError(absl::StrCat("truncated header (", file.size(), " bytes)"));
   }
   if (file.substr(0, kMagic.size()) != kMagic) {
     return absl::DataLossError("bad magic");
   }
   const uint64_t version = GetLe(file.substr(8), 4);
   if (version != kEntryVersion) {
-    return absl::DataLossError(absl::StrCat("entry format version ", version,
-                                            ", expected ", kEntryVersion));
+    return absl::DataLossError(
+        absl::StrCat("entry format version ", version, ", expected ", kEntryVersion));
   }
   const std::string_view hash = file.substr(12, kHashSize);
   const uint64_t length = GetLe(file.substr(12 + kHashSize), 8);
   const std::string_view payload = file.substr(kHeaderSize);
   if (length != payload.size() || length > INT_MAX) {
-    return absl::DataLossError(absl::StrCat("payload length ", payload.size(),
-                                            ", header says ", length));
+    return absl::DataLossError(
+        absl::StrCat("payload length ", payload.size(), ", header says ", length));
   }
   if (Sha256Hex(payload) != absl::BytesToHexString(AsAbsl(hash))) {
     return absl::DataLossError("payload digest mismatch");
   }
   v1::KernelArtifact artifact;
-  if (!artifact.ParseFromArray(payload.data(),
-                               static_cast<int>(payload.size()))) {
+  if (!artifact.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return absl::DataLossError("payload does not parse");
   }
   if (artifact.key() != key) {
-    return absl::DataLossError(
-        absl::StrCat("entry holds key ", artifact.key()));
+    return absl::DataLossError(absl::StrCat("entry holds key ", artifact.key()));
   }
   return artifact;
 }
 
-absl::StatusOr<std::string> ReadAll(int fd, size_t size,
-                                    std::string_view path) {
+absl::StatusOr<std::string> ReadAll(int fd, size_t size, std::string_view path) {
   std::string data(size, '\0');
   size_t done = 0;
   while (done < size) {
@@ -153,9 +145,7 @@ absl::Status MakeDir(const std::string& path, bool* created) {
   return ErrnoStatus(errno, "cannot create directory", path);
 }
 
-int64_t ToNanos(const timespec& ts) {
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
+int64_t ToNanos(const timespec& ts) { return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec; }
 
 // The access stamp written into an entry's mtime. The kernel stamps files
 // with a coarse clock (one tick is milliseconds), so two entries used in
@@ -174,8 +164,7 @@ timespec AccessStamp() {
       break;
     }
   }
-  return timespec{static_cast<time_t>(ns / 1'000'000'000),
-                  static_cast<long>(ns % 1'000'000'000)};
+  return timespec{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
 }
 
 // Best effort: a reader that may not set the stamp (another user's file)
@@ -195,8 +184,7 @@ struct FileInfo {
 // Entry files under <dir>/v1. Names that are not <64 hex>.kfa in their own
 // two-digit bucket are not entries: temporary files are removed when older
 // than kStaleTmpSeconds if `clean_tmp`, anything else is left alone.
-std::vector<FileInfo> ListEntries(const std::string& layout_dir,
-                                  bool clean_tmp) {
+std::vector<FileInfo> ListEntries(const std::string& layout_dir, bool clean_tmp) {
   std::vector<FileInfo> out;
   DIR* top = opendir(layout_dir.c_str());
   if (top == nullptr) return out;
@@ -204,12 +192,10 @@ std::vector<FileInfo> ListEntries(const std::string& layout_dir,
   clock_gettime(CLOCK_REALTIME, &now);
   while (const dirent* bucket = readdir(top)) {
     const std::string_view bucket_name = bucket->d_name;
-    if (bucket_name.size() != 2 || !IsLowerHex(bucket_name[0]) ||
-        !IsLowerHex(bucket_name[1])) {
+    if (bucket_name.size() != 2 || !IsLowerHex(bucket_name[0]) || !IsLowerHex(bucket_name[1])) {
       continue;
     }
-    const std::string bucket_path =
-        absl::StrCat(layout_dir, "/", AsAbsl(bucket_name));
+    const std::string bucket_path = absl::StrCat(layout_dir, "/", AsAbsl(bucket_name));
     DIR* files = opendir(bucket_path.c_str());
     if (files == nullptr) continue;
     while (const dirent* file = readdir(files)) {
@@ -230,8 +216,7 @@ std::vector<FileInfo> ListEntries(const std::string& layout_dir,
           name.substr(64) != kEntrySuffix || key.substr(0, 2) != bucket_name) {
         continue;
       }
-      out.push_back(FileInfo{path, static_cast<uint64_t>(st.st_size),
-                             ToNanos(st.st_mtim)});
+      out.push_back(FileInfo{path, static_cast<uint64_t>(st.st_size), ToNanos(st.st_mtim)});
     }
     closedir(files);
   }
@@ -258,14 +243,12 @@ struct DiskCache::State {
 };
 
 DiskCache::DiskCache(std::string dir, uint64_t max_bytes)
-    : dir_(std::move(dir)),
-      max_bytes_(max_bytes),
-      state_(std::make_unique<State>()) {}
+    : dir_(std::move(dir)), max_bytes_(max_bytes), state_(std::make_unique<State>()) {}
 
 DiskCache::~DiskCache() = default;
 
-absl::StatusOr<std::unique_ptr<DiskCache>> DiskCache::Open(
-    const std::string& dir, uint64_t max_bytes) {
+absl::StatusOr<std::unique_ptr<DiskCache>> DiskCache::Open(const std::string& dir,
+                                                           uint64_t max_bytes) {
   if (dir.empty()) return absl::InvalidArgumentError("empty cache directory");
   std::string root = dir;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
@@ -290,8 +273,8 @@ absl::StatusOr<std::unique_ptr<DiskCache>> DiskCache::Open(
 
 std::string DiskCache::EntryPath(const std::string& key) const {
   if (!IsValidKey(key)) return "";
-  return absl::StrCat(dir_, "/", AsAbsl(kLayoutDir), "/", key.substr(0, 2), "/",
-                      key, AsAbsl(kEntrySuffix));
+  return absl::StrCat(dir_, "/", AsAbsl(kLayoutDir), "/", key.substr(0, 2), "/", key,
+                      AsAbsl(kEntrySuffix));
 }
 
 absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
@@ -310,8 +293,7 @@ absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
     close(fd);
     return ErrnoStatus(err, "cannot stat", path);
   }
-  absl::StatusOr<std::string> file =
-      ReadAll(fd, static_cast<size_t>(st.st_size), path);
+  absl::StatusOr<std::string> file = ReadAll(fd, static_cast<size_t>(st.st_size), path);
   if (!file.ok()) {
     close(fd);
     return file.status();
@@ -331,21 +313,20 @@ absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
   absl::MutexLock lock(&state_->mu);
   ++state_->corrupt_entries;
   struct stat now;
-  if (stat(path.c_str(), &now) == 0 && now.st_dev == st.st_dev &&
-      now.st_ino == st.st_ino && unlink(path.c_str()) == 0) {
+  if (stat(path.c_str(), &now) == 0 && now.st_dev == st.st_dev && now.st_ino == st.st_ino &&
+      unlink(path.c_str()) == 0) {
     state_->Forget(static_cast<uint64_t>(st.st_size));
   }
   return absl::NotFoundError(
-      absl::StrCat("dropped corrupt artifact ", key,
-                   " on disk: ", artifact.status().message()));
+      absl::StrCat("dropped corrupt artifact ", key, " on disk: ", artifact.status().message()));
 }
 
 absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {
   if (!IsValidKey(key)) return KeyError(key);
   if (artifact == nullptr) return absl::InvalidArgumentError("null artifact");
   if (artifact->key() != key) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "artifact key ", artifact->key(), " stored under key ", key));
+    return absl::InvalidArgumentError(
+        absl::StrCat("artifact key ", artifact->key(), " stored under key ", key));
   }
   std::string payload;
   if (!artifact->SerializeToString(&payload)) {
@@ -361,8 +342,7 @@ absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {
   bool bucket_created;
   if (absl::Status s = MakeDir(bucket, &bucket_created); !s.ok()) return s;
   if (bucket_created) {
-    if (absl::Status s = FsyncDir(bucket.substr(0, bucket.rfind('/')));
-        !s.ok()) {
+    if (absl::Status s = FsyncDir(bucket.substr(0, bucket.rfind('/'))); !s.ok()) {
       return s;
     }
   }
@@ -401,16 +381,14 @@ void DiskCache::Evict(const std::string& keep) {
   absl::MutexLock lock(&state_->mu);
   // Re-measure: other processes sharing the directory add and remove
   // entries this one has not counted.
-  std::vector<FileInfo> files =
-      ListEntries(absl::StrCat(dir_, "/", AsAbsl(kLayoutDir)),
-                  /*clean_tmp=*/false);
+  std::vector<FileInfo> files = ListEntries(absl::StrCat(dir_, "/", AsAbsl(kLayoutDir)),
+                                            /*clean_tmp=*/false);
   uint64_t bytes = 0;
   for (const FileInfo& f : files) bytes += f.size;
   uint64_t entries = files.size();
-  std::sort(
-      files.begin(), files.end(), [](const FileInfo& a, const FileInfo& b) {
-        return std::tie(a.mtime_ns, a.path) < std::tie(b.mtime_ns, b.path);
-      });
+  std::sort(files.begin(), files.end(), [](const FileInfo& a, const FileInfo& b) {
+    return std::tie(a.mtime_ns, a.path) < std::tie(b.mtime_ns, b.path);
+  });
   for (const FileInfo& f : files) {
     if (bytes <= max_bytes_) break;
     if (f.path == keep) continue;

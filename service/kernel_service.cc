@@ -77,9 +77,8 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetManifest(grpc::CallbackServerCon
   // Planning only, no compile: cheap enough for the callback thread.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(request->kernel());
-  absl::StatusOr<v1::Manifest> manifest =
-      spec.ok() ? store_->GetManifest(*spec, request->arch())
-                : absl::StatusOr<v1::Manifest>(spec.status());
+  absl::StatusOr<v1::Manifest> manifest = spec.ok() ? store_->GetManifest(*spec, request->arch())
+                                                    : absl::StatusOr<v1::Manifest>(spec.status());
   if (manifest.ok()) *response = *std::move(manifest);
   reactor->Finish(ToGrpcStatus(manifest.status()));
   return reactor;

@@ -78,14 +78,14 @@ struct KernelStore::State {
   bool shutting_down ABSL_GUARDED_BY(mu) = false;
   bool shutdown_called ABSL_GUARDED_BY(mu) = false;  // Shutdown waits once
 
-  std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0},
-      compile_failures{0}, shared_waits{0}, rejected{0}, disk_write_failures{0};
+  std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0}, compile_failures{0},
+      shared_waits{0}, rejected{0}, disk_write_failures{0};
 
   // Publishes a flight's result and wakes its waiters. Once running_flights
   // reaches 0 Shutdown may return and State be destroyed, so nothing here
   // touches State after the lock is released.
-  void Complete(const std::shared_ptr<Flight>& flight, const std::string& key,
-                FlightResult result) ABSL_LOCKS_EXCLUDED(mu) {
+  void Complete(const std::shared_ptr<Flight>& flight, const std::string& key, FlightResult result)
+      ABSL_LOCKS_EXCLUDED(mu) {
     absl::MutexLock lock(&mu);
     flight->result = std::move(result);
     flight->phase = Flight::Phase::kDone;
@@ -103,8 +103,8 @@ struct KernelStore::State {
   // until the store shuts down. With the lock: the disk tier again (the
   // other process may have built the key), else the compile pool, whose
   // callback completes the flight and releases the lock.
-  void Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
-             absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu);
+  void Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu);
 
   // The compile pool's callback for a flight's job: stores the kernel,
   // releases the key's lock file, completes the flight.
@@ -113,8 +113,8 @@ struct KernelStore::State {
       ABSL_LOCKS_EXCLUDED(mu);
 };
 
-void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight,
-                               const CompilePlan& plan, absl::Time deadline) {
+void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
+                               absl::Time deadline) {
   const std::string path = absl::StrCat(lock_dir, "/", plan.key, ".lock");
   absl::Duration backoff = absl::Milliseconds(1);
   absl::StatusOr<FileLock> key_lock;
@@ -176,11 +176,11 @@ void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
   if (built->key() != plan.key) {
     key_lock.Release();
     ++compile_failures;
-    Complete(flight, plan.key,
-             absl::InternalError(absl::StrCat(
-                 "compile worker returned key ", built->key(), " for ", plan.key, " (",
-                 plan.module_name,
-                 "): worker and server disagree on the compiler version or templates")));
+    Complete(
+        flight, plan.key,
+        absl::InternalError(absl::StrCat(
+            "compile worker returned key ", built->key(), " for ", plan.key, " (", plan.module_name,
+            "): worker and server disagree on the compiler version or templates")));
     return;
   }
   auto artifact = std::make_shared<const v1::KernelArtifact>(*std::move(built));
@@ -196,8 +196,7 @@ KernelStore::KernelStore(std::unique_ptr<State> state) : state_(std::move(state)
 
 KernelStore::~KernelStore() { Shutdown(); }
 
-absl::StatusOr<std::unique_ptr<KernelStore>> KernelStore::Create(
-    KernelStoreOptions options) {
+absl::StatusOr<std::unique_ptr<KernelStore>> KernelStore::Create(KernelStoreOptions options) {
   if (options.cache_dir.empty()) {
     return absl::InvalidArgumentError("cache_dir: empty; give a directory");
   }
@@ -206,8 +205,8 @@ absl::StatusOr<std::unique_ptr<KernelStore>> KernelStore::Create(
   std::error_code ec;
   std::filesystem::create_directories(state->lock_dir, ec);
   if (ec) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot create cache directory ", state->lock_dir, ": ", ec.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create cache directory ", state->lock_dir, ": ", ec.message()));
   }
   absl::StatusOr<std::unique_ptr<DiskCache>> disk =
       DiskCache::Open(options.cache_dir, options.disk_cache_bytes);
@@ -219,8 +218,7 @@ absl::StatusOr<std::unique_ptr<KernelStore>> KernelStore::Create(
   return std::unique_ptr<KernelStore>(new KernelStore(std::move(state)));
 }
 
-absl::StatusOr<v1::AttentionSpec> KernelStore::Resolve(
-    const v1::KernelSelector& selector) {
+absl::StatusOr<v1::AttentionSpec> KernelStore::Resolve(const v1::KernelSelector& selector) {
   switch (selector.source_case()) {
     case v1::KernelSelector::kSpec:
       return selector.spec();
@@ -234,8 +232,8 @@ absl::StatusOr<v1::AttentionSpec> KernelStore::Resolve(
   }
 }
 
-absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(
-    const v1::KernelSelector& selector, const std::string& arch) {
+absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(const v1::KernelSelector& selector,
+                                                   const std::string& arch) {
   State& s = *state_;
   std::string memo_key = selector.SerializeAsString();
   memo_key.push_back('\0');
@@ -261,9 +259,9 @@ absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(
   return hit;
 }
 
-absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(
-    const v1::AttentionSpec& spec, std::string_view arch, bool lookup_only,
-    absl::Time deadline) {
+absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSpec& spec,
+                                                           std::string_view arch, bool lookup_only,
+                                                           absl::Time deadline) {
   State& s = *state_;
   absl::StatusOr<CompilePlan> plan = s.compiler.Plan(spec, arch);
   if (!plan.ok()) return plan.status();
@@ -279,9 +277,8 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(
   }
   ++s.misses;
   if (lookup_only) {
-    return absl::NotFoundError(absl::StrCat(
-        plan->module_name, " (key ", plan->key,
-        ") is not cached and lookup_only was set"));
+    return absl::NotFoundError(absl::StrCat(plan->module_name, " (key ", plan->key,
+                                            ") is not cached and lookup_only was set"));
   }
 
   std::shared_ptr<Flight> flight;
@@ -320,17 +317,16 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(
     }
     --flight->waiters;
     if (flight->phase != Flight::Phase::kDone) {
-      if (flight->phase == Flight::Phase::kLocking && flight->waiters == 0 &&
-          !flight->has_driver) {
+      if (flight->phase == Flight::Phase::kLocking && flight->waiters == 0 && !flight->has_driver) {
         // Nobody is left to wait for the other process's lock; whatever it
         // builds lands on disk, and the next caller starts a new flight.
         s.flights.erase(plan->key);
         if (--s.running_flights == 0) s.flights_done.SignalAll();
       }
-      return absl::DeadlineExceededError(absl::StrFormat(
-          "deadline passed while %s compiled; the compile goes on and its "
-          "result will be cached",
-          plan->module_name));
+      return absl::DeadlineExceededError(
+          absl::StrFormat("deadline passed while %s compiled; the compile goes on and its "
+                          "result will be cached",
+                          plan->module_name));
     }
     result = *flight->result;
   }
@@ -338,8 +334,8 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(
   return result;
 }
 
-absl::StatusOr<v1::Manifest> KernelStore::GetManifest(
-    const v1::AttentionSpec& spec, std::string_view arch) const {
+absl::StatusOr<v1::Manifest> KernelStore::GetManifest(const v1::AttentionSpec& spec,
+                                                      std::string_view arch) const {
   return BuildManifest(state_->compiler, spec, arch);
 }
 
@@ -351,8 +347,7 @@ absl::StatusOr<bool> KernelStore::Preload(ArtifactPtr artifact) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s: key %s in the bundle, %s here: built by another kforge, template "
         "or NVRTC version (%s), so this server would never serve it",
-        artifact->module_name(), artifact->key(), plan->key,
-        artifact->compiler_version()));
+        artifact->module_name(), artifact->key(), plan->key, artifact->compiler_version()));
   }
   if (s.memory->Get(plan->key).ok()) return true;
   const bool on_disk = s.disk->Get(plan->key).ok();

@@ -29,8 +29,7 @@ struct KernelStoreOptions {
 // file), builds manifests, counts everything. Thread-safe.
 class KernelStore {
  public:
-  static absl::StatusOr<std::unique_ptr<KernelStore>> Create(
-      KernelStoreOptions options);
+  static absl::StatusOr<std::unique_ptr<KernelStore>> Create(KernelStoreOptions options);
   ~KernelStore();
 
   struct Result {
@@ -43,9 +42,8 @@ class KernelStore {
   // (compile queue full), DeadlineExceeded (this caller's deadline passed;
   // the compile goes on for the others), Internal (compile failure, with the
   // NVRTC log), Unavailable (shutting down).
-  absl::StatusOr<Result> GetKernel(const v1::AttentionSpec& spec,
-                                   std::string_view arch, bool lookup_only,
-                                   absl::Time deadline = absl::InfiniteFuture());
+  absl::StatusOr<Result> GetKernel(const v1::AttentionSpec& spec, std::string_view arch,
+                                   bool lookup_only, absl::Time deadline = absl::InfiniteFuture());
 
   // The hot path for cache hits: the memory tier only, with the
   // (selector, arch) -> key mapping remembered so a hit skips planning and
@@ -55,8 +53,7 @@ class KernelStore {
                                         const std::string& arch);
 
   // Resolves a KernelSelector (spec or preset) to a spec.
-  static absl::StatusOr<v1::AttentionSpec> Resolve(
-      const v1::KernelSelector& selector);
+  static absl::StatusOr<v1::AttentionSpec> Resolve(const v1::KernelSelector& selector);
 
   // The selection manifest for a spec on an arch (no compile needed: keys,
   // tilings and launch rules come from planning).

@@ -32,8 +32,8 @@ absl::Status MemoryCache::Put(const std::string& key, ArtifactPtr artifact) {
     return absl::InvalidArgumentError("null artifact");
   }
   if (artifact->key() != key) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "artifact key ", artifact->key(), " stored under key ", key));
+    return absl::InvalidArgumentError(
+        absl::StrCat("artifact key ", artifact->key(), " stored under key ", key));
   }
   // Outside the lock: ByteSizeLong walks the whole message.
   const uint64_t bytes = artifact->ByteSizeLong();

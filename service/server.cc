@@ -2,20 +2,20 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <iostream>
 #include <memory>
 #include <string>
-#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/shutdown_signals.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "base/shutdown_signals.h"
 #include "service/warm.h"
 
 namespace kforge {
@@ -35,8 +35,8 @@ std::string BoundAddress(const std::string& listen, int port) {
 // Loads the bundle, reports what it did, then turns health to SERVING.
 void WarmUp(KernelStore& store, BundleSource& bundle, const std::string& dir,
             const std::atomic<bool>& stop, grpc::HealthCheckServiceInterface* health) {
-  std::cout << "kforge: warming the cache from " << dir << " ("
-            << bundle.manifests().size() << " manifests)" << std::endl;
+  std::cout << "kforge: warming the cache from " << dir << " (" << bundle.manifests().size()
+            << " manifests)" << std::endl;
   const WarmReport report = WarmFromBundle(store, bundle, stop);
   for (const std::string& skipped : report.skipped) {
     std::cerr << "kforge: warm-up skipped " << skipped << "\n";
@@ -45,8 +45,8 @@ void WarmUp(KernelStore& store, BundleSource& bundle, const std::string& dir,
   std::cout << absl::StrFormat(
                    "kforge: warm-up done in %.2f s: %d kernels, %d loaded, %d "
                    "already cached, %d skipped; SERVING",
-                   report.seconds, report.kernels, report.loaded,
-                   report.already_cached, report.skipped.size())
+                   report.seconds, report.kernels, report.loaded, report.already_cached,
+                   report.skipped.size())
             << std::endl;
   if (health != nullptr) health->SetServingStatus(true);
 }
@@ -57,28 +57,24 @@ int RunServer(const ServerOptions& options) {
   // A second signal means "now": skip the grace period (exit 1).
   absl::StatusOr<std::unique_ptr<ShutdownSignals>> signals = ShutdownSignals::Install();
   if (!signals.ok()) {
-    std::cerr << "kforge: cannot install signal handlers: " << signals.status().message()
-              << "\n";
+    std::cerr << "kforge: cannot install signal handlers: " << signals.status().message() << "\n";
     return 1;
   }
   // A bundle that cannot be opened is a deployment mistake: refuse to start
   // rather than serve cold without saying so.
   std::unique_ptr<BundleSource> bundle;
   if (!options.warm_from.empty()) {
-    absl::StatusOr<std::unique_ptr<BundleSource>> opened =
-        BundleSource::Open(options.warm_from);
+    absl::StatusOr<std::unique_ptr<BundleSource>> opened = BundleSource::Open(options.warm_from);
     if (!opened.ok()) {
-      std::cerr << "kforge: --warm-from " << options.warm_from << ": "
-                << opened.status().message() << "\n";
+      std::cerr << "kforge: --warm-from " << options.warm_from << ": " << opened.status().message()
+                << "\n";
       return 1;
     }
     bundle = *std::move(opened);
   }
-  absl::StatusOr<std::unique_ptr<KernelStore>> store =
-      KernelStore::Create(options.store);
+  absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(options.store);
   if (!store.ok()) {
-    std::cerr << "kforge: cannot open the kernel store: " << store.status().message()
-              << "\n";
+    std::cerr << "kforge: cannot open the kernel store: " << store.status().message() << "\n";
     return 1;
   }
   auto service = std::make_unique<KernelServiceImpl>(store->get(), options.service);
@@ -103,8 +99,8 @@ int RunServer(const ServerOptions& options) {
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(bundle == nullptr);
-  std::cout << "kforge: serving on " << BoundAddress(options.listen, port)
-            << " (cache " << options.store.cache_dir << ")" << std::endl;
+  std::cout << "kforge: serving on " << BoundAddress(options.listen, port) << " (cache "
+            << options.store.cache_dir << ")" << std::endl;
   std::atomic<bool> stop_warm{false};
   std::thread warm;
   if (bundle != nullptr) {

@@ -26,10 +26,10 @@ struct ServerOptions {
 // health checking and server reflection, prints
 //   kforge: serving on ADDR (cache DIR)
 // once listening (with warm_from: health NOT_SERVING until the bundle is
-// loaded, then a "kforge: warm-up done" line and SERVING), and on SIGTERM/SIGINT shuts down gracefully (health
-// NOT_SERVING, no new calls, in-flight calls finish, then the store).
-// Returns the process exit code: 0 after a graceful shutdown, 1 when the
-// server cannot start (the reason is printed).
+// loaded, then a "kforge: warm-up done" line and SERVING), and on SIGTERM/SIGINT shuts down
+// gracefully (health NOT_SERVING, no new calls, in-flight calls finish, then the store). Returns
+// the process exit code: 0 after a graceful shutdown, 1 when the server cannot start (the reason is
+// printed).
 int RunServer(const ServerOptions& options);
 
 }  // namespace kforge

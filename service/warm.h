@@ -27,8 +27,7 @@ struct WarmReport {
 // checked against the bundle's checksums and its manifest variant
 // (BundleSource) and against the key this server computes (Preload) before
 // it is cached. Stops early, with what it did so far, once *stop is true.
-WarmReport WarmFromBundle(KernelStore& store, BundleSource& bundle,
-                                          const std::atomic<bool>& stop);
+WarmReport WarmFromBundle(KernelStore& store, BundleSource& bundle, const std::atomic<bool>& stop);
 
 }  // namespace kforge
 

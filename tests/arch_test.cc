@@ -1,7 +1,7 @@
 #include "model/arch.h"
 
-#include <set>
 #include <ostream>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,34 +45,33 @@ TEST_P(ParseArchTest, ParsesToCanonical) {
   EXPECT_EQ(arch->sm_version(), c.major * 10 + c.minor);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Forms, ParseArchTest,
-    ::testing::Values(ArchCase{"sm_80", "sm_80", 8, 0, false, 166912},
-                      ArchCase{"80", "sm_80", 8, 0, false, 166912},
-                      ArchCase{"sm_86", "sm_86", 8, 6, false, 101376},
-                      ArchCase{"sm_89", "sm_89", 8, 9, false, 101376},
-                      ArchCase{"sm_90a", "sm_90a", 9, 0, true, 232448},
-                      ArchCase{"90a", "sm_90a", 9, 0, true, 232448},
-                      ArchCase{"SM_90A", "sm_90a", 9, 0, true, 232448},
-                      ArchCase{"Sm_90a", "sm_90a", 9, 0, true, 232448},
-                      ArchCase{" sm_90a\n", "sm_90a", 9, 0, true, 232448},
-                      ArchCase{"sm_90", "sm_90", 9, 0, false, 232448},
-                      ArchCase{"90", "sm_90", 9, 0, false, 232448},
-                      ArchCase{"sm_100a", "sm_100a", 10, 0, true, 232448},
-                      ArchCase{"100A", "sm_100a", 10, 0, true, 232448},
-                      ArchCase{"sm_100", "sm_100", 10, 0, false, 232448},
-                      ArchCase{"sm_120a", "sm_120a", 12, 0, true, 101376},
-                      ArchCase{"120a", "sm_120a", 12, 0, true, 101376},
-                      ArchCase{"sm_120", "sm_120", 12, 0, false, 101376},
-                      ArchCase{"sm_121a", "sm_121a", 12, 1, true, 101376},
-                      ArchCase{"sm_121", "sm_121", 12, 1, false, 101376}),
-    [](const ::testing::TestParamInfo<ArchCase>& info) {
-      std::string name = absl::StrCat(info.index, "_", info.param.input);
-      for (char& c : name) {
-        if (!absl::ascii_isalnum(c)) c = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Forms, ParseArchTest,
+                         ::testing::Values(ArchCase{"sm_80", "sm_80", 8, 0, false, 166912},
+                                           ArchCase{"80", "sm_80", 8, 0, false, 166912},
+                                           ArchCase{"sm_86", "sm_86", 8, 6, false, 101376},
+                                           ArchCase{"sm_89", "sm_89", 8, 9, false, 101376},
+                                           ArchCase{"sm_90a", "sm_90a", 9, 0, true, 232448},
+                                           ArchCase{"90a", "sm_90a", 9, 0, true, 232448},
+                                           ArchCase{"SM_90A", "sm_90a", 9, 0, true, 232448},
+                                           ArchCase{"Sm_90a", "sm_90a", 9, 0, true, 232448},
+                                           ArchCase{" sm_90a\n", "sm_90a", 9, 0, true, 232448},
+                                           ArchCase{"sm_90", "sm_90", 9, 0, false, 232448},
+                                           ArchCase{"90", "sm_90", 9, 0, false, 232448},
+                                           ArchCase{"sm_100a", "sm_100a", 10, 0, true, 232448},
+                                           ArchCase{"100A", "sm_100a", 10, 0, true, 232448},
+                                           ArchCase{"sm_100", "sm_100", 10, 0, false, 232448},
+                                           ArchCase{"sm_120a", "sm_120a", 12, 0, true, 101376},
+                                           ArchCase{"120a", "sm_120a", 12, 0, true, 101376},
+                                           ArchCase{"sm_120", "sm_120", 12, 0, false, 101376},
+                                           ArchCase{"sm_121a", "sm_121a", 12, 1, true, 101376},
+                                           ArchCase{"sm_121", "sm_121", 12, 1, false, 101376}),
+                         [](const ::testing::TestParamInfo<ArchCase>& info) {
+                           std::string name = absl::StrCat(info.index, "_", info.param.input);
+                           for (char& c : name) {
+                             if (!absl::ascii_isalnum(c)) c = '_';
+                           }
+                           return name;
+                         });
 
 TEST(ArchTest, SupportedArchsAreCanonicalSortedAndUnique) {
   const std::vector<Arch>& archs = SupportedArchs();
@@ -88,9 +87,9 @@ TEST(ArchTest, SupportedArchsAreCanonicalSortedAndUnique) {
     EXPECT_GT(arch.max_smem_per_block, 0);
     if (i > 0) {
       const Arch& prev = archs[i - 1];
-      EXPECT_TRUE(prev.sm_version() < arch.sm_version() ||
-                  (prev.sm_version() == arch.sm_version() &&
-                   !prev.arch_specific && arch.arch_specific))
+      EXPECT_TRUE(
+          prev.sm_version() < arch.sm_version() ||
+          (prev.sm_version() == arch.sm_version() && !prev.arch_specific && arch.arch_specific))
           << prev.name << " before " << arch.name;
     }
   }
@@ -112,18 +111,16 @@ TEST_P(UnknownArchTest, FailedPreconditionNamesInputAndSupported) {
   absl::StatusOr<Arch> arch = ParseArch(GetParam());
   ASSERT_FALSE(arch.ok());
   EXPECT_EQ(arch.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(
-      Contains(arch.status().message(), absl::StrCat("\"", GetParam(), "\"")));
+  EXPECT_TRUE(Contains(arch.status().message(), absl::StrCat("\"", GetParam(), "\"")));
   EXPECT_TRUE(Contains(arch.status().message(), "sm_80"));
   EXPECT_TRUE(Contains(arch.status().message(), "sm_90a"));
   EXPECT_TRUE(Contains(arch.status().message(), "sm_121a"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Bad, UnknownArchTest,
-                         ::testing::Values("", "sm_75", "sm_70", "sm_80a",
-                                           "sm_89a", "sm_103a", "sm_", "a",
-                                           "compute_90a", "sm90a", "sm_9 0a",
-                                           "sm_90aa", "hopper"));
+                         ::testing::Values("", "sm_75", "sm_70", "sm_80a", "sm_89a", "sm_103a",
+                                           "sm_", "a", "compute_90a", "sm90a", "sm_9 0a", "sm_90aa",
+                                           "hopper"));
 
 }  // namespace
 }  // namespace kforge

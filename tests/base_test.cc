@@ -1,6 +1,6 @@
 // base/io.h: errno statuses, durable atomic writes.
-#include <sys/stat.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,27 +9,14 @@
 
 #include "base/io.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace kforge {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge_base_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using ::kforge::testing::TempDir;
 
 TEST(ErrnoStatusTest, KeepsTheCanonicalCodeAndNamesThePath) {
   const absl::Status s = ErrnoStatus(ENOENT, "cannot open", "/x/y");

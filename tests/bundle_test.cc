@@ -15,11 +15,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/io.h"
+#include "bundle/kernel_source.h"
 #include "compiler/key.h"
-#include "model/spec.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
-#include "bundle/kernel_source.h"
+#include "model/spec.h"
 #include "tests/test_util.h"
 
 namespace kforge {
@@ -38,8 +38,7 @@ constexpr char kArch[] = "sm_90a";
 // substring checks.
 std::string Describe(const std::vector<BundleProblem>& problems) {
   std::string text;
-  for (const BundleProblem& p : problems)
-    absl::StrAppend(&text, p.path, ": ", p.message, "\n");
+  for (const BundleProblem& p : problems) absl::StrAppend(&text, p.path, ": ", p.message, "\n");
   return text;
 }
 
@@ -66,8 +65,7 @@ class BundleTest : public ::testing::Test {
   // have one variant today; three more planned (not compiled) variants for
   // other page sizes stand for kernels a bundle may lack.
   static void SetUpTestSuite() {
-    absl::StatusOr<testing::CompiledFirstChoice> compiled =
-        testing::CompileGlm5Tp8(kArch);
+    absl::StatusOr<testing::CompiledFirstChoice> compiled = testing::CompileGlm5Tp8(kArch);
     ASSERT_TRUE(compiled.ok()) << compiled.status();
     full_manifest_ = new v1::Manifest(std::move(compiled->manifest));
     for (uint32_t page : {1u, 16u, 32u}) {
@@ -107,8 +105,7 @@ class BundleTest : public ::testing::Test {
 
   // A finished bundle in `dir` holding `manifest` and the compiled kernel.
   static void WriteBundle(const fs::path& dir, const v1::Manifest& manifest) {
-    absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
-        BundleWriter::Open(dir.string());
+    absl::StatusOr<std::unique_ptr<BundleWriter>> writer = BundleWriter::Open(dir.string());
     ASSERT_TRUE(writer.ok()) << writer.status();
     ASSERT_TRUE((*writer)->AddKernel(*artifact_).ok());
     absl::Status s = (*writer)->AddManifest(manifest);
@@ -134,14 +131,12 @@ TEST_F(BundleTest, RoundTripAnswersTheSameKernelAndManifest) {
 
   EXPECT_EQ(ReadFileOrEmpty(dir / kBundleMarkerFile),
             "{\"format\": \"kforge-bundle\", \"format_version\": 2}\n");
-  EXPECT_EQ(ManifestFile(),
-            absl::StrCat("manifests/", FirstChoice().module_name(), ".json"));
+  EXPECT_EQ(ManifestFile(), absl::StrCat("manifests/", FirstChoice().module_name(), ".json"));
   // sha256sum's own format, sorted by path: `sha256sum -c` works in DIR.
   EXPECT_EQ(
       ReadFileOrEmpty(dir / kBundleChecksumsFile),
-      absl::StrCat(Sha256Hex(ReadFileOrEmpty(dir / KernelFile())), "  ", KernelFile(),
-                   "\n", Sha256Hex(ReadFileOrEmpty(dir / ManifestFile())), "  ",
-                   ManifestFile(), "\n"));
+      absl::StrCat(Sha256Hex(ReadFileOrEmpty(dir / KernelFile())), "  ", KernelFile(), "\n",
+                   Sha256Hex(ReadFileOrEmpty(dir / ManifestFile())), "  ", ManifestFile(), "\n"));
   EXPECT_EQ(Describe(VerifyBundle(dir.string())), "");
 
   absl::StatusOr<std::unique_ptr<BundleSource>> source = BundleSource::Open(dir.string());
@@ -190,8 +185,7 @@ TEST_F(BundleTest, VerifyReportsEveryProblemAtOnce) {
   const std::string other_manifest = "manifests/other.json";
   ASSERT_TRUE(WriteFileAtomic((dir / other_manifest).string(), "{}").ok());
   {
-    absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
-        BundleWriter::Open(dir.string());
+    absl::StatusOr<std::unique_ptr<BundleWriter>> writer = BundleWriter::Open(dir.string());
     ASSERT_TRUE(writer.ok());
     ASSERT_TRUE((*writer)->Finish().ok());
   }
@@ -202,9 +196,7 @@ TEST_F(BundleTest, VerifyReportsEveryProblemAtOnce) {
   const std::vector<BundleProblem> problems = VerifyBundle(dir.string());
   const std::string report = Describe(problems);
   EXPECT_EQ(CountProblems(problems, KernelFile(), "sha256"), 1) << report;
-  EXPECT_EQ(
-      CountProblems(problems, other_manifest, "listed in checksums.sha256 but missing"),
-      1)
+  EXPECT_EQ(CountProblems(problems, other_manifest, "listed in checksums.sha256 but missing"), 1)
       << report;
   EXPECT_EQ(CountProblems(problems, "notes.txt", "not listed"), 1) << report;
   EXPECT_EQ(CountProblems(problems, ManifestFile(), "is missing"), 3) << report;
@@ -226,18 +218,15 @@ TEST_F(BundleTest, VerifyChecksMarkerAndNamesAndVariants) {
   std::string report = Describe(problems);
   EXPECT_EQ(CountProblems(problems, kBundleMarkerFile, "format version 7"), 1) << report;
   EXPECT_EQ(CountProblems(problems, kBundleChecksumsFile, "cannot open"), 1) << report;
-  EXPECT_EQ(CountProblems(problems, renamed, "holds key " + artifact_->key()), 1)
-      << report;
+  EXPECT_EQ(CountProblems(problems, renamed, "holds key " + artifact_->key()), 1) << report;
   EXPECT_EQ(CountProblems(problems, ManifestFile(), "not listed"), 1) << report;
 
   fs::remove(dir / kBundleMarkerFile);
   problems = VerifyBundle(dir.string());
   report = Describe(problems);
-  EXPECT_EQ(CountProblems(problems, kBundleMarkerFile, "not a kforge bundle"), 1)
-      << report;
-  EXPECT_EQ(
-      Describe(VerifyBundle((tmp_.path() / "nothing").string())),
-      absl::StrCat(".: ", (tmp_.path() / "nothing").string(), " is not a directory\n"));
+  EXPECT_EQ(CountProblems(problems, kBundleMarkerFile, "not a kforge bundle"), 1) << report;
+  EXPECT_EQ(Describe(VerifyBundle((tmp_.path() / "nothing").string())),
+            absl::StrCat(".: ", (tmp_.path() / "nothing").string(), " is not a directory\n"));
 }
 
 TEST_F(BundleTest, VerifyRunsTheVariantCheckOnEachKernel) {
@@ -248,9 +237,7 @@ TEST_F(BundleTest, VerifyRunsTheVariantCheckOnEachKernel) {
   manifest.mutable_variants(0)->set_main_entry("some_other_entry");
   WriteBundle(dir, manifest);
   const std::vector<BundleProblem> problems = VerifyBundle(dir.string());
-  EXPECT_EQ(CountProblems(problems, ManifestFile(),
-                          "main_entry: expected \"some_other_entry\""),
-            1)
+  EXPECT_EQ(CountProblems(problems, ManifestFile(), "main_entry: expected \"some_other_entry\""), 1)
       << Describe(problems);
   EXPECT_EQ(problems.size(), 1u) << Describe(problems);
 }
@@ -266,13 +253,11 @@ TEST_F(BundleTest, OpenRefusesAnotherFormatOrVersion) {
       {"not json", "not a kforge bundle marker"}};
   for (const auto& [marker, expected] : markers) {
     ASSERT_TRUE(WriteFileAtomic((dir / kBundleMarkerFile).string(), marker).ok());
-    absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
-        BundleWriter::Open(dir.string());
+    absl::StatusOr<std::unique_ptr<BundleWriter>> writer = BundleWriter::Open(dir.string());
     ASSERT_FALSE(writer.ok()) << marker;
     EXPECT_EQ(writer.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_TRUE(Contains(writer.status().message(), expected));
-    absl::StatusOr<std::unique_ptr<BundleSource>> source =
-        BundleSource::Open(dir.string());
+    absl::StatusOr<std::unique_ptr<BundleSource>> source = BundleSource::Open(dir.string());
     ASSERT_FALSE(source.ok());
     EXPECT_TRUE(Contains(source.status().message(), expected));
   }
@@ -306,9 +291,8 @@ TEST_F(BundleTest, HasKernelTreatsDamagedFilesAsAbsent) {
   ASSERT_LT(without_params, whole.size());
   ASSERT_TRUE(no_params.ParseFromString(whole.substr(0, without_params)));
   // Cut in the cubin; cut after it; garbage.
-  for (const std::string& damaged :
-       {whole.substr(0, whole.size() / 2), whole.substr(0, without_params),
-        std::string("garbage")}) {
+  for (const std::string& damaged : {whole.substr(0, whole.size() / 2),
+                                     whole.substr(0, without_params), std::string("garbage")}) {
     ASSERT_TRUE(WriteFileAtomic(file.string(), damaged).ok());
     EXPECT_FALSE(writer.HasKernel(artifact_->key())) << damaged.size() << " bytes";
   }
@@ -321,8 +305,7 @@ TEST_F(BundleTest, WriterRefusesWhatItCannotStoreSafely) {
   absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
       BundleWriter::Open((tmp_.path() / "bundle").string());
   ASSERT_TRUE(writer.ok());
-  EXPECT_EQ((*writer)->AddManifest(v1::Manifest()).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*writer)->AddManifest(v1::Manifest()).code(), absl::StatusCode::kInvalidArgument);
 
   v1::KernelArtifact escape = *artifact_;
   escape.set_key("../../etc/x");
@@ -338,8 +321,7 @@ TEST_F(BundleTest, WriterRefusesWhatItCannotStoreSafely) {
 
 TEST_F(BundleTest, FinishDropsTemporariesOfAKilledWriter) {
   const fs::path dir = tmp_.path() / "bundle";
-  ASSERT_TRUE(
-      WriteFileAtomic((dir / "kernels" / "x.kfa.tmp.AbC123").string(), "half").ok());
+  ASSERT_TRUE(WriteFileAtomic((dir / "kernels" / "x.kfa.tmp.AbC123").string(), "half").ok());
   WriteBundle(dir, OneVariantManifest());
   EXPECT_FALSE(fs::exists(dir / "kernels" / "x.kfa.tmp.AbC123"));
   EXPECT_EQ(Describe(VerifyBundle(dir.string())), "");
@@ -405,8 +387,7 @@ TEST_F(BundleTest, SourceRefusesKernelsTheChecksumsDoNotVouchFor) {
   // simply not there.
   fs::remove(dir / kBundleChecksumsFile);
   {
-    absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
-        BundleWriter::Open(dir.string());
+    absl::StatusOr<std::unique_ptr<BundleWriter>> writer = BundleWriter::Open(dir.string());
     ASSERT_TRUE(writer.ok());
     fs::remove(path);
     ASSERT_TRUE((*writer)->AddManifest(OneVariantManifest()).ok());
@@ -420,8 +401,8 @@ TEST_F(BundleTest, SourceRefusesKernelsTheChecksumsDoNotVouchFor) {
   EXPECT_TRUE(Contains(kernel.status().message(), "is not listed in checksums.sha256"));
   kernel = (*source)->GetKernel(full_manifest_->variants(1), kArch);
   EXPECT_EQ(kernel.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(Contains(kernel.status().message(),
-                       BundleKernelPath(full_manifest_->variants(1).key())));
+  EXPECT_TRUE(
+      Contains(kernel.status().message(), BundleKernelPath(full_manifest_->variants(1).key())));
 }
 
 TEST_F(BundleTest, SourceChecksTheKernelAgainstTheVariant) {
@@ -436,8 +417,7 @@ TEST_F(BundleTest, SourceChecksTheKernelAgainstTheVariant) {
   EXPECT_TRUE(Contains(kernel.status().message(), "module_name"));
   kernel = (*source)->GetKernel(FirstChoice(), "sm_120a");
   EXPECT_EQ(kernel.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_TRUE(
-      Contains(kernel.status().message(), "arch: expected \"sm_120a\", got \"sm_90a\""));
+  EXPECT_TRUE(Contains(kernel.status().message(), "arch: expected \"sm_120a\", got \"sm_90a\""));
   // A refused answer is not kept: the right question still gets the kernel.
   EXPECT_TRUE((*source)->GetKernel(FirstChoice(), kArch).ok());
 }
@@ -470,8 +450,8 @@ TEST_F(BundleTest, PrefetchNamesTheVariantItCannotGet) {
   EXPECT_TRUE(PrefetchKernels(**source, OneVariantManifest(), kArch).ok());
   absl::Status s = PrefetchKernels(**source, *full_manifest_, kArch);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  const v1::ManifestVariant& missing = full_manifest_->variants(
-      FirstChoice().key() == full_manifest_->variants(0).key() ? 1 : 0);
+  const v1::ManifestVariant& missing =
+      full_manifest_->variants(FirstChoice().key() == full_manifest_->variants(0).key() ? 1 : 0);
   EXPECT_TRUE(Contains(s.message(), absl::StrCat("prefetching ", missing.module_name())));
 }
 
@@ -491,11 +471,9 @@ TEST_F(BundleTest, ArtifactCheckNamesTheFirstMismatch) {
       {"main_entry", [](v1::KernelArtifact& a) { a.set_main_entry("other"); }},
       {"combine_entry", [](v1::KernelArtifact& a) { a.set_combine_entry("other"); }},
       {"params_bytes: expected", [](v1::KernelArtifact& a) { a.set_params_bytes(8); }},
-      {"combine_params_bytes",
-       [](v1::KernelArtifact& a) { a.set_combine_params_bytes(8); }},
+      {"combine_params_bytes", [](v1::KernelArtifact& a) { a.set_combine_params_bytes(8); }},
       {"spec: expected", [](v1::KernelArtifact& a) { a.mutable_spec()->set_topk(7); }},
-      {"tiling: expected",
-       [](v1::KernelArtifact& a) { a.mutable_tiling()->set_token_tile(8); }},
+      {"tiling: expected", [](v1::KernelArtifact& a) { a.mutable_tiling()->set_token_tile(8); }},
       {"launch: expected",
        [](v1::KernelArtifact& a) { a.mutable_launch()->set_block_threads(32); }},
       {"cubin: expected \"non-empty\"", [](v1::KernelArtifact& a) { a.clear_cubin(); }},

@@ -19,11 +19,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bundle/bundle.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/service.grpc.pb.h"
-#include "bundle/bundle.h"
 #include "tests/test_util.h"
 
 namespace kforge {
@@ -75,11 +75,9 @@ class FakeService final : public v1::KernelService::Service {
  public:
   using KernelHandler = std::function<grpc::Status(
       grpc::ServerContext*, const v1::GetKernelRequest&, v1::GetKernelResponse*)>;
-  using ManifestHandler =
-      std::function<grpc::Status(const v1::GetManifestRequest&, v1::Manifest*)>;
+  using ManifestHandler = std::function<grpc::Status(const v1::GetManifestRequest&, v1::Manifest*)>;
 
-  grpc::Status GetKernel(grpc::ServerContext* context,
-                         const v1::GetKernelRequest* request,
+  grpc::Status GetKernel(grpc::ServerContext* context, const v1::GetKernelRequest* request,
                          v1::GetKernelResponse* response) override {
     ++kernel_calls;
     last_kernel_request = *request;
@@ -119,8 +117,7 @@ class FakeServer {
     EXPECT_GT(port_, 0);
   }
   ~FakeServer() {
-    if (server_ != nullptr)
-      server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
 
@@ -132,11 +129,9 @@ class FakeServer {
 class ClientTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    absl::StatusOr<testing::CompiledFirstChoice> compiled =
-        testing::CompileGlm5Tp8(kArch);
+    absl::StatusOr<testing::CompiledFirstChoice> compiled = testing::CompileGlm5Tp8(kArch);
     ASSERT_TRUE(compiled.ok()) << compiled.status();
-    absl::StatusOr<testing::CompiledFirstChoice> other_arch =
-        testing::CompileGlm5Tp8("sm_120a");
+    absl::StatusOr<testing::CompiledFirstChoice> other_arch = testing::CompileGlm5Tp8("sm_120a");
     ASSERT_TRUE(other_arch.ok()) << other_arch.status();
     manifest_ = new v1::Manifest(std::move(compiled->manifest));
     artifact_ = new v1::KernelArtifact(std::move(compiled->artifact));
@@ -158,9 +153,9 @@ class ClientTest : public ::testing::Test {
   void AnswerKernel(const v1::KernelArtifact& artifact, int failures = 0,
                     grpc::StatusCode code = grpc::StatusCode::UNAVAILABLE) {
     const int base = service_.kernel_calls.load();
-    service_.on_kernel = [&, artifact, failures, code, base](
-                             grpc::ServerContext*, const v1::GetKernelRequest&,
-                             v1::GetKernelResponse* response) {
+    service_.on_kernel = [&, artifact, failures, code, base](grpc::ServerContext*,
+                                                             const v1::GetKernelRequest&,
+                                                             v1::GetKernelResponse* response) {
       if (service_.kernel_calls.load() - base <= failures) {
         return grpc::Status(code, "fake failure");
       }
@@ -217,8 +212,7 @@ TEST_F(ClientTest, RetriesUnavailableAndQueueFullThenSucceeds) {
   EXPECT_TRUE(MessageDifferencer::Equals(*manifest, *manifest_));
   EXPECT_EQ(service_.manifest_calls.load(), 3);
   EXPECT_EQ(service_.last_manifest_request.arch(), kArch);
-  EXPECT_TRUE(MessageDifferencer::Equals(service_.last_manifest_request.kernel(),
-                                         Glm5Selector(8)));
+  EXPECT_TRUE(MessageDifferencer::Equals(service_.last_manifest_request.kernel(), Glm5Selector(8)));
 
   absl::StatusOr<ArtifactRef> kernel = client->GetKernel(FirstChoice(), kArch);
   ASSERT_TRUE(kernel.ok()) << kernel.status();
@@ -318,8 +312,7 @@ TEST_F(ClientTest, CreateRefusesBadOptions) {
   EXPECT_TRUE(Contains(client.status().message(), "max_attempts: got 0"));
   options = ServiceClientOptions();
   options.max_backoff = absl::Milliseconds(1);
-  EXPECT_EQ(ServiceClient::Create(options).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ServiceClient::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
   // Defaults as documented.
   const ServiceClientOptions defaults;
   EXPECT_EQ(defaults.address, "127.0.0.1:50051");
@@ -329,8 +322,8 @@ TEST_F(ClientTest, CreateRefusesBadOptions) {
 }
 
 v1::StatsResponse ServerStats(const std::string& address) {
-  auto stub = v1::KernelService::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::KernelService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   v1::StatsResponse stats;
@@ -342,9 +335,9 @@ v1::StatsResponse ServerStats(const std::string& address) {
 TEST_F(ClientTest, RealServerWithLocalCopyThenOfflineFromTheBundle) {
   TempDir tmp("kforge_client_test");
   const fs::path copy = tmp.path() / "copy";
-  auto server = std::make_unique<testing::ServeProcess>(
-      kBinary, tmp.path() / "cache", tmp.path() / "server.log",
-      std::vector<std::string>{"--workers", "2"});
+  auto server = std::make_unique<testing::ServeProcess>(kBinary, tmp.path() / "cache",
+                                                        tmp.path() / "server.log",
+                                                        std::vector<std::string>{"--workers", "2"});
   ASSERT_TRUE(server->WaitForAddress());
   ServiceClientOptions options;
   options.address = server->address();
@@ -354,8 +347,7 @@ TEST_F(ClientTest, RealServerWithLocalCopyThenOfflineFromTheBundle) {
 
   absl::StatusOr<v1::Manifest> manifest = client->GetManifest(Glm5Selector(8), kArch);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
-  EXPECT_TRUE(MessageDifferencer::Equals(*manifest, *manifest_))
-      << manifest->DebugString();
+  EXPECT_TRUE(MessageDifferencer::Equals(*manifest, *manifest_)) << manifest->DebugString();
   const v1::ManifestVariant& first = FirstChoice();
   absl::StatusOr<ArtifactRef> kernel = client->GetKernel(first, kArch);
   ASSERT_TRUE(kernel.ok()) << kernel.status();
@@ -386,8 +378,7 @@ TEST_F(ClientTest, RealServerWithLocalCopyThenOfflineFromTheBundle) {
   EXPECT_EQ(testing::ReadFileOrEmpty(copy / kBundleMarkerFile).empty(), false);
   std::vector<BundleProblem> problems = VerifyBundle(copy.string());
   for (const BundleProblem& p : problems) ADD_FAILURE() << p.path << ": " << p.message;
-  absl::StatusOr<std::unique_ptr<BundleSource>> bundle =
-      BundleSource::Open(copy.string());
+  absl::StatusOr<std::unique_ptr<BundleSource>> bundle = BundleSource::Open(copy.string());
   ASSERT_TRUE(bundle.ok()) << bundle.status();
   absl::StatusOr<v1::Manifest> offline = (*bundle)->GetManifest(Glm5Selector(8), kArch);
   ASSERT_TRUE(offline.ok()) << offline.status();

@@ -15,11 +15,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "model/arch.h"
-#include "model/spec.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
+#include "model/arch.h"
+#include "model/spec.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 #ifndef KFORGE_SOURCE_DIR
@@ -67,8 +67,7 @@ bool UpdateGolden() {
 void ExpectMatchesGolden(const std::string& actual, const std::string& name) {
   const std::string path = GoldenPath(name);
   if (UpdateGolden()) {
-    std::filesystem::create_directories(
-        std::filesystem::path(path).parent_path());
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out << actual;
     ASSERT_TRUE(out.good()) << "cannot write " << path;
@@ -76,10 +75,9 @@ void ExpectMatchesGolden(const std::string& actual, const std::string& name) {
     return;
   }
   std::ifstream in(path, std::ios::binary);
-  ASSERT_TRUE(in.good())
-      << "missing golden file " << path
-      << "\nCreate it with: KFORGE_UPDATE_GOLDEN=1 ./codegen_test "
-         "--gtest_filter='CodegenGolden.*' (then review the diff).";
+  ASSERT_TRUE(in.good()) << "missing golden file " << path
+                         << "\nCreate it with: KFORGE_UPDATE_GOLDEN=1 ./codegen_test "
+                            "--gtest_filter='CodegenGolden.*' (then review the diff).";
   const std::string expected((std::istreambuf_iterator<char>(in)),
                              std::istreambuf_iterator<char>());
   EXPECT_EQ(actual, expected)
@@ -97,9 +95,8 @@ std::string SourceFor(const v1::AttentionSpec& spec, const Arch& arch) {
 }
 
 TEST(CodegenGolden, DeepseekTp1Sm90a) {
-  ExpectMatchesGolden(
-      SourceFor(Preset("deepseek-v3.2", 1), ArchNamed("sm_90a")),
-      "codegen_deepseek_tp1_sm90a.cu");
+  ExpectMatchesGolden(SourceFor(Preset("deepseek-v3.2", 1), ArchNamed("sm_90a")),
+                      "codegen_deepseek_tp1_sm90a.cu");
 }
 
 TEST(CodegenGolden, Glm5Tp8Sm120a) {
@@ -108,8 +105,7 @@ TEST(CodegenGolden, Glm5Tp8Sm120a) {
 }
 
 TEST(CodegenSource, NamesBothEntries) {
-  const std::string src =
-      SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a"));
+  const std::string src = SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a"));
   EXPECT_NE(src.find(kMainEntry), std::string::npos);
   EXPECT_NE(src.find(kCombineEntry), std::string::npos);
 }
@@ -123,8 +119,7 @@ TEST(CodegenSource, Deterministic) {
 // Replaces every C preprocessing number (decimal, hex float, exponent forms)
 // with "N" and every bool literal with "B".
 std::string Skeleton(const std::string& src) {
-  static const std::regex kNumber(
-      R"(\.?[0-9](?:[eEpP][+-]|[0-9A-Za-z_.])*)");
+  static const std::regex kNumber(R"(\.?[0-9](?:[eEpP][+-]|[0-9A-Za-z_.])*)");
   static const std::regex kBool(R"(\b(?:true|false)\b)");
   return std::regex_replace(std::regex_replace(src, kNumber, "N"), kBool, "B");
 }
@@ -133,8 +128,7 @@ std::string Skeleton(const std::string& src) {
 // (or anything derived from it) can reach the compiler, so the skeleton is
 // the same fixed template text for every spec and arch.
 TEST(CodegenSource, OnlyNumbersVaryWithTheSpec) {
-  const std::string reference =
-      Skeleton(SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a")));
+  const std::string reference = Skeleton(SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a")));
   ASSERT_FALSE(reference.empty());
   std::vector<v1::AttentionSpec> specs;
   specs.push_back(Preset("deepseek-v3.2", 1));
@@ -153,11 +147,9 @@ TEST(CodegenSource, OnlyNumbersVaryWithTheSpec) {
       const std::string src = SourceFor(spec, arch);
       for (char c : src) {
         ASSERT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f))
-            << "non-printable byte " << static_cast<int>(c) << " on "
-            << arch.name;
+            << "non-printable byte " << static_cast<int>(c) << " on " << arch.name;
       }
-      EXPECT_EQ(Skeleton(src), reference)
-          << arch.name << " " << spec.ShortDebugString();
+      EXPECT_EQ(Skeleton(src), reference) << arch.name << " " << spec.ShortDebugString();
     }
   }
 }
@@ -218,9 +210,7 @@ TEST(ModuleName, DistinctAndDeterministic) {
       EXPECT_EQ(name, ModuleName(spec, arch));
       // Usable as a file and directory name on any system.
       for (char c : name) {
-        EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                    c == '_')
-            << name;
+        EXPECT_TRUE((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_') << name;
       }
       names.insert(name);
       ++count;
@@ -236,10 +226,9 @@ bool Is99KB(const Arch& arch) { return arch.max_smem_per_block == 99 * 1024; }
 
 // Every chosen tiling passes the rule DecodeTraits static_asserts (the same
 // function), so the whole table is checked without compiling each entry.
-void ExpectTraitsHold(const v1::AttentionSpec& spec,
-                      const v1::KernelTiling& t, const std::string& where) {
-  const sparse_mla::TilingError error =
-      sparse_mla::CheckDecodeTiling(DecodeShapeFor(spec, t));
+void ExpectTraitsHold(const v1::AttentionSpec& spec, const v1::KernelTiling& t,
+                      const std::string& where) {
+  const sparse_mla::TilingError error = sparse_mla::CheckDecodeTiling(DecodeShapeFor(spec, t));
   EXPECT_EQ(error, sparse_mla::TilingError::kOk)
       << where << ": " << sparse_mla::TilingErrorName(error);
 }
@@ -254,12 +243,11 @@ TEST(ChooseTiling, TableOverArchsHeadsAndDims) {
       for (int rope : {0, 64}) {
         for (int heads = 1; heads <= 128; ++heads) {
           const v1::AttentionSpec spec = SpecWith(heads, rank, rope);
-          const std::string where = absl::StrCat(
-              arch.name, " heads=", heads, " rank=", rank, " rope=", rope);
+          const std::string where =
+              absl::StrCat(arch.name, " heads=", heads, " rank=", rank, " rope=", rope);
           absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, arch);
           if (!tiling.ok()) {
-            auto& entry = no_tiling[absl::StrCat(arch.name, " rank=", rank,
-                                                 " rope=", rope)];
+            auto& entry = no_tiling[absl::StrCat(arch.name, " rank=", rank, " rope=", rope)];
             entry.first.push_back(heads);
             if (entry.second.empty()) entry.second = tiling.status().ToString();
             ++no_tiling_count;
@@ -272,13 +260,10 @@ TEST(ChooseTiling, TableOverArchsHeadsAndDims) {
           EXPECT_EQ(head_tile % 16, 0) << where;
           EXPECT_GE(per_group, 1) << where;
           EXPECT_LE(per_group, head_tile) << where;
-          EXPECT_LT(head_tile - per_group, 16)
-              << where << ": padded beyond one MMA tile";
+          EXPECT_LT(head_tile - per_group, 16) << where << ": padded beyond one MMA tile";
           EXPECT_GE(groups * per_group, heads) << where;
-          EXPECT_LT((groups - 1) * per_group, heads)
-              << where << ": an empty head group";
-          EXPECT_LE(DecodeSmemBytesFor(spec, t), arch.max_smem_per_block)
-              << where;
+          EXPECT_LT((groups - 1) * per_group, heads) << where << ": an empty head group";
+          EXPECT_LE(DecodeSmemBytesFor(spec, t), arch.max_smem_per_block) << where;
           ExpectTraitsHold(spec, t, where);
           if (rank == 512 && rope == 64) {
             if (Is99KB(arch)) {
@@ -296,8 +281,8 @@ TEST(ChooseTiling, TableOverArchsHeadsAndDims) {
   }
   std::string listed;
   for (const auto& [config, failed] : no_tiling) {
-    absl::StrAppend(&listed, "\n  ", config, " heads {",
-                    absl::StrJoin(failed.first, ","), "}: ", failed.second);
+    absl::StrAppend(&listed, "\n  ", config, " heads {", absl::StrJoin(failed.first, ","),
+                    "}: ", failed.second);
   }
   EXPECT_EQ(no_tiling_count, 0) << "specs with no tiling:" << listed;
 }
@@ -305,15 +290,13 @@ TEST(ChooseTiling, TableOverArchsHeadsAndDims) {
 TEST(ChooseTiling, PresetShapes) {
   // glm-5 tp1 (64 heads) in one CTA on the 227 KB parts.
   for (const char* arch : {"sm_90a", "sm_100a"}) {
-    absl::StatusOr<v1::KernelTiling> t =
-        ChooseTiling(Preset("glm-5", 1), ArchNamed(arch));
+    absl::StatusOr<v1::KernelTiling> t = ChooseTiling(Preset("glm-5", 1), ArchNamed(arch));
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_EQ(t->num_head_groups(), 1u) << arch;
     EXPECT_EQ(t->head_tile(), 64u) << arch;
   }
   // glm-5 tp8 (8 heads) on sm_120a: one 16-row tile, half padding.
-  absl::StatusOr<v1::KernelTiling> t =
-      ChooseTiling(Preset("glm-5", 8), ArchNamed("sm_120a"));
+  absl::StatusOr<v1::KernelTiling> t = ChooseTiling(Preset("glm-5", 8), ArchNamed("sm_120a"));
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->head_tile(), 16u);
   EXPECT_EQ(t->heads_per_group(), 8u);
@@ -332,17 +315,13 @@ TEST(ChooseTiling, FailsWhenNothingFits) {
 // config.h: CheckDecodeTiling, WgmmaCovers, MakeDecodeSmemLayout
 
 // glm-5 tp1 on sm_90a: 64 heads, 64-token tiles, 2 stages, 8 warps, wgmma.
-constexpr sparse_mla::DecodeShape kWgmmaShape = {512, 64, 64, 64, 64,
-                                                  2,   8,  true, 0};
+constexpr sparse_mla::DecodeShape kWgmmaShape = {512, 64, 64, 64, 64, 2, 8, true, 0};
 // glm-5 tp8 on sm_120a: 8 heads in a 16-row tile, 32-token tiles, 4 warps.
-constexpr sparse_mla::DecodeShape kSmallShape = {512, 64, 16, 8, 32,
-                                                  2,   4,  false, 0};
+constexpr sparse_mla::DecodeShape kSmallShape = {512, 64, 16, 8, 32, 2, 4, false, 0};
 
 // The host evaluates the rule at compile time exactly as DecodeTraits does.
-static_assert(sparse_mla::CheckDecodeTiling(kWgmmaShape) ==
-              sparse_mla::TilingError::kOk);
-static_assert(sparse_mla::CheckDecodeTiling(kSmallShape) ==
-              sparse_mla::TilingError::kOk);
+static_assert(sparse_mla::CheckDecodeTiling(kWgmmaShape) == sparse_mla::TilingError::kOk);
+static_assert(sparse_mla::CheckDecodeTiling(kSmallShape) == sparse_mla::TilingError::kOk);
 
 TEST(CheckDecodeTiling, NamesTheBrokenRule) {
   using sparse_mla::TilingError;
@@ -352,22 +331,16 @@ TEST(CheckDecodeTiling, NamesTheBrokenRule) {
     TilingError expected;
   };
   const Case cases[] = {
-      {"d_v 96", [](sparse_mla::DecodeShape& s) { s.d_v = 96; },
-       TilingError::kDims},
-      {"rope 32", [](sparse_mla::DecodeShape& s) { s.rope = 32; },
-       TilingError::kDims},
-      {"head tile 24",
-       [](sparse_mla::DecodeShape& s) { s.head_tile = s.heads_per_group = 24; },
+      {"d_v 96", [](sparse_mla::DecodeShape& s) { s.d_v = 96; }, TilingError::kDims},
+      {"rope 32", [](sparse_mla::DecodeShape& s) { s.rope = 32; }, TilingError::kDims},
+      {"head tile 24", [](sparse_mla::DecodeShape& s) { s.head_tile = s.heads_per_group = 24; },
        TilingError::kHeadTile},
-      {"48 heads in a 64-row tile",
-       [](sparse_mla::DecodeShape& s) { s.heads_per_group = 48; },
+      {"48 heads in a 64-row tile", [](sparse_mla::DecodeShape& s) { s.heads_per_group = 48; },
        TilingError::kHeadsPerGroup},
       {"token tile 24", [](sparse_mla::DecodeShape& s) { s.token_tile = 24; },
        TilingError::kTokenTile},
-      {"1 stage", [](sparse_mla::DecodeShape& s) { s.stages = 1; },
-       TilingError::kStages},
-      {"3 warps", [](sparse_mla::DecodeShape& s) { s.warps = 3; },
-       TilingError::kWarps},
+      {"1 stage", [](sparse_mla::DecodeShape& s) { s.stages = 1; }, TilingError::kStages},
+      {"3 warps", [](sparse_mla::DecodeShape& s) { s.warps = 3; }, TilingError::kWarps},
       {"16-row tile, 8 warps, 32 tokens",
        [](sparse_mla::DecodeShape& s) {
          s.head_tile = 16;
@@ -375,16 +348,12 @@ TEST(CheckDecodeTiling, NamesTheBrokenRule) {
          s.token_tile = 32;
        },
        TilingError::kSColumns},
-      {"d_v 64 over 8 warps", [](sparse_mla::DecodeShape& s) { s.d_v = 64; },
-       TilingError::kVCols},
-      {"16 tokens, 32 rows per pass",
-       [](sparse_mla::DecodeShape& s) { s.token_tile = 16; },
+      {"d_v 64 over 8 warps", [](sparse_mla::DecodeShape& s) { s.d_v = 64; }, TilingError::kVCols},
+      {"16 tokens, 32 rows per pass", [](sparse_mla::DecodeShape& s) { s.token_tile = 16; },
        TilingError::kGatherPasses},
-      {"2 warps own 256 columns of 64 heads",
-       [](sparse_mla::DecodeShape& s) { s.warps = 2; },
+      {"2 warps own 256 columns of 64 heads", [](sparse_mla::DecodeShape& s) { s.warps = 2; },
        TilingError::kORegisters},
-      {"8 staging bytes",
-       [](sparse_mla::DecodeShape& s) { s.kv_staging_bytes_per_token = 8; },
+      {"8 staging bytes", [](sparse_mla::DecodeShape& s) { s.kv_staging_bytes_per_token = 8; },
        TilingError::kStaging},
       {"wgmma on a 32-row tile",
        [](sparse_mla::DecodeShape& s) { s.head_tile = s.heads_per_group = 32; },
@@ -394,8 +363,7 @@ TEST(CheckDecodeTiling, NamesTheBrokenRule) {
     sparse_mla::DecodeShape shape = kWgmmaShape;
     c.mutate(shape);
     EXPECT_EQ(sparse_mla::CheckDecodeTiling(shape), c.expected)
-        << c.what << ": got "
-        << sparse_mla::TilingErrorName(sparse_mla::CheckDecodeTiling(shape));
+        << c.what << ": got " << sparse_mla::TilingErrorName(sparse_mla::CheckDecodeTiling(shape));
   }
 }
 
@@ -416,24 +384,17 @@ TEST(DecodeSmemLayout, RegionsInOrderAlignedAndSized) {
     for (int staging : {0, 656}) {
       shape.kv_staging_bytes_per_token = staging;
       const sparse_mla::DecodeDims d = sparse_mla::DeriveDecodeDims(shape);
-      const sparse_mla::DecodeSmemLayout l =
-          sparse_mla::MakeDecodeSmemLayout(shape);
-      const std::string where =
-          absl::StrCat("head_tile ", shape.head_tile, " staging ", staging);
+      const sparse_mla::DecodeSmemLayout l = sparse_mla::MakeDecodeSmemLayout(shape);
+      const std::string where = absl::StrCat("head_tile ", shape.head_tile, " staging ", staging);
       EXPECT_EQ(l.q, 0) << where;  // wgmma needs the 1024-B aligned base
       EXPECT_EQ(l.kv - l.q, shape.head_tile * d.d_qk * 2) << where;
-      EXPECT_EQ(l.kv_staging - l.kv,
-                shape.stages * shape.token_tile * d.d_qk * 2)
-          << where;
-      EXPECT_EQ(l.p - l.kv_staging, shape.stages * shape.token_tile * staging)
-          << where;
-      EXPECT_EQ(l.red - l.p, shape.head_tile * (shape.token_tile + 8) * 2)
-          << where;
+      EXPECT_EQ(l.kv_staging - l.kv, shape.stages * shape.token_tile * d.d_qk * 2) << where;
+      EXPECT_EQ(l.p - l.kv_staging, shape.stages * shape.token_tile * staging) << where;
+      EXPECT_EQ(l.red - l.p, shape.head_tile * (shape.token_tile + 8) * 2) << where;
       EXPECT_EQ(l.scale - l.red, d.warps_n * shape.head_tile * 4) << where;
       EXPECT_EQ(l.max - l.scale, shape.head_tile * 4) << where;
       EXPECT_EQ(l.valid - l.max, shape.head_tile * 4) << where;
-      EXPECT_EQ(l.bytes - l.valid, shape.stages * shape.token_tile * 4)
-          << where;
+      EXPECT_EQ(l.bytes - l.valid, shape.stages * shape.token_tile * 4) << where;
       // cp.async and ldmatrix need 16-byte aligned regions.
       for (int offset : {l.kv, l.kv_staging, l.p, l.red}) {
         EXPECT_EQ(offset % 16, 0) << where;
@@ -450,38 +411,29 @@ TEST(DecodeSmemLayout, RegionsInOrderAlignedAndSized) {
 
 TEST(MakeLaunchRule, FollowsTheTiling) {
   std::vector<v1::AttentionSpec> specs = {
-      Preset("deepseek-v3.2", 1), Preset("deepseek-v3.2", 8),
-      Preset("glm-5", 1),         Preset("glm-5", 8),
-      SpecWith(3, 64, 0),         SpecWith(24, 256, 64),
+      Preset("deepseek-v3.2", 1), Preset("deepseek-v3.2", 8), Preset("glm-5", 1),
+      Preset("glm-5", 8),         SpecWith(3, 64, 0),         SpecWith(24, 256, 64),
   };
   for (const Arch& arch : SupportedArchs()) {
     for (const v1::AttentionSpec& spec : specs) {
-      const std::string where =
-          absl::StrCat(arch.name, " ", spec.ShortDebugString());
+      const std::string where = absl::StrCat(arch.name, " ", spec.ShortDebugString());
       absl::StatusOr<v1::KernelTiling> t = ChooseTiling(spec, arch);
       ASSERT_TRUE(t.ok()) << where << ": " << t.status();
       const v1::LaunchRule rule = MakeLaunchRule(spec, *t, arch);
       EXPECT_EQ(rule.block_threads(), t->warps() * 32) << where;
-      EXPECT_EQ(static_cast<int>(rule.dynamic_smem_bytes()),
-                DecodeSmemBytesFor(spec, *t))
-          << where;
-      EXPECT_LE(static_cast<int>(rule.dynamic_smem_bytes()),
-                arch.max_smem_per_block)
-          << where;
-      EXPECT_EQ(rule.combine_block_threads(),
-                static_cast<uint32_t>(sparse_mla::kCombineWarps * 32))
+      EXPECT_EQ(static_cast<int>(rule.dynamic_smem_bytes()), DecodeSmemBytesFor(spec, *t)) << where;
+      EXPECT_LE(static_cast<int>(rule.dynamic_smem_bytes()), arch.max_smem_per_block) << where;
+      EXPECT_EQ(rule.combine_block_threads(), static_cast<uint32_t>(sparse_mla::kCombineWarps * 32))
           << where;
       EXPECT_EQ(rule.split_granularity_tokens(), t->token_tile()) << where;
       EXPECT_EQ(rule.workspace_bytes_per_split_token(),
-                static_cast<uint64_t>(spec.num_q_heads()) *
-                    (spec.kv_lora_rank() + 1) * 4)
+                static_cast<uint64_t>(spec.num_q_heads()) * (spec.kv_lora_rank() + 1) * 4)
           << where;
       EXPECT_GE(rule.ctas_per_sm(), 1u) << where;
       if (rule.ctas_per_sm() > 1) {
         // Resident blocks (with the driver's reserve) fit the SM.
         EXPECT_LE(static_cast<int>(rule.ctas_per_sm()) *
-                      (static_cast<int>(rule.dynamic_smem_bytes()) +
-                       Arch::kReservedSmemPerBlock),
+                      (static_cast<int>(rule.dynamic_smem_bytes()) + Arch::kReservedSmemPerBlock),
                   arch.smem_per_sm)
             << where;
       }
@@ -501,16 +453,12 @@ TEST(ChooseTiling, WgmmaOnlyOnSm90aWithTheSixtyFourHeadPipeline) {
     const char* arch;
     bool wgmma;
   };
-  for (const Case& c : {Case{"deepseek-v3.2", 1, "sm_90a", true},
-                        Case{"glm-5", 1, "sm_90a", true},
-                        Case{"deepseek-v3.2", 1, "sm_90", false},
-                        Case{"deepseek-v3.2", 1, "sm_100a", false},
-                        Case{"deepseek-v3.2", 1, "sm_120a", false},
-                        Case{"deepseek-v3.2", 1, "sm_80", false},
-                        Case{"deepseek-v3.2", 8, "sm_90a", false},
-                        Case{"glm-5", 2, "sm_90a", false}}) {
-    absl::StatusOr<kforge::v1::AttentionSpec> spec =
-        kforge::SpecFromPreset(c.preset, c.tp);
+  for (const Case& c :
+       {Case{"deepseek-v3.2", 1, "sm_90a", true}, Case{"glm-5", 1, "sm_90a", true},
+        Case{"deepseek-v3.2", 1, "sm_90", false}, Case{"deepseek-v3.2", 1, "sm_100a", false},
+        Case{"deepseek-v3.2", 1, "sm_120a", false}, Case{"deepseek-v3.2", 1, "sm_80", false},
+        Case{"deepseek-v3.2", 8, "sm_90a", false}, Case{"glm-5", 2, "sm_90a", false}}) {
+    absl::StatusOr<kforge::v1::AttentionSpec> spec = kforge::SpecFromPreset(c.preset, c.tp);
     ASSERT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<kforge::Arch> arch = kforge::ParseArch(c.arch);
     ASSERT_TRUE(arch.ok()) << arch.status();

@@ -22,9 +22,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "model/spec.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/worker.pb.h"
+#include "model/spec.h"
 #include "tests/test_util.h"
 
 namespace kforge {
@@ -47,8 +47,7 @@ v1::CompileJob Glm5Job(uint32_t topk = 0) {
   return job;
 }
 
-CompilePoolOptions PoolOptions(int workers = 1,
-                               absl::Duration timeout = absl::Seconds(60)) {
+CompilePoolOptions PoolOptions(int workers = 1, absl::Duration timeout = absl::Seconds(60)) {
   CompilePoolOptions options;
   options.workers = workers;
   options.timeout = timeout;
@@ -58,8 +57,7 @@ CompilePoolOptions PoolOptions(int workers = 1,
   return options;
 }
 
-absl::StatusOr<v1::KernelArtifact> SubmitAndWait(CompilePool& pool,
-                                                 v1::CompileJob job) {
+absl::StatusOr<v1::KernelArtifact> SubmitAndWait(CompilePool& pool, v1::CompileJob job) {
   absl::StatusOr<CompileFuture> future = pool.Submit(std::move(job));
   if (!future.ok()) return future.status();
   return future->get();
@@ -81,16 +79,14 @@ std::vector<int> ChildPids() {
     if (paren == std::string::npos) continue;
     char state = 0;
     int ppid = 0;
-    if (sscanf(stat.c_str() + paren + 1, " %c %d", &state, &ppid) == 2 &&
-        ppid == getpid()) {
+    if (sscanf(stat.c_str() + paren + 1, " %c %d", &state, &ppid) == 2 && ppid == getpid()) {
       pids.push_back(pid);
     }
   }
   return pids;
 }
 
-bool WaitFor(const std::function<bool()>& cond,
-             absl::Duration limit = absl::Seconds(10)) {
+bool WaitFor(const std::function<bool()>& cond, absl::Duration limit = absl::Seconds(10)) {
   const absl::Time deadline = absl::Now() + limit;
   while (!cond()) {
     if (absl::Now() > deadline) return false;
@@ -101,8 +97,7 @@ bool WaitFor(const std::function<bool()>& cond,
 
 // Writes an executable shell script that stands in for the worker binary.
 std::string FakeWorker(const std::string& name, const std::string& body) {
-  const std::string path =
-      absl::StrCat(::testing::TempDir(), "/", getpid(), "_", name, ".sh");
+  const std::string path = absl::StrCat(::testing::TempDir(), "/", getpid(), "_", name, ".sh");
   {
     std::ofstream out(path, std::ios::trunc);
     out << "#!/bin/sh\n" << body << "\n";
@@ -132,15 +127,13 @@ TEST_F(CompilePoolTest, WorkerStatusComesBackWithItsCode) {
   v1::CompileJob bad_spec = Glm5Job();
   bad_spec.mutable_spec()->set_num_q_heads(0);
   absl::StatusOr<v1::KernelArtifact> r = SubmitAndWait(pool, bad_spec);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
-      << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_TRUE(Contains(r.status().message(), "num_q_heads"));
 
   v1::CompileJob bad_arch = Glm5Job();
   bad_arch.set_arch("sm_75");
   r = SubmitAndWait(pool, bad_arch);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
-      << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   EXPECT_TRUE(Contains(r.status().message(), "sm_75"));
 }
 
@@ -164,11 +157,9 @@ TEST_F(CompilePoolTest, CrashingWorkerFailsOnlyItsJob) {
 TEST_F(CompilePoolTest, HangingWorkerIsKilledAtTheDeadline) {
   CompilePool pool(PoolOptions(1, absl::Seconds(2)));
   const absl::Time start = absl::Now();
-  absl::StatusOr<v1::KernelArtifact> r =
-      SubmitAndWait(pool, Glm5Job(kHangTopk));
+  absl::StatusOr<v1::KernelArtifact> r = SubmitAndWait(pool, Glm5Job(kHangTopk));
   const absl::Duration elapsed = absl::Now() - start;
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded)
-      << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
   EXPECT_TRUE(Contains(r.status().message(), "exceeded 2 s"));
   EXPECT_TRUE(Contains(r.status().message(), "sm_90a"));
   EXPECT_GE(elapsed, absl::Seconds(2));
@@ -237,16 +228,14 @@ TEST_F(CompilePoolTest, FullQueueRejectsAtOnceAndShutdownFailsQueuedJobs) {
   const absl::Time before = absl::Now();
   absl::StatusOr<CompileFuture> overflow = pool.Submit(Glm5Job(kHangTopk));
   EXPECT_LT(absl::Now() - before, absl::Milliseconds(100));
-  EXPECT_EQ(overflow.status().code(), absl::StatusCode::kResourceExhausted)
-      << overflow.status();
+  EXPECT_EQ(overflow.status().code(), absl::StatusCode::kResourceExhausted) << overflow.status();
   EXPECT_TRUE(Contains(overflow.status().message(), "queue is full"));
   EXPECT_TRUE(Contains(overflow.status().message(), "limit 2"));
 
   pool.Shutdown();  // waits for the running job's 2 s deadline
   EXPECT_EQ(queued1->get().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(queued2->get().status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(running->get().status().code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(running->get().status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(pool.queue_depth(), 0);
   EXPECT_EQ(pool.in_flight(), 0);
   EXPECT_TRUE(ChildPids().empty());
@@ -257,8 +246,7 @@ TEST_F(CompilePoolTest, ShutdownIsIdempotentAndRejectsNewJobs) {
   pool.Shutdown();
   pool.Shutdown();
   absl::StatusOr<CompileFuture> late = pool.Submit(Glm5Job());
-  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable)
-      << late.status();
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable) << late.status();
 }  // the destructor shuts down a third time
 
 TEST_F(CompilePoolTest, MissingWorkerBinaryIsInternal) {
@@ -273,20 +261,18 @@ TEST_F(CompilePoolTest, MissingWorkerBinaryIsInternal) {
 
 TEST_F(CompilePoolTest, WorkerExitCodeAndStderrAreReported) {
   CompilePoolOptions options = PoolOptions();
-  options.worker_binary = FakeWorker(
-      "exit3", "cat >/dev/null; echo \"out of cheese in $1\" >&2; exit 3");
+  options.worker_binary =
+      FakeWorker("exit3", "cat >/dev/null; echo \"out of cheese in $1\" >&2; exit 3");
   CompilePool pool(options);
   absl::StatusOr<v1::KernelArtifact> r = SubmitAndWait(pool, Glm5Job());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
   EXPECT_TRUE(Contains(r.status().message(), "exited with code 3"));
-  EXPECT_TRUE(
-      Contains(r.status().message(), "out of cheese in compile-worker"));
+  EXPECT_TRUE(Contains(r.status().message(), "out of cheese in compile-worker"));
 }
 
 TEST_F(CompilePoolTest, UnparsableWorkerOutputIsInternal) {
   CompilePoolOptions options = PoolOptions();
-  options.worker_binary =
-      FakeWorker("garbage", "cat >/dev/null; printf 'definitely not proto'");
+  options.worker_binary = FakeWorker("garbage", "cat >/dev/null; printf 'definitely not proto'");
   CompilePool pool(options);
   absl::StatusOr<v1::KernelArtifact> r = SubmitAndWait(pool, Glm5Job());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
@@ -312,9 +298,9 @@ TEST_F(CompilePoolTest, ServerFdsDoNotLeakIntoWorkers) {
   const int fd = open("/dev/null", O_RDONLY);
   ASSERT_GE(fd, 3);
   CompilePoolOptions options = PoolOptions();
-  options.worker_binary = FakeWorker(
-      "fds", absl::StrCat("cat >/dev/null; [ -e /proc/$$/fd/", fd,
-                          " ] && echo 'fd ", fd, " leaked' >&2; exit 4"));
+  options.worker_binary =
+      FakeWorker("fds", absl::StrCat("cat >/dev/null; [ -e /proc/$$/fd/", fd, " ] && echo 'fd ", fd,
+                                     " leaked' >&2; exit 4"));
   CompilePool pool(options);
   absl::StatusOr<v1::KernelArtifact> r = SubmitAndWait(pool, Glm5Job());
   close(fd);
@@ -324,8 +310,8 @@ TEST_F(CompilePoolTest, ServerFdsDoNotLeakIntoWorkers) {
 }
 
 TEST(CompileWorkerTest, RejectsGarbageOnStdin) {
-  const std::string command = absl::StrCat(
-      "printf 'garbage' | '", KFORGE_BINARY, "' compile-worker 2>/dev/null");
+  const std::string command =
+      absl::StrCat("printf 'garbage' | '", KFORGE_BINARY, "' compile-worker 2>/dev/null");
   const int status = std::system(command.c_str());
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 2);

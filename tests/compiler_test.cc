@@ -13,12 +13,12 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "compiler/codegen.h"
-#include "model/spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
+#include "model/spec.h"
 
 namespace kforge {
 namespace {
@@ -72,25 +72,20 @@ TEST(KernelCompilerPlan, ArchSpellingsShareAKey) {
 TEST(KernelCompilerPlan, KeyChangesWithEverySpecField) {
   const v1::AttentionSpec base = Glm5Tp8();
   const CompilePlan base_plan = MustPlan(base, "sm_90a");
-  const std::vector<
-      std::pair<const char*, std::function<void(v1::AttentionSpec&)>>>
-      changes = {
-          {"s_q", [](v1::AttentionSpec& s) { s.set_s_q(2); }},
-          {"topk", [](v1::AttentionSpec& s) { s.set_topk(1024); }},
-          {"page_block_size",
-           [](v1::AttentionSpec& s) { s.set_page_block_size(1); }},
-          {"softmax_scale",
-           [](v1::AttentionSpec& s) {
-             // One ulp away: the scale is baked into the kernel.
-             s.set_softmax_scale(std::nextafter(
-                 s.softmax_scale(), std::numeric_limits<float>::infinity()));
-           }},
-          {"return_lse", [](v1::AttentionSpec& s) { s.set_return_lse(false); }},
-          {"num_q_heads", [](v1::AttentionSpec& s) { s.set_num_q_heads(16); }},
-          {"kv_lora_rank",
-           [](v1::AttentionSpec& s) { s.set_kv_lora_rank(256); }},
-          {"rope_dim", [](v1::AttentionSpec& s) { s.set_rope_dim(0); }},
-      };
+  const std::vector<std::pair<const char*, std::function<void(v1::AttentionSpec&)>>> changes = {
+      {"topk", [](v1::AttentionSpec& s) { s.set_topk(1024); }},
+      {"page_block_size", [](v1::AttentionSpec& s) { s.set_page_block_size(1); }},
+      {"softmax_scale",
+       [](v1::AttentionSpec& s) {
+         // One ulp away: the scale is baked into the kernel.
+         s.set_softmax_scale(
+             std::nextafter(s.softmax_scale(), std::numeric_limits<float>::infinity()));
+       }},
+      {"return_lse", [](v1::AttentionSpec& s) { s.set_return_lse(false); }},
+      {"num_q_heads", [](v1::AttentionSpec& s) { s.set_num_q_heads(16); }},
+      {"kv_lora_rank", [](v1::AttentionSpec& s) { s.set_kv_lora_rank(256); }},
+      {"rope_dim", [](v1::AttentionSpec& s) { s.set_rope_dim(0); }},
+  };
   std::set<std::string> keys = {base_plan.key};
   std::set<std::string> names = {base_plan.module_name};
   for (const auto& [field, change] : changes) {
@@ -101,6 +96,14 @@ TEST(KernelCompilerPlan, KeyChangesWithEverySpecField) {
     EXPECT_NE(plan.module_name, base_plan.module_name) << field;
     EXPECT_TRUE(keys.insert(plan.key).second) << field;
     EXPECT_TRUE(names.insert(plan.module_name).second) << field;
+  }
+  // s_q is not part of the kernel: every s_q (and none) is one key and name.
+  for (uint32_t s_q : {0u, 1u, 2u, 4u}) {
+    v1::AttentionSpec spec = base;
+    spec.set_s_q(s_q);
+    const CompilePlan plan = MustPlan(spec, "sm_90a");
+    EXPECT_EQ(plan.key, base_plan.key) << "s_q " << s_q;
+    EXPECT_EQ(plan.module_name, base_plan.module_name) << "s_q " << s_q;
   }
 }
 
@@ -129,8 +132,7 @@ TEST(KernelCompilerPlan, SmemCapIsPartOfTheKeyAndMatchesSm120Tiling) {
       EXPECT_EQ(capped.arch.name, "sm_90a");
       EXPECT_EQ(capped.arch.max_smem_per_block, 101376);
       EXPECT_TRUE(MessageDifferencer::Equals(capped.tiling, sm120.tiling))
-          << preset << " tp" << tp << "\ncapped sm_90a: "
-          << capped.tiling.ShortDebugString()
+          << preset << " tp" << tp << "\ncapped sm_90a: " << capped.tiling.ShortDebugString()
           << "\nsm_120a: " << sm120.tiling.ShortDebugString();
       EXPECT_LE(DecodeSmemBytesFor(capped.spec, capped.tiling), 101376);
       // Same tiling and spec: the same instantiation unit.
@@ -140,51 +142,36 @@ TEST(KernelCompilerPlan, SmemCapIsPartOfTheKeyAndMatchesSm120Tiling) {
 }
 
 TEST(KernelCompilerPlan, CapAboveTheArchLimitDoesNotRaiseIt) {
-  const CompilePlan plan = MustPlan(Glm5Tp8(), "sm_120a",
-                                    PlanOptions{.max_smem_per_block = 1 << 20});
+  const CompilePlan plan =
+      MustPlan(Glm5Tp8(), "sm_120a", PlanOptions{.max_smem_per_block = 1 << 20});
   EXPECT_EQ(plan.arch.max_smem_per_block, 99 * 1024);
 }
 
 TEST(KernelCompilerPlan, NegativeCapIsInvalid) {
-  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(
-      Glm5Tp8(), "sm_90a", PlanOptions{.max_smem_per_block = -1});
+  absl::StatusOr<CompilePlan> plan =
+      KernelCompiler().Plan(Glm5Tp8(), "sm_90a", PlanOptions{.max_smem_per_block = -1});
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(plan.status().message(), "max_smem_per_block"))
-      << plan.status();
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "max_smem_per_block")) << plan.status();
 }
 
 TEST(KernelCompilerPlan, BadSpecNamesTheField) {
-  const std::vector<
-      std::pair<const char*, std::function<void(v1::AttentionSpec&)>>>
-      bad = {
-          {"num_q_heads", [](v1::AttentionSpec& s) { s.set_num_q_heads(0); }},
-          {"num_q_heads",
-           [](v1::AttentionSpec& s) { s.set_num_q_heads(129); }},
-          {"kv_lora_rank",
-           [](v1::AttentionSpec& s) { s.set_kv_lora_rank(100); }},
-          {"rope_dim", [](v1::AttentionSpec& s) { s.set_rope_dim(32); }},
-          {"rope_dim", [](v1::AttentionSpec& s) { s.clear_rope_dim(); }},
-          {"topk", [](v1::AttentionSpec& s) { s.set_topk(0); }},
-          {"s_q", [](v1::AttentionSpec& s) { s.set_s_q(0); }},
-          {"s_q", [](v1::AttentionSpec& s) { s.set_s_q(5); }},
-          {"page_block_size",
-           [](v1::AttentionSpec& s) { s.set_page_block_size(0); }},
-          {"softmax_scale",
-           [](v1::AttentionSpec& s) { s.set_softmax_scale(0.0f); }},
-          {"softmax_scale",
-           [](v1::AttentionSpec& s) {
-             s.set_softmax_scale(std::numeric_limits<float>::quiet_NaN());
-           }},
-          {"kind",
-           [](v1::AttentionSpec& s) {
-             s.set_kind(v1::ATTENTION_KIND_UNSPECIFIED);
-           }},
-          {"kv_cache_dtype",
-           [](v1::AttentionSpec& s) {
-             s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_UNSPECIFIED);
-           }},
-      };
+  const std::vector<std::pair<const char*, std::function<void(v1::AttentionSpec&)>>> bad = {
+      {"num_q_heads", [](v1::AttentionSpec& s) { s.set_num_q_heads(0); }},
+      {"num_q_heads", [](v1::AttentionSpec& s) { s.set_num_q_heads(129); }},
+      {"kv_lora_rank", [](v1::AttentionSpec& s) { s.set_kv_lora_rank(100); }},
+      {"rope_dim", [](v1::AttentionSpec& s) { s.set_rope_dim(32); }},
+      {"rope_dim", [](v1::AttentionSpec& s) { s.clear_rope_dim(); }},
+      {"topk", [](v1::AttentionSpec& s) { s.set_topk(0); }},
+      {"s_q", [](v1::AttentionSpec& s) { s.set_s_q(5); }},
+      {"page_block_size", [](v1::AttentionSpec& s) { s.set_page_block_size(0); }},
+      {"softmax_scale", [](v1::AttentionSpec& s) { s.set_softmax_scale(0.0f); }},
+      {"softmax_scale",
+       [](v1::AttentionSpec& s) { s.set_softmax_scale(std::numeric_limits<float>::quiet_NaN()); }},
+      {"kind", [](v1::AttentionSpec& s) { s.set_kind(v1::ATTENTION_KIND_UNSPECIFIED); }},
+      {"kv_cache_dtype",
+       [](v1::AttentionSpec& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_UNSPECIFIED); }},
+  };
   for (const auto& [field, change] : bad) {
     v1::AttentionSpec spec = Glm5Tp8();
     change(spec);
@@ -204,8 +191,7 @@ TEST(KernelCompilerPlan, UnknownArchIsFailedPrecondition) {
     EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition)
         << arch << ": " << plan.status();
     // Lists what is supported.
-    EXPECT_TRUE(absl::StrContains(plan.status().message(), "sm_90a"))
-        << plan.status();
+    EXPECT_TRUE(absl::StrContains(plan.status().message(), "sm_90a")) << plan.status();
   }
 }
 
@@ -215,10 +201,8 @@ TEST(KernelCompilerPlan, Fp8CacheIsReserved) {
   absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec, "sm_90a");
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(plan.status().message(), "kv_cache_dtype"))
-      << plan.status();
-  EXPECT_TRUE(absl::StrContains(plan.status().message(), "reserved"))
-      << plan.status();
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "kv_cache_dtype")) << plan.status();
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "reserved")) << plan.status();
 }
 
 TEST(KernelCompilerPlan, PlanCarriesTheNormalizedSpecAndCodegenOutputs) {
@@ -247,13 +231,12 @@ TEST(KernelCompilerBuild, ArtifactAndDescription) {
   EXPECT_EQ(artifact->arch(), "sm_120a");
   EXPECT_FALSE(artifact->cubin().empty());
   EXPECT_TRUE(MessageDifferencer::Equals(artifact->tiling(), plan.tiling));
-  EXPECT_TRUE(MessageDifferencer::Equals(
-      artifact->launch(), MakeLaunchRule(plan.spec, plan.tiling, plan.arch)));
+  EXPECT_TRUE(MessageDifferencer::Equals(artifact->launch(),
+                                         MakeLaunchRule(plan.spec, plan.tiling, plan.arch)));
 
   const std::string json = ArtifactDescriptionJson(*artifact);
   for (const char* field :
-       {"\"module_name\"", "\"key\"", "\"launch\"", "\"tiling\"",
-        "\"cubin_info\"", "\"spec\""}) {
+       {"\"module_name\"", "\"key\"", "\"launch\"", "\"tiling\"", "\"cubin_info\"", "\"spec\""}) {
     EXPECT_TRUE(absl::StrContains(json, field)) << field << "\n" << json;
   }
   EXPECT_TRUE(absl::StrContains(json, plan.key));
@@ -265,19 +248,16 @@ TEST(KernelCompilerBuild, ArtifactAndDescription) {
 
   // It reads back as the same artifact, less the cubin.
   v1::KernelArtifact parsed;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed).ok())
-      << json;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) << json;
   EXPECT_TRUE(parsed.cubin().empty());
   v1::KernelArtifact expected = *artifact;
   expected.clear_cubin();
-  EXPECT_TRUE(MessageDifferencer::Equals(parsed, expected))
-      << parsed.ShortDebugString();
+  EXPECT_TRUE(MessageDifferencer::Equals(parsed, expected)) << parsed.ShortDebugString();
 }
 
 TEST(KernelCompilerBuild, CompileIsPlanPlusBuild) {
   const KernelCompiler compiler;
-  absl::StatusOr<v1::KernelArtifact> artifact =
-      compiler.Compile(Glm5Tp8(), "sm_90a");
+  absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(Glm5Tp8(), "sm_90a");
   ASSERT_TRUE(artifact.ok()) << artifact.status();
   EXPECT_EQ(artifact->key(), MustPlan(Glm5Tp8(), "sm_90a").key);
   EXPECT_EQ(artifact->cubin_info().arch(), "sm_90a");

@@ -87,8 +87,8 @@ struct Compiled {
 Compiled Compile(const std::string& source, const std::string& arch) {
   Compiled compiled;
   nvrtcProgram program = nullptr;
-  if (nvrtcCreateProgram(&program, source.c_str(), "cubin_test.cu", 0, nullptr,
-                         nullptr) != NVRTC_SUCCESS) {
+  if (nvrtcCreateProgram(&program, source.c_str(), "cubin_test.cu", 0, nullptr, nullptr) !=
+      NVRTC_SUCCESS) {
     ADD_FAILURE() << "nvrtcCreateProgram failed";
     return compiled;
   }
@@ -100,8 +100,7 @@ Compiled Compile(const std::string& source, const std::string& arch) {
   compiled.log.resize(log_size);
   nvrtcGetProgramLog(program, compiled.log.data());
   if (result != NVRTC_SUCCESS) {
-    ADD_FAILURE() << "NVRTC failed for " << arch << ": "
-                  << nvrtcGetErrorString(result) << "\n"
+    ADD_FAILURE() << "NVRTC failed for " << arch << ": " << nvrtcGetErrorString(result) << "\n"
                   << compiled.log;
   } else {
     size_t cubin_size = 0;
@@ -125,8 +124,7 @@ int NumberBefore(const std::string& line, const std::string& suffix) {
   const size_t end = line.find(suffix);
   if (end == std::string::npos) return -1;
   size_t begin = end;
-  while (begin > 0 &&
-         std::isdigit(static_cast<unsigned char>(line[begin - 1]))) {
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(line[begin - 1]))) {
     --begin;
   }
   return begin == end ? -1 : std::stoi(line.substr(begin, end - begin));
@@ -134,8 +132,7 @@ int NumberBefore(const std::string& line, const std::string& suffix) {
 
 // The text after `prefix` up to the first of `stop` (or the line's end), or
 // "" when `prefix` is absent.
-std::string TextAfter(const std::string& line, const std::string& prefix,
-                      const std::string& stop) {
+std::string TextAfter(const std::string& line, const std::string& prefix, const std::string& stop) {
   const size_t at = line.find(prefix);
   if (at == std::string::npos) return "";
   const size_t begin = at + prefix.size();
@@ -154,28 +151,23 @@ std::map<std::string, PtxasReport> ParsePtxasLog(const std::string& log) {
   std::istringstream lines(log);
   std::string line;
   while (std::getline(lines, line)) {
-    if (std::string name = TextAfter(line, "Compiling entry function '", "'");
-        !name.empty()) {
+    if (std::string name = TextAfter(line, "Compiling entry function '", "'"); !name.empty()) {
       entry = name;
-    } else if (std::string name =
-                   TextAfter(line, "Function properties for ", " \n");
+    } else if (std::string name = TextAfter(line, "Function properties for ", " \n");
                !name.empty()) {
       properties = name;
-    } else if (int frame = NumberBefore(line, " bytes stack frame");
-               frame >= 0) {
+    } else if (int frame = NumberBefore(line, " bytes stack frame"); frame >= 0) {
       reports[properties].stack_frame_bytes = frame;
     } else if (int registers = NumberBefore(line, " registers");
                registers >= 0 && line.find("Used ") != std::string::npos) {
       reports[entry].registers = registers;
-      reports[entry].smem_bytes =
-          std::max(0, NumberBefore(line, " bytes smem"));
+      reports[entry].smem_bytes = std::max(0, NumberBefore(line, " bytes smem"));
     }
   }
   return reports;
 }
 
-const v1::KernelResources* FindKernel(const v1::CubinInfo& info,
-                                      const std::string& name) {
+const v1::KernelResources* FindKernel(const v1::CubinInfo& info, const std::string& name) {
   for (const v1::KernelResources& kernel : info.kernels()) {
     if (kernel.name() == name) return &kernel;
   }
@@ -197,14 +189,12 @@ T Load(const std::string& bytes, size_t offset) {
   return value;
 }
 
-std::optional<RawSection> FindRawSection(const std::string& bytes,
-                                         const std::string& name) {
+std::optional<RawSection> FindRawSection(const std::string& bytes, const std::string& name) {
   const auto shoff = Load<uint64_t>(bytes, 0x28);
   const auto shentsize = Load<uint16_t>(bytes, 0x3a);
   const auto shnum = Load<uint16_t>(bytes, 0x3c);
   const auto shstrndx = Load<uint16_t>(bytes, 0x3e);
-  const auto strtab =
-      Load<uint64_t>(bytes, shoff + shstrndx * shentsize + 0x18);
+  const auto strtab = Load<uint64_t>(bytes, shoff + shstrndx * shentsize + 0x18);
   for (size_t i = 0; i < shnum; ++i) {
     const size_t header = shoff + i * shentsize;
     const auto name_offset = Load<uint32_t>(bytes, header);
@@ -218,8 +208,8 @@ std::optional<RawSection> FindRawSection(const std::string& bytes,
 
 // The file offset of the first record with `attribute` in an attribute
 // section.
-std::optional<size_t> FindRecord(const std::string& bytes,
-                                 const RawSection& section, uint8_t attribute) {
+std::optional<size_t> FindRecord(const std::string& bytes, const RawSection& section,
+                                 uint8_t attribute) {
   size_t at = section.offset;
   while (at + 4 <= section.offset + section.size) {
     if (static_cast<uint8_t>(bytes[at + 1]) == attribute) return at;
@@ -251,9 +241,8 @@ TEST_P(CubinResourcesTest, MatchesPtxasReport) {
   for (const v1::KernelResources& kernel : info->kernels()) {
     names.push_back(kernel.name());
   }
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"k_bounds", "k_none", "k_param",
-                                      "k_pressure", "k_smem", "k_stack"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"k_bounds", "k_none", "k_param", "k_pressure",
+                                             "k_smem", "k_stack"}));
 
   for (const v1::KernelResources& kernel : info->kernels()) {
     SCOPED_TRACE(kernel.name());
@@ -297,8 +286,8 @@ TEST_P(CubinResourcesTest, MatchesPtxasReport) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, CubinResourcesTest,
-                         testing::Values("sm_80", "sm_89", "sm_90a", "sm_100a",
-                                         "sm_120a", "sm_121a"),
+                         testing::Values("sm_80", "sm_89", "sm_90a", "sm_100a", "sm_120a",
+                                         "sm_121a"),
                          [](const testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param);
                          });
@@ -307,10 +296,9 @@ TEST(CubinTest, ArchNames) {
   // NVRTC target -> name read back. An "f" target compiles to the same cubin
   // as the base target, so it reads as the base.
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"sm_80", "sm_80"},     {"sm_86", "sm_86"},     {"sm_89", "sm_89"},
-      {"sm_90", "sm_90"},     {"sm_90a", "sm_90a"},   {"sm_100", "sm_100"},
-      {"sm_100a", "sm_100a"}, {"sm_100f", "sm_100"},  {"sm_103a", "sm_103a"},
-      {"sm_120", "sm_120"},   {"sm_120a", "sm_120a"}, {"sm_121a", "sm_121a"},
+      {"sm_80", "sm_80"},     {"sm_86", "sm_86"},   {"sm_89", "sm_89"},     {"sm_90", "sm_90"},
+      {"sm_90a", "sm_90a"},   {"sm_100", "sm_100"}, {"sm_100a", "sm_100a"}, {"sm_100f", "sm_100"},
+      {"sm_103a", "sm_103a"}, {"sm_120", "sm_120"}, {"sm_120a", "sm_120a"}, {"sm_121a", "sm_121a"},
   };
   for (const auto& [target, want] : cases) {
     SCOPED_TRACE(target);
@@ -380,10 +368,8 @@ TEST(CubinTest, RejectsNonCudaElf) {
 
   for (const std::string& input : inputs) {
     absl::StatusOr<v1::CubinInfo> info = InspectCubin(input);
-    EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument)
-        << info.status();
-    EXPECT_NE(info.status().message().find("not a CUDA ELF"), std::string::npos)
-        << info.status();
+    EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument) << info.status();
+    EXPECT_NE(info.status().message().find("not a CUDA ELF"), std::string::npos) << info.status();
   }
 }
 
@@ -395,12 +381,10 @@ TEST(CubinTest, TruncatedInputNeverCrashes) {
     ASSERT_TRUE(InspectCubin(cubin).ok());
     // Everything InspectCubin reads lies before the end of the section
     // header table; cutting there or earlier must fail cleanly.
-    const size_t table_end =
-        Load<uint64_t>(cubin, 0x28) +
-        size_t{Load<uint16_t>(cubin, 0x3a)} * Load<uint16_t>(cubin, 0x3c);
+    const size_t table_end = Load<uint64_t>(cubin, 0x28) +
+                             size_t{Load<uint16_t>(cubin, 0x3a)} * Load<uint16_t>(cubin, 0x3c);
     for (size_t size = 0; size < cubin.size(); ++size) {
-      absl::StatusOr<v1::CubinInfo> info =
-          InspectCubin(std::string_view(cubin).substr(0, size));
+      absl::StatusOr<v1::CubinInfo> info = InspectCubin(std::string_view(cubin).substr(0, size));
       if (size < table_end) {
         ASSERT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument)
             << "cut at " << size << ": " << info.status();
@@ -420,8 +404,7 @@ TEST(CubinTest, CorruptedInputNeverCrashes) {
     std::string corrupted = cubin;
     corrupted[at] = static_cast<char>(~corrupted[at]);
     absl::StatusOr<v1::CubinInfo> info = InspectCubin(corrupted);
-    ASSERT_TRUE(IsOkOrInvalidArgument(info.status()))
-        << "byte " << at << ": " << info.status();
+    ASSERT_TRUE(IsOkOrInvalidArgument(info.status())) << "byte " << at << ": " << info.status();
   }
   // Bursts of random bytes, seeded for reproducibility.
   std::mt19937 rng(20250901);
@@ -433,16 +416,14 @@ TEST(CubinTest, CorruptedInputNeverCrashes) {
       corrupted[where(rng)] = static_cast<char>(byte(rng));
     }
     absl::StatusOr<v1::CubinInfo> info = InspectCubin(corrupted);
-    ASSERT_TRUE(IsOkOrInvalidArgument(info.status()))
-        << "round " << round << ": " << info.status();
+    ASSERT_TRUE(IsOkOrInvalidArgument(info.status())) << "round " << round << ": " << info.status();
   }
 }
 
 TEST(CubinTest, RejectsBrokenAttributeRecords) {
   const std::string cubin = Compile(kKernels, "sm_90a").cubin;
   ASSERT_FALSE(cubin.empty());
-  const std::optional<RawSection> kernel_info =
-      FindRawSection(cubin, ".nv.info.k_param");
+  const std::optional<RawSection> kernel_info = FindRawSection(cubin, ".nv.info.k_param");
   ASSERT_TRUE(kernel_info.has_value());
   const std::optional<size_t> cbank = FindRecord(cubin, *kernel_info, 0x0a);
   ASSERT_TRUE(cbank.has_value());
@@ -451,31 +432,26 @@ TEST(CubinTest, RejectsBrokenAttributeRecords) {
     std::string corrupted = cubin;
     const uint16_t huge = 0xfff0;
     std::memcpy(corrupted.data() + *cbank + 2, &huge, sizeof(huge));
-    EXPECT_EQ(InspectCubin(corrupted).status().code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(InspectCubin(corrupted).status().code(), absl::StatusCode::kInvalidArgument);
   }
   {  // An unknown record format.
     std::string corrupted = cubin;
     corrupted[*cbank] = 0x09;
-    EXPECT_EQ(InspectCubin(corrupted).status().code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(InspectCubin(corrupted).status().code(), absl::StatusCode::kInvalidArgument);
   }
   {  // PARAM_CBANK with a payload too short for its fields.
     std::string corrupted = cubin;
     const uint16_t four = 4;
     std::memcpy(corrupted.data() + *cbank + 2, &four, sizeof(four));
-    EXPECT_EQ(InspectCubin(corrupted).status().code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(InspectCubin(corrupted).status().code(), absl::StatusCode::kInvalidArgument);
   }
   {  // The global .nv.info cut mid-record.
     const std::optional<RawSection> global = FindRawSection(cubin, ".nv.info");
     ASSERT_TRUE(global.has_value());
     std::string corrupted = cubin;
     const uint64_t size = global->size - 2;
-    std::memcpy(corrupted.data() + global->header_offset + 0x20, &size,
-                sizeof(size));
-    EXPECT_EQ(InspectCubin(corrupted).status().code(),
-              absl::StatusCode::kInvalidArgument);
+    std::memcpy(corrupted.data() + global->header_offset + 0x20, &size, sizeof(size));
+    EXPECT_EQ(InspectCubin(corrupted).status().code(), absl::StatusCode::kInvalidArgument);
   }
 }
 
@@ -485,28 +461,23 @@ TEST(CubinTest, RejectsOtherElfVersion) {
   cubin[6] = 2;  // EI_VERSION
   absl::StatusOr<v1::CubinInfo> info = InspectCubin(cubin);
   EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(info.status().message().find("not a CUDA ELF"), std::string::npos)
-      << info.status();
+  EXPECT_NE(info.status().message().find("not a CUDA ELF"), std::string::npos) << info.status();
 }
 
 TEST(CubinTest, RejectsCompressedSections) {
   // ptxas never compresses; a compressed string table must not be inflated.
   const std::string cubin = Compile(kKernels, "sm_90a").cubin;
   ASSERT_FALSE(cubin.empty());
-  for (const char* name :
-       {".shstrtab", ".strtab", ".symtab", ".nv.info", ".nv.info.k_param"}) {
+  for (const char* name : {".shstrtab", ".strtab", ".symtab", ".nv.info", ".nv.info.k_param"}) {
     SCOPED_TRACE(name);
     const std::optional<RawSection> section = FindRawSection(cubin, name);
     ASSERT_TRUE(section.has_value());
     std::string corrupted = cubin;
-    const uint64_t flags =
-        Load<uint64_t>(corrupted, section->header_offset + 0x08) | 0x800;
-    std::memcpy(corrupted.data() + section->header_offset + 0x08, &flags,
-                sizeof(flags));
+    const uint64_t flags = Load<uint64_t>(corrupted, section->header_offset + 0x08) | 0x800;
+    std::memcpy(corrupted.data() + section->header_offset + 0x08, &flags, sizeof(flags));
     absl::StatusOr<v1::CubinInfo> info = InspectCubin(corrupted);
     EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(info.status().message().find("compressed"), std::string::npos)
-        << info.status();
+    EXPECT_NE(info.status().message().find("compressed"), std::string::npos) << info.status();
   }
 }
 
@@ -558,8 +529,7 @@ TEST(CubinTest, EdgeValuesInHeaderFieldsNeverCrash) {
       std::memcpy(corrupted.data() + field.offset, &value, field.width);
       absl::StatusOr<v1::CubinInfo> info = InspectCubin(corrupted);
       ASSERT_TRUE(IsOkOrInvalidArgument(info.status()))
-          << "field at " << field.offset << " = " << value << ": "
-          << info.status();
+          << "field at " << field.offset << " = " << value << ": " << info.status();
     }
   }
 }

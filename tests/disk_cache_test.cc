@@ -29,12 +29,9 @@ constexpr uint64_t kLarge = uint64_t{1} << 30;
 // Entry file header: magic, version, SHA-256, payload length.
 constexpr size_t kHeaderSize = 8 + 4 + 32 + 8;
 
-std::string TestKey(int i) {
-  return Sha256Hex("disk-cache-" + std::to_string(i));
-}
+std::string TestKey(int i) { return Sha256Hex("disk-cache-" + std::to_string(i)); }
 
-ArtifactPtr MakeArtifact(const std::string& key, size_t cubin_bytes,
-                         uint64_t seed = 1) {
+ArtifactPtr MakeArtifact(const std::string& key, size_t cubin_bytes, uint64_t seed = 1) {
   return ::kforge::testing::FakeArtifact(key, cubin_bytes, seed);
 }
 
@@ -64,15 +61,13 @@ class DiskCacheTest : public ::testing::Test {
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     dir_ = fs::path(::testing::TempDir()) /
-           ("kforge_disk_cache_" + std::string(info->name()) + "_" +
-            std::to_string(getpid()));
+           ("kforge_disk_cache_" + std::string(info->name()) + "_" + std::to_string(getpid()));
     fs::remove_all(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
   std::unique_ptr<DiskCache> Open(uint64_t max_bytes = kLarge) {
-    absl::StatusOr<std::unique_ptr<DiskCache>> cache =
-        DiskCache::Open(dir_.string(), max_bytes);
+    absl::StatusOr<std::unique_ptr<DiskCache>> cache = DiskCache::Open(dir_.string(), max_bytes);
     EXPECT_TRUE(cache.ok()) << cache.status();
     return cache.ok() ? *std::move(cache) : nullptr;
   }
@@ -97,17 +92,14 @@ class DiskCacheTest : public ::testing::Test {
 TEST_F(DiskCacheTest, MissIsNotFound) {
   auto cache = Open();
   ASSERT_NE(cache, nullptr);
-  EXPECT_EQ(cache->Get(TestKey(0)).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(cache->Get(TestKey(0)).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(DiskCacheTest, OpenFailsWhereNoDirectoryCanBe) {
   fs::create_directories(dir_);
   WriteBytes((dir_ / "file").string(), "not a directory");
-  EXPECT_FALSE(
-      DiskCache::Open((dir_ / "file" / "cache").string(), kLarge).ok());
-  EXPECT_EQ(DiskCache::Open("", kLarge).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(DiskCache::Open((dir_ / "file" / "cache").string(), kLarge).ok());
+  EXPECT_EQ(DiskCache::Open("", kLarge).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(DiskCacheTest, HitReturnsIdenticalBytes) {
@@ -131,8 +123,7 @@ TEST_F(DiskCacheTest, EntryPathLayout) {
   auto cache = Open();
   ASSERT_NE(cache, nullptr);
   const std::string key = TestKey(0);
-  EXPECT_EQ(cache->EntryPath(key),
-            (dir_ / "v1" / key.substr(0, 2) / (key + ".kfa")).string());
+  EXPECT_EQ(cache->EntryPath(key), (dir_ / "v1" / key.substr(0, 2) / (key + ".kfa")).string());
   ASSERT_TRUE(cache->Put(key, MakeArtifact(key, 100)).ok());
   EXPECT_TRUE(fs::exists(cache->EntryPath(key)));
   EXPECT_EQ(ReadBytes(cache->EntryPath(key)).substr(0, 8), "KFORGE01");
@@ -160,10 +151,8 @@ TEST_F(DiskCacheTest, RejectsBadKeys) {
   };
   for (const std::string& key : bad_keys) {
     SCOPED_TRACE(key);
-    EXPECT_EQ(cache->Get(key).status().code(),
-              absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(cache->Put(key, MakeArtifact(key, 10)).code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(cache->Get(key).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(cache->Put(key, MakeArtifact(key, 10)).code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(cache->EntryPath(key), "");
   }
   EXPECT_TRUE(AllFiles(dir_.string()).empty());
@@ -174,8 +163,7 @@ TEST_F(DiskCacheTest, PutRejectsMismatchedKeyAndNull) {
   ASSERT_NE(cache, nullptr);
   EXPECT_EQ(cache->Put(TestKey(1), MakeArtifact(TestKey(0), 10)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(cache->Put(TestKey(0), nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache->Put(TestKey(0), nullptr).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(AllFiles(dir_.string()).empty());
 }
 
@@ -185,8 +173,7 @@ TEST_F(DiskCacheTest, ReopenSeesPreviousEntries) {
     auto cache = Open();
     ASSERT_NE(cache, nullptr);
     for (int i = 0; i < 5; ++i) {
-      ASSERT_TRUE(
-          cache->Put(TestKey(i), MakeArtifact(TestKey(i), 5000, i)).ok());
+      ASSERT_TRUE(cache->Put(TestKey(i), MakeArtifact(TestKey(i), 5000, i)).ok());
     }
     before = cache->Usage();
   }
@@ -225,15 +212,13 @@ TEST_F(DiskCacheTest, EvictsLeastRecentlyUsedByBytes) {
   auto cache = Open(3 * each + each / 2);  // room for three
   ASSERT_NE(cache, nullptr);
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(
-        cache->Put(TestKey(i), MakeArtifact(TestKey(i), 10000, i)).ok());
+    ASSERT_TRUE(cache->Put(TestKey(i), MakeArtifact(TestKey(i), 10000, i)).ok());
   }
   ASSERT_TRUE(cache->Get(TestKey(0)).ok());  // 0 is now newer than 1
   ASSERT_TRUE(cache->Put(TestKey(3), MakeArtifact(TestKey(3), 10000, 3)).ok());
 
   EXPECT_FALSE(fs::exists(cache->EntryPath(TestKey(1))));
-  EXPECT_EQ(cache->Get(TestKey(1)).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(cache->Get(TestKey(1)).status().code(), absl::StatusCode::kNotFound);
   for (int i : {0, 2, 3}) EXPECT_TRUE(cache->Get(TestKey(i)).ok()) << i;
   CacheUsage usage = cache->Usage();
   EXPECT_EQ(usage.entries, 3u);
@@ -297,9 +282,9 @@ TEST_F(DiskCacheTest, TruncatedOrExtendedIsDropped) {
   ASSERT_TRUE(cache->Put(key, artifact).ok());
   const std::string good = ReadBytes(cache->EntryPath(key));
 
-  for (size_t length : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{12},
-                        size_t{44}, kHeaderSize - 1, kHeaderSize,
-                        kHeaderSize + 1, good.size() / 2, good.size() - 1}) {
+  for (size_t length :
+       {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{12}, size_t{44}, kHeaderSize - 1,
+        kHeaderSize, kHeaderSize + 1, good.size() / 2, good.size() - 1}) {
     SCOPED_TRACE(length);
     WriteBytes(cache->EntryPath(key), good.substr(0, length));
     ExpectDroppedThenRebuilt(*cache, key, artifact);
@@ -397,8 +382,7 @@ TEST_F(DiskCacheTest, ConcurrentThreadsSameAndDifferentKeys) {
     });
   }
   for (std::thread& t : threads) t.join();
-  for (int t = 0; t < kThreads; ++t)
-    EXPECT_EQ(failures[t], 0) << "thread " << t;
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
   const CacheUsage usage = cache->Usage();
   EXPECT_EQ(usage.entries, kThreads + 1u);
   EXPECT_EQ(usage.corrupt_entries, 0u);
@@ -431,8 +415,7 @@ TEST_F(DiskCacheTest, ConcurrentThreadsUnderEviction) {
     });
   }
   for (std::thread& t : threads) t.join();
-  for (int t = 0; t < kThreads; ++t)
-    EXPECT_EQ(failures[t], 0) << "thread " << t;
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
   EXPECT_EQ(cache->Usage().corrupt_entries, 0u);
   EXPECT_GT(cache->Usage().evictions, 0u);
 }
@@ -462,8 +445,7 @@ TEST_F(DiskCacheTest, TwoProcessesPutSameKey) {
   auto worker = [&]() -> int {
     char c;
     if (read(go[0], &c, 1) != 1) return 10;
-    absl::StatusOr<std::unique_ptr<DiskCache>> cache =
-        DiskCache::Open(dir_.string(), kLarge);
+    absl::StatusOr<std::unique_ptr<DiskCache>> cache = DiskCache::Open(dir_.string(), kLarge);
     if (!cache.ok()) return 11;
     for (int r = 0; r < 20; ++r) {
       if (!(*cache)->Put(key, artifact).ok()) return 12;
@@ -490,8 +472,7 @@ TEST_F(DiskCacheTest, TwoProcessesPutSameKey) {
   absl::StatusOr<ArtifactPtr> got = cache->Get(key);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ((*got)->SerializeAsString(), artifact->SerializeAsString());
-  EXPECT_EQ(AllFiles(dir_.string()),
-            std::vector<std::string>{key + ".kfa"});  // one file, no tmp
+  EXPECT_EQ(AllFiles(dir_.string()), std::vector<std::string>{key + ".kfa"});  // one file, no tmp
 }
 
 TEST_F(DiskCacheTest, TwoProcessesEvictingEachOther) {

@@ -10,27 +10,14 @@
 
 #include "base/file_lock.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace kforge {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kforge_base_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using ::kforge::testing::TempDir;
 
 TEST(FileLockTest, ExcludesAnotherOpenFileDescription) {
   TempDir dir;

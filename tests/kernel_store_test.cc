@@ -14,8 +14,8 @@
 #include "absl/time/clock.h"
 #include "base/file_lock.h"
 #include "compiler/compiler.h"
-#include "model/spec.h"
 #include "gtest/gtest.h"
+#include "model/spec.h"
 #include "tests/test_util.h"
 
 namespace kforge {
@@ -118,8 +118,7 @@ TEST_F(KernelStoreTest, BadSpecAndArchAreRejectedBeforeAnyCompile) {
 
 TEST_F(KernelStoreTest, WaiterDeadlineLeavesTheCompileRunning) {
   auto store = Open();
-  auto r = store->GetKernel(Glm5Tp8(), "sm_80", false,
-                            absl::Now() + absl::Milliseconds(50));
+  auto r = store->GetKernel(Glm5Tp8(), "sm_80", false, absl::Now() + absl::Milliseconds(50));
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
   // The compile finishes for the next caller and is cached.
   auto later = store->GetKernel(Glm5Tp8(), "sm_80", false);
@@ -200,7 +199,7 @@ TEST_F(KernelStoreTest, ManifestHasOneVariantForEverySq) {
   // The split count is the selector's, for the device it runs on: 8 heads,
   // one token on 132 SMs splits 16 ways.
   EXPECT_EQ(NumSplits(v.spec(), v.tiling(), v.launch(), 1, 132), 16);
-  EXPECT_EQ(store->Stats().compiles(), 0u);        // planning only
+  EXPECT_EQ(store->Stats().compiles(), 0u);  // planning only
 }
 
 TEST_F(KernelStoreTest, ResolveSelector) {

@@ -27,8 +27,7 @@ KeyInputs GoldenInputs() {
   // does not move when the templates or the toolkit do.
   inputs.template_digest = Sha256Hex("templates");
   inputs.nvrtc_version = "13.0";
-  inputs.options = {"--gpu-architecture=sm_90a", "-no-cache",
-                    "-no-source-include", "-std=c++17"};
+  inputs.options = {"--gpu-architecture=sm_90a", "-no-cache", "-no-source-include", "-std=c++17"};
   inputs.arch = "sm_90a";
   inputs.format_version = 1;
   return inputs;
@@ -36,10 +35,8 @@ KeyInputs GoldenInputs() {
 
 TEST(Sha256HexTest, KnownVectors) {
   // FIPS 180-2 appendix B.1 and the empty message.
-  EXPECT_EQ(Sha256Hex("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(Sha256Hex(""),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 }
 
 TEST(TemplateDigestTest, IsStableHex) {
@@ -67,8 +64,7 @@ TEST(CacheKeyTest, DefaultFormatVersionIsCurrent) {
 }
 
 // Returns a copy of `spec` with `field` changed to another value.
-v1::AttentionSpec Mutated(const v1::AttentionSpec& spec,
-                          const FieldDescriptor* field) {
+v1::AttentionSpec Mutated(const v1::AttentionSpec& spec, const FieldDescriptor* field) {
   v1::AttentionSpec out = spec;
   const Reflection& r = *out.GetReflection();
   switch (field->cpp_type()) {
@@ -122,12 +118,10 @@ TEST(CacheKeyTest, EveryFieldOfTheSpecChangesTheKey) {
   ASSERT_GT(descriptor->field_count(), 0);
   for (int i = 0; i < descriptor->field_count(); ++i) {
     const FieldDescriptor* field = descriptor->field(i);
-    ASSERT_FALSE(field->is_repeated())
-        << "extend this test for " << field->name();
+    ASSERT_FALSE(field->is_repeated()) << "extend this test for " << field->name();
     KeyInputs changed = base;
     changed.spec = Mutated(base.spec, field);
-    ASSERT_NE(changed.spec.SerializeAsString(), base.spec.SerializeAsString())
-        << field->name();
+    ASSERT_NE(changed.spec.SerializeAsString(), base.spec.SerializeAsString()) << field->name();
     EXPECT_NE(ComputeCacheKey(changed), base_key) << field->name();
   }
 }
@@ -168,8 +162,7 @@ TEST(CacheKeyTest, PresenceOfOptionalFieldsChangesTheKey) {
         zero.spec.GetReflection()->SetInt32(&zero.spec, field, 0);
         break;
       default:
-        ADD_FAILURE() << "extend this test for optional field "
-                      << field->name();
+        ADD_FAILURE() << "extend this test for optional field " << field->name();
         continue;
     }
     ASSERT_TRUE(zero.spec.GetReflection()->HasField(zero.spec, field));
@@ -194,28 +187,23 @@ TEST(CacheKeyTest, EveryOtherInputChangesTheKey) {
     mutate(inputs);
     cases.emplace_back(std::move(name), std::move(inputs));
   };
-  add("template_digest",
-      [](KeyInputs& k) { k.template_digest = Sha256Hex("x"); });
+  add("template_digest", [](KeyInputs& k) { k.template_digest = Sha256Hex("x"); });
   add("nvrtc_version", [](KeyInputs& k) { k.nvrtc_version = "13.1"; });
   add("arch", [](KeyInputs& k) { k.arch = "sm_120a"; });
   add("format_version", [](KeyInputs& k) { k.format_version += 1; });
-  add("max_smem_per_block",
-      [](KeyInputs& k) { k.max_smem_per_block = 101376; });
-  add("option order",
-      [](KeyInputs& k) { std::swap(k.options[1], k.options[2]); });
+  add("max_smem_per_block", [](KeyInputs& k) { k.max_smem_per_block = 101376; });
+  add("option order", [](KeyInputs& k) { std::swap(k.options[1], k.options[2]); });
   add("option added", [](KeyInputs& k) { k.options.push_back("-lineinfo"); });
   add("option removed", [](KeyInputs& k) { k.options.pop_back(); });
   add("no options", [](KeyInputs& k) { k.options.clear(); });
   for (size_t i = 0; i < base.options.size(); ++i) {
-    add("option " + std::to_string(i) + " changed",
-        [i](KeyInputs& k) { k.options[i] += " "; });
+    add("option " + std::to_string(i) + " changed", [i](KeyInputs& k) { k.options[i] += " "; });
   }
   std::set<std::string> keys = {base_key};
   for (const auto& [name, inputs] : cases) {
     const std::string key = ComputeCacheKey(inputs);
     EXPECT_NE(key, base_key) << name;
-    EXPECT_TRUE(keys.insert(key).second)
-        << name << " collides with another case";
+    EXPECT_TRUE(keys.insert(key).second) << name << " collides with another case";
   }
 }
 

@@ -16,19 +16,19 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "base/io.h"
 #include "google/protobuf/util/json_util.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/service.pb.h"
 #include "model/decode_plan.h"
 #include "model/launch_plan.h"
 #include "model/selector.h"
-#include "base/io.h"
 
 namespace {
 
 // Addresses the Python side uses too (python_client_test.py PlanParityTest).
-constexpr uint64_t kQ = 0x10000000, kKv = 0x20000000, kIndices = 0x30000000,
-                   kOut = 0x40000000, kLse = 0x50000000, kWorkspace = 0x60000000;
+constexpr uint64_t kQ = 0x10000000, kKv = 0x20000000, kIndices = 0x30000000, kOut = 0x40000000,
+                   kLse = 0x50000000, kWorkspace = 0x60000000;
 constexpr int kPages = 64;
 constexpr int kPageGap = 64;
 

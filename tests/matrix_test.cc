@@ -9,9 +9,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/io.h"
-#include "model/spec.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/spec.pb.h"
+#include "model/spec.h"
 #include "tests/test_util.h"
 
 namespace kforge {
@@ -35,8 +35,7 @@ std::vector<MatrixJob> Expand(const std::string& json) {
 }
 
 TEST(MatrixTest, EmbeddedDefaultIsTheShippedFile) {
-  absl::StatusOr<std::string> file =
-      ReadFile(KFORGE_SOURCE_DIR "/deploy/default_matrix.json");
+  absl::StatusOr<std::string> file = ReadFile(KFORGE_SOURCE_DIR "/deploy/default_matrix.json");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(DefaultMatrixJson(), *file);
 }
@@ -74,9 +73,8 @@ TEST(MatrixTest, OrderIsCanonicalWhateverTheFileOrder) {
       {"preset": "glm-5", "tp": [8, 4, 8], "sQ": [2, 1, 2]}],
       "archs": ["SM_120A", "90a", "sm_90a"]})");
   EXPECT_EQ(Labels(sorted),
-            (std::vector<std::string>{
-                "glm-5 tp4 bf16 sm_90a", "glm-5 tp4 bf16 sm_120a",
-                "glm-5 tp8 bf16 sm_90a", "glm-5 tp8 bf16 sm_120a"}));
+            (std::vector<std::string>{"glm-5 tp4 bf16 sm_90a", "glm-5 tp4 bf16 sm_120a",
+                                      "glm-5 tp8 bf16 sm_90a", "glm-5 tp8 bf16 sm_120a"}));
   EXPECT_EQ(Labels(shuffled), Labels(sorted));
   EXPECT_EQ(Labels(Expand(R"({"models": [
       {"preset": "glm-5", "tp": [4, 8], "s_q": [1, 2]}],
@@ -109,10 +107,8 @@ TEST(MatrixTest, SpecModelIsDividedByTpAndNamed) {
          "kv_lora_rank": 512, "rope_dim": 64, "topk": 64,
          "page_block_size": 64, "softmax_scale": 0.1}}],
       "archs": ["sm_89"]})");
-  ASSERT_EQ(Labels(jobs),
-            (std::vector<std::string>{"tiny tp2 bf16 sm_89",
-                                      "tiny tp4 bf16 sm_89",
-                                      "models[1] tp1 bf16 sm_89"}));
+  ASSERT_EQ(Labels(jobs), (std::vector<std::string>{"tiny tp2 bf16 sm_89", "tiny tp4 bf16 sm_89",
+                                                    "models[1] tp1 bf16 sm_89"}));
   EXPECT_EQ(jobs[0].spec.num_q_heads(), 16u);
   EXPECT_EQ(jobs[1].spec.num_q_heads(), 8u);
   EXPECT_EQ(jobs[1].spec.kv_lora_rank(), 256u);
@@ -127,23 +123,21 @@ TEST(MatrixTest, ModelArchsReplaceTheMatrixArchs) {
       {"preset": "deepseek-v3.2", "tp": [8]}],
       "archs": ["sm_90a"]})");
   EXPECT_EQ(Labels(jobs),
-            (std::vector<std::string>{"glm-5 tp8 bf16 sm_120a",
-                                      "deepseek-v3.2 tp8 bf16 sm_90a"}));
+            (std::vector<std::string>{"glm-5 tp8 bf16 sm_120a", "deepseek-v3.2 tp8 bf16 sm_90a"}));
 }
 
 TEST(MatrixTest, DtypesAcceptShortAndEnumNames) {
   for (const char* name : {"bf16", "BF16", "KV_CACHE_DTYPE_BF16"}) {
     SCOPED_TRACE(name);
-    const std::vector<MatrixJob> jobs = Expand(absl::StrCat(
-        R"({"models": [{"preset": "glm-5", "tp": [8], "kvDtypes": [")", name,
-        R"("]}], "archs": ["sm_90a"]})"));
+    const std::vector<MatrixJob> jobs =
+        Expand(absl::StrCat(R"({"models": [{"preset": "glm-5", "tp": [8], "kvDtypes": [")", name,
+                            R"("]}], "archs": ["sm_90a"]})"));
     ASSERT_EQ(jobs.size(), 1u);
     EXPECT_EQ(jobs[0].kv_dtype, v1::KV_CACHE_DTYPE_BF16);
     EXPECT_EQ(jobs[0].label, "glm-5 tp8 bf16 sm_90a");
   }
   EXPECT_EQ(KvDtypeName(v1::KV_CACHE_DTYPE_FP8_DS_MLA), "fp8_ds_mla");
-  EXPECT_EQ(KvDtypeName(v1::KV_CACHE_DTYPE_UNSPECIFIED),
-            "KV_CACHE_DTYPE_UNSPECIFIED");
+  EXPECT_EQ(KvDtypeName(v1::KV_CACHE_DTYPE_UNSPECIFIED), "KV_CACHE_DTYPE_UNSPECIFIED");
 }
 
 struct BadMatrix {
@@ -153,8 +147,7 @@ struct BadMatrix {
 
 TEST(MatrixTest, EachBadFieldIsNamedWithItsValue) {
   const std::vector<BadMatrix> cases = {
-      {R"({"models": [], "archs": ["sm_90a"]})",
-       {"m.json: models: empty", "deepseek-v3.2, glm-5"}},
+      {R"({"models": [], "archs": ["sm_90a"]})", {"m.json: models: empty", "deepseek-v3.2, glm-5"}},
       {R"({"models": [{"preset": "glm-6"}], "archs": ["sm_90a"]})",
        {"m.json: models[0].preset", "\"glm-6\"", "deepseek-v3.2, glm-5"}},
       {R"({"models": [{"tp": [8]}], "archs": ["sm_90a"]})",
@@ -175,8 +168,7 @@ TEST(MatrixTest, EachBadFieldIsNamedWithItsValue) {
        {"m.json: archs[1]", "\"sm_70\"", "sm_80", "sm_120a"}},
       {R"({"models": [{"preset": "glm-5", "archs": ["sm_75"]}], "archs": ["sm_90a"]})",
        {"m.json: models[0].archs[0]", "\"sm_75\""}},
-      {R"({"models": [{"preset": "glm-5"}]})",
-       {"m.json: models[0].archs: empty", "sm_90a"}},
+      {R"({"models": [{"preset": "glm-5"}]})", {"m.json: models[0].archs: empty", "sm_90a"}},
       {R"({"models": [{"preset": "glm-5", "tpp": [8]}], "archs": ["sm_90a"]})",
        {"m.json: not a deployment matrix", "tpp"}},
       {R"({"models": [{"preset": "glm-5")", {"m.json: invalid JSON"}},
@@ -218,8 +210,7 @@ TEST(MatrixTest, ExpandRejectsAnInvalidMatrixBuiltInCode) {
 }
 
 TEST(MatrixTest, MissingFileIsNamed) {
-  absl::StatusOr<v1::DeploymentMatrix> matrix =
-      LoadMatrixFile("/nonexistent/kforge_matrix.json");
+  absl::StatusOr<v1::DeploymentMatrix> matrix = LoadMatrixFile("/nonexistent/kforge_matrix.json");
   ASSERT_FALSE(matrix.ok());
   EXPECT_EQ(matrix.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(Contains(matrix.status().message(), "/nonexistent/kforge_matrix.json"));

@@ -15,12 +15,9 @@
 namespace kforge {
 namespace {
 
-std::string TestKey(int i) {
-  return Sha256Hex("memory-cache-" + std::to_string(i));
-}
+std::string TestKey(int i) { return Sha256Hex("memory-cache-" + std::to_string(i)); }
 
-ArtifactPtr MakeArtifact(const std::string& key, size_t cubin_bytes,
-                         uint64_t seed = 1) {
+ArtifactPtr MakeArtifact(const std::string& key, size_t cubin_bytes, uint64_t seed = 1) {
   return ::kforge::testing::FakeArtifact(key, cubin_bytes, seed);
 }
 
@@ -45,8 +42,7 @@ TEST(MemoryCacheTest, RejectsMismatchedKeyAndNull) {
   MemoryCache cache(1 << 20);
   EXPECT_EQ(cache.Put(TestKey(1), MakeArtifact(TestKey(0), 16)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(cache.Put(TestKey(0), nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.Put(TestKey(0), nullptr).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.Usage().entries, 0u);
 }
 
@@ -120,8 +116,7 @@ TEST(MemoryCacheTest, ConcurrentPutGet) {
     });
   }
   for (std::thread& t : threads) t.join();
-  for (int t = 0; t < kThreads; ++t)
-    EXPECT_EQ(failures[t], 0) << "thread " << t;
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
   const CacheUsage usage = cache.Usage();
   EXPECT_LE(usage.bytes, artifacts[0]->ByteSizeLong() * (kThreads / 2));
   EXPECT_EQ(usage.bytes, usage.entries * artifacts[0]->ByteSizeLong());

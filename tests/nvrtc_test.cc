@@ -58,16 +58,14 @@ TEST_P(NvrtcArchTest, CompilesHeaderKernelToCubin) {
   EXPECT_THAT(result->cubin, StartsWith("\177ELF"));
   EXPECT_GT(result->cubin.size(), 64u);
   EXPECT_THAT(result->options, Contains("-no-cache"));
-  EXPECT_THAT(result->options,
-              Contains(absl::StrCat("--gpu-architecture=", arch)));
+  EXPECT_THAT(result->options, Contains(absl::StrCat("--gpu-architecture=", arch)));
   EXPECT_EQ(result->options, BaseNvrtcOptions(arch));
   EXPECT_GT(result->seconds, 0);
   // The entry point is extern "C", so its name appears unmangled.
   EXPECT_THAT(result->cubin, HasSubstr("kforge_test_scale"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, NvrtcArchTest,
-                         ::testing::Values("sm_80", "sm_90a", "sm_120a"));
+INSTANTIATE_TEST_SUITE_P(Archs, NvrtcArchTest, ::testing::Values("sm_80", "sm_90a", "sm_120a"));
 
 TEST(NvrtcTest, BaseOptionsHaveNoIncludePath) {
   for (const std::string& option : BaseNvrtcOptions("sm_90a")) {
@@ -89,8 +87,7 @@ TEST(NvrtcTest, ExtraOptionsFollowBaseOptions) {
 
 TEST(NvrtcTest, SyntaxErrorReturnsInternalWithLogAndOptions) {
   absl::StatusOr<NvrtcResult> result = CompileWithNvrtc(
-      Request("extern \"C\" __global__ void broken(float* x) { x[0] = 1.f }\n",
-              "sm_90a"));
+      Request("extern \"C\" __global__ void broken(float* x) { x[0] = 1.f }\n", "sm_90a"));
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
   const std::string message(result.status().message());
@@ -110,8 +107,7 @@ TEST(NvrtcTest, HugeLogIsTruncatedAndSaysSo) {
     absl::StrAppend(&source, "x[0] = ", padding, i, ";\n");
   }
   source += "}\n";
-  absl::StatusOr<NvrtcResult> result =
-      CompileWithNvrtc(Request(source, "sm_90a"));
+  absl::StatusOr<NvrtcResult> result = CompileWithNvrtc(Request(source, "sm_90a"));
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
   const std::string message(result.status().message());
@@ -123,15 +119,13 @@ TEST(NvrtcTest, HugeLogIsTruncatedAndSaysSo) {
 // No toolkit include path leaks in: the CUDA runtime header is not reachable
 // even though the toolkit is installed on this machine.
 TEST(NvrtcTest, ToolkitHeadersAreNotReachable) {
-  for (const char* include :
-       {"<cuda_runtime.h>", "<cuda_bf16.h>", "<cuda/std/cstdint>", "<stdint.h>",
-        "\"kforge/test/missing.cuh\""}) {
-    absl::StatusOr<NvrtcResult> result = CompileWithNvrtc(
-        Request(absl::StrCat("#include ", include, "\n", kKernel), "sm_90a"));
+  for (const char* include : {"<cuda_runtime.h>", "<cuda_bf16.h>", "<cuda/std/cstdint>",
+                              "<stdint.h>", "\"kforge/test/missing.cuh\""}) {
+    absl::StatusOr<NvrtcResult> result =
+        CompileWithNvrtc(Request(absl::StrCat("#include ", include, "\n", kKernel), "sm_90a"));
     ASSERT_FALSE(result.ok()) << include;
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
-    EXPECT_THAT(std::string(result.status().message()),
-                HasSubstr("could not open source file"))
+    EXPECT_THAT(std::string(result.status().message()), HasSubstr("could not open source file"))
         << include;
   }
 }
@@ -143,8 +137,7 @@ TEST(NvrtcTest, ProgramDirectoryIsNotSearched) {
       std::filesystem::path(::testing::TempDir()) / "nvrtc_test_srcdir";
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "stray.cuh") << "#define KFORGE_STRAY 1\n";
-  NvrtcRequest request =
-      Request(absl::StrCat("#include \"stray.cuh\"\n", kKernel), "sm_90a");
+  NvrtcRequest request = Request(absl::StrCat("#include \"stray.cuh\"\n", kKernel), "sm_90a");
   request.program_name = (dir / "program.cu").string();
   absl::StatusOr<NvrtcResult> result = CompileWithNvrtc(request);
   std::filesystem::remove_all(dir);
@@ -154,8 +147,7 @@ TEST(NvrtcTest, ProgramDirectoryIsNotSearched) {
 }
 
 TEST(NvrtcTest, VirtualArchIsRejected) {
-  absl::StatusOr<NvrtcResult> result =
-      CompileWithNvrtc(Request(kKernel, "compute_90"));
+  absl::StatusOr<NvrtcResult> result = CompileWithNvrtc(Request(kKernel, "compute_90"));
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(result.status().message()),
@@ -169,13 +161,11 @@ TEST(NvrtcTest, EmptyArchIsRejected) {
 
 // NVRTC is thread-safe for distinct programs; each call owns its own.
 TEST(NvrtcTest, ConcurrentCompilesSucceed) {
-  const std::vector<std::string> archs = {"sm_80", "sm_90a", "sm_120a",
-                                          "sm_90a"};
+  const std::vector<std::string> archs = {"sm_80", "sm_90a", "sm_120a", "sm_90a"};
   std::vector<absl::StatusOr<NvrtcResult>> results(archs.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < archs.size(); ++i) {
-    threads.emplace_back(
-        [&, i] { results[i] = CompileWithNvrtc(Request(kKernel, archs[i])); });
+    threads.emplace_back([&, i] { results[i] = CompileWithNvrtc(Request(kKernel, archs[i])); });
   }
   for (std::thread& thread : threads) thread.join();
   for (size_t i = 0; i < archs.size(); ++i) {

@@ -25,19 +25,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "compiler/compiler.h"
 #include "base/io.h"
+#include "bundle/bundle.h"
+#include "compiler/compiler.h"
 #include "compiler/key.h"
+#include "compiler/manifest.h"
 #include "deploy/matrix.h"
-#include "model/spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/service.grpc.pb.h"
-#include "bundle/bundle.h"
-#include "compiler/manifest.h"
+#include "model/spec.h"
 #include "tests/test_util.h"
 
 namespace kforge {
@@ -57,7 +57,6 @@ constexpr char kArch[] = "sm_90a";
 constexpr char kGlm5Tp8[] =
     R"({"models": [{"preset": "glm-5", "tp": [4, 8], "s_q": [1, 2]}], "archs": ["sm_90a"]})";
 
-
 // ---------------------------------------------------------------------------
 // The kforge binary
 
@@ -66,8 +65,7 @@ constexpr char kGlm5Tp8[] =
 // killed at the end of its scope if still running.
 class Kforge {
  public:
-  Kforge(const fs::path& log, std::vector<std::string> args,
-         std::vector<std::string> env = {})
+  Kforge(const fs::path& log, std::vector<std::string> args, std::vector<std::string> env = {})
       : log_(log) {
     args.insert(args.begin(), kBinary);
     pid_ = testing::SpawnWithLog(std::move(args), std::move(env), log);
@@ -131,8 +129,8 @@ bool IsServing(const std::shared_ptr<grpc::Channel>& channel) {
   grpc::Slice empty("");  // an empty HealthCheckRequest: a buffer of no slices is refused
   grpc::ByteBuffer request(&empty, 1), response;
   std::promise<grpc::Status> done;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                 &response, [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
   if (!done.get_future().get().ok()) return false;
   std::vector<grpc::Slice> slices;
   (void)response.Dump(&slices);
@@ -169,8 +167,8 @@ class PrebuildTest : public ::testing::Test {
 
   RunResult Prebuild(const std::string& matrix_json, const fs::path& out,
                      std::vector<std::string> extra_args = {}) {
-    std::vector<std::string> args = {"prebuild", Matrix(matrix_json), "--out",
-                                     out.string(), "-j", "2"};
+    std::vector<std::string> args = {"prebuild", Matrix(matrix_json), "--out", out.string(), "-j",
+                                     "2"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     return Kf(std::move(args));
   }
@@ -186,10 +184,9 @@ class PrebuildTest : public ::testing::Test {
   // `kforge serve --warm-from bundle` on an empty cache directory.
   std::unique_ptr<ServeProcess> ServeFrom(const fs::path& bundle) {
     const int n = ++runs_;
-    return std::make_unique<ServeProcess>(
-        kBinary, dir_.path() / absl::StrCat("cache", n),
-        dir_.path() / absl::StrCat("serve", n, ".log"),
-        std::vector<std::string>{"--warm-from", bundle.string()});
+    return std::make_unique<ServeProcess>(kBinary, dir_.path() / absl::StrCat("cache", n),
+                                          dir_.path() / absl::StrCat("serve", n, ".log"),
+                                          std::vector<std::string>{"--warm-from", bundle.string()});
   }
 
   // Waits for the warm-up line and a SERVING health answer.
@@ -197,11 +194,10 @@ class PrebuildTest : public ::testing::Test {
     ASSERT_TRUE(server.WaitForAddress());
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(256 << 20);
-    *channel = grpc::CreateCustomChannel(server.address(),
-                                         grpc::InsecureChannelCredentials(), args);
+    *channel =
+        grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args);
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (!absl::StrContains(server.Log(), "kforge: warm-up done") ||
-           !IsServing(*channel)) {
+    while (!absl::StrContains(server.Log(), "kforge: warm-up done") || !IsServing(*channel)) {
       ASSERT_TRUE(server.running()) << server.Log();
       ASSERT_LT(absl::Now(), deadline) << "never warm and SERVING:\n" << server.Log();
       absl::SleepFor(absl::Milliseconds(10));
@@ -253,8 +249,7 @@ TEST_F(PrebuildTest, BundleVerifiesAndWarmsAServerThatThenCompilesNothing) {
   std::unique_ptr<ServeProcess> server = ServeFrom(bundle);
   std::shared_ptr<grpc::Channel> channel;
   ASSERT_NO_FATAL_FAILURE(WaitUntilWarm(*server, &channel));
-  EXPECT_TRUE(
-      Contains(server->Log(), "2 kernels, 2 loaded, 0 already cached, 0 skipped; SERVING"));
+  EXPECT_TRUE(Contains(server->Log(), "2 kernels, 2 loaded, 0 already cached, 0 skipped; SERVING"));
   auto stub = v1::KernelService::NewStub(channel);
   // Every s_q of each model is served by its one kernel.
   for (int tp : {4, 8}) {
@@ -279,10 +274,8 @@ TEST_F(PrebuildTest, SecondRunCompilesNothingAndEveryRunWritesTheSameBytes) {
 
   const RunResult again = Prebuild(kGlm5Tp8, a);
   EXPECT_EQ(again.exit_code, 0) << again.output;
-  EXPECT_TRUE(
-      Contains(again.output, "2 kernels, 2 already in the bundle, nothing to compile"));
-  EXPECT_TRUE(
-      Contains(again.output, "2 kernels, 0 compiled, 2 already in the bundle, 0 failed"));
+  EXPECT_TRUE(Contains(again.output, "2 kernels, 2 already in the bundle, nothing to compile"));
+  EXPECT_TRUE(Contains(again.output, "2 kernels, 0 compiled, 2 already in the bundle, 0 failed"));
   EXPECT_EQ(ReadFileOrEmpty(a / kBundleChecksumsFile), checksums);
 
   // Compiled again at another moment: kernels carry no compile time, so
@@ -346,13 +339,12 @@ TEST_F(PrebuildTest, VerifyUsageAndNotABundleExitTwo) {
 // Four kernels compiled one at a time; the run is stopped after the first
 // (and meanwhile holds the directory against a second prebuild; a killed
 // run's lock goes with it, or the rerun could not start).
-class InterruptedPrebuildTest : public PrebuildTest,
-                                public ::testing::WithParamInterface<int> {};
+class InterruptedPrebuildTest : public PrebuildTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(InterruptedPrebuildTest, LeavesNoBundleThatVerifiesAndTheNextRunCompletesIt) {
   const int signo = GetParam();
-  const std::string matrix = Matrix(
-      R"({"models": [{"preset": "glm-5", "tp": [1, 2, 4, 8]}], "archs": ["sm_90a"]})");
+  const std::string matrix =
+      Matrix(R"({"models": [{"preset": "glm-5", "tp": [1, 2, 4, 8]}], "archs": ["sm_90a"]})");
   const fs::path bundle = dir_.path() / "bundle";
   {
     Kforge run(dir_.path() / "interrupted.log",
@@ -382,15 +374,14 @@ TEST_P(InterruptedPrebuildTest, LeavesNoBundleThatVerifiesAndTheNextRunCompletes
 
   const RunResult rest = Kf({"prebuild", matrix, "--out", bundle.string(), "-j", "2"});
   EXPECT_EQ(rest.exit_code, 0) << rest.output;
-  EXPECT_TRUE(Contains(rest.output, absl::StrCat("4 kernels, ", 4 - kept, " compiled, ",
-                                                 kept, " already in the bundle, 0 failed")));
+  EXPECT_TRUE(Contains(rest.output, absl::StrCat("4 kernels, ", 4 - kept, " compiled, ", kept,
+                                                 " already in the bundle, 0 failed")));
   const RunResult verified = Verify(bundle);
   EXPECT_EQ(verified.exit_code, 0) << verified.output;
   EXPECT_TRUE(Contains(verified.output, "OK, 4 kernels, 4 manifests"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Signals, InterruptedPrebuildTest,
-                         ::testing::Values(SIGINT, SIGKILL),
+INSTANTIATE_TEST_SUITE_P(Signals, InterruptedPrebuildTest, ::testing::Values(SIGINT, SIGKILL),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return std::string(info.param == SIGINT ? "Sigint" : "Sigkill");
                          });
@@ -410,8 +401,9 @@ TEST_F(PrebuildTest, FailedKernelIsNamedItsManifestLeftOutAndTheRestVerifies) {
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_TRUE(Contains(run.output, "  FAIL crashy tp8 bf16 sm_90a:\n    "));
   EXPECT_TRUE(Contains(run.output, "killed by signal"));
-  EXPECT_TRUE(Contains(run.output, "manifests not written (a kernel of theirs failed): "
-                                   "crashy tp8 bf16 sm_90a\n"));
+  EXPECT_TRUE(Contains(run.output,
+                       "manifests not written (a kernel of theirs failed): "
+                       "crashy tp8 bf16 sm_90a\n"));
   EXPECT_TRUE(Contains(run.output,
                        "2 kernels, 1 compiled, 0 already in the bundle, 1 failed; 1 manifests"));
   const std::vector<fs::path> manifests = FilesIn(bundle / "manifests");
@@ -453,8 +445,7 @@ void RekeyOnlyKernel(const fs::path& bundle) {
   ASSERT_TRUE(artifact.ParseFromString(ReadFileOrEmpty(kernels[0])));
   v1::Manifest manifest;
   ASSERT_TRUE(
-      google::protobuf::util::JsonStringToMessage(ReadFileOrEmpty(manifests[0]), &manifest)
-          .ok());
+      google::protobuf::util::JsonStringToMessage(ReadFileOrEmpty(manifests[0]), &manifest).ok());
   ASSERT_EQ(manifest.variants_size(), 1);
   const std::string other_key = Sha256Hex("a kernel of another kforge");
   artifact.set_key(other_key);
@@ -469,8 +460,7 @@ void RekeyOnlyKernel(const fs::path& bundle) {
 
 TEST_F(PrebuildTest, ServeSkipsAKernelItWouldNotBuildAndStillServes) {
   const fs::path bundle = dir_.path() / "bundle";
-  ASSERT_EQ(Prebuild(R"({"models": [{"preset": "glm-5", "tp": [8]}], "archs": ["sm_90a"]})",
-                     bundle)
+  ASSERT_EQ(Prebuild(R"({"models": [{"preset": "glm-5", "tp": [8]}], "archs": ["sm_90a"]})", bundle)
                 .exit_code,
             0);
   ASSERT_NO_FATAL_FAILURE(RekeyOnlyKernel(bundle));
@@ -482,8 +472,7 @@ TEST_F(PrebuildTest, ServeSkipsAKernelItWouldNotBuildAndStillServes) {
   ASSERT_NO_FATAL_FAILURE(WaitUntilWarm(*server, &channel));
   EXPECT_TRUE(Contains(server->Log(), "kforge: warm-up skipped sparse_mla_decode_h8_"));
   EXPECT_TRUE(Contains(server->Log(), "built by another kforge"));
-  EXPECT_TRUE(
-      Contains(server->Log(), "1 kernels, 0 loaded, 0 already cached, 1 skipped; SERVING"));
+  EXPECT_TRUE(Contains(server->Log(), "1 kernels, 0 loaded, 0 already cached, 1 skipped; SERVING"));
   // The kernel is compiled on demand instead.
   auto stub = v1::KernelService::NewStub(channel);
   grpc::Status status;

@@ -65,8 +65,7 @@ TEST(ProgressTest, TerminalRedrawsOneStatusLineWithEta) {
   clock.now += absl::Seconds(10);
   progress.Done("kernel a", true, 10.0);
   // One of four done in 10 s: three more at the mean rate is 30 s.
-  EXPECT_TRUE(Contains(out.str(),
-                       "\r[#####---------------] 1/4  0:10  ETA 0:30  kernel a\x1b[K"));
+  EXPECT_TRUE(Contains(out.str(), "\r[#####---------------] 1/4  0:10  ETA 0:30  kernel a\x1b[K"));
   clock.now += absl::Seconds(10);
   progress.Done("kernel b", true, 10.0);
   EXPECT_TRUE(Contains(out.str(), "2/4  0:20  ETA 0:20  kernel b"));
@@ -156,9 +155,8 @@ TEST(ProgressTest, ConcurrentWorkersEachGetOneWholeLine) {
   for (absl::string_view line : absl::StrSplit(out.str(), '\n')) {
     if (!absl::StartsWith(line, "[")) continue;
     int n = 0;
-    ASSERT_TRUE(absl::SimpleAtoi(absl::StripLeadingAsciiWhitespace(
-                                     line.substr(1, line.find('/') - 1)),
-                                 &n))
+    ASSERT_TRUE(
+        absl::SimpleAtoi(absl::StripLeadingAsciiWhitespace(line.substr(1, line.find('/') - 1)), &n))
         << line;
     EXPECT_TRUE(Contains(line, "s t")) << line;
     counters.insert(n);

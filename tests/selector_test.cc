@@ -9,18 +9,19 @@
 #include "absl/strings/str_cat.h"
 #include "compiler/codegen.h"
 #include "compiler/compiler.h"
+#include "compiler/manifest.h"
+#include "gtest/gtest.h"
 #include "model/launch.h"
 #include "model/spec.h"
-#include "gtest/gtest.h"
-#include "compiler/manifest.h"
 
 namespace kforge {
 namespace {
 
 // gtest only (no gmock): substring checks with the haystack in the message.
-#define EXPECT_CONTAINS(haystack, needle) \
+#define EXPECT_CONTAINS(haystack, needle)                          \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
-      << "missing \"" << (needle) << "\" in:\n" << (haystack)
+      << "missing \"" << (needle) << "\" in:\n"                    \
+      << (haystack)
 
 constexpr int kSms = 132;
 
@@ -88,8 +89,8 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
     EXPECT_EQ(sel.combine_grid_y, (v.spec().num_q_heads() + warps - 1) / warps);
     EXPECT_GE(sel.combine_grid_y * warps, v.spec().num_q_heads());
     EXPECT_EQ(sel.combine_block_threads, l.combine_block_threads());
-    EXPECT_EQ(sel.workspace_bytes, static_cast<uint64_t>(sel.num_splits) *
-                                       sel.num_tokens * l.workspace_bytes_per_split_token());
+    EXPECT_EQ(sel.workspace_bytes, static_cast<uint64_t>(sel.num_splits) * sel.num_tokens *
+                                       l.workspace_bytes_per_split_token());
   } else {
     EXPECT_EQ(sel.combine_grid_x, 0u);
     EXPECT_EQ(sel.combine_grid_y, 0u);
@@ -97,8 +98,7 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   }
 }
 
-class SelectorTable
-    : public ::testing::TestWithParam<std::tuple<std::string, int, std::string>> {};
+class SelectorTable : public ::testing::TestWithParam<std::tuple<std::string, int, std::string>> {};
 
 TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
   const auto& [preset, tp, arch] = GetParam();
@@ -134,19 +134,19 @@ TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllPresets, SelectorTable,
-    ::testing::Combine(::testing::Values("deepseek-v3.2", "glm-5"),
-                       ::testing::Values(1, 2, 4, 8),
-                       ::testing::Values("sm_80", "sm_90a", "sm_120a")),
-    [](const auto& info) {
-      std::string name = absl::StrCat(std::get<0>(info.param), "_tp", std::get<1>(info.param),
-                                      "_", std::get<2>(info.param));
-      for (char& c : name) {
-        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(AllPresets, SelectorTable,
+                         ::testing::Combine(::testing::Values("deepseek-v3.2", "glm-5"),
+                                            ::testing::Values(1, 2, 4, 8),
+                                            ::testing::Values("sm_80", "sm_90a", "sm_120a")),
+                         [](const auto& info) {
+                           std::string name =
+                               absl::StrCat(std::get<0>(info.param), "_tp", std::get<1>(info.param),
+                                            "_", std::get<2>(info.param));
+                           for (char& c : name) {
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
 
 TEST(BuildManifest, OneVariantServesEverySqAndTheSelectorEvaluatesSplits) {
   absl::StatusOr<v1::AttentionSpec> asked = SpecFromPreset("glm-5", 8);
@@ -185,8 +185,7 @@ TEST(Select, SplitsShrinkAsTheBatchGrows) {
   const v1::AttentionSpec& spec = m.variants(0).spec();
   int previous = 1 << 30;
   for (int batch = 1; batch <= 256; batch *= 2) {
-    absl::StatusOr<Selection> sel =
-        Select(m, DeviceInfo{"sm_90a", kSms}, ShapeFor(spec, batch, 1));
+    absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms}, ShapeFor(spec, batch, 1));
     ASSERT_TRUE(sel.ok()) << sel.status();
     EXPECT_LE(sel->num_splits, previous) << "batch " << batch;
     previous = sel->num_splits;
@@ -206,8 +205,8 @@ class NothingFits : public ::testing::Test {
     const std::string report(sel.status().message());
     EXPECT_CONTAINS(report, ("no kernel variant fits: required arch"));
     for (int i = 0; i < m_.variants_size(); ++i) {
-      EXPECT_CONTAINS(report, (absl::StrCat("variant ", i, " ",
-                                                 m_.variants(i).module_name(), ": supports")));
+      EXPECT_CONTAINS(
+          report, (absl::StrCat("variant ", i, " ", m_.variants(i).module_name(), ": supports")));
     }
     return report;
   }
@@ -259,7 +258,7 @@ TEST_F(NothingFits, WrongPageSizeAndSeveralFeaturesAtOnce) {
   const std::string r = ExpectReport({"sm_120a", kSms}, shape_);
   EXPECT_CONTAINS(r, ("page_size=32 (supports 64)"));
   EXPECT_CONTAINS(r, ("missing arch sm_120a (is sm_90a), topk=1024 (supports 2048), "
-                           "page_size=32 (supports 64)"));
+                      "page_size=32 (supports 64)"));
 }
 
 TEST_F(NothingFits, EmptyManifest) {
@@ -287,12 +286,17 @@ TEST(SelectInvalid, ShapeDeviceAndManifestFieldsAreNamed) {
   const Case cases[] = {
       {"shape.batch", with([](RuntimeShape& s) { s.batch = 0; }), {"sm_90a", kSms}},
       {"shape.batch", with([](RuntimeShape& s) { s.batch = -3; }), {"sm_90a", kSms}},
-      {"shape.batch", with([](RuntimeShape& s) { s.batch = 40000; s.s_q = 2; }),
+      {"shape.batch",
+       with([](RuntimeShape& s) {
+         s.batch = 40000;
+         s.s_q = 2;
+       }),
        {"sm_90a", kSms}},
       {"shape.s_q", with([](RuntimeShape& s) { s.s_q = 0; }), {"sm_90a", kSms}},
       {"shape.num_q_heads", with([](RuntimeShape& s) { s.num_q_heads = 0; }), {"sm_90a", kSms}},
       {"shape.topk", with([](RuntimeShape& s) { s.topk = -1; }), {"sm_90a", kSms}},
-      {"shape.page_block_size", with([](RuntimeShape& s) { s.page_block_size = 0; }),
+      {"shape.page_block_size",
+       with([](RuntimeShape& s) { s.page_block_size = 0; }),
        {"sm_90a", kSms}},
       {"shape.kv_dtype",
        with([](RuntimeShape& s) { s.kv_dtype = v1::KV_CACHE_DTYPE_UNSPECIFIED; }),

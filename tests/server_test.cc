@@ -12,8 +12,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -29,14 +29,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "model/cubin.h"
-#include "model/spec.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/service.grpc.pb.h"
+#include "model/cubin.h"
+#include "model/spec.h"
 #include "service/status_mapping.h"
 #include "tests/test_util.h"
 
@@ -70,9 +70,8 @@ std::shared_ptr<grpc::Channel> Connect(const std::string& address) {
 
 // A unary call with raw request bytes, as a client without our .proto
 // (or without the health/reflection protos) makes it.
-grpc::Status RawUnary(grpc::Channel* channel, const std::string& method,
-                      const std::string& request, std::string* response,
-                      absl::Duration timeout = absl::Seconds(10)) {
+grpc::Status RawUnary(grpc::Channel* channel, const std::string& method, const std::string& request,
+                      std::string* response, absl::Duration timeout = absl::Seconds(10)) {
   grpc::GenericStub stub(channel->shared_from_this());
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -80,8 +79,8 @@ grpc::Status RawUnary(grpc::Channel* channel, const std::string& method,
   grpc::ByteBuffer request_buffer(&slice, 1);
   grpc::ByteBuffer response_buffer;
   std::promise<grpc::Status> done;
-  stub.UnaryCall(&context, method, grpc::StubOptions(), &request_buffer,
-                 &response_buffer, [&done](grpc::Status s) { done.set_value(s); });
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request_buffer, &response_buffer,
+                 [&done](grpc::Status s) { done.set_value(s); });
   grpc::Status status = done.get_future().get();
   if (status.ok()) {
     std::vector<grpc::Slice> slices;
@@ -98,8 +97,8 @@ grpc::Status RawUnary(grpc::Channel* channel, const std::string& method,
 // the response's field 1 (status) is 1 for SERVING.
 bool IsServing(grpc::Channel* channel) {
   std::string response;
-  grpc::Status s = RawUnary(channel, "/grpc.health.v1.Health/Check", "", &response,
-                            absl::Seconds(2));
+  grpc::Status s =
+      RawUnary(channel, "/grpc.health.v1.Health/Check", "", &response, absl::Seconds(2));
   return s.ok() && response == std::string("\x08\x01", 2);
 }
 
@@ -107,8 +106,7 @@ bool IsServing(grpc::Channel* channel) {
 // once health checking says SERVING.
 class ServerProcess : public ::kforge::testing::ServeProcess {
  public:
-  ServerProcess(const fs::path& cache_dir, const fs::path& log,
-                std::vector<std::string> args = {},
+  ServerProcess(const fs::path& cache_dir, const fs::path& log, std::vector<std::string> args = {},
                 std::vector<std::string> env = {})
       : ServeProcess(kBinary, cache_dir, log, std::move(args), std::move(env)) {}
 
@@ -183,8 +181,8 @@ std::vector<fs::path> EntryFiles(const fs::path& dir, const std::string& key) {
   std::vector<fs::path> found;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    if (e.is_regular_file() && absl::StartsWith(name, key) &&
-        !absl::EndsWith(name, ".lock") && !absl::StrContains(name, ".tmp")) {
+    if (e.is_regular_file() && absl::StartsWith(name, key) && !absl::EndsWith(name, ".lock") &&
+        !absl::StrContains(name, ".tmp")) {
       found.push_back(e.path());
     }
   }
@@ -221,8 +219,8 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<ServerProcess> StartServer(std::vector<std::string> args = {},
                                              std::vector<std::string> env = {}) {
     auto server = std::make_unique<ServerProcess>(
-        cache_dir(), tmp_.path() / absl::StrCat("server", ++servers_, ".log"),
-        std::move(args), std::move(env));
+        cache_dir(), tmp_.path() / absl::StrCat("server", ++servers_, ".log"), std::move(args),
+        std::move(env));
     if (!server->WaitUntilServing()) return nullptr;
     return server;
   }
@@ -338,11 +336,9 @@ TEST_F(ServerTest, SigkillDuringCompileLeavesNothingServableAndRestartsCleanly) 
     std::unique_ptr<ServerProcess> server =
         StartServer({"--test-worker-hang-topk", absl::StrCat(kFaultTopk)});
     ASSERT_NE(server, nullptr);
-    auto call = std::async(std::launch::async,
-                           [&] { return GetKernel(server->stub(), hanging); });
-    ASSERT_TRUE(WaitForStats(server->stub(), [](const v1::StatsResponse& s) {
-      return s.in_flight_compiles() == 1;
-    }));
+    auto call = std::async(std::launch::async, [&] { return GetKernel(server->stub(), hanging); });
+    ASSERT_TRUE(WaitForStats(
+        server->stub(), [](const v1::StatsResponse& s) { return s.in_flight_compiles() == 1; }));
     // in_flight counts from just before the spawn: let the worker start.
     absl::SleepFor(absl::Milliseconds(300));
     server->Signal(SIGKILL);
@@ -374,11 +370,9 @@ TEST_F(ServerTest, CrashingWorkerFailsOnlyItsRequest) {
   std::unique_ptr<ServerProcess> server =
       StartServer({"--workers", "2", "--test-worker-crash-topk", absl::StrCat(kFaultTopk)});
   ASSERT_NE(server, nullptr);
-  auto crashing = std::async(std::launch::async, [&] {
-    return GetKernel(server->stub(), Glm5(8, kFaultTopk));
-  });
-  auto good = std::async(std::launch::async,
-                         [&] { return GetKernel(server->stub(), Glm5()); });
+  auto crashing = std::async(std::launch::async,
+                             [&] { return GetKernel(server->stub(), Glm5(8, kFaultTopk)); });
+  auto good = std::async(std::launch::async, [&] { return GetKernel(server->stub(), Glm5()); });
   Reply crashed = crashing.get();
   EXPECT_EQ(crashed.status.error_code(), grpc::StatusCode::INTERNAL)
       << crashed.status.error_message();
@@ -401,18 +395,14 @@ TEST_F(ServerTest, FullQueueIsResourceExhaustedAtOnce) {
                    absl::StrCat(kFaultTopk)});
   ASSERT_NE(server, nullptr);
   // One job hangs in the only worker, a second waits in the queue.
-  auto running = std::async(std::launch::async, [&] {
-    return GetKernel(server->stub(), Glm5(8, kFaultTopk));
-  });
-  ASSERT_TRUE(WaitForStats(server->stub(), [](const v1::StatsResponse& s) {
-    return s.in_flight_compiles() == 1;
-  }));
-  auto queued = std::async(std::launch::async, [&] {
-    return GetKernel(server->stub(), Glm5(4, kFaultTopk));
-  });
-  ASSERT_TRUE(WaitForStats(server->stub(), [](const v1::StatsResponse& s) {
-    return s.queue_depth() == 1;
-  }));
+  auto running = std::async(std::launch::async,
+                            [&] { return GetKernel(server->stub(), Glm5(8, kFaultTopk)); });
+  ASSERT_TRUE(WaitForStats(server->stub(),
+                           [](const v1::StatsResponse& s) { return s.in_flight_compiles() == 1; }));
+  auto queued = std::async(std::launch::async,
+                           [&] { return GetKernel(server->stub(), Glm5(4, kFaultTopk)); });
+  ASSERT_TRUE(WaitForStats(server->stub(),
+                           [](const v1::StatsResponse& s) { return s.queue_depth() == 1; }));
   const absl::Time start = absl::Now();
   Reply rejected = GetKernel(server->stub(), Glm5(2, kFaultTopk));
   EXPECT_EQ(rejected.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
@@ -431,10 +421,8 @@ TEST_F(ServerTest, DeadlineIsHonouredWhileACompileHangs) {
       StartServer({"--test-worker-hang-topk", absl::StrCat(kFaultTopk)});
   ASSERT_NE(server, nullptr);
   const absl::Time start = absl::Now();
-  Reply r = GetKernel(server->stub(), Glm5(8, kFaultTopk), kArch, false,
-                      absl::Milliseconds(1500));
-  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
-      << r.status.error_message();
+  Reply r = GetKernel(server->stub(), Glm5(8, kFaultTopk), kArch, false, absl::Milliseconds(1500));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << r.status.error_message();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   Reply other = GetKernel(server->stub(), Glm5());
   EXPECT_TRUE(other.status.ok()) << other.status.error_message();
@@ -540,11 +528,9 @@ TEST_F(ServerTest, HealthAndReflectionAnswer) {
       services.push_back(service.field(0).length_delimited());
     }
   }
-  EXPECT_NE(std::find(services.begin(), services.end(), "kforge.v1.KernelService"),
-            services.end())
+  EXPECT_NE(std::find(services.begin(), services.end(), "kforge.v1.KernelService"), services.end())
       << "services: " << absl::StrJoin(services, ", ");
-  EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"),
-            services.end());
+  EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"), services.end());
 
   // file_containing_symbol (4) -> file_descriptor_response (4) {
   // file_descriptor_proto (1) }: the descriptor a stock tool decodes with.
@@ -690,11 +676,9 @@ TEST_F(ServerTest, ManifestIsServed) {
 TEST_F(ServerTest, SigtermFinishesTheInFlightCallThenExitsZero) {
   std::unique_ptr<ServerProcess> server = StartServer();
   ASSERT_NE(server, nullptr);
-  auto call = std::async(std::launch::async,
-                         [&] { return GetKernel(server->stub(), Glm5()); });
-  ASSERT_TRUE(WaitForStats(server->stub(), [](const v1::StatsResponse& s) {
-    return s.in_flight_compiles() == 1;
-  }));
+  auto call = std::async(std::launch::async, [&] { return GetKernel(server->stub(), Glm5()); });
+  ASSERT_TRUE(WaitForStats(server->stub(),
+                           [](const v1::StatsResponse& s) { return s.in_flight_compiles() == 1; }));
   server->Signal(SIGTERM);
   Reply r = call.get();
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
@@ -708,15 +692,14 @@ TEST_F(ServerTest, SigtermFinishesTheInFlightCallThenExitsZero) {
 // timeout (120 s): once the grace period is over the compile is killed, the
 // call ends and the server exits 0.
 TEST_F(ServerTest, SigtermAbandonsAHungCompileAfterTheGracePeriod) {
-  std::unique_ptr<ServerProcess> server = StartServer(
-      {"--shutdown-grace", "1", "--test-worker-hang-topk", absl::StrCat(kFaultTopk)});
+  std::unique_ptr<ServerProcess> server =
+      StartServer({"--shutdown-grace", "1", "--test-worker-hang-topk", absl::StrCat(kFaultTopk)});
   ASSERT_NE(server, nullptr);
   auto call = std::async(std::launch::async, [&] {
     return GetKernel(server->stub(), Glm5(8, kFaultTopk), kArch, false, absl::Seconds(60));
   });
-  ASSERT_TRUE(WaitForStats(server->stub(), [](const v1::StatsResponse& s) {
-    return s.in_flight_compiles() == 1;
-  }));
+  ASSERT_TRUE(WaitForStats(server->stub(),
+                           [](const v1::StatsResponse& s) { return s.in_flight_compiles() == 1; }));
   const absl::Time start = absl::Now();
   server->Signal(SIGTERM);
   Reply r = call.get();
@@ -731,10 +714,9 @@ TEST_F(ServerTest, PortInUseFailsClearly) {
   std::unique_ptr<ServerProcess> server = StartServer();
   ASSERT_NE(server, nullptr);
   std::string output;
-  const int rc = RunCommand(
-      absl::StrCat(kBinary, " serve --listen ", server->address(), " --cache-dir ",
-                   (tmp_.path() / "other").string()),
-      &output);
+  const int rc = RunCommand(absl::StrCat(kBinary, " serve --listen ", server->address(),
+                                         " --cache-dir ", (tmp_.path() / "other").string()),
+                            &output);
   EXPECT_EQ(rc, 1) << output;
   EXPECT_TRUE(Contains(output, absl::StrCat("cannot listen on ", server->address())));
 }
@@ -744,8 +726,7 @@ TEST_F(ServerTest, CliGetAndStats) {
   ASSERT_NE(server, nullptr);
   const fs::path out = tmp_.path() / "out";
   const std::string get = absl::StrCat(kBinary, " get --server ", server->address(),
-                                       " --preset glm-5 --tp 8 --arch sm_90a -o ",
-                                       out.string());
+                                       " --preset glm-5 --tp 8 --arch sm_90a -o ", out.string());
   std::string output;
   ASSERT_EQ(RunCommand(get, &output), 0) << output;
   EXPECT_TRUE(Contains(output, "source compiled"));
@@ -759,9 +740,7 @@ TEST_F(ServerTest, CliGetAndStats) {
   EXPECT_TRUE(Contains(ReadFileOrEmpty(out / (module + ".json")),
                        absl::StrCat("\"module_name\": \"", module, "\"")));
 
-  ASSERT_EQ(RunCommand(absl::StrCat(kBinary, " stats --server ", server->address()),
-                       &output),
-            0)
+  ASSERT_EQ(RunCommand(absl::StrCat(kBinary, " stats --server ", server->address()), &output), 0)
       << output;
   EXPECT_TRUE(Contains(output, "\"compiles\": \"1\""));
   EXPECT_TRUE(Contains(output, "\"memory_hits\": \"2\""));
@@ -773,8 +752,8 @@ TEST_F(ServerTest, CliGetAndStats) {
   const std::string address = server->address();
   Stop(std::move(server));
   EXPECT_EQ(RunCommand(absl::StrCat(kBinary, " stats --server ", address), &output), 1);
-  EXPECT_TRUE(Contains(output, absl::StrCat("kforge: cannot reach kforge server at ",
-                                            address, ": ")));
+  EXPECT_TRUE(
+      Contains(output, absl::StrCat("kforge: cannot reach kforge server at ", address, ": ")));
 }
 
 // A compile log far beyond what a client accepts in the status trailer
@@ -783,14 +762,13 @@ TEST_F(ServerTest, CliGetAndStats) {
 TEST(ToGrpcStatusTest, LongMessagesAreTruncatedAndStillDelivered) {
   std::string log;
   for (int i = 0; log.size() < 200 * 1024; ++i) {
-    absl::StrAppend(&log, "kforge_unit.cu(", i, "): error: identifier \"x", i,
-                    "\" is undefined\n");
+    absl::StrAppend(&log, "kforge_unit.cu(", i, "): error: identifier \"x", i, "\" is undefined\n");
   }
   class LongError final : public v1::KernelService::CallbackService {
    public:
     explicit LongError(std::string log) : log_(std::move(log)) {}
-    grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
-                                    const v1::StatsRequest*, v1::StatsResponse*) override {
+    grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context, const v1::StatsRequest*,
+                                    v1::StatsResponse*) override {
       grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
       reactor->Finish(ToGrpcStatus(absl::InternalError(log_)));
       return reactor;

@@ -23,8 +23,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
 #include "kforge/v1/spec.pb.h"
+#include "tests/test_util.h"
 
 namespace kforge {
 namespace {
@@ -58,8 +58,7 @@ TEST_P(ValidateSpecTest, Field) {
   }
   ASSERT_FALSE(status.ok());
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(status.message(),
-                       absl::StrCat(c.field, ": got ", c.got, ", supported ")));
+  EXPECT_TRUE(Contains(status.message(), absl::StrCat(c.field, ": got ", c.got, ", supported ")));
   // Exactly one problem: no "; " separator.
   EXPECT_FALSE(absl::StrContains(status.message(), "; ")) << status;
   absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec);
@@ -84,78 +83,54 @@ INSTANTIATE_TEST_SUITE_P(
         FieldCase{"Heads1", "", "", [](S& s) { s.set_num_q_heads(1); }},
         FieldCase{"Heads3", "", "", [](S& s) { s.set_num_q_heads(3); }},
         FieldCase{"Heads128", "", "", [](S& s) { s.set_num_q_heads(128); }},
-        FieldCase{"Heads0", "num_q_heads", "0",
-                  [](S& s) { s.set_num_q_heads(0); }},
-        FieldCase{"Heads129", "num_q_heads", "129",
-                  [](S& s) { s.set_num_q_heads(129); }},
+        FieldCase{"Heads0", "num_q_heads", "0", [](S& s) { s.set_num_q_heads(0); }},
+        FieldCase{"Heads129", "num_q_heads", "129", [](S& s) { s.set_num_q_heads(129); }},
         // kv_lora_rank
         FieldCase{"Rank64", "", "", [](S& s) { s.set_kv_lora_rank(64); }},
         FieldCase{"Rank256", "", "", [](S& s) { s.set_kv_lora_rank(256); }},
-        FieldCase{"Rank0", "kv_lora_rank", "0",
-                  [](S& s) { s.set_kv_lora_rank(0); }},
-        FieldCase{"Rank32", "kv_lora_rank", "32",
-                  [](S& s) { s.set_kv_lora_rank(32); }},
-        FieldCase{"Rank100", "kv_lora_rank", "100",
-                  [](S& s) { s.set_kv_lora_rank(100); }},
-        FieldCase{"Rank576", "kv_lora_rank", "576",
-                  [](S& s) { s.set_kv_lora_rank(576); }},
+        FieldCase{"Rank0", "kv_lora_rank", "0", [](S& s) { s.set_kv_lora_rank(0); }},
+        FieldCase{"Rank32", "kv_lora_rank", "32", [](S& s) { s.set_kv_lora_rank(32); }},
+        FieldCase{"Rank100", "kv_lora_rank", "100", [](S& s) { s.set_kv_lora_rank(100); }},
+        FieldCase{"Rank576", "kv_lora_rank", "576", [](S& s) { s.set_kv_lora_rank(576); }},
         // rope_dim
         FieldCase{"Rope0", "", "", [](S& s) { s.set_rope_dim(0); }},
-        FieldCase{"RopeUnset", "rope_dim", "unset",
-                  [](S& s) { s.clear_rope_dim(); }},
+        FieldCase{"RopeUnset", "rope_dim", "unset", [](S& s) { s.clear_rope_dim(); }},
         FieldCase{"Rope32", "rope_dim", "32", [](S& s) { s.set_rope_dim(32); }},
-        FieldCase{"Rope128", "rope_dim", "128",
-                  [](S& s) { s.set_rope_dim(128); }},
+        FieldCase{"Rope128", "rope_dim", "128", [](S& s) { s.set_rope_dim(128); }},
         // topk
         FieldCase{"Topk1", "", "", [](S& s) { s.set_topk(1); }},
         FieldCase{"Topk16384", "", "", [](S& s) { s.set_topk(16384); }},
         FieldCase{"Topk0", "topk", "0", [](S& s) { s.set_topk(0); }},
-        FieldCase{"Topk16385", "topk", "16385",
-                  [](S& s) { s.set_topk(16385); }},
+        FieldCase{"Topk16385", "topk", "16385", [](S& s) { s.set_topk(16385); }},
         // s_q
         FieldCase{"Sq4", "", "", [](S& s) { s.set_s_q(4); }},
         FieldCase{"Sq5", "s_q", "5", [](S& s) { s.set_s_q(5); }},
         // kv_cache_dtype
-        FieldCase{
-            "DtypeUnspecified", "kv_cache_dtype", "KV_CACHE_DTYPE_UNSPECIFIED",
-            [](S& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_UNSPECIFIED); }},
-        FieldCase{
-            "DtypeFp8", "kv_cache_dtype", "KV_CACHE_DTYPE_FP8_DS_MLA",
-            [](S& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA); }},
+        FieldCase{"DtypeUnspecified", "kv_cache_dtype", "KV_CACHE_DTYPE_UNSPECIFIED",
+                  [](S& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_UNSPECIFIED); }},
+        FieldCase{"DtypeFp8", "kv_cache_dtype", "KV_CACHE_DTYPE_FP8_DS_MLA",
+                  [](S& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA); }},
         FieldCase{"DtypeOutOfRange", "kv_cache_dtype", "9",
-                  [](S& s) {
-                    s.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(9));
-                  }},
+                  [](S& s) { s.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(9)); }},
         // page_block_size
         FieldCase{"Page1", "", "", [](S& s) { s.set_page_block_size(1); }},
         FieldCase{"Page17", "", "", [](S& s) { s.set_page_block_size(17); }},
-        FieldCase{"Page4096", "", "",
-                  [](S& s) { s.set_page_block_size(4096); }},
-        FieldCase{"Page0", "page_block_size", "0",
-                  [](S& s) { s.set_page_block_size(0); }},
-        FieldCase{"Page4097", "page_block_size", "4097",
-                  [](S& s) { s.set_page_block_size(4097); }},
+        FieldCase{"Page4096", "", "", [](S& s) { s.set_page_block_size(4096); }},
+        FieldCase{"Page0", "page_block_size", "0", [](S& s) { s.set_page_block_size(0); }},
+        FieldCase{"Page4097", "page_block_size", "4097", [](S& s) { s.set_page_block_size(4097); }},
         // softmax_scale
-        FieldCase{"ScaleSmall", "", "",
-                  [](S& s) { s.set_softmax_scale(1e-6f); }},
-        FieldCase{"ScaleLarge", "", "",
-                  [](S& s) { s.set_softmax_scale(4.0f); }},
-        FieldCase{"ScaleZero", "softmax_scale", "0",
-                  [](S& s) { s.set_softmax_scale(0.0f); }},
+        FieldCase{"ScaleSmall", "", "", [](S& s) { s.set_softmax_scale(1e-6f); }},
+        FieldCase{"ScaleLarge", "", "", [](S& s) { s.set_softmax_scale(4.0f); }},
+        FieldCase{"ScaleZero", "softmax_scale", "0", [](S& s) { s.set_softmax_scale(0.0f); }},
         FieldCase{"ScaleNegative", "softmax_scale", "-0.5",
                   [](S& s) { s.set_softmax_scale(-0.5f); }},
-        FieldCase{"ScaleNan", "softmax_scale", "nan",
-                  [](S& s) { s.set_softmax_scale(kNan); }},
-        FieldCase{"ScaleInf", "softmax_scale", "inf",
-                  [](S& s) { s.set_softmax_scale(kInf); }},
-        FieldCase{"ScaleNegInf", "softmax_scale", "-inf",
-                  [](S& s) { s.set_softmax_scale(-kInf); }},
+        FieldCase{"ScaleNan", "softmax_scale", "nan", [](S& s) { s.set_softmax_scale(kNan); }},
+        FieldCase{"ScaleInf", "softmax_scale", "inf", [](S& s) { s.set_softmax_scale(kInf); }},
+        FieldCase{"ScaleNegInf", "softmax_scale", "-inf", [](S& s) { s.set_softmax_scale(-kInf); }},
         // return_lse
         FieldCase{"LseFalse", "", "", [](S& s) { s.set_return_lse(false); }},
         FieldCase{"LseTrue", "", "", [](S& s) { s.set_return_lse(true); }}),
-    [](const ::testing::TestParamInfo<FieldCase>& info) {
-      return info.param.name;
-    });
+    [](const ::testing::TestParamInfo<FieldCase>& info) { return info.param.name; });
 
 TEST(ValidateSpecTest, Fp8SaysReserved) {
   v1::AttentionSpec spec = GoodSpec();
@@ -172,11 +147,8 @@ TEST(ValidateSpecTest, ReportsAllBadFieldsInFieldOrder) {
   absl::Status status = ValidateSpec(spec);
   ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   const std::vector<std::string> fields = {
-      "kind: got",           "num_q_heads: got",
-      "kv_lora_rank: got",   "rope_dim: got",
-      "topk: got",           "s_q: got",
-      "kv_cache_dtype: got", "page_block_size: got",
-      "softmax_scale: got"};
+      "kind: got", "num_q_heads: got",    "kv_lora_rank: got",    "rope_dim: got",     "topk: got",
+      "s_q: got",  "kv_cache_dtype: got", "page_block_size: got", "softmax_scale: got"};
   size_t last = 0;
   for (const std::string& field : fields) {
     size_t pos = status.message().find(field);
@@ -263,23 +235,22 @@ TEST_P(SpecFromPresetTest, SplitsHeads) {
   EXPECT_TRUE(ValidateSpec(*spec).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Both, SpecFromPresetTest,
-    ::testing::Values(PresetCase{"deepseek-v3.2", 1, 128, 0.135234f},
-                      PresetCase{"deepseek-v3.2", 2, 64, 0.135234f},
-                      PresetCase{"deepseek-v3.2", 4, 32, 0.135234f},
-                      PresetCase{"deepseek-v3.2", 8, 16, 0.135234f},
-                      PresetCase{"glm-5", 1, 64, 0.0625f},
-                      PresetCase{"glm-5", 2, 32, 0.0625f},
-                      PresetCase{"glm-5", 4, 16, 0.0625f},
-                      PresetCase{"glm-5", 8, 8, 0.0625f}),
-    [](const ::testing::TestParamInfo<PresetCase>& info) {
-      std::string name = absl::StrCat(info.param.preset, "_tp", info.param.tp);
-      for (char& c : name) {
-        if (!absl::ascii_isalnum(c)) c = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Both, SpecFromPresetTest,
+                         ::testing::Values(PresetCase{"deepseek-v3.2", 1, 128, 0.135234f},
+                                           PresetCase{"deepseek-v3.2", 2, 64, 0.135234f},
+                                           PresetCase{"deepseek-v3.2", 4, 32, 0.135234f},
+                                           PresetCase{"deepseek-v3.2", 8, 16, 0.135234f},
+                                           PresetCase{"glm-5", 1, 64, 0.0625f},
+                                           PresetCase{"glm-5", 2, 32, 0.0625f},
+                                           PresetCase{"glm-5", 4, 16, 0.0625f},
+                                           PresetCase{"glm-5", 8, 8, 0.0625f}),
+                         [](const ::testing::TestParamInfo<PresetCase>& info) {
+                           std::string name = absl::StrCat(info.param.preset, "_tp", info.param.tp);
+                           for (char& c : name) {
+                             if (!absl::ascii_isalnum(c)) c = '_';
+                           }
+                           return name;
+                         });
 
 TEST(SpecFromPresetTest, BadTensorParallel) {
   for (const char* preset : {"deepseek-v3.2", "glm-5"}) {
@@ -287,8 +258,7 @@ TEST(SpecFromPresetTest, BadTensorParallel) {
       absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(preset, tp);
       ASSERT_FALSE(spec.ok()) << preset << " tp " << tp;
       EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_TRUE(Contains(spec.status().message(),
-                           absl::StrCat("tensor_parallel: got ", tp)));
+      EXPECT_TRUE(Contains(spec.status().message(), absl::StrCat("tensor_parallel: got ", tp)));
     }
   }
 }
@@ -307,8 +277,7 @@ TEST(ParseSpecTest, JsonRoundTrip) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
-  ASSERT_TRUE(
-      google::protobuf::util::MessageToJsonString(spec, &json, options).ok());
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(spec, &json, options).ok());
   absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(json);
   ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << json;
   EXPECT_TRUE(MessageDifferencer::Equals(*parsed, spec)) << json;
@@ -374,21 +343,19 @@ TEST(ParseSpecTest, TextProtoWithComments) {
   )");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->s_q(), 1u);  // parsed as written
-  EXPECT_TRUE(MessageDifferencer::Equals(*NormalizeSpec(*parsed),
-                                         *SpecFromPreset("deepseek-v3.2", 8)));
+  EXPECT_TRUE(
+      MessageDifferencer::Equals(*NormalizeSpec(*parsed), *SpecFromPreset("deepseek-v3.2", 8)));
 }
 
 TEST(ParseSpecTest, JsonUnknownFieldIsError) {
-  absl::StatusOr<v1::AttentionSpec> parsed =
-      ParseSpec(R"({"num_q_heads": 16, "num_kv_heads": 1})");
+  absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(R"({"num_q_heads": 16, "num_kv_heads": 1})");
   ASSERT_FALSE(parsed.ok());
   EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(parsed.status().message(), "num_kv_heads"));
 }
 
 TEST(ParseSpecTest, TextProtoUnknownFieldIsErrorWithPosition) {
-  absl::StatusOr<v1::AttentionSpec> parsed =
-      ParseSpec("num_q_heads: 16\nnum_kv_heads: 1\n");
+  absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec("num_q_heads: 16\nnum_kv_heads: 1\n");
   ASSERT_FALSE(parsed.ok());
   EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(parsed.status().message(), "num_kv_heads"));
@@ -396,20 +363,17 @@ TEST(ParseSpecTest, TextProtoUnknownFieldIsErrorWithPosition) {
 }
 
 TEST(ParseSpecTest, MalformedInputIsError) {
-  for (const char* text :
-       {"{", "{\"num_q_heads\": }", "{\"num_q_heads\": -1}",
-        "{\"kind\": \"NOT_A_KIND\"}", "num_q_heads 16 {", "num_q_heads: -1",
-        "kind: NOT_A_KIND", "num_q_heads: \"sixteen\"", "   ", ""}) {
+  for (const char* text : {"{", "{\"num_q_heads\": }", "{\"num_q_heads\": -1}",
+                           "{\"kind\": \"NOT_A_KIND\"}", "num_q_heads 16 {", "num_q_heads: -1",
+                           "kind: NOT_A_KIND", "num_q_heads: \"sixteen\"", "   ", ""}) {
     absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(text);
     EXPECT_FALSE(parsed.ok()) << "'" << text << "'";
-    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument)
-        << "'" << text << "'";
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << "'" << text << "'";
   }
 }
 
 TEST(ParseSpecTest, TextProtoErrorHasLineAndColumn) {
-  absl::StatusOr<v1::AttentionSpec> parsed =
-      ParseSpec("num_q_heads: 16\n  topk: oops\n");
+  absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec("num_q_heads: 16\n  topk: oops\n");
   ASSERT_FALSE(parsed.ok());
   EXPECT_TRUE(Contains(parsed.status().message(), "line 2 column"));
 }
@@ -417,8 +381,8 @@ TEST(ParseSpecTest, TextProtoErrorHasLineAndColumn) {
 class LoadSpecFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           absl::StrCat("kforge_spec_test_", getpid());
+    dir_ =
+        std::filesystem::path(::testing::TempDir()) / absl::StrCat("kforge_spec_test_", getpid());
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -443,27 +407,22 @@ TEST_F(LoadSpecFileTest, MissingFileIsNotFound) {
 TEST_F(LoadSpecFileTest, LoadsJsonAndTextProto) {
   const v1::AttentionSpec expected = *SpecFromPreset("glm-5", 2);
   std::string json;
-  ASSERT_TRUE(
-      google::protobuf::util::MessageToJsonString(expected, &json).ok());
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(expected, &json).ok());
   std::string text;
   ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(expected, &text));
-  for (const auto& [name, contents] :
-       {std::pair{"a.json", json}, std::pair{"a.textproto", text}}) {
-    absl::StatusOr<v1::AttentionSpec> spec =
-        LoadSpecFile(Write(name, contents));
+  for (const auto& [name, contents] : {std::pair{"a.json", json}, std::pair{"a.textproto", text}}) {
+    absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(Write(name, contents));
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_TRUE(MessageDifferencer::Equals(*spec, expected)) << name;
   }
 }
 
 TEST_F(LoadSpecFileTest, ParseErrorNamesFile) {
-  const std::string path =
-      Write("bad.textproto", "num_q_heads: 16\nbogus: 1\n");
+  const std::string path = Write("bad.textproto", "num_q_heads: 16\nbogus: 1\n");
   absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(path);
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StartsWith(spec.status().message(), path + ": "))
-      << spec.status();
+  EXPECT_TRUE(absl::StartsWith(spec.status().message(), path + ": ")) << spec.status();
   EXPECT_TRUE(Contains(spec.status().message(), "bogus"));
 }
 

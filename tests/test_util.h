@@ -24,20 +24,19 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "gtest/gtest.h"
 #include "compiler/compiler.h"
 #include "compiler/key.h"
-#include "model/spec.h"
 #include "compiler/manifest.h"
+#include "gtest/gtest.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/service.pb.h"
 #include "kforge/v1/spec.pb.h"
+#include "model/spec.h"
 
 namespace kforge::testing {
 
 // Substring check that prints both strings on failure.
-inline ::testing::AssertionResult Contains(absl::string_view haystack,
-                                           absl::string_view needle) {
+inline ::testing::AssertionResult Contains(absl::string_view haystack, absl::string_view needle) {
   if (absl::StrContains(haystack, needle)) {
     return ::testing::AssertionSuccess();
   }
@@ -64,8 +63,9 @@ inline v1::AttentionSpec DeepseekTp1Spec() {
 
 // An artifact as the compiler would hand it over, with `cubin_bytes` of
 // seeded random "cubin" (cache tests need no NVRTC).
-inline std::shared_ptr<const v1::KernelArtifact> FakeArtifact(
-    const std::string& key, size_t cubin_bytes, uint64_t seed = 1) {
+inline std::shared_ptr<const v1::KernelArtifact> FakeArtifact(const std::string& key,
+                                                              size_t cubin_bytes,
+                                                              uint64_t seed = 1) {
   auto artifact = std::make_shared<v1::KernelArtifact>();
   artifact->set_format_version(kFormatVersion);
   artifact->set_key(key);
@@ -113,8 +113,7 @@ inline std::string ReadFileOrEmpty(const std::filesystem::path& path) {
 class TempDir {
  public:
   explicit TempDir(const std::string& prefix = "kforge_test") {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / (prefix + ".XXXXXX")).string();
+    std::string pattern = (std::filesystem::temp_directory_path() / (prefix + ".XXXXXX")).string();
     if (mkdtemp(pattern.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed";
     path_ = pattern;
   }
@@ -159,8 +158,8 @@ inline pid_t SpawnWithLog(std::vector<std::string> argv, std::vector<std::string
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   pid_t pid = -1;
-  const int err = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, c_argv.data(),
-                              c_env.data());
+  const int err =
+      posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, c_argv.data(), c_env.data());
   posix_spawn_file_actions_destroy(&actions);
   if (err != 0) {
     ADD_FAILURE() << "cannot start " << argv[0] << ": " << strerror(err);
@@ -178,8 +177,8 @@ class ServeProcess {
                const std::filesystem::path& log, std::vector<std::string> args = {},
                std::vector<std::string> env = {})
       : log_(log) {
-    std::vector<std::string> argv = {binary, "serve", "--listen", "127.0.0.1:0",
-                                     "--cache-dir", cache_dir.string()};
+    std::vector<std::string> argv = {binary,        "serve",       "--listen",
+                                     "127.0.0.1:0", "--cache-dir", cache_dir.string()};
     argv.insert(argv.end(), args.begin(), args.end());
     // Compile workers inherit this, so the test can find its own.
     tag_ = absl::StrCat("KFORGE_TEST_SERVER_TAG=", log.string());
@@ -265,8 +264,7 @@ class ServeProcess {
       if (name.find_first_not_of("0123456789") != std::string::npos) continue;
       std::string environ_bytes = ReadFileOrEmpty(e.path() / "environ");
       size_t at = 0;
-      for (size_t end; (end = environ_bytes.find('\0', at)) != std::string::npos;
-           at = end + 1) {
+      for (size_t end; (end = environ_bytes.find('\0', at)) != std::string::npos; at = end + 1) {
         if (environ_bytes.compare(at, end - at, tag_) == 0) {
           kill(static_cast<pid_t>(std::stol(name)), SIGKILL);
           break;

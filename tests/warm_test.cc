@@ -85,8 +85,7 @@ class WarmTest : public ::testing::Test {
   }
 
   std::string Matrix(const std::string& json) {
-    const std::filesystem::path path =
-        dir_.path() / absl::StrCat("matrix", ++matrices_, ".json");
+    const std::filesystem::path path = dir_.path() / absl::StrCat("matrix", ++matrices_, ".json");
     std::ofstream(path, std::ios::binary) << json;
     return path.string();
   }
@@ -153,8 +152,8 @@ TEST_F(WarmTest, FailedKernelsAreListedAndExitOne) {
 
 TEST_F(WarmTest, BadMatrixFailsBeforeAnyCall) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
-  const std::string matrix = Matrix(
-      R"({"models": [{"preset": "glm-6", "tp": [8]}], "archs": ["sm_90a"]})");
+  const std::string matrix =
+      Matrix(R"({"models": [{"preset": "glm-6", "tp": [8]}], "archs": ["sm_90a"]})");
   RunResult run = Warm({"--server", address_, matrix});
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_TRUE(Contains(run.output, absl::StrCat(matrix, ": models[0].preset")));
@@ -176,8 +175,7 @@ TEST_F(WarmTest, UnreachableServerExitsTwo) {
   close(fd);
   const std::string address = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
 
-  RunResult run = Warm({"--server", address, "--connect-timeout", "2",
-                        Matrix(kGlm5Tp8)});
+  RunResult run = Warm({"--server", address, "--connect-timeout", "2", Matrix(kGlm5Tp8)});
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_TRUE(Contains(run.output, absl::StrCat("cannot reach kforge server at ", address)));
 }

@@ -16,8 +16,8 @@ import os
 from kforge import _capi
 from kforge._proto import pb
 from kforge.errors import KforgeError
-from kforge.ops import (LoadedKernel, _torch, check_decode_inputs, check_lse, check_out,
-                        cuda_device, make_decode_args, tensor_info)
+from kforge.ops import (LoadedKernel, _torch, check_decode_inputs, cuda_device, decode_args,
+                        tensor_info)
 from kforge.plan import Device, ManifestRef, Shape, plan_decode, select
 
 
@@ -98,15 +98,8 @@ class Kernel:
         dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv", kv),
                                    tensor_info("indices", indices),
                                    page_block_size=self.spec.page_block_size)
-        out_info = tensor_info("out", out)
-        out_strides = check_out(out_info, dims)
-        lse_ptr = 0
-        if lse is not None:
-            check_lse(tensor_info("lse", lse), dims)
-            lse_ptr = lse.data_ptr()
-        args = make_decode_args(tensor_info("q", q), tensor_info("kv", kv),
-                                tensor_info("indices", indices), dims, out_info, out_strides,
-                                lse_ptr, self.spec.softmax_scale, self.spec.kv_cache_dtype)
+        args = decode_args(q, kv, indices, dims, out, lse, self.spec.softmax_scale,
+                           self.spec.kv_cache_dtype, kv_name="kv")
         ws = workspace.data_ptr() if hasattr(workspace, "data_ptr") else int(workspace or 0)
         return plan_decode(self._manifest, self._device(num_splits), args, ws)
 

@@ -337,20 +337,27 @@ def cuda_device(torch, device):
         "cuda", torch.cuda.current_device())
 
 
-def run_planned(torch, device, manifest, dev, kernel_for, q, kv, indices, dims, out, lse,
-                softmax_scale, kv_dtype):
-    """Plans one call with PlanDecode (a second time, with its workspace,
-    when it splits) and launches it on torch's current stream. Returns the
-    Selection."""
+def decode_args(q, kv, indices, dims, out, lse, softmax_scale, kv_dtype, kv_name="kv_cache"):
+    """The C DecodeArgs for these tensors (checked by check_decode_inputs
+    into `dims`); out and lse are checked against dims here. Every rule
+    about them beyond tensor metadata is PlanDecode's, in C++."""
     out_info = tensor_info("out", out)
     out_strides = check_out(out_info, dims)
     lse_ptr = 0
     if lse is not None:
         check_lse(tensor_info("lse", lse), dims)
         lse_ptr = lse.data_ptr()
-    args = make_decode_args(tensor_info("q", q), tensor_info("kv_cache", kv),
+    return make_decode_args(tensor_info("q", q), tensor_info(kv_name, kv),
                             tensor_info("indices", indices), dims, out_info, out_strides,
                             lse_ptr, softmax_scale, kv_dtype)
+
+
+def run_planned(torch, device, manifest, dev, kernel_for, q, kv, indices, dims, out, lse,
+                softmax_scale, kv_dtype):
+    """Plans one call with PlanDecode (a second time, with its workspace,
+    when it splits) and launches it on torch's current stream. Returns the
+    Selection."""
+    args = decode_args(q, kv, indices, dims, out, lse, softmax_scale, kv_dtype)
     sel = plan_decode(manifest, dev, args, 0)
     workspace = None
     if sel.needs_combine:

@@ -125,13 +125,13 @@ def main():
           f"{'out rel err':>11s} {'lse rel err':>11s}  result")
     for cubin in sorted(glob.glob(os.path.join(args.module_dir, "*.cubin"))):
         mod = kforge.Kernel.from_files(cubin)
-        s_q = max(1, mod.spec.s_q)  # tokens per request; 0 once s_q leaves the spec
         t = mod.artifact.tiling
         tiling = f"h{t.head_tile}n{t.token_tile}w{t.warps}"
-        for b in [int(x) for x in args.batches.split(",")]:
+        # One kernel serves every s_q (MTP): batch * s_q query tokens.
+        for b, s_q in [(int(x), s) for x in args.batches.split(",") for s in (1, 2)]:
             for mode, gap in (("1", False), ("auto", True), ("max", False)):
                 r = run_case(mod, b, s_q, mode, gen, gap)
-                r.update(module=mod.module_name, tiling=tiling, batch=b)
+                r.update(module=mod.module_name, tiling=tiling, batch=b, s_q=s_q)
                 rows.append(r)
                 failures += not r["ok"]
                 print(f"{r['module']:70s} {tiling:>14s} {b:4d} {r['T']:4d} {r['splits']:4d} "

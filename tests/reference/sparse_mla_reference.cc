@@ -226,7 +226,7 @@ absl::StatusOr<std::unique_ptr<DeviceDecodeProblem>> DeviceDecodeProblem::Upload
   d->out_bytes_ = p.out_elements() * sizeof(uint16_t);
   d->lse_bytes_ = with_lse ? p.lse_elements() * sizeof(float) : 0;
   struct Tensor {
-    uint64_t* ptr;  // a DecodeArgs pointer field
+    uint64_t* ptr;     // a DecodeArgs pointer field
     const void* host;  // null: poisoned output
     size_t bytes;
   };

@@ -18,42 +18,34 @@ __device__ __forceinline__ u32 SmemAddr(const void* p) {
 
 // 16-byte global->shared copy that bypasses L1. src_bytes == 0 writes zeros
 // (used for invalid top-k slots, so V rows of masked tokens are 0, not NaN).
-__device__ __forceinline__ void CpAsync16(u32 dst, const void* src,
-                                          u32 src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-               "l"(src), "r"(src_bytes));
+__device__ __forceinline__ void CpAsync16(u32 dst, const void* src, u32 src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
 }
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-__device__ __forceinline__ void Ldmatrix4(u32 addr, u32& r0, u32& r1, u32& r2,
-                                          u32& r3) {
-  asm volatile(
-      "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-      : "r"(addr));
+__device__ __forceinline__ void Ldmatrix4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
 }
 __device__ __forceinline__ void Ldmatrix2(u32 addr, u32& r0, u32& r1) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(r0), "=r"(r1)
                : "r"(addr));
 }
-__device__ __forceinline__ void Ldmatrix4Trans(u32 addr, u32& r0, u32& r1,
-                                               u32& r2, u32& r3) {
-  asm volatile(
-      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-      : "r"(addr));
+__device__ __forceinline__ void Ldmatrix4Trans(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
 }
 
 // D = A * B + D, m16n8k16, bf16 inputs, fp32 accumulators.
-__device__ __forceinline__ void MmaBf16(float (&d)[4], const u32 (&a)[4],
-                                        u32 b0, u32 b1) {
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -83,9 +75,9 @@ __device__ __forceinline__ float Exp2(float x) {
 // so atoms must be 1024-byte aligned.
 __device__ __forceinline__ u64 SmemDescSw128(u32 smem_addr) {
   return static_cast<u64>((smem_addr & 0x3FFFF) >> 4)  // start address
-         | (static_cast<u64>(1) << 16)                  // LBO: unused here
-         | (static_cast<u64>(1024 >> 4) << 32)          // SBO: 8-row step
-         | (static_cast<u64>(1) << 62);                 // 128-byte swizzle
+         | (static_cast<u64>(1) << 16)                 // LBO: unused here
+         | (static_cast<u64>(1024 >> 4) << 32)         // SBO: 8-row step
+         | (static_cast<u64>(1) << 62);                // 128-byte swizzle
 }
 
 __device__ __forceinline__ void WgmmaFence() {
@@ -99,28 +91,23 @@ __device__ __forceinline__ void WgmmaWait0() {
 }
 // Keeps the compiler from moving reads or writes of an accumulator across
 // the asynchronous wgmma that owns it.
-__device__ __forceinline__ void FenceOperand(float& r) {
-  asm volatile("" : "+f"(r)::"memory");
-}
+__device__ __forceinline__ void FenceOperand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 // D[64 x kN] += A[64 x 16] * B[16 x kN], bf16 in, fp32 accumulate, both
 // operands K-major in shared memory. d holds this thread's kN / 2 values in
 // the mma.sync C-fragment order per n8 tile.
 template <int kN>
-__device__ __forceinline__ void WgmmaBf16(float (&d)[kN / 8][4], u64 desc_a,
-                                          u64 desc_b);
+__device__ __forceinline__ void WgmmaBf16(float (&d)[kN / 8][4], u64 desc_a, u64 desc_b);
 
 template <>
-__device__ __forceinline__ void WgmmaBf16<32>(float (&d)[4][4], u64 desc_a,
-                                              u64 desc_b) {
+__device__ __forceinline__ void WgmmaBf16<32>(float (&d)[4][4], u64 desc_a, u64 desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, "
       "1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "l"(desc_a), "l"(desc_b), "r"(1));
 }

@@ -36,8 +36,8 @@ __device__ __forceinline__ void Combine(const CombineParams& p) {
       // exp(lse_s - lse_max) as exp2; an empty split (-inf) weighs 0.
       const float w = ptx::Exp2((lse_s - lse_max) * 1.4426950408889634f);
       wsum += w;
-      const float2* src = reinterpret_cast<const float2*>(
-          p.o_accum + (s * split_stride + th) * T::kDv);
+      const float2* src =
+          reinterpret_cast<const float2*>(p.o_accum + (s * split_stride + th) * T::kDv);
 #pragma unroll
       for (int j = 0; j < kPairs; ++j) {
         const float2 v = src[j * 32 + lane];
@@ -47,8 +47,7 @@ __device__ __forceinline__ void Combine(const CombineParams& p) {
     }
   }
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  unsigned short* dst =
-      p.out + token * p.out_token_stride + head * p.out_head_stride;
+  unsigned short* dst = p.out + token * p.out_token_stride + head * p.out_head_stride;
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
     *reinterpret_cast<ptx::u32*>(dst + 2 * (j * 32 + lane)) =

@@ -18,7 +18,7 @@ namespace sparse_mla {
 // Parameter block of the main kernel, passed by value. Strides are in
 // elements of the pointed-to type. All pointers are device pointers.
 struct DecodeParams {
-  const unsigned short* q;  // bf16 [num_tokens, num_q_heads, d_qk]; not null
+  const unsigned short* q;   // bf16 [num_tokens, num_q_heads, d_qk]; not null
   const unsigned short* kv;  // bf16 cache; row of slot s at
                              // (s / page_block) * kv_page_stride +
                              // (s % page_block) * kv_row_stride; not null
@@ -27,10 +27,10 @@ struct DecodeParams {
   unsigned short* out;       // bf16 [num_tokens, num_q_heads, d_v]; not null
   float* lse;                // fp32 [num_tokens, num_q_heads], natural log;
                              // may be null (then not written)
-  float* o_accum;    // fp32 [num_splits, num_tokens, num_q_heads, d_v];
-                     // workspace, null when num_splits == 1
-  float* lse_accum;  // fp32 [num_splits, num_tokens, num_q_heads]; workspace,
-                     // null when num_splits == 1
+  float* o_accum;            // fp32 [num_splits, num_tokens, num_q_heads, d_v];
+                             // workspace, null when num_splits == 1
+  float* lse_accum;          // fp32 [num_splits, num_tokens, num_q_heads]; workspace,
+                             // null when num_splits == 1
   long long q_token_stride;
   long long q_head_stride;
   long long kv_page_stride;
@@ -87,14 +87,14 @@ struct KvBf16Sizes {
 // compile and no rule is written twice.
 
 struct DecodeShape {
-  int d_v;              // kv_lora_rank: V columns = first d_v columns of K
-  int rope;             // rope_dim: the K columns after d_v
-  int head_tile;        // Q rows per CTA (whole 16-row MMA tiles)
-  int heads_per_group;  // real heads among them; the rest are zero padding
-  int token_tile;       // KV rows per pipeline stage
-  int stages;           // KV pipeline depth
-  int warps;            // warps per CTA
-  bool wgmma;           // S = Q K^T with sm_90a wgmma instead of mma.sync
+  int d_v;                         // kv_lora_rank: V columns = first d_v columns of K
+  int rope;                        // rope_dim: the K columns after d_v
+  int head_tile;                   // Q rows per CTA (whole 16-row MMA tiles)
+  int heads_per_group;             // real heads among them; the rest are zero padding
+  int token_tile;                  // KV rows per pipeline stage
+  int stages;                      // KV pipeline depth
+  int warps;                       // warps per CTA
+  bool wgmma;                      // S = Q K^T with sm_90a wgmma instead of mma.sync
   int kv_staging_bytes_per_token;  // the KV format's kStagingBytesPerToken
 };
 
@@ -144,8 +144,8 @@ KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
 // have never run.
 KFORGE_HD constexpr bool WgmmaCovers(const DecodeShape& s) {
   const DecodeDims d = DeriveDecodeDims(s);
-  return s.head_tile == 64 && s.warps == 8 && d.warps_m == 4 && d.s_m == 1 &&
-         d.warps_n == 2 && s.token_tile / d.warps_n == 32;
+  return s.head_tile == 64 && s.warps == 8 && d.warps_m == 4 && d.s_m == 1 && d.warps_n == 2 &&
+         s.token_tile / d.warps_n == 32;
 }
 
 enum class TilingError : int {
@@ -168,25 +168,20 @@ enum class TilingError : int {
 // the tiling rules: on the device DecodeTraits static_asserts it, on the
 // host ChooseTiling keeps the candidates it accepts.
 KFORGE_HD constexpr TilingError CheckDecodeTiling(const DecodeShape& s) {
-  if (s.d_v % 64 != 0 || s.d_v < 64 || s.d_v > 512 ||
-      (s.rope != 0 && s.rope != 64))
+  if (s.d_v % 64 != 0 || s.d_v < 64 || s.d_v > 512 || (s.rope != 0 && s.rope != 64))
     return TilingError::kDims;
-  if (s.head_tile % 16 != 0 || s.head_tile < 16 || s.head_tile > 64)
-    return TilingError::kHeadTile;
+  if (s.head_tile % 16 != 0 || s.head_tile < 16 || s.head_tile > 64) return TilingError::kHeadTile;
   if (s.heads_per_group > s.head_tile || s.heads_per_group <= s.head_tile - 16)
     return TilingError::kHeadsPerGroup;
-  if (s.token_tile % 16 != 0 || s.token_tile <= 0)
-    return TilingError::kTokenTile;
+  if (s.token_tile % 16 != 0 || s.token_tile <= 0) return TilingError::kTokenTile;
   if (s.stages < 2) return TilingError::kStages;
-  if (s.warps < 1 || s.warps > 16 || s.d_v % s.warps != 0)
-    return TilingError::kWarps;
+  if (s.warps < 1 || s.warps > 16 || s.d_v % s.warps != 0) return TilingError::kWarps;
   const DecodeDims d = DeriveDecodeDims(s);
   if ((s.token_tile / 8) % d.warps_n != 0) return TilingError::kSColumns;
   if (d.v_cols % 16 != 0) return TilingError::kVCols;
   if (s.token_tile % d.rows_per_pass != 0) return TilingError::kGatherPasses;
   if (d.m_tiles * d.v_n * 4 > 128) return TilingError::kORegisters;
-  if (s.kv_staging_bytes_per_token < 0 ||
-      s.kv_staging_bytes_per_token % 16 != 0)
+  if (s.kv_staging_bytes_per_token < 0 || s.kv_staging_bytes_per_token % 16 != 0)
     return TilingError::kStaging;
   if (s.wgmma && !WgmmaCovers(s)) return TilingError::kWgmmaShape;
   return TilingError::kOk;
@@ -195,19 +190,32 @@ KFORGE_HD constexpr TilingError CheckDecodeTiling(const DecodeShape& s) {
 // For messages (the codegen's, and this header's readers').
 KFORGE_HD constexpr const char* TilingErrorName(TilingError e) {
   switch (e) {
-    case TilingError::kOk: return "ok";
-    case TilingError::kDims: return "d_v/rope";
-    case TilingError::kHeadTile: return "head tile";
-    case TilingError::kHeadsPerGroup: return "heads per group";
-    case TilingError::kTokenTile: return "token tile";
-    case TilingError::kStages: return "stages";
-    case TilingError::kWarps: return "warps";
-    case TilingError::kSColumns: return "S columns per warp";
-    case TilingError::kVCols: return "V columns per warp";
-    case TilingError::kGatherPasses: return "gather passes";
-    case TilingError::kORegisters: return "O accumulator registers";
-    case TilingError::kStaging: return "KV staging bytes";
-    case TilingError::kWgmmaShape: return "wgmma shape";
+    case TilingError::kOk:
+      return "ok";
+    case TilingError::kDims:
+      return "d_v/rope";
+    case TilingError::kHeadTile:
+      return "head tile";
+    case TilingError::kHeadsPerGroup:
+      return "heads per group";
+    case TilingError::kTokenTile:
+      return "token tile";
+    case TilingError::kStages:
+      return "stages";
+    case TilingError::kWarps:
+      return "warps";
+    case TilingError::kSColumns:
+      return "S columns per warp";
+    case TilingError::kVCols:
+      return "V columns per warp";
+    case TilingError::kGatherPasses:
+      return "gather passes";
+    case TilingError::kORegisters:
+      return "O accumulator registers";
+    case TilingError::kStaging:
+      return "KV staging bytes";
+    case TilingError::kWgmmaShape:
+      return "wgmma shape";
   }
   return "unknown";
 }
@@ -231,8 +239,7 @@ struct DecodeSmemLayout {
   int bytes;       // total dynamic shared memory
 };
 
-KFORGE_HD constexpr DecodeSmemLayout MakeDecodeSmemLayout(
-    const DecodeShape& s) {
+KFORGE_HD constexpr DecodeSmemLayout MakeDecodeSmemLayout(const DecodeShape& s) {
   const DecodeDims d = DeriveDecodeDims(s);
   DecodeSmemLayout l{};
   l.q = 0;

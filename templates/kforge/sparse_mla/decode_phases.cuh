@@ -17,19 +17,16 @@ namespace sparse_mla {
 // cp.async copies (the caller commits them with the first KV tile); padded
 // heads are zero rows.
 template <class T>
-__device__ __forceinline__ void LoadQ(const DecodeParams& p,
-                                      const DecodeWork& w, const DecodeSmem& sm,
-                                      const ThreadRoles& r) {
+__device__ __forceinline__ void LoadQ(const DecodeParams& p, const DecodeWork& w,
+                                      const DecodeSmem& sm, const ThreadRoles& r) {
   const unsigned short* q_tok = p.q + w.token * p.q_token_stride;
   for (int row = r.row0; row < T::kHeadTile; row += T::kRowsPerPass) {
     const bool ok = row < w.heads_here;
-    const unsigned short* src =
-        q_tok + (ok ? (w.head0 + row) * p.q_head_stride : 0);
+    const unsigned short* src = q_tok + (ok ? (w.head0 + row) * p.q_head_stride : 0);
     const ptx::u32 dst = sm.q_addr + row * 128 + ((r.sub ^ (row & 7)) << 4);
 #pragma unroll
     for (int j = 0; j < T::kBlocks; ++j) {
-      ptx::CpAsync16(dst + j * T::kQBlockBytes, src + (8 * j + r.sub) * 8,
-                     ok ? 16 : 0);
+      ptx::CpAsync16(dst + j * T::kQBlockBytes, src + (8 * j + r.sub) * 8, ok ? 16 : 0);
     }
   }
 }
@@ -56,10 +53,8 @@ struct RowStats {
 // returns in mx the maximum of each of this thread's rows over the whole
 // tile (across the kWarpsN warps sharing the rows, through sm.red).
 template <class T>
-__device__ __forceinline__ void MaskScaleRowMax(float (&s)[T::kSM][T::kSN][4],
-                                                const int* valid,
-                                                const DecodeSmem& sm,
-                                                const ThreadRoles& r,
+__device__ __forceinline__ void MaskScaleRowMax(float (&s)[T::kSM][T::kSN][4], const int* valid,
+                                                const DecodeSmem& sm, const ThreadRoles& r,
                                                 float (&mx)[T::kSM][2]) {
   // softmax_scale * log2(e): the codegen derives the traits and bakes it in.
   constexpr float kScaleLog2 = T::kScaleLog2;
@@ -74,10 +69,8 @@ __device__ __forceinline__ void MaskScaleRowMax(float (&s)[T::kSM][T::kSN][4],
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         s[mi][ni][2 * h] = v0 ? s[mi][ni][2 * h] * kScaleLog2 : ptx::NegInf();
-        s[mi][ni][2 * h + 1] =
-            v1 ? s[mi][ni][2 * h + 1] * kScaleLog2 : ptx::NegInf();
-        mx[mi][h] =
-            fmaxf(mx[mi][h], fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
+        s[mi][ni][2 * h + 1] = v1 ? s[mi][ni][2 * h + 1] * kScaleLog2 : ptx::NegInf();
+        mx[mi][h] = fmaxf(mx[mi][h], fmaxf(s[mi][ni][2 * h], s[mi][ni][2 * h + 1]));
       }
     }
 #pragma unroll
@@ -92,8 +85,7 @@ __device__ __forceinline__ void MaskScaleRowMax(float (&s)[T::kSM][T::kSN][4],
       for (int mi = 0; mi < T::kSM; ++mi)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          sm.red[r.wn * T::kHeadTile + (r.wm * T::kSM + mi) * 16 + h * 8 +
-                 lane / 4] = mx[mi][h];
+          sm.red[r.wn * T::kHeadTile + (r.wm * T::kSM + mi) * 16 + h * 8 + lane / 4] = mx[mi][h];
     }
     // Only the kWarpsN warps that share these rows meet here.
     ptx::NamedBarrier(1 + r.wm, T::kWarpsN * 32);
@@ -104,8 +96,7 @@ __device__ __forceinline__ void MaskScaleRowMax(float (&s)[T::kSM][T::kSN][4],
         const int row = (r.wm * T::kSM + mi) * 16 + h * 8 + lane / 4;
         float m = sm.red[row];
 #pragma unroll
-        for (int w = 1; w < T::kWarpsN; ++w)
-          m = fmaxf(m, sm.red[w * T::kHeadTile + row]);
+        for (int w = 1; w < T::kWarpsN; ++w) m = fmaxf(m, sm.red[w * T::kHeadTile + row]);
         mx[mi][h] = m;
       }
   }
@@ -115,9 +106,9 @@ __device__ __forceinline__ void MaskScaleRowMax(float (&s)[T::kSM][T::kSN][4],
 // bf16 to sm.p and each row's O rescale factor to sm.scale. The caller's
 // barrier then publishes both to the PV phase.
 template <class T>
-__device__ __forceinline__ void OnlineSoftmaxToP(
-    const float (&s)[T::kSM][T::kSN][4], const float (&mx)[T::kSM][2],
-    RowStats<T>& stats, const DecodeSmem& sm, const ThreadRoles& r) {
+__device__ __forceinline__ void OnlineSoftmaxToP(const float (&s)[T::kSM][T::kSN][4],
+                                                 const float (&mx)[T::kSM][2], RowStats<T>& stats,
+                                                 const DecodeSmem& sm, const ThreadRoles& r) {
   // Largest growth (log2 units) of the running max absorbed without a
   // rescale of O; P <= 2^8 = 256.
   constexpr float kRescaleLog2 = 8.f;
@@ -147,8 +138,7 @@ __device__ __forceinline__ void OnlineSoftmaxToP(
         const float p1 = ptx::Exp2(s[mi][ni][2 * h + 1] - m_use);
         sum += p0 + p1;
         const int col = (r.wn * T::kSN + ni) * 8 + 2 * (lane % 4);
-        *reinterpret_cast<ptx::u32*>(sm.p + row * T::kPStride + col) =
-            ptx::PackBf16x2(p0, p1);
+        *reinterpret_cast<ptx::u32*>(sm.p + row * T::kPStride + col) = ptx::PackBf16x2(p0, p1);
       }
       stats.l[mi][h] = stats.l[mi][h] * scale + sum;
       if (r.wn == 0 && lane % 4 == 0) sm.scale[row] = scale;
@@ -159,8 +149,7 @@ __device__ __forceinline__ void OnlineSoftmaxToP(
 // O *= this tile's per-row rescale factor (skipped, warp-uniformly, when no
 // row's max moved).
 template <class T>
-__device__ __forceinline__ void RescaleO(float (&o)[T::kMTiles][T::kVN][4],
-                                         const DecodeSmem& sm,
+__device__ __forceinline__ void RescaleO(float (&o)[T::kMTiles][T::kVN][4], const DecodeSmem& sm,
                                          const ThreadRoles& r) {
   float sc[T::kMTiles][2];
   bool rescale = false;
@@ -189,8 +178,7 @@ __device__ __forceinline__ void RescaleO(float (&o)[T::kMTiles][T::kVN][4],
 // of the KV tile at k_tile (no second load), this warp's kVCols columns.
 template <class T>
 __device__ __forceinline__ void AccumulatePv(float (&o)[T::kMTiles][T::kVN][4],
-                                             const DecodeSmem& sm,
-                                             ptx::u32 k_tile,
+                                             const DecodeSmem& sm, ptx::u32 k_tile,
                                              const ThreadRoles& r) {
   using ptx::u32;
   const int lane = r.lane;
@@ -200,20 +188,17 @@ __device__ __forceinline__ void AccumulatePv(float (&o)[T::kMTiles][T::kVN][4],
     u32 a[T::kMTiles][4];
 #pragma unroll
     for (int mi = 0; mi < T::kMTiles; ++mi) {
-      ptx::Ldmatrix4(sm.p_addr + ((mi * 16 + lane % 16) * T::kPStride +
-                                  kk * 16 + (lane / 16) * 8) *
-                                     2,
-                     a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+      ptx::Ldmatrix4(
+          sm.p_addr + ((mi * 16 + lane % 16) * T::kPStride + kk * 16 + (lane / 16) * 8) * 2,
+          a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
     }
-    const u32 v_row =
-        k_tile + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * 128;
+    const u32 v_row = k_tile + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * 128;
 #pragma unroll
     for (int np = 0; np < T::kVN / 2; ++np) {
       const int chunk = r.warp * (T::kVCols / 8) + 2 * np + lane / 16;
       u32 b0, b1, b2, b3;
-      ptx::Ldmatrix4Trans(
-          v_row + (chunk / 8) * T::kKvBlockBytes + (((chunk % 8) ^ sw) << 4),
-          b0, b1, b2, b3);
+      ptx::Ldmatrix4Trans(v_row + (chunk / 8) * T::kKvBlockBytes + (((chunk % 8) ^ sw) << 4), b0,
+                          b1, b2, b3);
 #pragma unroll
       for (int mi = 0; mi < T::kMTiles; ++mi) {
         ptx::MmaBf16(o[mi][2 * np], a[mi], b0, b1);
@@ -226,10 +211,10 @@ __device__ __forceinline__ void AccumulatePv(float (&o)[T::kMTiles][T::kVN][4],
 // Row sums across warps, normalisation and the write: bf16 O and lse for a
 // single split, else fp32 partial O and lse to the workspace (combine.cuh).
 template <class T>
-__device__ __forceinline__ void Epilogue(
-    const DecodeParams& p, const DecodeWork& w, const DecodeSmem& sm,
-    const ThreadRoles& r, const float (&o)[T::kMTiles][T::kVN][4],
-    const RowStats<T>& stats) {
+__device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork& w,
+                                         const DecodeSmem& sm, const ThreadRoles& r,
+                                         const float (&o)[T::kMTiles][T::kVN][4],
+                                         const RowStats<T>& stats) {
   const int lane = r.lane;
   const int warp = r.warp;
 #pragma unroll
@@ -257,22 +242,18 @@ __device__ __forceinline__ void Epilogue(
       if (row >= w.heads_here) continue;
       float l = 0.f;
 #pragma unroll
-      for (int wn = 0; wn < T::kWarpsN; ++wn)
-        l += sm.red[wn * T::kHeadTile + row];
+      for (int wn = 0; wn < T::kWarpsN; ++wn) l += sm.red[wn * T::kHeadTile + row];
       const float inv = l > 0.f ? 1.f / l : 0.f;
       // sm.max is in the scaled log2 domain; lse is reported in natural log.
-      const float lse = l > 0.f
-                            ? (sm.max[row] + __log2f(l)) * 0.69314718055994531f
-                            : ptx::NegInf();
+      const float lse = l > 0.f ? (sm.max[row] + __log2f(l)) * 0.69314718055994531f : ptx::NegInf();
       const int head = w.head0 + row;
       if (single) {
-        unsigned short* dst =
-            p.out + w.token * p.out_token_stride + head * p.out_head_stride;
+        unsigned short* dst = p.out + w.token * p.out_token_stride + head * p.out_head_stride;
 #pragma unroll
         for (int ni = 0; ni < T::kVN; ++ni) {
           const int col = warp * T::kVCols + ni * 8 + 2 * (lane % 4);
-          *reinterpret_cast<ptx::u32*>(dst + col) = ptx::PackBf16x2(
-              o[mi][ni][2 * h] * inv, o[mi][ni][2 * h + 1] * inv);
+          *reinterpret_cast<ptx::u32*>(dst + col) =
+              ptx::PackBf16x2(o[mi][ni][2 * h] * inv, o[mi][ni][2 * h + 1] * inv);
         }
         if (T::kReturnLse && p.lse != nullptr && warp == 0 && lane % 4 == 0)
           p.lse[(long long)w.token * T::kNumHeads + head] = lse;
@@ -284,8 +265,7 @@ __device__ __forceinline__ void Epilogue(
           *reinterpret_cast<float2*>(dst + col) =
               make_float2(o[mi][ni][2 * h] * inv, o[mi][ni][2 * h + 1] * inv);
         }
-        if (warp == 0 && lane % 4 == 0)
-          p.lse_accum[split_token * T::kNumHeads + head] = lse;
+        if (warp == 0 && lane % 4 == 0) p.lse_accum[split_token * T::kNumHeads + head] = lse;
       }
     }
   }

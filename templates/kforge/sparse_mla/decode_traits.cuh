@@ -23,9 +23,9 @@ struct AssertTilingOk {
 };
 
 // KvFormat_: a KV cache format type (kv_format.cuh), e.g. KvBf16.
-template <int kNumHeads_, int kDv_, int kRope_, int kTopk_, int kHeadTile_,
-          int kHeadsPerGroup_, int kTokenTile_, int kStages_, int kWarps_,
-          int kPageBlock_, bool kReturnLse_, bool kWgmma_, class KvFormat_>
+template <int kNumHeads_, int kDv_, int kRope_, int kTopk_, int kHeadTile_, int kHeadsPerGroup_,
+          int kTokenTile_, int kStages_, int kWarps_, int kPageBlock_, bool kReturnLse_,
+          bool kWgmma_, class KvFormat_>
 struct DecodeTraits {
   using Kv = KvFormat_;
   static constexpr int kNumHeads = kNumHeads_;
@@ -50,8 +50,7 @@ struct DecodeTraits {
   static_assert(kPageBlock >= 1, "page block size");
 
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kNumGroups =
-      (kNumHeads + kHeadsPerGroup - 1) / kHeadsPerGroup;
+  static constexpr int kNumGroups = (kNumHeads + kHeadsPerGroup - 1) / kHeadsPerGroup;
   static constexpr int kDqk = DeriveDecodeDims(kShape).d_qk;
   static constexpr int kMTiles = DeriveDecodeDims(kShape).m_tiles;
   // Q and KV tiles are stored as d_qk / 64 column blocks, each block
@@ -144,9 +143,7 @@ __device__ __forceinline__ DecodeWork MakeDecodeWork(const DecodeParams& p) {
   w.heads_here = min(T::kHeadsPerGroup, T::kNumHeads - w.head0);
   w.begin = w.split * p.tokens_per_split;
   w.end = min(T::kTopk, w.begin + p.tokens_per_split);
-  w.num_tiles = w.end > w.begin
-                    ? (w.end - w.begin + T::kTokenTile - 1) / T::kTokenTile
-                    : 0;
+  w.num_tiles = w.end > w.begin ? (w.end - w.begin + T::kTokenTile - 1) / T::kTokenTile : 0;
   w.idx_row = p.indices + w.token * p.indices_stride;
   return w;
 }

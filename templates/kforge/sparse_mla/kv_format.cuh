@@ -58,29 +58,24 @@ struct KvBf16 : KvBf16Sizes {
   using Elem = unsigned short;
 
   template <class T>
-  __device__ __forceinline__ static void LoadRow(const DecodeParams& p,
-                                                 int slot, bool ok,
-                                                 const DecodeSmem& sm,
-                                                 int stage, int row, int sub) {
+  __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
+                                                 const DecodeSmem& sm, int stage, int row,
+                                                 int sub) {
     static_assert(sizeof(Elem) * T::kDqk == BytesPerToken(T::kDqk),
                   "a bf16 cache row is the d_qk-wide latent row itself");
     const Elem* src = reinterpret_cast<const Elem*>(p.kv);
     if (ok) {
-      src += (slot / T::kPageBlock) * p.kv_page_stride +
-             (slot % T::kPageBlock) * p.kv_row_stride;
+      src += (slot / T::kPageBlock) * p.kv_page_stride + (slot % T::kPageBlock) * p.kv_row_stride;
     }
-    const ptx::u32 dst = sm.kv_addr + stage * T::kTileBytes + row * 128 +
-                         ((sub ^ (row & 7)) << 4);
+    const ptx::u32 dst = sm.kv_addr + stage * T::kTileBytes + row * 128 + ((sub ^ (row & 7)) << 4);
 #pragma unroll
     for (int j = 0; j < T::kBlocks; ++j) {
-      ptx::CpAsync16(dst + j * T::kKvBlockBytes, src + (8 * j + sub) * 8,
-                     ok ? 16 : 0);
+      ptx::CpAsync16(dst + j * T::kKvBlockBytes, src + (8 * j + sub) * 8, ok ? 16 : 0);
     }
   }
 
   template <class T>
-  __device__ __forceinline__ static void Land(const DecodeSmem&, int,
-                                              const ThreadRoles&) {}
+  __device__ __forceinline__ static void Land(const DecodeSmem&, int, const ThreadRoles&) {}
 };
 
 // Issues the copies of KV tile `tile` (top-k positions begin + tile *
@@ -88,10 +83,8 @@ struct KvBf16 : KvBf16Sizes {
 // tokens: an index of -1, one >= num_kv_slots, or a position past the split
 // is no token.
 template <class T>
-__device__ __forceinline__ void GatherKvTile(const DecodeParams& p,
-                                             const DecodeWork& w,
-                                             const DecodeSmem& sm,
-                                             const ThreadRoles& r, int tile,
+__device__ __forceinline__ void GatherKvTile(const DecodeParams& p, const DecodeWork& w,
+                                             const DecodeSmem& sm, const ThreadRoles& r, int tile,
                                              int stage) {
   const int base = w.begin + tile * T::kTokenTile;
 #pragma unroll

@@ -36,8 +36,7 @@ struct QkMmaSync {
   __device__ __forceinline__ static void CheckSmemBase(ptx::u32) {}
   __device__ __forceinline__ static void FenceSmemWrites() {}
 
-  __device__ __forceinline__ QkMmaSync(const DecodeSmem& sm,
-                                       const ThreadRoles& r) {
+  __device__ __forceinline__ QkMmaSync(const DecodeSmem& sm, const ThreadRoles& r) {
     const int lane = r.lane;
     const int sw = lane & 7;
 #pragma unroll
@@ -50,8 +49,7 @@ struct QkMmaSync {
     b_last_row = (r.wn * T::kSN + T::kSN - 1) * 8 + lane % 8;
   }
 
-  __device__ __forceinline__ void Compute(float (&s)[T::kSM][T::kSN][4],
-                                          ptx::u32 k_tile) const {
+  __device__ __forceinline__ void Compute(float (&s)[T::kSM][T::kSN][4], ptx::u32 k_tile) const {
     using ptx::u32;
 #pragma unroll
     for (int mi = 0; mi < T::kSM; ++mi)
@@ -66,28 +64,24 @@ struct QkMmaSync {
         u32 a[T::kSM][4];
 #pragma unroll
         for (int mi = 0; mi < T::kSM; ++mi) {
-          ptx::Ldmatrix4(
-              a_row + mi * 16 * 128 + kg * T::kQBlockBytes + a_off[u], a[mi][0],
-              a[mi][1], a[mi][2], a[mi][3]);
+          ptx::Ldmatrix4(a_row + mi * 16 * 128 + kg * T::kQBlockBytes + a_off[u], a[mi][0],
+                         a[mi][1], a[mi][2], a[mi][3]);
         }
         u32 b[T::kSN][2];
 #pragma unroll
         for (int ni = 0; ni + 1 < T::kSN; ni += 2) {
-          ptx::Ldmatrix4(k_tile + (b_row + ni * 8) * 128 +
-                             kg * T::kKvBlockBytes + b_off[u],
+          ptx::Ldmatrix4(k_tile + (b_row + ni * 8) * 128 + kg * T::kKvBlockBytes + b_off[u],
                          b[ni][0], b[ni][1], b[ni + 1][0], b[ni + 1][1]);
         }
         if (T::kSN % 2 == 1) {
           // x2: lanes 0..15 address rows lane % 8 of the last n8 tile.
-          ptx::Ldmatrix2(
-              k_tile + b_last_row * 128 + kg * T::kKvBlockBytes + b_off[u],
-              b[T::kSN - 1][0], b[T::kSN - 1][1]);
+          ptx::Ldmatrix2(k_tile + b_last_row * 128 + kg * T::kKvBlockBytes + b_off[u],
+                         b[T::kSN - 1][0], b[T::kSN - 1][1]);
         }
 #pragma unroll
         for (int mi = 0; mi < T::kSM; ++mi)
 #pragma unroll
-          for (int ni = 0; ni < T::kSN; ++ni)
-            ptx::MmaBf16(s[mi][ni], a[mi], b[ni][0], b[ni][1]);
+          for (int ni = 0; ni < T::kSN; ++ni) ptx::MmaBf16(s[mi][ni], a[mi], b[ni][0], b[ni][1]);
       }
     }
   }
@@ -99,8 +93,7 @@ struct QkMmaSync {
 // shape rule.
 template <class T>
 struct QkWgmma {
-  static_assert(T::kWgmma && WgmmaCovers(T::kShape),
-                "QkWgmma is selected by DecodeTraits::kWgmma");
+  static_assert(T::kWgmma && WgmmaCovers(T::kShape), "QkWgmma is selected by DecodeTraits::kWgmma");
   static constexpr int kN = T::kTokenTile / T::kWarpsN;
 
   ptx::u32 q_base;
@@ -113,15 +106,12 @@ struct QkWgmma {
   }
   // cp.async (and st.shared) write through the generic proxy; wgmma reads
   // through the async proxy.
-  __device__ __forceinline__ static void FenceSmemWrites() {
-    ptx::FenceProxyAsync();
-  }
+  __device__ __forceinline__ static void FenceSmemWrites() { ptx::FenceProxyAsync(); }
 
   __device__ __forceinline__ QkWgmma(const DecodeSmem& sm, const ThreadRoles& r)
       : q_base(sm.q_addr), wn(r.wn) {}
 
-  __device__ __forceinline__ void Compute(float (&s)[T::kSM][T::kSN][4],
-                                          ptx::u32 k_tile) const {
+  __device__ __forceinline__ void Compute(float (&s)[T::kSM][T::kSN][4], ptx::u32 k_tile) const {
 #pragma unroll
     for (int ni = 0; ni < T::kSN; ++ni)
 #pragma unroll
@@ -137,10 +127,9 @@ struct QkWgmma {
     for (int kg = 0; kg < T::kBlocks; ++kg) {
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const ptx::u64 da =
-            ptx::SmemDescSw128(q_base + kg * T::kQBlockBytes + u * 32);
-        const ptx::u64 db = ptx::SmemDescSw128(k_tile + kg * T::kKvBlockBytes +
-                                               wn * kN * 128 + u * 32);
+        const ptx::u64 da = ptx::SmemDescSw128(q_base + kg * T::kQBlockBytes + u * 32);
+        const ptx::u64 db =
+            ptx::SmemDescSw128(k_tile + kg * T::kKvBlockBytes + wn * kN * 128 + u * 32);
         ptx::WgmmaBf16<kN>(s[0], da, db);
       }
     }

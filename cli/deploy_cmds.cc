@@ -62,7 +62,7 @@ absl::StatusOr<std::vector<MatrixJob>> MatrixJobsFromArgs(const ParsedArgs& args
   return ExpandMatrix(*matrix);
 }
 
-// The jobs of one spec: one Prebuild call. The server reports each kernel
+// The jobs of one spec: one Warm call. The server reports each kernel
 // by arch, key and module name but, on failure, only by arch and error, so
 // a call carries a single spec and every message is tied to its job.
 struct SpecGroup {
@@ -91,7 +91,7 @@ struct WarmCounts {
   std::atomic<int> cached{0};
 };
 
-// Runs one Prebuild call and reports each of its kernels to `progress`,
+// Runs one Warm call and reports each of its kernels to `progress`,
 // kernels the call did not report as failed with the call's status.
 void WarmGroup(v1::KernelService::Stub& stub, const SpecGroup& group, absl::Time deadline,
                Progress& progress, WarmCounts& counts) {
@@ -102,8 +102,7 @@ void WarmGroup(v1::KernelService::Stub& stub, const SpecGroup& group, absl::Time
   if (deadline != absl::InfiniteFuture()) {
     context.set_deadline(absl::ToChronoTime(deadline));
   }
-  std::unique_ptr<grpc::ClientReader<v1::PrebuildProgress>> reader =
-      stub.Prebuild(&context, request);
+  std::unique_ptr<grpc::ClientReader<v1::PrebuildProgress>> reader = stub.Warm(&context, request);
   std::vector<bool> reported(group.jobs.size(), false);
   v1::PrebuildProgress message;
   while (reader->Read(&message)) {
@@ -150,7 +149,7 @@ void WarmAll(v1::KernelService::Stub& stub, const std::vector<SpecGroup>& groups
 const std::vector<FlagSpec>& WarmFlags() {
   static const std::vector<FlagSpec> kFlags = {
       {"server", "ADDR", "kforge server address", "127.0.0.1:50051"},
-      {"jobs", "N", "Prebuild calls in flight (one call per spec)", "4", 'j'},
+      {"jobs", "N", "Warm calls in flight (one call per spec)", "4", 'j'},
       {"connect-timeout", "SECONDS", "give up when the server cannot be reached", "10"},
       {"timeout", "SECONDS", "deadline for the whole warm-up (0: none)", "3600"},
       {"help", "", "show this help", "", 'h'}};

@@ -93,7 +93,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::Stats(grpc::CallbackServerContext* 
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::PrebuildProgress>* KernelServiceImpl::Prebuild(
+grpc::ServerWriteReactor<v1::PrebuildProgress>* KernelServiceImpl::Warm(
     grpc::CallbackServerContext* context, const v1::PrebuildRequest* request) {
   PrebuildFanOut::Options options;
   options.parallelism = options_.prebuild_parallelism;

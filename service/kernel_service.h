@@ -42,8 +42,13 @@ class KernelServiceImpl final : public v1::KernelService::WithRawCallbackMethod_
   grpc::ServerUnaryReactor* GetManifest(grpc::CallbackServerContext* context,
                                         const v1::GetManifestRequest* request,
                                         v1::Manifest* response) override;
+  grpc::ServerWriteReactor<v1::PrebuildProgress>* Warm(grpc::CallbackServerContext* context,
+                                                       const v1::PrebuildRequest* request) override;
+  // The deprecated name of Warm (one release): the same handler.
   grpc::ServerWriteReactor<v1::PrebuildProgress>* Prebuild(
-      grpc::CallbackServerContext* context, const v1::PrebuildRequest* request) override;
+      grpc::CallbackServerContext* context, const v1::PrebuildRequest* request) override {
+    return Warm(context, request);
+  }
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const v1::StatsRequest* request,
                                   v1::StatsResponse* response) override;

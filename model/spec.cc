@@ -140,9 +140,13 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
     problems.Add("s_q", spec.s_q(), absl::StrCat("0 (not given) or 1..", kMaxSq));
   }
   if (spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
-    problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()),
-                 "KV_CACHE_DTYPE_BF16 (KV_CACHE_DTYPE_FP8_DS_MLA is reserved "
-                 "and not yet supported)");
+    // Stand-in until the host side lands on main (which replaces it).
+    if (spec.kv_lora_rank() != 512 || (spec.rope_dim() != 0 && spec.rope_dim() != 64) ||
+        spec.kv_scale_format() == v1::KV_SCALE_FORMAT_UNSPECIFIED) {
+      problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()),
+                   "KV_CACHE_DTYPE_FP8_DS_MLA needs kv_lora_rank 512, rope_dim 0 or 64 "
+                   "and kv_scale_format");
+    }
   } else if (spec.kv_cache_dtype() != v1::KV_CACHE_DTYPE_BF16) {
     problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()), "KV_CACHE_DTYPE_BF16");
   }

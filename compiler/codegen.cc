@@ -23,11 +23,14 @@ struct TileConfig {
 
 // Candidate pipelines per head tile, best first. Bigger token tiles amortise
 // the barriers and the softmax; the smaller ones exist so the same head tile
-// fits 163 KB (sm_80) and 99 KB (sm_86/89/120/121) parts.
+// fits 163 KB (sm_80) and 99 KB (sm_86/89/120/121) parts. {16, 2, 2} is for
+// formats with a staging area (fp8_ds_mla: 1680 B per token and stage, so
+// 16 heads on a 99 KB part take 16-token tiles, and 16 tokens split over
+// warps_n = 2 warps); bf16 always fits an earlier one.
 const std::vector<TileConfig>& CandidatesFor(int head_tile) {
   static const std::vector<TileConfig> k64 = {{64, 2, 8}, {32, 2, 8}};
   static const std::vector<TileConfig> k32 = {{64, 2, 8}, {32, 2, 8}, {16, 2, 4}};
-  static const std::vector<TileConfig> k16 = {{32, 2, 4}, {16, 2, 4}};
+  static const std::vector<TileConfig> k16 = {{32, 2, 4}, {16, 2, 4}, {16, 2, 2}};
   if (head_tile == 16) return k16;
   if (head_tile == 32) return k32;
   return k64;  // 48 and 64
@@ -36,13 +39,19 @@ const std::vector<TileConfig>& CandidatesFor(int head_tile) {
 // The KV format type (templates/kforge/sparse_mla/kv_format.cuh) of a spec's
 // cache dtype: its name in the instantiation unit and the host-visible sizes
 // of its base struct in config.h. A new format is a new row here and a new
-// type there. bf16 is the only one so far (ValidateSpec rejects the others).
+// type there. ValidateSpec admits only these dtypes.
 struct KvFormatInfo {
   const char* type_name;
   int staging_bytes_per_token;
 };
 
-KvFormatInfo KvFormatOf(const v1::AttentionSpec& /*spec*/) {
+KvFormatInfo KvFormatOf(const v1::AttentionSpec& spec) {
+  if (spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
+    // The template argument is kScalePow2.
+    const bool pow2 = spec.kv_scale_format() == v1::KV_SCALE_FORMAT_POW2;
+    return {pow2 ? "ks::KvFp8DsMla<true>" : "ks::KvFp8DsMla<false>",
+            sparse_mla::KvFp8DsMlaSizes::kStagingBytesPerToken};
+  }
   return {"ks::KvBf16", sparse_mla::KvBf16Sizes::kStagingBytesPerToken};
 }
 

@@ -44,6 +44,7 @@
 #ifndef KFORGE_SPARSE_MLA_KV_FORMAT_CUH_
 #define KFORGE_SPARSE_MLA_KV_FORMAT_CUH_
 
+#include "kforge/common/fp8.cuh"
 #include "kforge/common/ptx.cuh"
 #include "kforge/sparse_mla/config.h"
 #include "kforge/sparse_mla/decode_traits.cuh"
@@ -76,6 +77,106 @@ struct KvBf16 : KvBf16Sizes {
 
   template <class T>
   __device__ __forceinline__ static void Land(const DecodeSmem&, int, const ThreadRoles&) {}
+};
+
+// fp8_ds_mla cache (KvFp8DsMlaSizes in config.h: 512 e4m3 + 4 fp32 scales
+// + 64 bf16 rope = 656 B/token). LoadRow copies the e4m3 values and the
+// scales (33 chunks) to the stage's staging row and the rope (one 128-byte
+// column block) straight into the tile's last block; invalid slots are
+// zero-filled, so their staged values and scales are 0 and Land writes
+// zero rows without looking at the validity flags. Land converts e4m3 *
+// scale to bf16 in fp32 (the product rounded once to fp32, then to bf16;
+// exact for power-of-two scales) into the swizzled tile.
+//
+// kScalePow2: the spec's scales are powers of two (DeepSeek-V3.2). Both
+// conventions take the same fp32 multiply for now; the parameter exists so
+// an exponent-add path can specialise without a new format type.
+template <bool kScalePow2>
+struct KvFp8DsMla : KvFp8DsMlaSizes {
+  using Elem = unsigned char;
+  static constexpr bool kPow2Scales = kScalePow2;
+  // 16-byte chunks of e4m3 values per record; each fills two bf16 chunks.
+  static constexpr int kValueChunks = kLatent / 16;
+
+  template <class T>
+  __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
+                                                 const DecodeSmem& sm, int stage, int row,
+                                                 int sub) {
+    static_assert(Supports(T::kDv, T::kRope), "fp8_ds_mla: kv_lora_rank 512, rope_dim 0 or 64");
+    static_assert(T::kStagingBytes == T::kTokenTile * kStagingBytesPerToken, "staging per stage");
+    static_assert(kValueChunks % kThreadsPerRow == 0, "value chunks split over a row's threads");
+    const Elem* src = reinterpret_cast<const Elem*>(p.kv);
+    if (ok) {
+      src += (slot / T::kPageBlock) * p.kv_page_stride + (slot % T::kPageBlock) * p.kv_row_stride;
+    }
+    const ptx::u32 bytes = ok ? 16 : 0;
+    const ptx::u32 staged =
+        sm.kv_staging_addr + stage * T::kStagingBytes + row * kStagingBytesPerToken;
+#pragma unroll
+    for (int j = 0; j < kValueChunks / kThreadsPerRow; ++j) {
+      const int c = j * kThreadsPerRow + sub;
+      ptx::CpAsync16(staged + 16 * c, src + 16 * c, bytes);
+    }
+    if (sub == 0) ptx::CpAsync16(staged + kScalesOffset, src + kScalesOffset, bytes);
+    if (T::kRope != 0) {
+      const ptx::u32 rope_dst = sm.kv_addr + stage * T::kTileBytes +
+                                (T::kBlocks - 1) * T::kKvBlockBytes + row * 128 +
+                                ((sub ^ (row & 7)) << 4);
+      ptx::CpAsync16(rope_dst, src + kRopeOffset + 16 * sub, bytes);
+    }
+  }
+
+  // Thread i converts staged chunk k = i % 32 of row i / 32 (a warp reads
+  // one row's 512 contiguous bytes) into bf16 chunks 2 (k % 4) and
+  // 2 (k % 4) + 1 of column block k / 4. Lanes of odd blocks store their
+  // second chunk first, so each 8-lane phase of a 16-byte store hits eight
+  // distinct chunks of 128 bytes: no bank conflicts.
+  template <class T>
+  __device__ __forceinline__ static void Land(const DecodeSmem& sm, int stage,
+                                              const ThreadRoles& r) {
+    constexpr int kItems = T::kTokenTile * kValueChunks;
+    const int tid = r.warp * 32 + r.lane;
+    const unsigned char* staged = sm.kv_staging + stage * T::kStagingBytes;
+    const ptx::u32 staged_addr = sm.kv_staging_addr + stage * T::kStagingBytes;
+    const ptx::u32 tile = sm.kv_addr + stage * T::kTileBytes;
+#pragma unroll
+    for (int i0 = 0; i0 < kItems; i0 += T::kThreads) {
+      const int i = i0 + tid;
+      if (kItems % T::kThreads != 0 && i >= kItems) break;
+      const int row = i / kValueChunks;
+      const int k = i % kValueChunks;
+      const int row_off = row * kStagingBytesPerToken;
+      ptx::u32 w[4];
+      ptx::LdShared128(staged_addr + row_off + 16 * k, w);
+      const float scale =
+          reinterpret_cast<const float*>(staged + row_off + kScalesOffset)[k * 16 / kScaleGroup] *
+          fp8::kE4m3HalfFactor;
+      ptx::u32 out[8];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        ptx::u32 h01, h23;
+        fp8::E4m3x4ToHalf2(w[q], h01, h23);
+        float f0, f1, f2, f3;
+        fp8::Half2ToFloat2(h01, f0, f1);
+        fp8::Half2ToFloat2(h23, f2, f3);
+        out[2 * q] = ptx::PackBf16x2(f0 * scale, f1 * scale);
+        out[2 * q + 1] = ptx::PackBf16x2(f2 * scale, f3 * scale);
+      }
+      // The chunk stored first: 2 (k % 4) in even blocks, 2 (k % 4) + 1 in
+      // odd ones (selects, so the warp issues exactly two stores).
+      const bool odd_block = (k >> 2) & 1;
+      const int first = 2 * (k & 3) + (odd_block ? 1 : 0);
+      const ptx::u32 base = tile + (k >> 2) * T::kKvBlockBytes + row * 128;
+      const int swz = row & 7;
+      ptx::StShared128(base + ((first ^ swz) << 4), odd_block ? out[4] : out[0],
+                       odd_block ? out[5] : out[1], odd_block ? out[6] : out[2],
+                       odd_block ? out[7] : out[3]);
+      ptx::StShared128(base + (((first ^ 1) ^ swz) << 4), odd_block ? out[0] : out[4],
+                       odd_block ? out[1] : out[5], odd_block ? out[2] : out[6],
+                       odd_block ? out[3] : out[7]);
+    }
+    PublishSmem<T>();
+  }
 };
 
 // Issues the copies of KV tile `tile` (top-k positions begin + tile *

@@ -204,5 +204,56 @@ TEST(CompileMatrix, OddHeadCounts) {
   EXPECT_EQ(sm90_tiles, (std::set<uint32_t>{16, 32, 48, 64}));
 }
 
+// fp8_ds_mla: both presets (deepseek-v3.2 with pow2 scales, glm-5 with
+// arbitrary ones) x tp {1, 2, 4, 8} on every arch (sm_80/86 convert e4m3 in
+// software), plus NoPE and odd head counts. Prints each module's tiling and
+// resources.
+TEST(CompileMatrix, Fp8DsMlaOnEveryArch) {
+  std::vector<Job> jobs;
+  const char* archs[] = {"sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a", "sm_121a"};
+  for (const char* preset : {"deepseek-v3.2", "glm-5"}) {
+    for (int tp : {1, 2, 4, 8}) {
+      for (const char* arch : archs) {
+        v1::AttentionSpec spec = Preset(preset, tp);
+        spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+        spec.set_kv_scale_format(std::string(preset) == "glm-5" ? v1::KV_SCALE_FORMAT_ARBITRARY
+                                                                : v1::KV_SCALE_FORMAT_POW2);
+        jobs.push_back({absl::StrCat("fp8 ", preset, " tp", tp, " ", arch), spec, arch});
+      }
+    }
+  }
+  for (const char* arch : {"sm_86", "sm_90a"}) {
+    for (int heads : {3, 48, 80}) {
+      v1::AttentionSpec spec = Preset("glm-5", 1);
+      spec.set_num_q_heads(heads);
+      spec.set_rope_dim(heads == 3 ? 0 : 64);
+      spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+      spec.set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
+      jobs.push_back(
+          {absl::StrCat("fp8 heads ", heads, " rope ", spec.rope_dim(), " ", arch), spec, arch});
+    }
+  }
+  const std::vector<Outcome> outcomes = CompileAll(jobs);
+  std::set<std::string> names;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const absl::StatusOr<v1::KernelArtifact>& a = outcomes[i].artifact;
+    if (!a.ok()) {
+      ADD_FAILURE() << jobs[i].label << ": " << a.status().ToString().substr(0, 4000);
+      continue;
+    }
+    ExpectGoodArtifact(jobs[i], *a);
+    EXPECT_TRUE(names.insert(a->module_name()).second)
+        << jobs[i].label << ": duplicate module name " << a->module_name();
+    const v1::KernelResources* main_k = FindKernel(*a, kMainEntry);
+    const v1::KernelTiling& t = a->tiling();
+    std::printf(
+        "%-34s head_tile %2u x%u groups, token_tile %2u, stages %u, warps %2u%s, smem %6u B, "
+        "%3u regs, %u B local\n",
+        jobs[i].label.c_str(), t.head_tile(), t.num_head_groups(), t.token_tile(), t.stages(),
+        t.warps(), t.wgmma() ? " wgmma" : "", a->launch().dynamic_smem_bytes(),
+        main_k ? main_k->registers() : 0u, main_k ? main_k->local_bytes() : 0u);
+  }
+}
+
 }  // namespace
 }  // namespace kforge

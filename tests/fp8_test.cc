@@ -81,7 +81,8 @@ TEST(Fp8Test, SoftwareE4m3MatchesTheDefinitionForEveryCodeAndPair) {
 TEST(Fp8Test, SoftwareE4m3MatchesCudaConversionForEveryCode) {
 #ifdef KFORGE_HAVE_CUDA_FP8
   for (int code = 0; code < 256; ++code) {
-    const __half_raw ref = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+    const __half_raw ref =
+        __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
     ExpectSame(Soft(code, 0, 0x55), HalfToDouble(ref.x), code);
     ExpectSame(Soft(code, 1, 0xAA), HalfToDouble(ref.x), code);
   }

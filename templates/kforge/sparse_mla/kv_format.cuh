@@ -34,13 +34,11 @@
 //                       ends with PublishSmem<T>() (qk.cuh). A format that
 //                       gathers straight into the tile does nothing.
 //
-// How fp8_ds_mla (656 B/token: 512 e4m3, 4 fp32 scales one per 128 values,
-// 64 bf16 rope) fits: KvFp8DsMlaSizes { BytesPerToken = 656,
-// kStagingBytesPerToken = 656 } in config.h; KvFp8DsMla : KvFp8DsMlaSizes
-// with Elem = unsigned char, LoadRow copying the record's 41 16-byte chunks
-// to the staging row, and Land converting e4m3 x scale to bf16 (and copying
-// the rope) into the swizzled tile, then PublishSmem<T>(). The codegen names
-// the type in the instantiation unit; DecodeMain does not change.
+// Formats: KvBf16 (gathers straight into the tile, Land is empty) and
+// KvFp8DsMla (656 B/token: 512 e4m3, 4 fp32 scales, 64 bf16 rope; stages the
+// e4m3 values and scales, 528 B/token, copies the rope straight into the
+// tile's last column block, and Land dequantises). The codegen names the
+// type in the instantiation unit (KvFormatOf); DecodeMain does not change.
 #ifndef KFORGE_SPARSE_MLA_KV_FORMAT_CUH_
 #define KFORGE_SPARSE_MLA_KV_FORMAT_CUH_
 

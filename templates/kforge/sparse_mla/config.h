@@ -79,6 +79,33 @@ struct KvBf16Sizes {
   static constexpr int kStagingBytesPerToken = 0;
 };
 
+// fp8_ds_mla (FlashMLA / vLLM): one record per token, 656 bytes with rope 64
+// (528 without):
+//   bytes [0, 512)    the 512 latent values, fp8 e4m3 (e4m3fn: no inf)
+//   bytes [512, 528)  4 fp32 scales, scale g for values [128 g, 128 g + 128)
+//                     (value = e4m3 * scale)
+//   bytes [528, 656)  the 64 rope values, bf16 (absent when rope is 0)
+// Only kv_lora_rank 512 with rope 0 or 64 exists (Supports); both record
+// sizes are whole 16-byte chunks, as cp.async needs. The kernel copies the
+// rope straight into the bf16 tile (it is one 128-byte column block) and
+// stages only the e4m3 values and the scales.
+struct KvFp8DsMlaSizes {
+  static constexpr int kLatent = 512;      // kv_lora_rank (d_v)
+  static constexpr int kScaleGroup = 128;  // latent values per fp32 scale
+  static constexpr int kNumScales = kLatent / kScaleGroup;
+  static constexpr int kScalesOffset = kLatent;                       // 512
+  static constexpr int kRopeOffset = kScalesOffset + 4 * kNumScales;  // 528
+  KFORGE_HD static constexpr bool Supports(int d_v, int rope) {
+    return d_v == kLatent && (rope == 0 || rope == 64);
+  }
+  // d_qk = kv_lora_rank + rope_dim; meaningful where Supports(512, d_qk - 512).
+  KFORGE_HD static constexpr int BytesPerToken(int d_qk) {
+    return kRopeOffset + 2 * (d_qk - kLatent);
+  }
+  // e4m3 values and scales, staged per token per pipeline stage.
+  static constexpr int kStagingBytesPerToken = kRopeOffset;
+};
+
 // ---------------------------------------------------------------------------
 // Tiling: the compile-time shape of the main kernel, its validity rule and
 // the quantities derived from it. DecodeTraits (decode_traits.cuh) asserts

@@ -176,11 +176,12 @@ size_t kforge_sizeof(const char* struct_name) {
 
 void kforge_free(void* p) { std::free(p); }
 
-int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, uint8_t** spec,
-                                size_t* spec_size, char** error) {
+int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, int32_t kv_dtype,
+                                uint8_t** spec, size_t* spec_size, char** error) {
   return Call(error, [&]() -> absl::Status {
     if (name == nullptr) return Null("preset");
-    absl::StatusOr<kforge::v1::AttentionSpec> s = kforge::SpecFromPreset(name, tensor_parallel);
+    absl::StatusOr<kforge::v1::AttentionSpec> s = kforge::SpecFromPreset(
+        name, tensor_parallel, static_cast<kforge::v1::KvCacheDtype>(kv_dtype));
     if (!s.ok()) return s.status();
     return Output(*s, spec, spec_size, "spec");
   });
@@ -284,6 +285,21 @@ int32_t kforge_plan_decode(const uint8_t* manifest, size_t manifest_size,
         kforge::PlanDecode(m, *d, ToDecodeArgs(*args), workspace);
     if (!launch.ok()) return launch.status();
     return Output(kforge::ToLaunchPlan(*launch), plan, plan_size, "plan");
+  });
+}
+
+int32_t kforge_kv_layout(const uint8_t* spec, size_t spec_size, int32_t* row_bytes,
+                         int32_t* element_bytes, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    kforge::v1::AttentionSpec s;
+    if (absl::Status p = Parse(spec, spec_size, &s, "spec"); !p.ok()) return p;
+    if (row_bytes == nullptr) return Null("row_bytes");
+    if (element_bytes == nullptr) return Null("element_bytes");
+    if (absl::Status v = kforge::ValidateSpec(s); !v.ok()) return v;
+    const kforge::KvCacheLayout layout = kforge::KvLayoutOf(s);
+    *row_bytes = layout.row_bytes;
+    *element_bytes = layout.element_bytes;
+    return absl::OkStatus();
   });
 }
 

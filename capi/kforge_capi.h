@@ -88,8 +88,8 @@ typedef struct KforgeDecodeArgs {
 /* ---- specs (model/spec.h) ---- */
 
 /* AttentionSpec of a preset at a tensor-parallel degree. */
-int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, uint8_t** spec,
-                                size_t* spec_size, char** error);
+int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, int32_t kv_dtype,
+                                uint8_t** spec, size_t* spec_size, char** error);
 /* ValidateSpec. */
 int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error);
 /* NormalizeSpec (validates first). */
@@ -123,6 +123,10 @@ int32_t kforge_select(const uint8_t* manifest, size_t manifest_size, const Kforg
 int32_t kforge_plan_decode(const uint8_t* manifest, size_t manifest_size,
                            const KforgeDevice* device, const KforgeDecodeArgs* args,
                            uint64_t workspace, uint8_t** plan, size_t* plan_size, char** error);
+/* KvLayoutOf: the bytes of one token's cache record and the size of the
+ * element the cache's strides count (2 for bf16, 1 for fp8_ds_mla). */
+int32_t kforge_kv_layout(const uint8_t* spec, size_t spec_size, int32_t* row_bytes,
+                         int32_t* element_bytes, char** error);
 /* WorkspaceBytesFor. */
 int32_t kforge_workspace_bytes_for(const uint8_t* manifest, size_t manifest_size,
                                    const KforgeDevice* device, int32_t max_tokens, uint64_t* bytes,

@@ -10,6 +10,9 @@ const std::vector<FlagSpec>& KernelChoiceFlags() {
       {"preset", "NAME", "model preset: deepseek-v3.2 or glm-5"},
       {"tp", "N", "tensor-parallel degree (divides the preset's heads)", "1"},
       {"spec", "FILE", "full AttentionSpec as JSON or text proto (instead of --preset)"},
+      {"kv-dtype", "DTYPE",
+       "KV cache dtype: bf16 or fp8_ds_mla (a preset brings its scale format; a spec file "
+       "must set kv_scale_format)"},
   };
   return kFlags;
 }
@@ -20,12 +23,22 @@ absl::StatusOr<v1::KernelSelector> SelectorFromArgs(const ParsedArgs& args) {
         "give exactly one of --preset NAME (with --tp N) or --spec FILE");
   }
   v1::KernelSelector selector;
+  v1::KvCacheDtype kv_dtype = v1::KV_CACHE_DTYPE_UNSPECIFIED;
+  if (args.Has("kv-dtype")) {
+    absl::StatusOr<v1::KvCacheDtype> d = ParseKvDtype(args.Get("kv-dtype"));
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--", d.status().message()));
+    kv_dtype = *d;
+  }
   if (args.Has("spec")) {
     absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(args.Get("spec"));
     if (!spec.ok()) return spec.status();
-    *selector.mutable_spec() = *std::move(spec);
+    *selector.mutable_spec() =
+        kv_dtype == v1::KV_CACHE_DTYPE_UNSPECIFIED
+            ? *std::move(spec)
+            : SpecWithKvDtype(*spec, kv_dtype, v1::KV_SCALE_FORMAT_UNSPECIFIED);
     return selector;
   }
+  selector.mutable_preset()->set_kv_cache_dtype(kv_dtype);
   absl::StatusOr<long long> tp = ParseIntFlag("tp", args.Get("tp"));
   if (!tp.ok()) return tp.status();
   if (*tp > 0xffffffffLL) return absl::InvalidArgumentError("--tp: too large");

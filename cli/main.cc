@@ -36,7 +36,6 @@ const std::vector<FlagSpec>& SpecFlags() {
       {{"s-q", "N", "accepted for compatibility: a kernel serves every s_q (1..4)"},
        {"topk", "N", "override: indices per query token"},
        WithAlias({"page-block-size", "N", "override: tokens per KV cache page"}, "page-size"),
-       {"kv-dtype", "DTYPE", "override: KV cache dtype (bf16)"},
        {"lse", "BOOL", "override: also return log-sum-exp (true/false)"}});
   return kFlags;
 }
@@ -61,11 +60,6 @@ absl::StatusOr<v1::AttentionSpec> SpecFromArgs(const ParsedArgs& args) {
       return absl::InvalidArgumentError(absl::StrCat("--", o.flag, ": too large"));
     }
     ((*spec).*(o.set))(static_cast<uint32_t>(*v));
-  }
-  if (args.Has("kv-dtype")) {
-    absl::StatusOr<v1::KvCacheDtype> d = ParseKvDtype(args.Get("kv-dtype"));
-    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--", d.status().message()));
-    spec->set_kv_cache_dtype(*d);
   }
   if (args.Has("lse")) {
     const std::string v = args.Get("lse");

@@ -95,7 +95,6 @@ int Select(const std::vector<std::string>& argv) {
        {"heads", "N", "shape override: query heads (default: the model's)"},
        {"topk", "N", "shape override: indices per query token"},
        WithAlias({"page-block-size", "N", "shape override: tokens per KV cache page"}, "page-size"),
-       {"kv-dtype", "DTYPE", "shape override: bf16 or fp8_ds_mla"},
        {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
@@ -142,11 +141,6 @@ int Select(const std::vector<std::string>& argv) {
     absl::StatusOr<int> v = IntFlag(*args, o.flag, 0);
     if (!v.ok()) return Fail(v.status());
     *o.field = *v;
-  }
-  if (args->Has("kv-dtype")) {
-    absl::StatusOr<v1::KvCacheDtype> d = ParseKvDtype(args->Get("kv-dtype"));
-    if (!d.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("--", d.status().message())));
-    shape.kv_dtype = *d;
   }
   absl::StatusOr<Selection> sel = kforge::Select(*manifest, device, shape);
   if (!sel.ok()) {

@@ -177,10 +177,16 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
 std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
   std::string arch_tag = arch.name;
   arch_tag.erase(std::remove(arch_tag.begin(), arch_tag.end(), '_'), arch_tag.end());
+  // fp8_ds_mla names its scale convention too: fp8_ds_mla_pow2 / _arbitrary.
+  std::string dtype = KvDtypeName(spec.kv_cache_dtype());
+  if (spec.kv_scale_format() == v1::KV_SCALE_FORMAT_POW2) absl::StrAppend(&dtype, "_pow2");
+  if (spec.kv_scale_format() == v1::KV_SCALE_FORMAT_ARBITRARY) {
+    absl::StrAppend(&dtype, "_arbitrary");
+  }
   return absl::StrFormat("sparse_mla_decode_h%d_d%dr%d_topk%d_%s_pb%d_sc%s%s_%s",
                          spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(), spec.topk(),
-                         KvDtypeName(spec.kv_cache_dtype()), spec.page_block_size(),
-                         ScaleTag(spec.softmax_scale()), spec.return_lse() ? "_lse" : "", arch_tag);
+                         dtype, spec.page_block_size(), ScaleTag(spec.softmax_scale()),
+                         spec.return_lse() ? "_lse" : "", arch_tag);
 }
 
 std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling) {

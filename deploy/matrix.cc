@@ -269,9 +269,16 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
   // serves every s_q), so they add no jobs. The field stays so that
   // matrices written for kforge 0.1 still load.
   const v1::AttentionSpec& valid = tp_specs->front().spec;
-  absl::StatusOr<std::vector<int>> dtypes = CheckedValues<int>(
-      model.kv_dtypes(), base.kv_cache_dtype(), absl::StrCat(path, ".kv_dtypes"), valid,
-      [](v1::AttentionSpec& s, int d) { s.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(d)); });
+  // fp8_ds_mla takes a preset's scale format; a spec model must name its own.
+  const PresetInfo* preset = model.has_preset() ? FindPreset(model.preset()) : nullptr;
+  const v1::KvScaleFormat default_scale =
+      preset != nullptr ? preset->kv_scale_format : v1::KV_SCALE_FORMAT_UNSPECIFIED;
+  auto with_dtype = [default_scale](const v1::AttentionSpec& s, int d) {
+    return SpecWithKvDtype(s, static_cast<v1::KvCacheDtype>(d), default_scale);
+  };
+  absl::StatusOr<std::vector<int>> dtypes =
+      CheckedValues<int>(model.kv_dtypes(), base.kv_cache_dtype(), absl::StrCat(path, ".kv_dtypes"),
+                         valid, [&](v1::AttentionSpec& s, int d) { s = with_dtype(s, d); });
   if (!dtypes.ok()) return dtypes.status();
   if (absl::Status s =
           CheckedValues<uint32_t>(model.s_q(), 1, absl::StrCat(path, ".s_q"), valid,
@@ -297,8 +304,7 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
       job.model = name;
       job.tp = tp.tp;
       job.kv_dtype = static_cast<v1::KvCacheDtype>(dtype);
-      job.spec = tp.spec;
-      job.spec.set_kv_cache_dtype(job.kv_dtype);
+      job.spec = with_dtype(tp.spec, dtype);
       for (const std::string& arch : *archs) {
         job.arch = arch;
         job.label = absl::StrCat(name, " tp", tp.tp, " ", KvDtypeName(job.kv_dtype), " ", arch);

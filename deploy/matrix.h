@@ -24,7 +24,7 @@ absl::StatusOr<v1::DeploymentMatrix> ParseMatrix(std::string_view text,
 absl::StatusOr<v1::DeploymentMatrix> LoadMatrixFile(const std::string& path);
 
 // The matrix used when none is given (deploy/default_matrix.json, built
-// into the binary): deepseek-v3.2 and glm-5 at TP 1/2/4/8, bf16, on
+// into the binary): deepseek-v3.2 and glm-5 at TP 1/2/4/8, bf16 and fp8_ds_mla, on
 // sm_80, sm_89, sm_90a, sm_100a and sm_120a. Parsed on each call;
 // an error would be a defect of the shipped file (a test pins it).
 absl::StatusOr<v1::DeploymentMatrix> DefaultMatrix();

@@ -106,7 +106,7 @@ int64_t SaturatingMul(int64_t a, int64_t b) {
 
 // Rows are head-inner ([token][head][dim], any padding): each stride must
 // step over at least the row or block below it, or rows would overlap.
-absl::Status CheckStrides(const DecodeArgs& a) {
+absl::Status CheckStrides(const DecodeArgs& a, const KvCacheLayout& kv) {
   struct Stride {
     const char* name;
     int64_t value;
@@ -117,7 +117,8 @@ absl::Status CheckStrides(const DecodeArgs& a) {
       {"q_head_stride", a.q_head_stride, a.d_qk, "d_qk"},
       {"q_token_stride", a.q_token_stride, SaturatingMul(a.num_q_heads, a.q_head_stride),
        "num_q_heads * q_head_stride"},
-      {"kv_row_stride", a.kv_row_stride, a.d_qk, "d_qk"},
+      {"kv_row_stride", a.kv_row_stride, kv.row_bytes / kv.element_bytes,
+       kv.element_bytes == 2 ? "d_qk" : "the cache record's bytes"},
       {"kv_page_stride", a.kv_page_stride, SaturatingMul(a.page_block_size, a.kv_row_stride),
        "page_block_size * kv_row_stride"},
       {"indices_stride", a.indices_stride, a.topk, "topk"},
@@ -134,16 +135,18 @@ absl::Status CheckStrides(const DecodeArgs& a) {
   return absl::OkStatus();
 }
 
-absl::Status CheckAlignment(const DecodeArgs& a) {
-  // Pointers in bytes; strides in bf16 elements, i.e. 2 bytes each.
+absl::Status CheckAlignment(const DecodeArgs& a, const KvCacheLayout& kv) {
+  // Pointers in bytes; strides in elements: bf16 (2 bytes) for q and out,
+  // the cache's element for kv (2 bytes for bf16, 1 for fp8_ds_mla).
   struct Rule {
     const char* name;
     uint64_t bytes;
     int align;
     bool pointer;
+    int element_bytes = 2;
   };
-  auto stride = [](const char* name, int64_t elements, int align) {
-    return Rule{name, static_cast<uint64_t>(elements) * 2, align, false};
+  auto stride = [](const char* name, int64_t elements, int align, int element_bytes = 2) {
+    return Rule{name, static_cast<uint64_t>(elements) * element_bytes, align, false, element_bytes};
   };
   const Rule rules[] = {
       {"q", a.q, kQKvAlignBytes, true},
@@ -153,8 +156,8 @@ absl::Status CheckAlignment(const DecodeArgs& a) {
       {"lse", a.lse, 4, true},
       stride("q_token_stride", a.q_token_stride, kQKvAlignBytes),
       stride("q_head_stride", a.q_head_stride, kQKvAlignBytes),
-      stride("kv_page_stride", a.kv_page_stride, kQKvAlignBytes),
-      stride("kv_row_stride", a.kv_row_stride, kQKvAlignBytes),
+      stride("kv_page_stride", a.kv_page_stride, kQKvAlignBytes, kv.element_bytes),
+      stride("kv_row_stride", a.kv_row_stride, kQKvAlignBytes, kv.element_bytes),
       stride("out_token_stride", a.out_token_stride, kOutAlignBytes),
       stride("out_head_stride", a.out_head_stride, kOutAlignBytes),
   };
@@ -165,7 +168,8 @@ absl::Status CheckAlignment(const DecodeArgs& a) {
     }
     return Invalid(r.name, absl::StrFormat("got %d elements, must be a multiple of %d (%d "
                                            "bytes) so every row stays %d-byte aligned",
-                                           r.bytes / 2, r.align / 2, r.align, r.align));
+                                           r.bytes / r.element_bytes, r.align / r.element_bytes,
+                                           r.align, r.align));
   }
   return absl::OkStatus();
 }
@@ -183,8 +187,9 @@ absl::StatusOr<RuntimeShape> ValidateDecodeArgs(const DecodeArgs& args,
   absl::Status s = CheckPointers(args);
   if (s.ok()) s = CheckPositive(args);
   if (s.ok()) s = CheckModel(args, spec);
-  if (s.ok()) s = CheckStrides(args);
-  if (s.ok()) s = CheckAlignment(args);
+  const KvCacheLayout kv = KvLayoutOf(spec);
+  if (s.ok()) s = CheckStrides(args, kv);
+  if (s.ok()) s = CheckAlignment(args, kv);
   if (!s.ok()) return s;
   return RuntimeShape{args.batch, args.s_q,      args.num_q_heads,
                       args.topk,  args.kv_dtype, args.page_block_size};
@@ -267,6 +272,14 @@ absl::StatusOr<uint64_t> WorkspaceBytesFor(const v1::Manifest& manifest, const D
     }
   }
   return need;
+}
+
+KvCacheLayout KvLayoutOf(const v1::AttentionSpec& spec) {
+  const int d_qk = static_cast<int>(spec.kv_lora_rank() + spec.rope_dim());
+  if (spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
+    return {sparse_mla::KvFp8DsMlaSizes::BytesPerToken(d_qk), 1};
+  }
+  return {sparse_mla::KvBf16Sizes::BytesPerToken(d_qk), 2};
 }
 
 }  // namespace kforge

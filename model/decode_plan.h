@@ -25,9 +25,12 @@ namespace kforge {
 // elements of the pointed-to type.
 struct DecodeArgs {
   uint64_t q = 0;        // bf16 [num_tokens, num_q_heads, d_qk]; not null
-  uint64_t kv = 0;       // bf16 paged cache: the row of slot s starts at
+  uint64_t kv = 0;       // paged cache, bf16 or the uint8 fp8_ds_mla
+                         // records: the row of slot s starts at
                          // (s / page_block_size) * kv_page_stride +
-                         // (s % page_block_size) * kv_row_stride; not null
+                         // (s % page_block_size) * kv_row_stride, strides
+                         // in the cache's elements (bytes for fp8_ds_mla,
+                         // see KvLayoutOf); not null
   uint64_t indices = 0;  // int32 [num_tokens, topk], row stride
                          // indices_stride; -1 or >= num_kv_slots = no
                          // token; not null
@@ -68,6 +71,15 @@ inline constexpr int kOutAlignBytes = 4;
 // The scale is baked into the kernel as a float; a caller's double that
 // rounds to it differs by about 6e-8 relative.
 inline constexpr double kSoftmaxScaleTolerance = 1e-6;
+
+// How a spec's KV cache is addressed: the bytes of one token's record and
+// the size of the element its strides count (the layouts themselves are
+// templates/kforge/sparse_mla/config.h's, shared with the kernels).
+struct KvCacheLayout {
+  int row_bytes;      // bf16: 2 * d_qk (1152); fp8_ds_mla: 656 (528 without rope)
+  int element_bytes;  // 2 (bf16 elements) or 1 (fp8_ds_mla: strides in bytes)
+};
+KvCacheLayout KvLayoutOf(const v1::AttentionSpec& spec);
 
 // Checks `args` against the model the manifest was built for (every variant
 // shares heads, d_qk, d_v, topk, page size, dtype, scale, return_lse)

@@ -21,6 +21,7 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "kforge/v1/spec.pb.h"
+#include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
 namespace {
@@ -41,6 +42,11 @@ constexpr uint32_t kMaxPageBlockSize = 4096;
 // prints as its number.
 std::string KindName(int value) {
   const std::string& name = v1::AttentionKind_Name(value);
+  return name.empty() ? absl::StrCat(value) : name;
+}
+
+std::string ScaleFormatName(int value) {
+  const std::string& name = v1::KvScaleFormat_Name(value);
   return name.empty() ? absl::StrCat(value) : name;
 }
 
@@ -140,15 +146,28 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
     problems.Add("s_q", spec.s_q(), absl::StrCat("0 (not given) or 1..", kMaxSq));
   }
   if (spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
-    // Stand-in until the host side lands on main (which replaces it).
-    if (spec.kv_lora_rank() != 512 || (spec.rope_dim() != 0 && spec.rope_dim() != 64) ||
-        spec.kv_scale_format() == v1::KV_SCALE_FORMAT_UNSPECIFIED) {
-      problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()),
-                   "KV_CACHE_DTYPE_FP8_DS_MLA needs kv_lora_rank 512, rope_dim 0 or 64 "
-                   "and kv_scale_format");
+    // The record (docs/DESIGN.md): kv_lora_rank e4m3 values, one fp32 scale
+    // per 128 of them, rope_dim bf16 values: 656 or 528 bytes, whole 16-byte
+    // chunks for the kernel's cp.async. Other latent widths have no such
+    // record in any engine.
+    if (!sparse_mla::KvFp8DsMlaSizes::Supports(static_cast<int>(spec.kv_lora_rank()),
+                                               static_cast<int>(spec.rope_dim()))) {
+      problems.Add("kv_lora_rank", spec.kv_lora_rank(),
+                   absl::StrCat(sparse_mla::KvFp8DsMlaSizes::kLatent,
+                                " with kv_cache_dtype fp8_ds_mla (rope_dim 0 or 64)"));
+    }
+    if (spec.kv_scale_format() != v1::KV_SCALE_FORMAT_POW2 &&
+        spec.kv_scale_format() != v1::KV_SCALE_FORMAT_ARBITRARY) {
+      problems.Add("kv_scale_format", ScaleFormatName(spec.kv_scale_format()),
+                   "KV_SCALE_FORMAT_POW2 or KV_SCALE_FORMAT_ARBITRARY (required with "
+                   "kv_cache_dtype fp8_ds_mla)");
     }
   } else if (spec.kv_cache_dtype() != v1::KV_CACHE_DTYPE_BF16) {
-    problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()), "KV_CACHE_DTYPE_BF16");
+    problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()),
+                 "KV_CACHE_DTYPE_BF16 or KV_CACHE_DTYPE_FP8_DS_MLA");
+  } else if (spec.kv_scale_format() != v1::KV_SCALE_FORMAT_UNSPECIFIED) {
+    problems.Add("kv_scale_format", ScaleFormatName(spec.kv_scale_format()),
+                 "unset (a bf16 cache has no scales)");
   }
   if (spec.page_block_size() < 1 || spec.page_block_size() > kMaxPageBlockSize) {
     problems.Add("page_block_size", spec.page_block_size(), absl::StrCat("1..", kMaxPageBlockSize));
@@ -181,20 +200,18 @@ const std::vector<PresetInfo>& Presets() {
   // Values from docs/DESIGN.md. softmax_scale is the model's own (DeepSeek-V3.2:
   // 192^-0.5 * yarn mscale^2; GLM-5: 256^-0.5), never (d_qk)^-0.5.
   static const std::vector<PresetInfo>* const kPresets = new std::vector<PresetInfo>{
-      {"deepseek-v3.2", 128, 512, 64, 2048, 0.135234f},
-      {"glm-5", 64, 512, 64, 2048, 0.0625f},
+      {"deepseek-v3.2", 128, 512, 64, 2048, 0.135234f, v1::KV_SCALE_FORMAT_POW2},
+      {"glm-5", 64, 512, 64, 2048, 0.0625f, v1::KV_SCALE_FORMAT_ARBITRARY},
   };
   return *kPresets;
 }
 
-absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int tensor_parallel) {
-  const PresetInfo* preset = nullptr;
-  std::vector<absl::string_view> known;
-  for (const PresetInfo& p : Presets()) {
-    known.push_back(p.name);
-    if (p.name == name) preset = &p;
-  }
+absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int tensor_parallel,
+                                                 v1::KvCacheDtype kv_dtype) {
+  const PresetInfo* preset = FindPreset(name);
   if (preset == nullptr) {
+    std::vector<absl::string_view> known;
+    for (const PresetInfo& p : Presets()) known.push_back(p.name);
     return absl::InvalidArgumentError(
         absl::StrCat("preset: got \"", AsAbsl(name), "\", supported ", absl::StrJoin(known, ", ")));
   }
@@ -209,11 +226,31 @@ absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int tens
   spec.set_kv_lora_rank(preset->kv_lora_rank);
   spec.set_rope_dim(preset->rope_dim);
   spec.set_topk(preset->topk);
-  spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
   spec.set_page_block_size(64);
   spec.set_softmax_scale(preset->softmax_scale);
   spec.set_return_lse(true);
-  return NormalizeSpec(spec);
+  return NormalizeSpec(SpecWithKvDtype(
+      spec, kv_dtype == v1::KV_CACHE_DTYPE_UNSPECIFIED ? v1::KV_CACHE_DTYPE_BF16 : kv_dtype,
+      preset->kv_scale_format));
+}
+
+const PresetInfo* FindPreset(std::string_view name) {
+  for (const PresetInfo& p : Presets()) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+v1::AttentionSpec SpecWithKvDtype(const v1::AttentionSpec& spec, v1::KvCacheDtype kv_dtype,
+                                  v1::KvScaleFormat default_scale_format) {
+  v1::AttentionSpec out = spec;
+  out.set_kv_cache_dtype(kv_dtype);
+  if (kv_dtype != v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
+    out.clear_kv_scale_format();
+  } else if (out.kv_scale_format() == v1::KV_SCALE_FORMAT_UNSPECIFIED) {
+    out.set_kv_scale_format(default_scale_format);
+  }
+  return out;
 }
 
 absl::StatusOr<v1::AttentionSpec> ParseSpec(std::string_view text) {

@@ -38,15 +38,30 @@ struct PresetInfo {
   int rope_dim;
   int topk;
   float softmax_scale;
+  // How the model writes an fp8_ds_mla cache's scales.
+  v1::KvScaleFormat kv_scale_format;
 };
 
 // The model presets of docs/DESIGN.md ("deepseek-v3.2", "glm-5").
 const std::vector<PresetInfo>& Presets();
 
-// Builds a spec from a preset: heads = preset heads / tensor_parallel,
-// bf16 cache, page_block_size 64, return_lse = true. InvalidArgument
-// for an unknown preset or a degree that does not divide the heads.
-absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int tensor_parallel);
+// Builds a spec from a preset: heads = preset heads / tensor_parallel, a
+// `kv_dtype` cache (unspecified = bf16; fp8_ds_mla takes the preset's scale
+// format), page_block_size 64, return_lse = true. InvalidArgument for an
+// unknown preset or a degree that does not divide the heads.
+absl::StatusOr<v1::AttentionSpec> SpecFromPreset(
+    std::string_view name, int tensor_parallel,
+    v1::KvCacheDtype kv_dtype = v1::KV_CACHE_DTYPE_BF16);
+
+// The preset named `name`, or null.
+const PresetInfo* FindPreset(std::string_view name);
+
+// `spec` with a `kv_dtype` cache: bf16 clears kv_scale_format; fp8_ds_mla
+// keeps the spec's scale format, or takes `default_scale_format` when the
+// spec has none (a preset's; UNSPECIFIED leaves validation to name the
+// missing field). Does not validate.
+v1::AttentionSpec SpecWithKvDtype(const v1::AttentionSpec& spec, v1::KvCacheDtype kv_dtype,
+                                  v1::KvScaleFormat default_scale_format);
 
 // Parses a spec given as JSON or as text proto (chosen by content: a leading
 // '{' means JSON). Unknown fields are errors. Does not validate.

@@ -224,7 +224,8 @@ absl::StatusOr<v1::AttentionSpec> KernelStore::Resolve(const v1::KernelSelector&
       return selector.spec();
     case v1::KernelSelector::kPreset:
       return SpecFromPreset(selector.preset().name(),
-                            static_cast<int>(selector.preset().tensor_parallel()));
+                            static_cast<int>(selector.preset().tensor_parallel()),
+                            selector.preset().kv_cache_dtype());
     default:
       return absl::InvalidArgumentError(
           "kernel: got nothing, supported a spec or a preset (name + "

@@ -383,6 +383,37 @@ TEST(ValidateDecodeArgs, AnySqIsValid) {
   }
 }
 
+// fp8_ds_mla: the uint8 cache's strides count bytes and must step over a
+// whole 656-byte record, 16-byte aligned (KvLayoutOf).
+TEST(ValidateDecodeArgs, Fp8CacheStridesAreBytesOverWholeRecords) {
+  absl::StatusOr<v1::AttentionSpec> spec =
+      SpecFromPreset("glm-5", 8, v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const KvCacheLayout layout = KvLayoutOf(*spec);
+  EXPECT_EQ(layout.row_bytes, 656);
+  EXPECT_EQ(layout.element_bytes, 1);
+  const v1::Manifest m = ManifestFor(*spec, "sm_90a");
+  DecodeArgs a = ValidArgs();
+  a.kv_dtype = v1::KV_CACHE_DTYPE_FP8_DS_MLA;
+  a.kv_row_stride = 656;
+  a.kv_page_stride = 64 * 656 + 64;  // a gap between pages, as vLLM may leave
+  EXPECT_TRUE(ValidateDecodeArgs(a, m).ok()) << ValidateDecodeArgs(a, m).status();
+  a.kv_row_stride = 576;  // a bf16 row's element count is not a record
+  EXPECT_TRUE(absl::StartsWith(ValidateDecodeArgs(a, m).status().message(),
+                               "kv_row_stride: got 576, must be >= the cache record's bytes = 656"))
+      << ValidateDecodeArgs(a, m).status();
+  a.kv_row_stride = 664;
+  a.kv_page_stride = 64 * 664;
+  EXPECT_TRUE(absl::StartsWith(ValidateDecodeArgs(a, m).status().message(),
+                               "kv_row_stride: got 664 elements, must be a multiple of 16"))
+      << ValidateDecodeArgs(a, m).status();
+  // A bf16 cache handed to fp8 kernels is named.
+  a = ValidArgs();
+  EXPECT_TRUE(absl::StartsWith(ValidateDecodeArgs(a, m).status().message(),
+                               "kv_dtype: got bf16, the kernels are built for fp8_ds_mla"))
+      << ValidateDecodeArgs(a, m).status();
+}
+
 TEST(ValidateDecodeArgs, EmptyManifestIsFailedPrecondition) {
   EXPECT_EQ(ValidateDecodeArgs(ValidArgs(), v1::Manifest()).status().code(),
             absl::StatusCode::kFailedPrecondition);

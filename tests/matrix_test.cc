@@ -45,21 +45,22 @@ TEST(MatrixTest, DefaultMatrixExpandsToEveryPresetTpArch) {
   ASSERT_TRUE(matrix.ok()) << matrix.status();
   absl::StatusOr<std::vector<MatrixJob>> jobs = ExpandMatrix(*matrix);
   ASSERT_TRUE(jobs.ok()) << jobs.status();
-  // 2 presets x 4 tp x 1 kv dtype x 5 archs (s_q is not part of a kernel:
-  // 0.1's 80 kernels were twice what was needed).
-  ASSERT_EQ(jobs->size(), 2u * 4 * 5);
+  // 2 presets x 4 tp x 2 kv dtypes (bf16, fp8_ds_mla) x 5 archs (s_q is
+  // not part of a kernel: 0.1 built each kernel once per s_q).
+  ASSERT_EQ(jobs->size(), 2u * 4 * 2 * 5);
   EXPECT_EQ(jobs->front().label, "deepseek-v3.2 tp1 bf16 sm_80");
   EXPECT_EQ((*jobs)[1].label, "deepseek-v3.2 tp1 bf16 sm_89");
-  EXPECT_EQ((*jobs)[5].label, "deepseek-v3.2 tp2 bf16 sm_80");
-  EXPECT_EQ(jobs->back().label, "glm-5 tp8 bf16 sm_120a");
+  EXPECT_EQ((*jobs)[5].label, "deepseek-v3.2 tp1 fp8_ds_mla sm_80");
+  EXPECT_EQ(jobs->back().label, "glm-5 tp8 fp8_ds_mla sm_120a");
   for (const MatrixJob& job : *jobs) {
     SCOPED_TRACE(job.label);
-    absl::StatusOr<v1::AttentionSpec> preset = SpecFromPreset(job.model, job.tp);
+    absl::StatusOr<v1::AttentionSpec> preset = SpecFromPreset(job.model, job.tp, job.kv_dtype);
     ASSERT_TRUE(preset.ok()) << preset.status();
     EXPECT_EQ(job.spec.num_q_heads(), preset->num_q_heads());
     EXPECT_EQ(job.spec.softmax_scale(), preset->softmax_scale());
     EXPECT_EQ(job.spec.s_q(), 0u);  // not part of the kernel
-    EXPECT_EQ(job.spec.kv_cache_dtype(), v1::KV_CACHE_DTYPE_BF16);
+    EXPECT_EQ(job.spec.kv_cache_dtype(), job.kv_dtype);
+    EXPECT_EQ(job.spec.kv_scale_format(), preset->kv_scale_format());
     EXPECT_TRUE(ValidateSpec(job.spec).ok());
   }
 }
@@ -156,10 +157,13 @@ TEST(MatrixTest, EachBadFieldIsNamedWithItsValue) {
        {"m.json: models[0].tp[1]", "got 3", "divisor of 64"}},
       {R"({"models": [{"preset": "glm-5", "tp": [0]}], "archs": ["sm_90a"]})",
        {"models[0].tp[0]", "got 0"}},
-      {R"({"models": [{"preset": "glm-5", "kv_dtypes": ["bf16", "fp8_ds_mla"]}],
-          "archs": ["sm_90a"]})",
-       {"m.json: models[0].kv_dtypes[1]", "KV_CACHE_DTYPE_FP8_DS_MLA",
-        "reserved and not yet supported"}},
+      // A spec model with an fp8 cache must say how its scales were written.
+      {R"({"models": [{"spec": {
+          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+          "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048,
+          "page_block_size": 64, "softmax_scale": 0.0625},
+          "kv_dtypes": ["bf16", "fp8_ds_mla"]}], "archs": ["sm_90a"]})",
+       {"m.json: models[0].kv_dtypes[1]", "kv_scale_format", "required with kv_cache_dtype"}},
       {R"({"models": [{"preset": "glm-5", "kv_dtypes": ["fp4"]}], "archs": ["sm_90a"]})",
        {"m.json: models[0].kv_dtypes[0]", "\"fp4\"", "bf16, fp8_ds_mla"}},
       {R"({"models": [{"preset": "glm-5", "s_q": [1, 5]}], "archs": ["sm_90a"]})",

@@ -783,6 +783,8 @@ class CapiGarbageTest(unittest.TestCase):
                                                *refs)),
                     ("workspace_bytes_for", lambda b: (*b, ctypes.byref(dev), 64,
                                                        ctypes.byref(ctypes.c_uint64()))),
+                    ("kv_layout", lambda b: (*b, ctypes.byref(ctypes.c_int32()),
+                                             ctypes.byref(ctypes.c_int32()))),
                     ("check_artifact", lambda b: (*b, ARCH.encode(), *b)),
                     ("check_artifact", lambda b: (*variant, ARCH.encode(), *b)),
                     ("manifest_for_artifact", lambda b: (*b, *refs)),
@@ -809,10 +811,11 @@ class CapiGarbageTest(unittest.TestCase):
         dev = _capi.device(ARCH, 132)
         shape = Shape(4, 1, 8, 2048, 64).c_struct()
         for tp in (0, -1, 3, 2 ** 31 - 1, -2 ** 31):
-            self.expect_error("spec_from_preset", b"glm-5", tp, *refs)
-        self.expect_error("spec_from_preset", None, 1, *refs)
-        self.expect_error("spec_from_preset", b"no-such-model", 1, *refs)
-        self.expect_error("spec_from_preset", b"glm-5", 1, None, None)
+            self.expect_error("spec_from_preset", b"glm-5", tp, 0, *refs)
+        self.expect_error("spec_from_preset", b"glm-5", 1, 99, *refs)  # no such dtype
+        self.expect_error("spec_from_preset", None, 1, 0, *refs)
+        self.expect_error("spec_from_preset", b"no-such-model", 1, 0, *refs)
+        self.expect_error("spec_from_preset", b"glm-5", 1, 0, None, None)
         self.expect_error("presets", None)
         for name in (None, b"", b"sm_", b"sm_999z", b"\xff\xfe", b"x" * 100000):
             self.expect_error("canonical_arch", name, ctypes.byref(string))
@@ -1032,6 +1035,20 @@ class OpsChecksTest(unittest.TestCase):
             ops.check_out(info("out", (3, 1, 8, 512)), dims)
         with self.assertRaisesRegex(TypeError, "float32"):
             ops.check_out(info("out", (3, 2, 8, 512), dtype="float32", size=4), dims)
+
+    def test_fp8_presets_and_cache_layout(self):
+        # The record size comes from C++ (KvLayoutOf); presets bring their
+        # scale convention (pow2 for DeepSeek-V3.2, arbitrary for GLM-5).
+        glm = kforge.spec_from_preset("glm-5", 8, kv_dtype="fp8_ds_mla")
+        ds = kforge.spec_from_preset("deepseek-v3.2", 8, kv_dtype="fp8_ds_mla")
+        self.assertEqual((glm.kv_cache_dtype, glm.kv_scale_format), (2, 2))
+        self.assertEqual((ds.kv_cache_dtype, ds.kv_scale_format), (2, 1))
+        self.assertEqual(kforge.kv_row_bytes_for(glm), 656)
+        self.assertIsNone(kforge.kv_row_bytes_for(kforge.spec_from_preset("glm-5", 8)))
+        sel = kforge.spec.selector(preset="glm-5", tp=8, kv_dtype="fp8_ds_mla")
+        self.assertEqual(sel.preset.kv_cache_dtype, 2)
+        with self.assertRaises(kforge.KforgeInvalidArgument):
+            kforge.spec_from_preset("glm-5", 8, kv_dtype="fp4")
 
     def test_spec_from_inputs(self):
         dims = ops.check_decode_inputs(*self.inputs(s_q=2))

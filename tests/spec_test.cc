@@ -108,8 +108,28 @@ INSTANTIATE_TEST_SUITE_P(
         // kv_cache_dtype
         FieldCase{"DtypeUnspecified", "kv_cache_dtype", "KV_CACHE_DTYPE_UNSPECIFIED",
                   [](S& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_UNSPECIFIED); }},
-        FieldCase{"DtypeFp8", "kv_cache_dtype", "KV_CACHE_DTYPE_FP8_DS_MLA",
+        // fp8_ds_mla needs its scale convention; bf16 must have none.
+        FieldCase{"Fp8WithoutScaleFormat", "kv_scale_format", "KV_SCALE_FORMAT_UNSPECIFIED",
                   [](S& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA); }},
+        FieldCase{"Fp8Pow2", "", "",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+                    s.set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+                  }},
+        FieldCase{"Fp8NoRope", "", "",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+                    s.set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
+                    s.set_rope_dim(0);
+                  }},
+        FieldCase{"Fp8Rank256", "kv_lora_rank", "256",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+                    s.set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+                    s.set_kv_lora_rank(256);
+                  }},
+        FieldCase{"Bf16WithScaleFormat", "kv_scale_format", "KV_SCALE_FORMAT_POW2",
+                  [](S& s) { s.set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2); }},
         FieldCase{"DtypeOutOfRange", "kv_cache_dtype", "9",
                   [](S& s) { s.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(9)); }},
         // page_block_size
@@ -132,13 +152,24 @@ INSTANTIATE_TEST_SUITE_P(
         FieldCase{"LseTrue", "", "", [](S& s) { s.set_return_lse(true); }}),
     [](const ::testing::TestParamInfo<FieldCase>& info) { return info.param.name; });
 
-TEST(ValidateSpecTest, Fp8SaysReserved) {
-  v1::AttentionSpec spec = GoodSpec();
-  spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
-  absl::Status status = ValidateSpec(spec);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(status.message(), "reserved"));
-  EXPECT_TRUE(Contains(status.message(), "not yet supported"));
+TEST(ValidateSpecTest, Fp8PresetsTakeTheModelsScaleFormat) {
+  absl::StatusOr<v1::AttentionSpec> ds =
+      SpecFromPreset("deepseek-v3.2", 8, v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ(ds->kv_cache_dtype(), v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  EXPECT_EQ(ds->kv_scale_format(), v1::KV_SCALE_FORMAT_POW2);
+  absl::StatusOr<v1::AttentionSpec> glm = SpecFromPreset("glm-5", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  ASSERT_TRUE(glm.ok()) << glm.status();
+  EXPECT_EQ(glm->kv_scale_format(), v1::KV_SCALE_FORMAT_ARBITRARY);
+  // bf16 (the default) carries no scale format.
+  absl::StatusOr<v1::AttentionSpec> bf16 = SpecFromPreset("glm-5", 1);
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_EQ(bf16->kv_scale_format(), v1::KV_SCALE_FORMAT_UNSPECIFIED);
+  // Switching a spec's dtype keeps a given scale format, clears it for bf16.
+  v1::AttentionSpec back =
+      SpecWithKvDtype(*ds, v1::KV_CACHE_DTYPE_BF16, v1::KV_SCALE_FORMAT_ARBITRARY);
+  EXPECT_EQ(back.kv_scale_format(), v1::KV_SCALE_FORMAT_UNSPECIFIED);
+  EXPECT_TRUE(ValidateSpec(back).ok());
 }
 
 TEST(ValidateSpecTest, ReportsAllBadFieldsInFieldOrder) {

@@ -21,11 +21,14 @@ from kforge.client import Client
 from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument, KforgeNotFound,
                            KforgeRpcError, KforgeUnavailable)
 from kforge.kernel import Kernel
-from kforge.ops import SparseMlaDecoder, configure, default_source, sparse_mla_decode
+from kforge.fp8 import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
+from kforge.ops import (SparseMlaDecoder, configure, default_source, kv_row_bytes_for,
+                        sparse_mla_decode)
 from kforge.plan import Device, Selection, Shape, plan_decode, select, workspace_bytes_for
 from kforge.spec import PRESETS, spec_from_preset
 
-__all__ = ["Bundle", "Client", "Device", "Kernel", "KforgeBadAnswer", "KforgeError",
+__all__ = ["Bundle", "Client", "Device", "Kernel", "dequantize_fp8_ds_mla", "kv_row_bytes_for",
+           "quantize_fp8_ds_mla", "KforgeBadAnswer", "KforgeError",
            "KforgeInvalidArgument", "KforgeNotFound", "KforgeRpcError", "KforgeUnavailable",
            "PRESETS", "Selection", "Shape", "SparseMlaDecoder", "configure", "default_source",
            "plan_decode", "prefetch", "select", "spec_from_preset", "sparse_mla_decode",

@@ -66,7 +66,8 @@ _SIGNATURES = {
     "kforge_capi_version": [],
     "kforge_sizeof": [ctypes.c_char_p],
     "kforge_free": [ctypes.c_void_p],
-    "kforge_spec_from_preset": [ctypes.c_char_p, ctypes.c_int32, *_OUT, _STR_OUT],
+    "kforge_spec_from_preset": [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32, *_OUT,
+                                _STR_OUT],
     "kforge_validate_spec": [_c_bytes, ctypes.c_size_t, _STR_OUT],
     "kforge_normalize_spec": [_c_bytes, ctypes.c_size_t, *_OUT, _STR_OUT],
     "kforge_parse_spec": [ctypes.c_char_p, ctypes.c_size_t, *_OUT, _STR_OUT],
@@ -78,6 +79,8 @@ _SIGNATURES = {
                       *_OUT, _STR_OUT],
     "kforge_plan_decode": [_c_bytes, ctypes.c_size_t, ctypes.POINTER(Device),
                            ctypes.POINTER(DecodeArgs), ctypes.c_uint64, *_OUT, _STR_OUT],
+    "kforge_kv_layout": [_c_bytes, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int32),
+                         ctypes.POINTER(ctypes.c_int32), _STR_OUT],
     "kforge_workspace_bytes_for": [_c_bytes, ctypes.c_size_t, ctypes.POINTER(Device),
                                    ctypes.c_int32, ctypes.POINTER(ctypes.c_uint64), _STR_OUT],
     "kforge_check_artifact": [_c_bytes, ctypes.c_size_t, ctypes.c_char_p, _c_bytes,
@@ -222,10 +225,10 @@ def device(arch, sm_count, forced_num_splits=0):
 
 # ---------------------------------------------------------------- the calls
 
-def spec_from_preset(name, tensor_parallel):
+def spec_from_preset(name, tensor_parallel, kv_dtype=0):
     return parse(pb().spec_pb2.AttentionSpec,
                  call("spec_from_preset", str(name).encode(), int(tensor_parallel),
-                      bytes_out=True))
+                      int(kv_dtype), bytes_out=True))
 
 
 def validate_spec(spec):
@@ -269,6 +272,14 @@ def plan_decode(manifest_bytes, dev, args, workspace):
     return parse(pb().artifact_pb2.LaunchPlan,
                  call("plan_decode", *buffer(manifest_bytes), ctypes.byref(dev),
                       ctypes.byref(args), int(workspace), bytes_out=True))
+
+
+def kv_layout(spec_bytes):
+    """KvLayoutOf: (bytes of one token's cache record, bytes per element
+    the cache's strides count)."""
+    row, elem = ctypes.c_int32(0), ctypes.c_int32(0)
+    call("kv_layout", *buffer(spec_bytes), ctypes.byref(row), ctypes.byref(elem))
+    return row.value, elem.value
 
 
 def workspace_bytes_for(manifest_bytes, dev, max_tokens):

@@ -56,10 +56,10 @@ class Bundle(KernelSource):
     def __repr__(self):
         return f"Bundle({self.dir!r})"
 
-    def get_manifest(self, preset=None, tp=None, spec=None, arch=None):
+    def get_manifest(self, preset=None, tp=None, spec=None, arch=None, kv_dtype=None):
         if arch is None:
             raise ValueError("arch= is required (e.g. arch='sm_90a')")
-        sel = selector(preset=preset, tp=tp, spec=spec)
+        sel = selector(preset=preset, tp=tp, spec=spec, kv_dtype=kv_dtype)
         with self._lock:
             return self._source.get_manifest(sel, arch)
 

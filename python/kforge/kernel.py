@@ -17,7 +17,7 @@ from kforge import _capi
 from kforge._proto import pb
 from kforge.errors import KforgeError
 from kforge.ops import (LoadedKernel, _torch, check_decode_inputs, cuda_device, decode_args,
-                        tensor_info)
+                        kv_row_bytes_for, tensor_info)
 from kforge.plan import Device, ManifestRef, Shape, plan_decode, select
 
 
@@ -97,7 +97,8 @@ class Kernel:
         None), for a workspace tensor (or device address) when it splits."""
         dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv", kv),
                                    tensor_info("indices", indices),
-                                   page_block_size=self.spec.page_block_size)
+                                   page_block_size=self.spec.page_block_size,
+                                   kv_row_bytes=kv_row_bytes_for(self.spec))
         args = decode_args(q, kv, indices, dims, out, lse, self.spec.softmax_scale,
                            self.spec.kv_cache_dtype, kv_name="kv")
         ws = workspace.data_ptr() if hasattr(workspace, "data_ptr") else int(workspace or 0)

@@ -146,16 +146,25 @@ def _check_device(infos):
                              f"{first.name} on cuda:{first.device[1]}; all must be on one GPU")
 
 
-def check_decode_inputs(q, kv, indices, page_block_size=None):
+def check_decode_inputs(q, kv, indices, page_block_size=None, kv_row_bytes=None):
     """DecodeDims of (q, kv_cache, indices) given as TensorInfo. q is
     [batch, s_q, heads, d_qk] (or [tokens, heads, d_qk]); kv_cache
     [num_pages, page_block_size, d_qk], [num_pages, page_block_size, 1,
     d_qk], or [num_slots, d_qk] with `page_block_size` given; indices
-    [batch, s_q, topk] (or [tokens, topk]). TypeError for a dtype,
-    ValueError naming the tensor for a layout this mapping cannot express;
-    everything else is PlanDecode's to judge."""
+    [batch, s_q, topk] (or [tokens, topk]). An fp8_ds_mla cache is uint8
+    with kv_row_bytes (KvLayoutOf: 656) in place of d_qk, and its strides
+    count bytes. TypeError for a dtype, ValueError naming the tensor for a
+    layout this mapping cannot express; everything else is PlanDecode's to
+    judge."""
     _check_dtype(q, "bfloat16")
-    _check_dtype(kv, "bfloat16")
+    if kv_row_bytes is not None:
+        _check_dtype(kv, "uint8")
+    elif kv.dtype == "uint8":
+        raise TypeError(f"{kv.name}: a uint8 (fp8_ds_mla) cache needs a decoder built for it "
+                        "(SparseMlaDecoder(..., kv_dtype='fp8_ds_mla') or a spec with "
+                        "kv_cache_dtype fp8_ds_mla)")
+    else:
+        _check_dtype(kv, "bfloat16")
     _check_dtype(indices, "int32")
     _check_device([q, kv, indices])
     _check_ndim(q, (3, 4), "[batch, s_q, heads, d_qk]")
@@ -167,7 +176,11 @@ def check_decode_inputs(q, kv, indices, page_block_size=None):
     if len(kv.shape) == 4 and kv.shape[2] != 1:
         raise ValueError(f"{kv.name}: a 4-dim cache is [num_pages, page_block_size, 1, d_qk] "
                          f"(one latent KV head), got shape {list(kv.shape)}")
-    if kv.shape[-1] != d_qk:
+    if kv_row_bytes is not None:
+        if kv.shape[-1] != kv_row_bytes:
+            raise ValueError(f"{kv.name}: records of {kv.shape[-1]} bytes, the fp8_ds_mla "
+                             f"record is {kv_row_bytes}")
+    elif kv.shape[-1] != d_qk:
         raise ValueError(f"{kv.name}: rows of {kv.shape[-1]} values, {q.name} has d_qk {d_qk}")
     idx_tokens, idx_stride = _tokens(indices, 3)
     if idx_tokens != (batch, s_q):
@@ -327,6 +340,13 @@ class LoadedKernel:
                   f"cuLaunchKernel({self.name}, grid {grid}, block {block})")
 
 
+def kv_row_bytes_for(spec):
+    """The uint8 record size of an fp8_ds_mla spec's cache (KvLayoutOf),
+    None for a bf16 cache."""
+    row_bytes, element_bytes = _capi.kv_layout(spec.SerializeToString(deterministic=True))
+    return row_bytes if element_bytes == 1 else None
+
+
 def cuda_device(torch, device):
     if device is None:
         return torch.device("cuda", torch.cuda.current_device())
@@ -375,7 +395,8 @@ class SparseMlaDecoder:
     Fetches the manifest once; loads each variant's kernel the first time a
     call needs it."""
 
-    def __init__(self, source=None, preset=None, tp=None, spec=None, device=None, arch=None):
+    def __init__(self, source=None, preset=None, tp=None, spec=None, device=None, arch=None,
+                 kv_dtype=None):
         torch = self._torch = _torch()
         self.source = source if source is not None else default_source()
         self.device = cuda_device(torch, device)
@@ -383,10 +404,12 @@ class SparseMlaDecoder:
         self.arch = arch or arch_for_capability(*self.capability)
         check_arch_runs(self.arch, self.capability)
         self.sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self.manifest = self.source.get_manifest(preset=preset, tp=tp, spec=spec, arch=self.arch)
+        self.manifest = self.source.get_manifest(preset=preset, tp=tp, spec=spec, arch=self.arch,
+                                                 kv_dtype=kv_dtype)
         self._manifest = ManifestRef(self.manifest)
         self._device = Device(self.arch, self.sm_count).c_struct()
         self.spec = first_choice(self.manifest).spec
+        self._kv_row_bytes = kv_row_bytes_for(self.spec)
         self._kernels = {}
         self._lock = threading.Lock()
 
@@ -423,7 +446,8 @@ class SparseMlaDecoder:
         kernel's (1e-6 relative, as PlanDecode checks)."""
         torch = self._torch
         dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv_cache", kv_cache),
-                                   tensor_info("indices", indices))
+                                   tensor_info("indices", indices),
+                                   kv_row_bytes=self._kv_row_bytes)
         if dims.device != ("cuda", self.device.index):
             raise ValueError(f"q is on cuda:{dims.device[1]}, this decoder on {self.device}")
         if out is None:

@@ -26,13 +26,26 @@ def make_spec(*, num_q_heads, kv_lora_rank, rope_dim, topk, s_q, page_block_size
         softmax_scale=softmax_scale, return_lse=return_lse)
 
 
-def spec_from_preset(name, tp=1):
+def kv_dtype_value(kv_dtype):
+    """A KvCacheDtype value from "bf16" / "fp8_ds_mla", an enum value, or
+    None (bf16)."""
+    if kv_dtype is None:
+        return 0
+    if isinstance(kv_dtype, str):
+        names = {"bf16": KV_CACHE_DTYPE_BF16, "fp8_ds_mla": KV_CACHE_DTYPE_FP8_DS_MLA}
+        if kv_dtype.lower() not in names:
+            raise KforgeInvalidArgument(f"kv_dtype: got {kv_dtype!r}, supported bf16, fp8_ds_mla")
+        return names[kv_dtype.lower()]
+    return int(kv_dtype)
+
+
+def spec_from_preset(name, tp=1, kv_dtype=None):
     """SpecFromPreset (model/spec.h): heads / tp, s_q 1, bf16 cache, pages
     of 64, lse on. KforgeInvalidArgument (a ValueError) for an unknown
     preset or a degree that does not divide the heads."""
     if not isinstance(tp, int) or isinstance(tp, bool):
         raise KforgeInvalidArgument(f"tensor_parallel: got {tp!r}, expected an int")
-    return _capi.spec_from_preset(name, tp)
+    return _capi.spec_from_preset(name, tp, kv_dtype_value(kv_dtype))
 
 
 class _Presets(collections.abc.Mapping):
@@ -59,12 +72,15 @@ class _Presets(collections.abc.Mapping):
 PRESETS = _Presets()
 
 
-def selector(preset=None, tp=None, spec=None):
-    """The KernelSelector for a preset (+ tensor-parallel degree) or a spec."""
+def selector(preset=None, tp=None, spec=None, kv_dtype=None):
+    """The KernelSelector for a preset (+ tensor-parallel degree and KV
+    cache dtype, bf16 by default) or a spec."""
     if (preset is None) == (spec is None):
         raise ValueError("give either preset= (with tp=) or spec=, not both or neither")
     if spec is not None and tp is not None:
         raise ValueError("tp= goes with preset=; a spec already fixes num_q_heads")
+    if spec is not None and kv_dtype is not None:
+        raise ValueError("kv_dtype= goes with preset=; a spec already fixes its cache dtype")
     sel = pb().service_pb2.KernelSelector()
     if spec is not None:
         if not isinstance(spec, pb().spec_pb2.AttentionSpec):
@@ -73,6 +89,7 @@ def selector(preset=None, tp=None, spec=None):
     else:
         sel.preset.name = preset
         sel.preset.tensor_parallel = 1 if tp is None else tp
+        sel.preset.kv_cache_dtype = kv_dtype_value(kv_dtype)
     return sel
 
 

@@ -38,7 +38,40 @@ def reference(q, kv_rows, idx, valid, scale, d_v):
     return out, lse
 
 
-def run_case(mod, batch, s_q, splits_mode, gen, paged_gap):
+FP8_DS_MLA = 2
+SCALE_FORMATS = {1: "pow2", 2: "arbitrary"}
+# Magnitudes an fp8 cache is tried at: its scales come out ~1/448, tiny
+# (~2e-9) and huge (~20); e4m3 codes span +-448 and the subnormals.
+FP8_MAGNITUDES = (1.0, 1e-6, 1e4)
+
+
+def make_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude):
+    """(kv tensor the kernel reads, fp64 rows [num_pages, pbs, D] of its
+    values). bf16: random values, a page gap of 64 elements. fp8_ds_mla:
+    random values times `magnitude`, one all-zero 128-group, quantized with
+    the spec's scale convention; uint8 records, a page gap of 64 bytes."""
+    import torch
+    import kforge
+    if spec.kv_cache_dtype != FP8_DS_MLA:
+        gap = 64 if paged_gap else 0  # elements between pages (keeps 16 B alignment)
+        page_stride = pbs * D + gap
+        storage = torch.randn(num_pages * page_stride, generator=gen, device="cuda",
+                              dtype=torch.float32).to(torch.bfloat16)
+        kv = storage.as_strided((num_pages, pbs, D), (page_stride, D, 1))
+        return kv, kv.double()
+    values = torch.randn(num_pages, pbs, D, generator=gen, device="cuda",
+                         dtype=torch.float32) * magnitude
+    values[0, 0, :128] = 0  # a zero tile: scale 1, every code 0
+    records = kforge.quantize_fp8_ds_mla(values, SCALE_FORMATS[spec.kv_scale_format])
+    R = records.shape[-1]
+    page_stride = pbs * R + (64 if paged_gap else 0)
+    storage = torch.full((num_pages * page_stride,), 0xFF, dtype=torch.uint8, device="cuda")
+    kv = storage.as_strided((num_pages, pbs, R), (page_stride, R, 1))
+    kv.copy_(records)
+    return kv, kforge.dequantize_fp8_ds_mla(kv)
+
+
+def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0):
     import torch
     spec = mod.spec
     H, Dv, K = spec.num_q_heads, spec.kv_lora_rank, spec.topk
@@ -47,11 +80,7 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap):
     pbs = spec.page_block_size
     num_pages = max(4, math.ceil(2 * (K + 64) / pbs))
     num_slots = num_pages * pbs
-    gap = 64 if paged_gap else 0  # elements between pages (keeps 16 B alignment)
-    page_stride = pbs * D + gap
-    storage = torch.randn(num_pages * page_stride, generator=gen, device="cuda",
-                          dtype=torch.float32).to(torch.bfloat16)
-    kv_view = storage.as_strided((num_pages, pbs, D), (page_stride, D, 1))
+    kv_view, kv_values = make_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude)
 
     q = torch.randn(T, H, D, generator=gen, device="cuda", dtype=torch.float32).to(torch.bfloat16)
     # Unique random slots per token, then knock some out.
@@ -80,7 +109,7 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap):
 
     safe = torch.where(valid, idx, torch.zeros_like(idx)).long()
     page, off = safe // pbs, safe % pbs
-    rows = kv_view[page, off].double()  # [T, K, D]
+    rows = kv_values[page, off]  # [T, K, D], fp64
     rows = rows * valid[..., None]
     ref_out, ref_lse = reference(q.double(), rows, idx, valid, spec.softmax_scale, Dv)
 
@@ -128,9 +157,13 @@ def main():
         t = mod.artifact.tiling
         tiling = f"h{t.head_tile}n{t.token_tile}w{t.warps}"
         # One kernel serves every s_q (MTP): batch * s_q query tokens.
-        for b, s_q in [(int(x), s) for x in args.batches.split(",") for s in (1, 2)]:
+        fp8 = mod.spec.kv_cache_dtype == FP8_DS_MLA
+        cases = [(int(x), s) for x in args.batches.split(",") for s in (1, 2)]
+        for i, (b, s_q) in enumerate(cases):
+            magnitude = FP8_MAGNITUDES[i % len(FP8_MAGNITUDES)] if fp8 else 1.0
             for mode, gap in (("1", False), ("auto", True), ("max", False)):
-                r = run_case(mod, b, s_q, mode, gen, gap)
+                r = run_case(mod, b, s_q, mode, gen, gap, magnitude)
+                r.update(magnitude=magnitude)
                 r.update(module=mod.module_name, tiling=tiling, batch=b, s_q=s_q)
                 rows.append(r)
                 failures += not r["ok"]

@@ -12,11 +12,14 @@ mkdir -p "$out"
 specs=$(mktemp -d)
 trap 'rm -rf "$specs"' EXIT
 jobs=()
-write_spec() {  # heads topk scale lse page
-  local f="$specs/h$1_k$2_sc$3_$4_p$5.json"
+write_spec() {  # heads topk scale lse page [scale_format rope] (a format: fp8_ds_mla)
+  local fmt=${6:-} rope=${7:-64}
+  local f="$specs/h$1_k$2_sc$3_$4_p$5_${fmt:-bf16}_r$rope.json"
+  local dtype='"kv_cache_dtype": "KV_CACHE_DTYPE_BF16"'
+  [ -n "$fmt" ] && dtype='"kv_cache_dtype": "KV_CACHE_DTYPE_FP8_DS_MLA", "kv_scale_format": "'$fmt'"'
   cat >"$f" <<JSON
 {"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": $1, "kv_lora_rank": 512,
- "rope_dim": 64, "topk": $2, "kv_cache_dtype": "KV_CACHE_DTYPE_BF16",
+ "rope_dim": $rope, "topk": $2, $dtype,
  "page_block_size": $5, "softmax_scale": $3, "return_lse": $4}
 JSON
   echo "$f"
@@ -30,6 +33,21 @@ for h in 8 24 64 128; do
   jobs+=("$(write_spec $h 2048 0.0625 true 64) sm_90a 101376")
   jobs+=("$(write_spec $h 63 0.0625 false 16) sm_90a 101376")
 done
+# fp8_ds_mla (656-byte records, 528 with no rope), both scale conventions,
+# on sm_90a and on the 99 KB pipeline.
+for h in 1 8 64 128; do
+  for k in 63 2048; do
+    jobs+=("$(write_spec $h $k 0.135234 true 64 KV_SCALE_FORMAT_POW2) sm_90a 0")
+  done
+done
+for h in 16 64; do
+  jobs+=("$(write_spec $h 2048 0.0625 true 64 KV_SCALE_FORMAT_ARBITRARY) sm_90a 0")
+done
+jobs+=("$(write_spec 16 2049 0.0625 true 64 KV_SCALE_FORMAT_ARBITRARY 0) sm_90a 0")
+for h in 8 64 128; do
+  jobs+=("$(write_spec $h 2048 0.0625 true 64 KV_SCALE_FORMAT_ARBITRARY) sm_90a 101376")
+done
+jobs+=("$(write_spec 24 63 0.0625 false 16 KV_SCALE_FORMAT_POW2) sm_90a 101376")
 # NVRTC is thread-safe but each compile is single-threaded: one per core.
 printf '%s\n' "${jobs[@]}" | xargs -P "$(nproc)" -L 1 bash -c '
   extra=(); [ "$3" != 0 ] && extra=(--max-smem-per-block "$3") || true

@@ -287,6 +287,62 @@ TEST(ChooseTiling, TableOverArchsHeadsAndDims) {
   EXPECT_EQ(no_tiling_count, 0) << "specs with no tiling:" << listed;
 }
 
+v1::AttentionSpec Fp8Spec(int heads, int rope, v1::KvScaleFormat scales) {
+  v1::AttentionSpec spec = SpecWith(heads, 512, rope);
+  spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  spec.set_kv_scale_format(scales);
+  return spec;
+}
+
+// fp8_ds_mla stages 528 B per token and stage beside the bf16 tile: every
+// head count still has a tiling on every arch, inside the arch's shared
+// memory, with the staging region the kernel carves.
+TEST(ChooseTiling, Fp8DsMlaTableOverArchsAndHeads) {
+  for (const Arch& arch : SupportedArchs()) {
+    for (int rope : {0, 64}) {
+      for (int heads = 1; heads <= 128; ++heads) {
+        const v1::AttentionSpec spec = Fp8Spec(heads, rope, v1::KV_SCALE_FORMAT_ARBITRARY);
+        const std::string where = absl::StrCat(arch.name, " fp8 heads=", heads, " rope=", rope);
+        absl::StatusOr<v1::KernelTiling> t = ChooseTiling(spec, arch);
+        ASSERT_TRUE(t.ok()) << where << ": " << t.status();
+        EXPECT_LE(DecodeSmemBytesFor(spec, *t), arch.max_smem_per_block) << where;
+        ExpectTraitsHold(spec, *t, where);
+        const sparse_mla::DecodeShape shape = DecodeShapeFor(spec, *t);
+        EXPECT_EQ(shape.kv_staging_bytes_per_token,
+                  sparse_mla::KvFp8DsMlaSizes::kStagingBytesPerToken)
+            << where;
+        const sparse_mla::DecodeSmemLayout l = sparse_mla::MakeDecodeSmemLayout(shape);
+        EXPECT_EQ(l.p - l.kv_staging, static_cast<int>(t->stages() * t->token_tile()) * 528)
+            << where;
+      }
+    }
+  }
+}
+
+TEST(KvFp8DsMlaSizes, RecordLayout) {
+  using S = sparse_mla::KvFp8DsMlaSizes;
+  EXPECT_EQ(S::BytesPerToken(576), 656);
+  EXPECT_EQ(S::BytesPerToken(512), 528);
+  EXPECT_EQ(S::kScalesOffset, 512);
+  EXPECT_EQ(S::kRopeOffset, 528);
+  EXPECT_EQ(S::kStagingBytesPerToken, 528);
+  EXPECT_TRUE(S::Supports(512, 64));
+  EXPECT_TRUE(S::Supports(512, 0));
+  EXPECT_FALSE(S::Supports(256, 64));
+  EXPECT_FALSE(S::Supports(512, 32));
+}
+
+TEST(CodegenSource, Fp8NamesItsFormatAndScaleConvention) {
+  const std::string pow2 =
+      SourceFor(Fp8Spec(64, 64, v1::KV_SCALE_FORMAT_POW2), ArchNamed("sm_90a"));
+  const std::string arbitrary =
+      SourceFor(Fp8Spec(64, 64, v1::KV_SCALE_FORMAT_ARBITRARY), ArchNamed("sm_90a"));
+  EXPECT_NE(pow2.find("ks::KvFp8DsMla<true>>"), std::string::npos) << pow2;
+  EXPECT_NE(arbitrary.find("ks::KvFp8DsMla<false>>"), std::string::npos) << arbitrary;
+  EXPECT_NE(SourceFor(Preset("glm-5", 1), ArchNamed("sm_90a")).find("ks::KvBf16>"),
+            std::string::npos);
+}
+
 TEST(ChooseTiling, PresetShapes) {
   // glm-5 tp1 (64 heads) in one CTA on the 227 KB parts.
   for (const char* arch : {"sm_90a", "sm_100a"}) {

@@ -195,14 +195,18 @@ TEST(KernelCompilerPlan, UnknownArchIsFailedPrecondition) {
   }
 }
 
-TEST(KernelCompilerPlan, Fp8CacheIsReserved) {
+TEST(KernelCompilerPlan, Fp8CacheNeedsAScaleFormatAndPlansTheFp8Format) {
   v1::AttentionSpec spec = Glm5Tp8();
   spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
   absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec, "sm_90a");
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(plan.status().message(), "kv_cache_dtype")) << plan.status();
-  EXPECT_TRUE(absl::StrContains(plan.status().message(), "reserved")) << plan.status();
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "kv_scale_format")) << plan.status();
+
+  spec.set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
+  plan = KernelCompiler().Plan(spec, "sm_90a");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(absl::StrContains(plan->source, "ks::KvFp8DsMla<false>")) << plan->source;
 }
 
 TEST(KernelCompilerPlan, PlanCarriesTheNormalizedSpecAndCodegenOutputs) {

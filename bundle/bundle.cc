@@ -284,18 +284,9 @@ absl::StatusOr<std::string> ReadListedFile(const std::string& dir, const Checksu
   return data;
 }
 
-// KernelStore::Resolve without the service: a spec as given or a preset's.
-absl::StatusOr<v1::AttentionSpec> SpecOfSelector(const v1::KernelSelector& selector) {
-  absl::StatusOr<v1::AttentionSpec> spec;
-  if (selector.has_spec()) {
-    spec = selector.spec();
-  } else if (selector.has_preset()) {
-    spec = SpecFromPreset(selector.preset().name(),
-                          static_cast<int>(selector.preset().tensor_parallel()));
-  } else {
-    return absl::InvalidArgumentError(
-        "kernel: got nothing, supported a spec or a preset (name + tensor_parallel)");
-  }
+// The normalized spec a selector names (model's SpecOfSelector).
+absl::StatusOr<v1::AttentionSpec> NormalizedSpecOfSelector(const v1::KernelSelector& selector) {
+  absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(selector);
   if (!spec.ok()) return spec.status();
   return NormalizeSpec(*spec);
 }
@@ -651,7 +642,7 @@ const std::vector<v1::Manifest>& BundleSource::manifests() const { return state_
 
 absl::StatusOr<v1::Manifest> BundleSource::GetManifest(const v1::KernelSelector& kernel,
                                                        std::string_view arch) {
-  absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(kernel);
+  absl::StatusOr<v1::AttentionSpec> spec = NormalizedSpecOfSelector(kernel);
   if (!spec.ok()) return spec.status();
   absl::StatusOr<Arch> target = ParseArch(arch);
   if (!target.ok()) return target.status();

@@ -234,6 +234,20 @@ absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int tens
       preset->kv_scale_format));
 }
 
+absl::StatusOr<v1::AttentionSpec> SpecOfSelector(const v1::KernelSelector& selector) {
+  switch (selector.source_case()) {
+    case v1::KernelSelector::kSpec:
+      return selector.spec();
+    case v1::KernelSelector::kPreset:
+      return SpecFromPreset(selector.preset().name(),
+                            static_cast<int>(selector.preset().tensor_parallel()),
+                            selector.preset().kv_cache_dtype());
+    default:
+      return absl::InvalidArgumentError(
+          "kernel: got nothing, supported a spec or a preset (name + tensor_parallel)");
+  }
+}
+
 const PresetInfo* FindPreset(std::string_view name) {
   for (const PresetInfo& p : Presets()) {
     if (p.name == name) return &p;

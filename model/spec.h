@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kforge/v1/service.pb.h"
 #include "kforge/v1/spec.pb.h"
 
 namespace kforge {
@@ -52,6 +53,11 @@ const std::vector<PresetInfo>& Presets();
 absl::StatusOr<v1::AttentionSpec> SpecFromPreset(
     std::string_view name, int tensor_parallel,
     v1::KvCacheDtype kv_dtype = v1::KV_CACHE_DTYPE_BF16);
+
+// The spec a KernelSelector names: its spec as given, or the preset's at
+// its tensor-parallel degree and KV cache dtype. Not normalized;
+// InvalidArgument for an empty selector or a bad preset.
+absl::StatusOr<v1::AttentionSpec> SpecOfSelector(const v1::KernelSelector& selector);
 
 // The preset named `name`, or null.
 const PresetInfo* FindPreset(std::string_view name);

@@ -219,18 +219,7 @@ absl::StatusOr<std::unique_ptr<KernelStore>> KernelStore::Create(KernelStoreOpti
 }
 
 absl::StatusOr<v1::AttentionSpec> KernelStore::Resolve(const v1::KernelSelector& selector) {
-  switch (selector.source_case()) {
-    case v1::KernelSelector::kSpec:
-      return selector.spec();
-    case v1::KernelSelector::kPreset:
-      return SpecFromPreset(selector.preset().name(),
-                            static_cast<int>(selector.preset().tensor_parallel()),
-                            selector.preset().kv_cache_dtype());
-    default:
-      return absl::InvalidArgumentError(
-          "kernel: got nothing, supported a spec or a preset (name + "
-          "tensor_parallel)");
-  }
+  return SpecOfSelector(selector);
 }
 
 absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(const v1::KernelSelector& selector,

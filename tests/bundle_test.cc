@@ -151,6 +151,11 @@ TEST_F(BundleTest, RoundTripAnswersTheSameKernelAndManifest) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE(MessageDifferencer::Equals(*got, manifest)) << got->DebugString();
   }
+  // The same preset with an fp8_ds_mla cache is another model: the bf16
+  // manifest must not answer for it.
+  v1::KernelSelector fp8 = Glm5Selector(8);
+  fp8.mutable_preset()->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  EXPECT_EQ((*source)->GetManifest(fp8, kArch).status().code(), absl::StatusCode::kNotFound);
 
   absl::StatusOr<ArtifactRef> kernel = (*source)->GetKernel(FirstChoice(), kArch);
   ASSERT_TRUE(kernel.ok()) << kernel.status();

@@ -82,7 +82,13 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0):
     num_slots = num_pages * pbs
     kv_view, kv_values = make_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude)
 
-    q = torch.randn(T, H, D, generator=gen, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+    # q / magnitude keeps the logits O(1) whatever the cache's magnitude, as
+    # in a real model: the kernels multiply bf16 K (dequantised e4m3 *
+    # scale, rounded once to bf16 as FlashMLA does), so raw 1e4-magnitude
+    # keys would give logits ~1e4 that bf16 rounding alone moves by ~10.
+    # The cache's extreme scales are still what the kernel reads.
+    q = (torch.randn(T, H, D, generator=gen, device="cuda", dtype=torch.float32) /
+         magnitude).to(torch.bfloat16)
     # Unique random slots per token, then knock some out.
     idx = torch.stack([torch.randperm(num_slots, generator=gen, device="cuda")[:K]
                        for _ in range(T)]).to(torch.int32)

@@ -126,6 +126,33 @@ def run_case(torch, kforge, reference, gen, preset, tp, batch, explicit):
                 out_err=out_err, lse_err=lse_err, problems=problems)
 
 
+FP8_CASES = (("glm-5", 8, "arbitrary"), ("deepseek-v3.2", 1, "pow2"))
+
+
+def fp8_case(torch, kforge, reference, gen, source, preset, tp, batch):
+    """The engine path on an fp8_ds_mla cache: SparseMlaDecoder(kv_dtype=
+    "fp8_ds_mla") over uint8 656-byte records (4-dim view, a gap between
+    pages), against the fp64 reference of the dequantized cache."""
+    decoder = kforge.SparseMlaDecoder(source, preset=preset, tp=tp, kv_dtype="fp8_ds_mla")
+    spec = decoder.spec
+    fmt = {1: "pow2", 2: "arbitrary"}[spec.kv_scale_format]
+    q, kv, idx = make_inputs(torch, gen, batch, spec.num_q_heads, spec, four_dim=False)
+    records = kforge.quantize_fp8_ds_mla(kv, fmt)  # [pages, pbs, 656]
+    pages, pbs, record = records.shape
+    page_stride = pbs * record + 64
+    storage = torch.full((pages * page_stride,), 0xFF, dtype=torch.uint8, device="cuda")
+    cache = storage.as_strided((pages, pbs, 1, record), (page_stride, record, record, 1))
+    cache.copy_(records.reshape(pages, pbs, 1, record))
+    out, lse = decoder(q, cache, idx, return_lse=True)
+    torch.cuda.synchronize()
+    values = kforge.dequantize_fp8_ds_mla(cache.reshape(pages, pbs, record))
+    out_err, lse_err, problems = compare(torch, reference, q, values, idx, out, lse,
+                                         spec.softmax_scale, spec.kv_lora_rank)
+    return dict(model=f"{preset} tp{tp} fp8 {fmt}", heads=spec.num_q_heads, batch=batch,
+                splits=decoder.selection(batch, 1).num_splits, out_err=out_err,
+                lse_err=lse_err, problems=problems)
+
+
 def graph_case(torch, kforge, reference, gen, decoder, preset, tp, batch):
     """Captures one decode step in a CUDA graph (as an engine does after
     prefetch), replays it on fresh inputs copied into the captured tensors,
@@ -218,10 +245,19 @@ def main():
                     print(f"{preset} tp{tp} batch 32 in a CUDA graph: "
                           f"{'FAIL: ' + '; '.join(problems) if problems else 'ok'}; "
                           f"host time per eager call {host_us:.0f} us", flush=True)
+            for preset, tp, _ in FP8_CASES:
+                for batch in (1, 32):
+                    r = fp8_case(torch, kforge, reference, gen, source, preset, tp, batch)
+                    failures += bool(r["problems"])
+                    print(f"{r['model']:20s} {r['heads']:5d} {r['batch']:5d} {r['splits']:6d} "
+                          f"{r['out_err']:11.2e} {r['lse_err']:9.2e}  "
+                          f"{'FAIL: ' + '; '.join(r['problems']) if r['problems'] else 'ok'}",
+                          flush=True)
         finally:
             if proc is not None:
                 stop_server(proc)
-    total = len(CASES) * len(BATCHES) + sum(tp == 8 for _, tp in CASES)  # + graph cases
+    total = (len(CASES) * len(BATCHES) + sum(tp == 8 for _, tp in CASES)  # + graph cases
+             + 2 * len(FP8_CASES))
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 

@@ -44,8 +44,8 @@ python3 tests/gpu/e2e_python.py "$stage/bin/kforge" --lib-dir "$stage/lib" || fa
 
 step "prebuild + verify (the e2e models, sm_90a)"
 cat >"$out/e2e_matrix.json" <<'JSON'
-{"models": [{"preset": "glm-5", "tp": [1, 8], "s_q": [1, 2]},
-            {"preset": "deepseek-v3.2", "tp": [1], "s_q": [1, 2]}],
+{"models": [{"preset": "glm-5", "tp": [1, 8], "kv_dtypes": ["bf16", "fp8_ds_mla"]},
+            {"preset": "deepseek-v3.2", "tp": [1], "kv_dtypes": ["bf16", "fp8_ds_mla"]}],
  "archs": ["sm_90a"]}
 JSON
 "$wrap/kforge" prebuild "$out/e2e_matrix.json" --out "$out/bundle" -j 16 || fail prebuild

@@ -199,6 +199,14 @@ def graph_case(torch, kforge, reference, gen, decoder, preset, tp, batch):
     return problems, host_us
 
 
+def report(r):
+    """Prints one result row; 1 when it failed."""
+    print(f"{r['model']:20s} {r['heads']:5d} {r['batch']:5d} {r['splits']:6d} "
+          f"{r['out_err']:11.2e} {r['lse_err']:9.2e}  "
+          f"{'FAIL: ' + '; '.join(r['problems']) if r['problems'] else 'ok'}", flush=True)
+    return int(bool(r["problems"]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kforge", nargs="?", help="kforge binary (server mode)")
@@ -241,11 +249,7 @@ def main():
                 print(f"{preset} tp{tp}: prefetched {explicit.prefetch()} kernels")
                 for batch in BATCHES:
                     r = run_case(torch, kforge, reference, gen, preset, tp, batch, explicit)
-                    failures += bool(r["problems"])
-                    print(f"{r['model']:20s} {r['heads']:5d} {r['batch']:5d} {r['splits']:6d} "
-                          f"{r['out_err']:11.2e} {r['lse_err']:9.2e}  "
-                          f"{'FAIL: ' + '; '.join(r['problems']) if r['problems'] else 'ok'}",
-                          flush=True)
+                    failures += report(r)
                 if tp == 8:
                     problems, host_us = graph_case(torch, kforge, reference, gen, explicit,
                                                    preset, tp, 32)
@@ -256,11 +260,7 @@ def main():
             for preset, tp, _ in FP8_CASES:
                 for batch in (1, 32):
                     r = fp8_case(torch, kforge, reference, gen, source, preset, tp, batch)
-                    failures += bool(r["problems"])
-                    print(f"{r['model']:20s} {r['heads']:5d} {r['batch']:5d} {r['splits']:6d} "
-                          f"{r['out_err']:11.2e} {r['lse_err']:9.2e}  "
-                          f"{'FAIL: ' + '; '.join(r['problems']) if r['problems'] else 'ok'}",
-                          flush=True)
+                    failures += report(r)
         finally:
             if proc is not None:
                 stop_server(proc)

@@ -1,6 +1,8 @@
 #include "cli/kernel_args.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "model/spec.h"
 
 namespace kforge::cli {
@@ -26,7 +28,10 @@ absl::StatusOr<v1::KernelSelector> SelectorFromArgs(const ParsedArgs& args) {
   v1::KvCacheDtype kv_dtype = v1::KV_CACHE_DTYPE_UNSPECIFIED;
   if (args.Has("kv-dtype")) {
     absl::StatusOr<v1::KvCacheDtype> d = ParseKvDtype(args.Get("kv-dtype"));
-    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--", d.status().message()));
+    if (!d.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv-dtype: ", absl::StripPrefix(d.status().message(), "kv dtype: ")));
+    }
     kv_dtype = *d;
   }
   if (args.Has("spec")) {

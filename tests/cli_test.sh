@@ -87,6 +87,18 @@ if [[ -e "$TMP/bad" ]] && [[ -n $(find "$TMP/bad" -type f) ]]; then
   fail "failed compiles left files: $(find "$TMP/bad" -type f)"
 fi
 
+# fp8_ds_mla: --kv-dtype on a preset brings the preset's scale convention.
+"$KFORGE" compile --preset glm-5 --tp 8 --kv-dtype fp8_ds_mla --arch sm_120a -o "$TMP/fp8" \
+  >/dev/null || fail "compile --kv-dtype fp8_ds_mla failed"
+FP8_MODULE=sparse_mla_decode_h8_d512r64_topk2048_fp8_ds_mla_arbitrary_pb64_sc0p0625_lse_sm120a
+[[ -s "$TMP/fp8/$FP8_MODULE.cubin" ]] || fail "missing $TMP/fp8/$FP8_MODULE.cubin"
+"$KFORGE" manifest --preset deepseek-v3.2 --tp 8 --kv-dtype fp8_ds_mla --arch sm_90a \
+  >"$TMP/fp8_manifest.json" || fail "manifest --kv-dtype fp8_ds_mla failed"
+grep -q '"kv_scale_format": "KV_SCALE_FORMAT_POW2"' "$TMP/fp8_manifest.json" ||
+  fail "deepseek-v3.2 fp8 manifest does not carry pow2 scales"
+expect_error "--kv-dtype fp4" "--kv-dtype: got \"fp4\"" compile --preset glm-5 --kv-dtype fp4 --arch sm_90a \
+  -o "$TMP/x"
+
 # manifest / select (runtime selector, no server).
 "$KFORGE" manifest --preset glm-5 --tp 8 --arch sm_90a --sms 132 >"$TMP/manifest.json" ||
   fail "kforge manifest failed"

@@ -72,6 +72,9 @@ def main():
     ap.add_argument("--cases", default="128x128,64x64,16x128,8x1",
                     help="heads x batch list")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
+    ap.add_argument("--kv-dtype", default="bf16", choices=("bf16", "fp8_ds_mla"),
+                    help="time the modules for this cache dtype (fp8_ds_mla: a uint8 cache "
+                         "of 656-byte records quantized from the same random values)")
     args = ap.parse_args()
     import torch
     import kforge
@@ -80,10 +83,16 @@ def main():
     mods = {}
     for c in glob.glob(os.path.join(args.module_dir, "*.cubin")):
         spec = read_artifact(c).spec
-        if spec.topk == 2048 and spec.s_q <= 1:
+        fp8 = spec.kv_cache_dtype == 2
+        if spec.topk == 2048 and spec.s_q <= 1 and fp8 == (args.kv_dtype == "fp8_ds_mla"):
             mods[spec.num_q_heads] = c
     D = 576
     kv = torch.randn(args.cache_slots, D, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+    cache, row_bytes = kv, D * 2
+    if args.kv_dtype == "fp8_ds_mla":
+        # The records the kernel reads; the PyTorch baseline keeps bf16 rows.
+        cache = kforge.quantize_fp8_ds_mla(kv, "arbitrary")
+        row_bytes = cache.shape[-1]
     lines = []
     header = ("| heads x batch | kforge best (us) | splits | kforge auto (us) | auto splits | "
               "PyTorch gather+bmm (us) | roofline floor (us) | best / floor | TFLOP/s | GB/s |")
@@ -106,7 +115,7 @@ def main():
             lse = torch.empty(T, H, device="cuda", dtype=torch.float32)
             sets.append(dict(q=q, idx=idx, out=out, lse=lse))
         flops = H * T * K * 2 * (D + Dv)
-        bytes_ = T * K * D * 2 + T * H * (D + Dv) * 2
+        bytes_ = T * K * row_bytes + T * H * (D + Dv) * 2
         floor = max(bytes_ / COPY_BW, flops / MMA_RATE) * 1e6
         results = {}
         auto = mod.auto_splits(T)
@@ -114,7 +123,7 @@ def main():
         for splits in cands:
             ws = mod.workspace(T, splits)
             results[splits] = time_fn(
-                lambda st: mod(st["q"], kv, st["idx"], st["out"], st["lse"],
+                lambda st: mod(st["q"], cache, st["idx"], st["out"], st["lse"],
                                num_splits=splits, workspace=ws), sets, args.reps)
         best_s = min(results, key=results.get)
         ref = float("nan") if args.no_torch else time_fn(

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Compiles the modules bench/bench_sparse_mla.py times: deepseek-v3.2 at TP 1
 # and 8 (128 and 16 heads), glm-5 at TP 1 and 8 (64 and 8 heads), topk 2048.
-# usage: compile_bench_modules.sh KFORGE_BINARY OUT_DIR [ARCH]
+# usage: compile_bench_modules.sh KFORGE_BINARY OUT_DIR [ARCH] [KV_DTYPE]
 set -euo pipefail
 kforge=$1
 out=$2
 arch=${3:-sm_90a}
+dtype=${4:-bf16}
 printf '%s\n' "deepseek-v3.2 1" "deepseek-v3.2 8" "glm-5 1" "glm-5 8" |
-  xargs -P "$(nproc)" -L 1 bash -c '"$0" compile --preset "$1" --tp "$2" --arch '"$arch"' -o '"$out" "$kforge"
+  xargs -P "$(nproc)" -L 1 bash -c '"$0" compile --preset "$1" --tp "$2" --arch '"$arch"' --kv-dtype '"$dtype"' -o '"$out" "$kforge"

@@ -96,6 +96,10 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0):
     idx = torch.where(drop, torch.full_like(idx, -1), idx)
     oob = torch.rand(T, K, generator=gen, device="cuda") < 0.03
     idx = torch.where(oob, torch.full_like(idx, num_slots + 5), idx)
+    # Negative slots other than -1, down to INT_MIN, mean "no token" too.
+    neg = torch.rand(T, K, generator=gen, device="cuda") < 0.02
+    idx = torch.where(neg, torch.full_like(idx, -7), idx)
+    idx[:, :1] = torch.where(idx[:, :1] == -7, torch.full_like(idx[:, :1], -2**31), idx[:, :1])
     if T > 1:
         idx[T // 2].fill_(-1)  # a token with nothing to attend to
     valid = (idx >= 0) & (idx < num_slots)
@@ -162,9 +166,9 @@ def main():
         mod = kforge.Kernel.from_files(cubin)
         t = mod.artifact.tiling
         tiling = f"h{t.head_tile}n{t.token_tile}w{t.warps}"
-        # One kernel serves every s_q (MTP): batch * s_q query tokens.
+        # One kernel serves every s_q (MTP 1, 2, 4): batch * s_q query tokens.
         fp8 = mod.spec.kv_cache_dtype == FP8_DS_MLA
-        cases = [(int(x), s) for x in args.batches.split(",") for s in (1, 2)]
+        cases = [(int(x), s) for x in args.batches.split(",") for s in (1, 2, 4)]
         for i, (b, s_q) in enumerate(cases):
             magnitude = FP8_MAGNITUDES[i % len(FP8_MAGNITUDES)] if fp8 else 1.0
             for mode, gap in (("1", False), ("auto", True), ("max", False)):

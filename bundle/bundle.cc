@@ -28,6 +28,7 @@
 #include "google/protobuf/util/type_resolver_util.h"
 #include "model/arch.h"
 #include "model/format.h"
+#include "model/selector.h"
 #include "model/spec.h"
 
 namespace kforge {
@@ -158,25 +159,8 @@ absl::StatusOr<v1::KernelArtifact> ParseKernel(const std::string& bytes) {
 
 // The variant an artifact claims to be, to check an artifact on its own
 // (truncated trailing fields, a damaged cubin) with CheckArtifactForVariant.
-v1::ManifestVariant VariantOf(const v1::KernelArtifact& artifact) {
-  v1::ManifestVariant variant;
-  variant.set_module_name(artifact.module_name());
-  variant.set_key(artifact.key());
-  *variant.mutable_spec() = artifact.spec();
-  *variant.mutable_tiling() = artifact.tiling();
-  *variant.mutable_launch() = artifact.launch();
-  variant.set_main_entry(artifact.main_entry());
-  variant.set_combine_entry(artifact.combine_entry());
-  return variant;
-}
-
 absl::Status CheckKernelOnItsOwn(const v1::KernelArtifact& artifact) {
-  return CheckArtifactForVariant(VariantOf(artifact), artifact.arch(), artifact);
-}
-
-const v1::ManifestVariant& FirstChoice(const v1::Manifest& manifest) {
-  return manifest.variants(
-      manifest.choice_order_size() > 0 ? static_cast<int>(manifest.choice_order(0)) : 0);
+  return CheckArtifactForVariant(VariantOfArtifact(artifact), artifact.arch(), artifact);
 }
 
 // Regular files under `dir`, as sorted paths relative to it with '/'.

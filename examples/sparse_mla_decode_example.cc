@@ -183,13 +183,7 @@ int Main(int argc, char** argv) {
   }
   // The model's spec, from the manifest's first choice (every variant
   // serves any s_q; this example decodes one token per request).
-  const v1::Manifest& manifest = attention.manifest();
-  const int first =
-      manifest.choice_order_size() > 0 &&
-              manifest.choice_order(0) < static_cast<uint32_t>(manifest.variants_size())
-          ? static_cast<int>(manifest.choice_order(0))
-          : 0;
-  const v1::AttentionSpec& spec = manifest.variants(first).spec();
+  const v1::AttentionSpec& spec = FirstChoice(attention.manifest()).spec();
   const HostDecodeProblem problem = MakeRandomDecodeProblem(
       spec, {.batch = flags->batch, .s_q = 1, .seed = static_cast<uint64_t>(flags->seed)});
   absl::StatusOr<std::unique_ptr<DeviceDecodeProblem>> tensors =

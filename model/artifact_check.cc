@@ -100,4 +100,16 @@ absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::st
   return CheckCubin(variant, canonical_arch, artifact);
 }
 
+v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact) {
+  v1::ManifestVariant variant;
+  variant.set_module_name(artifact.module_name());
+  variant.set_key(artifact.key());
+  *variant.mutable_spec() = artifact.spec();
+  *variant.mutable_tiling() = artifact.tiling();
+  *variant.mutable_launch() = artifact.launch();
+  variant.set_main_entry(artifact.main_entry());
+  variant.set_combine_entry(artifact.combine_entry());
+  return variant;
+}
+
 }  // namespace kforge

@@ -14,6 +14,10 @@ namespace kforge {
 // inspected arch is `arch` and which exports both entries. Otherwise
 // DataLoss naming the first mismatch (a server or bundle answered with
 // something else).
+// The manifest variant a compiled artifact is: its module, key, spec,
+// tiling, launch rule and entry names.
+v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact);
+
 absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::string_view arch,
                                      const v1::KernelArtifact& artifact);
 

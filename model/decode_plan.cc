@@ -24,17 +24,6 @@ absl::Status Invalid(std::string_view field, std::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(AsAbsl(field), ": ", AsAbsl(why)));
 }
 
-// The variant whose spec stands for the model (every variant shares the
-// fields a caller's tensors are checked against).
-const v1::AttentionSpec& ModelSpec(const v1::Manifest& manifest) {
-  const int first =
-      manifest.choice_order_size() > 0 &&
-              manifest.choice_order(0) < static_cast<uint32_t>(manifest.variants_size())
-          ? static_cast<int>(manifest.choice_order(0))
-          : 0;
-  return manifest.variants(first).spec();
-}
-
 absl::Status CheckPointers(const DecodeArgs& a) {
   struct Pointer {
     const char* name;
@@ -181,7 +170,7 @@ absl::StatusOr<RuntimeShape> ValidateDecodeArgs(const DecodeArgs& args,
   if (manifest.variants_size() == 0) {
     return absl::FailedPreconditionError("the manifest has no kernel variants");
   }
-  const v1::AttentionSpec& spec = ModelSpec(manifest);
+  const v1::AttentionSpec& spec = FirstChoice(manifest).spec();
   // In order, each only once the ones before passed (the stride checks
   // multiply sizes that must be positive and the model's first).
   absl::Status s = CheckPointers(args);

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "model/artifact_check.h"
 #include "model/format.h"
 #include "model/launch.h"
 
@@ -63,14 +64,7 @@ absl::StatusOr<v1::Manifest> ManifestForArtifact(const v1::KernelArtifact& artif
   v1::Manifest manifest;
   manifest.set_format_version(kFormatVersion);
   manifest.set_arch(artifact.arch());
-  v1::ManifestVariant* v = manifest.add_variants();
-  v->set_module_name(artifact.module_name());
-  v->set_key(artifact.key());
-  *v->mutable_spec() = artifact.spec();
-  *v->mutable_tiling() = artifact.tiling();
-  *v->mutable_launch() = artifact.launch();
-  v->set_main_entry(artifact.main_entry());
-  v->set_combine_entry(artifact.combine_entry());
+  *manifest.add_variants() = VariantOfArtifact(artifact);
   manifest.add_choice_order(0);
   return manifest;
 }

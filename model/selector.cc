@@ -192,4 +192,10 @@ std::string DescribeSelection(const Selection& sel) {
   return out;
 }
 
+const v1::ManifestVariant& FirstChoice(const v1::Manifest& manifest) {
+  const bool in_range = manifest.choice_order_size() > 0 &&
+                        manifest.choice_order(0) < static_cast<uint32_t>(manifest.variants_size());
+  return manifest.variants(in_range ? static_cast<int>(manifest.choice_order(0)) : 0);
+}
+
 }  // namespace kforge

@@ -55,6 +55,11 @@ struct Selection {
 absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo& device,
                                  const RuntimeShape& shape);
 
+// The manifest's first choice: variants(choice_order(0)), or variants(0)
+// when the choice order is empty or out of range. The manifest must have a
+// variant. Every variant serves the same model, so its spec stands for it.
+const v1::ManifestVariant& FirstChoice(const v1::Manifest& manifest);
+
 // Multi-line readable description of a selection (for `kforge select`).
 std::string DescribeSelection(const Selection& selection);
 

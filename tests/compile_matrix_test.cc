@@ -214,10 +214,8 @@ TEST(CompileMatrix, Fp8DsMlaOnEveryArch) {
   for (const char* preset : {"deepseek-v3.2", "glm-5"}) {
     for (int tp : {1, 2, 4, 8}) {
       for (const char* arch : archs) {
-        v1::AttentionSpec spec = Preset(preset, tp);
-        spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
-        spec.set_kv_scale_format(std::string(preset) == "glm-5" ? v1::KV_SCALE_FORMAT_ARBITRARY
-                                                                : v1::KV_SCALE_FORMAT_POW2);
+        // The preset brings its scale convention (model/spec.cc).
+        const v1::AttentionSpec spec = *SpecFromPreset(preset, tp, v1::KV_CACHE_DTYPE_FP8_DS_MLA);
         jobs.push_back({absl::StrCat("fp8 ", preset, " tp", tp, " ", arch), spec, arch});
       }
     }

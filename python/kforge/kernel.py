@@ -48,6 +48,7 @@ class Kernel:
         torch = self._torch = _torch()
         self.artifact = artifact
         self.spec = artifact.spec
+        self._kv_row_bytes = kv_row_bytes_for(self.spec)  # None for a bf16 cache
         self.manifest = _capi.manifest_for_artifact(artifact)
         self._manifest = ManifestRef(self.manifest)
         # The whole artifact check (entries, parameter sizes, the cubin's
@@ -98,7 +99,7 @@ class Kernel:
         dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv", kv),
                                    tensor_info("indices", indices),
                                    page_block_size=self.spec.page_block_size,
-                                   kv_row_bytes=kv_row_bytes_for(self.spec))
+                                   kv_row_bytes=self._kv_row_bytes)
         args = decode_args(q, kv, indices, dims, out, lse, self.spec.softmax_scale,
                            self.spec.kv_cache_dtype, kv_name="kv")
         ws = workspace.data_ptr() if hasattr(workspace, "data_ptr") else int(workspace or 0)

@@ -135,11 +135,13 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, con
     }
     if (tiling.head_tile() == 0) continue;
     // wgmma exists on sm_90a only; which shapes it covers is config.h's
-    // WgmmaCovers (the same rule DecodeTraits checks). The layout does not
-    // depend on it, so the tiling still fits.
+    // WgmmaCovers (the same rule DecodeTraits checks), and its layout (P
+    // unpadded but 1024-B aligned) must fit too.
     sparse_mla::DecodeShape shape = DecodeShapeFor(spec, tiling);
     shape.wgmma = true;
-    tiling.set_wgmma(arch.arch_specific && arch.major == 9 && sparse_mla::WgmmaCovers(shape));
+    tiling.set_wgmma(arch.arch_specific && arch.major == 9 && sparse_mla::WgmmaCovers(shape) &&
+                     sparse_mla::CheckDecodeTiling(shape) == sparse_mla::TilingError::kOk &&
+                     sparse_mla::MakeDecodeSmemLayout(shape).bytes <= arch.max_smem_per_block);
     tiling.set_num_head_groups((heads + per_group - 1) / per_group);
     return tiling;
   }

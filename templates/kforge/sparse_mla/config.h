@@ -137,11 +137,15 @@ struct DecodeDims {
   int warps_n;        // ... and along the token axis (warps_m * warps_n)
   int s_m;            // m16 tiles of S per warp
   int s_n;            // n8 tiles of S per warp
-  int v_cols;         // O = P V: output columns owned by each warp
-  int v_n;            // n8 tiles of O per warp
+  int v_cols;         // O = P V with mma.sync: output columns of each warp
+  int v_n;            // ... as n8 tiles
+  int o_m;            // O accumulator per thread, in m16n8 C fragments:
+  int o_n;            // o_m m16 tiles x o_n n8 tiles (mma.sync: all rows x
+                      // v_n; wgmma: its warp's 16 rows x d_v / 2 columns)
   int rows_per_pass;  // KV rows one gather pass of the CTA covers
-  int p_stride;       // bf16 elements per P row (16 B of padding: no bank
-                      // conflicts for ldmatrix)
+  int p_stride;       // bf16 elements per P row (mma.sync: 16 B of padding,
+                      // no bank conflicts for ldmatrix; wgmma: 128 B rows
+                      // with the 128-byte swizzle)
 };
 
 KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
@@ -157,22 +161,26 @@ KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
   d.s_n = s.token_tile / 8 / d.warps_n;
   d.v_cols = s.d_v / s.warps;
   d.v_n = d.v_cols / 8;
+  d.o_m = s.wgmma ? 1 : d.m_tiles;
+  d.o_n = s.wgmma ? s.d_v / 2 / 8 : d.v_n;
   d.rows_per_pass = s.warps * 32 / kThreadsPerRow;
-  d.p_stride = s.token_tile + 8;
+  // wgmma reads P as a K-major 128-byte-swizzled operand: unpadded rows.
+  d.p_stride = s.wgmma ? s.token_tile : s.token_tile + 8;
   return d;
 }
 
 // The one wgmma eligibility rule (apart from the arch, sm_90a, which the
-// codegen checks): the wgmma S implementation (QkWgmma, qk.cuh) gives each
-// warpgroup a 64-head x 32-token slab of S (m64n32k16), its 4 warps one m16
-// row tile each. It is admitted only for the pipeline it was measured and
-// checked with on the H200, 8 warps (two warpgroups) x 64 tokens, where it
-// beat mma.sync (BENCH.md, 2026-11-29); other warp counts would compile but
+// codegen checks). S (QkWgmma, qk.cuh): each warpgroup a 64-head x 32-token
+// slab of S (m64n32k16), its 4 warps one m16 row tile each. O = P V
+// (PvWgmma, pv.cuh): each warpgroup all 64 heads x d_v / 2 columns
+// (m64n256k16 for d_v 512, m64n128k16 for 256). It is admitted only for the
+// pipeline it was measured and checked with on the H200, 8 warps (two
+// warpgroups) x 64 tokens (BENCH.md); other warp counts would compile but
 // have never run.
 KFORGE_HD constexpr bool WgmmaCovers(const DecodeShape& s) {
   const DecodeDims d = DeriveDecodeDims(s);
   return s.head_tile == 64 && s.warps == 8 && d.warps_m == 4 && d.s_m == 1 && d.warps_n == 2 &&
-         s.token_tile / d.warps_n == 32;
+         s.token_tile / d.warps_n == 32 && (s.d_v == 256 || s.d_v == 512);
 }
 
 enum class TilingError : int {
@@ -207,7 +215,7 @@ KFORGE_HD constexpr TilingError CheckDecodeTiling(const DecodeShape& s) {
   if ((s.token_tile / 8) % d.warps_n != 0) return TilingError::kSColumns;
   if (d.v_cols % 16 != 0) return TilingError::kVCols;
   if (s.token_tile % d.rows_per_pass != 0) return TilingError::kGatherPasses;
-  if (d.m_tiles * d.v_n * 4 > 128) return TilingError::kORegisters;
+  if (d.o_m * d.o_n * 4 > 128) return TilingError::kORegisters;
   if (s.kv_staging_bytes_per_token < 0 || s.kv_staging_bytes_per_token % 16 != 0)
     return TilingError::kStaging;
   if (s.wgmma && !WgmmaCovers(s)) return TilingError::kWgmmaShape;
@@ -258,7 +266,8 @@ struct DecodeSmemLayout {
   int kv;          // stages x [token_tile x d_qk bf16] in the same blocks
   int kv_staging;  // stages x token_tile x kv_staging_bytes_per_token raw
                    // cache bytes (empty for bf16)
-  int p;           // P: head_tile x p_stride bf16
+  int p;           // P: head_tile x p_stride bf16 (1024-B aligned for
+                   // wgmma's swizzle)
   int red;         // warps_n x head_tile fp32: row max / row sum exchange
   int scale;       // head_tile fp32: this tile's O rescale factor per row
   int max;         // head_tile fp32: running row max, for the epilogue
@@ -273,6 +282,7 @@ KFORGE_HD constexpr DecodeSmemLayout MakeDecodeSmemLayout(const DecodeShape& s) 
   l.kv = l.q + s.head_tile * d.d_qk * 2;
   l.kv_staging = l.kv + s.stages * s.token_tile * d.d_qk * 2;
   l.p = l.kv_staging + s.stages * s.token_tile * s.kv_staging_bytes_per_token;
+  if (s.wgmma) l.p = (l.p + 1023) / 1024 * 1024;
   l.red = l.p + s.head_tile * d.p_stride * 2;
   l.scale = l.red + d.warps_n * s.head_tile * 4;
   l.max = l.scale + s.head_tile * 4;

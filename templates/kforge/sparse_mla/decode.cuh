@@ -13,7 +13,8 @@
 //     QkPhase<T>       S = Q K^T: mma.sync, or wgmma on sm_90a   (qk.cuh)
 //     MaskScaleRowMax  invalid tokens -> -inf, scale, row max across warps
 //     OnlineSoftmaxToP running max/sum, P to smem as bf16
-//     RescaleO, AccumulatePv   O = O * scale + P V (mma.sync)
+//     RescaleO, PvPhase<T>     O = O * scale + P V: mma.sync, or wgmma on
+//                      sm_90a   (pv.cuh)
 //   Epilogue           normalise; bf16 O + lse, or fp32 partials + lse for
 //                      the combine kernel (combine.cuh)
 // Tiling rules and the smem layout are config.h's (CheckDecodeTiling,
@@ -26,6 +27,7 @@
 #include "kforge/sparse_mla/decode_phases.cuh"
 #include "kforge/sparse_mla/decode_traits.cuh"
 #include "kforge/sparse_mla/kv_format.cuh"
+#include "kforge/sparse_mla/pv.cuh"
 #include "kforge/sparse_mla/qk.cuh"
 
 namespace kforge {
@@ -48,11 +50,12 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   }
 
   const Qk qk(sm, r);
-  float o[T::kMTiles][T::kVN][4];
+  const PvPhase<T> pv(r);
+  OAccum<T> o;
 #pragma unroll
-  for (int mi = 0; mi < T::kMTiles; ++mi)
+  for (int mi = 0; mi < T::kOM; ++mi)
 #pragma unroll
-    for (int ni = 0; ni < T::kVN; ++ni)
+    for (int ni = 0; ni < T::kON; ++ni)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[mi][ni][e] = 0.f;
   RowStats<T> stats;
@@ -75,12 +78,12 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
     float mx[T::kSM][2];
     MaskScaleRowMax<T>(s, sm.valid + stage * T::kTokenTile, sm, r, mx);
     OnlineSoftmaxToP<T>(s, mx, stats, sm, r);
-    __syncthreads();
-    RescaleO<T>(o, sm, r);
-    AccumulatePv<T>(o, sm, k_tile, r);
+    PublishSmem<T>();
+    RescaleO<T>(o, pv, sm);
+    pv.Accumulate(o, sm, k_tile);
   }
   ptx::CpAsyncWait<0>();
-  Epilogue<T>(p, w, sm, r, o, stats);
+  Epilogue<T>(p, w, sm, r, pv, o, stats);
 }
 
 }  // namespace sparse_mla

@@ -9,6 +9,7 @@
 #include "kforge/common/ptx.cuh"
 #include "kforge/sparse_mla/config.h"
 #include "kforge/sparse_mla/decode_traits.cuh"
+#include "kforge/sparse_mla/pv.cuh"
 
 namespace kforge {
 namespace sparse_mla {
@@ -138,7 +139,8 @@ __device__ __forceinline__ void OnlineSoftmaxToP(const float (&s)[T::kSM][T::kSN
         const float p1 = ptx::Exp2(s[mi][ni][2 * h + 1] - m_use);
         sum += p0 + p1;
         const int col = (r.wn * T::kSN + ni) * 8 + 2 * (lane % 4);
-        *reinterpret_cast<ptx::u32*>(sm.p + row * T::kPStride + col) = ptx::PackBf16x2(p0, p1);
+        *reinterpret_cast<ptx::u32*>(sm.p + PvPhase<T>::PIndex(row, col)) =
+            ptx::PackBf16x2(p0, p1);
       }
       stats.l[mi][h] = stats.l[mi][h] * scale + sum;
       if (r.wn == 0 && lane % 4 == 0) sm.scale[row] = scale;
@@ -149,23 +151,22 @@ __device__ __forceinline__ void OnlineSoftmaxToP(const float (&s)[T::kSM][T::kSN
 // O *= this tile's per-row rescale factor (skipped, warp-uniformly, when no
 // row's max moved).
 template <class T>
-__device__ __forceinline__ void RescaleO(float (&o)[T::kMTiles][T::kVN][4], const DecodeSmem& sm,
-                                         const ThreadRoles& r) {
-  float sc[T::kMTiles][2];
+__device__ __forceinline__ void RescaleO(OAccum<T>& o, const PvPhase<T>& pv, const DecodeSmem& sm) {
+  float sc[T::kOM][2];
   bool rescale = false;
 #pragma unroll
-  for (int mi = 0; mi < T::kMTiles; ++mi)
+  for (int mi = 0; mi < T::kOM; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      sc[mi][h] = sm.scale[mi * 16 + h * 8 + r.lane / 4];
+      sc[mi][h] = sm.scale[pv.Row(mi, h)];
       rescale |= sc[mi][h] != 1.f;
     }
   // Warp-uniform skip: after the first tiles the max rarely moves.
   if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-    for (int mi = 0; mi < T::kMTiles; ++mi)
+    for (int mi = 0; mi < T::kOM; ++mi)
 #pragma unroll
-      for (int ni = 0; ni < T::kVN; ++ni) {
+      for (int ni = 0; ni < T::kON; ++ni) {
         o[mi][ni][0] *= sc[mi][0];
         o[mi][ni][1] *= sc[mi][0];
         o[mi][ni][2] *= sc[mi][1];
@@ -174,49 +175,14 @@ __device__ __forceinline__ void RescaleO(float (&o)[T::kMTiles][T::kVN][4], cons
   }
 }
 
-// O += P V with mma.sync: P (all heads) from sm.p, V = the first d_v columns
-// of the KV tile at k_tile (no second load), this warp's kVCols columns.
-template <class T>
-__device__ __forceinline__ void AccumulatePv(float (&o)[T::kMTiles][T::kVN][4],
-                                             const DecodeSmem& sm, ptx::u32 k_tile,
-                                             const ThreadRoles& r) {
-  using ptx::u32;
-  const int lane = r.lane;
-  const int sw = lane & 7;
-#pragma unroll
-  for (int kk = 0; kk < T::kTokenTile / 16; ++kk) {
-    u32 a[T::kMTiles][4];
-#pragma unroll
-    for (int mi = 0; mi < T::kMTiles; ++mi) {
-      ptx::Ldmatrix4(
-          sm.p_addr + ((mi * 16 + lane % 16) * T::kPStride + kk * 16 + (lane / 16) * 8) * 2,
-          a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
-    }
-    const u32 v_row = k_tile + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * 128;
-#pragma unroll
-    for (int np = 0; np < T::kVN / 2; ++np) {
-      const int chunk = r.warp * (T::kVCols / 8) + 2 * np + lane / 16;
-      u32 b0, b1, b2, b3;
-      ptx::Ldmatrix4Trans(v_row + (chunk / 8) * T::kKvBlockBytes + (((chunk % 8) ^ sw) << 4), b0,
-                          b1, b2, b3);
-#pragma unroll
-      for (int mi = 0; mi < T::kMTiles; ++mi) {
-        ptx::MmaBf16(o[mi][2 * np], a[mi], b0, b1);
-        ptx::MmaBf16(o[mi][2 * np + 1], a[mi], b2, b3);
-      }
-    }
-  }
-}
-
 // Row sums across warps, normalisation and the write: bf16 O and lse for a
 // single split, else fp32 partial O and lse to the workspace (combine.cuh).
 template <class T>
 __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork& w,
                                          const DecodeSmem& sm, const ThreadRoles& r,
-                                         const float (&o)[T::kMTiles][T::kVN][4],
+                                         const PvPhase<T>& pv, const OAccum<T>& o,
                                          const RowStats<T>& stats) {
   const int lane = r.lane;
-  const int warp = r.warp;
 #pragma unroll
   for (int mi = 0; mi < T::kSM; ++mi)
 #pragma unroll
@@ -235,10 +201,10 @@ __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork
   const bool single = p.num_splits == 1;
   const long long split_token = (long long)w.split * p.num_tokens + w.token;
 #pragma unroll
-  for (int mi = 0; mi < T::kMTiles; ++mi) {
+  for (int mi = 0; mi < T::kOM; ++mi) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = mi * 16 + h * 8 + lane / 4;
+      const int row = pv.Row(mi, h);
       if (row >= w.heads_here) continue;
       float l = 0.f;
 #pragma unroll
@@ -247,25 +213,27 @@ __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork
       // sm.max is in the scaled log2 domain; lse is reported in natural log.
       const float lse = l > 0.f ? (sm.max[row] + __log2f(l)) * 0.69314718055994531f : ptx::NegInf();
       const int head = w.head0 + row;
+      // One writer of each row's lse: the thread holding its column 0.
+      const bool lse_writer = pv.Col(0) == 0;
       if (single) {
         unsigned short* dst = p.out + w.token * p.out_token_stride + head * p.out_head_stride;
 #pragma unroll
-        for (int ni = 0; ni < T::kVN; ++ni) {
-          const int col = warp * T::kVCols + ni * 8 + 2 * (lane % 4);
+        for (int ni = 0; ni < T::kON; ++ni) {
+          const int col = pv.Col(ni);
           *reinterpret_cast<ptx::u32*>(dst + col) =
               ptx::PackBf16x2(o[mi][ni][2 * h] * inv, o[mi][ni][2 * h + 1] * inv);
         }
-        if (T::kReturnLse && p.lse != nullptr && warp == 0 && lane % 4 == 0)
+        if (T::kReturnLse && p.lse != nullptr && lse_writer)
           p.lse[(long long)w.token * T::kNumHeads + head] = lse;
       } else {
         float* dst = p.o_accum + (split_token * T::kNumHeads + head) * T::kDv;
 #pragma unroll
-        for (int ni = 0; ni < T::kVN; ++ni) {
-          const int col = warp * T::kVCols + ni * 8 + 2 * (lane % 4);
+        for (int ni = 0; ni < T::kON; ++ni) {
+          const int col = pv.Col(ni);
           *reinterpret_cast<float2*>(dst + col) =
               make_float2(o[mi][ni][2 * h] * inv, o[mi][ni][2 * h + 1] * inv);
         }
-        if (warp == 0 && lane % 4 == 0) p.lse_accum[split_token * T::kNumHeads + head] = lse;
+        if (lse_writer) p.lse_accum[split_token * T::kNumHeads + head] = lse;
       }
     }
   }

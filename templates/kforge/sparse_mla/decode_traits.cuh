@@ -68,9 +68,13 @@ struct DecodeTraits {
   static constexpr int kWarpsN = DeriveDecodeDims(kShape).warps_n;
   static constexpr int kSM = DeriveDecodeDims(kShape).s_m;
   static constexpr int kSN = DeriveDecodeDims(kShape).s_n;
-  // O = P V warp layout: every warp owns all heads and kVCols columns.
+  // O = P V with mma.sync: every warp owns all heads and kVCols columns.
   static constexpr int kVCols = DeriveDecodeDims(kShape).v_cols;
   static constexpr int kVN = DeriveDecodeDims(kShape).v_n;
+  // O accumulator per thread: kOM x kON m16n8 C fragments (pv.cuh says
+  // which rows and columns).
+  static constexpr int kOM = DeriveDecodeDims(kShape).o_m;
+  static constexpr int kON = DeriveDecodeDims(kShape).o_n;
   static constexpr int kPStride = DeriveDecodeDims(kShape).p_stride;
   static constexpr int kRowsPerPass = DeriveDecodeDims(kShape).rows_per_pass;
   // Byte offsets into dynamic shared memory (scalars: device code may read

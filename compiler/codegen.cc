@@ -42,7 +42,7 @@ const std::vector<TileConfig>& CandidatesFor(int head_tile) {
 // type there. ValidateSpec admits only these dtypes.
 struct KvFormatInfo {
   const char* type_name;
-  int staging_bytes_per_token;
+  int (*staging_bytes_per_token)(int d_qk);
 };
 
 KvFormatInfo KvFormatOf(const v1::AttentionSpec& spec) {
@@ -50,9 +50,9 @@ KvFormatInfo KvFormatOf(const v1::AttentionSpec& spec) {
     // The template argument is kScalePow2.
     const bool pow2 = spec.kv_scale_format() == v1::KV_SCALE_FORMAT_POW2;
     return {pow2 ? "ks::KvFp8DsMla<true>" : "ks::KvFp8DsMla<false>",
-            sparse_mla::KvFp8DsMlaSizes::kStagingBytesPerToken};
+            &sparse_mla::KvFp8DsMlaSizes::StagingBytesPerToken};
   }
-  return {"ks::KvBf16", sparse_mla::KvBf16Sizes::kStagingBytesPerToken};
+  return {"ks::KvBf16", &sparse_mla::KvBf16Sizes::StagingBytesPerToken};
 }
 
 // The kernel's compile-time shape for a spec and a tiling candidate: the
@@ -69,7 +69,8 @@ sparse_mla::DecodeShape ShapeOf(const v1::AttentionSpec& spec, int head_tile, in
   shape.stages = stages;
   shape.warps = warps;
   shape.wgmma = wgmma;
-  shape.kv_staging_bytes_per_token = KvFormatOf(spec).staging_bytes_per_token;
+  shape.kv_staging_bytes_per_token = KvFormatOf(spec).staging_bytes_per_token(
+      static_cast<int>(spec.kv_lora_rank() + spec.rope_dim()));
   return shape;
 }
 

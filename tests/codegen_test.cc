@@ -294,9 +294,9 @@ v1::AttentionSpec Fp8Spec(int heads, int rope, v1::KvScaleFormat scales) {
   return spec;
 }
 
-// fp8_ds_mla stages 528 B per token and stage beside the bf16 tile: every
-// head count still has a tiling on every arch, inside the arch's shared
-// memory, with the staging region the kernel carves.
+// fp8_ds_mla stages whole records (656 B per token, 528 without rope) in one
+// buffer beside one bf16 tile: every head count still has a tiling on every
+// arch, inside the arch's shared memory, with the regions the kernel carves.
 TEST(ChooseTiling, Fp8DsMlaTableOverArchsAndHeads) {
   for (const Arch& arch : SupportedArchs()) {
     for (int rope : {0, 64}) {
@@ -308,12 +308,13 @@ TEST(ChooseTiling, Fp8DsMlaTableOverArchsAndHeads) {
         EXPECT_LE(DecodeSmemBytesFor(spec, *t), arch.max_smem_per_block) << where;
         ExpectTraitsHold(spec, *t, where);
         const sparse_mla::DecodeShape shape = DecodeShapeFor(spec, *t);
-        EXPECT_EQ(shape.kv_staging_bytes_per_token,
-                  sparse_mla::KvFp8DsMlaSizes::kStagingBytesPerToken)
-            << where;
+        EXPECT_EQ(shape.kv_staging_bytes_per_token, rope == 64 ? 656 : 528) << where;
+        EXPECT_TRUE(sparse_mla::StagedPipeline(shape)) << where;
         const sparse_mla::DecodeSmemLayout l = sparse_mla::MakeDecodeSmemLayout(shape);
-        EXPECT_EQ(l.p - l.kv_staging, static_cast<int>(t->stages() * t->token_tile()) * 528)
-            << where;
+        const int tokens = static_cast<int>(t->token_tile());
+        EXPECT_EQ(l.kv_staging - l.kv, tokens * (512 + rope) * 2) << where;  // one bf16 tile
+        EXPECT_GE(l.p - l.kv_staging, tokens * (rope == 64 ? 656 : 528)) << where;
+        EXPECT_LT(l.p - l.kv_staging, tokens * (rope == 64 ? 656 : 528) + 1024) << where;
       }
     }
   }
@@ -325,7 +326,8 @@ TEST(KvFp8DsMlaSizes, RecordLayout) {
   EXPECT_EQ(S::BytesPerToken(512), 528);
   EXPECT_EQ(S::kScalesOffset, 512);
   EXPECT_EQ(S::kRopeOffset, 528);
-  EXPECT_EQ(S::kStagingBytesPerToken, 528);
+  EXPECT_EQ(S::StagingBytesPerToken(576), 656);
+  EXPECT_EQ(S::StagingBytesPerToken(512), 528);
   EXPECT_TRUE(S::Supports(512, 64));
   EXPECT_TRUE(S::Supports(512, 0));
   EXPECT_FALSE(S::Supports(256, 64));
@@ -407,9 +409,19 @@ TEST(CheckDecodeTiling, NamesTheBrokenRule) {
       {"d_v 64 over 8 warps", [](sparse_mla::DecodeShape& s) { s.d_v = 64; }, TilingError::kVCols},
       {"16 tokens, 32 rows per pass", [](sparse_mla::DecodeShape& s) { s.token_tile = 16; },
        TilingError::kGatherPasses},
-      {"2 warps own 256 columns of 64 heads", [](sparse_mla::DecodeShape& s) { s.warps = 2; },
+      {"2 warps own 256 columns of 64 heads (mma.sync)",
+       [](sparse_mla::DecodeShape& s) {
+         s.warps = 2;
+         s.wgmma = false;
+       },
        TilingError::kORegisters},
       {"8 staging bytes", [](sparse_mla::DecodeShape& s) { s.kv_staging_bytes_per_token = 8; },
+       TilingError::kStaging},
+      {"staged pipeline, 3 stages",
+       [](sparse_mla::DecodeShape& s) {
+         s.kv_staging_bytes_per_token = 656;
+         s.stages = 3;
+       },
        TilingError::kStaging},
       {"wgmma on a 32-row tile",
        [](sparse_mla::DecodeShape& s) { s.head_tile = s.heads_per_group = 32; },
@@ -433,6 +445,13 @@ TEST(CheckDecodeTiling, WgmmaCoversOnlyTheMeasuredPipeline) {
   short_tile.token_tile = 32;
   EXPECT_FALSE(sparse_mla::WgmmaCovers(short_tile));
   EXPECT_FALSE(sparse_mla::WgmmaCovers(kSmallShape));
+  // O = P V is m64n{d_v / 2}: instantiated for d_v 512 and 256 only.
+  sparse_mla::DecodeShape d_v_384 = kWgmmaShape;
+  d_v_384.d_v = 384;
+  EXPECT_FALSE(sparse_mla::WgmmaCovers(d_v_384));
+  sparse_mla::DecodeShape d_v_256 = kWgmmaShape;
+  d_v_256.d_v = 256;
+  EXPECT_TRUE(sparse_mla::WgmmaCovers(d_v_256));
 }
 
 TEST(DecodeSmemLayout, RegionsInOrderAlignedAndSized) {
@@ -444,9 +463,19 @@ TEST(DecodeSmemLayout, RegionsInOrderAlignedAndSized) {
       const std::string where = absl::StrCat("head_tile ", shape.head_tile, " staging ", staging);
       EXPECT_EQ(l.q, 0) << where;  // wgmma needs the 1024-B aligned base
       EXPECT_EQ(l.kv - l.q, shape.head_tile * d.d_qk * 2) << where;
-      EXPECT_EQ(l.kv_staging - l.kv, shape.stages * shape.token_tile * d.d_qk * 2) << where;
-      EXPECT_EQ(l.p - l.kv_staging, shape.stages * shape.token_tile * staging) << where;
-      EXPECT_EQ(l.red - l.p, shape.head_tile * (shape.token_tile + 8) * 2) << where;
+      // A staged format keeps one bf16 tile and one staging buffer.
+      const int tiles = staging > 0 ? 1 : shape.stages;
+      EXPECT_EQ(l.kv_staging - l.kv, tiles * shape.token_tile * d.d_qk * 2) << where;
+      const int staged = shape.token_tile * staging;
+      if (shape.wgmma) {  // P is a wgmma operand: 1024-B aligned, unpadded rows
+        EXPECT_EQ(l.p % 1024, 0) << where;
+        EXPECT_GE(l.p - l.kv_staging, staged) << where;
+        EXPECT_LT(l.p - l.kv_staging, staged + 1024) << where;
+        EXPECT_EQ(l.red - l.p, shape.head_tile * shape.token_tile * 2) << where;
+      } else {
+        EXPECT_EQ(l.p - l.kv_staging, staged) << where;
+        EXPECT_EQ(l.red - l.p, shape.head_tile * (shape.token_tile + 8) * 2) << where;
+      }
       EXPECT_EQ(l.scale - l.red, d.warps_n * shape.head_tile * 4) << where;
       EXPECT_EQ(l.max - l.scale, shape.head_tile * 4) << where;
       EXPECT_EQ(l.valid - l.max, shape.head_tile * 4) << where;
@@ -458,7 +487,7 @@ TEST(DecodeSmemLayout, RegionsInOrderAlignedAndSized) {
     }
   }
   // Pinned sizes (the kernels measured in BENCH.md): bf16 stages nothing.
-  EXPECT_EQ(sparse_mla::MakeDecodeSmemLayout(kWgmmaShape).bytes, 231936);
+  EXPECT_EQ(sparse_mla::MakeDecodeSmemLayout(kWgmmaShape).bytes, 230912);
   EXPECT_EQ(sparse_mla::MakeDecodeSmemLayout(kSmallShape).bytes, 94080);
 }
 

@@ -74,9 +74,9 @@ constexpr int kCombineWarps = 4;
 // into the tile; nothing is staged.
 struct KvBf16Sizes {
   KFORGE_HD static constexpr int BytesPerToken(int d_qk) { return 2 * d_qk; }
-  // Raw bytes per token per pipeline stage that the format lands in shared
-  // memory before converting them into the bf16 tile.
-  static constexpr int kStagingBytesPerToken = 0;
+  // Raw bytes per token that the format lands in shared memory before
+  // converting them into the bf16 tile (0: it gathers into the tile).
+  KFORGE_HD static constexpr int StagingBytesPerToken(int) { return 0; }
 };
 
 // fp8_ds_mla (FlashMLA / vLLM): one record per token, 656 bytes with rope 64
@@ -86,9 +86,8 @@ struct KvBf16Sizes {
 //                     (value = e4m3 * scale)
 //   bytes [528, 656)  the 64 rope values, bf16 (absent when rope is 0)
 // Only kv_lora_rank 512 with rope 0 or 64 exists (Supports); both record
-// sizes are whole 16-byte chunks, as cp.async needs. The kernel copies the
-// rope straight into the bf16 tile (it is one 128-byte column block) and
-// stages only the e4m3 values and the scales.
+// sizes are whole 16-byte chunks, as cp.async needs. The kernel stages whole
+// records and converts them into the bf16 tile.
 struct KvFp8DsMlaSizes {
   static constexpr int kLatent = 512;      // kv_lora_rank (d_v)
   static constexpr int kScaleGroup = 128;  // latent values per fp32 scale
@@ -102,8 +101,7 @@ struct KvFp8DsMlaSizes {
   KFORGE_HD static constexpr int BytesPerToken(int d_qk) {
     return kRopeOffset + 2 * (d_qk - kLatent);
   }
-  // e4m3 values and scales, staged per token per pipeline stage.
-  static constexpr int kStagingBytesPerToken = kRopeOffset;
+  KFORGE_HD static constexpr int StagingBytesPerToken(int d_qk) { return BytesPerToken(d_qk); }
 };
 
 // ---------------------------------------------------------------------------
@@ -122,8 +120,20 @@ struct DecodeShape {
   int stages;                      // KV pipeline depth
   int warps;                       // warps per CTA
   bool wgmma;                      // S = Q K^T with sm_90a wgmma instead of mma.sync
-  int kv_staging_bytes_per_token;  // the KV format's kStagingBytesPerToken
+  int kv_staging_bytes_per_token;  // the KV format's StagingBytesPerToken(d_qk);
+                                   // > 0: a staged pipeline (below)
 };
+
+// The KV pipeline. Direct formats (no staging, bf16) gather into `stages`
+// bf16 tiles. Staged formats (fp8_ds_mla) keep one bf16 tile and one
+// staging buffer: tile t lands in the buffer, is converted into the tile
+// at the top of iteration t, and the buffer then takes tile t + 1 while
+// tile t is computed, so the pipeline is still two deep in about half the
+// shared memory of two bf16 tiles.
+KFORGE_HD constexpr bool StagedPipeline(const DecodeShape& s) {
+  return s.kv_staging_bytes_per_token > 0;
+}
+KFORGE_HD constexpr int KvTiles(const DecodeShape& s) { return StagedPipeline(s) ? 1 : s.stages; }
 
 KFORGE_HD constexpr int Gcd(int a, int b) { return b == 0 ? a : Gcd(b, a % b); }
 
@@ -195,7 +205,8 @@ enum class TilingError : int {
   kVCols,          // a warp's V columns not a whole pair of n8 tiles
   kGatherPasses,   // token tile not a whole number of gather passes
   kORegisters,     // O accumulator over 128 fp32 registers per thread
-  kStaging,        // KV staging bytes per token negative or not 16-B chunks
+  kStaging,        // KV staging bytes per token negative or not 16-B chunks,
+                   // or a staged pipeline with stages != 2
   kWgmmaShape,     // wgmma asked for a shape it does not implement
 };
 
@@ -216,7 +227,8 @@ KFORGE_HD constexpr TilingError CheckDecodeTiling(const DecodeShape& s) {
   if (d.v_cols % 16 != 0) return TilingError::kVCols;
   if (s.token_tile % d.rows_per_pass != 0) return TilingError::kGatherPasses;
   if (d.o_m * d.o_n * 4 > 128) return TilingError::kORegisters;
-  if (s.kv_staging_bytes_per_token < 0 || s.kv_staging_bytes_per_token % 16 != 0)
+  if (s.kv_staging_bytes_per_token < 0 || s.kv_staging_bytes_per_token % 16 != 0 ||
+      (StagedPipeline(s) && s.stages != 2))
     return TilingError::kStaging;
   if (s.wgmma && !WgmmaCovers(s)) return TilingError::kWgmmaShape;
   return TilingError::kOk;
@@ -263,9 +275,9 @@ struct DecodeSmemLayout {
   int q;           // Q tile: head_tile x d_qk bf16 as d_qk / 64 swizzled
                    // [head_tile][128 B] blocks; first, so it sits on the
                    // 1024-B boundary wgmma's swizzle needs
-  int kv;          // stages x [token_tile x d_qk bf16] in the same blocks
-  int kv_staging;  // stages x token_tile x kv_staging_bytes_per_token raw
-                   // cache bytes (empty for bf16)
+  int kv;          // KvTiles x [token_tile x d_qk bf16] in the same blocks
+  int kv_staging;  // token_tile x kv_staging_bytes_per_token raw cache
+                   // bytes (empty for direct formats)
   int p;           // P: head_tile x p_stride bf16 (1024-B aligned for
                    // wgmma's swizzle)
   int red;         // warps_n x head_tile fp32: row max / row sum exchange
@@ -280,8 +292,8 @@ KFORGE_HD constexpr DecodeSmemLayout MakeDecodeSmemLayout(const DecodeShape& s) 
   DecodeSmemLayout l{};
   l.q = 0;
   l.kv = l.q + s.head_tile * d.d_qk * 2;
-  l.kv_staging = l.kv + s.stages * s.token_tile * d.d_qk * 2;
-  l.p = l.kv_staging + s.stages * s.token_tile * s.kv_staging_bytes_per_token;
+  l.kv_staging = l.kv + KvTiles(s) * s.token_tile * d.d_qk * 2;
+  l.p = l.kv_staging + s.token_tile * s.kv_staging_bytes_per_token;
   if (s.wgmma) l.p = (l.p + 1023) / 1024 * 1024;
   l.red = l.p + s.head_tile * d.p_stride * 2;
   l.scale = l.red + d.warps_n * s.head_tile * 4;

@@ -43,11 +43,18 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   Qk::CheckSmemBase(sm.q_addr);
 
   LoadQ<T>(p, w, sm, r);
+  // Pipeline (KvTiles in config.h): a direct format keeps kStages - 1 tiles
+  // in flight in their own bf16 tiles; a staged one keeps the next tile in
+  // the staging buffer. Slots are loaded one tile ahead of their gather.
+  constexpr int kAhead = T::kStaged ? 1 : T::kStages - 1;
+  TileSlots<T> slots;
 #pragma unroll
-  for (int s = 0; s < T::kStages - 1; ++s) {
-    if (s < w.num_tiles) GatherKvTile<T>(p, w, sm, r, s, s);
+  for (int s = 0; s < kAhead; ++s) {
+    slots.Load(w, r, s);
+    if (s < w.num_tiles) GatherKvTile<T>(p, slots, sm, r, s);
     ptx::CpAsyncCommit();
   }
+  slots.Load(w, r, kAhead);
 
   const Qk qk(sm, r);
   const PvPhase<T> pv(r);
@@ -62,19 +69,25 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   stats.Init();
 
   for (int t = 0; t < w.num_tiles; ++t) {
-    ptx::CpAsyncWait<T::kStages - 2>();
+    ptx::CpAsyncWait<kAhead - 1>();
     PublishSmem<T>();
-    {
-      const int nt = t + T::kStages - 1;
-      if (nt < w.num_tiles) GatherKvTile<T>(p, w, sm, r, nt, nt % T::kStages);
-      ptx::CpAsyncCommit();
-    }
-    const int stage = t % T::kStages;
+    const int stage = t % T::kStages;  // validity flags; bf16 tile if direct
     T::Kv::template Land<T>(sm, stage, r);
-    const ptx::u32 k_tile = sm.kv_addr + stage * T::kTileBytes;
+    const ptx::u32 k_tile = sm.kv_addr + (T::kStaged ? 0 : stage * T::kTileBytes);
 
     float s[T::kSM][T::kSN][4];
-    qk.Compute(s, k_tile);
+    // The next gather goes into the stage PV read last iteration (or the
+    // staging buffer Land just emptied): while S runs on the tensor cores
+    // when S is asynchronous (wgmma), else before S, as early as possible.
+    if (Qk::kAsync) qk.Start(s, k_tile);
+    {
+      const int nt = t + kAhead;
+      if (nt < w.num_tiles) GatherKvTile<T>(p, slots, sm, r, nt % T::kStages);
+      ptx::CpAsyncCommit();
+      slots.Load(w, r, nt + 1);
+    }
+    if (!Qk::kAsync) qk.Start(s, k_tile);
+    qk.Finish(s);
     float mx[T::kSM][2];
     MaskScaleRowMax<T>(s, sm.valid + stage * T::kTokenTile, sm, r, mx);
     OnlineSoftmaxToP<T>(s, mx, stats, sm, r);

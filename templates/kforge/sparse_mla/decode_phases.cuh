@@ -139,8 +139,7 @@ __device__ __forceinline__ void OnlineSoftmaxToP(const float (&s)[T::kSM][T::kSN
         const float p1 = ptx::Exp2(s[mi][ni][2 * h + 1] - m_use);
         sum += p0 + p1;
         const int col = (r.wn * T::kSN + ni) * 8 + 2 * (lane % 4);
-        *reinterpret_cast<ptx::u32*>(sm.p + PvPhase<T>::PIndex(row, col)) =
-            ptx::PackBf16x2(p0, p1);
+        *reinterpret_cast<ptx::u32*>(sm.p + PvPhase<T>::PIndex(row, col)) = ptx::PackBf16x2(p0, p1);
       }
       stats.l[mi][h] = stats.l[mi][h] * scale + sum;
       if (r.wn == 0 && lane % 4 == 0) sm.scale[row] = scale;

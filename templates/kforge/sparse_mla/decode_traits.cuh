@@ -42,9 +42,15 @@ struct DecodeTraits {
   // S = Q K^T with sm_90a warpgroup MMA (wgmma) instead of mma.sync.
   static constexpr bool kWgmma = kWgmma_;
 
-  static constexpr DecodeShape kShape = {
-      kDv,     kRope,  kHeadTile, kHeadsPerGroup,           kTokenTile,
-      kStages, kWarps, kWgmma,    Kv::kStagingBytesPerToken};
+  static constexpr DecodeShape kShape = {kDv,
+                                         kRope,
+                                         kHeadTile,
+                                         kHeadsPerGroup,
+                                         kTokenTile,
+                                         kStages,
+                                         kWarps,
+                                         kWgmma,
+                                         Kv::StagingBytesPerToken(kDv + kRope)};
   static_assert(AssertTilingOk<CheckDecodeTiling(kShape)>::value, "");
   static_assert(kNumHeads >= 1 && kNumHeads <= 128, "1..128 heads");
   static_assert(kPageBlock >= 1, "page block size");
@@ -61,7 +67,10 @@ struct DecodeTraits {
   static constexpr int kQBlockBytes = kHeadTile * 128;
   static constexpr int kKvBlockBytes = kTokenTile * 128;
   static constexpr int kTileBytes = kTokenTile * kDqk * 2;
-  static constexpr int kStagingBytes = kTokenTile * Kv::kStagingBytesPerToken;
+  // Staged formats: one bf16 tile and one staging buffer (StagedPipeline).
+  static constexpr bool kStaged = StagedPipeline(kShape);
+  static constexpr int kStagingBytesPerToken = Kv::StagingBytesPerToken(kDqk);
+  static constexpr int kStagingBytes = kTokenTile * kStagingBytesPerToken;
   // S = Q K^T warp layout: kWarpsM x kWarpsN warps, each (kSM * 16) x
   // (kSN * 8) of S.
   static constexpr int kWarpsM = DeriveDecodeDims(kShape).warps_m;

@@ -13,32 +13,36 @@
 //   F::Elem             element type the cache is addressed in; the runtime
 //                       passes DecodeParams::kv, kv_page_stride and
 //                       kv_row_stride in units of Elem.
-//   F::BytesPerToken(d_qk), F::kStagingBytesPerToken
+//   F::BytesPerToken(d_qk), F::StagingBytesPerToken(d_qk)
 //                       through F's base struct in config.h (the host sizes
-//                       shared memory from the same constants).
+//                       shared memory from the same constants). Staging 0
+//                       makes a direct format (`kStages` bf16 tiles), > 0 a
+//                       staged one (one bf16 tile and one staging buffer of
+//                       kStagingBytesPerToken per row; StagedPipeline).
 //   F::LoadRow<T>(p, slot, ok, sm, stage, row, sub)
 //                       called by the kThreadsPerRow threads of one tile row
 //                       (sub = 0..7) for every row of a tile, inside that
 //                       tile's cp.async group. ok: 0 <= slot < num_kv_slots.
-//                       May issue only asynchronous copies (cp.async), into
-//                       the stage's bf16 tile or its staging area
-//                       (sm.kv_staging_addr + stage * T::kStagingBytes,
-//                       kStagingBytesPerToken per row). The validity flag of
-//                       the row is written by the caller (GatherKvTile).
+//                       May issue only asynchronous copies (cp.async): a
+//                       direct format into bf16 tile `stage`, a staged one
+//                       into the staging buffer (sm.kv_staging_addr). The
+//                       validity flag of the row is written by the caller
+//                       (GatherKvTile).
 //   F::Land<T>(sm, stage, r)
-//                       called by every thread once the stage's copies have
-//                       completed and the CTA has passed a barrier, before S
-//                       reads the tile. Completes the bf16 tile (e.g.
-//                       dequantises the staging bytes, zeroing rows whose
-//                       sm.valid flag is 0) and, if it wrote shared memory,
-//                       ends with PublishSmem<T>() (qk.cuh). A format that
-//                       gathers straight into the tile does nothing.
+//                       called by every thread once the tile's copies have
+//                       completed and the CTA has passed a barrier (so the
+//                       previous tile's readers are done), before S reads
+//                       the tile. A staged format converts the staging
+//                       buffer into the bf16 tile (rows of invalid slots
+//                       must come out all zero) and ends with
+//                       PublishSmem<T>() (qk.cuh); after it returns the
+//                       staging buffer takes the next tile. A direct format
+//                       does nothing.
 //
-// Formats: KvBf16 (gathers straight into the tile, Land is empty) and
-// KvFp8DsMla (656 B/token: 512 e4m3, 4 fp32 scales, 64 bf16 rope; stages the
-// e4m3 values and scales, 528 B/token, copies the rope straight into the
-// tile's last column block, and Land dequantises). The codegen names the
-// type in the instantiation unit (KvFormatOf); DecodeMain does not change.
+// Formats: KvBf16 (direct: gathers straight into the tile, Land is empty)
+// and KvFp8DsMla (staged: 656-byte records of 512 e4m3, 4 fp32 scales and
+// 64 bf16 rope; Land dequantises). The codegen names the type in the
+// instantiation unit (KvFormatOf); DecodeMain does not change.
 #ifndef KFORGE_SPARSE_MLA_KV_FORMAT_CUH_
 #define KFORGE_SPARSE_MLA_KV_FORMAT_CUH_
 
@@ -78,13 +82,13 @@ struct KvBf16 : KvBf16Sizes {
 };
 
 // fp8_ds_mla cache (KvFp8DsMlaSizes in config.h: 512 e4m3 + 4 fp32 scales
-// + 64 bf16 rope = 656 B/token). LoadRow copies the e4m3 values and the
-// scales (33 chunks) to the stage's staging row and the rope (one 128-byte
-// column block) straight into the tile's last block; invalid slots are
-// zero-filled, so their staged values and scales are 0 and Land writes
-// zero rows without looking at the validity flags. Land converts e4m3 *
-// scale to bf16 in fp32 (the product rounded once to fp32, then to bf16;
-// exact for power-of-two scales) into the swizzled tile.
+// + 64 bf16 rope = 656 B/token, 528 without rope). A staged format
+// (StagedPipeline): LoadRow copies the whole record into the staging
+// buffer; invalid slots are zero-filled, so their values, scales and rope
+// are 0 and Land writes zero rows without looking at the validity flags.
+// Land converts e4m3 * scale to bf16 in fp32 (the product rounded once to
+// fp32, then to bf16; exact for power-of-two scales) and copies the rope,
+// into the one bf16 tile.
 //
 // kScalePow2: the spec's scales are powers of two (DeepSeek-V3.2). Both
 // conventions take the same fp32 multiply for now; the parameter exists so
@@ -98,52 +102,46 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
 
   template <class T>
   __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
-                                                 const DecodeSmem& sm, int stage, int row,
-                                                 int sub) {
+                                                 const DecodeSmem& sm, int, int row, int sub) {
     static_assert(Supports(T::kDv, T::kRope), "fp8_ds_mla: kv_lora_rank 512, rope_dim 0 or 64");
-    static_assert(T::kStagingBytes == T::kTokenTile * kStagingBytesPerToken, "staging per stage");
-    static_assert(kValueChunks % kThreadsPerRow == 0, "value chunks split over a row's threads");
+    static_assert(T::kStaged && T::kStagingBytesPerToken == BytesPerToken(T::kDqk),
+                  "whole records are staged");
+    constexpr int kChunks = BytesPerToken(T::kDqk) / 16;
     const Elem* src = reinterpret_cast<const Elem*>(p.kv);
     if (ok) {
       src += (slot / T::kPageBlock) * p.kv_page_stride + (slot % T::kPageBlock) * p.kv_row_stride;
     }
     const ptx::u32 bytes = ok ? 16 : 0;
-    const ptx::u32 staged =
-        sm.kv_staging_addr + stage * T::kStagingBytes + row * kStagingBytesPerToken;
+    const ptx::u32 staged = sm.kv_staging_addr + row * T::kStagingBytesPerToken;
 #pragma unroll
-    for (int j = 0; j < kValueChunks / kThreadsPerRow; ++j) {
+    for (int j = 0; j < (kChunks + kThreadsPerRow - 1) / kThreadsPerRow; ++j) {
       const int c = j * kThreadsPerRow + sub;
-      ptx::CpAsync16(staged + 16 * c, src + 16 * c, bytes);
-    }
-    if (sub == 0) ptx::CpAsync16(staged + kScalesOffset, src + kScalesOffset, bytes);
-    if (T::kRope != 0) {
-      const ptx::u32 rope_dst = sm.kv_addr + stage * T::kTileBytes +
-                                (T::kBlocks - 1) * T::kKvBlockBytes + row * 128 +
-                                ((sub ^ (row & 7)) << 4);
-      ptx::CpAsync16(rope_dst, src + kRopeOffset + 16 * sub, bytes);
+      if (kChunks % kThreadsPerRow == 0 || c < kChunks) {
+        ptx::CpAsync16(staged + 16 * c, src + 16 * c, bytes);
+      }
     }
   }
 
-  // Thread i converts staged chunk k = i % 32 of row i / 32 (a warp reads
-  // one row's 512 contiguous bytes) into bf16 chunks 2 (k % 4) and
+  // Values: thread i converts staged chunk k = i % 32 of row i / 32 (a warp
+  // reads one row's 512 contiguous bytes) into bf16 chunks 2 (k % 4) and
   // 2 (k % 4) + 1 of column block k / 4. Lanes of odd blocks store their
   // second chunk first, so each 8-lane phase of a 16-byte store hits eight
-  // distinct chunks of 128 bytes: no bank conflicts.
+  // distinct chunks of 128 bytes: no bank conflicts. Rope: one 16-byte copy
+  // per chunk into the last column block.
   template <class T>
-  __device__ __forceinline__ static void Land(const DecodeSmem& sm, int stage,
-                                              const ThreadRoles& r) {
+  __device__ __forceinline__ static void Land(const DecodeSmem& sm, int, const ThreadRoles& r) {
     constexpr int kItems = T::kTokenTile * kValueChunks;
     const int tid = r.warp * 32 + r.lane;
-    const unsigned char* staged = sm.kv_staging + stage * T::kStagingBytes;
-    const ptx::u32 staged_addr = sm.kv_staging_addr + stage * T::kStagingBytes;
-    const ptx::u32 tile = sm.kv_addr + stage * T::kTileBytes;
+    const unsigned char* staged = sm.kv_staging;
+    const ptx::u32 staged_addr = sm.kv_staging_addr;
+    const ptx::u32 tile = sm.kv_addr;
 #pragma unroll
     for (int i0 = 0; i0 < kItems; i0 += T::kThreads) {
       const int i = i0 + tid;
       if (kItems % T::kThreads != 0 && i >= kItems) break;
       const int row = i / kValueChunks;
       const int k = i % kValueChunks;
-      const int row_off = row * kStagingBytesPerToken;
+      const int row_off = row * T::kStagingBytesPerToken;
       ptx::u32 w[4];
       ptx::LdShared128(staged_addr + row_off + 16 * k, w);
       const float scale =
@@ -173,24 +171,54 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
                        odd_block ? out[1] : out[5], odd_block ? out[2] : out[6],
                        odd_block ? out[3] : out[7]);
     }
+    if (T::kRope != 0) {
+      constexpr int kRopeItems = T::kTokenTile * 8;
+#pragma unroll
+      for (int i0 = 0; i0 < kRopeItems; i0 += T::kThreads) {
+        const int i = i0 + tid;
+        if (kRopeItems % T::kThreads != 0 && i >= kRopeItems) break;
+        const int row = i / 8;
+        const int c = i % 8;
+        ptx::u32 w[4];
+        ptx::LdShared128(staged_addr + row * T::kStagingBytesPerToken + kRopeOffset + 16 * c, w);
+        ptx::StShared128(
+            tile + (T::kBlocks - 1) * T::kKvBlockBytes + row * 128 + ((c ^ (row & 7)) << 4), w[0],
+            w[1], w[2], w[3]);
+      }
+    }
     PublishSmem<T>();
   }
 };
 
-// Issues the copies of KV tile `tile` (top-k positions begin + tile *
-// kTokenTile ..) into pipeline stage `stage` and records which rows are real
-// tokens: an index of -1, one >= num_kv_slots, or a position past the split
-// is no token.
+// The top-k slots of one KV tile that this thread gathers (rows row0 +
+// pass * kRowsPerPass), loaded one tile ahead so the index latency is not on
+// the gather's path. -1 past the split or the tile range.
 template <class T>
-__device__ __forceinline__ void GatherKvTile(const DecodeParams& p, const DecodeWork& w,
-                                             const DecodeSmem& sm, const ThreadRoles& r, int tile,
+struct TileSlots {
+  int slot[T::kTokenTile / T::kRowsPerPass];
+
+  __device__ __forceinline__ void Load(const DecodeWork& w, const ThreadRoles& r, int tile) {
+    const int base = w.begin + tile * T::kTokenTile;
+#pragma unroll
+    for (int pass = 0; pass < T::kTokenTile / T::kRowsPerPass; ++pass) {
+      const int pos = base + r.row0 + pass * T::kRowsPerPass;
+      slot[pass] = tile < w.num_tiles && pos < w.end ? __ldg(w.idx_row + pos) : -1;
+    }
+  }
+};
+
+// Issues the copies of the KV tile whose slots are `s` into pipeline stage
+// `stage` (direct formats: its bf16 tile; staged: the staging buffer) and
+// records which rows are real tokens: an index of -1, one >= num_kv_slots,
+// or a position past the split is no token.
+template <class T>
+__device__ __forceinline__ void GatherKvTile(const DecodeParams& p, const TileSlots<T>& s,
+                                             const DecodeSmem& sm, const ThreadRoles& r,
                                              int stage) {
-  const int base = w.begin + tile * T::kTokenTile;
 #pragma unroll
   for (int pass = 0; pass < T::kTokenTile / T::kRowsPerPass; ++pass) {
     const int row = r.row0 + pass * T::kRowsPerPass;
-    const int pos = base + row;
-    const int slot = pos < w.end ? __ldg(w.idx_row + pos) : -1;
+    const int slot = s.slot[pass];
     const bool ok = slot >= 0 && slot < p.num_kv_slots;
     T::Kv::template LoadRow<T>(p, slot, ok, sm, stage, row, r.sub);
     if (r.sub == 0) sm.valid[stage * T::kTokenTile + row] = ok;

@@ -24,7 +24,8 @@ template <class T>
 struct PvMmaSync {
   int warp, lane;
 
-  __device__ __forceinline__ explicit PvMmaSync(const ThreadRoles& r) : warp(r.warp), lane(r.lane) {}
+  __device__ __forceinline__ explicit PvMmaSync(const ThreadRoles& r)
+      : warp(r.warp), lane(r.lane) {}
 
   // P row-major with kPStride (16 B of padding: conflict-free ldmatrix).
   __device__ __forceinline__ static int PIndex(int row, int col) { return row * T::kPStride + col; }

@@ -5,8 +5,10 @@
 // head tile, columns of the KV tile; warp position wm, wn) in the mma.sync
 // m16n8 C-fragment layout, unscaled, so the softmax phases are shared.
 // Q (resident) and K (one pipeline stage) are bf16 in the 128-byte-swizzled
-// column blocks of decode_traits.cuh. Each implementation also says what it
-// needs of shared memory:
+// column blocks of decode_traits.cuh. Start(s, k_tile) begins the product
+// and Finish(s) completes it: wgmma runs asynchronously in between (the
+// caller issues the next tile's gather there), mma.sync does all the work
+// in Start. Each implementation also says what it needs of shared memory:
 //   CheckSmemBase(q_addr)  once, before anything is written to it;
 //   FenceSmemWrites()      by every thread after its last shared-memory
 //                          write of a KV tile (cp.async landed, or a KV
@@ -33,6 +35,7 @@ struct QkMmaSync {
   int b_row;
   int b_last_row;
 
+  static constexpr bool kAsync = false;
   __device__ __forceinline__ static void CheckSmemBase(ptx::u32) {}
   __device__ __forceinline__ static void FenceSmemWrites() {}
 
@@ -49,7 +52,9 @@ struct QkMmaSync {
     b_last_row = (r.wn * T::kSN + T::kSN - 1) * 8 + lane % 8;
   }
 
-  __device__ __forceinline__ void Compute(float (&s)[T::kSM][T::kSN][4], ptx::u32 k_tile) const {
+  __device__ __forceinline__ void Finish(float (&)[T::kSM][T::kSN][4]) const {}
+
+  __device__ __forceinline__ void Start(float (&s)[T::kSM][T::kSN][4], ptx::u32 k_tile) const {
     using ptx::u32;
 #pragma unroll
     for (int mi = 0; mi < T::kSM; ++mi)
@@ -95,6 +100,7 @@ template <class T>
 struct QkWgmma {
   static_assert(T::kWgmma && WgmmaCovers(T::kShape), "QkWgmma is selected by DecodeTraits::kWgmma");
   static constexpr int kN = T::kTokenTile / T::kWarpsN;
+  static constexpr bool kAsync = true;
 
   ptx::u32 q_base;
   int wn;
@@ -111,7 +117,7 @@ struct QkWgmma {
   __device__ __forceinline__ QkWgmma(const DecodeSmem& sm, const ThreadRoles& r)
       : q_base(sm.q_addr), wn(r.wn) {}
 
-  __device__ __forceinline__ void Compute(float (&s)[T::kSM][T::kSN][4], ptx::u32 k_tile) const {
+  __device__ __forceinline__ void Start(float (&s)[T::kSM][T::kSN][4], ptx::u32 k_tile) const {
 #pragma unroll
     for (int ni = 0; ni < T::kSN; ++ni)
 #pragma unroll
@@ -134,6 +140,9 @@ struct QkWgmma {
       }
     }
     ptx::WgmmaCommit();
+  }
+
+  __device__ __forceinline__ void Finish(float (&s)[T::kSM][T::kSN][4]) const {
     ptx::WgmmaWait0();
 #pragma unroll
     for (int ni = 0; ni < T::kSN; ++ni)

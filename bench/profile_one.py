@@ -13,6 +13,8 @@ T, splits = int(sys.argv[2]), int(sys.argv[3])
 spec = mod.spec
 d_v, d_qk, heads = spec.kv_lora_rank, spec.kv_lora_rank + spec.rope_dim, spec.num_q_heads
 kv = torch.randn(1 << 20, d_qk, device="cuda").to(torch.bfloat16)
+if spec.kv_cache_dtype == 2:  # fp8_ds_mla: 656-byte records of the same values
+    kv = kforge.quantize_fp8_ds_mla(kv, "arbitrary")
 q = torch.randn(T, heads, d_qk, device="cuda").to(torch.bfloat16)
 idx = torch.randint(0, 1 << 20, (T, spec.topk), device="cuda", dtype=torch.int32)
 out = torch.empty(T, heads, d_v, device="cuda", dtype=torch.bfloat16)

@@ -572,11 +572,16 @@ absl::Status CompilePool::Submit(v1::CompileJob job, CompileCallback done) {
   if (state_->shut_down) {
     return absl::UnavailableError("compile pool is shut down");
   }
+  // queue_limit counts jobs that wait for a worker; a job an idle worker
+  // will take does not wait (so queue_limit 0 means no waiting queue, not
+  // no compiles). Queued jobs not yet taken fill the idle workers first.
   const int limit = std::max(0, state_->options.queue_limit);
-  if (static_cast<int>(state_->queue.size()) >= limit) {
+  const int idle = std::max(0, std::max(1, state_->options.workers) - state_->in_flight);
+  const int waiting = std::max(0, static_cast<int>(state_->queue.size()) - idle);
+  if (static_cast<int>(state_->queue.size()) >= limit + idle) {
     return absl::ResourceExhaustedError(
-        absl::StrFormat("compile queue is full: %d jobs waiting (limit %d), %d compiling",
-                        state_->queue.size(), limit, state_->in_flight));
+        absl::StrFormat("compile queue is full: %d jobs waiting (limit %d), %d compiling", waiting,
+                        limit, state_->in_flight));
   }
   state_->queue.push_back(std::move(pending));
   state_->work_ready.Signal();

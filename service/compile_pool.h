@@ -29,8 +29,10 @@ struct WorkerFaults {
 };
 
 struct CompilePoolOptions {
-  int workers = 1;        // concurrent worker processes
-  int queue_limit = 256;  // jobs waiting for a worker; more -> ResourceExhausted
+  int workers = 1;  // concurrent worker processes
+  // Jobs waiting for a busy worker; more -> ResourceExhausted. A job an idle
+  // worker takes at once does not count: 0 is no waiting queue.
+  int queue_limit = 256;
   absl::Duration timeout = absl::Seconds(120);  // per compile, then SIGKILL
   // The kforge binary; run as `<worker_binary> compile-worker`. Empty means
   // this process's own executable (/proc/self/exe).

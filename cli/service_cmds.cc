@@ -119,6 +119,10 @@ int Serve(const std::vector<std::string>& argv) {
        "after SIGTERM/SIGINT, how long in-flight calls may take; then running "
        "compiles are killed and their calls answered UNAVAILABLE",
        absl::StrCat(absl::ToInt64Seconds(defaults.shutdown_grace))},
+      {"failed-compile-cache", "SECONDS",
+       "a compile the compiler rejected is answered with the same error for this long instead "
+       "of compiled again (0: always retry)",
+       absl::StrCat(absl::ToInt64Seconds(defaults.store.failure_cache))},
       {"max-jobs-per-request", "N",
        "most kernels x archs one warm (Prebuild) call may ask for; more is refused before any "
        "work",
@@ -143,13 +147,15 @@ int Serve(const std::vector<std::string>& argv) {
   options.store.cache_dir = args->Get("cache-dir");
   options.warm_from = args->Get("warm-from");
   long long memory_bytes = 0, disk_bytes = 0, workers = 0, queue_limit = 0, timeout_s = 0,
-            grace_s = 0;
-  for (absl::Status s : {IntFlag(*args, "memory-cache-bytes", 0, LLONG_MAX, &memory_bytes),
-                         IntFlag(*args, "disk-cache-bytes", 0, LLONG_MAX, &disk_bytes),
-                         IntFlag(*args, "workers", 1, kMaxWorkers, &workers),
-                         IntFlag(*args, "queue-limit", 0, INT_MAX, &queue_limit),
-                         IntFlag(*args, "compile-timeout", 1, kMaxSeconds, &timeout_s),
-                         IntFlag(*args, "shutdown-grace", 0, kMaxSeconds, &grace_s)}) {
+            grace_s = 0, failure_cache_s = 0;
+  for (absl::Status s :
+       {IntFlag(*args, "memory-cache-bytes", 0, LLONG_MAX, &memory_bytes),
+        IntFlag(*args, "disk-cache-bytes", 0, LLONG_MAX, &disk_bytes),
+        IntFlag(*args, "workers", 1, kMaxWorkers, &workers),
+        IntFlag(*args, "queue-limit", 0, INT_MAX, &queue_limit),
+        IntFlag(*args, "compile-timeout", 1, kMaxSeconds, &timeout_s),
+        IntFlag(*args, "shutdown-grace", 0, kMaxSeconds, &grace_s),
+        IntFlag(*args, "failed-compile-cache", 0, kMaxSeconds, &failure_cache_s)}) {
     if (!s.ok()) return Fail(s);
   }
   options.store.memory_cache_bytes = static_cast<uint64_t>(memory_bytes);
@@ -158,6 +164,7 @@ int Serve(const std::vector<std::string>& argv) {
   options.store.pool.queue_limit = static_cast<int>(queue_limit);
   options.store.pool.timeout = absl::Seconds(timeout_s);
   options.shutdown_grace = absl::Seconds(grace_s);
+  options.store.failure_cache = absl::Seconds(failure_cache_s);
   absl::StatusOr<long long> max_jobs = IntFlagInRange(*args, "max-jobs-per-request", 1, INT_MAX);
   if (!max_jobs.ok()) return Fail(max_jobs.status());
   options.service.max_prebuild_jobs = static_cast<int>(*max_jobs);

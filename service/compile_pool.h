@@ -22,6 +22,7 @@ namespace kforge {
 struct WorkerFaults {
   uint32_t crash_topk = 0;  // abort() on a job whose spec.topk is this
   uint32_t hang_topk = 0;   // sleep forever on a job whose spec.topk is this
+  uint32_t fail_topk = 0;   // report a compile error on a job whose spec.topk is this
 
   // The worker command-line arguments that carry them; and back.
   std::vector<std::string> ToArgs() const;
@@ -39,6 +40,12 @@ struct CompilePoolOptions {
   std::string worker_binary;
   WorkerFaults faults;  // tests only
 };
+
+// Whether a failed job's status is the compiler's own answer (the worker
+// ran and reported an error for the job, e.g. NVRTC rejected the source),
+// which the same job would get again, as opposed to a crash, a timeout or
+// a full queue. The pool marks such statuses with a payload.
+bool IsCompilerRejection(const absl::Status& status);
 
 using CompileFuture = std::shared_future<absl::StatusOr<v1::KernelArtifact>>;
 // Called once with a job's result, on a pool thread (or, for a job dropped
@@ -62,6 +69,11 @@ class CompilePool {
   // The same, with the result delivered to `done` instead of a future, so
   // that no thread has to wait for it. On an error `done` is not called.
   absl::Status Submit(v1::CompileJob job, CompileCallback done);
+
+  // What Submit would answer about room for a job now (OK, ResourceExhausted
+  // or Unavailable), for a caller that must not prepare a job (take a lock
+  // file, say) that would be refused. The answer can change at once.
+  absl::Status CheckRoom() const;
 
   int queue_depth() const;  // waiting for a worker
   int in_flight() const;    // running in a worker process now

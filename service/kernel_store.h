@@ -21,6 +21,11 @@ struct KernelStoreOptions {
   uint64_t memory_cache_bytes = 1ull << 30;
   uint64_t disk_cache_bytes = 20ull << 30;
   CompilePoolOptions pool;
+  // How long a compile the compiler rejected (IsCompilerRejection: not a
+  // crash, timeout or full queue) is answered from memory with the same
+  // error instead of being compiled again, so that a client repeating a
+  // valid but failing spec does not keep the workers busy. 0: never.
+  absl::Duration failure_cache = absl::Seconds(30);
 };
 
 // The service's business logic, independent of gRPC: resolves a kernel

@@ -420,6 +420,36 @@ TEST_F(ServerTest, CrashingWorkerFailsOnlyItsRequest) {
   EXPECT_EQ(stats.compiles(), 2u);  // attempts: the crashed one and the good one
 }
 
+// A valid spec whose compile fails was compiled again on every request.
+// The compiler's rejection is now answered from memory for
+// --failed-compile-cache seconds; a crash (not the compiler's answer) is
+// still retried.
+TEST_F(ServerTest, CompilerRejectionsAreCachedBrieflyCrashesAreNot) {
+  std::unique_ptr<ServerProcess> server =
+      StartServer({"--test-worker-fail-topk", absl::StrCat(kFaultTopk), "--test-worker-crash-topk",
+                   "1024", "--failed-compile-cache", "2"});
+  ASSERT_NE(server, nullptr);
+  Reply first = GetKernel(server->stub(), Glm5(8, kFaultTopk));
+  EXPECT_EQ(first.status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_TRUE(Contains(first.status.error_message(), "injected compile failure"));
+  Reply second = GetKernel(server->stub(), Glm5(8, kFaultTopk));
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_TRUE(Contains(second.status.error_message(), "injected compile failure"));
+  EXPECT_TRUE(Contains(second.status.error_message(), "not retried for another"));
+  EXPECT_EQ(Stats(server->stub()).compiles(), 1u);
+  absl::SleepFor(absl::Milliseconds(2200));
+  Reply third = GetKernel(server->stub(), Glm5(8, kFaultTopk));
+  EXPECT_EQ(third.status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_FALSE(Contains(third.status.error_message(), "not retried"));
+  EXPECT_EQ(Stats(server->stub()).compiles(), 2u);
+
+  for (int i = 0; i < 2; ++i) {
+    Reply crashed = GetKernel(server->stub(), Glm5(8, 1024));
+    EXPECT_EQ(crashed.status.error_code(), grpc::StatusCode::INTERNAL);
+  }
+  EXPECT_EQ(Stats(server->stub()).compiles(), 4u);
+}
+
 TEST_F(ServerTest, FullQueueIsResourceExhaustedAtOnce) {
   std::unique_ptr<ServerProcess> server =
       StartServer({"--workers", "1", "--queue-limit", "1", "--test-worker-hang-topk",

@@ -62,7 +62,8 @@ grpc::ByteBuffer Serialize(const google::protobuf::Message& message) {
 KernelServiceImpl::KernelServiceImpl(KernelStore* store, KernelServiceOptions options)
     : store_(store),
       options_(options),
-      executor_(std::make_unique<BlockingExecutor>(options.max_blocking_threads)) {}
+      executor_(std::make_unique<BlockingExecutor>(options.max_blocking_threads)),
+      lookup_executor_(std::make_unique<BlockingExecutor>(options.max_lookup_threads)) {}
 
 KernelServiceImpl::~KernelServiceImpl() = default;
 
@@ -88,17 +89,26 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
     return reactor;
   }
   const absl::Time deadline = ToAbslDeadline(context->deadline());
-  // The response buffer and reactor stay valid until Finish.
-  executor_->Run([this, reactor, request, response, deadline, start] {
+  // The response buffer and reactor stay valid until Finish. Two steps on
+  // two executors: the memory and disk tiers on lookup threads, which no
+  // compile ever holds, and only a miss on a blocking thread, where it may
+  // wait for its compile.
+  lookup_executor_->Run([this, reactor, request, response, deadline, start] {
+    auto finish = [this, reactor, response,
+                   start](const absl::StatusOr<KernelStore::Result>& result) {
+      if (result.ok()) {
+        *response = EncodeGetKernelResponse(wire_.Bytes(result->artifact), result->source,
+                                            absl::ToDoubleSeconds(absl::Now() - start));
+      }
+      reactor->Finish(ToGrpcStatus(result.status()));
+    };
     absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(request->kernel());
-    absl::StatusOr<KernelStore::Result> result =
-        spec.ok() ? store_->GetKernel(*spec, request->arch(), request->lookup_only(), deadline)
-                  : absl::StatusOr<KernelStore::Result>(spec.status());
-    if (result.ok()) {
-      *response = EncodeGetKernelResponse(wire_.Bytes(result->artifact), result->source,
-                                          absl::ToDoubleSeconds(absl::Now() - start));
-    }
-    reactor->Finish(ToGrpcStatus(result.status()));
+    if (!spec.ok()) return finish(spec.status());
+    absl::StatusOr<KernelStore::Result> cached = store_->CachedKernel(*spec, request->arch());
+    if (!absl::IsNotFound(cached.status())) return finish(cached);
+    executor_->Run([this, request, spec = *std::move(spec), deadline, finish] {
+      finish(store_->GetKernel(spec, request->arch(), request->lookup_only(), deadline));
+    });
   });
   return reactor;
 }

@@ -33,6 +33,11 @@ struct KernelServiceOptions {
   // Threads that run blocking store calls off gRPC's callback threads,
   // which must never block. Calls beyond this wait for a free thread.
   int max_blocking_threads = 512;
+  // Threads that look a kernel up in the memory and disk tiers (no compile,
+  // no wait for one) before a miss goes to the blocking threads, so that
+  // callers waiting on a slow compile never delay a hit: with 600 waiters
+  // on one compile a disk hit took 36.5 s instead of 2 ms.
+  int max_lookup_threads = 16;
 };
 
 // kforge.v1.KernelService over a KernelStore: each handler translates the
@@ -80,8 +85,10 @@ class KernelServiceImpl final : public v1::KernelService::WithRawCallbackMethod_
   KernelStore* store_;
   KernelServiceOptions options_;
   ArtifactWireCache wire_;
-  // Last member: destroyed (joined) first, while what its tasks use lives.
+  // Destroyed (joined) before the members above, while what their tasks
+  // use lives; lookups first, since a lookup may hand a miss to executor_.
   std::unique_ptr<BlockingExecutor> executor_;
+  std::unique_ptr<BlockingExecutor> lookup_executor_;
 };
 
 }  // namespace kforge

@@ -277,6 +277,40 @@ absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(const v1::KernelSelector& sel
   return hit;
 }
 
+namespace {
+
+// The memory tier, then the disk tier (a disk hit is kept in memory).
+std::optional<KernelStore::Result> FromCache(MemoryCache& memory, DiskCache& disk,
+                                             const std::string& key,
+                                             std::atomic<uint64_t>& memory_hits,
+                                             std::atomic<uint64_t>& disk_hits) {
+  if (absl::StatusOr<ArtifactPtr> hit = memory.Get(key); hit.ok()) {
+    ++memory_hits;
+    return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_MEMORY};
+  }
+  if (absl::StatusOr<ArtifactPtr> hit = disk.Get(key); hit.ok()) {
+    ++disk_hits;
+    (void)memory.Put(key, *hit);
+    return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_DISK};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::StatusOr<KernelStore::Result> KernelStore::CachedKernel(const v1::AttentionSpec& spec,
+                                                              std::string_view arch) {
+  State& s = *state_;
+  absl::StatusOr<CompilePlan> plan = s.compiler.Plan(spec, arch);
+  if (!plan.ok()) return plan.status();
+  if (std::optional<Result> hit =
+          FromCache(*s.memory, *s.disk, plan->key, s.memory_hits, s.disk_hits)) {
+    return *std::move(hit);
+  }
+  return absl::NotFoundError(
+      absl::StrCat(plan->module_name, " (key ", plan->key, ") is not cached"));
+}
+
 absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSpec& spec,
                                                            std::string_view arch, bool lookup_only,
                                                            absl::Time deadline) {
@@ -284,14 +318,9 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSp
   absl::StatusOr<CompilePlan> plan = s.compiler.Plan(spec, arch);
   if (!plan.ok()) return plan.status();
 
-  if (absl::StatusOr<ArtifactPtr> hit = s.memory->Get(plan->key); hit.ok()) {
-    ++s.memory_hits;
-    return Result{*hit, v1::ARTIFACT_SOURCE_MEMORY};
-  }
-  if (absl::StatusOr<ArtifactPtr> hit = s.disk->Get(plan->key); hit.ok()) {
-    ++s.disk_hits;
-    (void)s.memory->Put(plan->key, *hit);
-    return Result{*hit, v1::ARTIFACT_SOURCE_DISK};
+  if (std::optional<Result> hit =
+          FromCache(*s.memory, *s.disk, plan->key, s.memory_hits, s.disk_hits)) {
+    return *std::move(hit);
   }
   ++s.misses;
   if (lookup_only) {

@@ -50,6 +50,12 @@ class KernelStore {
   absl::StatusOr<Result> GetKernel(const v1::AttentionSpec& spec, std::string_view arch,
                                    bool lookup_only, absl::Time deadline = absl::InfiniteFuture());
 
+  // The memory tier, then the disk tier, never a compile nor a wait for one:
+  // what GetKernel answers before it would compile. NotFound on a miss
+  // (not counted as one: GetKernel, which the caller goes on to, counts
+  // it); the errors of planning (bad spec, unknown arch) as GetKernel.
+  absl::StatusOr<Result> CachedKernel(const v1::AttentionSpec& spec, std::string_view arch);
+
   // The hot path for cache hits: the memory tier only, with the
   // (selector, arch) -> key mapping remembered so a hit skips planning and
   // hashing. NotFound when the memory tier does not hold the kernel (the

@@ -33,13 +33,77 @@ absl::Status ErrnoStatus(int err, std::string_view what, std::string_view path) 
   }
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoStatus(errno, "cannot open", path);
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return ErrnoStatus(errno, "cannot read", path);
-  return std::move(buf).str();
+namespace {
+
+const char* FileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+}  // namespace
+
+absl::StatusOr<int> OpenRegularFile(const std::string& path, uint64_t max_bytes, Symlinks symlinks,
+                                    uint64_t* size) {
+  const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY |
+                    (symlinks == Symlinks::kRefuse ? O_NOFOLLOW : 0);
+  const int fd = open(path.c_str(), flags);
+  if (fd < 0) {
+    if (errno == ELOOP && symlinks == Symlinks::kRefuse) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": is a symbolic link, expected a regular file"));
+    }
+    return ErrnoStatus(errno, "cannot open", path);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoStatus(err, "cannot stat", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": is ", FileTypeName(st.st_mode), ", expected a regular file"));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(path, ": ", st.st_size,
+                                                      " bytes, more than the ", max_bytes,
+                                                      " bytes such a file may have"));
+  }
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadFd(int fd, uint64_t size, std::string_view path) {
+  std::string data(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = read(fd, data.data() + done, size - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "cannot read", path);
+    }
+    if (n == 0) break;  // shorter than fstat said
+    done += static_cast<size_t>(n);
+  }
+  data.resize(done);
+  return data;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes,
+                                     Symlinks symlinks) {
+  uint64_t size = 0;
+  absl::StatusOr<int> fd = OpenRegularFile(path, max_bytes, symlinks, &size);
+  if (!fd.ok()) return fd.status();
+  absl::StatusOr<std::string> data = ReadFd(*fd, size, path);
+  close(*fd);
+  return data;
 }
 
 absl::Status WriteAll(int fd, std::string_view data, std::string_view path) {

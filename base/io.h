@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -16,8 +17,31 @@ namespace kforge {
 // ResourceExhausted (ENOSPC, EDQUOT), Internal otherwise.
 absl::Status ErrnoStatus(int err, std::string_view what, std::string_view path);
 
-// Reads a whole file. NotFound / PermissionDenied name the path.
-absl::StatusOr<std::string> ReadFile(const std::string& path);
+// Whether opening a path follows a symbolic link in its last component.
+// Files kforge finds inside a directory it owns or checks (cache entries,
+// bundle files) are opened without following (a link could point anywhere);
+// a path the user names (--spec FILE) may be a link.
+enum class Symlinks { kRefuse, kFollow };
+
+// Opens `path` for reading as a regular file of at most `max_bytes`, the one
+// way kforge opens what it reads: O_NONBLOCK, so that a FIFO or device
+// cannot hang the open (a FIFO in place of a cache entry held a request and
+// shutdown); O_NOFOLLOW with Symlinks::kRefuse; then fstat, and anything but
+// a regular file, or one larger than `max_bytes` (judged from its size, not
+// read), is FailedPrecondition naming the path and what it is. NotFound /
+// PermissionDenied name the path. Returns the descriptor (the caller closes
+// it) and sets *size.
+absl::StatusOr<int> OpenRegularFile(const std::string& path, uint64_t max_bytes, Symlinks symlinks,
+                                    uint64_t* size);
+
+// Reads `size` bytes (fewer if the file is shorter) from `fd`; `path`
+// names the file in an error.
+absl::StatusOr<std::string> ReadFd(int fd, uint64_t size, std::string_view path);
+
+// A whole regular file through OpenRegularFile; never reads more than
+// `max_bytes`.
+absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes,
+                                     Symlinks symlinks = Symlinks::kRefuse);
 
 // Writes all of `data` to `fd`, retrying short writes and EINTR. `path`
 // names the file in an error.

@@ -1,6 +1,7 @@
 #include "bundle/bundle.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "google/protobuf/util/type_resolver.h"
 #include "google/protobuf/util/type_resolver_util.h"
 #include "model/arch.h"
+#include "model/artifact_check.h"
 #include "model/format.h"
 #include "model/selector.h"
 #include "model/spec.h"
@@ -43,23 +45,16 @@ constexpr char kKernelSuffix[] = ".kfa";
 constexpr char kManifestSuffix[] = ".json";
 constexpr char kTypeUrlPrefix[] = "type.googleapis.com";
 
-std::string JoinPath(const std::string& dir, std::string_view relative) {
-  return absl::StrCat(dir, "/", AsAbsl(relative));
+// The size cap of a bundle file by its kind (model/format.h).
+uint64_t MaxBundleFileBytes(std::string_view relative) {
+  if (relative == kBundleMarkerFile) return kMaxMarkerFileBytes;
+  if (relative == kBundleChecksumsFile) return kMaxChecksumsFileBytes;
+  if (absl::StartsWith(AsAbsl(relative), kManifestsPrefix)) return kMaxManifestFileBytes;
+  return kMaxArtifactFileBytes;
 }
 
-// Keys and module names become file names. Both are made of [0-9a-z_] by
-// the compiler; refusing anything else keeps a hostile or damaged name
-// ("../x", "a/b") from reaching outside the bundle directory.
-absl::Status CheckFileStem(std::string_view field, std::string_view name) {
-  const bool safe =
-      !name.empty() && name.front() != '.' && std::all_of(name.begin(), name.end(), [](char c) {
-        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
-               c == '.';
-      });
-  if (safe) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(AsAbsl(field), ": got \"", AsAbsl(name),
-                   "\", a bundle file name must be non-empty letters, digits, '_', '-', '.'"));
+std::string JoinPath(const std::string& dir, std::string_view relative) {
+  return absl::StrCat(dir, "/", AsAbsl(relative));
 }
 
 std::string MarkerText() {
@@ -71,7 +66,7 @@ std::string MarkerText() {
 // when there is none; FailedPrecondition for anything else.
 absl::Status CheckMarker(const std::string& dir) {
   const std::string path = JoinPath(dir, kBundleMarkerFile);
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = ReadFile(path, kMaxMarkerFileBytes);
   if (!text.ok()) return text.status();
   google::protobuf::Struct marker;
   google::protobuf::util::Status parsed =
@@ -163,13 +158,16 @@ absl::Status CheckKernelOnItsOwn(const v1::KernelArtifact& artifact) {
   return CheckArtifactForVariant(VariantOfArtifact(artifact), artifact.arch(), artifact);
 }
 
-// Regular files under `dir`, as sorted paths relative to it with '/'.
+// Regular files and symbolic links under `dir` (links are listed so that
+// the checks refuse them by their own path), as sorted paths relative to it
+// with '/'. Relative lexically: fs::relative resolves links, and a report
+// named a linked entry by its target ("../../../../etc/passwd").
 std::vector<std::string> ListFiles(const std::string& dir) {
   std::vector<std::string> files;
   std::error_code ec;
   for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file(ec)) {
-      files.push_back(fs::relative(it->path(), dir, ec).generic_string());
+    if (it->is_symlink(ec) || it->is_regular_file(ec)) {
+      files.push_back(it->path().lexically_relative(dir).generic_string());
     }
   }
   std::sort(files.begin(), files.end());
@@ -245,7 +243,19 @@ std::string VerifyHint(const std::string& dir) {
 absl::StatusOr<std::string> ReadListedFile(const std::string& dir, const ChecksumList& checksums,
                                            const std::string& relative) {
   const std::string path = JoinPath(dir, relative);
-  absl::StatusOr<std::string> data = ReadFile(path);
+  // The file itself is opened without following a link; no directory on
+  // the way may be one either ("manifests" linked out of the bundle).
+  for (size_t slash = relative.find('/'); slash != std::string::npos;
+       slash = relative.find('/', slash + 1)) {
+    struct stat st;
+    const std::string parent = JoinPath(dir, relative.substr(0, slash));
+    if (lstat(parent.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      return absl::DataLossError(absl::StrCat(parent, " is not a directory of the bundle (",
+                                              S_ISLNK(st.st_mode) ? "a symbolic link" : "a file",
+                                              "); ", VerifyHint(dir)));
+    }
+  }
+  absl::StatusOr<std::string> data = ReadFile(path, MaxBundleFileBytes(relative));
   auto listed = checksums.sha_by_path.find(relative);
   if (listed == checksums.sha_by_path.end()) {
     if (absl::IsNotFound(data.status())) {
@@ -374,7 +384,8 @@ BundleWriter::~BundleWriter() {
 
 bool BundleWriter::HasKernel(std::string_view key) const {
   if (!CheckFileStem("key", key).ok()) return false;
-  absl::StatusOr<std::string> bytes = ReadFile(JoinPath(dir_, BundleKernelPath(key)));
+  absl::StatusOr<std::string> bytes =
+      ReadFile(JoinPath(dir_, BundleKernelPath(key)), kMaxArtifactFileBytes);
   if (!bytes.ok()) return false;
   absl::StatusOr<v1::KernelArtifact> artifact = ParseKernel(*bytes);
   return artifact.ok() && artifact->key() == key && CheckKernelOnItsOwn(*artifact).ok();
@@ -414,7 +425,7 @@ absl::Status BundleWriter::Finish() {
       continue;
     }
     if (!IsKernelPath(relative) && !IsManifestPath(relative)) continue;
-    absl::StatusOr<std::string> data = ReadFile(path);
+    absl::StatusOr<std::string> data = ReadFile(path, MaxBundleFileBytes(relative));
     if (!data.ok()) return data.status();
     absl::StrAppend(&text, Sha256Hex(*data), "  ", relative, "\n");
   }
@@ -475,7 +486,8 @@ class Verifier {
   }
 
   void LoadChecksums() {
-    absl::StatusOr<std::string> text = ReadFile(JoinPath(dir_, kBundleChecksumsFile));
+    absl::StatusOr<std::string> text =
+        ReadFile(JoinPath(dir_, kBundleChecksumsFile), kMaxChecksumsFileBytes);
     if (!text.ok()) {
       Add(kBundleChecksumsFile, text.status().message());
       return;
@@ -487,7 +499,7 @@ class Verifier {
   // A manifest's own problems; its variants become requirements that the
   // kernel files settle.
   void CheckManifest(const std::string& path) {
-    absl::StatusOr<std::string> json = ReadFile(JoinPath(dir_, path));
+    absl::StatusOr<std::string> json = ReadFile(JoinPath(dir_, path), kMaxManifestFileBytes);
     absl::StatusOr<v1::Manifest> manifest =
         json.ok() ? ParseManifest(*json) : absl::StatusOr<v1::Manifest>(json.status());
     if (!manifest.ok()) {
@@ -507,7 +519,7 @@ class Verifier {
 
   void CheckFile(const std::string& path) {
     if (path == kBundleMarkerFile || path == kBundleChecksumsFile) return;
-    absl::StatusOr<std::string> data = ReadFile(JoinPath(dir_, path));
+    absl::StatusOr<std::string> data = ReadFile(JoinPath(dir_, path), MaxBundleFileBytes(path));
     if (!data.ok()) {
       Add(path, data.status().message());
       return;
@@ -590,7 +602,8 @@ absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(const std::stri
   if (!marker.ok()) return marker;
   auto state = std::make_shared<State>();
   state->dir = dir;
-  absl::StatusOr<std::string> text = ReadFile(JoinPath(dir, kBundleChecksumsFile));
+  absl::StatusOr<std::string> text =
+      ReadFile(JoinPath(dir, kBundleChecksumsFile), kMaxChecksumsFileBytes);
   if (!text.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "bundle ", dir, " has no readable ", kBundleChecksumsFile, " (", text.status().message(),
@@ -610,7 +623,15 @@ absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(const std::stri
     if (!json.ok()) return json.status();
     absl::StatusOr<v1::Manifest> manifest = ParseManifest(*json);
     // FirstChoice needs a variant and an in-range choice_order[0].
-    absl::Status valid = manifest.ok() ? BundleManifestPath(*manifest).status() : manifest.status();
+    absl::StatusOr<std::string> expected_path =
+        manifest.ok() ? BundleManifestPath(*manifest) : manifest.status();
+    absl::Status valid = expected_path.status();
+    // Named by its content, as verify requires: a manifest copied under
+    // another name is not loaded.
+    if (valid.ok() && *expected_path != path) {
+      valid = absl::DataLossError(
+          absl::StrCat("holds the manifest of ", *expected_path, ", not of ", path));
+    }
     if (!valid.ok()) {
       return absl::DataLossError(
           absl::StrCat(JoinPath(dir, path), ": ", valid.message(), "; ", VerifyHint(dir)));

@@ -18,6 +18,7 @@
 #include "cli/service_cmds.h"
 #include "compiler/compiler.h"
 #include "model/cubin.h"
+#include "model/format.h"
 #include "model/spec.h"
 #include "service/compile_pool.h"
 #include "service/kernel_store.h"
@@ -148,7 +149,7 @@ int Inspect(const std::vector<std::string>& argv) {
     return args->Has("help") ? 0 : 2;
   }
   const std::string& path = args->positional[0];
-  absl::StatusOr<std::string> bytes = ReadFile(path);
+  absl::StatusOr<std::string> bytes = ReadFile(path, kMaxArtifactFileBytes, Symlinks::kFollow);
   if (!bytes.ok()) return Fail(bytes.status());
   absl::StatusOr<v1::CubinInfo> info = InspectCubin(*bytes);
   if (!info.ok())

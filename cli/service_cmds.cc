@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "base/io.h"
+#include "bundle/bundle.h"
 #include "cli/flags.h"
 #include "cli/kernel_args.h"
 #include "cli/worker_faults.h"
@@ -24,6 +25,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
+#include "model/artifact_check.h"
+#include "model/selector.h"
 #include "model/spec.h"
 #include "service/server.h"
 
@@ -31,6 +34,10 @@ namespace kforge::cli {
 namespace {
 
 constexpr char kDefaultServer[] = "127.0.0.1:50051";
+// Each worker is a process and a thread; far beyond any machine's cores.
+constexpr long long kMaxWorkers = 4096;
+// A year: longer timeouts are "never", and absl::Duration stays exact.
+constexpr long long kMaxSeconds = 365LL * 24 * 3600;
 // Same bound as the server's: cubins are megabytes, gRPC's default is 4 MB.
 constexpr int kMaxMessageBytes = 256 << 20;
 
@@ -42,10 +49,11 @@ std::string DefaultCacheDir() {
   return absl::StrCat(home != nullptr && home[0] != '\0' ? home : ".", "/.cache/kforge");
 }
 
-// Reads a non-negative integer flag into `out`, checking a lower bound.
-absl::Status IntFlag(const ParsedArgs& args, const std::string& name, long long min,
+// Reads a non-negative integer flag into `out`, checking its bounds (INT_MAX
+// for a value kept in an int, so nothing is silently truncated).
+absl::Status IntFlag(const ParsedArgs& args, const std::string& name, long long min, long long max,
                      long long* out) {
-  absl::StatusOr<long long> v = IntFlagInRange(args, name, min, LLONG_MAX);
+  absl::StatusOr<long long> v = IntFlagInRange(args, name, min, max);
   if (!v.ok()) return v.status();
   *out = *v;
   return absl::OkStatus();
@@ -101,7 +109,9 @@ int Serve(const std::vector<std::string>& argv) {
       {"disk-cache-bytes", "N", "disk tier size (LRU eviction beyond it)",
        absl::StrCat(defaults.store.disk_cache_bytes)},
       {"workers", "N", "concurrent compile worker processes", absl::StrCat(cores == 0 ? 1 : cores)},
-      {"queue-limit", "N", "compiles waiting for a worker; more are refused",
+      {"queue-limit", "N",
+       "compiles waiting for a busy worker; more are refused (0: no waiting queue, but idle "
+       "workers take work)",
        absl::StrCat(defaults.store.pool.queue_limit)},
       {"compile-timeout", "SECONDS", "a compile running longer is killed",
        absl::StrCat(absl::ToInt64Seconds(defaults.store.pool.timeout))},
@@ -109,6 +119,14 @@ int Serve(const std::vector<std::string>& argv) {
        "after SIGTERM/SIGINT, how long in-flight calls may take; then running "
        "compiles are killed and their calls answered UNAVAILABLE",
        absl::StrCat(absl::ToInt64Seconds(defaults.shutdown_grace))},
+      {"failed-compile-cache", "SECONDS",
+       "a compile the compiler rejected is answered with the same error for this long instead "
+       "of compiled again (0: always retry)",
+       absl::StrCat(absl::ToInt64Seconds(defaults.store.failure_cache))},
+      {"max-jobs-per-request", "N",
+       "most kernels x archs one warm (Prebuild) call may ask for; more is refused before any "
+       "work",
+       absl::StrCat(defaults.service.max_prebuild_jobs)},
       {"warm-from", "DIR",
        "load a bundle (kforge prebuild --out) into the cache at start; health "
        "says NOT_SERVING until done",
@@ -129,13 +147,15 @@ int Serve(const std::vector<std::string>& argv) {
   options.store.cache_dir = args->Get("cache-dir");
   options.warm_from = args->Get("warm-from");
   long long memory_bytes = 0, disk_bytes = 0, workers = 0, queue_limit = 0, timeout_s = 0,
-            grace_s = 0;
+            grace_s = 0, failure_cache_s = 0;
   for (absl::Status s :
-       {IntFlag(*args, "memory-cache-bytes", 0, &memory_bytes),
-        IntFlag(*args, "disk-cache-bytes", 0, &disk_bytes), IntFlag(*args, "workers", 1, &workers),
-        IntFlag(*args, "queue-limit", 0, &queue_limit),
-        IntFlag(*args, "compile-timeout", 1, &timeout_s),
-        IntFlag(*args, "shutdown-grace", 0, &grace_s)}) {
+       {IntFlag(*args, "memory-cache-bytes", 0, LLONG_MAX, &memory_bytes),
+        IntFlag(*args, "disk-cache-bytes", 0, LLONG_MAX, &disk_bytes),
+        IntFlag(*args, "workers", 1, kMaxWorkers, &workers),
+        IntFlag(*args, "queue-limit", 0, INT_MAX, &queue_limit),
+        IntFlag(*args, "compile-timeout", 1, kMaxSeconds, &timeout_s),
+        IntFlag(*args, "shutdown-grace", 0, kMaxSeconds, &grace_s),
+        IntFlag(*args, "failed-compile-cache", 0, kMaxSeconds, &failure_cache_s)}) {
     if (!s.ok()) return Fail(s);
   }
   options.store.memory_cache_bytes = static_cast<uint64_t>(memory_bytes);
@@ -144,6 +164,10 @@ int Serve(const std::vector<std::string>& argv) {
   options.store.pool.queue_limit = static_cast<int>(queue_limit);
   options.store.pool.timeout = absl::Seconds(timeout_s);
   options.shutdown_grace = absl::Seconds(grace_s);
+  options.store.failure_cache = absl::Seconds(failure_cache_s);
+  absl::StatusOr<long long> max_jobs = IntFlagInRange(*args, "max-jobs-per-request", 1, INT_MAX);
+  if (!max_jobs.ok()) return Fail(max_jobs.status());
+  options.service.max_prebuild_jobs = static_cast<int>(*max_jobs);
   absl::StatusOr<WorkerFaults> faults = WorkerFaultsFromArgs(*args);
   if (!faults.ok()) return Fail(faults.status());
   options.store.pool.faults = *faults;
@@ -172,27 +196,51 @@ int Get(const std::vector<std::string>& argv) {
   if (!args->Has("arch")) {
     return Fail(absl::InvalidArgumentError("--arch is required (e.g. --arch sm_90a)"));
   }
-  v1::GetKernelRequest request;
   absl::StatusOr<v1::KernelSelector> selector = SelectorFromArgs(*args);
   if (!selector.ok()) return Fail(selector.status());
-  *request.mutable_kernel() = *std::move(selector);
-  request.set_arch(args->Get("arch"));
-  request.set_lookup_only(args->Has("lookup-only"));
+  const std::string arch = args->Get("arch");
   absl::StatusOr<long long> timeout_s = ParseIntFlag("timeout", args->Get("timeout"));
   if (!timeout_s.ok()) return Fail(timeout_s.status());
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(*timeout_s);
 
   const std::string address = args->Get("server");
   std::shared_ptr<grpc::Channel> channel = Connect(address);
   auto stub = v1::KernelService::NewStub(channel);
-  grpc::ClientContext context;
-  if (*timeout_s > 0) {  // 0: no deadline
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(*timeout_s));
+  // The answer is checked as every client checks it before its name becomes
+  // a file name: the manifest's variant for this selector and arch gives the
+  // key, and the kernel must be that variant (CheckArtifactForVariant: a
+  // safe module name, the key, an ELF cubin for the arch with the entries).
+  v1::GetManifestRequest manifest_request;
+  *manifest_request.mutable_kernel() = *selector;
+  manifest_request.set_arch(arch);
+  v1::Manifest manifest;
+  {
+    grpc::ClientContext context;
+    if (*timeout_s > 0) context.set_deadline(deadline);  // 0: no deadline
+    grpc::Status status = stub->GetManifest(&context, manifest_request, &manifest);
+    if (!status.ok()) return FailCall(status, *channel, address);
   }
+  if (absl::Status valid = BundleManifestPath(manifest).status(); !valid.ok()) {
+    return Fail(absl::DataLossError(
+        absl::StrCat("kforge server at ", address, " answered a bad manifest: ", valid.message())));
+  }
+  const v1::ManifestVariant& variant = FirstChoice(manifest);
+  v1::GetKernelRequest request;
+  *request.mutable_kernel()->mutable_spec() = variant.spec();
+  request.set_arch(arch);
+  request.set_lookup_only(args->Has("lookup-only"));
   v1::GetKernelResponse response;
-  grpc::Status status = stub->GetKernel(&context, request, &response);
-  if (!status.ok()) return FailCall(status, *channel, address);
-
+  {
+    grpc::ClientContext context;
+    if (*timeout_s > 0) context.set_deadline(deadline);
+    grpc::Status status = stub->GetKernel(&context, request, &response);
+    if (!status.ok()) return FailCall(status, *channel, address);
+  }
   const v1::KernelArtifact& artifact = response.artifact();
+  if (absl::Status c = CheckArtifactForVariant(variant, arch, artifact); !c.ok()) {
+    return Fail(absl::DataLossError(
+        absl::StrCat("kforge server at ", address, " answered a wrong kernel: ", c.message())));
+  }
   const std::string base = absl::StrCat(args->Get("out"), "/", artifact.module_name());
   absl::Status s = WriteFileAtomic(base + ".cubin", artifact.cubin());
   if (s.ok()) s = WriteFileAtomic(base + ".json", ArtifactDescriptionJson(artifact));

@@ -227,6 +227,9 @@ int FindBuildId(struct dl_phdr_info* info, size_t, void* data) {
   return 1;  // the object was found; it has no build ID
 }
 
+// libnvrtc.so is about 100 MB; a library is never near this.
+constexpr uint64_t kMaxLibraryBytes = uint64_t{4} << 30;
+
 }  // namespace
 
 std::string NvrtcBuildIdentity() {
@@ -237,7 +240,9 @@ std::string NvrtcBuildIdentity() {
       return new std::string(absl::StrCat(NvrtcVersion(), " build-id ", search.build_id));
     }
     if (!search.path.empty()) {
-      if (absl::StatusOr<std::string> bytes = ReadFile(search.path); bytes.ok()) {
+      if (absl::StatusOr<std::string> bytes =
+              ReadFile(search.path, kMaxLibraryBytes, Symlinks::kFollow);
+          bytes.ok()) {
         return new std::string(absl::StrCat(NvrtcVersion(), " sha256 ", Sha256Hex(*bytes)));
       }
     }

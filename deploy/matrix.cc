@@ -17,11 +17,13 @@
 #include "absl/strings/string_view.h"
 #include "base/absl_compat.h"
 #include "base/io.h"
+#include "base/json_keys.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "kforge/v1/matrix.pb.h"
 #include "kforge/v1/spec.pb.h"
 #include "model/arch.h"
+#include "model/format.h"
 #include "model/spec.h"
 
 namespace kforge {
@@ -84,6 +86,9 @@ absl::Status ExpandShortDtypeNames(Value& value, const std::string& path, bool u
 // detour through google.protobuf.Value costs one extra parse of a small file
 // and keeps the message's enum fields typed.
 absl::StatusOr<v1::DeploymentMatrix> ParseJson(std::string_view text) {
+  if (absl::Status s = CheckNoDuplicateJsonKeys(text, /*proto_names=*/true); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", s.message()));
+  }
   Value tree;
   auto status = google::protobuf::util::JsonStringToMessage(
       google::protobuf::StringPiece(text.data(), text.size()), &tree);
@@ -344,7 +349,7 @@ absl::StatusOr<v1::DeploymentMatrix> ParseMatrix(std::string_view text,
 }
 
 absl::StatusOr<v1::DeploymentMatrix> LoadMatrixFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = ReadFile(path, kMaxMatrixFileBytes, Symlinks::kFollow);
   if (!text.ok()) return text.status();
   return ParseMatrix(*text, path);
 }

@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/absl_compat.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -64,8 +66,28 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
 
 }  // namespace
 
+absl::Status CheckFileStem(std::string_view field, std::string_view name) {
+  const bool safe =
+      !name.empty() && name.front() != '.' && std::all_of(name.begin(), name.end(), [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
+               c == '.';
+      });
+  if (safe) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(AsAbsl(field), ": got \"", absl::CHexEscape(AsAbsl(name)),
+                   "\", a file name must be non-empty letters, digits, '_', '-', '.'"));
+}
+
 absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::string_view arch,
                                      const v1::KernelArtifact& artifact) {
+  // Checked first, so no later message quotes a hostile name unescaped.
+  for (const auto& [field, name] :
+       {std::pair<const char*, const std::string*>{"module_name", &variant.module_name()},
+        {"key", &variant.key()}}) {
+    if (absl::Status s = CheckFileStem(field, *name); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("kernel artifact: manifest variant ", s.message()));
+    }
+  }
   const std::string canonical_arch = CanonicalArchName(arch);
   // The parameter blocks this runtime fills are the host's structs; a kernel
   // built from other templates would read them at the wrong offsets.

@@ -9,15 +9,23 @@
 
 namespace kforge {
 
-// OK when `artifact` is the kernel `variant` names for `arch`: same key,
-// module, arch, entry points and parameter sizes, a non-empty cubin whose
-// inspected arch is `arch` and which exports both entries. Otherwise
-// DataLoss naming the first mismatch (a server or bundle answered with
-// something else).
+// Keys and module names become file names (bundles, local copies, `kforge
+// get -o DIR`). The compiler makes both of [0-9a-z_]; the one rule for a name
+// read from a server, a bundle or a cache is non-empty [A-Za-z0-9_.-], not
+// starting with '.', so that a hostile or damaged name ("../x", "a/b") cannot
+// reach outside a directory. InvalidArgument naming `field` and the value
+// otherwise.
+absl::Status CheckFileStem(std::string_view field, std::string_view name);
+
 // The manifest variant a compiled artifact is: its module, key, spec,
 // tiling, launch rule and entry names.
 v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact);
 
+// OK when `artifact` is the kernel `variant` names for `arch`: module name
+// and key usable as file names (CheckFileStem), same key, module, arch,
+// entry points and parameter sizes, a non-empty cubin whose inspected arch
+// is `arch` and which exports both entries. Otherwise DataLoss naming the
+// first mismatch (a server or bundle answered with something else).
 absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::string_view arch,
                                      const v1::KernelArtifact& artifact);
 

@@ -1,6 +1,8 @@
 #ifndef KFORGE_MODEL_FORMAT_H_
 #define KFORGE_MODEL_FORMAT_H_
 
+#include <cstdint>
+
 namespace kforge {
 
 // Version of everything kforge stores or sends about a kernel: the artifact
@@ -12,6 +14,19 @@ namespace kforge {
 //      the key holds NVRTC's full build identity; readable scale in module
 //      names; cubins inspected without LLVM.
 inline constexpr int kFormatVersion = 2;
+
+// The largest file of each kind kforge reads. Sizes are judged before
+// reading (base/io.h OpenRegularFile), so a huge or endless file (a link to
+// /dev/zero) is an error naming it, not an allocation failure. An artifact
+// holds a cubin (a few MB for the big tilings) and its description; the
+// bound matches the largest answer a server sends.
+inline constexpr uint64_t kMaxArtifactFileBytes = uint64_t{256} << 20;
+inline constexpr uint64_t kMaxManifestFileBytes = uint64_t{16} << 20;
+inline constexpr uint64_t kMaxChecksumsFileBytes = uint64_t{16} << 20;
+inline constexpr uint64_t kMaxMarkerFileBytes = uint64_t{64} << 10;
+// A spec is under 1 KB, the default matrix under 1 KB.
+inline constexpr uint64_t kMaxSpecFileBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kMaxMatrixFileBytes = uint64_t{1} << 20;
 
 }  // namespace kforge
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -14,13 +15,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "base/absl_compat.h"
+#include "base/io.h"
+#include "base/json_keys.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "kforge/v1/spec.pb.h"
+#include "model/format.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
@@ -54,6 +59,8 @@ std::string DtypeName(int value) {
   const std::string& name = v1::KvCacheDtype_Name(value);
   return name.empty() ? absl::StrCat(value) : name;
 }
+
+constexpr double kLog2e = 1.4426950408889634;
 
 // Collects "field: got X, supported Y" problems in field-number order.
 class Problems {
@@ -91,6 +98,9 @@ class CollectErrors : public google::protobuf::io::ErrorCollector {
 };
 
 absl::StatusOr<v1::AttentionSpec> ParseJson(std::string_view text) {
+  if (absl::Status s = CheckNoDuplicateJsonKeys(text, /*proto_names=*/true); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid JSON spec: ", s.message()));
+  }
   v1::AttentionSpec spec;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
@@ -172,8 +182,15 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
   if (spec.page_block_size() < 1 || spec.page_block_size() > kMaxPageBlockSize) {
     problems.Add("page_block_size", spec.page_block_size(), absl::StrCat("1..", kMaxPageBlockSize));
   }
-  if (!std::isfinite(spec.softmax_scale()) || !(spec.softmax_scale() > 0.0f)) {
-    problems.Add("softmax_scale", spec.softmax_scale(), "finite and > 0");
+  // The kernel is built with softmax_scale * log2(e) as a float constant
+  // (codegen), which must be finite too: 3e38 passed here and then failed in
+  // NVRTC on "inff".
+  if (!std::isfinite(spec.softmax_scale()) || !(spec.softmax_scale() > 0.0f) ||
+      !std::isfinite(static_cast<float>(static_cast<double>(spec.softmax_scale()) * kLog2e))) {
+    problems.Add("softmax_scale", spec.softmax_scale(),
+                 absl::StrFormat("finite, > 0 and at most %.6g (softmax_scale * log2(e) must be "
+                                 "a finite float)",
+                                 std::numeric_limits<float>::max() / kLog2e));
   }
   // return_lse: both values are supported.
   return problems.ToStatus();
@@ -206,7 +223,7 @@ const std::vector<PresetInfo>& Presets() {
   return *kPresets;
 }
 
-absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int tensor_parallel,
+absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int64_t tensor_parallel,
                                                  v1::KvCacheDtype kv_dtype) {
   const PresetInfo* preset = FindPreset(name);
   if (preset == nullptr) {
@@ -239,8 +256,7 @@ absl::StatusOr<v1::AttentionSpec> SpecOfSelector(const v1::KernelSelector& selec
     case v1::KernelSelector::kSpec:
       return selector.spec();
     case v1::KernelSelector::kPreset:
-      return SpecFromPreset(selector.preset().name(),
-                            static_cast<int>(selector.preset().tensor_parallel()),
+      return SpecFromPreset(selector.preset().name(), int64_t{selector.preset().tensor_parallel()},
                             selector.preset().kv_cache_dtype());
     default:
       return absl::InvalidArgumentError(
@@ -277,23 +293,17 @@ absl::StatusOr<v1::AttentionSpec> ParseSpec(std::string_view text) {
 }
 
 absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path) {
-  std::error_code ec;
-  const std::filesystem::file_status st = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(st)) {
+  // A FIFO or device (/dev/zero) is refused from its type, without reading
+  // it: --spec on a FIFO hung, on /dev/zero it aborted with bad_alloc.
+  absl::StatusOr<std::string> read = ReadFile(path, kMaxSpecFileBytes, Symlinks::kFollow);
+  if (absl::IsNotFound(read.status())) {
     return absl::NotFoundError(absl::StrCat(path, ": no such spec file"));
   }
-  if (std::filesystem::is_directory(st)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a spec file"));
+  if (absl::IsFailedPrecondition(read.status())) {
+    return absl::InvalidArgumentError(absl::StrCat("spec file ", read.status().message()));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open spec file"));
-  }
-  const std::string contents((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-  if (in.bad()) {
-    return absl::DataLossError(absl::StrCat(path, ": read error"));
-  }
+  if (!read.ok()) return read.status();
+  const std::string& contents = *read;
   absl::StatusOr<v1::AttentionSpec> spec = ParseSpec(contents);
   if (!spec.ok()) {
     return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));

@@ -1,6 +1,7 @@
 #ifndef KFORGE_MODEL_SPEC_H_
 #define KFORGE_MODEL_SPEC_H_
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,7 +52,7 @@ const std::vector<PresetInfo>& Presets();
 // format), page_block_size 64, return_lse = true. InvalidArgument for an
 // unknown preset or a degree that does not divide the heads.
 absl::StatusOr<v1::AttentionSpec> SpecFromPreset(
-    std::string_view name, int tensor_parallel,
+    std::string_view name, int64_t tensor_parallel,
     v1::KvCacheDtype kv_dtype = v1::KV_CACHE_DTYPE_BF16);
 
 // The spec a KernelSelector names: its spec as given, or the preset's at

@@ -25,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -38,6 +39,9 @@ extern char** environ;
 
 namespace kforge {
 namespace {
+
+// Marks a status that is the compiler's answer for the job (IsCompilerRejection).
+constexpr char kCompilerRejectionPayload[] = "type.kforge.dev/compiler-rejection";
 
 using ArtifactOr = absl::StatusOr<v1::KernelArtifact>;
 
@@ -439,7 +443,9 @@ ArtifactOr RunJob(const v1::CompileJob& job, const std::string& binary,
                                               " returned unknown status code ", code, ": ",
                                               result.status_message()));
     }
-    return absl::Status(static_cast<absl::StatusCode>(code), result.status_message());
+    absl::Status rejected(static_cast<absl::StatusCode>(code), result.status_message());
+    rejected.SetPayload(kCompilerRejectionPayload, absl::Cord("1"));
+    return rejected;
   }
   if (!result.has_artifact()) {
     return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
@@ -464,11 +470,17 @@ absl::StatusOr<std::string> ResolveWorkerBinary(const std::string& configured) {
 
 constexpr std::string_view kCrashTopkArg = "--test-crash-topk=";
 constexpr std::string_view kHangTopkArg = "--test-hang-topk=";
+constexpr std::string_view kFailTopkArg = "--test-fail-topk=";
+
+bool IsCompilerRejection(const absl::Status& status) {
+  return status.GetPayload(kCompilerRejectionPayload).has_value();
+}
 
 std::vector<std::string> WorkerFaults::ToArgs() const {
   std::vector<std::string> args;
   if (crash_topk != 0) args.push_back(absl::StrCat(AsAbsl(kCrashTopkArg), crash_topk));
   if (hang_topk != 0) args.push_back(absl::StrCat(AsAbsl(kHangTopkArg), hang_topk));
+  if (fail_topk != 0) args.push_back(absl::StrCat(AsAbsl(kFailTopkArg), fail_topk));
   return args;
 }
 
@@ -481,6 +493,8 @@ absl::StatusOr<WorkerFaults> WorkerFaults::FromArgs(const std::vector<std::strin
       out = &faults.crash_topk;
     } else if (absl::ConsumePrefix(&value, AsAbsl(kHangTopkArg))) {
       out = &faults.hang_topk;
+    } else if (absl::ConsumePrefix(&value, AsAbsl(kFailTopkArg))) {
+      out = &faults.fail_topk;
     }
     if (out == nullptr || !absl::SimpleAtoi(value, out)) {
       return absl::InvalidArgumentError(
@@ -516,6 +530,9 @@ struct CompilePool::State {
 
   // Fails every queued job with Unavailable and rejects new ones.
   void CloseQueue();
+
+  // OK when Submit would take a job now; else its error.
+  absl::Status Room() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Separate from mu so that Shutdown can join while workers still take mu.
   absl::Mutex join_mu;
@@ -566,18 +583,31 @@ absl::StatusOr<CompileFuture> CompilePool::Submit(v1::CompileJob job) {
   return future;
 }
 
+absl::Status CompilePool::State::Room() const {
+  if (shut_down) return absl::UnavailableError("compile pool is shut down");
+  // queue_limit counts jobs that wait for a worker; a job an idle worker
+  // will take does not wait (so queue_limit 0 means no waiting queue, not
+  // no compiles). Queued jobs not yet taken fill the idle workers first.
+  const int limit = std::max(0, options.queue_limit);
+  const int idle = std::max(0, std::max(1, options.workers) - in_flight);
+  const int waiting = std::max(0, static_cast<int>(queue.size()) - idle);
+  if (static_cast<int>(queue.size()) >= limit + idle) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("compile queue is full: %d jobs waiting (limit %d), %d compiling", waiting,
+                        limit, in_flight));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompilePool::CheckRoom() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->Room();
+}
+
 absl::Status CompilePool::Submit(v1::CompileJob job, CompileCallback done) {
   State::Pending pending{std::move(job), std::move(done)};
   absl::MutexLock lock(&state_->mu);
-  if (state_->shut_down) {
-    return absl::UnavailableError("compile pool is shut down");
-  }
-  const int limit = std::max(0, state_->options.queue_limit);
-  if (static_cast<int>(state_->queue.size()) >= limit) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("compile queue is full: %d jobs waiting (limit %d), %d compiling",
-                        state_->queue.size(), limit, state_->in_flight));
-  }
+  if (absl::Status room = state_->Room(); !room.ok()) return room;
   state_->queue.push_back(std::move(pending));
   state_->work_ready.Signal();
   return absl::OkStatus();
@@ -683,7 +713,10 @@ int RunCompileWorker(int expected_parent, WorkerFaults faults) {
 
   PlanOptions plan_options;
   plan_options.max_smem_per_block = job.max_smem_per_block();
-  ArtifactOr artifact = KernelCompiler().Compile(job.spec(), job.arch(), plan_options);
+  ArtifactOr artifact =
+      faults.fail_topk != 0 && job.spec().topk() == faults.fail_topk
+          ? ArtifactOr(absl::InternalError("kforge_unit.cu(1): error: injected compile failure"))
+          : KernelCompiler().Compile(job.spec(), job.arch(), plan_options);
   v1::CompileResult result;
   if (artifact.ok()) {
     *result.mutable_artifact() = *std::move(artifact);

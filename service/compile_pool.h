@@ -22,6 +22,7 @@ namespace kforge {
 struct WorkerFaults {
   uint32_t crash_topk = 0;  // abort() on a job whose spec.topk is this
   uint32_t hang_topk = 0;   // sleep forever on a job whose spec.topk is this
+  uint32_t fail_topk = 0;   // report a compile error on a job whose spec.topk is this
 
   // The worker command-line arguments that carry them; and back.
   std::vector<std::string> ToArgs() const;
@@ -29,14 +30,22 @@ struct WorkerFaults {
 };
 
 struct CompilePoolOptions {
-  int workers = 1;        // concurrent worker processes
-  int queue_limit = 256;  // jobs waiting for a worker; more -> ResourceExhausted
+  int workers = 1;  // concurrent worker processes
+  // Jobs waiting for a busy worker; more -> ResourceExhausted. A job an idle
+  // worker takes at once does not count: 0 is no waiting queue.
+  int queue_limit = 256;
   absl::Duration timeout = absl::Seconds(120);  // per compile, then SIGKILL
   // The kforge binary; run as `<worker_binary> compile-worker`. Empty means
   // this process's own executable (/proc/self/exe).
   std::string worker_binary;
   WorkerFaults faults;  // tests only
 };
+
+// Whether a failed job's status is the compiler's own answer (the worker
+// ran and reported an error for the job, e.g. NVRTC rejected the source),
+// which the same job would get again, as opposed to a crash, a timeout or
+// a full queue. The pool marks such statuses with a payload.
+bool IsCompilerRejection(const absl::Status& status);
 
 using CompileFuture = std::shared_future<absl::StatusOr<v1::KernelArtifact>>;
 // Called once with a job's result, on a pool thread (or, for a job dropped
@@ -60,6 +69,11 @@ class CompilePool {
   // The same, with the result delivered to `done` instead of a future, so
   // that no thread has to wait for it. On an error `done` is not called.
   absl::Status Submit(v1::CompileJob job, CompileCallback done);
+
+  // What Submit would answer about room for a job now (OK, ResourceExhausted
+  // or Unavailable), for a caller that must not prepare a job (take a lock
+  // file, say) that would be refused. The answer can change at once.
+  absl::Status CheckRoom() const;
 
   int queue_depth() const;  // waiting for a worker
   int in_flight() const;    // running in a worker process now

@@ -117,22 +117,6 @@ absl::StatusOr<v1::KernelArtifact> DecodeEntry(std::string_view file, std::strin
   return artifact;
 }
 
-absl::StatusOr<std::string> ReadAll(int fd, size_t size, std::string_view path) {
-  std::string data(size, '\0');
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = read(fd, data.data() + done, size - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "cannot read", path);
-    }
-    if (n == 0) break;  // shorter than fstat said: caught by the checks
-    done += static_cast<size_t>(n);
-  }
-  data.resize(done);
-  return data;
-}
-
 // Creates `path` if missing. Sets *created when this call made it (its
 // parent then needs an fsync for the new name to be durable).
 absl::Status MakeDir(const std::string& path, bool* created) {
@@ -280,20 +264,36 @@ std::string DiskCache::EntryPath(const std::string& key) const {
 absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
   if (!IsValidKey(key)) return KeyError(key);
   const std::string path = EntryPath(key);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) {
-      return absl::NotFoundError(absl::StrCat("no artifact ", key, " on disk"));
-    }
-    return ErrnoStatus(errno, "cannot open", path);
+  uint64_t size = 0;
+  absl::StatusOr<int> opened =
+      OpenRegularFile(path, kMaxArtifactFileBytes, Symlinks::kRefuse, &size);
+  if (absl::IsNotFound(opened.status())) {
+    return absl::NotFoundError(absl::StrCat("no artifact ", key, " on disk"));
   }
+  if (absl::IsFailedPrecondition(opened.status())) {
+    // A FIFO, device, link or directory in place of an entry (it hung the
+    // request and shutdown when opened blocking), or one far too large:
+    // damaged. Remove the name so the next Put rebuilds it.
+    absl::MutexLock lock(&state_->mu);
+    ++state_->corrupt_entries;
+    struct stat now;
+    if (lstat(path.c_str(), &now) == 0) {
+      if (S_ISDIR(now.st_mode) ? rmdir(path.c_str()) == 0 : unlink(path.c_str()) == 0) {
+        if (S_ISREG(now.st_mode)) state_->Forget(static_cast<uint64_t>(now.st_size));
+      }
+    }
+    return absl::NotFoundError(
+        absl::StrCat("dropped corrupt artifact ", key, " on disk: ", opened.status().message()));
+  }
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   struct stat st;
   if (fstat(fd, &st) != 0) {
     const int err = errno;
     close(fd);
     return ErrnoStatus(err, "cannot stat", path);
   }
-  absl::StatusOr<std::string> file = ReadAll(fd, static_cast<size_t>(st.st_size), path);
+  absl::StatusOr<std::string> file = ReadFd(fd, size, path);
   if (!file.ok()) {
     close(fd);
     return file.status();

@@ -34,6 +34,8 @@ using FlightResult = absl::StatusOr<KernelStore::Result>;
 // the flight's driver retries the lock this often at most: a cross-process
 // wait costs a compile's time, so tens of milliseconds are noise.
 constexpr absl::Duration kMaxLockRetry = absl::Milliseconds(50);
+// Lock files are named by the key's first hex digits: 16^3 = 4096 at most.
+constexpr size_t kLockStripeHexDigits = 3;
 
 // One compile per key in progress, shared by every caller that asks for the
 // key meanwhile. No thread is set aside for it: a waiting caller drives its
@@ -78,6 +80,10 @@ struct KernelStore::State {
   bool shutting_down ABSL_GUARDED_BY(mu) = false;
   bool shutdown_called ABSL_GUARDED_BY(mu) = false;  // Shutdown waits once
 
+  // key -> a compile the compiler rejected and until when that answer
+  // stands (options.failure_cache). Bounded like the memo.
+  std::map<std::string, std::pair<absl::Status, absl::Time>> failures ABSL_GUARDED_BY(mu);
+
   std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0}, compile_failures{0},
       shared_waits{0}, rejected{0}, disk_write_failures{0};
 
@@ -109,13 +115,24 @@ struct KernelStore::State {
   // The compile pool's callback for a flight's job: stores the kernel,
   // releases the key's lock file, completes the flight.
   void FinishCompile(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
-                     FileLock& key_lock, absl::StatusOr<v1::KernelArtifact> built)
+                     FileLock* key_lock, absl::StatusOr<v1::KernelArtifact> built)
       ABSL_LOCKS_EXCLUDED(mu);
 };
 
 void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
                                absl::Time deadline) {
-  const std::string path = absl::StrCat(lock_dir, "/", plan.key, ".lock");
+  // A request the pool would refuse leaves nothing on disk.
+  if (absl::Status room = pool->CheckRoom(); !room.ok()) {
+    if (absl::IsResourceExhausted(room)) ++rejected;
+    Complete(flight, plan.key, room);
+    return;
+  }
+  // Striped: keys share kLockStripes lock files (every key kept its own
+  // file forever: 3000 files a second, outside the disk cap). Two keys of
+  // one stripe compile one after the other, also within this process
+  // (flock is per open file), which 4096 stripes make rare.
+  const std::string path =
+      absl::StrCat(lock_dir, "/", plan.key.substr(0, kLockStripeHexDigits), ".lock");
   absl::Duration backoff = absl::Milliseconds(1);
   absl::StatusOr<FileLock> key_lock;
   for (;;) {
@@ -124,8 +141,8 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
     {
       absl::MutexLock lock(&mu);
       if (shutting_down) {
-        key_lock = absl::UnavailableError("kforge server is shutting down");
-        break;
+        Complete(flight, plan.key, absl::UnavailableError("kforge server is shutting down"));
+        return;
       }
     }
     const absl::Time now = absl::Now();
@@ -133,9 +150,15 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
     absl::SleepFor(std::min(backoff, deadline - now));
     backoff = std::min(backoff * 2, kMaxLockRetry);
   }
-  if (!key_lock.ok()) {
-    Complete(flight, plan.key, key_lock.status());
-    return;
+  // No lock file (a read-only, full or vanished cache directory): compile
+  // anyway, without the cross-process guard (this process's flight still
+  // compiles the key once), and count it as the disk failure it is, as a
+  // failed disk write is. It failed every miss with INTERNAL before.
+  std::shared_ptr<FileLock> held;
+  if (key_lock.ok()) {
+    held = std::make_shared<FileLock>(*std::move(key_lock));
+  } else {
+    ++disk_write_failures;
   }
   // Another process on this cache directory may have built it meanwhile.
   if (absl::StatusOr<ArtifactPtr> on_disk = disk->Get(plan.key); on_disk.ok()) {
@@ -150,12 +173,11 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
   v1::CompileJob job;
   *job.mutable_spec() = plan.spec;
   job.set_arch(plan.arch.name);
-  // The callback owns the lock file from here.
-  auto held = std::make_shared<FileLock>(*std::move(key_lock));
+  // The callback owns the lock file (if any) from here.
   ++compiles;
   absl::Status submitted = pool->Submit(
       std::move(job), [this, flight, plan, held](absl::StatusOr<v1::KernelArtifact> built) {
-        FinishCompile(flight, plan, *held, std::move(built));
+        FinishCompile(flight, plan, held.get(), std::move(built));
       });
   if (!submitted.ok()) {
     --compiles;
@@ -165,16 +187,24 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
 }
 
 void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
-                                       const CompilePlan& plan, FileLock& key_lock,
+                                       const CompilePlan& plan, FileLock* key_lock,
                                        absl::StatusOr<v1::KernelArtifact> built) {
+  auto release = [key_lock] {
+    if (key_lock != nullptr) key_lock->Release();
+  };
   if (!built.ok()) {
-    key_lock.Release();
+    release();
     ++compile_failures;
+    if (IsCompilerRejection(built.status()) && options.failure_cache > absl::ZeroDuration()) {
+      absl::MutexLock lock(&mu);
+      if (failures.size() >= kMaxMemo) failures.clear();
+      failures[plan.key] = {built.status(), absl::Now() + options.failure_cache};
+    }
     Complete(flight, plan.key, built.status());
     return;
   }
   if (built->key() != plan.key) {
-    key_lock.Release();
+    release();
     ++compile_failures;
     Complete(
         flight, plan.key,
@@ -187,7 +217,7 @@ void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
   // Disk first: once the lock is released other processes look there. A
   // failed disk write (full disk) still serves the kernel from memory.
   if (!disk->Put(plan.key, artifact).ok()) ++disk_write_failures;
-  key_lock.Release();
+  release();
   (void)memory->Put(plan.key, artifact);
   Complete(flight, plan.key, KernelStore::Result{artifact, v1::ARTIFACT_SOURCE_COMPILED});
 }
@@ -202,12 +232,10 @@ absl::StatusOr<std::unique_ptr<KernelStore>> KernelStore::Create(KernelStoreOpti
   }
   auto state = std::make_unique<State>();
   state->lock_dir = options.cache_dir + "/locks";
+  // Without it (a read-only cache directory) compiles go on unguarded
+  // across processes; Drive counts each as a disk failure.
   std::error_code ec;
   std::filesystem::create_directories(state->lock_dir, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create cache directory ", state->lock_dir, ": ", ec.message()));
-  }
   absl::StatusOr<std::unique_ptr<DiskCache>> disk =
       DiskCache::Open(options.cache_dir, options.disk_cache_bytes);
   if (!disk.ok()) return disk.status();
@@ -249,6 +277,40 @@ absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(const v1::KernelSelector& sel
   return hit;
 }
 
+namespace {
+
+// The memory tier, then the disk tier (a disk hit is kept in memory).
+std::optional<KernelStore::Result> FromCache(MemoryCache& memory, DiskCache& disk,
+                                             const std::string& key,
+                                             std::atomic<uint64_t>& memory_hits,
+                                             std::atomic<uint64_t>& disk_hits) {
+  if (absl::StatusOr<ArtifactPtr> hit = memory.Get(key); hit.ok()) {
+    ++memory_hits;
+    return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_MEMORY};
+  }
+  if (absl::StatusOr<ArtifactPtr> hit = disk.Get(key); hit.ok()) {
+    ++disk_hits;
+    (void)memory.Put(key, *hit);
+    return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_DISK};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::StatusOr<KernelStore::Result> KernelStore::CachedKernel(const v1::AttentionSpec& spec,
+                                                              std::string_view arch) {
+  State& s = *state_;
+  absl::StatusOr<CompilePlan> plan = s.compiler.Plan(spec, arch);
+  if (!plan.ok()) return plan.status();
+  if (std::optional<Result> hit =
+          FromCache(*s.memory, *s.disk, plan->key, s.memory_hits, s.disk_hits)) {
+    return *std::move(hit);
+  }
+  return absl::NotFoundError(
+      absl::StrCat(plan->module_name, " (key ", plan->key, ") is not cached"));
+}
+
 absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSpec& spec,
                                                            std::string_view arch, bool lookup_only,
                                                            absl::Time deadline) {
@@ -256,14 +318,9 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSp
   absl::StatusOr<CompilePlan> plan = s.compiler.Plan(spec, arch);
   if (!plan.ok()) return plan.status();
 
-  if (absl::StatusOr<ArtifactPtr> hit = s.memory->Get(plan->key); hit.ok()) {
-    ++s.memory_hits;
-    return Result{*hit, v1::ARTIFACT_SOURCE_MEMORY};
-  }
-  if (absl::StatusOr<ArtifactPtr> hit = s.disk->Get(plan->key); hit.ok()) {
-    ++s.disk_hits;
-    (void)s.memory->Put(plan->key, *hit);
-    return Result{*hit, v1::ARTIFACT_SOURCE_DISK};
+  if (std::optional<Result> hit =
+          FromCache(*s.memory, *s.disk, plan->key, s.memory_hits, s.disk_hits)) {
+    return *std::move(hit);
   }
   ++s.misses;
   if (lookup_only) {
@@ -278,6 +335,20 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSp
     absl::MutexLock lock(&s.mu);
     if (s.shutting_down) {
       return absl::UnavailableError("kforge server is shutting down");
+    }
+    if (auto failed = s.failures.find(plan->key); failed != s.failures.end()) {
+      const absl::Duration left = failed->second.second - absl::Now();
+      if (left > absl::ZeroDuration()) {
+        const absl::Status& why = failed->second.first;
+        return absl::Status(
+            why.code(),
+            absl::StrCat(why.message(), "\n(the same compile failed ",
+                         absl::FormatDuration(
+                             absl::Trunc(s.options.failure_cache - left, absl::Milliseconds(1))),
+                         " ago; not retried for another ",
+                         absl::FormatDuration(absl::Trunc(left, absl::Milliseconds(1))), ")"));
+      }
+      s.failures.erase(failed);
     }
     auto it = s.flights.find(plan->key);
     if (it != s.flights.end()) {

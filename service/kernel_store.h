@@ -21,6 +21,11 @@ struct KernelStoreOptions {
   uint64_t memory_cache_bytes = 1ull << 30;
   uint64_t disk_cache_bytes = 20ull << 30;
   CompilePoolOptions pool;
+  // How long a compile the compiler rejected (IsCompilerRejection: not a
+  // crash, timeout or full queue) is answered from memory with the same
+  // error instead of being compiled again, so that a client repeating a
+  // valid but failing spec does not keep the workers busy. 0: never.
+  absl::Duration failure_cache = absl::Seconds(30);
 };
 
 // The service's business logic, independent of gRPC: resolves a kernel
@@ -44,6 +49,12 @@ class KernelStore {
   // NVRTC log), Unavailable (shutting down).
   absl::StatusOr<Result> GetKernel(const v1::AttentionSpec& spec, std::string_view arch,
                                    bool lookup_only, absl::Time deadline = absl::InfiniteFuture());
+
+  // The memory tier, then the disk tier, never a compile nor a wait for one:
+  // what GetKernel answers before it would compile. NotFound on a miss
+  // (not counted as one: GetKernel, which the caller goes on to, counts
+  // it); the errors of planning (bad spec, unknown arch) as GetKernel.
+  absl::StatusOr<Result> CachedKernel(const v1::AttentionSpec& spec, std::string_view arch);
 
   // The hot path for cache hits: the memory tier only, with the
   // (selector, arch) -> key mapping remembered so a hit skips planning and

@@ -1,11 +1,13 @@
 #include "service/prebuild_fanout.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "model/arch.h"
 
 namespace kforge {
 namespace {
@@ -22,11 +24,28 @@ v1::PrebuildState StateFor(v1::ArtifactSource source) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<PrebuildJob>> ExpandPrebuildRequest(const v1::PrebuildRequest& request) {
+absl::StatusOr<std::vector<PrebuildJob>> ExpandPrebuildRequest(const v1::PrebuildRequest& request,
+                                                               int max_jobs) {
   if (request.kernels_size() == 0 || request.archs_size() == 0) {
     return absl::InvalidArgumentError("Prebuild needs at least one kernel and one arch");
   }
+  // Both counts are below 2^31 (repeated fields), so the product fits.
+  const int64_t count = int64_t{request.kernels_size()} * request.archs_size();
+  if (count > max_jobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Prebuild: ", request.kernels_size(), " kernels x ", request.archs_size(),
+                     " archs = ", count, " jobs, more than this server's limit of ", max_jobs,
+                     " per request; split the request"));
+  }
+  for (int i = 0; i < request.archs_size(); ++i) {
+    absl::StatusOr<Arch> arch = ParseArch(request.archs(i));
+    if (!arch.ok()) {
+      return absl::Status(arch.status().code(),
+                          absl::StrCat("archs[", i, "]: ", arch.status().message()));
+    }
+  }
   std::vector<PrebuildJob> jobs;
+  jobs.reserve(static_cast<size_t>(count));
   for (int i = 0; i < request.kernels_size(); ++i) {
     absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(request.kernels(i));
     if (!spec.ok()) {

@@ -27,10 +27,15 @@ struct PrebuildJob {
 };
 
 // A Prebuild request as jobs, kernel by kernel, each on every arch. A
-// request that names a bad kernel or no work fails as a whole, before
-// anything is built (InvalidArgument, or the kernel's error prefixed with
-// "kernels[i]: "); per-kernel build errors are progress messages.
-absl::StatusOr<std::vector<PrebuildJob>> ExpandPrebuildRequest(const v1::PrebuildRequest& request);
+// request that names no work, more than `max_jobs` jobs (kernels x archs),
+// an arch kforge does not build for or a bad kernel fails as a whole, before
+// anything is built or expanded: InvalidArgument naming the counts and the
+// limit, or the arch's / kernel's error prefixed with "archs[i]: " /
+// "kernels[i]: ". The count is checked first and each arch once, so the work
+// a request can cause is bounded by `max_jobs`, not by its size squared.
+// Per-kernel build errors are progress messages.
+absl::StatusOr<std::vector<PrebuildJob>> ExpandPrebuildRequest(const v1::PrebuildRequest& request,
+                                                               int max_jobs);
 
 // The Prebuild logic without gRPC: builds jobs through a kernel getter (the
 // store's GetKernel), `parallelism` at a time on a BlockingExecutor, and

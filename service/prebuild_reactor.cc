@@ -5,6 +5,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "service/status_mapping.h"
 
 namespace kforge {
@@ -15,7 +17,7 @@ namespace {
 // `Shared` (not the reactor, which deletes itself in OnDone), and nothing
 // calls into gRPC while holding its mutex, since a reaction may run inline
 // on the calling thread.
-class PrebuildReactor final : public grpc::ServerWriteReactor<v1::PrebuildProgress> {
+class PrebuildReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PrebuildReactor() : shared_(std::make_shared<Shared>()) { shared_->reactor = this; }
 
@@ -55,7 +57,7 @@ class PrebuildReactor final : public grpc::ServerWriteReactor<v1::PrebuildProgre
     PrebuildReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // valid until finished
     bool writing ABSL_GUARDED_BY(mu) = false;
     bool finished ABSL_GUARDED_BY(mu) = false;
-    v1::PrebuildProgress in_write ABSL_GUARDED_BY(mu);  // the message being written
+    grpc::ByteBuffer in_write ABSL_GUARDED_BY(mu);  // the message being written, serialized
   };
 
   // Starts the next write or finishes the call, whichever is due.
@@ -66,11 +68,14 @@ class PrebuildReactor final : public grpc::ServerWriteReactor<v1::PrebuildProgre
     PrebuildReactor* reactor = shared->reactor;
     if (event.progress.has_value()) {
       shared->writing = true;
-      shared->in_write = *std::move(event.progress);
-      if (!shared->in_write.error().empty()) {
-        shared->in_write.set_error(WireStatusMessage(shared->in_write.error()));
-      }
-      const v1::PrebuildProgress* message = &shared->in_write;
+      v1::PrebuildProgress& progress = *event.progress;
+      if (!progress.error().empty()) progress.set_error(WireStatusMessage(progress.error()));
+      bool own_buffer = false;
+      shared->in_write.Clear();
+      // Serializing a valid message into a fresh buffer cannot fail.
+      (void)grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::PrebuildProgress>(
+          progress, &shared->in_write, &own_buffer);
+      const grpc::ByteBuffer* message = &shared->in_write;
       shared->mu.Unlock();
       reactor->StartWrite(message);
       shared->mu.Lock();
@@ -91,7 +96,7 @@ class PrebuildReactor final : public grpc::ServerWriteReactor<v1::PrebuildProgre
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::PrebuildProgress>* StartPrebuildReactor(
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartPrebuildReactor(
     absl::StatusOr<std::vector<PrebuildJob>> jobs, PrebuildFanOut::Options options,
     PrebuildFanOut::KernelGetter get, BlockingExecutor& executor) {
   auto* reactor = new PrebuildReactor();

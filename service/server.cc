@@ -7,12 +7,18 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/shutdown_signals.h"
+#include "grpc/support/log.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -21,9 +27,76 @@
 namespace kforge {
 namespace {
 
-// Cubins of big tilings reach several MB; 256 MB leaves room for manifests
-// and future multi-arch bundles without letting a client exhaust memory.
-constexpr int kMaxMessageBytes = 256 << 20;
+// Answers: cubins of big tilings reach several MB; 256 MB leaves room for
+// manifests and future multi-arch bundles. Requests are small and capped
+// per method (kMaxRequestBytes and the handlers' checks), so that clients
+// cannot make the server hold their big messages.
+constexpr int kMaxResponseBytes = 256 << 20;
+
+// gRPC's own log lines, which it writes to stderr as raw dumps (a port in
+// use printed a JSON error tree before kforge's message). While the server
+// starts they are kept, and RunServer reports the failure in one line;
+// afterwards they are printed as "kforge: gRPC <severity>: <message>".
+struct GrpcLog {
+  absl::Mutex mu;
+  bool capturing ABSL_GUARDED_BY(mu) = false;
+  std::vector<std::string> captured ABSL_GUARDED_BY(mu);
+};
+
+GrpcLog& TheGrpcLog() {
+  static GrpcLog* log = new GrpcLog;
+  return *log;
+}
+
+void LogGrpc(gpr_log_func_args* args) {
+  GrpcLog& log = TheGrpcLog();
+  {
+    absl::MutexLock lock(&log.mu);
+    if (log.capturing) {
+      log.captured.emplace_back(args->message);
+      return;
+    }
+  }
+  std::cerr << "kforge: gRPC " << gpr_log_severity_string(args->severity) << ": " << args->message
+            << std::endl;
+}
+
+void CaptureGrpcLog(bool on) {
+  GrpcLog& log = TheGrpcLog();
+  absl::MutexLock lock(&log.mu);
+  log.capturing = on;
+  if (on) log.captured.clear();
+}
+
+// Why gRPC could not listen, from what it logged: the errno text it names.
+std::string ListenFailureReason() {
+  GrpcLog& log = TheGrpcLog();
+  absl::MutexLock lock(&log.mu);
+  for (const std::string& line : log.captured) {
+    for (const char* reason : {"Address already in use", "Cannot assign requested address",
+                               "Permission denied", "Name or service not known"}) {
+      if (absl::StrContains(line, reason)) return reason;
+    }
+  }
+  return "the address is in use or is not a valid host:port";
+}
+
+// gRPC reads the port modulo 2^16 ("127.0.0.1:99999" served on 34463):
+// a port outside 0..65535 is refused here. Unix sockets have no port.
+absl::Status CheckListenAddress(const std::string& listen) {
+  if (absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:")) {
+    return absl::OkStatus();
+  }
+  const size_t colon = listen.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : listen.substr(colon + 1);
+  int value = 0;
+  if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(port, &value) || value > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("port: got \"", port, "\", expected HOST:PORT with a port 0..65535"));
+  }
+  return absl::OkStatus();
+}
 
 // "host:0" names the port the kernel picked; print the real one.
 std::string BoundAddress(const std::string& listen, int port) {
@@ -60,6 +133,11 @@ int RunServer(const ServerOptions& options) {
     std::cerr << "kforge: cannot install signal handlers: " << signals.status().message() << "\n";
     return 1;
   }
+  if (absl::Status s = CheckListenAddress(options.listen); !s.ok()) {
+    std::cerr << "kforge: cannot listen on " << options.listen << ": " << s.message() << "\n";
+    return 1;
+  }
+  gpr_set_log_function(LogGrpc);
   // A bundle that cannot be opened is a deployment mistake: refuse to start
   // rather than serve cold without saying so.
   std::unique_ptr<BundleSource> bundle;
@@ -87,13 +165,15 @@ int RunServer(const ServerOptions& options) {
   // gRPC sets SO_REUSEPORT by default, which would let a second server
   // share a port that is in use instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxRequestBytes));
+  builder.SetMaxSendMessageSize(kMaxResponseBytes);
   builder.RegisterService(service.get());
+  CaptureGrpcLog(true);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  CaptureGrpcLog(false);
   if (server == nullptr || port == 0) {
-    std::cerr << "kforge: cannot listen on " << options.listen
-              << ": the address is in use or is not a valid host:port\n";
+    std::cerr << "kforge: cannot listen on " << options.listen << ": " << ListenFailureReason()
+              << "\n";
     (*store)->Shutdown();
     return 1;
   }

@@ -16,6 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using ::kforge::testing::Contains;
 using ::kforge::testing::TempDir;
 
 TEST(ErrnoStatusTest, KeepsTheCanonicalCodeAndNamesThePath) {
@@ -29,13 +30,48 @@ TEST(ErrnoStatusTest, KeepsTheCanonicalCodeAndNamesThePath) {
   EXPECT_EQ(ErrnoStatus(EIO, "a", "b").code(), absl::StatusCode::kInternal);
 }
 
+// What kforge reads is a regular file of bounded size: a FIFO is refused
+// without blocking the open, a device or an oversized file from its type and
+// size without reading it, a link only where the caller follows links.
+TEST(ReadFileTest, RegularFilesOnlyAndSizesCapped) {
+  TempDir dir;
+  const std::string fifo = (dir.path() / "fifo").string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  absl::StatusOr<std::string> r = ReadFile(fifo, 1 << 20, Symlinks::kFollow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(), fifo + ": is a FIFO, expected a regular file");
+  r = ReadFile("/dev/zero", 1 << 20, Symlinks::kFollow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(r.status().message(), "is a character device")) << r.status();
+  EXPECT_EQ(ReadFile(dir.path().string(), 1 << 20).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  const std::string file = (dir.path() / "file").string();
+  ASSERT_TRUE(WriteFileAtomic(file, std::string(1000, 'x')).ok());
+  EXPECT_EQ(ReadFile(file, 1000)->size(), 1000u);
+  r = ReadFile(file, 999);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(r.status().message(), "1000 bytes, more than the 999 bytes")) << r.status();
+
+  const std::string link = (dir.path() / "link").string();
+  ASSERT_EQ(symlink(file.c_str(), link.c_str()), 0);
+  r = ReadFile(link, 1 << 20);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(r.status().message(), "is a symbolic link")) << r.status();
+  EXPECT_EQ(ReadFile(link, 1 << 20, Symlinks::kFollow)->size(), 1000u);
+  const std::string zero_link = (dir.path() / "zero").string();
+  ASSERT_EQ(symlink("/dev/zero", zero_link.c_str()), 0);
+  EXPECT_EQ(ReadFile(zero_link, 1 << 20, Symlinks::kFollow).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(WriteFileAtomicTest, WritesCreatesParentsAndReplaces) {
   TempDir dir;
   const std::string path = (dir.path() / "a" / "b" / "file").string();
   ASSERT_TRUE(WriteFileAtomic(path, "first").ok());
-  EXPECT_EQ(*ReadFile(path), "first");
+  EXPECT_EQ(*ReadFile(path, 1 << 20), "first");
   ASSERT_TRUE(WriteFileAtomic(path, std::string(100000, 'x')).ok());
-  EXPECT_EQ(ReadFile(path)->size(), 100000u);
+  EXPECT_EQ(ReadFile(path, 1 << 20)->size(), 100000u);
   struct stat st;
   ASSERT_EQ(stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0644u);
@@ -50,7 +86,8 @@ TEST(WriteFileAtomicTest, WritesCreatesParentsAndReplaces) {
 
 TEST(WriteFileAtomicTest, ReadFileOfAMissingFileIsNotFound) {
   TempDir dir;
-  EXPECT_EQ(ReadFile((dir.path() / "none").string()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadFile((dir.path() / "none").string(), 1 << 20).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(AtomicFileTest, DroppedWithoutCommitLeavesNothing) {
@@ -74,9 +111,9 @@ TEST(AtomicFileTest, CommitInStepsRenamesOverTheTarget) {
   ASSERT_TRUE(file->Write("new").ok());
   ASSERT_TRUE(file->Sync().ok());
   EXPECT_EQ(file->fd(), -1);
-  EXPECT_EQ(*ReadFile(path), "old");  // not visible before the rename
+  EXPECT_EQ(*ReadFile(path, 1 << 20), "old");  // not visible before the rename
   ASSERT_TRUE(file->Rename().ok());
-  EXPECT_EQ(*ReadFile(path), "new");
+  EXPECT_EQ(*ReadFile(path, 1 << 20), "new");
   EXPECT_EQ(file->directory(), dir.path().string());
   EXPECT_TRUE(FsyncDir(file->directory()).ok());
   EXPECT_FALSE(file->Rename().ok());

@@ -135,6 +135,98 @@ grep -q "sparse_mla_decode_h24_d512r64_topk1024_" <<<"$sel" || fail "select --sp
 grep -q '"num_q_heads": 24' "$TMP/custom_manifest.json" ||
   fail "manifest --spec does not describe the custom model"
 
+# --- special files ---------------------------------------------------------
+# A FIFO, a device or a link to one is refused from its type, at once: --spec
+# on a FIFO hung, on /dev/zero it aborted with std::bad_alloc, and so did
+# verify on a checksums.sha256 or kforge-bundle.json linked to /dev/zero.
+# `timeout` turns a hang into a failure.
+expect_error_within() {
+  local what=$1 needle=$2
+  shift 2
+  local out rc=0
+  out=$(timeout 20 "$KFORGE" "$@" 2>&1) || rc=$?
+  if [[ $rc -eq 124 ]]; then
+    fail "$what: still running after 20 s"
+  elif [[ $rc -eq 0 || $rc -gt 2 ]]; then
+    fail "$what: exit $rc, expected 1 or 2 (output: $out)"
+  elif ! grep -qiF -- "$needle" <<<"$out"; then
+    fail "$what: exit $rc but the message does not mention '$needle': $out"
+  else
+    echo "ok: $what (exit $rc): $(head -n1 <<<"$out")"
+  fi
+}
+mkfifo "$TMP/spec.fifo"
+expect_error_within "--spec on a FIFO" "is a FIFO, expected a regular file" \
+  compile --spec "$TMP/spec.fifo" --arch sm_90a -o "$TMP/bad"
+expect_error_within "--spec on /dev/zero" "is a character device" \
+  compile --spec /dev/zero --arch sm_90a -o "$TMP/bad"
+head -c 2000000 /dev/zero | tr '\0' ' ' >"$TMP/big_spec.json"
+expect_error_within "a 2 MB spec" "more than the 1048576 bytes" \
+  compile --spec "$TMP/big_spec.json" --arch sm_90a -o "$TMP/bad"
+expect_error_within "a matrix on /dev/zero" "is a character device" \
+  prebuild /dev/zero --out "$TMP/bad_bundle"
+echo '{"models": [{"preset": "glm-5", "tp": [8]}], "archs": ["sm_90a"]}' >"$TMP/one.json"
+"$KFORGE" prebuild "$TMP/one.json" --out "$TMP/bundle" >/dev/null 2>&1 || fail "prebuild of one kernel failed"
+"$KFORGE" verify "$TMP/bundle" >/dev/null 2>&1 || fail "verify of a fresh bundle failed"
+for f in checksums.sha256 kforge-bundle.json; do
+  cp -a "$TMP/bundle" "$TMP/zero_bundle"
+  ln -sf /dev/zero "$TMP/zero_bundle/$f"
+  expect_error_within "verify with $f linked to /dev/zero" "$f: is a symbolic link" \
+    verify "$TMP/zero_bundle"
+  expect_error_within "serve --warm-from with $f linked to /dev/zero" "$f: is a symbolic link" \
+    serve --listen 127.0.0.1:0 --cache-dir "$TMP/zero_cache" --warm-from "$TMP/zero_bundle"
+  rm -rf "$TMP/zero_bundle"
+done
+
+# --- bundles: one set of checks for verify and serve --warm-from -------------
+# A manifests/ directory linked out of the bundle was loaded by --warm-from
+# without a word; verify named a linked entry by its target.
+cp -a "$TMP/bundle" "$TMP/linked_bundle"
+mv "$TMP/linked_bundle/manifests" "$TMP/outside_manifests"
+ln -s "$TMP/outside_manifests" "$TMP/linked_bundle/manifests"
+expect_error_within "verify with manifests/ linked out of the bundle" "manifests" \
+  verify "$TMP/linked_bundle"
+expect_error_within "serve --warm-from with manifests/ linked out of the bundle" \
+  "manifests is not a directory of the bundle (a symbolic link)" \
+  serve --listen 127.0.0.1:0 --cache-dir "$TMP/linked_cache" --warm-from "$TMP/linked_bundle"
+rm -rf "$TMP/linked_bundle"
+cp -a "$TMP/bundle" "$TMP/linked_bundle"
+ln -s ../../../../../../../../etc/passwd "$TMP/linked_bundle/manifests/evil.json"
+out=$("$KFORGE" verify "$TMP/linked_bundle" 2>&1) && fail "verify accepted a linked manifest: $out"
+grep -qF "manifests/evil.json" <<<"$out" || fail "verify does not name the linked entry by its path: $out"
+grep -qF "etc/passwd" <<<"$out" && fail "verify names the linked entry by its target: $out"
+echo "ok: verify names a linked entry by its path"
+rm -rf "$TMP/linked_bundle"
+# A manifest listed under a name that is not its own is refused by both.
+cp -a "$TMP/bundle" "$TMP/renamed_bundle"
+first=$(cd "$TMP/renamed_bundle" && ls manifests | head -n1)
+cp "$TMP/renamed_bundle/manifests/$first" "$TMP/renamed_bundle/manifests/other.json"
+(cd "$TMP/renamed_bundle" && sha256sum manifests/other.json >>checksums.sha256)
+expect_error_within "verify with a manifest under another name" "manifests/other.json" \
+  verify "$TMP/renamed_bundle"
+expect_error_within "serve --warm-from with a manifest under another name" \
+  "holds the manifest of manifests/$first" \
+  serve --listen 127.0.0.1:0 --cache-dir "$TMP/renamed_cache" --warm-from "$TMP/renamed_bundle"
+rm -rf "$TMP/renamed_bundle"
+
+# A 1.5 GB unlisted file (sparse here) is refused from its size, not read.
+cp -a "$TMP/bundle" "$TMP/big_bundle"
+truncate -s 1500M "$TMP/big_bundle/kernels/huge.kfa"
+expect_error_within "verify with a 1.5 GB unlisted kernel file" "more than the 268435456 bytes" \
+  verify "$TMP/big_bundle"
+rm -rf "$TMP/big_bundle"
+
+# --- duplicate keys ----------------------------------------------------------
+printf '{"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 16, "kv_lora_rank": 512,\n "rope_dim": 64, "topk": 2048, "topk": 1024, "kv_cache_dtype": "KV_CACHE_DTYPE_BF16",\n "page_block_size": 64, "softmax_scale": 0.1}\n' >"$TMP/dup.json"
+expect_error "duplicate key in a JSON spec" 'line 2: key "topk" is given twice' \
+  compile --spec "$TMP/dup.json" --arch sm_90a -o "$TMP/bad"
+# --tp beyond uint32 and a softmax_scale that overflows the kernel's constant.
+expect_error "--tp 4294967295" "tensor_parallel: got 4294967295" \
+  manifest --preset glm-5 --tp 4294967295 --arch sm_90a
+sed 's/"softmax_scale": 0.1/"softmax_scale": 3e38/; s/"topk": 1024, //' "$TMP/dup.json" >"$TMP/huge_scale.json"
+expect_error "softmax_scale 3e38" "softmax_scale: got 3e+38" \
+  compile --spec "$TMP/huge_scale.json" --arch sm_90a -o "$TMP/bad"
+
 if [[ $FAILED -ne 0 ]]; then
   echo "cli_test: FAILED" >&2
   exit 1

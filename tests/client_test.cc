@@ -280,6 +280,33 @@ TEST_F(ClientTest, WrongKernelIsDataLossAndNeverKept) {
   EXPECT_EQ(service_.kernel_calls.load(), calls + 1);
 }
 
+// A variant and kernel that agree on a module name or key that is not a
+// file name ("../../x"): refused, whatever else matches, so that the name
+// never reaches a path (local copies, `kforge get -o`).
+TEST_F(ClientTest, NamesThatAreNotFileNamesAreDataLoss) {
+  FakeServer server(&service_);
+  std::unique_ptr<ServiceClient> client = MustCreate(FastOptions(server.address()));
+  ASSERT_NE(client, nullptr);
+  for (const char* field : {"module_name", "key"}) {
+    for (const char* name : {"../../escape", "a/b", ".hidden", ""}) {
+      v1::ManifestVariant variant = FirstChoice();
+      v1::KernelArtifact artifact = *artifact_;
+      if (std::string(field) == "module_name") {
+        variant.set_module_name(name);
+        artifact.set_module_name(name);
+      } else {
+        variant.set_key(name);
+        artifact.set_key(name);
+      }
+      AnswerKernel(artifact);
+      absl::StatusOr<ArtifactRef> kernel = client->GetKernel(variant, kArch);
+      ASSERT_FALSE(kernel.ok()) << field << " " << name;
+      EXPECT_EQ(kernel.status().code(), absl::StatusCode::kDataLoss);
+      EXPECT_TRUE(Contains(kernel.status().message(), absl::StrCat(field, ": got \"")));
+    }
+  }
+}
+
 TEST_F(ClientTest, DeadlineIsNotRetried) {
   service_.on_kernel = [](grpc::ServerContext* context, const v1::GetKernelRequest&,
                           v1::GetKernelResponse*) {

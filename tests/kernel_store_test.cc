@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -165,8 +166,8 @@ TEST_F(KernelStoreTest, WaitsForAnotherProcessHoldingTheKeyLock) {
   // Another server process sharing the cache directory compiles this key:
   // it holds the key's lock file (another open file description excludes
   // us just like another process would).
-  absl::StatusOr<FileLock> other =
-      FileLock::Acquire((dir_ / "locks" / (key + ".lock")).string(), FileLock::Wait::kBlock);
+  absl::StatusOr<FileLock> other = FileLock::Acquire(
+      (dir_ / "locks" / (key.substr(0, 3) + ".lock")).string(), FileLock::Wait::kBlock);
   ASSERT_TRUE(other.ok()) << other.status();
   auto r = store->GetKernel(spec, "sm_90a", false, absl::Now() + absl::Milliseconds(200));
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
@@ -178,6 +179,62 @@ TEST_F(KernelStoreTest, WaitsForAnotherProcessHoldingTheKeyLock) {
   ASSERT_TRUE(later.ok()) << later.status();
   EXPECT_EQ(later->artifact->key(), key);
   EXPECT_EQ(store->Stats().compiles(), 1u);
+}
+
+// Every distinct key left a lock file forever, refused requests too (3000
+// files a second). Lock files are now striped by the key's first three hex
+// digits, and a request the pool refuses creates none.
+TEST_F(KernelStoreTest, LockFilesAreStripedAndRefusedRequestsMakeNone) {
+  KernelStoreOptions o;
+  o.cache_dir = dir_.string();
+  o.pool.workers = 1;
+  o.pool.queue_limit = 0;
+  o.pool.faults.hang_topk = 1000;
+  o.pool.worker_binary = KFORGE_BINARY;
+  o.pool.timeout = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::AttentionSpec hanging = Glm5Tp8();
+  hanging.set_topk(1000);
+  // Takes the only worker (and one lock file) until abandoned.
+  auto r = (*store)->GetKernel(hanging, "sm_90a", false, absl::Now() + absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+  auto lock_files = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir_ / "locks")) {
+      names.push_back(e.path().filename().string());
+    }
+    return names;
+  };
+  ASSERT_EQ(lock_files().size(), 1u);
+  for (int i = 0; i < 50; ++i) {
+    v1::AttentionSpec spec = Glm5Tp8();
+    spec.set_softmax_scale(0.05f + 0.001f * static_cast<float>(i));
+    auto refused = (*store)->GetKernel(spec, "sm_90a", false, absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  }
+  const std::vector<std::string> names = lock_files();
+  ASSERT_EQ(names.size(), 1u);
+  EXPECT_EQ(names[0].size(), 3u + 5u) << names[0];  // "abc.lock"
+  EXPECT_EQ((*store)->Stats().rejected_queue_full(), 50u);
+  (*store)->AbandonCompiles();
+  (*store)->Shutdown();
+}
+
+// With a cache directory that cannot hold lock files (read-only: the test
+// runs as root, so an unusable locks/ stands in for it), every miss failed
+// with INTERNAL "cannot open lock file". It compiles, serves, and counts the
+// disk failure.
+TEST_F(KernelStoreTest, MissesCompileWhenNoLockFileCanBeMade) {
+  std::filesystem::create_directories(dir_);
+  { std::ofstream(dir_ / "locks") << "not a directory"; }
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  auto r = store->GetKernel(Glm5Tp8(), "sm_90a", false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->source, v1::ARTIFACT_SOURCE_COMPILED);
+  EXPECT_EQ(store->Stats().compiles(), 1u);
+  EXPECT_GE(store->Stats().disk_write_failures(), 1u);
 }
 
 TEST_F(KernelStoreTest, ManifestHasOneVariantForEverySq) {

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     std::cerr << "usage: launch_plan_dump MANIFEST.json < CASES\n";
     return 2;
   }
-  absl::StatusOr<std::string> text = kforge::ReadFile(argv[1]);
+  absl::StatusOr<std::string> text = kforge::ReadFile(argv[1], 1 << 20, kforge::Symlinks::kFollow);
   kforge::v1::Manifest manifest;
   if (!text.ok() || !google::protobuf::util::JsonStringToMessage(*text, &manifest).ok() ||
       manifest.variants_size() == 0) {

@@ -35,7 +35,8 @@ std::vector<MatrixJob> Expand(const std::string& json) {
 }
 
 TEST(MatrixTest, EmbeddedDefaultIsTheShippedFile) {
-  absl::StatusOr<std::string> file = ReadFile(KFORGE_SOURCE_DIR "/deploy/default_matrix.json");
+  absl::StatusOr<std::string> file =
+      ReadFile(KFORGE_SOURCE_DIR "/deploy/default_matrix.json", 1 << 20);
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(DefaultMatrixJson(), *file);
 }

@@ -16,9 +16,12 @@
 #include "gtest/gtest.h"
 #include "model/spec.h"
 #include "service/blocking_executor.h"
+#include "tests/test_util.h"
 
 namespace kforge {
 namespace {
+
+using ::kforge::testing::Contains;
 
 v1::KernelSelector Preset(const std::string& name, int tp) {
   v1::KernelSelector selector;
@@ -27,13 +30,15 @@ v1::KernelSelector Preset(const std::string& name, int tp) {
   return selector;
 }
 
+constexpr int kMaxJobs = 4096;
+
 TEST(ExpandPrebuildRequestTest, EveryKernelOnEveryArch) {
   v1::PrebuildRequest request;
   *request.add_kernels() = Preset("glm-5", 8);
   *request.add_kernels() = Preset("deepseek-v3.2", 1);
   request.add_archs("sm_90a");
   request.add_archs("sm_120a");
-  absl::StatusOr<std::vector<PrebuildJob>> jobs = ExpandPrebuildRequest(request);
+  absl::StatusOr<std::vector<PrebuildJob>> jobs = ExpandPrebuildRequest(request, kMaxJobs);
   ASSERT_TRUE(jobs.ok()) << jobs.status();
   ASSERT_EQ(jobs->size(), 4u);
   EXPECT_EQ((*jobs)[0].arch, "sm_90a");
@@ -45,15 +50,53 @@ TEST(ExpandPrebuildRequestTest, EveryKernelOnEveryArch) {
 TEST(ExpandPrebuildRequestTest, NoWorkOrABadKernelFailsTheWholeRequest) {
   v1::PrebuildRequest request;
   request.add_archs("sm_90a");
-  EXPECT_TRUE(absl::IsInvalidArgument(ExpandPrebuildRequest(request).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ExpandPrebuildRequest(request, kMaxJobs).status()));
   *request.add_kernels() = Preset("glm-5", 8);
   *request.add_kernels() = Preset("no-such-model", 8);
-  absl::Status bad = ExpandPrebuildRequest(request).status();
+  absl::Status bad = ExpandPrebuildRequest(request, kMaxJobs).status();
   EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
   EXPECT_EQ(bad.message().substr(0, 12), "kernels[1]: ") << bad;
   request.clear_archs();
   request.mutable_kernels()->DeleteSubrange(1, 1);
-  EXPECT_TRUE(absl::IsInvalidArgument(ExpandPrebuildRequest(request).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ExpandPrebuildRequest(request, kMaxJobs).status()));
+}
+
+// 2000 kernels x 2000 archs is a 42 KB request; it is refused from the
+// counts alone, naming them and the limit, before any of the four million
+// jobs exists (the server built them all first and grew to 1.2 GB).
+TEST(ExpandPrebuildRequestTest, MoreJobsThanTheLimitAreRefusedFromTheCounts) {
+  v1::PrebuildRequest request;
+  for (int i = 0; i < 2000; ++i) {
+    *request.add_kernels() = Preset("glm-5", 8);
+    request.add_archs("sm_90a");
+  }
+  EXPECT_LT(request.ByteSizeLong(), 64u << 10);
+  const absl::Time start = absl::Now();
+  absl::Status refused = ExpandPrebuildRequest(request, kMaxJobs).status();
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "2000 kernels x 2000 archs = 4000000 jobs")) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "limit of 4096")) << refused;
+
+  // Exactly at the limit is accepted.
+  request.mutable_archs()->DeleteSubrange(2, 1998);
+  request.mutable_kernels()->DeleteSubrange(0, 1000);
+  absl::StatusOr<std::vector<PrebuildJob>> jobs = ExpandPrebuildRequest(request, 2000);
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ(jobs->size(), 2000u);
+  EXPECT_TRUE(absl::IsInvalidArgument(ExpandPrebuildRequest(request, 1999).status()));
+}
+
+// Archs are checked once each before any kernel is resolved or expanded.
+TEST(ExpandPrebuildRequestTest, AnUnknownArchFailsTheWholeRequestNamingIt) {
+  v1::PrebuildRequest request;
+  *request.add_kernels() = Preset("glm-5", 8);
+  request.add_archs("sm_90a");
+  request.add_archs("sm_99");
+  absl::Status bad = ExpandPrebuildRequest(request, kMaxJobs).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(bad)) << bad;
+  EXPECT_TRUE(Contains(bad.message(), "archs[1]: ")) << bad;
+  EXPECT_TRUE(Contains(bad.message(), "sm_99")) << bad;
 }
 
 std::vector<PrebuildJob> Jobs(int n) {

@@ -244,6 +244,20 @@ class RetryAndAnswerTest(unittest.TestCase):
                                  self.artifact)
                 self.assertEqual(fake.calls["GetKernel"], 2)
 
+    def test_names_that_are_not_file_names_are_bad_answers(self):
+        # Variant and kernel agree, but on a name that would leave a directory.
+        for field in ("module_name", "key"):
+            for name in ("../../escape", "a/b", ".hidden"):
+                with self.subTest(field=field, name=name):
+                    variant = service_pb2.ManifestVariant()
+                    variant.CopyFrom(self.manifest.variants[0])
+                    setattr(variant, field, name)
+                    fake = self.fake(manifests=[self.manifest],
+                                     kernels=[self.kernel_reply(**{field: name})])
+                    with self.assertRaises(kforge.KforgeBadAnswer) as cm:
+                        fake.client().get_kernel(variant, ARCH)
+                    self.assertIn(f'{field}: got "', str(cm.exception))
+
     def test_wrong_manifests_are_bad_answers(self):
         other_arch, _ = fake_pair("sm_120a")
         empty = service_pb2.Manifest(arch=ARCH)

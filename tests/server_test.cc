@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <iostream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -27,6 +29,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/descriptor.pb.h"
@@ -260,12 +263,42 @@ TEST_F(ServerTest, HitAfterMissThenDiskAfterRestart) {
   std::unique_ptr<ServerProcess> server = StartServer();
   ASSERT_NE(server, nullptr);
   Reply disk = GetKernel(server->stub(), Glm5());
-  ASSERT_TRUE(disk.status.ok()) << disk.status.error_message();
+  EXPECT_TRUE(disk.status.ok()) << disk.status.error_message();
   EXPECT_EQ(disk.response.source(), v1::ARTIFACT_SOURCE_DISK);
   EXPECT_EQ(disk.response.artifact().cubin(), cubin);
   const v1::StatsResponse stats = Stats(server->stub());
   EXPECT_EQ(stats.compiles(), 0u);
   EXPECT_EQ(stats.disk_hits(), 1u);
+}
+
+// A FIFO in place of a cache entry hung the request (a blocking open) and
+// kept the server alive 45 s past SIGTERM with a 30 s grace. It is a damaged
+// entry now: dropped, rebuilt, and shutdown is prompt.
+TEST_F(ServerTest, FifoInPlaceOfACacheEntryIsRebuiltNotWaitedOn) {
+  std::string key;
+  {
+    std::unique_ptr<ServerProcess> server = StartServer();
+    ASSERT_NE(server, nullptr);
+    Reply miss = GetKernel(server->stub(), Glm5());
+    ASSERT_TRUE(miss.status.ok()) << miss.status.error_message();
+    key = miss.response.artifact().key();
+    Stop(std::move(server));
+  }
+  const std::vector<fs::path> entries = EntryFiles(cache_dir(), key);
+  ASSERT_EQ(entries.size(), 1u);
+  fs::remove(entries[0]);
+  ASSERT_EQ(mkfifo(entries[0].c_str(), 0644), 0);
+  std::unique_ptr<ServerProcess> server = StartServer({"--shutdown-grace", "5"});
+  ASSERT_NE(server, nullptr);
+  Reply r = GetKernel(server->stub(), Glm5(), kArch, false, absl::Seconds(30));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.response.source(), v1::ARTIFACT_SOURCE_COMPILED);
+  EXPECT_EQ(Stats(server->stub()).compiles(), 1u);
+  EXPECT_TRUE(fs::is_regular_file(entries[0]));
+  const absl::Time start = absl::Now();
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->WaitExit(absl::Seconds(20)), 0) << server->Log();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST_F(ServerTest, SixtyFourConcurrentColdRequestsCompileOnce) {
@@ -387,6 +420,104 @@ TEST_F(ServerTest, CrashingWorkerFailsOnlyItsRequest) {
   const v1::StatsResponse stats = Stats(server->stub());
   EXPECT_EQ(stats.compile_failures(), 1u);
   EXPECT_EQ(stats.compiles(), 2u);  // attempts: the crashed one and the good one
+}
+
+// A valid spec whose compile fails was compiled again on every request.
+// The compiler's rejection is now answered from memory for
+// --failed-compile-cache seconds; a crash (not the compiler's answer) is
+// still retried.
+TEST_F(ServerTest, CompilerRejectionsAreCachedBrieflyCrashesAreNot) {
+  std::unique_ptr<ServerProcess> server =
+      StartServer({"--test-worker-fail-topk", absl::StrCat(kFaultTopk), "--test-worker-crash-topk",
+                   "1024", "--failed-compile-cache", "2"});
+  ASSERT_NE(server, nullptr);
+  Reply first = GetKernel(server->stub(), Glm5(8, kFaultTopk));
+  EXPECT_EQ(first.status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_TRUE(Contains(first.status.error_message(), "injected compile failure"));
+  Reply second = GetKernel(server->stub(), Glm5(8, kFaultTopk));
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_TRUE(Contains(second.status.error_message(), "injected compile failure"));
+  EXPECT_TRUE(Contains(second.status.error_message(), "not retried for another"));
+  EXPECT_EQ(Stats(server->stub()).compiles(), 1u);
+  absl::SleepFor(absl::Milliseconds(2200));
+  Reply third = GetKernel(server->stub(), Glm5(8, kFaultTopk));
+  EXPECT_EQ(third.status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_FALSE(Contains(third.status.error_message(), "not retried"));
+  EXPECT_EQ(Stats(server->stub()).compiles(), 2u);
+
+  for (int i = 0; i < 2; ++i) {
+    Reply crashed = GetKernel(server->stub(), Glm5(8, 1024));
+    EXPECT_EQ(crashed.status.error_code(), grpc::StatusCode::INTERNAL);
+  }
+  EXPECT_EQ(Stats(server->stub()).compiles(), 4u);
+}
+
+// 600 callers waiting on one slow compile held every blocking thread, and
+// a disk hit then took 36.5 s (2 ms before). Hits are looked up on threads
+// no compile ever holds: with 600 waiters a disk hit and memory hits stay
+// fast, and the key is compiled once.
+TEST_F(ServerTest, WaitersOnASlowCompileDoNotDelayHits) {
+  {
+    std::unique_ptr<ServerProcess> server = StartServer();
+    ASSERT_NE(server, nullptr);
+    ASSERT_TRUE(GetKernel(server->stub(), Glm5()).status.ok());
+    Stop(std::move(server));
+  }
+  std::unique_ptr<ServerProcess> server =
+      StartServer({"--test-worker-hang-topk", absl::StrCat(kFaultTopk), "--workers", "1"});
+  ASSERT_NE(server, nullptr);
+  constexpr int kWaiters = 600;
+  v1::GetKernelRequest request;
+  *request.mutable_kernel()->mutable_spec() = Glm5(8, kFaultTopk);
+  request.set_arch(kArch);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<v1::GetKernelResponse> responses(kWaiters);
+  absl::Mutex mu;
+  int done = 0;
+  // However the test ends, the calls end (the server is killed) before
+  // their contexts and responses go.
+  struct KillAndDrain {
+    ~KillAndDrain() {
+      server->Signal(SIGKILL);
+      absl::MutexLock lock(mu);
+      mu->Await(absl::Condition(
+          +[](std::pair<int*, int>* p) { return *p->first == p->second; }, &calls));
+    }
+    ServerProcess* server;
+    absl::Mutex* mu;
+    std::pair<int*, int> calls;
+  } kill_and_drain{server.get(), &mu, {&done, kWaiters}};
+  for (int i = 0; i < kWaiters; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    server->stub().async()->GetKernel(contexts.back().get(), &request, &responses[i],
+                                      [&](grpc::Status) {
+                                        absl::MutexLock lock(&mu);
+                                        ++done;
+                                      });
+  }
+  // Every blocking thread (512) waits on the one hanging compile.
+  ASSERT_TRUE(WaitForStats(
+      server->stub(), [](const v1::StatsResponse& s) { return s.shared_compile_waits() >= 511; },
+      absl::Seconds(60)))
+      << Stats(server->stub()).ShortDebugString();
+  absl::Time start = absl::Now();
+  Reply disk = GetKernel(server->stub(), Glm5(), kArch, false, absl::Seconds(10));
+  const absl::Duration disk_hit = absl::Now() - start;
+  ASSERT_TRUE(disk.status.ok()) << disk.status.error_message();
+  EXPECT_EQ(disk.response.source(), v1::ARTIFACT_SOURCE_DISK);
+  EXPECT_LT(disk_hit, absl::Milliseconds(500));
+  absl::Duration slowest_memory_hit;
+  for (int i = 0; i < 20; ++i) {
+    start = absl::Now();
+    Reply hit = GetKernel(server->stub(), Glm5(), kArch, false, absl::Seconds(10));
+    slowest_memory_hit = std::max(slowest_memory_hit, absl::Now() - start);
+    EXPECT_TRUE(hit.status.ok()) << hit.status.error_message();
+  }
+  EXPECT_LT(slowest_memory_hit, absl::Milliseconds(100));
+  std::cout << "disk hit " << disk_hit << ", slowest of 20 memory hits " << slowest_memory_hit
+            << " with " << kWaiters << " callers waiting\n";
+  EXPECT_EQ(Stats(server->stub()).compiles(), 1u);
 }
 
 TEST_F(ServerTest, FullQueueIsResourceExhaustedAtOnce) {
@@ -570,7 +701,7 @@ TEST_F(ServerTest, PrebuildStreamsOneMessagePerKernelInCompletionOrder) {
     preset->set_tensor_parallel(tp);
   }
   request.add_archs(kArch);
-  request.add_archs("sm_99");
+  request.add_archs("sm_80");
   // Warm, or its deprecated name Prebuild (same handler, one release).
   bool old_name = false;
   auto prebuild = [&](const v1::PrebuildRequest& req, std::vector<v1::PrebuildProgress>* out) {
@@ -590,16 +721,21 @@ TEST_F(ServerTest, PrebuildStreamsOneMessagePerKernelInCompletionOrder) {
     const v1::PrebuildProgress& m = messages[i];
     EXPECT_EQ(m.done(), i + 1);
     EXPECT_EQ(m.total(), 4u);
-    if (m.arch() == kArch) {
-      EXPECT_EQ(m.state(), v1::PREBUILD_STATE_COMPILED) << m.error();
-      EXPECT_EQ(m.key().size(), 64u);
-      EXPECT_FALSE(m.module_name().empty());
-    } else {
-      EXPECT_EQ(m.state(), v1::PREBUILD_STATE_FAILED);
-      EXPECT_TRUE(Contains(m.error(), "sm_99"));
-    }
+    EXPECT_EQ(m.state(), v1::PREBUILD_STATE_COMPILED) << m.error();
+    EXPECT_EQ(m.key().size(), 64u);
+    EXPECT_FALSE(m.module_name().empty());
   }
-  EXPECT_EQ(Stats(server->stub()).compiles(), 2u);
+  EXPECT_EQ(Stats(server->stub()).compiles(), 4u);
+
+  // An arch kforge does not build for fails the whole call before any
+  // work (each arch is checked once, not once per kernel), naming it.
+  request.add_archs("sm_99");
+  messages.clear();
+  s = prebuild(request, &messages);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_TRUE(Contains(s.error_message(), "archs[2]: "));
+  EXPECT_TRUE(Contains(s.error_message(), "sm_99"));
+  EXPECT_TRUE(messages.empty());
 
   // Built already: the same kernels now come from the cache, through the
   // old name too.
@@ -622,6 +758,163 @@ TEST_F(ServerTest, PrebuildStreamsOneMessagePerKernelInCompletionOrder) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(Contains(s.error_message(), "kernels[1]"));
   EXPECT_TRUE(messages.empty());
+}
+
+// The kernel's peak resident memory in kB (VmHWM), 0 when unreadable.
+long PeakRssKb(pid_t pid) {
+  const std::string status = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/status"));
+  const size_t at = status.find("VmHWM:");
+  return at == std::string::npos ? 0 : std::atol(status.c_str() + at + 6);
+}
+
+// A 42 KB Warm request of 2000 kernels x 2000 archs made the server expand
+// four million jobs before checking anything (RSS 1.2 GB). It is refused at
+// once from the counts, the server's memory stays flat, and
+// --max-jobs-per-request sets the limit.
+TEST_F(ServerTest, WarmRequestBeyondTheJobLimitIsRefusedBeforeAnyWork) {
+  std::unique_ptr<ServerProcess> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto warm = [](ServerProcess& server, const v1::PrebuildRequest& request) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    std::unique_ptr<grpc::ClientReader<v1::PrebuildProgress>> reader =
+        server.stub().Warm(&context, request);
+    v1::PrebuildProgress progress;
+    int messages = 0;
+    while (reader->Read(&progress)) ++messages;
+    EXPECT_EQ(messages, 0);
+    return reader->Finish();
+  };
+  v1::PrebuildRequest huge;
+  for (int i = 0; i < 2000; ++i) {
+    v1::PresetRef* preset = huge.add_kernels()->mutable_preset();
+    preset->set_name("glm-5");
+    preset->set_tensor_parallel(8);
+    huge.add_archs(kArch);
+  }
+  const long rss_before = PeakRssKb(server->pid());
+  const absl::Time start = absl::Now();
+  grpc::Status s = warm(*server, huge);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(Contains(s.error_message(), "2000 kernels x 2000 archs = 4000000 jobs"));
+  EXPECT_TRUE(Contains(s.error_message(), "limit of 4096"));
+  const long rss_after = PeakRssKb(server->pid());
+  EXPECT_LT(rss_after - rss_before, 64 * 1024) << rss_before << " kB -> " << rss_after << " kB";
+  EXPECT_EQ(Stats(server->stub()).compiles(), 0u);
+  Stop(std::move(server));
+
+  server = StartServer({"--max-jobs-per-request", "3"});
+  ASSERT_NE(server, nullptr);
+  v1::PrebuildRequest small;
+  for (int tp : {8, 4}) {
+    v1::PresetRef* preset = small.add_kernels()->mutable_preset();
+    preset->set_name("glm-5");
+    preset->set_tensor_parallel(tp);
+  }
+  small.add_archs(kArch);
+  small.add_archs("sm_120a");
+  s = warm(*server, small);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(Contains(s.error_message(), "= 4 jobs, more than this server's limit of 3"));
+  EXPECT_EQ(Stats(server->stub()).compiles(), 0u);
+}
+
+// A length-delimited field 15 of `bytes` bytes: what a proto3 parser keeps
+// as an unknown field, so that any request can be made large.
+std::string PaddingField(size_t bytes) {
+  std::string out = "\x7a";  // field 15, wire type 2
+  for (size_t n = bytes;; n >>= 7) {
+    if (n < 0x80) {
+      out.push_back(static_cast<char>(n));
+      break;
+    }
+    out.push_back(static_cast<char>(0x80 | (n & 0x7f)));
+  }
+  return out + std::string(bytes, 'x');
+}
+
+// Every method accepted 256 MB requests: four parallel 100 MB ones took the
+// server from 0.3 to 1.6 GB. GetKernel, GetManifest and Stats requests are
+// capped at 64 KB, Warm at 1 MB; answers stay large.
+TEST_F(ServerTest, RequestsAreCappedPerMethod) {
+  std::unique_ptr<ServerProcess> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  v1::GetKernelRequest get;
+  *get.mutable_kernel()->mutable_spec() = Glm5();
+  get.set_arch(kArch);
+  std::string response;
+  const std::string padded_get = get.SerializeAsString() + PaddingField(100 << 10);
+  grpc::Status s =
+      RawUnary(server->channel(), "/kforge.v1.KernelService/GetKernel", padded_get, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(Contains(s.error_message(), "GetKernel request of"));
+  EXPECT_TRUE(Contains(s.error_message(), "limit of 65536 bytes"));
+  // Just under the limit it is an ordinary request (answered, here NOT_FOUND).
+  get.set_lookup_only(true);
+  s = RawUnary(server->channel(), "/kforge.v1.KernelService/GetKernel",
+               get.SerializeAsString() + PaddingField(60 << 10), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+
+  v1::GetManifestRequest manifest;
+  manifest.mutable_kernel()->mutable_preset()->set_name("glm-5");
+  manifest.mutable_kernel()->mutable_preset()->set_tensor_parallel(8);
+  manifest.set_arch(kArch);
+  s = RawUnary(server->channel(), "/kforge.v1.KernelService/GetManifest",
+               manifest.SerializeAsString() + PaddingField(100 << 10), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(Contains(s.error_message(), "GetManifest request of"));
+  s = RawUnary(server->channel(), "/kforge.v1.KernelService/Stats", PaddingField(100 << 10),
+               &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(Contains(s.error_message(), "Stats request of"));
+
+  // Warm: 2 MB is refused by the transport; 900 KB reaches the handler.
+  auto warm = [&](const v1::PrebuildRequest& request) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    std::unique_ptr<grpc::ClientReader<v1::PrebuildProgress>> reader =
+        server->stub().Warm(&context, request);
+    v1::PrebuildProgress progress;
+    while (reader->Read(&progress)) {
+    }
+    return reader->Finish();
+  };
+  v1::PrebuildRequest big;
+  big.add_kernels()->mutable_preset()->set_name("glm-5");
+  big.add_archs(std::string(2 << 20, 'x'));
+  s = warm(big);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  big.set_archs(0, std::string(900 << 10, 'x'));
+  s = warm(big);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+
+  // Four parallel 100 MB requests are refused. gRPC 1.51's transport still
+  // receives each whole before its size check, so the peak grows by about
+  // the four messages (measured +280..370 MB); before the limits they were
+  // also parsed and copied into handlers (+620 MB with the same 100 MB
+  // requests, 1.3 GB in the report).
+  const long rss_before = PeakRssKb(server->pid());
+  const std::string huge = get.SerializeAsString() + PaddingField(100 << 20);
+  std::vector<std::thread> senders;
+  std::vector<grpc::Status> results(4);
+  for (int i = 0; i < 4; ++i) {
+    senders.emplace_back([&, i] {
+      std::string ignored;
+      results[i] = RawUnary(server->channel(), "/kforge.v1.KernelService/GetKernel", huge, &ignored,
+                            absl::Seconds(60));
+    });
+  }
+  for (std::thread& t : senders) t.join();
+  for (const grpc::Status& r : results) {
+    EXPECT_EQ(r.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << r.error_message();
+  }
+  const long rss_after = PeakRssKb(server->pid());
+  EXPECT_LT(rss_after - rss_before, 480 * 1024) << rss_before << " kB -> " << rss_after << " kB";
+  // Answers are not capped like requests: a cubin still comes back.
+  Reply r = GetKernel(server->stub(), Glm5());
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_FALSE(r.response.artifact().cubin().empty());
 }
 
 TEST_F(ServerTest, CancelledPrebuildStartsNoMoreKernels) {
@@ -723,7 +1016,93 @@ TEST_F(ServerTest, PortInUseFailsClearly) {
                                          " --cache-dir ", (tmp_.path() / "other").string()),
                             &output);
   EXPECT_EQ(rc, 1) << output;
-  EXPECT_TRUE(Contains(output, absl::StrCat("cannot listen on ", server->address())));
+  EXPECT_TRUE(Contains(
+      output, absl::StrCat("cannot listen on ", server->address(), ": Address already in use")));
+  // One line from kforge, no raw gRPC error dump before it.
+  EXPECT_FALSE(Contains(output, "referenced_errors")) << output;
+  EXPECT_FALSE(Contains(output, "{")) << output;
+}
+
+// Bad numbers are refused by name instead of being truncated or taken
+// modulo 2^16 (--listen 127.0.0.1:99999 served on port 34463).
+TEST_F(ServerTest, OutOfRangeFlagsAreRefusedClearly) {
+  struct Case {
+    std::vector<std::string> args;
+    int rc;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{"--listen", "127.0.0.1:99999"}, 1, "cannot listen on 127.0.0.1:99999: port: got \"99999\""},
+      {{"--listen", "127.0.0.1"}, 1, "expected HOST:PORT"},
+      {{"--queue-limit", "4294967296"}, 2, "--queue-limit: got 4294967296, expected 0..2147483647"},
+      {{"--workers", "4294967297"}, 2, "--workers: got 4294967297, expected 1..4096"},
+      {{"--max-jobs-per-request", "0"}, 2, "--max-jobs-per-request: got 0"},
+  };
+  for (const Case& c : cases) {
+    std::string output;
+    const int rc =
+        RunCommand(absl::StrCat(kBinary, " serve --cache-dir ", (tmp_.path() / "flags").string(),
+                                " ", absl::StrJoin(c.args, " ")),
+                   &output);
+    EXPECT_EQ(rc, c.rc) << absl::StrJoin(c.args, " ") << ": " << output;
+    EXPECT_TRUE(Contains(output, c.message));
+  }
+}
+
+// --queue-limit 0 refused every compile even with idle workers: it means no
+// waiting queue, and an idle worker still takes work.
+TEST_F(ServerTest, QueueLimitZeroStillCompilesOnIdleWorkers) {
+  std::unique_ptr<ServerProcess> server = StartServer({"--queue-limit", "0", "--workers", "1"});
+  ASSERT_NE(server, nullptr);
+  Reply r = GetKernel(server->stub(), Glm5());
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(Stats(server->stub()).compiles(), 1u);
+}
+
+// Bytes that are not the request message were INTERNAL with an empty
+// message (UNIMPLEMENTED for the generated handlers); every method answers
+// INVALID_ARGUMENT saying what it could not parse.
+TEST_F(ServerTest, UnparsableRequestsAreInvalidArgument) {
+  std::unique_ptr<ServerProcess> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const std::string garbage = "\xff\xff\xff\xff\x0f";  // a varint tag of field 0
+  for (const auto& [method, type] : std::vector<std::pair<std::string, std::string>>{
+           {"GetKernel", "kforge.v1.GetKernelRequest"},
+           {"GetManifest", "kforge.v1.GetManifestRequest"},
+           {"Stats", "kforge.v1.StatsRequest"}}) {
+    std::string response;
+    grpc::Status s = RawUnary(server->channel(), absl::StrCat("/kforge.v1.KernelService/", method),
+                              garbage, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_TRUE(Contains(s.error_message(),
+                         absl::StrCat(method, " request of 5 bytes cannot be parsed as ", type)));
+  }
+  // Warm is a stream: the same answer through a generic streaming call.
+  grpc::GenericStub stub(server->channel()->shared_from_this());
+  for (const char* method : {"Warm", "Prebuild"}) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    grpc::CompletionQueue cq;
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+        stub.PrepareCall(&context, absl::StrCat("/kforge.v1.KernelService/", method), &cq);
+    void* tag;
+    bool ok;
+    call->StartCall(reinterpret_cast<void*>(1));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1);
+    call->WriteLast(request, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(3));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_TRUE(Contains(status.error_message(),
+                         "Warm request of 5 bytes cannot be parsed as kforge.v1.PrebuildRequest"));
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+  }
 }
 
 TEST_F(ServerTest, CliGetAndStats) {
@@ -759,6 +1138,112 @@ TEST_F(ServerTest, CliGetAndStats) {
   EXPECT_EQ(RunCommand(absl::StrCat(kBinary, " stats --server ", address), &output), 1);
   EXPECT_TRUE(
       Contains(output, absl::StrCat("kforge: cannot reach kforge server at ", address, ": ")));
+}
+
+// A stand-in server answering GetManifest and GetKernel with what the test
+// sets: a hostile server, a forged cache entry or a man in the middle.
+class ScriptedService final : public v1::KernelService::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* GetManifest(grpc::CallbackServerContext* context,
+                                        const v1::GetManifestRequest*,
+                                        v1::Manifest* response) override {
+    *response = manifest;
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* GetKernel(grpc::CallbackServerContext* context,
+                                      const v1::GetKernelRequest*,
+                                      v1::GetKernelResponse* response) override {
+    *response->mutable_artifact() = artifact;
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  // Set before the server starts.
+  v1::Manifest manifest;
+  v1::KernelArtifact artifact;
+};
+
+// `kforge get` joined -o with the module name the server sent: "../../x"
+// wrote x.cubin and x.json outside the directory, and a 41-byte non-ELF
+// "cubin" under a bogus key was accepted. It now checks the answer as the
+// C++ and Python clients do and writes nothing unless it is the kernel asked
+// for.
+TEST(CliGetTest, WritesOnlyTheKernelItAskedFor) {
+  absl::StatusOr<testing::CompiledFirstChoice> compiled = testing::CompileGlm5Tp8(kArch);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  TempDir tmp("kforge_cli_get_test");
+  struct Case {
+    const char* what;
+    std::function<void(v1::Manifest&, v1::KernelArtifact&)> change;
+    const char* message;  // "" for the honest answer
+  };
+  const Case cases[] = {
+      {"escaping module name",
+       [](v1::Manifest& m, v1::KernelArtifact& a) {
+         for (v1::ManifestVariant& v : *m.mutable_variants()) v.set_module_name("../../x");
+         a.set_module_name("../../x");
+       },
+       "module_name: got \"../../x\""},
+      {"41-byte non-ELF cubin under a bogus key",
+       [](v1::Manifest&, v1::KernelArtifact& a) {
+         a.set_key("bogus");
+         a.set_cubin("this is not an ELF file, just 41 bytes!!");
+       },
+       "key: expected"},
+      {"non-ELF cubin",
+       [](v1::Manifest&, v1::KernelArtifact& a) { a.set_cubin(std::string(41, 'x')); },
+       "cubin is unreadable"},
+      {"cubin for another arch",
+       [](v1::Manifest& m, v1::KernelArtifact& a) {
+         m.set_arch("sm_120a");
+         a.set_arch("sm_120a");
+       },
+       "arch: expected \"sm_90a\""},
+      {"honest answer", [](v1::Manifest&, v1::KernelArtifact&) {}, ""},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    ScriptedService service;
+    service.manifest = compiled->manifest;
+    service.artifact = compiled->artifact;
+    c.change(service.manifest, service.artifact);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.SetMaxSendMessageSize(256 << 20);
+    builder.RegisterService(&service);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    ASSERT_NE(server, nullptr);
+    const fs::path root = tmp.path() / absl::StrCat("case", ++n);
+    const fs::path out = root / "a" / "b";
+    std::string output;
+    const int rc =
+        RunCommand(absl::StrCat(kBinary, " get --server 127.0.0.1:", port,
+                                " --preset glm-5 --tp 8 --arch ", kArch, " -o ", out.string()),
+                   &output);
+    server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    std::vector<std::string> written;
+    if (fs::exists(root)) {
+      for (const auto& e : fs::recursive_directory_iterator(root)) {
+        if (e.is_regular_file()) written.push_back(e.path().lexically_relative(root).string());
+      }
+    }
+    if (std::string(c.message).empty()) {
+      EXPECT_EQ(rc, 0) << output;
+      const std::string module = compiled->artifact.module_name();
+      EXPECT_EQ(ReadFileOrEmpty(out / (module + ".cubin")), compiled->artifact.cubin());
+      EXPECT_EQ(written.size(), 2u) << absl::StrJoin(written, " ");
+    } else {
+      EXPECT_EQ(rc, 1) << output;
+      EXPECT_TRUE(
+          Contains(output, absl::StrCat("kforge server at 127.0.0.1:", port, " answered a ")));
+      EXPECT_TRUE(Contains(output, c.message));
+      EXPECT_TRUE(written.empty()) << absl::StrJoin(written, " ");
+    }
+  }
 }
 
 // A compile log far beyond what a client accepts in the status trailer

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/json_keys.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -146,6 +147,12 @@ INSTANTIATE_TEST_SUITE_P(
                   [](S& s) { s.set_softmax_scale(-0.5f); }},
         FieldCase{"ScaleNan", "softmax_scale", "nan", [](S& s) { s.set_softmax_scale(kNan); }},
         FieldCase{"ScaleInf", "softmax_scale", "inf", [](S& s) { s.set_softmax_scale(kInf); }},
+        // Finite, but softmax_scale * log2(e), a constant of the kernel, is
+        // not: NVRTC failed on "inff" (INTERNAL) after validation passed.
+        FieldCase{"ScaleHuge", "softmax_scale", "3e+38",
+                  [](S& s) { s.set_softmax_scale(3e38f); }},
+        FieldCase{"ScaleLargestThatBuilds", "", "",
+                  [](S& s) { s.set_softmax_scale(2.3e38f); }},
         FieldCase{"ScaleNegInf", "softmax_scale", "-inf", [](S& s) { s.set_softmax_scale(-kInf); }},
         // return_lse
         FieldCase{"LseFalse", "", "", [](S& s) { s.set_return_lse(false); }},
@@ -401,6 +408,36 @@ TEST(ParseSpecTest, MalformedInputIsError) {
     EXPECT_FALSE(parsed.ok()) << "'" << text << "'";
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << "'" << text << "'";
   }
+}
+
+// Protobuf's JSON parser takes the last of two equal keys; a spec that
+// says a field twice (in either spelling) is an error naming it.
+TEST(ParseSpecTest, DuplicateKeysAreAnError) {
+  for (const char* text :
+       {R"({"topk": 2048, "num_q_heads": 16, "topk": 1024})",
+        R"({"num_q_heads": 16, "numQHeads": 8})", "{\"topk\": 1,\n \"top\\u006b\": 2}"}) {
+    absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(text);
+    ASSERT_FALSE(parsed.ok()) << text;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_TRUE(Contains(parsed.status().message(), "is given twice")) << parsed.status();
+  }
+  absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec("num_q_heads: 16\ntopk: 2048\ntopk: 1024\n");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_TRUE(Contains(parsed.status().message(), "topk")) << parsed.status();
+  // Equal keys in different objects, or inside strings, are fine.
+  EXPECT_TRUE(CheckNoDuplicateJsonKeys(R"({"a": {"b": 1}, "c": {"b": "a, \"a\": 2"}})", true).ok());
+}
+
+// A preset's tensor_parallel is a uint32 on the wire; 4294967295 was
+// reported as "got -1".
+TEST(SpecOfSelectorTest, HugeTensorParallelIsReportedAsSent) {
+  v1::KernelSelector selector;
+  selector.mutable_preset()->set_name("glm-5");
+  selector.mutable_preset()->set_tensor_parallel(4294967295u);
+  absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(selector);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_TRUE(Contains(spec.status().message(), "tensor_parallel: got 4294967295,"))
+      << spec.status();
 }
 
 TEST(ParseSpecTest, TextProtoErrorHasLineAndColumn) {

@@ -274,6 +274,7 @@ class ServeProcess {
   }
 
   const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
 
  private:
   std::filesystem::path log_;

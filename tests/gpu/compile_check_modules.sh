@@ -43,6 +43,8 @@ done
 for h in 16 64; do
   jobs+=("$(write_spec $h 2048 0.0625 true 64 KV_SCALE_FORMAT_ARBITRARY) sm_90a 0")
 done
+# Two short head groups (50 of 64 rows) on the wgmma pipeline.
+jobs+=("$(write_spec 100 2048 0.0625 true 64 KV_SCALE_FORMAT_ARBITRARY) sm_90a 0")
 jobs+=("$(write_spec 16 2049 0.0625 true 64 KV_SCALE_FORMAT_ARBITRARY 0) sm_90a 0")
 for h in 8 64 128; do
   jobs+=("$(write_spec $h 2048 0.0625 true 64 KV_SCALE_FORMAT_ARBITRARY) sm_90a 101376")

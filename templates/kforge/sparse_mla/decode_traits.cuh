@@ -11,6 +11,17 @@
 namespace kforge {
 namespace sparse_mla {
 
+// Choose<c, A, B>::type is A if c, else B (std::conditional, which NVRTC
+// units cannot include); picks a phase's implementation from the traits.
+template <bool kCond, class A, class B>
+struct Choose {
+  using type = A;
+};
+template <class A, class B>
+struct Choose<false, A, B> {
+  using type = B;
+};
+
 // Instantiated by DecodeTraits only to report a rejected tiling: the
 // compiler's "during instantiation of AssertTilingOk<...>" note names the
 // TilingError (see CheckDecodeTiling in config.h).

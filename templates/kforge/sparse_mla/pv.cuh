@@ -110,18 +110,9 @@ struct PvWgmma {
   }
 };
 
-template <bool kWgmma, class MmaSync, class Wgmma>
-struct SelectPv {
-  using type = MmaSync;
-};
-template <class MmaSync, class Wgmma>
-struct SelectPv<true, MmaSync, Wgmma> {
-  using type = Wgmma;
-};
-
 // The O = P V implementation of a traits type.
 template <class T>
-using PvPhase = typename SelectPv<T::kWgmma, PvMmaSync<T>, PvWgmma<T>>::type;
+using PvPhase = typename Choose<T::kWgmma, PvWgmma<T>, PvMmaSync<T>>::type;
 
 }  // namespace sparse_mla
 }  // namespace kforge

@@ -151,18 +151,9 @@ struct QkWgmma {
   }
 };
 
-template <bool kWgmma, class MmaSync, class Wgmma>
-struct SelectQk {
-  using type = MmaSync;
-};
-template <class MmaSync, class Wgmma>
-struct SelectQk<true, MmaSync, Wgmma> {
-  using type = Wgmma;
-};
-
-// The S implementation of a traits type.
+// The S = Q K^T implementation of a traits type.
 template <class T>
-using QkPhase = typename SelectQk<T::kWgmma, QkMmaSync<T>, QkWgmma<T>>::type;
+using QkPhase = typename Choose<T::kWgmma, QkWgmma<T>, QkMmaSync<T>>::type;
 
 // Makes this thread's shared-memory writes of a KV tile visible to the whole
 // CTA and to the S phase's reads.

@@ -95,9 +95,11 @@ bool Fit(const v1::AttentionSpec& spec, int head_tile, int heads_per_group, Tile
 
 int RoundUp16(int x) { return (x + 15) / 16 * 16; }
 
-// On the H200, 8 heads x batch 1 (topk 2048, 32-token tiles) ran fastest
-// with 16 splits = 4 tiles per split (BENCH.md, 2026-11-29).
-constexpr int kMinTilesPerSplit = 4;
+// Keys per split below which splitting further stops paying. On the H200 at
+// batch 1 (topk 2048) the fastest split count kept 128 keys per split with
+// 32-token tiles (8 heads: 16 splits, BENCH.md 2026-11-29) and with 64-token
+// tiles (64 and 128 heads, bf16 and fp8: 16 splits, BENCH.md 2026-12-01).
+constexpr int kMinKeysPerSplit = 128;
 
 // The scale as a readable name part: the shortest decimal that reads back
 // as the same float (%.9g always does; shorter forms are tried first), with
@@ -173,7 +175,8 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
                                            (spec.kv_lora_rank() + 1) * sizeof(float));
   const int per_block = static_cast<int>(rule.dynamic_smem_bytes()) + Arch::kReservedSmemPerBlock;
   rule.set_ctas_per_sm(std::max(1, arch.smem_per_sm / per_block));
-  rule.set_min_tiles_per_split(kMinTilesPerSplit);
+  rule.set_min_tiles_per_split(
+      std::max(1, kMinKeysPerSplit / static_cast<int>(tiling.token_tile())));
   return rule;
 }
 

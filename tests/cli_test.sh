@@ -293,7 +293,7 @@ expect_ok() {
 # health NAME ROOTS_PEM: a stock gRPC health check with no token and no
 # client certificate; prints the serving status number (1 = SERVING).
 health() {
-  python3 - "$ADDR" "$1" <<'PY'
+  "${KFORGE_TEST_PYTHON:-/usr/bin/python3}" - "$ADDR" "$1" <<'PY'
 import sys, grpc
 addr, ca = sys.argv[1], sys.argv[2]
 creds = grpc.ssl_channel_credentials(root_certificates=open(ca, "rb").read())

@@ -18,6 +18,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "base/absl_compat.h"
+#include "base/credentials.h"
+#include "base/ed25519.h"
 #include "base/io.h"
 #include "base/sha256.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -414,6 +416,16 @@ absl::Status BundleWriter::AddManifest(const v1::Manifest& manifest) {
 absl::Status BundleWriter::Finish() {
   WriteLock lock(*this);
   if (!lock.status().ok()) return lock.status();
+  {
+    // Removed before the list changes: a signature never covers another list.
+    std::error_code ec;
+    fs::remove(JoinPath(dir_, kBundleSignatureFile), ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat("cannot remove the old signature ",
+                                              JoinPath(dir_, kBundleSignatureFile), ": ",
+                                              ec.message()));
+    }
+  }
   std::string text;
   for (const std::string& relative : ListFiles(dir_)) {
     const std::string path = JoinPath(dir_, relative);
@@ -430,6 +442,47 @@ absl::Status BundleWriter::Finish() {
     absl::StrAppend(&text, Sha256Hex(*data), "  ", relative, "\n");
   }
   return WriteFileAtomic(JoinPath(dir_, kBundleChecksumsFile), text);
+}
+
+absl::Status BundleWriter::Sign(const std::string& private_key_pem) {
+  WriteLock lock(*this);
+  if (!lock.status().ok()) return lock.status();
+  absl::StatusOr<std::string> text =
+      ReadFile(JoinPath(dir_, kBundleChecksumsFile), kMaxChecksumsFileBytes);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<std::string> signature = Ed25519Sign(private_key_pem, *text);
+  if (!signature.ok()) return signature.status();
+  return WriteFileAtomic(JoinPath(dir_, kBundleSignatureFile), *signature);
+}
+
+absl::Status CheckBundleSignature(const std::string& dir, const std::string& checksums_text,
+                                  const std::string& trust_key_file) {
+  absl::StatusOr<std::string> public_pem = ReadCredentialFile(trust_key_file, "trust key");
+  if (!public_pem.ok()) {
+    return absl::InvalidArgumentError(public_pem.status().message());
+  }
+  const std::string sig_path = JoinPath(dir, kBundleSignatureFile);
+  absl::StatusOr<std::string> signature = ReadFile(sig_path, kMaxMarkerFileBytes);
+  if (absl::IsNotFound(signature.status())) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "bundle ", dir, " is not signed (no ", kBundleSignatureFile, ") and a trust key (",
+        trust_key_file, ") is configured: sign it with `kforge prebuild --sign KEY`"));
+  }
+  if (!signature.ok()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("bundle ", dir, ": ", signature.status().message()));
+  }
+  absl::Status verified = Ed25519Verify(*public_pem, checksums_text, *signature);
+  if (absl::IsInvalidArgument(verified)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trust key ", trust_key_file, ": ", verified.message()));
+  }
+  if (!verified.ok()) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "bundle ", dir, ": ", kBundleSignatureFile, " is not a signature of ", kBundleChecksumsFile,
+        " by trust key ", trust_key_file, ": ", verified.message()));
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------
@@ -518,7 +571,9 @@ class Verifier {
   }
 
   void CheckFile(const std::string& path) {
-    if (path == kBundleMarkerFile || path == kBundleChecksumsFile) return;
+    if (path == kBundleMarkerFile || path == kBundleChecksumsFile || path == kBundleSignatureFile) {
+      return;
+    }
     absl::StatusOr<std::string> data = ReadFile(JoinPath(dir_, path), MaxBundleFileBytes(path));
     if (!data.ok()) {
       Add(path, data.status().message());
@@ -574,12 +629,23 @@ class Verifier {
 
 }  // namespace
 
-std::vector<BundleProblem> VerifyBundle(const std::string& dir) {
+std::vector<BundleProblem> VerifyBundle(const std::string& dir, const std::string& trust_key_file) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return {{".", absl::StrCat(dir, " is not a directory")}};
   }
-  return Verifier(dir).Run();
+  std::vector<BundleProblem> problems = Verifier(dir).Run();
+  if (!trust_key_file.empty()) {
+    absl::StatusOr<std::string> text =
+        ReadFile(JoinPath(dir, kBundleChecksumsFile), kMaxChecksumsFileBytes);
+    // An unreadable list is reported by the Verifier already.
+    if (text.ok()) {
+      if (absl::Status s = CheckBundleSignature(dir, *text, trust_key_file); !s.ok()) {
+        problems.push_back({kBundleSignatureFile, std::string(s.message())});
+      }
+    }
+  }
+  return problems;
 }
 
 // ---------------------------------------------------------------------------
@@ -593,7 +659,8 @@ struct BundleSource::State {
   std::map<std::string, ArtifactRef> kernels ABSL_GUARDED_BY(mu);  // by key
 };
 
-absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(
+    const std::string& dir, const std::string& trust_key_file) {
   absl::Status marker = CheckMarker(dir);
   if (absl::IsNotFound(marker)) {
     return absl::FailedPreconditionError(
@@ -608,6 +675,9 @@ absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(const std::stri
     return absl::FailedPreconditionError(absl::StrCat(
         "bundle ", dir, " has no readable ", kBundleChecksumsFile, " (", text.status().message(),
         "): its writer never finished; rebuild it or ", VerifyHint(dir)));
+  }
+  if (!trust_key_file.empty()) {
+    if (absl::Status s = CheckBundleSignature(dir, *text, trust_key_file); !s.ok()) return s;
   }
   state->checksums = ParseChecksums(*text);
   if (!state->checksums.errors.empty()) {

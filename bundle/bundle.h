@@ -16,6 +16,11 @@
 //   DIR/checksums.sha256       "<sha256 hex>  <path relative to DIR>" per
 //                              kernel and manifest file, sorted by path;
 //                              `sha256sum -c checksums.sha256` works in DIR
+//   DIR/checksums.sha256.sig   optional: the raw 64-byte Ed25519 signature of
+//                              checksums.sha256 (`kforge prebuild --sign`);
+//                              it covers every listed file through its sum.
+//                              A reader given a trust key (`--trust`)
+//                              refuses a bundle without a valid one.
 //
 // Every file is written to a temporary name and renamed (WriteFileAtomic),
 // so a killed writer leaves whole files or none; checksums.sha256 is
@@ -43,6 +48,7 @@ namespace kforge {
 inline constexpr uint32_t kBundleFormatVersion = kFormatVersion;
 inline constexpr char kBundleMarkerFile[] = "kforge-bundle.json";
 inline constexpr char kBundleChecksumsFile[] = "checksums.sha256";
+inline constexpr char kBundleSignatureFile[] = "checksums.sha256.sig";
 
 std::string BundleKernelPath(std::string_view key);  // "kernels/<key>.kfa"
 // "manifests/<first-choice module_name>.json"; InvalidArgument for a manifest
@@ -80,8 +86,12 @@ class BundleWriter {
   absl::Status AddKernel(const v1::KernelArtifact& artifact);
   absl::Status AddManifest(const v1::Manifest& manifest);
   // Rewrites checksums.sha256 over every kernel and manifest file now in
-  // the directory.
+  // the directory. A signature of the old list is removed first: it no
+  // longer covers the bundle (sign again with Sign).
   absl::Status Finish();
+  // Writes checksums.sha256.sig, the Ed25519 signature of checksums.sha256
+  // as Finish left it, with `private_key_pem` (base/ed25519.h).
+  absl::Status Sign(const std::string& private_key_pem);
 
   const std::string& dir() const { return dir_; }
 
@@ -105,15 +115,31 @@ struct BundleProblem {
 // Checks a bundle: marker and format version, every checksum, files present
 // but not listed and listed but missing, every kernel parses and its key
 // matches its name, every manifest parses and each variant's kernel is
-// present and passes CheckArtifactForVariant. Empty = good.
-std::vector<BundleProblem> VerifyBundle(const std::string& dir);
+// present and passes CheckArtifactForVariant. Empty = good. With
+// `trust_key_file` (an Ed25519 public key, PEM), checksums.sha256 must also
+// carry a valid signature by that key (CheckBundleSignature).
+std::vector<BundleProblem> VerifyBundle(const std::string& dir,
+                                        const std::string& trust_key_file = "");
+
+// The one signature rule of every reader: OK when DIR/checksums.sha256.sig
+// is the signature of `checksums_text` (the list as the caller read it, so
+// that what is checked is what is used) by the public key in
+// `trust_key_file`. A missing signature, a signature by another key and a
+// list changed after signing are Unauthenticated naming the bundle; a key
+// file that cannot be read or is not an Ed25519 public key is
+// InvalidArgument naming it.
+absl::Status CheckBundleSignature(const std::string& dir, const std::string& checksums_text,
+                                  const std::string& trust_key_file);
 
 // Reads kernels and manifests from a bundle directory with no server. Open
 // checks the marker and format version and reads the manifests; kernels are
 // read on demand and checked against the checksum list and the variant.
+// With `trust_key_file`, Open refuses a bundle that is not signed by that
+// key (CheckBundleSignature), before reading anything the list names.
 class BundleSource : public KernelSource {
  public:
-  static absl::StatusOr<std::unique_ptr<BundleSource>> Open(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<BundleSource>> Open(const std::string& dir,
+                                                            const std::string& trust_key_file = "");
 
   // NotFound lists what the bundle holds when (spec, arch) is not there.
   absl::StatusOr<v1::Manifest> GetManifest(const v1::KernelSelector& kernel,

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "base/absl_compat.h"
+#include "base/credentials.h"
 #include "bundle/bundle.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/service.pb.h"
@@ -368,6 +369,40 @@ int32_t kforge_bundle_open(const char* dir, KforgeBundle** bundle, char** error)
     if (!source.ok()) return source.status();
     *bundle = new KforgeBundle{*std::move(source)};
     return absl::OkStatus();
+  });
+}
+
+int32_t kforge_bundle_open_trusted(const char* dir, const char* trust_key_file,
+                                   KforgeBundle** bundle, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (dir == nullptr) return Null("dir");
+    if (trust_key_file == nullptr) return Null("trust_key_file");
+    if (bundle == nullptr) return Null("bundle");
+    absl::StatusOr<std::unique_ptr<kforge::BundleSource>> source =
+        kforge::BundleSource::Open(dir, trust_key_file);
+    if (!source.ok()) return source.status();
+    *bundle = new KforgeBundle{*std::move(source)};
+    return absl::OkStatus();
+  });
+}
+
+int32_t kforge_read_credential_file(const char* path, const char* what, char** text, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (path == nullptr) return Null("path");
+    if (what == nullptr) return Null("what");
+    absl::StatusOr<std::string> read = kforge::ReadCredentialFile(path, what);
+    if (!read.ok()) return read.status();
+    return OutputString(*read, text, "text");
+  });
+}
+
+int32_t kforge_read_token_file(const char* path, const char* what, char** token, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (path == nullptr) return Null("path");
+    if (what == nullptr) return Null("what");
+    absl::StatusOr<std::vector<std::string>> tokens = kforge::ReadTokenFile(path, what);
+    if (!tokens.ok()) return tokens.status();
+    return OutputString(tokens->front(), token, "token");
   });
 }
 

@@ -152,6 +152,10 @@ int32_t kforge_bundle_manifest_path(const uint8_t* manifest, size_t manifest_siz
 typedef struct KforgeBundle KforgeBundle;
 /* BundleSource::Open. Close with kforge_bundle_close. */
 int32_t kforge_bundle_open(const char* dir, KforgeBundle** bundle, char** error);
+/* BundleSource::Open with a trust key: an Ed25519 public key (PEM file) the
+ * bundle's checksums.sha256 must be signed by. */
+int32_t kforge_bundle_open_trusted(const char* dir, const char* trust_key_file,
+                                   KforgeBundle** bundle, char** error);
 void kforge_bundle_close(KforgeBundle* bundle);
 /* The bundle's index-th manifest (in checksum-list order); OUT_OF_RANGE
  * past the last. */
@@ -179,6 +183,12 @@ int32_t kforge_bundle_writer_add_kernel(KforgeBundleWriter* writer, const uint8_
 int32_t kforge_bundle_writer_add_manifest(KforgeBundleWriter* writer, const uint8_t* manifest,
                                           size_t manifest_size, char** error);
 int32_t kforge_bundle_writer_finish(KforgeBundleWriter* writer, char** error);
+
+/* ReadCredentialFile (base/credentials.h): a PEM certificate or key file,
+ * a regular file under the size cap; errors name `what` and the path. */
+int32_t kforge_read_credential_file(const char* path, const char* what, char** text, char** error);
+/* ReadTokenFile: the first bearer token of a token file. */
+int32_t kforge_read_token_file(const char* path, const char* what, char** token, char** error);
 
 /* VerifyBundle: *problems problems, listed in *report one per line as
  * "<path>\t<message>" (empty when the bundle is good). */

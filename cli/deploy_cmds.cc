@@ -4,11 +4,13 @@
 // checks.
 #include "cli/deploy_cmds.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
@@ -26,8 +28,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/credentials.h"
+#include "base/ed25519.h"
+#include "base/io.h"
 #include "base/shutdown_signals.h"
 #include "bundle/bundle.h"
+#include "cli/connect_args.h"
 #include "cli/flags.h"
 #include "cli/progress.h"
 #include "cli/worker_faults.h"
@@ -153,7 +159,12 @@ const std::vector<FlagSpec>& WarmFlags() {
       {"connect-timeout", "SECONDS", "give up when the server cannot be reached", "10"},
       {"timeout", "SECONDS", "deadline for the whole warm-up (0: none)", "3600"},
       {"help", "", "show this help", "", 'h'}};
-  return kFlags;
+  static const std::vector<FlagSpec> kWithSecurity = [] {
+    std::vector<FlagSpec> flags = kFlags;
+    flags.insert(flags.end() - 1, ClientSecurityFlags().begin(), ClientSecurityFlags().end());
+    return flags;
+  }();
+  return kWithSecurity;
 }
 
 }  // namespace
@@ -162,7 +173,8 @@ int Warm(const std::vector<std::string>& argv) {
   absl::StatusOr<ParsedArgs> args = ParseFlags(WarmFlags(), argv);
   if (!args.ok()) return UsageError(args.status());
   if (args->Has("help")) {
-    std::cout << "usage: kforge warm [--server ADDR] [-j N] [MATRIX]\n\n"
+    std::cout << "usage: kforge warm [--server ADDR] [-j N] [--tls-ca FILE] [--token-file FILE] "
+                 "[MATRIX]\n\n"
                  "Asks a running kforge server to compile every kernel of a "
                  "deployment matrix\n(docs/MATRIX.md) into its cache: one "
                  "kernel per model, tp, kv dtype, s_q and arch.\nWithout "
@@ -184,11 +196,16 @@ int Warm(const std::vector<std::string>& argv) {
   // Checked before any work is reported, so an unreachable server is one
   // clear message rather than a failure per kernel.
   const std::string address = args->Get("server");
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> connected = ConnectFromArgs(address, *args);
+  if (!connected.ok()) return UsageError(connected.status());
+  std::shared_ptr<grpc::Channel> channel = *std::move(connected);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(connect_s)))) {
+    const bool tls = ClientSecurityFromArgs(*args).UsesTls();
     return UsageError(absl::UnavailableError(absl::StrCat(
-        "cannot reach kforge server at ", address, " (no connection within ", connect_s, " s)")));
+        "cannot reach kforge server at ", address, " (no connection within ", connect_s, " s",
+        tls ? "; with TLS: check that it serves TLS and that its certificate chains to --tls-ca"
+            : "; if it serves TLS, give its CA with --tls-ca",
+        ")")));
   }
   auto stub = v1::KernelService::NewStub(channel);
   const absl::Time deadline =
@@ -240,11 +257,15 @@ const std::vector<FlagSpec>& PrebuildFlags() {
        {"jobs", "N", "compile worker processes at once (the default is this machine's CPU count)",
         DefaultJobs(), 'j'},
        {"compile-timeout", "SECONDS", "a kernel compiling longer is killed and fails", "120"},
+       {"sign", "KEYFILE",
+        "sign checksums.sha256 with this Ed25519 private key (PEM; kforge keygen) into "
+        "checksums.sha256.sig"},
        {"help", "", "show this help", "", 'h'}});
   return kFlags;
 }
 
-void PrintPrebuildSummary(const std::string& dir, const PrebuildReport& report, int stop_signal) {
+void PrintPrebuildSummary(const std::string& dir, const PrebuildReport& report, int stop_signal,
+                          bool signed_bundle) {
   if (!report.manifests_skipped.empty()) {
     std::cout << "prebuild: manifests not written (a kernel of theirs failed): "
               << absl::StrJoin(report.manifests_skipped, ", ") << "\n";
@@ -260,7 +281,8 @@ void PrintPrebuildSummary(const std::string& dir, const PrebuildReport& report, 
                  "complete it\n";
     return;
   }
-  std::cout << "; " << report.manifests << " manifests; " << kBundleChecksumsFile << " written in "
+  std::cout << "; " << report.manifests << " manifests; " << kBundleChecksumsFile
+            << (signed_bundle ? absl::StrCat(" and ", kBundleSignatureFile) : "") << " written in "
             << absl::StrFormat("%.1f", report.seconds) << " s\n";
 }
 
@@ -275,7 +297,7 @@ int Prebuild(const std::vector<std::string>& argv) {
   absl::StatusOr<ParsedArgs> args = ParseFlags(PrebuildFlags(), argv);
   if (!args.ok()) return UsageError(args.status());
   if (args->Has("help")) {
-    std::cout << "usage: kforge prebuild [MATRIX] --out DIR [-j N]\n\n"
+    std::cout << "usage: kforge prebuild [MATRIX] --out DIR [-j N] [--sign KEYFILE]\n\n"
                  "Compiles every kernel of a deployment matrix (docs/MATRIX.md) "
                  "into a bundle\ndirectory that engines and `kforge serve "
                  "--warm-from` read with no compiler:\nkernels named by their "
@@ -302,6 +324,17 @@ int Prebuild(const std::vector<std::string>& argv) {
   absl::StatusOr<WorkerFaults> faults = WorkerFaultsFromArgs(*args);
   if (!faults.ok()) return UsageError(faults.status());
   options.worker_faults = *faults;
+  if (args->Has("sign")) {
+    // Checked before any compile: a wrong key is found in a second, not
+    // after the whole matrix.
+    absl::StatusOr<std::string> key = ReadCredentialFile(args->Get("sign"), "--sign");
+    if (!key.ok()) return UsageError(key.status());
+    if (absl::Status s = Ed25519PublicKeyOf(*key).status(); !s.ok()) {
+      return UsageError(absl::InvalidArgumentError(
+          absl::StrCat("--sign ", args->Get("sign"), ": ", s.message())));
+    }
+    options.sign_key_pem = *std::move(key);
+  }
   absl::StatusOr<std::vector<MatrixJob>> matrix_jobs = MatrixJobsFromArgs(*args);
   if (!matrix_jobs.ok()) return UsageError(matrix_jobs.status());
 
@@ -343,7 +376,8 @@ int Prebuild(const std::vector<std::string>& argv) {
                ? kExitUsage
                : kExitFailures;
   }
-  PrintPrebuildSummary(options.out_dir, *report, (*signals)->received());
+  PrintPrebuildSummary(options.out_dir, *report, (*signals)->received(),
+                       !options.sign_key_pem.empty());
   return PrebuildExitCode(*report, (*signals)->received());
 }
 
@@ -366,11 +400,14 @@ int CountFiles(const std::string& dir, const char* sub, const char* suffix) {
 }  // namespace
 
 int Verify(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = {{"help", "", "show this help", "", 'h'}};
+  const std::vector<FlagSpec> flags = {
+      {"trust", "PUBKEY",
+       "also require checksums.sha256.sig, a valid signature by this Ed25519 public key (PEM)"},
+      {"help", "", "show this help", "", 'h'}};
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return UsageError(args.status());
   if (args->Has("help")) {
-    std::cout << "usage: kforge verify DIR\n\n"
+    std::cout << "usage: kforge verify [--trust PUBKEY] DIR\n\n"
                  "Checks a bundle written by `kforge prebuild`: format version, "
                  "every checksum,\nfiles missing or not listed, every kernel "
                  "against its name and its manifests.\nPrints each problem as "
@@ -392,7 +429,12 @@ int Verify(const std::vector<std::string>& argv) {
         absl::StrCat(dir, " is not a kforge bundle: it has no ", kBundleMarkerFile,
                      " (`kforge prebuild --out ", dir, "` writes one)")));
   }
-  const std::vector<BundleProblem> problems = VerifyBundle(dir);
+  if (args->Has("trust")) {
+    // A key that cannot be used is a usage error, not a problem of the bundle.
+    absl::StatusOr<std::string> key = ReadCredentialFile(args->Get("trust"), "--trust");
+    if (!key.ok()) return UsageError(key.status());
+  }
+  const std::vector<BundleProblem> problems = VerifyBundle(dir, args->Get("trust"));
   for (const BundleProblem& p : problems) std::cout << p.path << ": " << p.message << "\n";
   if (!problems.empty()) {
     std::cout << "verify: " << dir << ": " << problems.size()
@@ -400,7 +442,59 @@ int Verify(const std::vector<std::string>& argv) {
     return kExitFailures;
   }
   std::cout << "verify: " << dir << ": OK, " << CountFiles(dir, "kernels", ".kfa") << " kernels, "
-            << CountFiles(dir, "manifests", ".json") << " manifests\n";
+            << CountFiles(dir, "manifests", ".json") << " manifests"
+            << (args->Has("trust") ? ", signed by the trusted key" : "") << "\n";
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------
+// kforge keygen
+
+int Keygen(const std::vector<std::string>& argv) {
+  const std::vector<FlagSpec> flags = {
+      {"out", "PREFIX", "write PREFIX.key (private, mode 0600) and PREFIX.pub (public)", "", 'o'},
+      {"help", "", "show this help", "", 'h'}};
+  absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
+  if (!args.ok()) return UsageError(args.status());
+  if (args->Has("help")) {
+    std::cout << "usage: kforge keygen --out PREFIX\n\n"
+                 "Makes an Ed25519 key pair for signing bundles: `kforge prebuild --sign "
+                 "PREFIX.key`,\nthen `kforge serve --warm-from DIR --trust PREFIX.pub` (and the "
+                 "clients' bundle mode)\nrefuse a bundle that key did not sign. PEM, as openssl "
+                 "writes them.\n\n"
+              << FlagsHelp(flags);
+    return kExitOk;
+  }
+  const std::string prefix = args->Get("out");
+  if (prefix.empty() || !args->positional.empty()) {
+    return UsageError(absl::InvalidArgumentError("--out PREFIX is required (and nothing else)"));
+  }
+  const std::string private_path = prefix + ".key";
+  const std::string public_path = prefix + ".pub";
+  std::error_code ec;
+  for (const std::string& path : {private_path, public_path}) {
+    if (std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
+      return UsageError(absl::AlreadyExistsError(
+          absl::StrCat(path, " exists: kforge keygen never overwrites a key")));
+    }
+  }
+  absl::StatusOr<Ed25519KeyPair> pair = GenerateEd25519KeyPair();
+  if (!pair.ok()) return UsageError(pair.status());
+  // The private key is created 0600 and exclusively: never readable by
+  // others, not even for a moment, and never written through a link.
+  const int fd =
+      open(private_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return UsageError(ErrnoStatus(errno, "cannot create", private_path));
+  absl::Status s = WriteAll(fd, pair->private_pem, private_path);
+  if (s.ok() && fsync(fd) != 0) s = ErrnoStatus(errno, "fsync", private_path);
+  close(fd);
+  if (s.ok()) s = WriteFileAtomic(public_path, pair->public_pem);
+  if (!s.ok()) {
+    std::filesystem::remove(private_path, ec);
+    return UsageError(s);
+  }
+  std::cout << "keygen: " << private_path << " (private: keep it secret), " << public_path
+            << " (public: give it to --trust)\n";
   return kExitOk;
 }
 

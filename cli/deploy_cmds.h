@@ -28,6 +28,8 @@ int Prebuild(const std::vector<std::string>& argv);
 // problem as "path: message", then a count. Exit 0 clean, 1 on any
 // problem, 2 for a usage error or a DIR that is not a bundle at all.
 int Verify(const std::vector<std::string>& argv);
+// `kforge keygen`: an Ed25519 key pair for signing bundles.
+int Keygen(const std::vector<std::string>& argv);
 
 }  // namespace kforge::cli
 

@@ -186,7 +186,8 @@ void Usage() {
                "  select    pick the variant and launch configuration for a shape\n"
                "  warm      have a server compile every kernel of a deployment matrix\n"
                "  prebuild  compile every kernel of a deployment matrix into a bundle\n"
-               "  verify    check a bundle's checksums, kernels and manifests\n\n"
+               "  verify    check a bundle's checksums, kernels and manifests (and signature)\n"
+               "  keygen    make an Ed25519 key pair for signing bundles\n\n"
                "Run 'kforge <command> --help' for its flags.\n";
 }
 
@@ -212,6 +213,7 @@ int main(int argc, char** argv) {
   if (cmd == "warm") return Warm(rest);
   if (cmd == "prebuild") return Prebuild(rest);
   if (cmd == "verify") return Verify(rest);
+  if (cmd == "keygen") return Keygen(rest);
   if (cmd == "compile-worker") {
     // Run by the compile pool, never by hand: `compile-worker PID [faults]`.
     absl::StatusOr<kforge::WorkerFaults> faults = kforge::WorkerFaults::FromArgs(

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "base/io.h"
 #include "bundle/bundle.h"
+#include "cli/connect_args.h"
 #include "cli/flags.h"
 #include "cli/kernel_args.h"
 #include "cli/worker_faults.h"
@@ -38,8 +39,6 @@ constexpr char kDefaultServer[] = "127.0.0.1:50051";
 constexpr long long kMaxWorkers = 4096;
 // A year: longer timeouts are "never", and absl::Duration stays exact.
 constexpr long long kMaxSeconds = 365LL * 24 * 3600;
-// Same bound as the server's: cubins are megabytes, gRPC's default is 4 MB.
-constexpr int kMaxMessageBytes = 256 << 20;
 
 // $XDG_CACHE_HOME/kforge, else ~/.cache/kforge (XDG base directory spec).
 std::string DefaultCacheDir() {
@@ -59,20 +58,14 @@ absl::Status IntFlag(const ParsedArgs& args, const std::string& name, long long 
   return absl::OkStatus();
 }
 
-std::shared_ptr<grpc::Channel> Connect(const std::string& address) {
-  grpc::ChannelArguments channel_args;
-  channel_args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  channel_args.SetMaxSendMessageSize(kMaxMessageBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args);
-}
-
 // A failed call as the user should read it: a server that cannot be reached
 // is told apart from an error the server answered with.
-int FailCall(const grpc::Status& status, grpc::Channel& channel, const std::string& address) {
+int FailCall(const grpc::Status& status, grpc::Channel& channel, const std::string& address,
+             const ParsedArgs& args) {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
       channel.GetState(false) != GRPC_CHANNEL_READY) {
     std::cerr << "kforge: cannot reach kforge server at " << address << ": "
-              << status.error_message() << "\n";
+              << ExplainTransportError(status, ClientSecurityFromArgs(args).UsesTls()) << "\n";
     return 1;
   }
   std::cerr << "kforge: "
@@ -131,6 +124,18 @@ int Serve(const std::vector<std::string>& argv) {
        "load a bundle (kforge prebuild --out) into the cache at start; health "
        "says NOT_SERVING until done",
        ""},
+      {"trust", "PUBKEY",
+       "with --warm-from: refuse a bundle not signed by this Ed25519 public key (PEM; "
+       "kforge keygen)"},
+      {"tls-cert", "FILE", "serve TLS with this certificate chain (PEM)"},
+      {"tls-key", "FILE", "the certificate's private key (PEM)"},
+      {"tls-client-ca", "FILE", "mTLS: clients must present a certificate signed by this CA (PEM)"},
+      {"auth-token-file", "FILE",
+       "calls need a bearer token listed in FILE (one per line; reread on SIGHUP; needs TLS). "
+       "Health checks stay open"},
+      {"admin-token-file", "FILE",
+       "Warm needs a token listed in FILE (admin tokens are accepted everywhere; reread on "
+       "SIGHUP; needs TLS)"},
       {"help", "", "show this help", "", 'h'}};
   for (FlagSpec& hidden : WorkerFaultFlags()) flags.push_back(std::move(hidden));
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
@@ -146,6 +151,15 @@ int Serve(const std::vector<std::string>& argv) {
   options.listen = args->Get("listen");
   options.store.cache_dir = args->Get("cache-dir");
   options.warm_from = args->Get("warm-from");
+  options.trust_key_file = args->Get("trust");
+  if (!options.trust_key_file.empty() && options.warm_from.empty()) {
+    return Fail(absl::InvalidArgumentError("--trust checks the bundle of --warm-from; give both"));
+  }
+  options.security.tls_cert_file = args->Get("tls-cert");
+  options.security.tls_key_file = args->Get("tls-key");
+  options.security.tls_client_ca_file = args->Get("tls-client-ca");
+  options.security.auth_token_file = args->Get("auth-token-file");
+  options.security.admin_token_file = args->Get("admin-token-file");
   long long memory_bytes = 0, disk_bytes = 0, workers = 0, queue_limit = 0, timeout_s = 0,
             grace_s = 0, failure_cache_s = 0;
   for (absl::Status s :
@@ -183,11 +197,14 @@ int Get(const std::vector<std::string>& argv) {
       {"timeout", "SECONDS", "deadline for the call (0: none)", "600"},
       {"help", "", "show this help", "", 'h'}};
   flags.insert(flags.begin() + 1, KernelChoiceFlags().begin(), KernelChoiceFlags().end());
+  flags.insert(flags.end() - 1, ClientSecurityFlags().begin(), ClientSecurityFlags().end());
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {
     std::cout << "usage: kforge get [--server ADDR] (--preset NAME [--tp N] | "
-                 "--spec FILE) --arch ARCH [-o DIR] [--lookup-only]\n\n"
+                 "--spec FILE) --arch ARCH [-o DIR] [--lookup-only]\n"
+                 "                 [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] "
+                 "[--token-file FILE]\n\n"
                  "Fetches one kernel module from a kforge server and writes "
                  "DIR/<module>.cubin and DIR/<module>.json.\n\n"
               << FlagsHelp(flags);
@@ -204,7 +221,9 @@ int Get(const std::vector<std::string>& argv) {
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(*timeout_s);
 
   const std::string address = args->Get("server");
-  std::shared_ptr<grpc::Channel> channel = Connect(address);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> connected = ConnectFromArgs(address, *args);
+  if (!connected.ok()) return Fail(connected.status());
+  std::shared_ptr<grpc::Channel> channel = *std::move(connected);
   auto stub = v1::KernelService::NewStub(channel);
   // The answer is checked as every client checks it before its name becomes
   // a file name: the manifest's variant for this selector and arch gives the
@@ -218,7 +237,7 @@ int Get(const std::vector<std::string>& argv) {
     grpc::ClientContext context;
     if (*timeout_s > 0) context.set_deadline(deadline);  // 0: no deadline
     grpc::Status status = stub->GetManifest(&context, manifest_request, &manifest);
-    if (!status.ok()) return FailCall(status, *channel, address);
+    if (!status.ok()) return FailCall(status, *channel, address, *args);
   }
   if (absl::Status valid = BundleManifestPath(manifest).status(); !valid.ok()) {
     return Fail(absl::DataLossError(
@@ -234,7 +253,7 @@ int Get(const std::vector<std::string>& argv) {
     grpc::ClientContext context;
     if (*timeout_s > 0) context.set_deadline(deadline);
     grpc::Status status = stub->GetKernel(&context, request, &response);
-    if (!status.ok()) return FailCall(status, *channel, address);
+    if (!status.ok()) return FailCall(status, *channel, address, *args);
   }
   const v1::KernelArtifact& artifact = response.artifact();
   if (absl::Status c = CheckArtifactForVariant(variant, arch, artifact); !c.ok()) {
@@ -252,25 +271,29 @@ int Get(const std::vector<std::string>& argv) {
 }
 
 int Stats(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = {{"server", "ADDR", "kforge server address", kDefaultServer},
-                                       {"help", "", "show this help", "", 'h'}};
+  std::vector<FlagSpec> flags = {{"server", "ADDR", "kforge server address", kDefaultServer},
+                                 {"help", "", "show this help", "", 'h'}};
+  flags.insert(flags.end() - 1, ClientSecurityFlags().begin(), ClientSecurityFlags().end());
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {
-    std::cout << "usage: kforge stats [--server ADDR]\n\n"
+    std::cout << "usage: kforge stats [--server ADDR] [--tls-ca FILE [--tls-cert FILE --tls-key "
+                 "FILE]] [--token-file FILE]\n\n"
                  "Prints a kforge server's counters (cache hits per tier, "
                  "misses, compiles, queue) as JSON.\n\n"
               << FlagsHelp(flags);
     return 0;
   }
   const std::string address = args->Get("server");
-  std::shared_ptr<grpc::Channel> channel = Connect(address);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> connected = ConnectFromArgs(address, *args);
+  if (!connected.ok()) return Fail(connected.status());
+  std::shared_ptr<grpc::Channel> channel = *std::move(connected);
   auto stub = v1::KernelService::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   v1::StatsResponse response;
   grpc::Status status = stub->Stats(&context, v1::StatsRequest(), &response);
-  if (!status.ok()) return FailCall(status, *channel, address);
+  if (!status.ok()) return FailCall(status, *channel, address, *args);
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
   options.preserve_proto_field_names = true;

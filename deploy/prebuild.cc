@@ -256,6 +256,9 @@ absl::StatusOr<PrebuildReport> PrebuildBundle(const std::vector<MatrixJob>& jobs
       return s;
     }
     if (absl::Status s = (*writer)->Finish(); !s.ok()) return s;
+    if (!options.sign_key_pem.empty()) {
+      if (absl::Status s = (*writer)->Sign(options.sign_key_pem); !s.ok()) return s;
+    }
   }
   report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return report;

@@ -21,6 +21,9 @@ struct PrebuildOptions {
   std::string worker_binary;
   absl::Duration compile_timeout = absl::Seconds(120);  // per kernel
   WorkerFaults worker_faults;                           // tests only (CompilePoolOptions::faults)
+  // An Ed25519 private key (PEM); when set, checksums.sha256 is signed each
+  // time it is written (BundleWriter::Sign). "" = unsigned.
+  std::string sign_key_pem;
 };
 
 // What the bundle needs, known once the matrix is planned (no compile yet).

@@ -51,7 +51,8 @@ int BackoffMillis(absl::Duration d) {
   return static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
 }
 
-std::shared_ptr<grpc::Channel> Connect(const ServiceClientOptions& o) {
+std::shared_ptr<grpc::Channel> Connect(const ServiceClientOptions& o,
+                                       std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(o.max_message_bytes);
   args.SetMaxSendMessageSize(o.max_message_bytes);
@@ -60,7 +61,7 @@ std::shared_ptr<grpc::Channel> Connect(const ServiceClientOptions& o) {
   // of our attempts after a wait really tries to connect again.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, BackoffMillis(o.initial_backoff));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, BackoffMillis(o.max_backoff));
-  return grpc::CreateCustomChannel(o.address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(o.address, std::move(credentials), args);
 }
 
 // The wait before retry number `retry` (1 = before the second attempt):
@@ -136,7 +137,7 @@ absl::Status ServiceClient::State::Call(
                       "BundleSource) with no server",
                       AsAbsl(what), options.address, options.max_attempts,
                       absl::ToDoubleSeconds(absl::Now() - start), CodeName(last.error_code()),
-                      last.error_message(), options.address));
+                      ExplainTransportError(last, options.security.UsesTls()), options.address));
 }
 
 absl::Status ServiceClient::State::KeepLocalCopy(
@@ -152,6 +153,9 @@ absl::Status ServiceClient::State::KeepLocalCopy(
 
 absl::StatusOr<std::unique_ptr<ServiceClient>> ServiceClient::Create(ServiceClientOptions options) {
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(options.security);
+  if (!credentials.ok()) return credentials.status();
   auto state = std::make_unique<State>();
   if (!options.local_copy_dir.empty()) {
     absl::StatusOr<std::unique_ptr<BundleWriter>> writer =
@@ -159,7 +163,7 @@ absl::StatusOr<std::unique_ptr<ServiceClient>> ServiceClient::Create(ServiceClie
     if (!writer.ok()) return writer.status();
     state->local_copy = *std::move(writer);
   }
-  state->channel = Connect(options);
+  state->channel = Connect(options, *std::move(credentials));
   state->stub = v1::KernelService::NewStub(state->channel);
   state->options = std::move(options);
   return std::unique_ptr<ServiceClient>(new ServiceClient(std::move(state)));

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "bundle/kernel_source.h"
 #include "kforge/v1/service.pb.h"
+#include "runtime/channel.h"
 
 namespace kforge {
 
@@ -38,6 +39,9 @@ struct ServiceClientOptions {
   // Cubins are megabytes; gRPC's default limit is 4 MB. Same bound as the
   // server's.
   int max_message_bytes = 256 << 20;
+  // TLS (tls_ca_file), a client certificate (mTLS) and a bearer token
+  // (token or token_file); plain text by default.
+  ChannelSecurityOptions security;
 };
 
 // A KernelSource backed by a `kforge serve` process (kforge.v1.KernelService

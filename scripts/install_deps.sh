@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ pkg-config
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
-  libabsl-dev libelf-dev libssl-dev libgtest-dev libgmock-dev clang-format
+  libabsl-dev libelf-dev libssl-dev openssl libgtest-dev libgmock-dev clang-format
   python3 python3-grpcio python3-protobuf
 )
 missing=()

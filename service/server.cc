@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/reload_signal.h"
 #include "base/shutdown_signals.h"
 #include "grpc/support/log.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -138,11 +139,45 @@ int RunServer(const ServerOptions& options) {
     return 1;
   }
   gpr_set_log_function(LogGrpc);
+  absl::StatusOr<ServerSecurity> security = MakeServerSecurity(options.security);
+  if (!security.ok()) {
+    std::cerr << "kforge: " << security.status().message() << "\n";
+    return 1;
+  }
+  if (!options.security.tls() && !IsLoopbackAddress(options.listen)) {
+    std::cerr << "kforge: warning: serving on " << options.listen
+              << " without TLS: any host that can reach it may ask for kernels, and what it "
+                 "sends can be read and changed on the way; use --tls-cert/--tls-key (and "
+                 "--auth-token-file), or listen on 127.0.0.1"
+              << std::endl;
+  }
+  // SIGHUP rereads the token files; a bad file keeps the tokens in use.
+  std::unique_ptr<ReloadSignal> reload;
+  if (security->authenticator != nullptr) {
+    std::shared_ptr<TokenAuthenticator> auth = security->authenticator;
+    absl::StatusOr<std::unique_ptr<ReloadSignal>> installed = ReloadSignal::Install([auth] {
+      if (absl::Status s = auth->Reload(); !s.ok()) {
+        std::cerr << "kforge: SIGHUP: tokens not reloaded, the old ones stay: " << s.message()
+                  << std::endl;
+        return;
+      }
+      const auto [user, admin] = auth->counts();
+      std::cerr << "kforge: SIGHUP: tokens reloaded (" << user << " user, " << admin << " admin)"
+                << std::endl;
+    });
+    if (!installed.ok()) {
+      std::cerr << "kforge: cannot install the SIGHUP handler: " << installed.status().message()
+                << "\n";
+      return 1;
+    }
+    reload = *std::move(installed);
+  }
   // A bundle that cannot be opened is a deployment mistake: refuse to start
   // rather than serve cold without saying so.
   std::unique_ptr<BundleSource> bundle;
   if (!options.warm_from.empty()) {
-    absl::StatusOr<std::unique_ptr<BundleSource>> opened = BundleSource::Open(options.warm_from);
+    absl::StatusOr<std::unique_ptr<BundleSource>> opened =
+        BundleSource::Open(options.warm_from, options.trust_key_file);
     if (!opened.ok()) {
       std::cerr << "kforge: --warm-from " << options.warm_from << ": " << opened.status().message()
                 << "\n";
@@ -161,7 +196,7 @@ int RunServer(const ServerOptions& options) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen, security->credentials, &port);
   // gRPC sets SO_REUSEPORT by default, which would let a second server
   // share a port that is in use instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -179,7 +214,11 @@ int RunServer(const ServerOptions& options) {
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(bundle == nullptr);
-  std::cout << "kforge: serving on " << BoundAddress(options.listen, port) << " (cache "
+  std::cout << "kforge: serving on " << BoundAddress(options.listen, port)
+            << (options.security.tls_client_ca_file.empty()
+                    ? options.security.tls() ? " (TLS" : " (plain text"
+                    : " (mTLS")
+            << (security->authenticator != nullptr ? ", bearer tokens" : "") << "; cache "
             << options.store.cache_dir << ")" << std::endl;
   std::atomic<bool> stop_warm{false};
   std::thread warm;

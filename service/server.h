@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "service/auth.h"
 #include "service/kernel_service.h"
 #include "service/kernel_store.h"
 
@@ -20,6 +21,12 @@ struct ServerOptions {
   // A bundle directory (`kforge prebuild --out`) loaded into the cache at
   // start; health answers NOT_SERVING until it is done. "" = none.
   std::string warm_from;
+  // With warm_from: an Ed25519 public key (PEM file); the bundle must be
+  // signed by it (CheckBundleSignature) or the server does not start.
+  std::string trust_key_file;
+  // TLS, mTLS and bearer tokens (service/auth.h). Without TLS on an address
+  // other hosts can reach, a warning is printed.
+  ServerSecurityOptions security;
 };
 
 // Runs `kforge serve`: opens the store, serves KernelService with gRPC

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <string>
 
+#include "base/credentials.h"
+#include "base/ed25519.h"
 #include "base/io.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -123,6 +125,49 @@ TEST(AtomicFileTest, MissingDirectoryIsNotFound) {
   TempDir dir;
   EXPECT_EQ(AtomicFile::Create((dir.path() / "no" / "file").string()).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST(Ed25519Test, SignsAndVerifiesAndRefusesOtherKeysAndMessages) {
+  absl::StatusOr<Ed25519KeyPair> a = GenerateEd25519KeyPair();
+  absl::StatusOr<Ed25519KeyPair> b = GenerateEd25519KeyPair();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(Contains(a->private_pem, "-----BEGIN PRIVATE KEY-----"));
+  EXPECT_TRUE(Contains(a->public_pem, "-----BEGIN PUBLIC KEY-----"));
+  EXPECT_EQ(*Ed25519PublicKeyOf(a->private_pem), a->public_pem);
+  absl::StatusOr<std::string> sig = Ed25519Sign(a->private_pem, "checksums");
+  ASSERT_TRUE(sig.ok()) << sig.status();
+  EXPECT_EQ(sig->size(), kEd25519SignatureBytes);
+  EXPECT_TRUE(Ed25519Verify(a->public_pem, "checksums", *sig).ok());
+  EXPECT_EQ(Ed25519Verify(a->public_pem, "checksumz", *sig).code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(Ed25519Verify(b->public_pem, "checksums", *sig).code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(Ed25519Verify(a->public_pem, "checksums", sig->substr(1)).code(),
+            absl::StatusCode::kUnauthenticated);
+  // Keys of the wrong kind or type are named as such.
+  EXPECT_EQ(Ed25519Verify(a->private_pem, "x", *sig).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Ed25519Sign(a->public_pem, "x").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Ed25519Sign("garbage", "x").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TokenFileTest, ParsesOnePerLineAndRefusesBadLinesWithoutEchoingThem) {
+  absl::StatusOr<std::vector<std::string>> tokens =
+      ParseTokens("# comment\n\n  0123456789abcdef0123  \nsecond-token-0123456789\n", "f");
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(*tokens, (std::vector<std::string>{"0123456789abcdef0123", "second-token-0123456789"}));
+  absl::StatusOr<std::vector<std::string>> bad =
+      ParseTokens("0123456789abcdef\nsecret short\n", "f");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(bad.status().message(), "f: line 2")) << bad.status();
+  EXPECT_FALSE(Contains(bad.status().message(), "secret")) << bad.status();
+  EXPECT_EQ(ParseTokens("# only a comment\n", "f").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TempDir tmp("kforge_token_test");
+  const std::string fifo = (tmp.path() / "fifo").string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  absl::StatusOr<std::vector<std::string>> from_fifo = ReadTokenFile(fifo, "--auth-token-file");
+  EXPECT_FALSE(from_fifo.ok());
+  EXPECT_TRUE(Contains(from_fifo.status().message(), "--auth-token-file")) << from_fifo.status();
 }
 
 }  // namespace

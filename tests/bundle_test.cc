@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/ed25519.h"
 #include "base/io.h"
 #include "bundle/kernel_source.h"
 #include "compiler/key.h"
@@ -408,6 +409,76 @@ TEST_F(BundleTest, SourceRefusesKernelsTheChecksumsDoNotVouchFor) {
   EXPECT_EQ(kernel.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(
       Contains(kernel.status().message(), BundleKernelPath(full_manifest_->variants(1).key())));
+}
+
+// A bundle signed with Sign opens with its public key as trust key; one
+// without a signature, with a signature by another key, or whose checksum
+// list changed after signing (a planted kernel with recomputed sums) is
+// refused by BundleSource::Open and reported by VerifyBundle.
+TEST_F(BundleTest, TrustKeyRefusesUnsignedAndMisSignedBundles) {
+  const fs::path dir = tmp_.path() / "signed";
+  WriteBundle(dir, OneVariantManifest());
+  absl::StatusOr<Ed25519KeyPair> signer = GenerateEd25519KeyPair();
+  absl::StatusOr<Ed25519KeyPair> other = GenerateEd25519KeyPair();
+  ASSERT_TRUE(signer.ok() && other.ok());
+  const std::string signer_pub = (tmp_.path() / "signer.pub").string();
+  const std::string other_pub = (tmp_.path() / "other.pub").string();
+  ASSERT_TRUE(WriteFileAtomic(signer_pub, signer->public_pem).ok());
+  ASSERT_TRUE(WriteFileAtomic(other_pub, other->public_pem).ok());
+
+  // Unsigned: fine without a trust key, refused with one.
+  EXPECT_TRUE(BundleSource::Open(dir.string()).ok());
+  absl::StatusOr<std::unique_ptr<BundleSource>> source =
+      BundleSource::Open(dir.string(), signer_pub);
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(Contains(source.status().message(), "is not signed")) << source.status();
+  EXPECT_EQ(
+      CountProblems(VerifyBundle(dir.string(), signer_pub), kBundleSignatureFile, "is not signed"),
+      1);
+
+  {
+    absl::StatusOr<std::unique_ptr<BundleWriter>> writer = BundleWriter::Open(dir.string());
+    ASSERT_TRUE(writer.ok());
+    EXPECT_EQ((*writer)->Sign(signer->public_pem).code(), absl::StatusCode::kInvalidArgument)
+        << "a public key cannot sign";
+    ASSERT_TRUE((*writer)->Sign(signer->private_pem).ok());
+  }
+  EXPECT_EQ(ReadFileOrEmpty(dir / kBundleSignatureFile).size(), kEd25519SignatureBytes);
+  source = BundleSource::Open(dir.string(), signer_pub);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_TRUE((*source)->GetKernel(FirstChoice(), kArch).ok());
+  EXPECT_EQ(Describe(VerifyBundle(dir.string(), signer_pub)), "");
+  EXPECT_EQ(Describe(VerifyBundle(dir.string())), "") << "the signature file is not unlisted";
+
+  source = BundleSource::Open(dir.string(), other_pub);
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(Contains(source.status().message(), "is not a signature")) << source.status();
+  // A key file that is not a public key is the caller's mistake, named.
+  source = BundleSource::Open(dir.string(), (dir / kBundleChecksumsFile).string());
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(source.status().message(), "trust key")) << source.status();
+
+  // A planted kernel with a recomputed checksum list.
+  const fs::path kernel = dir / KernelFile();
+  FlipByte(kernel, ReadFileOrEmpty(kernel).size() / 2);
+  const std::string sums =
+      absl::StrCat(Sha256Hex(ReadFileOrEmpty(kernel)), "  ", KernelFile(), "\n",
+                   Sha256Hex(ReadFileOrEmpty(dir / ManifestFile())), "  ", ManifestFile(), "\n");
+  ASSERT_TRUE(WriteFileAtomic((dir / kBundleChecksumsFile).string(), sums).ok());
+  source = BundleSource::Open(dir.string(), signer_pub);
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(Contains(source.status().message(), "is not a signature")) << source.status();
+  EXPECT_EQ(CountProblems(VerifyBundle(dir.string(), signer_pub), kBundleSignatureFile,
+                          "is not a signature"),
+            1);
+
+  // Finish rewrites the list: the stale signature goes with the old list.
+  {
+    absl::StatusOr<std::unique_ptr<BundleWriter>> writer = BundleWriter::Open(dir.string());
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE((*writer)->Finish().ok());
+  }
+  EXPECT_FALSE(fs::exists(dir / kBundleSignatureFile));
 }
 
 TEST_F(BundleTest, SourceChecksTheKernelAgainstTheVariant) {

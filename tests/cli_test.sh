@@ -227,6 +227,218 @@ sed 's/"softmax_scale": 0.1/"softmax_scale": 3e38/; s/"topk": 1024, //' "$TMP/du
 expect_error "softmax_scale 3e38" "softmax_scale: got 3e+38" \
   compile --spec "$TMP/huge_scale.json" --arch sm_90a -o "$TMP/bad"
 
+# --- transport security: TLS, mTLS, bearer tokens (real processes) ----------
+# Certificates and keys are made here, with the openssl CLI, every run.
+command -v openssl >/dev/null || { echo "cli_test: the openssl CLI is missing (scripts/install_deps.sh)" >&2; exit 1; }
+PKI=$TMP/pki
+mkdir -p "$PKI"
+make_ca() { # NAME
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+    -subj "/CN=kforge test $1" -keyout "$PKI/$1.key" -out "$PKI/$1.pem" 2>/dev/null
+}
+make_cert() { # NAME CA SAN
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$1" \
+    -keyout "$PKI/$1.key" -out "$PKI/$1.csr" 2>/dev/null
+  printf 'subjectAltName=%s\n' "$3" >"$PKI/$1.ext"
+  openssl x509 -req -in "$PKI/$1.csr" -CA "$PKI/$2.pem" -CAkey "$PKI/$2.key" -CAcreateserial \
+    -days 1 -extfile "$PKI/$1.ext" -out "$PKI/$1.pem" 2>/dev/null
+}
+make_ca ca
+make_ca other_ca
+make_cert server ca "IP:127.0.0.1,DNS:localhost"
+make_cert client ca "DNS:kforge-client"
+make_cert stranger other_ca "DNS:kforge-stranger"
+[[ -s "$PKI/server.pem" && -s "$PKI/client.pem" ]] || { echo "cli_test: openssl made no certificates" >&2; exit 1; }
+
+SERVER_PID=
+SERVER_LOG=
+ADDR=
+# start_server NAME serve-args...: waits for "serving on" and sets ADDR.
+start_server() {
+  local name=$1
+  shift
+  SERVER_LOG=$TMP/$name.log
+  "$KFORGE" serve --listen 127.0.0.1:0 --cache-dir "$TMP/sec_cache" --workers 1 "$@" \
+    >"$SERVER_LOG" 2>&1 &
+  SERVER_PID=$!
+  ADDR=
+  for _ in $(seq 300); do
+    ADDR=$(sed -n 's/^kforge: serving on \([^ ]*\).*/\1/p' "$SERVER_LOG")
+    [[ -n "$ADDR" ]] && return 0
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  fail "$name: server did not start: $(cat "$SERVER_LOG")"
+  return 1
+}
+stop_server() {
+  [[ -n "$SERVER_PID" ]] || return 0
+  kill "$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=
+}
+trap 'stop_server; rm -rf "$TMP"' EXIT
+# expect_ok "what" kforge-args...
+expect_ok() {
+  local what=$1
+  shift
+  local out rc=0
+  out=$(timeout 60 "$KFORGE" "$@" 2>&1) || rc=$?
+  if [[ $rc -ne 0 ]]; then
+    fail "$what: exit $rc: $out"
+  else
+    echo "ok: $what"
+  fi
+}
+# health NAME ROOTS_PEM: a stock gRPC health check with no token and no
+# client certificate; prints the serving status number (1 = SERVING).
+health() {
+  "${KFORGE_TEST_PYTHON:-/usr/bin/python3}" - "$ADDR" "$1" <<'PY'
+import sys, grpc
+addr, ca = sys.argv[1], sys.argv[2]
+creds = grpc.ssl_channel_credentials(root_certificates=open(ca, "rb").read())
+with grpc.secure_channel(addr, creds) as ch:
+    check = ch.unary_unary("/grpc.health.v1.Health/Check")
+    answer = check(b"", timeout=10)
+    print(answer[1] if len(answer) >= 2 else 0)
+PY
+}
+
+# TLS: a TLS client works; a plain-text client is told the server serves TLS.
+start_server tls --tls-cert "$PKI/server.pem" --tls-key "$PKI/server.key"
+grep -q "(TLS" "$SERVER_LOG" || fail "TLS server does not say it serves TLS: $(cat "$SERVER_LOG")"
+expect_ok "stats over TLS" stats --server "$ADDR" --tls-ca "$PKI/ca.pem"
+expect_error "plain-text stats against a TLS server" "probably serves TLS" stats --server "$ADDR"
+expect_error "TLS stats with another CA" "TLS handshake failed" \
+  stats --server "$ADDR" --tls-ca "$PKI/other_ca.pem"
+expect_error "warm in plain text against a TLS server" "--tls-ca" \
+  warm --server "$ADDR" --connect-timeout 3 "$TMP/one.json"
+expect_ok "get over TLS" get --server "$ADDR" --tls-ca "$PKI/ca.pem" --preset glm-5 --tp 8 \
+  --arch sm_90a -o "$TMP/tls_get"
+ls "$TMP/tls_get"/*.cubin >/dev/null 2>&1 || fail "get over TLS wrote no cubin"
+stop_server
+
+# mTLS: a client certificate from the client CA is required.
+start_server mtls --tls-cert "$PKI/server.pem" --tls-key "$PKI/server.key" \
+  --tls-client-ca "$PKI/ca.pem"
+expect_ok "stats with a client certificate" stats --server "$ADDR" --tls-ca "$PKI/ca.pem" \
+  --tls-cert "$PKI/client.pem" --tls-key "$PKI/client.key"
+expect_error "mTLS stats without a client certificate" "UNAVAILABLE" \
+  stats --server "$ADDR" --tls-ca "$PKI/ca.pem"
+expect_error "mTLS stats with another CA's certificate" "UNAVAILABLE" \
+  stats --server "$ADDR" --tls-ca "$PKI/ca.pem" --tls-cert "$PKI/stranger.pem" \
+  --tls-key "$PKI/stranger.key"
+stop_server
+
+# Tokens: missing or wrong -> UNAUTHENTICATED; health stays open; Warm needs
+# the admin token; SIGHUP rereads the files.
+USER_TOKEN=user-$(openssl rand -hex 16)
+ADMIN_TOKEN=admin-$(openssl rand -hex 16)
+NEW_TOKEN=new-$(openssl rand -hex 16)
+printf '# users\n%s\n' "$USER_TOKEN" >"$TMP/tokens"
+printf '%s\n' "$ADMIN_TOKEN" >"$TMP/admin_tokens"
+printf '%s\n' "$USER_TOKEN" >"$TMP/user.token"
+printf '%s\n' "$ADMIN_TOKEN" >"$TMP/admin.token"
+printf 'wrong-%s\n' "$USER_TOKEN" >"$TMP/wrong.token"
+start_server tokens --tls-cert "$PKI/server.pem" --tls-key "$PKI/server.key" \
+  --auth-token-file "$TMP/tokens" --admin-token-file "$TMP/admin_tokens"
+TLS=(--server "$ADDR" --tls-ca "$PKI/ca.pem")
+expect_error "stats without a token" "UNAUTHENTICATED" stats "${TLS[@]}"
+expect_error "stats with a wrong token" "UNAUTHENTICATED" stats "${TLS[@]}" \
+  --token-file "$TMP/wrong.token"
+expect_ok "stats with a token file" stats "${TLS[@]}" --token-file "$TMP/user.token"
+out=$(KFORGE_TOKEN=$USER_TOKEN "$KFORGE" stats "${TLS[@]}" 2>&1) &&
+  echo "ok: stats with KFORGE_TOKEN" || fail "stats with KFORGE_TOKEN: $out"
+out=$(KFORGE_TOKEN=wrong-$USER_TOKEN "$KFORGE" stats "${TLS[@]}" 2>&1) &&
+  fail "stats with a wrong KFORGE_TOKEN succeeded" || grep -q UNAUTHENTICATED <<<"$out" ||
+  fail "wrong KFORGE_TOKEN: $out"
+[[ "$(health "$PKI/ca.pem")" == 1 ]] && echo "ok: health is open without a token" ||
+  fail "health check without a token did not answer SERVING"
+expect_error "a token in plain text" "only sent over TLS" stats --server "$ADDR" \
+  --token-file "$TMP/user.token"
+out=$("$KFORGE" warm "${TLS[@]}" --token-file "$TMP/user.token" "$TMP/one.json" 2>&1) &&
+  fail "warm with a user token succeeded: $out"
+grep -q "admin token" <<<"$out" && echo "ok: warm with a user token is refused" ||
+  fail "warm with a user token: $out"
+expect_ok "warm with the admin token" warm "${TLS[@]}" --token-file "$TMP/admin.token" \
+  "$TMP/one.json"
+expect_ok "stats with the admin token" stats "${TLS[@]}" --token-file "$TMP/admin.token"
+printf '%s\n' "$NEW_TOKEN" >"$TMP/tokens"
+printf '%s\n' "$NEW_TOKEN" >"$TMP/new.token"
+kill -HUP "$SERVER_PID"
+for _ in $(seq 100); do grep -q "tokens reloaded" "$SERVER_LOG" && break; sleep 0.1; done
+grep -q "tokens reloaded (1 user, 1 admin)" "$SERVER_LOG" || fail "no reload after SIGHUP: $(cat "$SERVER_LOG")"
+expect_error "the old token after SIGHUP" "UNAUTHENTICATED" stats "${TLS[@]}" \
+  --token-file "$TMP/user.token"
+expect_ok "the new token after SIGHUP" stats "${TLS[@]}" --token-file "$TMP/new.token"
+# A token file that became bad keeps the tokens in use.
+printf 'short\n' >"$TMP/tokens"
+kill -HUP "$SERVER_PID"
+for _ in $(seq 100); do grep -q "tokens not reloaded" "$SERVER_LOG" && break; sleep 0.1; done
+grep -q "tokens not reloaded.*--auth-token-file" "$SERVER_LOG" ||
+  fail "a bad token file on SIGHUP is not reported: $(cat "$SERVER_LOG")"
+expect_ok "the new token after a failed reload" stats "${TLS[@]}" --token-file "$TMP/new.token"
+stop_server
+
+# Refused at start, with the flag named; a warning off loopback without TLS.
+expect_error_within "tokens without TLS" "need --tls-cert" \
+  serve --listen 127.0.0.1:0 --cache-dir "$TMP/sec_cache" --auth-token-file "$TMP/new.token"
+expect_error_within "--tls-cert without --tls-key" "--tls-key" \
+  serve --listen 127.0.0.1:0 --cache-dir "$TMP/sec_cache" --tls-cert "$PKI/server.pem"
+expect_error_within "--tls-key on a FIFO" "--tls-key" \
+  serve --listen 127.0.0.1:0 --cache-dir "$TMP/sec_cache" --tls-cert "$PKI/server.pem" \
+  --tls-key "$TMP/spec.fifo"
+start_server wide --listen 0.0.0.0:0
+grep -q "warning: serving on 0.0.0.0:0 without TLS" "$SERVER_LOG" &&
+  echo "ok: a warning when serving off loopback without TLS" ||
+  fail "no warning for 0.0.0.0 without TLS: $(cat "$SERVER_LOG")"
+stop_server
+start_server local
+grep -q "warning" "$SERVER_LOG" && fail "a warning on loopback: $(cat "$SERVER_LOG")"
+stop_server
+
+# --- signed bundles -----------------------------------------------------------
+expect_ok "keygen" keygen --out "$TMP/signer"
+[[ "$(stat -c %a "$TMP/signer.key")" == 600 ]] || fail "signer.key is not mode 600"
+expect_ok "keygen of a second key" keygen --out "$TMP/other"
+expect_error "keygen over an existing key" "exists" keygen --out "$TMP/signer"
+cp -a "$TMP/bundle" "$TMP/signed"
+expect_ok "prebuild --sign" prebuild "$TMP/one.json" --out "$TMP/signed" --sign "$TMP/signer.key"
+[[ -s "$TMP/signed/checksums.sha256.sig" ]] || fail "prebuild --sign wrote no signature"
+openssl pkeyutl -verify -pubin -inkey "$TMP/signer.pub" -rawin -in "$TMP/signed/checksums.sha256" \
+  -sigfile "$TMP/signed/checksums.sha256.sig" >/dev/null 2>&1 &&
+  echo "ok: openssl verifies the signature" || fail "openssl does not verify checksums.sha256.sig"
+expect_error "prebuild --sign with a public key" "--sign" \
+  prebuild "$TMP/one.json" --out "$TMP/signed" --sign "$TMP/signer.pub"
+expect_ok "verify --trust of a signed bundle" verify --trust "$TMP/signer.pub" "$TMP/signed"
+expect_error "verify --trust with another key" "is not a signature" \
+  verify --trust "$TMP/other.pub" "$TMP/signed"
+expect_error "verify --trust of an unsigned bundle" "is not signed" \
+  verify --trust "$TMP/signer.pub" "$TMP/bundle"
+start_server signed --warm-from "$TMP/signed" --trust "$TMP/signer.pub"
+for _ in $(seq 300); do grep -q "warm-up done" "$SERVER_LOG" && break; sleep 0.1; done
+grep -q "warm-up done.*1 kernels" "$SERVER_LOG" && echo "ok: serve --warm-from --trust loads a signed bundle" ||
+  fail "signed bundle not loaded: $(cat "$SERVER_LOG")"
+stop_server
+expect_error_within "serve --trust with an unsigned bundle" "is not signed" \
+  serve --listen 127.0.0.1:0 --cache-dir "$TMP/sec_cache" --warm-from "$TMP/bundle" \
+  --trust "$TMP/signer.pub"
+expect_error_within "serve --trust with another key" "is not a signature" \
+  serve --listen 127.0.0.1:0 --cache-dir "$TMP/sec_cache" --warm-from "$TMP/signed" \
+  --trust "$TMP/other.pub"
+# A planted kernel with recomputed checksums: the signature no longer matches.
+cp -a "$TMP/signed" "$TMP/planted"
+kfa=$(cd "$TMP/planted" && ls kernels/*.kfa | head -n1)
+printf 'planted' >>"$TMP/planted/$kfa"
+(cd "$TMP/planted" && sha256sum kernels/*.kfa manifests/*.json | sort -k2 >checksums.sha256)
+expect_error_within "serve --trust with a tampered bundle" "is not a signature" \
+  serve --listen 127.0.0.1:0 --cache-dir "$TMP/planted_cache" --warm-from "$TMP/planted" \
+  --trust "$TMP/signer.pub"
+# Refused before the cache is opened: nothing of it reaches the disk cache.
+[[ ! -e "$TMP/planted_cache" ]] || fail "a refused bundle left a cache: $(find "$TMP/planted_cache")"
+expect_error "--trust without --warm-from" "--warm-from" \
+  serve --listen 127.0.0.1:0 --trust "$TMP/signer.pub"
+
 if [[ $FAILED -ne 0 ]]; then
   echo "cli_test: FAILED" >&2
   exit 1

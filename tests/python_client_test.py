@@ -519,6 +519,90 @@ class RealServerTest(unittest.TestCase):
         self.assertIn(rel0, str(cm.exception))
 
 
+def openssl(*args):
+    subprocess.run(("openssl",) + args, check=True, capture_output=True)
+
+
+class SecurityTest(unittest.TestCase):
+    """TLS, bearer tokens and signed bundles through the Python package, with
+    certificates and keys made by the openssl CLI at run time."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="kforge_pysec_")
+        p = lambda name: os.path.join(cls.tmp, name)  # noqa: E731
+        cls.p = staticmethod(p)
+        ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+        openssl("req", "-x509", *ec, "-days", "1", "-subj", "/CN=kforge py ca",
+                "-keyout", p("ca.key"), "-out", p("ca.pem"))
+        openssl("req", *ec, "-subj", "/CN=localhost", "-keyout", p("server.key"),
+                "-out", p("server.csr"))
+        with open(p("server.ext"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        openssl("x509", "-req", "-in", p("server.csr"), "-CA", p("ca.pem"), "-CAkey", p("ca.key"),
+                "-CAcreateserial", "-days", "1", "-extfile", p("server.ext"),
+                "-out", p("server.pem"))
+        cls.token = "py-" + os.urandom(16).hex()
+        with open(p("tokens"), "w") as f:
+            f.write(cls.token + "\n")
+        cls.proc, cls.address = start_server(
+            KFORGE, p("cache"), p("server.log"),
+            args=("--workers", "1", "--tls-cert", p("server.pem"), "--tls-key", p("server.key"),
+                  "--auth-token-file", p("tokens")))
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            assert stop_server(cls.proc) == 0, "kforge serve did not exit cleanly on SIGTERM"
+        finally:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_tls_and_token(self):
+        p = self.p
+        with kforge.Client(self.address, tls_ca=p("ca.pem"), token_file=p("tokens")) as client:
+            manifest = client.get_manifest(preset="glm-5", tp=8, arch=ARCH)
+            self.assertEqual(manifest.arch, ARCH)
+        with kforge.Client(self.address, tls_ca=p("ca.pem"), token=self.token) as client:
+            client.get_manifest(preset="glm-5", tp=8, arch=ARCH)
+        for kwargs in ({}, {"token": "wrong-" + self.token}):
+            with kforge.Client(self.address, tls_ca=p("ca.pem"), max_attempts=1,
+                               **kwargs) as client:
+                with self.assertRaises(kforge.KforgeRpcError) as cm:
+                    client.get_manifest(preset="glm-5", tp=8, arch=ARCH)
+                self.assertEqual(cm.exception.code_name, "UNAUTHENTICATED")
+
+    def test_plain_client_is_told_the_server_serves_tls(self):
+        with kforge.Client(self.address, max_attempts=1) as client:
+            with self.assertRaises(kforge.KforgeUnavailable) as cm:
+                client.get_manifest(preset="glm-5", tp=8, arch=ARCH)
+            self.assertIn("probably serves TLS", str(cm.exception))
+        with self.assertRaises(ValueError):
+            kforge.Client(self.address, token=self.token)  # never in plain text
+        with self.assertRaises(kforge.KforgeError) as cm:
+            kforge.Client(self.address, tls_ca=os.path.join(self.tmp, "missing.pem"))
+        self.assertIn("tls_ca", str(cm.exception))
+
+    def test_bundle_trust(self):
+        p = self.p
+        for name in ("signer", "other"):
+            subprocess.run([KFORGE, "keygen", "--out", p(name)], check=True, capture_output=True)
+        with open(p("one.json"), "w") as f:
+            f.write('{"models": [{"preset": "glm-5", "tp": [8]}], "archs": ["%s"]}' % ARCH)
+        subprocess.run([KFORGE, "prebuild", p("one.json"), "--out", p("bundle"), "-j", "1",
+                        "--sign", p("signer.key")], check=True, capture_output=True)
+        bundle = kforge.Bundle(p("bundle"), trust=p("signer.pub"))
+        manifest = bundle.get_manifest(preset="glm-5", tp=8, arch=ARCH)
+        self.assertGreater(len(bundle.get_kernel(manifest.variants[0], ARCH).cubin), 1000)
+        with self.assertRaises(kforge.KforgeError) as cm:
+            kforge.Bundle(p("bundle"), trust=p("other.pub"))
+        self.assertIn("is not a signature", str(cm.exception))
+        os.remove(os.path.join(p("bundle"), "checksums.sha256.sig"))
+        kforge.Bundle(p("bundle"))  # no trust key: unsigned is fine
+        with self.assertRaises(kforge.KforgeError) as cm:
+            kforge.Bundle(p("bundle"), trust=p("signer.pub"))
+        self.assertIn("is not signed", str(cm.exception))
+
+
 def flip_byte(path, offset=100):
     with open(path, "r+b") as f:
         f.seek(offset)

@@ -89,6 +89,10 @@ _SIGNATURES = {
     "kforge_bundle_kernel_path": [ctypes.c_char_p, _STR_OUT, _STR_OUT],
     "kforge_bundle_manifest_path": [_c_bytes, ctypes.c_size_t, _STR_OUT, _STR_OUT],
     "kforge_bundle_open": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), _STR_OUT],
+    "kforge_bundle_open_trusted": [ctypes.c_char_p, ctypes.c_char_p,
+                                   ctypes.POINTER(ctypes.c_void_p), _STR_OUT],
+    "kforge_read_credential_file": [ctypes.c_char_p, ctypes.c_char_p, _STR_OUT, _STR_OUT],
+    "kforge_read_token_file": [ctypes.c_char_p, ctypes.c_char_p, _STR_OUT, _STR_OUT],
     "kforge_bundle_close": [ctypes.c_void_p],
     "kforge_bundle_manifest": [ctypes.c_void_p, ctypes.c_int32, *_OUT, _STR_OUT],
     "kforge_bundle_get_manifest": [ctypes.c_void_p, _c_bytes, ctypes.c_size_t, ctypes.c_char_p,
@@ -340,11 +344,25 @@ class _Handle:
             pass
 
 
-class BundleSource(_Handle):
-    """bundle/bundle.h BundleSource."""
+def read_credential_file(path, what):
+    """base/credentials.h ReadCredentialFile: a PEM file's text."""
+    return call("read_credential_file", os.fsencode(path), what.encode(), strings_out=1)
 
-    def __init__(self, directory):
-        super().__init__("bundle_open", "bundle_close", os.fsencode(directory))
+
+def read_token_file(path, what):
+    """base/credentials.h ReadTokenFile: the file's first bearer token."""
+    return call("read_token_file", os.fsencode(path), what.encode(), strings_out=1)
+
+
+class BundleSource(_Handle):
+    """bundle/bundle.h BundleSource (with a trust key: only a bundle signed by it)."""
+
+    def __init__(self, directory, trust=None):
+        if trust is None:
+            super().__init__("bundle_open", "bundle_close", os.fsencode(directory))
+        else:
+            super().__init__("bundle_open_trusted", "bundle_close", os.fsencode(directory),
+                             os.fsencode(trust))
 
     def manifests(self):
         out, index = [], 0

@@ -45,11 +45,12 @@ class Bundle(KernelSource):
     Opening checks the marker and format version and reads and verifies
     every manifest; kernels are read on demand, checked against
     checksums.sha256 and their variant, and kept in memory. Every error
-    names the file."""
+    names the file. trust: an Ed25519 public key file (PEM, `kforge keygen`);
+    a bundle not signed by it (`kforge prebuild --sign`) is refused."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, trust=None):
         self.dir = os.fspath(directory)
-        self._source = _capi.BundleSource(self.dir)
+        self._source = _capi.BundleSource(self.dir, None if trust is None else os.fspath(trust))
         self.manifests = self._source.manifests()
         self._lock = threading.Lock()  # a BundleSource handle: one thread at a time
 

@@ -9,10 +9,12 @@ memory, so a second request for the same manifest or kernel makes no RPC.
 """
 
 import logging
+import os
 import random
 import threading
 import time
 
+from kforge import _capi
 from kforge._proto import pb
 from kforge.bundle import LocalCopy
 from kforge.errors import KforgeError, KforgeNotFound, KforgeRpcError, KforgeUnavailable
@@ -46,10 +48,16 @@ class Client(KernelSource):
     local_copy_dir: optional directory in the bundle layout where every
     answer is also written; kernels are read from it before asking the server
     and manifests when the server is unavailable.
+    tls_ca: PEM file of the CA the server's certificate must chain to (turns
+    TLS on); tls_cert, tls_key: a client certificate and its key for a server
+    that asks for one (mTLS). token / token_file: a bearer token sent as
+    `authorization: Bearer ...` (default: $KFORGE_TOKEN); only over TLS.
+    Files are read as the C++ clients read them (regular files, size-capped).
     """
 
     def __init__(self, address="127.0.0.1:50051", timeout=120.0, max_attempts=5,
-                 initial_backoff=0.1, max_backoff=5.0, local_copy_dir=None):
+                 initial_backoff=0.1, max_backoff=5.0, local_copy_dir=None, tls_ca=None,
+                 tls_cert=None, tls_key=None, token=None, token_file=None):
         if max_attempts < 1:
             raise ValueError(f"max_attempts: must be >= 1, got {max_attempts}")
         if timeout <= 0 or initial_backoff < 0 or max_backoff < initial_backoff:
@@ -73,8 +81,7 @@ class Client(KernelSource):
         self._manifests = {}
         self._kernels = {}
         self._local = LocalCopy(local_copy_dir) if local_copy_dir is not None else None
-        self._channel = grpc.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)])
+        self._channel = self._connect(grpc, address, tls_ca, tls_cert, tls_key, token, token_file)
         self._get_manifest = self._channel.unary_unary(
             _SERVICE + "GetManifest",
             request_serializer=msgs.GetManifestRequest.SerializeToString,
@@ -83,6 +90,43 @@ class Client(KernelSource):
             _SERVICE + "GetKernel",
             request_serializer=msgs.GetKernelRequest.SerializeToString,
             response_deserializer=msgs.GetKernelResponse.FromString)
+
+    def _connect(self, grpc, address, tls_ca, tls_cert, tls_key, token, token_file):
+        options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        if token_file is not None:
+            token = _capi.read_token_file(os.fspath(token_file), "token_file")
+        elif token is None:
+            token = os.environ.get("KFORGE_TOKEN") or None
+        self.tls = tls_ca is not None or tls_cert is not None
+        if not self.tls:
+            if token is not None:
+                raise ValueError("a bearer token is only sent over TLS: give tls_ca=")
+            return grpc.insecure_channel(address, options=options)
+        read = _capi.read_credential_file
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=read(os.fspath(tls_ca), "tls_ca").encode() if tls_ca else None,
+            private_key=read(os.fspath(tls_key), "tls_key").encode() if tls_key else None,
+            certificate_chain=read(os.fspath(tls_cert), "tls_cert").encode() if tls_cert else None)
+        if token is not None:
+            credentials = grpc.composite_channel_credentials(
+                credentials, grpc.access_token_call_credentials(token))
+        return grpc.secure_channel(address, credentials, options=options)
+
+    def _transport_hint(self, details):
+        """What an UNAVAILABLE most likely means (runtime/channel.h
+        ExplainTransportError says the same for the C++ clients)."""
+        details = details or ""
+        if not self.tls and "Connection refused" not in details and any(
+                s in details for s in ("Socket closed", "Connection reset", "Broken pipe", "EOF")):
+            return (" (the server closed a plain-text connection: it probably serves TLS; "
+                    "give its CA with tls_ca=)")
+        if self.tls and any(s in details for s in ("andshake", "SSL", "ssl")):
+            return (" (the TLS handshake failed: the server may serve plain text, its "
+                    "certificate may not chain to tls_ca or name this address, or it wants a "
+                    "client certificate: tls_cert=, tls_key=)")
+        return ""
 
     def __repr__(self):
         return f"Client({self.address!r})"
@@ -119,7 +163,8 @@ class Client(KernelSource):
                     time.sleep(delay)
         raise KforgeUnavailable(
             f"{what}: {self._where()} gave no answer in {self.max_attempts} attempts over "
-            f"{time.monotonic() - start:.1f}s; last error {code}: {details}. Start a server "
+            f"{time.monotonic() - start:.1f}s; last error {code}: {details}"
+            f"{self._transport_hint(details)}. Start a server "
             f"(`kforge serve --listen {self.address}`), point kforge at a running one "
             "(Client(address=...) or KFORGE_SERVER), or use a bundle written by `kforge "
             "prebuild` (Bundle(dir) or KFORGE_BUNDLE)")

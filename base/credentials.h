@@ -1,0 +1,38 @@
+#ifndef KFORGE_BASE_CREDENTIALS_H_
+#define KFORGE_BASE_CREDENTIALS_H_
+
+// Files that hold keys, certificates and bearer tokens: read one way
+// (a regular file under a size cap, through OpenRegularFile) and, for token
+// lists, parsed one way, by the server, the CLI and the clients alike.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kforge {
+
+// A PEM certificate chain, a key or a token list is a few KB.
+inline constexpr uint64_t kMaxCredentialFileBytes = uint64_t{1} << 20;
+
+// The whole file at `path` (a path the user named: a symbolic link is
+// followed). Errors name `what` (the flag or option) and the path, e.g.
+// "--tls-cert /etc/x.pem: ... is a FIFO, not a regular file". An empty
+// file is an error too.
+absl::StatusOr<std::string> ReadCredentialFile(const std::string& path, const std::string& what);
+
+// Bearer tokens, one per line: surrounding blanks are dropped, as are empty
+// lines and lines starting with '#'. A token is printable ASCII without
+// spaces (what an HTTP/2 header value carries), 16..4096 characters; a line
+// that is not is InvalidArgument naming its number (never its text: it may
+// be a secret). No token at all is InvalidArgument too.
+absl::StatusOr<std::vector<std::string>> ParseTokens(const std::string& text,
+                                                     const std::string& what);
+
+// ReadCredentialFile + ParseTokens.
+absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path,
+                                                       const std::string& what);
+
+}  // namespace kforge
+
+#endif  // KFORGE_BASE_CREDENTIALS_H_

@@ -1,0 +1,30 @@
+#ifndef KFORGE_CLI_CONNECT_ARGS_H_
+#define KFORGE_CLI_CONNECT_ARGS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cli/flags.h"
+#include "grpcpp/grpcpp.h"
+#include "runtime/channel.h"
+
+namespace kforge::cli {
+
+// --tls-ca, --tls-cert, --tls-key, --token-file: how `kforge get|stats|warm`
+// reach a server that serves TLS or wants a token.
+const std::vector<FlagSpec>& ClientSecurityFlags();
+
+// The flags above; without --token-file, the token in $KFORGE_TOKEN (if
+// set and not empty).
+ChannelSecurityOptions ClientSecurityFromArgs(const ParsedArgs& args);
+
+// A channel to `address` with the security asked for and kforge's message
+// size limits; errors name the flag.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectFromArgs(const std::string& address,
+                                                               const ParsedArgs& args);
+
+}  // namespace kforge::cli
+
+#endif  // KFORGE_CLI_CONNECT_ARGS_H_

@@ -1,6 +1,8 @@
 #include "capi/kforge_capi.h"
 
 #include <climits>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -176,6 +178,30 @@ size_t kforge_sizeof(const char* struct_name) {
 }
 
 void kforge_free(void* p) { std::free(p); }
+
+size_t kforge_offsetof(const char* struct_name, const char* field) {
+  if (struct_name == nullptr || field == nullptr) return SIZE_MAX;
+  const std::string_view s(struct_name), f(field);
+  using kforge::sparse_mla::CombineParams;
+  using kforge::sparse_mla::DecodeParams;
+  if (s == "DecodeParams") {
+    if (f == "q") return offsetof(DecodeParams, q);
+    if (f == "kv") return offsetof(DecodeParams, kv);
+    if (f == "indices") return offsetof(DecodeParams, indices);
+    if (f == "out") return offsetof(DecodeParams, out);
+    if (f == "lse") return offsetof(DecodeParams, lse);
+    if (f == "o_accum") return offsetof(DecodeParams, o_accum);
+    if (f == "lse_accum") return offsetof(DecodeParams, lse_accum);
+  } else if (s == "CombineParams") {
+    if (f == "o_accum") return offsetof(CombineParams, o_accum);
+    if (f == "lse_accum") return offsetof(CombineParams, lse_accum);
+    if (f == "out") return offsetof(CombineParams, out);
+    if (f == "lse") return offsetof(CombineParams, lse);
+  }
+  return SIZE_MAX;
+}
+
+int32_t kforge_decode_pointer_modulus(void) { return kforge::kDecodePointerModulus; }
 
 int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, int32_t kv_dtype,
                                 uint8_t** spec, size_t* spec_size, char** error) {

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 1
+#define KFORGE_CAPI_VERSION 2
 
 int32_t kforge_capi_version(void);
 
@@ -40,6 +40,19 @@ int32_t kforge_capi_version(void);
 size_t kforge_sizeof(const char* struct_name);
 
 void kforge_free(void* p);
+
+/* offsetof a pointer field of a parameter block as this library was built:
+ * struct "DecodeParams" (fields q, kv, indices, out, lse, o_accum,
+ * lse_accum) or "CombineParams" (o_accum, lse_accum, out, lse). SIZE_MAX
+ * for any other name. With kforge_decode_pointer_modulus, lets a binding
+ * reuse one kforge_plan_decode result for other pointers. */
+size_t kforge_offsetof(const char* struct_name, const char* field);
+
+/* model/decode_plan.h kDecodePointerModulus: kforge_plan_decode's result
+ * for pointers that are null where another call's were and equal to them
+ * modulo this value is that call's, with the pointers in the parameter
+ * blocks replaced (o_accum and lse_accum move with the workspace). */
+int32_t kforge_decode_pointer_modulus(void);
 
 /* model/selector.h DeviceInfo. */
 typedef struct KforgeDevice {

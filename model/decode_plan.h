@@ -68,6 +68,19 @@ struct DecodeArgs {
 // read/written as 4-byte scalars.
 inline constexpr int kQKvAlignBytes = 16;
 inline constexpr int kOutAlignBytes = 4;
+inline constexpr int kIndicesLseAlignBytes = 4;
+// PlanDecode looks at a pointer only to check that it is not null and that
+// its value modulo each alignment above is 0, and copies it into the
+// parameter blocks; the workspace only places o_accum and lse_accum in
+// them. So a plan made for some pointers holds for any others that are null
+// where they were and equal to them modulo kDecodePointerModulus, once the
+// pointers in its blocks are replaced (the Python package caches plans
+// that way; capi's kforge_decode_pointer_modulus and kforge_offsetof).
+inline constexpr int kDecodePointerModulus = 16;
+static_assert(kDecodePointerModulus % kQKvAlignBytes == 0 &&
+                  kDecodePointerModulus % kOutAlignBytes == 0 &&
+                  kDecodePointerModulus % kIndicesLseAlignBytes == 0,
+              "every pointer alignment PlanDecode checks must divide kDecodePointerModulus");
 // The scale is baked into the kernel as a float; a caller's double that
 // rounds to it differs by about 6e-8 relative.
 inline constexpr double kSoftmaxScaleTolerance = 1e-6;

@@ -25,6 +25,7 @@ import tempfile
 import textwrap
 import time
 import unittest
+import unittest.mock
 from concurrent import futures
 
 KFORGE, PYTHON_DIR, PLAN_DUMP = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -1163,7 +1164,8 @@ class OpsChecksTest(unittest.TestCase):
         self.assertEqual(infer_latent_dims(64), (64, 0))
         self.assertEqual(infer_latent_dims(512, 512), (512, 0))
         self.assertEqual(infer_latent_dims(512, 448), (448, 64))
-        with self.assertRaisesRegex(ValueError, "pass out="):
+        with self.assertRaisesRegex(ValueError, "pass kv_lora_rank=448 or kv_lora_rank=512 "
+                                                r"\(or rope_dim=64 / rope_dim=0\)"):
             infer_latent_dims(512)
         for d_qk, d_v in ((600, None), (576, 500), (576, 448)):
             with self.assertRaises(ValueError):
@@ -1242,6 +1244,257 @@ class OpsChecksTest(unittest.TestCase):
         self.assertEqual(kforge.spec.canonical_arch("sm_75z"), "sm_75z")  # as given
         self.assertEqual(sorted(kforge.PRESETS), ["deepseek-v3.2", "glm-5"])
         self.assertEqual(kforge.PRESETS["glm-5"].num_q_heads, 64)
+
+
+FakeDtype = collections.namedtuple("FakeDtype", "name")
+FakeDtype.__str__ = lambda self: "torch." + self.name
+FakeDevice = collections.namedtuple("FakeDevice", "type index")
+BF16, FP32, I32, U8 = (FakeDtype(n) for n in ("bfloat16", "float32", "int32", "uint8"))
+SIZES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "uint8": 1}
+
+
+class FakeTensor:
+    """The metadata of a torch tensor that kforge reads (shape, stride(),
+    dtype, device, data_ptr(), element_size()); no data."""
+
+    def __init__(self, shape, ptr, dtype=BF16, strides=None, device=FakeDevice("cuda", 0)):
+        self.shape, self.dtype, self.device, self._ptr = tuple(shape), dtype, device, ptr
+        if strides is None:
+            strides, step = [], 1
+            for n in reversed(shape):
+                strides.insert(0, step)
+                step *= n
+        self._strides = tuple(strides)
+
+    def stride(self):
+        return self._strides
+
+    def data_ptr(self):
+        return self._ptr
+
+    def element_size(self):
+        return SIZES[self.dtype.name]
+
+    def at(self, ptr=None, **changes):
+        """A copy at another address (and other metadata)."""
+        t = FakeTensor(self.shape, self._ptr if ptr is None else ptr, self.dtype, self._strides,
+                       self.device)
+        for name, value in changes.items():
+            setattr(t, "_strides" if name == "strides" else name, value)
+        return t
+
+
+class PlanCacheTest(unittest.TestCase):
+    """kforge.launch.PlanCache as SparseMlaDecoder uses it (same make_args),
+    on tensor metadata: a cached plan serves only calls whose every checked
+    property is unchanged, and the blocks it writes are PlanDecode's."""
+
+    SCALE = 0.0625
+
+    @classmethod
+    def setUpClass(cls):
+        from kforge import launch
+        cls.launch = launch
+        cls.manifest = cli_manifest("glm-5", 8, ARCH, 1)
+        cls.device = Device(ARCH, 132)
+        cls.rng = random.Random(11)
+
+    def cache(self):
+        def make_args(q, kv, idx, out, lse, scale):
+            return ops.call_args(q, kv, idx, out, lse, scale, 1, None, 0)
+        return self.launch.PlanCache(self.manifest, self.device, make_args)
+
+    def call(self, batch=32, lse=True, base=1 << 36):
+        """Tensors of a glm-5 TP8 call (paged cache with a gap), 512-byte
+        aligned like torch's allocations."""
+        page = 64 * 576 + 64
+        q = FakeTensor((batch, 1, 8, 576), base)
+        kv = FakeTensor((40, 64, 576), base + (1 << 32), strides=(page, 576, 1))
+        idx = FakeTensor((batch, 1, 2048), base + (2 << 32), I32)
+        out = FakeTensor((batch, 1, 8, 512), base + (3 << 32))
+        lse_t = FakeTensor((batch, 1, 8), base + (4 << 32), FP32) if lse else None
+        return [q, kv, idx, out, lse_t]
+
+    def fresh(self, tensors, workspace):
+        """What PlanDecode makes for these tensors and workspace."""
+        q, kv, idx, out, lse = tensors
+        args = ops.call_args(q, kv, idx, out, lse, self.SCALE, 1, None, 0)
+        return plan_decode(self.manifest, self.device, args, workspace)
+
+    def moved(self, tensors):
+        """The same tensors at other addresses of the same alignment class."""
+        shift = self.rng.randrange(1, 1 << 20) * 512
+        return [t.at(t.data_ptr() + shift + 512 * i) if t else None
+                for i, t in enumerate(tensors)]
+
+    def check_hit(self, cache, tensors, misses):
+        plan, pointers = cache.lookup(*tensors, self.SCALE)
+        self.assertEqual(cache.misses, misses)
+        workspace = (1 << 40) + self.rng.randrange(1 << 16) * 256 if plan.workspace_bytes else 0
+        plan.bind(pointers, workspace)
+        want = self.fresh(tensors, workspace)
+        self.assertEqual(plan.blocks(), (want.main_params, want.combine_params))
+        self.assertEqual(plan.workspace_bytes, want.workspace_bytes if want.needs_combine else 0)
+        self.assertEqual(plan.launch[:3], want.grid)
+        return plan
+
+    def test_hits_write_what_plan_decode_makes(self):
+        for batch, lse in ((32, True), (32, False), (1, True), (256, False)):
+            with self.subTest(batch=batch, lse=lse):
+                cache = self.cache()
+                tensors = self.call(batch, lse)
+                first = self.check_hit(cache, tensors, 1)
+                self.assertEqual(first.combine is not None, batch < 256)
+                for _ in range(20):
+                    tensors = self.moved(tensors)
+                    self.assertIs(self.check_hit(cache, tensors, 1), first)
+
+    def test_a_changed_signature_is_planned_again(self):
+        cache = self.cache()
+        base = self.call(32)
+        self.check_hit(cache, base, 1)
+        q, kv, idx, out, lse = base
+        changes = {
+            "batch": self.call(64),
+            "no lse": [q, kv, idx, out, None],
+            "q head stride": [FakeTensor((32, 1, 8, 576), q.data_ptr(),
+                                         strides=(8 * 640, 8 * 640, 640, 1)), kv, idx, out, lse],
+            "kv page stride": [q, kv.at(strides=(64 * 576 + 128, 576, 1)), idx, out, lse],
+            "kv 4-dim": [q, FakeTensor((40, 64, 1, 576), kv.data_ptr(),
+                                       strides=(64 * 576 + 64, 576, 576, 1)), idx, out, lse],
+            "out strides": [q, kv, idx, out.at(strides=(8 * 520, 8 * 520, 520, 1)), lse],
+            "indices stride": [q, kv, idx.at(strides=(4096, 4096, 1)), out, lse],
+            "out 4 bytes off 16": [q, kv, idx, out.at(out.data_ptr() + 4), lse],
+        }
+        misses = 1
+        for name, tensors in changes.items():
+            with self.subTest(name):
+                misses += 1
+                self.check_hit(cache, tensors, misses)
+                self.check_hit(cache, self.moved(tensors), misses)
+        self.check_hit(cache, self.moved(base), misses)  # the first plan is still there
+
+    def test_calls_a_cached_plan_does_not_cover_are_checked(self):
+        cache = self.cache()
+        base = self.call(32)
+        self.check_hit(cache, base, 1)
+        q, kv, idx, out, lse = base
+        bad = {
+            "q: 0x1000000008 is not 16-byte aligned": [q.at(q.data_ptr() + 8), kv, idx, out, lse],
+            "kv: .* is not 16-byte aligned": [q, kv.at(kv.data_ptr() + 4), idx, out, lse],
+            "out: .* is not 4-byte aligned": [q, kv, idx, out.at(out.data_ptr() + 2), lse],
+            "lse: .* is not 4-byte aligned": [q, kv, idx, out, lse.at(lse.data_ptr() + 2)],
+            "indices: .* is not 4-byte aligned": [q, kv, idx.at(idx.data_ptr() + 2), out, lse],
+            "q: null": [q.at(0), kv, idx, out, lse],
+            "kv_page_stride: got 36868 elements": [q, kv.at(strides=(64 * 576 + 4, 576, 1)),
+                                                   idx, out, lse],
+            "q: expected dtype bfloat16, got float16": [q.at(dtype=FakeDtype("float16")), kv,
+                                                        idx, out, lse],
+            "out: expected dtype bfloat16, got float32": [q, kv, idx, out.at(dtype=FP32), lse],
+            "lse: expected dtype float32": [q, kv, idx, out, lse.at(dtype=BF16)],
+            "kv_cache is on cuda:1 but q on cuda:0": [q, kv.at(device=FakeDevice("cuda", 1)),
+                                                      idx, out, lse],
+            "q is on cuda:1, this decoder on cuda:0": [
+                t.at(device=FakeDevice("cuda", 1)) for t in base],
+            "lse is on cuda:1": [q, kv, idx, out, lse.at(device=FakeDevice("cuda", 1))],
+            "lse: expected a contiguous": [q, kv, idx, out, lse.at(strides=(16, 16, 1))],
+            "out_head_stride.*overlap": [q, kv, idx, out.at(strides=(8 * 512, 8 * 512, 256, 1)),
+                                         lse],
+        }
+        for pattern, tensors in bad.items():
+            with self.subTest(pattern):
+                with self.assertRaisesRegex((ValueError, TypeError), pattern):
+                    cache.lookup(*tensors, self.SCALE)
+        with self.assertRaisesRegex(ValueError, "softmax_scale: got 0.07"):
+            cache.lookup(*base, 0.07)
+        self.assertEqual((cache.misses, len(cache)), (1, 1))  # nothing bad was kept
+        self.check_hit(cache, self.moved(base), 1)
+
+    def test_a_plan_that_bind_cannot_reproduce_is_refused(self):
+        # A binding that put kv where q goes: the check against a second
+        # PlanDecode catches it before the plan is kept or launched.
+        launch = self.launch
+        swapped = (("q", 1), ("kv", 0)) + launch._MAIN_FIELDS[2:]
+        cache = self.cache()
+        with unittest.mock.patch.object(launch, "_MAIN_FIELDS", swapped):
+            with self.assertRaisesRegex(kforge.KforgeError, "does not reproduce"):
+                cache.lookup(*self.call(32), self.SCALE)
+        # Nor a workspace laid out differently from PlanDecode's.
+        wrong = launch._COMBINE_FIELDS[:1] + (("lse_accum", 4),) + launch._COMBINE_FIELDS[2:]
+        with unittest.mock.patch.object(launch, "_COMBINE_FIELDS", wrong):
+            with self.assertRaisesRegex(kforge.KforgeError, "does not reproduce"):
+                cache.lookup(*self.call(32), self.SCALE)
+        self.assertEqual(len(cache), 0)
+        self.check_hit(cache, self.call(32), 1)
+
+    def test_offsets_and_modulus_from_the_library(self):
+        # templates/kforge/sparse_mla/config.h: seven pointers first in
+        # DecodeParams, four in CombineParams.
+        main = ("q", "kv", "indices", "out", "lse", "o_accum", "lse_accum")
+        self.assertEqual([_capi.offsetof("DecodeParams", f) for f in main],
+                         list(range(0, 56, 8)))
+        self.assertEqual([_capi.offsetof("CombineParams", f)
+                          for f in ("o_accum", "lse_accum", "out", "lse")], [0, 8, 16, 24])
+        for struct_name, field in (("DecodeParams", "num_tokens"), ("Nope", "q"),
+                                   ("CombineParams", "q")):
+            with self.assertRaisesRegex(kforge.KforgeError, "no pointer field"):
+                _capi.offsetof(struct_name, field)
+        lib = _capi.lib()
+        self.assertEqual(lib.kforge_offsetof(None, b"q"), _capi._SIZE_MAX)
+        self.assertEqual(lib.kforge_offsetof(b"DecodeParams", None), _capi._SIZE_MAX)
+        self.assertEqual(_capi.decode_pointer_modulus(), 16)
+
+
+class LatentSplitTest(unittest.TestCase):
+    """d_qk with two kv_lora_rank + rope_dim splits: the keywords that say
+    which, through kforge.sparse_mla_decode's own path."""
+
+    def inputs(self, d_qk):
+        return (FakeTensor((2, 1, 8, d_qk), 1 << 30),
+                FakeTensor((40, 64, d_qk), 1 << 31),
+                FakeTensor((2, 1, 2048), 1 << 32, I32))
+
+    def test_ambiguous_width_names_the_keywords(self):
+        for d_qk, (r0, p0), (r1, p1) in ((512, (448, 64), (512, 0)),
+                                         (320, (256, 64), (320, 0))):
+            with self.subTest(d_qk=d_qk):
+                with self.assertRaises(ValueError) as cm:
+                    kforge.sparse_mla_decode(*self.inputs(d_qk), 0.0625, source=object())
+                message = str(cm.exception)
+                for word in (f"kv_lora_rank={r0}", f"kv_lora_rank={r1}", f"rope_dim={p0}",
+                             f"rope_dim={p1}", "out="):
+                    self.assertIn(word, message)
+
+    def test_keywords_pick_the_split(self):
+        dims = ops.check_decode_inputs(*(ops.tensor_info(n, t) for n, t in
+                                         zip(("q", "kv_cache", "indices"), self.inputs(512))))
+        for kwargs, want in (({"kv_lora_rank": 448}, (448, 64)), ({"rope_dim": 64}, (448, 64)),
+                             ({"kv_lora_rank": 512}, (512, 0)), ({"rope_dim": 0}, (512, 0)),
+                             ({"kv_lora_rank": 448, "rope_dim": 64}, (448, 64)),
+                             ({"d_v": 448, "kv_lora_rank": 448}, (448, 64))):
+            with self.subTest(**kwargs):
+                spec = ops.spec_for_inputs(dims, 0.0625, True, **kwargs)
+                self.assertEqual((spec.kv_lora_rank, spec.rope_dim), want)
+        self.assertEqual(infer_latent_dims(320, kv_lora_rank=256), (256, 64))
+        self.assertEqual(infer_latent_dims(576, rope_dim=64), (512, 64))
+        for kwargs, pattern in (({"kv_lora_rank": 448, "rope_dim": 0}, "disagree"),
+                                ({"d_v": 512, "kv_lora_rank": 448}, "out= with last dim 512"),
+                                ({"kv_lora_rank": 300}, "kv_lora_rank 300 \\+ rope_dim 212"),
+                                ({"rope_dim": 512}, "not a spec")):
+            with self.subTest(**kwargs):
+                with self.assertRaisesRegex(ValueError, pattern):
+                    ops.spec_for_inputs(dims, 0.0625, True, **kwargs)
+
+    def test_keyword_reaches_the_decoder(self):
+        # Past the split, the next step builds the decoder, which needs torch
+        # (absent here): the keyword resolved it. With torch, this machine
+        # has no GPU, so it is the device that fails instead.
+        import importlib.util
+        if importlib.util.find_spec("torch") is not None:
+            self.skipTest("PyTorch is installed: the decoder would try the GPU")
+        with self.assertRaisesRegex(kforge.KforgeError, "needs PyTorch"):
+            kforge.sparse_mla_decode(*self.inputs(512), 0.0625, source=object(),
+                                     kv_lora_rank=448)
 
 
 class PackageTest(unittest.TestCase):

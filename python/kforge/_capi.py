@@ -24,7 +24,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 1  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 2  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -66,6 +66,8 @@ _SIGNATURES = {
     "kforge_capi_version": [],
     "kforge_sizeof": [ctypes.c_char_p],
     "kforge_free": [ctypes.c_void_p],
+    "kforge_offsetof": [ctypes.c_char_p, ctypes.c_char_p],
+    "kforge_decode_pointer_modulus": [],
     "kforge_spec_from_preset": [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32, *_OUT,
                                 _STR_OUT],
     "kforge_validate_spec": [_c_bytes, ctypes.c_size_t, _STR_OUT],
@@ -109,7 +111,8 @@ _SIGNATURES = {
     "kforge_bundle_writer_finish": [ctypes.c_void_p, _STR_OUT],
     "kforge_verify_bundle": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _STR_OUT, _STR_OUT],
 }
-_RESTYPES = {"kforge_sizeof": ctypes.c_size_t, "kforge_free": None,
+_RESTYPES = {"kforge_sizeof": ctypes.c_size_t, "kforge_offsetof": ctypes.c_size_t,
+             "kforge_free": None,
              "kforge_bundle_close": None, "kforge_bundle_writer_close": None}
 
 _lib = None
@@ -221,6 +224,24 @@ def parse(cls, data):
     message = cls()
     message.ParseFromString(data)
     return message
+
+
+_SIZE_MAX = ctypes.c_size_t(-1).value
+
+
+def offsetof(struct_name, field):
+    """offsetof(struct_name, field) of a parameter block's pointer field as
+    the library was built (kforge_offsetof)."""
+    offset = lib().kforge_offsetof(struct_name.encode(), field.encode())
+    if offset == _SIZE_MAX:
+        raise KforgeError(f"kforge_offsetof: {struct_name} has no pointer field {field!r}")
+    return offset
+
+
+def decode_pointer_modulus():
+    """kDecodePointerModulus: a plan holds for pointers null where its own
+    were and equal to them modulo this."""
+    return lib().kforge_decode_pointer_modulus()
 
 
 def device(arch, sm_count, forced_num_splits=0):

@@ -20,7 +20,13 @@ model/decode_plan.h checks (dtype, device and layout, which that struct
 does not carry), and the launch. Every rule about the call (sizes against
 the model, strides, alignment, the scale, the variant, grid and split
 count, the parameter blocks) is the C++ PlanDecode's, reached through the
-C ABI (kforge.plan).
+C ABI (kforge.plan), once per call signature: kforge.launch keeps its
+result and writes each call's pointers into it.
+
+Under torch.compile, SparseMlaDecoder's call is the custom op
+kforge::sparse_mla_decode (kforge.torch_op); build the decoder outside the
+compiled function (kforge.sparse_mla_decode itself picks a decoder with
+Python torch.compile does not trace).
 """
 
 import collections
@@ -32,6 +38,7 @@ import threading
 from kforge import _capi
 from kforge.bundle import Bundle, first_choice
 from kforge.errors import KforgeError
+from kforge.launch import PlanCache
 from kforge.plan import Device, ManifestRef, Shape, plan_decode, select
 from kforge.spec import arch_for_capability, check_arch_runs, infer_latent_dims, make_spec
 
@@ -251,12 +258,14 @@ def make_decode_args(q, kv, indices, dims, out, out_strides, lse_ptr, softmax_sc
         out_head_stride=out_strides[1], softmax_scale=float(softmax_scale))
 
 
-def spec_for_inputs(dims, softmax_scale, return_lse, d_v=None):
+def spec_for_inputs(dims, softmax_scale, return_lse, d_v=None, kv_lora_rank=None,
+                    rope_dim=None):
     """The AttentionSpec that (q, kv_cache, indices) call for."""
     scale = float(softmax_scale)
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"softmax_scale: got {softmax_scale}, expected finite and > 0")
-    rank, rope = infer_latent_dims(dims.d_qk, d_v)
+    rank, rope = infer_latent_dims(dims.d_qk, d_v, kv_lora_rank=kv_lora_rank,
+                                   rope_dim=rope_dim)
     return make_spec(num_q_heads=dims.heads, kv_lora_rank=rank, rope_dim=rope, topk=dims.topk,
                      s_q=dims.s_q, page_block_size=dims.page_block_size,
                      softmax_scale=scale, return_lse=bool(return_lse))
@@ -320,6 +329,8 @@ class LoadedKernel:
             _cu_check(cu, cu.cuKernelGetFunction(k), f"cuKernelGetFunction({name})")
             for k in entries]
         self.name = name
+        self._success = cu.CUresult.CUDA_SUCCESS
+        self._streams = {}  # cudaStream_t -> CUstream
 
     def run(self, sel, stream):
         """Enqueues a Selection made by plan_decode on `stream` (a
@@ -330,6 +341,24 @@ class LoadedKernel:
         if p.needs_combine:
             self._launch(self.combine, (p.combine_grid_x, p.combine_grid_y, 1),
                          p.combine_block_threads, 0, p.combine_params, stream)
+
+    def launch(self, plan, stream):
+        """Enqueues a kforge.launch.BoundPlan whose blocks hold the call's
+        pointers (the caller holds plan.lock) on `stream` (an int)."""
+        cu = self._cu
+        handle = self._streams.get(stream)
+        if handle is None:
+            if len(self._streams) > 64:
+                self._streams.clear()
+            handle = self._streams[stream] = cu.CUstream(stream)
+        err = cu.cuLaunchKernel(self.main, *plan.launch, handle, plan.main.address, 0)[0]
+        if err != self._success:
+            _cu_check(cu, (err,), f"cuLaunchKernel({self.name}, {plan.selection!r})")
+        if plan.combine is not None:
+            err = cu.cuLaunchKernel(self.combine, *plan.combine_launch, handle,
+                                    plan.combine.address, 0)[0]
+            if err != self._success:
+                _cu_check(cu, (err,), f"cuLaunchKernel({self.name} combine, {plan.selection!r})")
 
     def _launch(self, function, grid, block, smem, params, stream):
         cu = self._cu
@@ -372,28 +401,30 @@ def decode_args(q, kv, indices, dims, out, lse, softmax_scale, kv_dtype, kv_name
                             lse_ptr, softmax_scale, kv_dtype)
 
 
-def run_planned(torch, device, manifest, dev, kernel_for, q, kv, indices, dims, out, lse,
-                softmax_scale, kv_dtype):
-    """Plans one call with PlanDecode (a second time, with its workspace,
-    when it splits) and launches it on torch's current stream. Returns the
-    Selection."""
-    args = decode_args(q, kv, indices, dims, out, lse, softmax_scale, kv_dtype)
-    sel = plan_decode(manifest, dev, args, 0)
-    workspace = None
-    if sel.needs_combine:
-        workspace = torch.empty(sel.workspace_bytes, dtype=torch.uint8, device=device)
-        sel = plan_decode(manifest, dev, args, workspace.data_ptr())
-    kernel = kernel_for(sel.variant)
-    with torch.cuda.device(device):
-        kernel.run(sel, torch.cuda.current_stream(device).cuda_stream)
-    return sel
+def call_args(q, kv_cache, indices, out, lse, softmax_scale, kv_dtype, kv_row_bytes,
+              device_index):
+    """DecodeArgs of a decoder's call (its PlanCache's make_args, run once
+    per call signature): the tensor mapping's checks here, the rest
+    PlanDecode's. kv_row_bytes as kv_row_bytes_for gives it; device_index
+    the decoder's GPU."""
+    dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv_cache", kv_cache),
+                               tensor_info("indices", indices), kv_row_bytes=kv_row_bytes)
+    if dims.device != ("cuda", device_index):
+        raise ValueError(f"q is on {dims.device[0]}:{dims.device[1]}, this decoder on "
+                         f"cuda:{device_index}")
+    return decode_args(q, kv_cache, indices, dims, out, lse, softmax_scale, kv_dtype)
 
 
 class SparseMlaDecoder:
     """Sparse MLA decode for one model (preset + tp, or spec) on one GPU.
 
     Fetches the manifest once; loads each variant's kernel the first time a
-    call needs it."""
+    call needs it. A call is checked by PlanDecode the first time its
+    signature (shapes, strides, dtypes, devices, pointer alignment, scale)
+    is seen; later calls with that signature reuse the plan
+    (kforge.launch.PlanCache) and cost a few tensor reads and the launch.
+    Inside torch.compile a call becomes the custom op
+    kforge::sparse_mla_decode (kforge.torch_op)."""
 
     def __init__(self, source=None, preset=None, tp=None, spec=None, device=None, arch=None,
                  kv_dtype=None):
@@ -412,6 +443,19 @@ class SparseMlaDecoder:
         self._kv_row_bytes = kv_row_bytes_for(self.spec)
         self._kernels = {}
         self._lock = threading.Lock()
+        # Plain values for the per-call path (and for torch.compile to read).
+        self._d_v = (int(self.spec.kv_lora_rank),)
+        self._scale = float(self.spec.softmax_scale)
+        self._index = self.device.index
+        self._plans = PlanCache(self._manifest, self._device, self._decode_args, self._kernel)
+        self._bf16, self._fp32, self._u8 = torch.bfloat16, torch.float32, torch.uint8
+        self._current_device = torch._C._cuda_getDevice
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._raw_stream = raw if raw is not None else (
+            lambda index: torch.cuda.current_stream(index).cuda_stream)
+        from kforge import torch_op
+        self._op_id = torch_op.register(torch, self)
+        self._compiling = torch_op.is_compiling(torch)
 
     def selection(self, batch, s_q):
         """The variant and launch configuration for batch x s_q tokens."""
@@ -440,29 +484,63 @@ class SparseMlaDecoder:
                 kernel = self._kernels.setdefault(variant.key, kernel)
         return kernel
 
+    def _decode_args(self, q, kv_cache, indices, out, lse, scale):
+        return call_args(q, kv_cache, indices, out, lse, scale, self.spec.kv_cache_dtype,
+                         self._kv_row_bytes, self._index)
+
     def __call__(self, q, kv_cache, indices, softmax_scale=None, *, return_lse=False, out=None):
         """out [batch, s_q, heads, d_v] bf16, or (out, lse [batch, s_q,
         heads] fp32) with return_lse. softmax_scale, when given, must be the
         kernel's (1e-6 relative, as PlanDecode checks)."""
-        torch = self._torch
-        dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv_cache", kv_cache),
-                                   tensor_info("indices", indices),
-                                   kv_row_bytes=self._kv_row_bytes)
-        if dims.device != ("cuda", self.device.index):
-            raise ValueError(f"q is on cuda:{dims.device[1]}, this decoder on {self.device}")
+        if self._compiling():
+            return self._traced_call(q, kv_cache, indices, softmax_scale, return_lse, out)
         if out is None:
-            out = torch.empty(*q.shape[:-1], self.spec.kv_lora_rank, dtype=torch.bfloat16,
-                              device=self.device)
-        lse = (torch.empty(*q.shape[:-2], dims.heads, dtype=torch.float32, device=self.device)
+            out = self._torch.empty(q.shape[:-1] + self._d_v, dtype=self._bf16,
+                                    device=self.device)
+        lse = (self._torch.empty(q.shape[:-1], dtype=self._fp32, device=self.device)
                if return_lse else None)
-        scale = self.spec.softmax_scale if softmax_scale is None else softmax_scale
-        run_planned(torch, self.device, self._manifest, self._device, self._kernel, q, kv_cache,
-                    indices, dims, out, lse, scale, self.spec.kv_cache_dtype)
+        self.run(q, kv_cache, indices, out, lse,
+                 self._scale if softmax_scale is None else float(softmax_scale))
+        return (out, lse) if return_lse else out
+
+    def run(self, q, kv_cache, indices, out, lse, softmax_scale):
+        """Launches one call into out (and lse, or None) on torch's current
+        stream; softmax_scale a float. The split-K workspace comes from
+        torch's caching allocator on that stream. Returns the BoundPlan."""
+        plan, pointers = self._plans.lookup(q, kv_cache, indices, out, lse, softmax_scale)
+        workspace = 0
+        if plan.workspace_bytes:
+            ws = self._torch.empty(plan.workspace_bytes, dtype=self._u8, device=self.device)
+            workspace = ws.data_ptr()
+        index = self._index
+        if self._current_device() == index:
+            stream = self._raw_stream(index)
+            with plan.lock:
+                plan.bind(pointers, workspace)
+                plan.kernel.launch(plan, stream)
+        else:
+            with self._torch.cuda.device(self.device):
+                stream = self._raw_stream(index)
+                with plan.lock:
+                    plan.bind(pointers, workspace)
+                    plan.kernel.launch(plan, stream)
+        return plan
+
+    def _traced_call(self, q, kv_cache, indices, softmax_scale, return_lse, out):
+        """The call as torch.compile traces it: allocations and the custom
+        op, which runs self.run."""
+        torch = self._torch
+        if out is None:
+            out = torch.empty(q.shape[:-1] + self._d_v, dtype=self._bf16, device=self.device)
+        lse = (torch.empty(q.shape[:-1], dtype=self._fp32, device=self.device)
+               if return_lse else None)
+        scale = self._scale if softmax_scale is None else float(softmax_scale)
+        torch.ops.kforge.sparse_mla_decode(q, kv_cache, indices, out, lse, scale, self._op_id)
         return (out, lse) if return_lse else out
 
 
 def decoder_for(q, kv_cache, indices, softmax_scale, *, source=None, return_lse=False,
-                out=None):
+                out=None, kv_lora_rank=None, rope_dim=None):
     """The cached SparseMlaDecoder sparse_mla_decode uses for these inputs."""
     dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv_cache", kv_cache),
                                tensor_info("indices", indices))
@@ -470,21 +548,45 @@ def decoder_for(q, kv_cache, indices, softmax_scale, *, source=None, return_lse=
     source = source if source is not None else default_source()
     # Everything the spec is built from, so a hit builds no protobuf.
     key = (source, dims.device, dims.heads, dims.d_qk, dims.topk, dims.s_q,
-           dims.page_block_size, float(softmax_scale), bool(return_lse), d_v)
+           dims.page_block_size, float(softmax_scale), bool(return_lse), d_v, kv_lora_rank,
+           rope_dim)
     with _lock:
         decoder = _decoders.get(key)
     if decoder is None:
-        spec = spec_for_inputs(dims, softmax_scale, return_lse, d_v)
+        spec = spec_for_inputs(dims, softmax_scale, return_lse, d_v, kv_lora_rank=kv_lora_rank,
+                               rope_dim=rope_dim)
         decoder = SparseMlaDecoder(source, spec=spec, device=dims.device[1])
         with _lock:
             decoder = _decoders.setdefault(key, decoder)
     return decoder
 
 
+# (source, shapes of q, kv_cache and indices, device, scale, return_lse, out's
+# last dim, kv_lora_rank, rope_dim) -> decoder: everything decoder_for reads,
+# so that a call of a known shape skips its mapping.
+_decoders_by_shape = {}
+
+
 def sparse_mla_decode(q, kv_cache, indices, softmax_scale, *, source=None, return_lse=False,
-                      out=None):
+                      out=None, kv_lora_rank=None, rope_dim=None):
     """Sparse MLA decode with the kernel for exactly these shapes (see the
-    module docstring). Returns out, or (out, lse) with return_lse."""
-    decoder = decoder_for(q, kv_cache, indices, softmax_scale, source=source,
-                          return_lse=return_lse, out=out)
-    return decoder(q, kv_cache, indices, softmax_scale, return_lse=return_lse, out=out)
+    module docstring). Returns out, or (out, lse) with return_lse.
+
+    d_qk = kv_lora_rank + rope_dim; where d_qk has two such splits kforge
+    builds (512 = 448 + 64 or 512 + 0, 320 = 256 + 64 or 320 + 0), say
+    which with kv_lora_rank= or rope_dim= (or out=, whose last dim is
+    kv_lora_rank)."""
+    source = source if source is not None else default_source()
+    scale = float(softmax_scale)
+    key = (source, q.shape, kv_cache.shape, indices.shape, q.device, scale, bool(return_lse),
+           None if out is None else out.shape[-1], kv_lora_rank, rope_dim)
+    decoder = _decoders_by_shape.get(key)
+    if decoder is None:
+        decoder = decoder_for(q, kv_cache, indices, scale, source=source,
+                              return_lse=return_lse, out=out, kv_lora_rank=kv_lora_rank,
+                              rope_dim=rope_dim)
+        with _lock:
+            if len(_decoders_by_shape) > 4096:
+                _decoders_by_shape.clear()
+            _decoders_by_shape[key] = decoder
+    return decoder(q, kv_cache, indices, scale, return_lse=return_lse, out=out)

@@ -117,10 +117,11 @@ def check_arch_runs(arch, capability):
     _capi.check_device_arch(arch, *capability)
 
 
-def infer_latent_dims(d_qk, d_v=None):
+def infer_latent_dims(d_qk, d_v=None, *, kv_lora_rank=None, rope_dim=None):
     """(kv_lora_rank, rope_dim) for a q/kv row width d_qk = kv_lora_rank +
-    rope_dim, as ValidateSpec accepts them. d_v (the output width, =
-    kv_lora_rank) is needed only where two splits are valid."""
+    rope_dim, as ValidateSpec accepts them. Where two splits are valid
+    (512 = 448 + 64 or 512 + 0), kv_lora_rank= or rope_dim= says which, or
+    d_v (the output width, = kv_lora_rank: an out= tensor's last dim)."""
     def valid(rank, rope):
         try:
             _capi.validate_spec(make_spec(num_q_heads=1, kv_lora_rank=rank, rope_dim=rope,
@@ -130,12 +131,27 @@ def infer_latent_dims(d_qk, d_v=None):
         except KforgeInvalidArgument:
             return False
 
+    given = {}  # how the caller said it: the rank each way implies
+    if kv_lora_rank is not None:
+        given["kv_lora_rank"] = int(kv_lora_rank)
+    if rope_dim is not None:
+        given["rope_dim"] = d_qk - int(rope_dim)
     if d_v is not None:
-        if not valid(d_v, d_qk - d_v):
+        given["out"] = int(d_v)
+    if given:
+        ranks = set(given.values())
+        if len(ranks) > 1:
+            said = ", ".join(f"{k}={v}" if k == "kv_lora_rank" else
+                             f"rope_dim={d_qk - v}" if k == "rope_dim" else
+                             f"out= with last dim {v}" for k, v in given.items())
+            raise KforgeInvalidArgument(f"d_qk {d_qk}: {said} disagree (d_qk = kv_lora_rank + "
+                                        "rope_dim, and out's last dim is kv_lora_rank)")
+        rank = ranks.pop()
+        if not valid(rank, d_qk - rank):
             raise KforgeInvalidArgument(
-                f"d_qk {d_qk} with output width {d_v}: kv_lora_rank {d_v} + rope_dim "
-                f"{d_qk - d_v} is not a spec kforge builds (see ValidateSpec)")
-        return d_v, d_qk - d_v
+                f"d_qk {d_qk}: kv_lora_rank {rank} + rope_dim {d_qk - rank} is not a spec "
+                "kforge builds (see ValidateSpec)")
+        return rank, d_qk - rank
     fits = [(d_qk - rope, rope) for rope in (64, 0) if d_qk - rope > 0 and valid(d_qk - rope, rope)]
     if len(fits) == 1:
         return fits[0]
@@ -143,6 +159,8 @@ def infer_latent_dims(d_qk, d_v=None):
         raise KforgeInvalidArgument(
             f"d_qk {d_qk}: no kv_lora_rank + rope_dim split of it is a spec kforge builds "
             "(e.g. 576 = 512 + 64)")
+    (r0, p0), (r1, p1) = fits
     raise KforgeInvalidArgument(
-        f"d_qk {d_qk} is {fits[0][0]} + {fits[0][1]} or {fits[1][0]} + {fits[1][1]}: pass out= "
-        "(its last dim is kv_lora_rank) to say which")
+        f"d_qk {d_qk} is {r0} + {p0} or {r1} + {p1} (kv_lora_rank + rope_dim): pass "
+        f"kv_lora_rank={r0} or kv_lora_rank={r1} (or rope_dim={p0} / rope_dim={p1}) to say "
+        "which; an out= tensor's last dim says it too")

@@ -42,6 +42,13 @@ tail -n 4 "$out/cuda_runtime_test.log"
 step "Python client, kforge serve on this host"
 python3 tests/gpu/e2e_python.py "$stage/bin/kforge" --lib-dir "$stage/lib" || fail "e2e_python (server)"
 
+step "torch op (compile, CUDA graphs) and the eager call's plan cache"
+python3 tests/gpu/check_torch_op.py "$stage/bin/kforge" --lib-dir "$stage/lib" || fail check_torch_op
+
+step "host time of the eager Python call"
+python3 bench/python_overhead.py "$stage/bin/kforge" "$stage/lib" | tee "$out/python_overhead.log" ||
+  fail python_overhead
+
 step "prebuild + verify (the e2e models, sm_90a)"
 cat >"$out/e2e_matrix.json" <<'JSON'
 {"models": [{"preset": "glm-5", "tp": [1, 8], "kv_dtypes": ["bf16", "fp8_ds_mla"]},

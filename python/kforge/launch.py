@@ -1,0 +1,218 @@
+"""One PlanDecode per call signature: what lets an eager decode call cost
+pointer arithmetic and a launch.
+
+PlanDecode (model/decode_plan.h, through the C ABI) checks a call and
+returns its launch and parameter blocks. Its result depends on the pointers
+only through whether each is null and its value modulo
+kDecodePointerModulus, and it copies them into the blocks at fields whose
+offsets the library reports (kforge_offsetof). So PlanCache keys a plan on
+everything the checks read (every tensor's shape, strides, dtype and device,
+each pointer's class, the scale) and, on a hit, only writes the call's
+pointers into the plan's prebuilt blocks. Each new plan is checked against
+C++ once: the same call planned again with other pointers of the same
+classes must give exactly the blocks this module writes for them, else
+KforgeError (so a change to what PlanDecode derives from a pointer cannot
+make a cached plan wrong silently).
+
+Needs neither torch nor cuda-python: tensors are anything with shape,
+stride(), dtype, device and data_ptr().
+"""
+
+import ctypes
+import struct
+import threading
+
+from kforge import _capi
+from kforge.errors import KforgeError
+from kforge.plan import plan_decode
+
+# A call's pointers, in the order every tuple of pointers here has them
+# (DecodeArgs' field names); index 5 is the workspace.
+POINTERS = ("q", "kv", "indices", "out", "lse")
+_WORKSPACE = 5
+# Each pointer field of the parameter blocks and what it holds.
+_MAIN_FIELDS = (("q", 0), ("kv", 1), ("indices", 2), ("out", 3), ("lse", 4),
+                ("o_accum", _WORKSPACE), ("lse_accum", _WORKSPACE))
+_COMBINE_FIELDS = (("o_accum", _WORKSPACE), ("lse_accum", _WORKSPACE), ("out", 3), ("lse", 4))
+_WORD = struct.Struct("=Q")
+# Pointers and a workspace of the same classes as a plan's own, for the
+# check of a new plan (far from any real address's class change: each
+# shift is a multiple of the modulus, and distinct, so a field that copies
+# the wrong pointer shows).
+_SHIFT = 1 << 24
+
+
+class _Block:
+    """One kernel's parameter block, prebuilt: its bytes as PlanDecode made
+    them, and how to write another call's pointers into them."""
+
+    __slots__ = ("buffer", "args", "address", "runs")
+
+    def __init__(self, struct_name, data, fields, workspace, with_workspace):
+        self.buffer = ctypes.create_string_buffer(bytes(data), len(data))
+        # cuLaunchKernel's kernelParams: one by-value struct.
+        self.args = (ctypes.c_void_p * 1)(ctypes.addressof(self.buffer))
+        self.address = ctypes.addressof(self.args)
+        words = []  # (offset, source, delta)
+        for field, source in fields:
+            if source == _WORKSPACE and not with_workspace:
+                continue  # null without a combine; PlanDecode's bytes stand
+            offset = _capi.offsetof(struct_name, field)
+            if offset + 8 > len(data):
+                raise KforgeError(f"{struct_name}.{field} at {offset}: past the "
+                                  f"{len(data)}-byte block PlanDecode returned")
+            delta = _WORD.unpack_from(data, offset)[0] - workspace if source == _WORKSPACE else 0
+            words.append((offset, source, delta))
+        words.sort()
+        # Contiguous words are written by one pack_into.
+        self.runs = []
+        for offset, source, delta in words:
+            if self.runs and self.runs[-1][0] + 8 * len(self.runs[-1][1]) == offset:
+                self.runs[-1][1].append((source, delta))
+            else:
+                self.runs.append((offset, [(source, delta)]))
+        self.runs = tuple((offset, struct.Struct("=" + "Q" * len(items)), tuple(items))
+                          for offset, items in self.runs)
+
+    def write(self, values):
+        """values: the call's pointers + (workspace,)."""
+        buffer = self.buffer
+        for offset, packer, items in self.runs:
+            packer.pack_into(buffer, offset, *[values[i] + d for i, d in items])
+
+
+class BoundPlan:
+    """A plan for one call signature. launch = (grid x, y, z, block x, 1, 1,
+    dynamic smem) of the main kernel; combine_launch likewise or None.
+    bind() writes a call's pointers into the blocks; hold `lock` from bind
+    until the launch has copied them (cuLaunchKernel copies)."""
+
+    __slots__ = ("selection", "variant", "kernel", "workspace_bytes", "launch",
+                 "combine_launch", "main", "combine", "lock")
+
+    def __init__(self, selection, workspace):
+        p = selection.plan
+        self.selection = selection
+        self.variant = selection.variant
+        self.kernel = None
+        self.workspace_bytes = p.workspace_bytes if p.needs_combine else 0
+        self.launch = (p.grid_x, p.grid_y, p.grid_z, p.block_threads, 1, 1,
+                       p.dynamic_smem_bytes)
+        self.main = _Block("DecodeParams", p.main_params, _MAIN_FIELDS, workspace,
+                           p.needs_combine)
+        self.combine = self.combine_launch = None
+        if p.needs_combine:
+            self.combine_launch = (p.combine_grid_x, p.combine_grid_y, 1,
+                                   p.combine_block_threads, 1, 1, 0)
+            self.combine = _Block("CombineParams", p.combine_params, _COMBINE_FIELDS, workspace,
+                                  True)
+        self.lock = threading.Lock()
+
+    def bind(self, pointers, workspace=0):
+        """Writes pointers (q, kv, indices, out, lse; lse 0 when not
+        wanted) and the workspace address into both blocks."""
+        values = (*pointers, workspace)
+        self.main.write(values)
+        if self.combine is not None:
+            self.combine.write(values)
+
+    def blocks(self):
+        """(main block bytes, combine block bytes or b"")."""
+        return self.main.buffer.raw, (self.combine.buffer.raw if self.combine else b"")
+
+
+def _launch_fields(plan):
+    copy = type(plan)()
+    copy.CopyFrom(plan)
+    copy.ClearField("main_params")
+    copy.ClearField("combine_params")
+    return copy
+
+
+class PlanCache:
+    """Plans of one decoder (manifest, device) by call signature.
+
+    make_args(q, kv, indices, out, lse, scale) -> kforge._capi.DecodeArgs
+    maps a call's tensors (raising TypeError / ValueError for what the
+    mapping cannot express); kernel_for(variant) -> the loaded kernel a
+    plan launches (stored as plan.kernel), or None."""
+
+    def __init__(self, manifest, device, make_args, kernel_for=None, max_plans=4096):
+        self._manifest = manifest
+        self._device = device
+        self._make_args = make_args
+        self._kernel_for = kernel_for
+        self._max_plans = max_plans
+        self._plans = {}
+        self._lock = threading.Lock()
+        self.modulus = _capi.decode_pointer_modulus()
+        self.misses = 0
+
+    def __len__(self):
+        return len(self._plans)
+
+    def lookup(self, q, kv, indices, out, lse, scale):
+        """(BoundPlan, pointers) for one call; scale a float. Plans (and
+        checks) the call with PlanDecode when its signature is new."""
+        m = self.modulus
+        qp, kp, ip, op = q.data_ptr(), kv.data_ptr(), indices.data_ptr(), out.data_ptr()
+        if lse is None:
+            lp, lse_key = 0, None
+        else:
+            lp = lse.data_ptr()
+            lse_key = (lse.shape, lse.stride(), lse.dtype, lse.device, lp % m if lp else -1)
+        key = (q.shape, q.stride(), q.dtype, q.device, qp % m if qp else -1,
+               kv.shape, kv.stride(), kv.dtype, kv.device, kp % m if kp else -1,
+               indices.shape, indices.stride(), indices.dtype, indices.device,
+               ip % m if ip else -1,
+               out.shape, out.stride(), out.dtype, out.device, op % m if op else -1,
+               lse_key, scale)
+        pointers = (qp, kp, ip, op, lp)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan(key, q, kv, indices, out, lse, scale, pointers)
+        return plan, pointers
+
+    def _plan(self, key, q, kv, indices, out, lse, scale, pointers):
+        args = self._make_args(q, kv, indices, out, lse, scale)
+        if tuple(getattr(args, name) for name in POINTERS) != pointers:
+            raise KforgeError("make_args put other pointers in DecodeArgs than the tensors'")
+        sel = plan_decode(self._manifest, self._device, args, 0)
+        workspace = 0
+        if sel.needs_combine:
+            # PlanDecode does not read the workspace address; any will do.
+            workspace = _SHIFT * self.modulus
+            sel = plan_decode(self._manifest, self._device, args, workspace)
+        plan = BoundPlan(sel, workspace)
+        self._check(plan, args, workspace)
+        if self._kernel_for is not None:
+            plan.kernel = self._kernel_for(sel.variant)
+        with self._lock:
+            self.misses += 1
+            if len(self._plans) >= self._max_plans:
+                self._plans.clear()  # signatures beyond any engine's; start over
+            return self._plans.setdefault(key, plan)
+
+    def _check(self, plan, args, workspace):
+        """The blocks bind() writes for other pointers of the same classes
+        are PlanDecode's for them, and so is the launch."""
+        other = _capi.DecodeArgs()
+        ctypes.memmove(ctypes.byref(other), ctypes.byref(args), ctypes.sizeof(args))
+        shifted = []
+        for i, name in enumerate(POINTERS):
+            value = getattr(args, name)
+            if value:
+                value += (i + 1) * _SHIFT * self.modulus
+                setattr(other, name, value)
+            shifted.append(value)
+        other_ws = workspace + 7 * _SHIFT * self.modulus if workspace else 0
+        want = plan_decode(self._manifest, self._device, other, other_ws)
+        plan.bind(shifted, other_ws)
+        got = plan.blocks()
+        plan.bind(tuple(getattr(args, name) for name in POINTERS), workspace)
+        if got != (want.plan.main_params, want.plan.combine_params) or \
+                _launch_fields(want.plan) != _launch_fields(plan.selection.plan):
+            raise KforgeError(
+                "PlanDecode's parameter blocks depend on the pointers in a way kforge.launch "
+                "does not reproduce (kforge_offsetof / kforge_decode_pointer_modulus); "
+                "rebuild the package and the library from one tree")

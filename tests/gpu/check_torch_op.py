@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""GPU check of kforge's PyTorch op (kforge::sparse_mla_decode) and of the
+eager call's plan cache.
+
+For GLM-5 TP8 (8 heads) at batch 1, 32 and 128 and DeepSeek-V3.2 TP1 (128
+heads) at batch 4, on fresh random inputs (e2e_python.make_inputs: a paged
+cache with a gap between pages, -1 and duplicate indices, a token with
+nothing to attend to):
+  - opcheck: the op's schema (what it mutates) and fake implementation
+    (torch.library.opcheck, test_schema and test_faketensor);
+  - compiled: torch.compile(fullgraph=True) of a function calling the
+    decoder (returning out and lse, and writing a given out=) gives the same
+    bits as the eager call, with no graph break (torch._dynamo.explain);
+  - graph: the eager call captured in a CUDA graph after prefetch() and
+    warm-up replays correctly on fresh inputs copied into the captured
+    tensors (the same bits as an eager call on them, and the fp64
+    reference's bars);
+  - compiled graph: torch.compile(mode="reduce-overhead", fullgraph=True)
+    on fresh inputs equals eager;
+  - cache: eager calls with the same signature at new addresses plan once;
+    a changed signature plans again, and the results match the reference.
+
+Usage: check_torch_op.py PATH/TO/kforge [--lib-dir DIR] | --bundle DIR
+Prints one line per check and "N passed, N failed"; exit 1 on a failure.
+Skips (prints SKIP, exit 0) without PyTorch or a CUDA GPU.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
+
+CASES = (("glm-5", 8, (1, 32, 128)), ("deepseek-v3.2", 1, (4,)))
+
+
+def fresh(torch, gen, batch, spec):
+    import e2e_python
+    return e2e_python.make_inputs(torch, gen, batch, spec.num_q_heads, spec, four_dim=False)
+
+
+def check_case(torch, kforge, reference, gen, decoder, batch, results):
+    import e2e_python
+    spec = decoder.spec
+    name = f"{spec.num_q_heads} heads batch {batch}"
+
+    def record(what, problems):
+        results.append((f"{name}: {what}", problems))
+        print(f"{name:22s} {what:14s} {'FAIL: ' + '; '.join(problems) if problems else 'ok'}",
+              flush=True)
+
+    def bars(q, kv, idx, out, lse):
+        return e2e_python.compare(torch, reference, q, kv, idx, out, lse, spec.softmax_scale,
+                                  spec.kv_lora_rank)[2]
+
+    q, kv, idx = fresh(torch, gen, batch, spec)
+
+    # opcheck: schema (mutation of out and lse declared) and fake tensors.
+    problems = []
+    out = torch.empty(batch, 1, spec.num_q_heads, spec.kv_lora_rank, device="cuda",
+                      dtype=torch.bfloat16)
+    lse = torch.empty(batch, 1, spec.num_q_heads, device="cuda", dtype=torch.float32)
+    try:
+        torch.library.opcheck(torch.ops.kforge.sparse_mla_decode.default,
+                              (q, kv, idx, out, lse, float(spec.softmax_scale), decoder._op_id),
+                              test_utils=("test_schema", "test_faketensor"))
+    except Exception as e:  # opcheck raises OpCheckError with the reason
+        problems.append(f"{type(e).__name__}: {e}")
+    record("opcheck", problems)
+
+    # Compiled vs eager: identical bits, one graph.
+    def fn(q, kv, idx):
+        return decoder(q, kv, idx, return_lse=True)
+
+    def fn_out(q, kv, idx, out):
+        decoder(q, kv, idx, out=out)
+        return out
+
+    problems = []
+    try:
+        torch._dynamo.reset()
+        explain = torch._dynamo.explain(fn)(q, kv, idx)
+        if explain.graph_break_count or explain.graph_count != 1:
+            problems.append(f"{explain.graph_count} graphs, {explain.graph_break_count} breaks: "
+                            f"{explain.break_reasons}")
+        compiled = torch.compile(fn, fullgraph=True)
+        compiled_out = torch.compile(fn_out, fullgraph=True)
+        for _ in range(2):  # fresh inputs each time, same compiled code
+            q, kv, idx = fresh(torch, gen, batch, spec)
+            want_out, want_lse = decoder(q, kv, idx, return_lse=True)
+            got_out, got_lse = compiled(q, kv, idx)
+            if not torch.equal(got_out, want_out) or not torch.equal(got_lse, want_lse):
+                problems.append("compiled out/lse differ from eager")
+            out = torch.full_like(want_out, float("nan"))
+            compiled_out(q, kv, idx, out)
+            if not torch.equal(out, want_out):
+                problems.append("compiled out= call wrote other values than eager")
+            problems += bars(q, kv, idx, want_out, want_lse)
+    except Exception as e:
+        problems.append(f"{type(e).__name__}: {e}")
+    record("compiled", problems)
+
+    # CUDA graph of the eager call, after prefetch and warm-up.
+    problems = []
+    try:
+        q, kv, idx = fresh(torch, gen, batch, spec)
+        out = torch.empty(batch, 1, spec.num_q_heads, spec.kv_lora_rank, device="cuda",
+                          dtype=torch.bfloat16)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                decoder(q, kv, idx, return_lse=True, out=out)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            _, lse = decoder(q, kv, idx, return_lse=True, out=out)
+        for replay in range(3):
+            q2, kv2, idx2 = fresh(torch, gen, batch, spec)
+            q.copy_(q2), kv.copy_(kv2), idx.copy_(idx2)
+            out.fill_(float("nan")), lse.fill_(float("nan"))
+            graph.replay()
+            want_out, want_lse = decoder(q2, kv2, idx2, return_lse=True)
+            torch.cuda.synchronize()
+            if not torch.equal(out, want_out) or not torch.equal(lse, want_lse):
+                problems.append(f"replay {replay}: differs from eager on the same inputs")
+            problems += [f"replay {replay}: {p}" for p in bars(q, kv, idx, out, lse)]
+    except Exception as e:
+        problems.append(f"{type(e).__name__}: {e}")
+    record("graph", problems)
+
+    # torch.compile's CUDA graphs.
+    problems = []
+    try:
+        torch._dynamo.reset()
+        graphed = torch.compile(fn, mode="reduce-overhead", fullgraph=True)
+        for _ in range(4):  # the first calls record, later ones replay
+            q, kv, idx = fresh(torch, gen, batch, spec)
+            got_out, got_lse = graphed(q, kv, idx)
+            got_out, got_lse = got_out.clone(), got_lse.clone()
+            want_out, want_lse = decoder(q, kv, idx, return_lse=True)
+            torch.cuda.synchronize()
+            if not torch.equal(got_out, want_out) or not torch.equal(got_lse, want_lse):
+                problems.append("reduce-overhead differs from eager")
+    except Exception as e:
+        problems.append(f"{type(e).__name__}: {e}")
+    record("compiled graph", problems)
+
+    # The plan cache: one plan per signature, correct results on each.
+    problems = []
+    cache = decoder._plans
+    q, kv, idx = fresh(torch, gen, batch, spec)
+    decoder(q, kv, idx, return_lse=True)
+    before = cache.misses
+    for _ in range(3):
+        q, kv, idx = fresh(torch, gen, batch, spec)
+        out, lse = decoder(q, kv, idx, return_lse=True)
+        problems += bars(q, kv, idx, out, lse)
+    if cache.misses != before:
+        problems.append(f"{cache.misses - before} plans for one signature")
+    # A changed signature: out with padded rows (head stride d_v + 8).
+    padded = torch.empty(batch, 1, spec.num_q_heads, spec.kv_lora_rank + 8, device="cuda",
+                         dtype=torch.bfloat16)[..., :spec.kv_lora_rank]
+    decoder(q, kv, idx, out=padded)
+    if cache.misses != before + 1:
+        problems.append("a new out stride did not plan again")
+    want = decoder(q, kv, idx)
+    torch.cuda.synchronize()
+    if not torch.equal(padded, want):
+        problems.append("padded out differs from a contiguous one")
+    record("plan cache", problems)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kforge", nargs="?", help="kforge binary (server mode)")
+    ap.add_argument("--lib-dir", default="", help="LD_LIBRARY_PATH for the kforge server")
+    ap.add_argument("--bundle", default="", help="bundle directory (no server)")
+    args = ap.parse_args()
+    if bool(args.kforge) == bool(args.bundle):
+        ap.error("give a kforge binary or --bundle DIR")
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: PyTorch is not installed")
+        return 0
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA GPU")
+        return 0
+    import kforge
+    import e2e_python
+    from check_sparse_mla import reference
+    from kforge.testing import start_server, stop_server
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="kforge_torch_op_") as tmp:
+        proc = None
+        if args.bundle:
+            source = kforge.configure(bundle=args.bundle)
+        else:
+            proc, address = start_server(args.kforge, os.path.join(tmp, "cache"),
+                                         os.path.join(tmp, "server.log"),
+                                         env=e2e_python.server_env(args.lib_dir))
+            source = kforge.configure(address=address)
+        try:
+            gen = torch.Generator(device="cuda")
+            gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
+            print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, source {source!r}")
+            for preset, tp, batches in CASES:
+                decoder = kforge.SparseMlaDecoder(source, preset=preset, tp=tp)
+                decoder.prefetch()
+                for batch in batches:
+                    check_case(torch, kforge, reference, gen, decoder, batch, results)
+        finally:
+            if proc is not None:
+                stop_server(proc)
+    failed = sum(bool(p) for _, p in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

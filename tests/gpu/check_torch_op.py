@@ -25,7 +25,6 @@ Prints one line per check and "N passed, N failed"; exit 1 on a failure.
 Skips (prints SKIP, exit 0) without PyTorch or a CUDA GPU.
 """
 
-import argparse
 import os
 import sys
 import tempfile
@@ -175,23 +174,12 @@ def check_case(torch, kforge, reference, gen, decoder, batch, results):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kforge", nargs="?", help="kforge binary (server mode)")
-    ap.add_argument("--lib-dir", default="", help="LD_LIBRARY_PATH for the kforge server")
-    ap.add_argument("--bundle", default="", help="bundle directory (no server)")
-    args = ap.parse_args()
-    if bool(args.kforge) == bool(args.bundle):
-        ap.error("give a kforge binary or --bundle DIR")
-    try:
-        import torch
-    except ImportError:
-        print("SKIP: PyTorch is not installed")
-        return 0
-    if not torch.cuda.is_available():
-        print("SKIP: no CUDA GPU")
+    import e2e_python
+    args = e2e_python.source_args(__doc__.splitlines()[0])
+    torch = e2e_python.cuda_torch()
+    if torch is None:
         return 0
     import kforge
-    import e2e_python
     from check_sparse_mla import reference
     from kforge.testing import start_server, stop_server
 

@@ -207,21 +207,36 @@ def report(r):
     return int(bool(r["problems"]))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def source_args(description):
+    """The kernel source of a GPU script: a kforge binary to serve, or a
+    bundle directory."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("kforge", nargs="?", help="kforge binary (server mode)")
     ap.add_argument("--lib-dir", default="", help="LD_LIBRARY_PATH for the kforge server")
     ap.add_argument("--bundle", default="", help="bundle directory (no server)")
     args = ap.parse_args()
     if bool(args.kforge) == bool(args.bundle):
         ap.error("give a kforge binary or --bundle DIR")
+    return args
+
+
+def cuda_torch():
+    """torch with a CUDA GPU, or None after printing why a GPU script skips."""
     try:
         import torch
     except ImportError:
         print("SKIP: PyTorch is not installed")
-        return SKIP
+        return None
     if not torch.cuda.is_available():
         print("SKIP: no CUDA GPU")
+        return None
+    return torch
+
+
+def main():
+    args = source_args(__doc__.splitlines()[0])
+    torch = cuda_torch()
+    if torch is None:
         return SKIP
     import kforge
     import kforge.ops

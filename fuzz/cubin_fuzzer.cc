@@ -11,7 +11,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "fuzz/fuzz_support.h"
-#include "google/protobuf/util/message_differencer.h"
 #include "model/cubin.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -29,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(info->kernels(i - 1).name() <= info->kernels(i).name(), "kernels not sorted by name");
   }
   absl::StatusOr<kforge::v1::CubinInfo> again = kforge::InspectCubin(bytes);
-  Check(again.ok() && google::protobuf::util::MessageDifferencer::Equals(*info, *again),
+  Check(again.ok() && kforge::fuzz::SameMessage(*info, *again),
         "InspectCubin gives another answer for the same bytes");
   return 0;
 }

@@ -14,7 +14,10 @@
 #include "base/io.h"
 #include "base/sha256.h"
 #include "bundle/bundle.h"
+#include "google/protobuf/stubs/logging.h"
+#include "google/protobuf/util/field_comparator.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/service.pb.h"
 
@@ -70,6 +73,13 @@ std::string EntryPath(const BundleEntry& entry) {
   return "_";
 }
 
+// Protobuf logs every string field with invalid UTF-8 it parses; fuzzed
+// inputs hold many, and the log would drown the fuzzer's own output.
+const bool kQuietProtobuf = [] {
+  google::protobuf::SetLogHandler(nullptr);
+  return true;
+}();
+
 uint32_t Read32Le(std::string_view bytes) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
@@ -83,6 +93,14 @@ void Fail(std::string_view what) {
                what.data());
   std::fflush(stderr);
   std::abort();
+}
+
+bool SameMessage(const google::protobuf::Message& a, const google::protobuf::Message& b) {
+  google::protobuf::util::DefaultFieldComparator comparator;
+  comparator.set_treat_nan_as_equal(true);
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.set_field_comparator(&comparator);
+  return differencer.Compare(a, b);
 }
 
 const std::string& ScratchDir() {

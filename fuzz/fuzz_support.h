@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "google/protobuf/message.h"
+
 namespace kforge::fuzz {
 
 // A property of the code under test does not hold for this input: prints
@@ -19,6 +21,10 @@ namespace kforge::fuzz {
 inline void Check(bool holds, std::string_view what) {
   if (!holds) Fail(what);
 }
+
+// Field-by-field equality in which a NaN equals a NaN (a float field can
+// hold one, and a message is still the same message).
+bool SameMessage(const google::protobuf::Message& a, const google::protobuf::Message& b);
 
 // An empty directory of this process under $TMPDIR (made on first use,
 // removed at exit), for the targets whose code under test reads files.

@@ -17,12 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "deploy/matrix.h"
 #include "fuzz/fuzz_support.h"
-#include "google/protobuf/util/message_differencer.h"
 #include "model/arch.h"
 #include "model/spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using google::protobuf::util::MessageDifferencer;
   using kforge::fuzz::Check;
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   absl::StatusOr<kforge::v1::DeploymentMatrix> matrix = kforge::ParseMatrix(text, "fuzz.json");
@@ -37,10 +35,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const kforge::MatrixJob& job = (*jobs)[i];
     const kforge::MatrixJob& other = (*again)[i];
     Check(job.label == other.label && job.arch == other.arch &&
-              MessageDifferencer::Equals(job.spec, other.spec),
+              kforge::fuzz::SameMessage(job.spec, other.spec),
           absl::StrCat("ExpandMatrix is not deterministic at job ", i));
     absl::StatusOr<kforge::v1::AttentionSpec> normalized = kforge::NormalizeSpec(job.spec);
-    Check(normalized.ok() && MessageDifferencer::Equals(*normalized, job.spec),
+    Check(normalized.ok() && kforge::fuzz::SameMessage(*normalized, job.spec),
           absl::StrCat(job.label, ": spec is not normalized"));
     Check(job.spec.kv_cache_dtype() == job.kv_dtype,
           absl::StrCat(job.label, ": kv_dtype differs from the spec's"));

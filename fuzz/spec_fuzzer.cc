@@ -19,13 +19,11 @@
 #include "fuzz/fuzz_support.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
-#include "google/protobuf/util/message_differencer.h"
 #include "kforge/v1/spec.pb.h"
 #include "model/spec.h"
 
 namespace {
 
-using google::protobuf::util::MessageDifferencer;
 using kforge::fuzz::Check;
 
 void CheckReadsBack(const kforge::v1::AttentionSpec& spec, const std::string& printed,
@@ -33,7 +31,7 @@ void CheckReadsBack(const kforge::v1::AttentionSpec& spec, const std::string& pr
   absl::StatusOr<kforge::v1::AttentionSpec> again = kforge::ParseSpec(printed);
   Check(again.ok(), absl::StrCat("spec printed as ", how,
                                  " does not parse: ", again.status().ToString(), "\n", printed));
-  Check(MessageDifferencer::Equals(spec, *again),
+  Check(kforge::fuzz::SameMessage(spec, *again),
         absl::StrCat("spec printed as ", how, " reads back different: {", spec.ShortDebugString(),
                      "} vs {", again->ShortDebugString(), "}"));
 }
@@ -68,6 +66,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<kforge::v1::AttentionSpec> twice = kforge::NormalizeSpec(*normalized);
   Check(twice.ok(),
         absl::StrCat("a normalized spec does not validate: ", twice.status().ToString()));
-  Check(MessageDifferencer::Equals(*normalized, *twice), "NormalizeSpec is not idempotent");
+  Check(kforge::fuzz::SameMessage(*normalized, *twice), "NormalizeSpec is not idempotent");
   return 0;
 }

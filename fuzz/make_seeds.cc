@@ -24,6 +24,7 @@
 #include "fuzz/fuzz_support.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/service.pb.h"
+#include "model/format.h"
 #include "model/selector.h"
 #include "service/disk_cache.h"
 
@@ -36,7 +37,7 @@ using kforge::fuzz::BundleEntryKind;
 using kforge::fuzz::Fail;
 
 std::string ReadOrDie(const std::string& path) {
-  absl::StatusOr<std::string> data = kforge::ReadFile(path);
+  absl::StatusOr<std::string> data = kforge::ReadFile(path, kforge::kMaxArtifactFileBytes);
   if (!data.ok()) Fail(data.status().ToString());
   return *std::move(data);
 }

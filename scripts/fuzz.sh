@@ -59,7 +59,7 @@ cmake --build "$build" --target kforge_fuzzers -j"${KFORGE_BUILD_JOBS:-$(nproc)}
 [[ "$build_only" -eq 1 ]] && exit 0
 
 # Scratch files of the targets that read directories (bundle, disk_cache):
-# in memory where possible, removed afterwards whatever happens.
+# in memory where possible, removed when the script exits.
 scratch_root=/tmp
 [[ -d /dev/shm && -w /dev/shm ]] && scratch_root=/dev/shm
 scratch=$(mktemp -d "$scratch_root/kforge-fuzz.XXXXXX")

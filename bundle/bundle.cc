@@ -280,6 +280,35 @@ absl::StatusOr<std::string> ReadListedFile(const std::string& dir, const Checksu
   return data;
 }
 
+// What BundleSource::GetManifest needs to find a manifest at all: its arch
+// spelled canonically and each variant's spec normalized, since lookups
+// compare canonical arch names and normalized specs. A manifest without them
+// would sit in a bundle, listed and checksummed, and never be served.
+absl::Status CheckManifestCanBeFound(const v1::Manifest& manifest) {
+  absl::StatusOr<Arch> arch = ParseArch(manifest.arch());
+  if (!arch.ok())
+    return absl::InvalidArgumentError(absl::StrCat("manifest ", arch.status().message()));
+  if (arch->name != manifest.arch()) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest arch: got \"", manifest.arch(),
+                                                   "\", supported its canonical name \"",
+                                                   arch->name, "\""));
+  }
+  for (int i = 0; i < manifest.variants_size(); ++i) {
+    const v1::AttentionSpec& spec = manifest.variants(i).spec();
+    absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec);
+    if (!normalized.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest variants[", i, "].spec: ", normalized.status().message()));
+    }
+    if (!google::protobuf::util::MessageDifferencer::Equals(*normalized, spec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest variants[", i, "].spec: got {", spec.ShortDebugString(),
+                       "}, supported its normalized form {", normalized->ShortDebugString(), "}"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The normalized spec a selector names (model's SpecOfSelector).
 absl::StatusOr<v1::AttentionSpec> NormalizedSpecOfSelector(const v1::KernelSelector& selector) {
   absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(selector);
@@ -408,6 +437,7 @@ absl::Status BundleWriter::AddKernel(const v1::KernelArtifact& artifact) {
 absl::Status BundleWriter::AddManifest(const v1::Manifest& manifest) {
   absl::StatusOr<std::string> path = BundleManifestPath(manifest);
   if (!path.ok()) return path.status();
+  if (absl::Status s = CheckManifestCanBeFound(manifest); !s.ok()) return s;
   WriteLock lock(*this);
   if (!lock.status().ok()) return lock.status();
   return WriteFileAtomic(JoinPath(dir_, *path), ManifestJson(manifest));
@@ -565,6 +595,7 @@ class Verifier {
     } else if (*expected_path != path) {
       Add(path, absl::StrCat("named after its first-choice variant it would be ", *expected_path));
     }
+    if (absl::Status s = CheckManifestCanBeFound(*manifest); !s.ok()) Add(path, s.message());
     for (const v1::ManifestVariant& variant : manifest->variants()) {
       requirements_[variant.key()].push_back({path, manifest->arch(), variant});
     }
@@ -702,6 +733,7 @@ absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(
       valid = absl::DataLossError(
           absl::StrCat("holds the manifest of ", *expected_path, ", not of ", path));
     }
+    if (valid.ok()) valid = CheckManifestCanBeFound(*manifest);
     if (!valid.ok()) {
       return absl::DataLossError(
           absl::StrCat(JoinPath(dir, path), ": ", valid.message(), "; ", VerifyHint(dir)));

@@ -84,6 +84,9 @@ class BundleWriter {
   // do not and will be rewritten).
   bool HasKernel(std::string_view key) const;
   absl::Status AddKernel(const v1::KernelArtifact& artifact);
+  // InvalidArgument for a manifest BundleSource could never find: no
+  // variant, an out-of-range first choice, an arch not spelled canonically
+  // ("sm_90a", not "90a") or a variant spec that is not normalized.
   absl::Status AddManifest(const v1::Manifest& manifest);
   // Rewrites checksums.sha256 over every kernel and manifest file now in
   // the directory. A signature of the old list is removed first: it no
@@ -114,10 +117,12 @@ struct BundleProblem {
 
 // Checks a bundle: marker and format version, every checksum, files present
 // but not listed and listed but missing, every kernel parses and its key
-// matches its name, every manifest parses and each variant's kernel is
-// present and passes CheckArtifactForVariant. Empty = good. With
-// `trust_key_file` (an Ed25519 public key, PEM), checksums.sha256 must also
-// carry a valid signature by that key (CheckBundleSignature).
+// matches its name, every manifest parses, is one AddManifest takes (so
+// BundleSource can find it) and each variant's kernel is present and passes
+// CheckArtifactForVariant. Empty = good: BundleSource opens the bundle and
+// serves every manifest and variant in it (fuzz/bundle_fuzzer.cc checks).
+// With `trust_key_file` (an Ed25519 public key, PEM), checksums.sha256 must
+// also carry a valid signature by that key (CheckBundleSignature).
 std::vector<BundleProblem> VerifyBundle(const std::string& dir,
                                         const std::string& trust_key_file = "");
 
@@ -132,7 +137,8 @@ absl::Status CheckBundleSignature(const std::string& dir, const std::string& che
                                   const std::string& trust_key_file);
 
 // Reads kernels and manifests from a bundle directory with no server. Open
-// checks the marker and format version and reads the manifests; kernels are
+// checks the marker and format version and reads the manifests (DataLoss
+// for one AddManifest would refuse); kernels are
 // read on demand and checked against the checksum list and the variant.
 // With `trust_key_file`, Open refuses a bundle that is not signed by that
 // key (CheckBundleSignature), before reading anything the list names.

@@ -7,6 +7,7 @@ packages=(
   cmake ninja-build g++ pkg-config
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev libelf-dev libssl-dev openssl libgtest-dev libgmock-dev clang-format
+  clang libclang-rt-dev
   python3 python3-grpcio python3-protobuf
 )
 missing=()

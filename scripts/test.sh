@@ -4,5 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
+# The fuzz targets (clang, their own build directory), so that ctest's
+# FuzzTest spends its time fuzzing rather than building.
+scripts/fuzz.sh --build-only
 build=${KFORGE_BUILD_DIR:-build}
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)"

@@ -18,6 +18,7 @@
 #include "base/io.h"
 #include "bundle/kernel_source.h"
 #include "compiler/key.h"
+#include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "model/spec.h"
@@ -246,6 +247,48 @@ TEST_F(BundleTest, VerifyRunsTheVariantCheckOnEachKernel) {
   EXPECT_EQ(CountProblems(problems, ManifestFile(), "main_entry: expected \"some_other_entry\""), 1)
       << Describe(problems);
   EXPECT_EQ(problems.size(), 1u) << Describe(problems);
+}
+
+// Found by fuzz/bundle_fuzzer.cc (input kept in fuzz/corpus/bundle/): a
+// manifest whose arch was spelled "90a" passed verify, and BundleSource,
+// which looks manifests up by canonical arch and normalized spec, then never
+// found it. The writer, verify and BundleSource now refuse such a manifest
+// alike.
+TEST_F(BundleTest, ManifestsNoLookupCanFindAreRefused) {
+  v1::Manifest short_arch = OneVariantManifest();
+  short_arch.set_arch("90a");
+  v1::Manifest with_s_q = OneVariantManifest();
+  with_s_q.mutable_variants(0)->mutable_spec()->set_s_q(2);
+  const std::pair<const v1::Manifest*, const char*> cases[] = {
+      {&short_arch, "manifest arch: got \"90a\", supported its canonical name \"sm_90a\""},
+      {&with_s_q, "manifest variants[0].spec: got {"}};
+  for (const auto& [manifest, expected] : cases) {
+    const fs::path dir = tmp_.path() / "bundle";
+    fs::remove_all(dir);
+    WriteBundle(dir, OneVariantManifest());
+    {
+      absl::StatusOr<std::unique_ptr<BundleWriter>> writer = BundleWriter::Open(dir.string());
+      ASSERT_TRUE(writer.ok());
+      absl::Status added = (*writer)->AddManifest(*manifest);
+      EXPECT_EQ(added.code(), absl::StatusCode::kInvalidArgument) << added;
+      EXPECT_TRUE(Contains(added.message(), expected)) << added;
+    }
+    // Planted as someone who recomputes the checksums would.
+    std::string json;
+    ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*manifest, &json).ok());
+    ASSERT_TRUE(WriteFileAtomic((dir / ManifestFile()).string(), json).ok());
+    {
+      absl::StatusOr<std::unique_ptr<BundleWriter>> writer = BundleWriter::Open(dir.string());
+      ASSERT_TRUE(writer.ok());
+      ASSERT_TRUE((*writer)->Finish().ok());
+    }
+    const std::vector<BundleProblem> problems = VerifyBundle(dir.string());
+    EXPECT_EQ(CountProblems(problems, ManifestFile(), expected), 1) << Describe(problems);
+    absl::StatusOr<std::unique_ptr<BundleSource>> source = BundleSource::Open(dir.string());
+    ASSERT_FALSE(source.ok());
+    EXPECT_EQ(source.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_TRUE(Contains(source.status().message(), expected)) << source.status();
+  }
 }
 
 TEST_F(BundleTest, OpenRefusesAnotherFormatOrVersion) {

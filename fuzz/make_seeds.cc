@@ -1,0 +1,133 @@
+// Writes the binary seed inputs of the fuzz targets from a bundle that
+// `kforge prebuild` wrote (fuzz/make_seeds.sh): usage
+//   kforge_fuzz_make_seeds BUNDLE_DIR CORPUS_DIR
+// CORPUS_DIR/<target>/ gets, for the first manifest of the bundle and its
+// first-choice kernel:
+//   bundle/      the whole bundle as an archive, and the same without its
+//                checksum list (the harness writes one) and with derived names
+//   cubin/       the kernel's cubin
+//   disk_cache/  the kernel's entry file as DiskCache writes it, and the
+//                artifact in Put mode
+//   request/     GetKernelRequests for the kernel's spec on its arch, for
+//                its preset, and lookup_only
+// Spec and matrix seeds are text, written by hand.
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/io.h"
+#include "bundle/bundle.h"
+#include "fuzz/fuzz_support.h"
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/service.pb.h"
+#include "model/format.h"
+#include "model/selector.h"
+#include "service/disk_cache.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using kforge::fuzz::BundleArchive;
+using kforge::fuzz::BundleEntry;
+using kforge::fuzz::BundleEntryKind;
+using kforge::fuzz::Fail;
+
+std::string ReadOrDie(const std::string& path) {
+  absl::StatusOr<std::string> data = kforge::ReadFile(path, kforge::kMaxArtifactFileBytes);
+  if (!data.ok()) Fail(data.status().ToString());
+  return *std::move(data);
+}
+
+void Write(const std::string& dir, const std::string& name, const std::string& bytes) {
+  kforge::fuzz::WriteFileOrDie(absl::StrCat(dir, "/", name), bytes);
+  std::printf("%s/%s (%zu bytes)\n", dir.c_str(), name.c_str(), bytes.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s BUNDLE_DIR CORPUS_DIR\n", argv[0]);
+    return 2;
+  }
+  const std::string bundle = argv[1];
+  const std::string out = argv[2];
+  absl::StatusOr<std::unique_ptr<kforge::BundleSource>> source = kforge::BundleSource::Open(bundle);
+  if (!source.ok()) Fail(source.status().ToString());
+  if ((*source)->manifests().empty()) Fail("the bundle has no manifest");
+  const kforge::v1::Manifest& manifest = (*source)->manifests().front();
+  const kforge::v1::ManifestVariant& variant = kforge::FirstChoice(manifest);
+  absl::StatusOr<kforge::ArtifactRef> kernel = (*source)->GetKernel(variant, manifest.arch());
+  if (!kernel.ok()) Fail(kernel.status().ToString());
+  const kforge::v1::KernelArtifact& artifact = **kernel;
+
+  // bundle/
+  const std::string manifest_json =
+      ReadOrDie(absl::StrCat(bundle, "/", *kforge::BundleManifestPath(manifest)));
+  const std::string kernel_bytes =
+      ReadOrDie(absl::StrCat(bundle, "/", kforge::BundleKernelPath(variant.key())));
+  const std::string marker = ReadOrDie(absl::StrCat(bundle, "/", kforge::kBundleMarkerFile));
+  BundleArchive whole;
+  whole.entries = {
+      {BundleEntryKind::kMarker, "", marker},
+      {BundleEntryKind::kManifest, variant.module_name(), manifest_json},
+      {BundleEntryKind::kKernel, variant.key(), kernel_bytes},
+      {BundleEntryKind::kChecksums, "",
+       ReadOrDie(absl::StrCat(bundle, "/", kforge::kBundleChecksumsFile))},
+  };
+  BundleArchive derived;
+  derived.write_checksums = true;
+  derived.entries = {
+      {BundleEntryKind::kMarker, "", marker},
+      {BundleEntryKind::kManifest, "", manifest_json},
+      {BundleEntryKind::kKernel, "", kernel_bytes},
+  };
+  Write(out + "/bundle", "seed_bundle", kforge::fuzz::EncodeBundleArchive(whole));
+  Write(out + "/bundle", "seed_bundle_derived_names", kforge::fuzz::EncodeBundleArchive(derived));
+
+  // cubin/
+  Write(out + "/cubin", absl::StrCat("seed_", artifact.arch()), artifact.cubin());
+
+  // disk_cache/: the entry of the fuzz key, as DiskCache writes it.
+  kforge::v1::KernelArtifact keyed = artifact;
+  keyed.set_key(kforge::fuzz::kDiskFuzzKey);
+  std::error_code ec;
+  const fs::path scratch = fs::temp_directory_path(ec) / "kforge-make-seeds-cache";
+  fs::remove_all(scratch, ec);
+  absl::StatusOr<std::unique_ptr<kforge::DiskCache>> cache =
+      kforge::DiskCache::Open(scratch.string(), uint64_t{1} << 40);
+  if (!cache.ok()) Fail(cache.status().ToString());
+  if (absl::Status s =
+          (*cache)->Put(keyed.key(), std::make_shared<const kforge::v1::KernelArtifact>(keyed));
+      !s.ok()) {
+    Fail(s.ToString());
+  }
+  // Mode byte 0: the entry file as is.
+  Write(out + "/disk_cache", "seed_entry",
+        absl::StrCat(std::string(1, '\0'), ReadOrDie((*cache)->EntryPath(keyed.key()))));
+  fs::remove_all(scratch, ec);
+  Write(out + "/disk_cache", "seed_put",
+        absl::StrCat(std::string(1, static_cast<char>(kforge::fuzz::kDiskModePut)),
+                     artifact.SerializeAsString()));
+
+  // request/
+  kforge::v1::GetKernelRequest by_spec;
+  *by_spec.mutable_kernel()->mutable_spec() = variant.spec();
+  by_spec.set_arch(manifest.arch());
+  Write(out + "/request", "seed_spec", by_spec.SerializeAsString());
+  kforge::v1::GetKernelRequest lookup = by_spec;
+  lookup.set_lookup_only(true);
+  Write(out + "/request", "seed_spec_lookup_only", lookup.SerializeAsString());
+  kforge::v1::GetKernelRequest by_preset;
+  by_preset.mutable_kernel()->mutable_preset()->set_name("glm-5");
+  by_preset.mutable_kernel()->mutable_preset()->set_tensor_parallel(8);
+  by_preset.mutable_kernel()->mutable_preset()->set_kv_cache_dtype(
+      kforge::v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  by_preset.set_arch("sm_100a");
+  Write(out + "/request", "seed_preset", by_preset.SerializeAsString());
+  return 0;
+}

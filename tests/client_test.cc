@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -357,6 +359,62 @@ v1::StatsResponse ServerStats(const std::string& address) {
   grpc::Status s = stub->Stats(&context, v1::StatsRequest(), &stats);
   EXPECT_TRUE(s.ok()) << s.error_message();
   return stats;
+}
+
+// The C++ client's transport security against a real `kforge serve` with
+// TLS and a token file (certificates made with the openssl CLI, as
+// cli_test.sh does): the right CA and token work, a wrong token is
+// UNAUTHENTICATED, and a plain-text client is told the server speaks TLS.
+TEST_F(ClientTest, TlsAndTokensAgainstARealServer) {
+  TempDir tmp("kforge_client_tls_test");
+  const std::string pki = (tmp.path() / "pki").string();
+  fs::create_directories(pki);
+  const std::string make = absl::StrCat(
+      "cd '", pki, "' && ",
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
+      "-subj '/CN=kforge client test ca' -keyout ca.key -out ca.pem 2>/dev/null && ",
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=server "
+      "-keyout server.key -out server.csr 2>/dev/null && ",
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > server.ext && ",
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
+      "-extfile server.ext -out server.pem 2>/dev/null");
+  ASSERT_EQ(std::system(make.c_str()), 0) << "openssl could not make the test certificates "
+                                             "(scripts/install_deps.sh installs it)";
+  const std::string token = "client-test-token-0123456789abcdef";
+  const fs::path tokens = tmp.path() / "tokens";
+  {
+    std::ofstream out(tokens);
+    out << token << "\n";
+    ASSERT_TRUE(out.good());
+  }
+
+  testing::ServeProcess server(kBinary, tmp.path() / "cache", tmp.path() / "server.log",
+                               {"--tls-cert", pki + "/server.pem", "--tls-key", pki + "/server.key",
+                                "--auth-token-file", tokens.string()});
+  ASSERT_TRUE(server.WaitForAddress());
+
+  ServiceClientOptions good = FastOptions(server.address());
+  good.security.tls_ca_file = pki + "/ca.pem";
+  good.security.token = token;
+  std::unique_ptr<ServiceClient> client = MustCreate(good);
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<v1::Manifest> manifest = client->GetManifest(Glm5Selector(8), kArch);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_TRUE(MessageDifferencer::Equals(*manifest, *manifest_)) << manifest->DebugString();
+
+  ServiceClientOptions wrong = good;
+  wrong.security.token = "not-the-token-0123456789abcdef";
+  std::unique_ptr<ServiceClient> stranger = MustCreate(wrong);
+  ASSERT_NE(stranger, nullptr);
+  absl::StatusOr<v1::Manifest> refused = stranger->GetManifest(Glm5Selector(8), kArch);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << refused.status();
+
+  std::unique_ptr<ServiceClient> plain = MustCreate(FastOptions(server.address()));
+  ASSERT_NE(plain, nullptr);
+  absl::StatusOr<v1::Manifest> clear = plain->GetManifest(Glm5Selector(8), kArch);
+  ASSERT_FALSE(clear.ok());
+  EXPECT_TRUE(Contains(clear.status().message(), "TLS")) << clear.status();
 }
 
 TEST_F(ClientTest, RealServerWithLocalCopyThenOfflineFromTheBundle) {

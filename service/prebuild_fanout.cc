@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "model/arch.h"
+#include "model/spec.h"
 
 namespace kforge {
 namespace {
@@ -47,7 +48,10 @@ absl::StatusOr<std::vector<PrebuildJob>> ExpandPrebuildRequest(const v1::Prebuil
   std::vector<PrebuildJob> jobs;
   jobs.reserve(static_cast<size_t>(count));
   for (int i = 0; i < request.kernels_size(); ++i) {
+    // A spec given as such is checked here too (a preset's already is), so
+    // a bad kernel fails the request rather than each of its jobs later.
     absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(request.kernels(i));
+    if (spec.ok()) spec = NormalizeSpec(*spec);
     if (!spec.ok()) {
       return absl::Status(spec.status().code(),
                           absl::StrCat("kernels[", i, "]: ", spec.status().message()));

@@ -61,6 +61,20 @@ TEST(ExpandPrebuildRequestTest, NoWorkOrABadKernelFailsTheWholeRequest) {
   EXPECT_TRUE(absl::IsInvalidArgument(ExpandPrebuildRequest(request, kMaxJobs).status()));
 }
 
+// A kernel given as a spec that does not validate (here only num_q_heads) is
+// refused with the request, like an unknown preset, instead of expanding
+// into jobs that each fail (found by fuzz/warm_request_fuzzer.cc; the input
+// is kept in fuzz/corpus/warm_request/).
+TEST(ExpandPrebuildRequestTest, AnIncompleteSpecFailsTheWholeRequest) {
+  v1::PrebuildRequest request;
+  request.add_kernels()->mutable_spec()->set_num_q_heads(8);
+  *request.add_kernels() = Preset("glm-5", 8);
+  request.add_archs("sm_90a");
+  absl::Status bad = ExpandPrebuildRequest(request, kMaxJobs).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
+  EXPECT_EQ(bad.message().substr(0, 12), "kernels[0]: ") << bad;
+}
+
 // 2000 kernels x 2000 archs is a 42 KB request; it is refused from the
 // counts alone, naming them and the limit, before any of the four million
 // jobs exists (the server built them all first and grew to 1.2 GB).

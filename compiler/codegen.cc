@@ -23,10 +23,10 @@ struct TileConfig {
 
 // Candidate pipelines per head tile, best first. Bigger token tiles amortise
 // the barriers and the softmax; the smaller ones exist so the same head tile
-// fits 163 KB (sm_80) and 99 KB (sm_86/89/120/121) parts. {16, 2, 2} is for
-// formats with a staging area (fp8_ds_mla: 1680 B per token and stage, so
-// 16 heads on a 99 KB part take 16-token tiles, and 16 tokens split over
-// warps_n = 2 warps); bf16 always fits an earlier one.
+// fits 163 KB (sm_80) and 99 KB (sm_86/89/120/121) parts. {16, 2, 2}, the
+// smallest (16 tokens over warps_n = 2 warps), is a last resort for a
+// smaller --max-smem-per-block; every supported arch fits an earlier one
+// for bf16 and for fp8_ds_mla's staged pipeline.
 const std::vector<TileConfig>& CandidatesFor(int head_tile) {
   static const std::vector<TileConfig> k64 = {{64, 2, 8}, {32, 2, 8}};
   static const std::vector<TileConfig> k32 = {{64, 2, 8}, {32, 2, 8}, {16, 2, 4}};

@@ -72,7 +72,7 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
     ptx::CpAsyncWait<kAhead - 1>();
     PublishSmem<T>();
     const int stage = t % T::kStages;  // validity flags; bf16 tile if direct
-    T::Kv::template Land<T>(sm, stage, r);
+    T::Kv::template Land<T>(sm, r);
     const ptx::u32 k_tile = sm.kv_addr + (T::kStaged ? 0 : stage * T::kTileBytes);
 
     float s[T::kSM][T::kSN][4];

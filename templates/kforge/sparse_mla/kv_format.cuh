@@ -28,7 +28,7 @@
 //                       into the staging buffer (sm.kv_staging_addr). The
 //                       validity flag of the row is written by the caller
 //                       (GatherKvTile).
-//   F::Land<T>(sm, stage, r)
+//   F::Land<T>(sm, r)
 //                       called by every thread once the tile's copies have
 //                       completed and the CTA has passed a barrier (so the
 //                       previous tile's readers are done), before S reads
@@ -78,7 +78,7 @@ struct KvBf16 : KvBf16Sizes {
   }
 
   template <class T>
-  __device__ __forceinline__ static void Land(const DecodeSmem&, int, const ThreadRoles&) {}
+  __device__ __forceinline__ static void Land(const DecodeSmem&, const ThreadRoles&) {}
 };
 
 // fp8_ds_mla cache (KvFp8DsMlaSizes in config.h: 512 e4m3 + 4 fp32 scales
@@ -129,7 +129,7 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
   // distinct chunks of 128 bytes: no bank conflicts. Rope: one 16-byte copy
   // per chunk into the last column block.
   template <class T>
-  __device__ __forceinline__ static void Land(const DecodeSmem& sm, int, const ThreadRoles& r) {
+  __device__ __forceinline__ static void Land(const DecodeSmem& sm, const ThreadRoles& r) {
     constexpr int kItems = T::kTokenTile * kValueChunks;
     const int tid = r.warp * 32 + r.lane;
     const unsigned char* staged = sm.kv_staging;

@@ -96,6 +96,27 @@ void ExpectGoodArtifact(const Job& job, const v1::KernelArtifact& a) {
       << where;
 }
 
+// Each job's artifact once ExpectGoodArtifact held, null where the compile
+// failed (reported as a failure with its error). Module names are unique
+// across the jobs.
+std::vector<const v1::KernelArtifact*> GoodArtifacts(const std::vector<Job>& jobs,
+                                                     const std::vector<Outcome>& outcomes) {
+  std::vector<const v1::KernelArtifact*> good(jobs.size(), nullptr);
+  std::set<std::string> names;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const absl::StatusOr<v1::KernelArtifact>& a = outcomes[i].artifact;
+    if (!a.ok()) {
+      ADD_FAILURE() << jobs[i].label << ": " << a.status().ToString().substr(0, 4000);
+      continue;
+    }
+    ExpectGoodArtifact(jobs[i], *a);
+    EXPECT_TRUE(names.insert(a->module_name()).second)
+        << jobs[i].label << ": duplicate module name " << a->module_name();
+    good[i] = &*a;
+  }
+  return good;
+}
+
 v1::AttentionSpec Preset(const std::string& name, int tp) {
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(name, tp);
   EXPECT_TRUE(spec.ok()) << spec.status();
@@ -126,18 +147,12 @@ TEST(CompileMatrix, PresetsOnEveryTarget) {
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::set<std::string> names;
   std::set<std::string> keys;
   std::vector<double> seconds;
+  const std::vector<const v1::KernelArtifact*> good = GoodArtifacts(jobs, outcomes);
   for (size_t i = 0; i < jobs.size(); ++i) {
-    const absl::StatusOr<v1::KernelArtifact>& a = outcomes[i].artifact;
-    if (!a.ok()) {
-      ADD_FAILURE() << jobs[i].label << ": " << a.status().ToString().substr(0, 4000);
-      continue;
-    }
-    ExpectGoodArtifact(jobs[i], *a);
-    EXPECT_TRUE(names.insert(a->module_name()).second)
-        << jobs[i].label << ": duplicate module name " << a->module_name();
+    const v1::KernelArtifact* a = good[i];
+    if (a == nullptr) continue;
     EXPECT_TRUE(keys.insert(a->key()).second) << jobs[i].label << ": duplicate key " << a->key();
     seconds.push_back(a->compile_seconds());
   }
@@ -171,12 +186,7 @@ TEST(CompileMatrix, OtherLatentWidthsAndNoPe) {
       }
     }
   }
-  const std::vector<Outcome> outcomes = CompileAll(jobs);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const absl::StatusOr<v1::KernelArtifact>& a = outcomes[i].artifact;
-    ASSERT_TRUE(a.ok()) << jobs[i].label << ": " << a.status().ToString().substr(0, 4000);
-    ExpectGoodArtifact(jobs[i], *a);
-  }
+  GoodArtifacts(jobs, CompileAll(jobs));
 }
 
 // Head counts that are not a preset's: one padded tile, uneven groups, and
@@ -190,16 +200,12 @@ TEST(CompileMatrix, OddHeadCounts) {
       jobs.push_back({absl::StrCat("heads ", heads, " ", arch), spec, arch});
     }
   }
-  const std::vector<Outcome> outcomes = CompileAll(jobs);
+  const std::vector<const v1::KernelArtifact*> good = GoodArtifacts(jobs, CompileAll(jobs));
   std::set<uint32_t> sm90_tiles;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    const absl::StatusOr<v1::KernelArtifact>& a = outcomes[i].artifact;
-    if (!a.ok()) {
-      ADD_FAILURE() << jobs[i].label << ": " << a.status().ToString().substr(0, 4000);
-      continue;
+    if (good[i] != nullptr && jobs[i].arch == "sm_90a") {
+      sm90_tiles.insert(good[i]->tiling().head_tile());
     }
-    ExpectGoodArtifact(jobs[i], *a);
-    if (jobs[i].arch == "sm_90a") sm90_tiles.insert(a->tiling().head_tile());
   }
   EXPECT_EQ(sm90_tiles, (std::set<uint32_t>{16, 32, 48, 64}));
 }
@@ -232,16 +238,10 @@ TEST(CompileMatrix, Fp8DsMlaOnEveryArch) {
     }
   }
   const std::vector<Outcome> outcomes = CompileAll(jobs);
-  std::set<std::string> names;
+  const std::vector<const v1::KernelArtifact*> good = GoodArtifacts(jobs, outcomes);
   for (size_t i = 0; i < jobs.size(); ++i) {
-    const absl::StatusOr<v1::KernelArtifact>& a = outcomes[i].artifact;
-    if (!a.ok()) {
-      ADD_FAILURE() << jobs[i].label << ": " << a.status().ToString().substr(0, 4000);
-      continue;
-    }
-    ExpectGoodArtifact(jobs[i], *a);
-    EXPECT_TRUE(names.insert(a->module_name()).second)
-        << jobs[i].label << ": duplicate module name " << a->module_name();
+    const v1::KernelArtifact* a = good[i];
+    if (a == nullptr) continue;
     const v1::KernelResources* main_k = FindKernel(*a, kMainEntry);
     const v1::KernelTiling& t = a->tiling();
     std::printf(

@@ -19,10 +19,7 @@
 #include "compiler/compiler.h"
 #include "compiler/manifest.h"
 #include "fuzz/fuzz_support.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
-#include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/proto_buffer_reader.h"
-#include "grpcpp/support/slice.h"
+#include "fuzz/wire.h"
 #include "kforge/v1/service.pb.h"
 #include "model/selector.h"
 #include "service/kernel_store.h"
@@ -41,13 +38,8 @@ bool OnlyChars(const std::string& s, bool (*ok)(char)) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  grpc::Slice slice(data, size);
-  grpc::ByteBuffer buffer(&slice, 1);
   kforge::v1::GetKernelRequest request;
-  grpc::Status parsed =
-      grpc::GenericDeserialize<grpc::ProtoBufferReader, kforge::v1::GetKernelRequest>(&buffer,
-                                                                                      &request);
-  if (!parsed.ok()) return 0;
+  if (!kforge::fuzz::DecodeAsServer(data, size, &request)) return 0;
 
   static const kforge::KernelCompiler compiler;
   absl::StatusOr<kforge::v1::AttentionSpec> spec = kforge::KernelStore::Resolve(request.kernel());

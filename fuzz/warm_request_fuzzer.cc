@@ -14,10 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fuzz/fuzz_support.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
-#include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/proto_buffer_reader.h"
-#include "grpcpp/support/slice.h"
+#include "fuzz/wire.h"
 #include "kforge/v1/service.pb.h"
 #include "model/arch.h"
 #include "model/spec.h"
@@ -33,13 +30,8 @@ constexpr int kMaxJobs = 64;
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  grpc::Slice slice(data, size);
-  grpc::ByteBuffer buffer(&slice, 1);
   kforge::v1::PrebuildRequest request;
-  grpc::Status parsed =
-      grpc::GenericDeserialize<grpc::ProtoBufferReader, kforge::v1::PrebuildRequest>(&buffer,
-                                                                                     &request);
-  if (!parsed.ok()) return 0;
+  if (!kforge::fuzz::DecodeAsServer(data, size, &request)) return 0;
 
   absl::StatusOr<std::vector<kforge::PrebuildJob>> jobs =
       kforge::ExpandPrebuildRequest(request, kMaxJobs);

@@ -27,7 +27,6 @@ Skips (prints SKIP, exit 0) without PyTorch or a CUDA GPU.
 
 import os
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
@@ -181,30 +180,17 @@ def main():
         return 0
     import kforge
     from check_sparse_mla import reference
-    from kforge.testing import start_server, stop_server
 
     results = []
-    with tempfile.TemporaryDirectory(prefix="kforge_torch_op_") as tmp:
-        proc = None
-        if args.bundle:
-            source = kforge.configure(bundle=args.bundle)
-        else:
-            proc, address = start_server(args.kforge, os.path.join(tmp, "cache"),
-                                         os.path.join(tmp, "server.log"),
-                                         env=e2e_python.server_env(args.lib_dir))
-            source = kforge.configure(address=address)
-        try:
-            gen = torch.Generator(device="cuda")
-            gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
-            print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, source {source!r}")
-            for preset, tp, batches in CASES:
-                decoder = kforge.SparseMlaDecoder(source, preset=preset, tp=tp)
-                decoder.prefetch()
-                for batch in batches:
-                    check_case(torch, kforge, reference, gen, decoder, batch, results)
-        finally:
-            if proc is not None:
-                stop_server(proc)
+    with e2e_python.kernel_source(args, "kforge_torch_op_") as source:
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
+        print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, source {source!r}")
+        for preset, tp, batches in CASES:
+            decoder = kforge.SparseMlaDecoder(source, preset=preset, tp=tp)
+            decoder.prefetch()
+            for batch in batches:
+                check_case(torch, kforge, reference, gen, decoder, batch, results)
     failed = sum(bool(p) for _, p in results)
     print(f"{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -21,6 +21,7 @@ Exit 0: all passed; 1: a failure; 77: no PyTorch or no GPU (skipped).
 """
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -233,6 +234,26 @@ def cuda_torch():
     return torch
 
 
+@contextlib.contextmanager
+def kernel_source(args, prefix):
+    """The kforge source a GPU script's source_args name, configured: the
+    bundle, or a kforge serve started in a temporary directory (named with
+    `prefix`) and stopped on the way out."""
+    import kforge
+    from kforge.testing import start_server, stop_server
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        if args.bundle:
+            yield kforge.configure(bundle=args.bundle)
+            return
+        proc, address = start_server(args.kforge, os.path.join(tmp, "cache"),
+                                     os.path.join(tmp, "server.log"),
+                                     env=server_env(args.lib_dir))
+        try:
+            yield kforge.configure(address=address)
+        finally:
+            stop_server(proc)
+
+
 def main():
     args = source_args(__doc__.splitlines()[0])
     torch = cuda_torch()
@@ -241,44 +262,31 @@ def main():
     import kforge
     import kforge.ops
     from check_sparse_mla import reference
-    from kforge.testing import start_server, stop_server
 
-    with tempfile.TemporaryDirectory(prefix="kforge_e2e_") as tmp:
-        proc = None
-        if args.bundle:
-            source = kforge.configure(bundle=args.bundle)
-        else:
-            proc, address = start_server(args.kforge, os.path.join(tmp, "cache"),
-                                         os.path.join(tmp, "server.log"),
-                                         env=server_env(args.lib_dir))
-            source = kforge.configure(address=address)
-        try:
-            gen = torch.Generator(device="cuda")
-            gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
-            print(f"source: {source!r}, device: {torch.cuda.get_device_name()}")
-            print(f"{'model':20s} {'heads':>5s} {'batch':>5s} {'splits':>6s} "
-                  f"{'max rel err':>11s} {'lse err':>9s}  pass")
-            failures = 0
-            for preset, tp in CASES:
-                explicit = kforge.SparseMlaDecoder(source, preset=preset, tp=tp)
-                print(f"{preset} tp{tp}: prefetched {explicit.prefetch()} kernels")
-                for batch in BATCHES:
-                    r = run_case(torch, kforge, reference, gen, preset, tp, batch, explicit)
-                    failures += report(r)
-                if tp == 8:
-                    problems, host_us = graph_case(torch, kforge, reference, gen, explicit,
-                                                   preset, tp, 32)
-                    failures += bool(problems)
-                    print(f"{preset} tp{tp} batch 32 in a CUDA graph: "
-                          f"{'FAIL: ' + '; '.join(problems) if problems else 'ok'}; "
-                          f"host time per eager call {host_us:.0f} us", flush=True)
-            for preset, tp, _ in FP8_CASES:
-                for batch in (1, 32):
-                    r = fp8_case(torch, kforge, reference, gen, source, preset, tp, batch)
-                    failures += report(r)
-        finally:
-            if proc is not None:
-                stop_server(proc)
+    with kernel_source(args, "kforge_e2e_") as source:
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
+        print(f"source: {source!r}, device: {torch.cuda.get_device_name()}")
+        print(f"{'model':20s} {'heads':>5s} {'batch':>5s} {'splits':>6s} "
+              f"{'max rel err':>11s} {'lse err':>9s}  pass")
+        failures = 0
+        for preset, tp in CASES:
+            explicit = kforge.SparseMlaDecoder(source, preset=preset, tp=tp)
+            print(f"{preset} tp{tp}: prefetched {explicit.prefetch()} kernels")
+            for batch in BATCHES:
+                r = run_case(torch, kforge, reference, gen, preset, tp, batch, explicit)
+                failures += report(r)
+            if tp == 8:
+                problems, host_us = graph_case(torch, kforge, reference, gen, explicit,
+                                               preset, tp, 32)
+                failures += bool(problems)
+                print(f"{preset} tp{tp} batch 32 in a CUDA graph: "
+                      f"{'FAIL: ' + '; '.join(problems) if problems else 'ok'}; "
+                      f"host time per eager call {host_us:.0f} us", flush=True)
+        for preset, tp, _ in FP8_CASES:
+            for batch in (1, 32):
+                r = fp8_case(torch, kforge, reference, gen, source, preset, tp, batch)
+                failures += report(r)
     total = (len(CASES) * len(BATCHES) + sum(tp == 8 for _, tp in CASES)  # + graph cases
              + 2 * len(FP8_CASES))
     print(f"{total - failures} passed, {failures} failed")

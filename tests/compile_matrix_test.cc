@@ -116,6 +116,9 @@ std::vector<const v1::KernelArtifact*> GoodArtifacts(const std::vector<Job>& job
   }
   return good;
 }
+// The pointers point into `outcomes`: a temporary would leave them dangling.
+std::vector<const v1::KernelArtifact*> GoodArtifacts(const std::vector<Job>&,
+                                                     std::vector<Outcome>&&) = delete;
 
 v1::AttentionSpec Preset(const std::string& name, int tp) {
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(name, tp);
@@ -186,7 +189,8 @@ TEST(CompileMatrix, OtherLatentWidthsAndNoPe) {
       }
     }
   }
-  GoodArtifacts(jobs, CompileAll(jobs));
+  const std::vector<Outcome> outcomes = CompileAll(jobs);
+  GoodArtifacts(jobs, outcomes);
 }
 
 // Head counts that are not a preset's: one padded tile, uneven groups, and
@@ -200,7 +204,8 @@ TEST(CompileMatrix, OddHeadCounts) {
       jobs.push_back({absl::StrCat("heads ", heads, " ", arch), spec, arch});
     }
   }
-  const std::vector<const v1::KernelArtifact*> good = GoodArtifacts(jobs, CompileAll(jobs));
+  const std::vector<Outcome> outcomes = CompileAll(jobs);
+  const std::vector<const v1::KernelArtifact*> good = GoodArtifacts(jobs, outcomes);
   std::set<uint32_t> sm90_tiles;
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (good[i] != nullptr && jobs[i].arch == "sm_90a") {

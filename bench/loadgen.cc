@@ -360,6 +360,8 @@ const char* SourceName(v1::ArtifactSource s) {
       return "compiled";
     case v1::ARTIFACT_SOURCE_SHARED_COMPILE:
       return "shared";
+    case v1::ARTIFACT_SOURCE_REDIS:
+      return "redis";
     default:
       return "unknown";
   }

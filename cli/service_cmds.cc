@@ -13,9 +13,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "base/credentials.h"
 #include "base/io.h"
 #include "bundle/bundle.h"
 #include "cli/connect_args.h"
@@ -46,6 +49,41 @@ std::string DefaultCacheDir() {
   if (xdg != nullptr && xdg[0] == '/') return absl::StrCat(xdg, "/kforge");
   const char* home = std::getenv("HOME");
   return absl::StrCat(home != nullptr && home[0] != '\0' ? home : ".", "/.cache/kforge");
+}
+
+// --redis HOST:PORT, --redis-password-file or KFORGE_REDIS_PASSWORD (the
+// file wins), and the Redis timeouts, into `redis`. No --redis: no tier.
+absl::Status RedisFromArgs(const ParsedArgs& args, RedisCacheOptions* redis) {
+  const std::string address = args.Get("redis");
+  if (address.empty()) {
+    if (!args.Get("redis-password-file").empty()) {
+      return absl::InvalidArgumentError("--redis-password-file needs --redis HOST:PORT");
+    }
+    return absl::OkStatus();
+  }
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--redis: got \"", address, "\", expected HOST:PORT with a port 1..65535"));
+  }
+  redis->host = address.substr(0, colon);
+  redis->port = port;
+  if (const std::string file = args.Get("redis-password-file"); !file.empty()) {
+    absl::StatusOr<std::string> password = ReadCredentialFile(file, "--redis-password-file");
+    if (!password.ok()) return password.status();
+    redis->password = std::string(absl::StripAsciiWhitespace(*password));
+  } else if (const char* env = std::getenv("KFORGE_REDIS_PASSWORD"); env != nullptr) {
+    redis->password = env;
+  }
+  absl::StatusOr<long long> timeout_ms = IntFlagInRange(args, "redis-timeout-ms", 1, 600'000);
+  if (!timeout_ms.ok()) return timeout_ms.status();
+  absl::StatusOr<long long> ttl_ms = IntFlagInRange(args, "redis-lock-ttl-ms", 30, 3'600'000);
+  if (!ttl_ms.ok()) return ttl_ms.status();
+  redis->timeout = absl::Milliseconds(*timeout_ms);
+  redis->lock_ttl = absl::Milliseconds(*ttl_ms);
+  return absl::OkStatus();
 }
 
 // Reads a non-negative integer flag into `out`, checking its bounds (INT_MAX
@@ -84,6 +122,8 @@ const char* SourceName(v1::ArtifactSource source) {
       return "compiled";
     case v1::ARTIFACT_SOURCE_SHARED_COMPILE:
       return "compiled (shared)";
+    case v1::ARTIFACT_SOURCE_REDIS:
+      return "redis";
     default:
       return "unknown";
   }
@@ -136,6 +176,19 @@ int Serve(const std::vector<std::string>& argv) {
       {"admin-token-file", "FILE",
        "Warm needs a token listed in FILE (admin tokens are accepted everywhere; reread on "
        "SIGHUP; needs TLS)"},
+      {"redis", "HOST:PORT",
+       "share kernels with the fleet through this Redis (between the disk tier and a "
+       "compile; a key missed by many servers at once is compiled by one). Redis down or "
+       "slow only costs local compiles"},
+      {"redis-password-file", "FILE",
+       "Redis AUTH password (one line; else the KFORGE_REDIS_PASSWORD environment variable)"},
+      {"redis-timeout-ms", "N",
+       "a Redis call slower than this marks Redis down until a background ping succeeds",
+       absl::StrCat(absl::ToInt64Milliseconds(defaults.store.redis.timeout))},
+      {"redis-lock-ttl-ms", "N",
+       "expiry of the fleet-wide compile lock, renewed while its holder compiles: how long a "
+       "dead holder delays the others",
+       absl::StrCat(absl::ToInt64Milliseconds(defaults.store.redis.lock_ttl))},
       {"help", "", "show this help", "", 'h'}};
   for (FlagSpec& hidden : WorkerFaultFlags()) flags.push_back(std::move(hidden));
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
@@ -185,6 +238,7 @@ int Serve(const std::vector<std::string>& argv) {
   absl::StatusOr<WorkerFaults> faults = WorkerFaultsFromArgs(*args);
   if (!faults.ok()) return Fail(faults.status());
   options.store.pool.faults = *faults;
+  if (absl::Status s = RedisFromArgs(*args, &options.store.redis); !s.ok()) return Fail(s);
   return RunServer(options);
 }
 

@@ -8,6 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev libelf-dev libssl-dev openssl libgtest-dev libgmock-dev clang-format
   clang libclang-rt-dev
+  libhiredis-dev redis-server
   python3 python3-grpcio python3-protobuf
 )
 missing=()

@@ -34,6 +34,24 @@ class ArtifactCache {
   virtual CacheUsage Usage() const = 0;
 };
 
+// A tier shared by every server of a fleet (service/redis_cache.h), which
+// also carries the fleet-wide compile lock: of N servers missing one key,
+// the one that takes the lock compiles and stores the kernel, the others
+// wait for the value. Get answers Unavailable (not NotFound) when the tier
+// cannot be reached; callers then go on with their local tiers.
+class SharedArtifactCache : public ArtifactCache {
+ public:
+  enum class Lock {
+    kAcquired,       // this process compiles the key; Unlock when stored
+    kHeldElsewhere,  // another server compiles it
+    kUnavailable,    // the tier is down or slow: compile locally
+  };
+  // The lock expires unless its holder keeps it alive, so a server that
+  // dies while compiling holds up the others for one expiry at most.
+  virtual Lock TryLock(const std::string& key) = 0;
+  virtual void Unlock(const std::string& key) = 0;
+};
+
 }  // namespace kforge
 
 #endif  // KFORGE_SERVICE_ARTIFACT_CACHE_H_

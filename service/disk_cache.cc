@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <string_view>
@@ -18,104 +17,24 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/absl_compat.h"
 #include "base/io.h"
-#include "base/sha256.h"
 #include "model/format.h"
+#include "service/cache_entry.h"
 
 namespace kforge {
 namespace {
 
-// Entry file layout, all integers little-endian:
-//   [0, 8)    magic "KFORGE01"
-//   [8, 12)   uint32 entry format version
-//   [12, 44)  SHA-256 of the payload
-//   [44, 52)  uint64 payload length
-//   [52, ..)  payload: serialized v1::KernelArtifact
-// Bump kEntryVersion on any change; old files then read as corrupt and are
-// rebuilt. Entries live under v1/ so a future layout can sit beside them.
-constexpr std::string_view kMagic = "KFORGE01";
-constexpr uint32_t kEntryVersion = 1;
-constexpr size_t kHashSize = 32;
-constexpr size_t kHeaderSize = 8 + 4 + kHashSize + 8;
+// Entries live under v1/ so a future layout can sit beside them (the entry
+// bytes are service/cache_entry.h's, shared with the Redis tier).
 constexpr std::string_view kLayoutDir = "v1";
 constexpr std::string_view kEntrySuffix = ".kfa";
 constexpr std::string_view kTmpMarker = ".tmp.";
 // A temporary file this old belongs to a writer that died: a live one
 // renames it within the time of one write + fsync.
 constexpr int64_t kStaleTmpSeconds = 60;
-
-bool IsLowerHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
-
-// A key is exactly the 64 lower-case hex digits of a SHA-256; nothing else
-// reaches a path, so no key can name a file outside the cache.
-bool IsValidKey(std::string_view key) {
-  return key.size() == 64 && std::all_of(key.begin(), key.end(), IsLowerHex);
-}
-
-absl::Status KeyError(std::string_view key) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("cache key must be 64 lower-case hex digits, got \"",
-                   absl::CEscape(AsAbsl(key.substr(0, 80))), "\""));
-}
-
-void PutLe(uint64_t v, int bytes, std::string& out) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-uint64_t GetLe(std::string_view in, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) {
-    v |= uint64_t{static_cast<unsigned char>(in[i])} << (8 * i);
-  }
-  return v;
-}
-
-std::string EncodeHeader(std::string_view payload) {
-  std::string header;
-  header.reserve(kHeaderSize);
-  header.append(kMagic);
-  PutLe(kEntryVersion, 4, header);
-  header.append(absl::HexStringToBytes(AsAbsl(Sha256Hex(payload))));
-  PutLe(payload.size(), 8, header);
-  return header;
-}
-
-// Why a file is not a valid entry for `key`, or OK and the artifact.
-absl::StatusOr<v1::KernelArtifact> DecodeEntry(std::string_view file, std::string_view key) {
-  if (file.size() < kHeaderSize) {
-    return absl::DataLossError(absl::StrCat("truncated header (", file.size(), " bytes)"));
-  }
-  if (file.substr(0, kMagic.size()) != kMagic) {
-    return absl::DataLossError("bad magic");
-  }
-  const uint64_t version = GetLe(file.substr(8), 4);
-  if (version != kEntryVersion) {
-    return absl::DataLossError(
-        absl::StrCat("entry format version ", version, ", expected ", kEntryVersion));
-  }
-  const std::string_view hash = file.substr(12, kHashSize);
-  const uint64_t length = GetLe(file.substr(12 + kHashSize), 8);
-  const std::string_view payload = file.substr(kHeaderSize);
-  if (length != payload.size() || length > INT_MAX) {
-    return absl::DataLossError(
-        absl::StrCat("payload length ", payload.size(), ", header says ", length));
-  }
-  if (Sha256Hex(payload) != absl::BytesToHexString(AsAbsl(hash))) {
-    return absl::DataLossError("payload digest mismatch");
-  }
-  v1::KernelArtifact artifact;
-  if (!artifact.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-    return absl::DataLossError("payload does not parse");
-  }
-  if (artifact.key() != key) {
-    return absl::DataLossError(absl::StrCat("entry holds key ", artifact.key()));
-  }
-  return artifact;
-}
 
 // Creates `path` if missing. Sets *created when this call made it (its
 // parent then needs an fsync for the new name to be durable).
@@ -176,7 +95,8 @@ std::vector<FileInfo> ListEntries(const std::string& layout_dir, bool clean_tmp)
   clock_gettime(CLOCK_REALTIME, &now);
   while (const dirent* bucket = readdir(top)) {
     const std::string_view bucket_name = bucket->d_name;
-    if (bucket_name.size() != 2 || !IsLowerHex(bucket_name[0]) || !IsLowerHex(bucket_name[1])) {
+    if (bucket_name.size() != 2 || !IsLowerHexDigit(bucket_name[0]) ||
+        !IsLowerHexDigit(bucket_name[1])) {
       continue;
     }
     const std::string bucket_path = absl::StrCat(layout_dir, "/", AsAbsl(bucket_name));
@@ -196,7 +116,7 @@ std::vector<FileInfo> ListEntries(const std::string& layout_dir, bool clean_tmp)
         continue;
       }
       const std::string_view key = name.substr(0, 64);
-      if (name.size() != 64 + kEntrySuffix.size() || !IsValidKey(key) ||
+      if (name.size() != 64 + kEntrySuffix.size() || !IsValidCacheKey(key) ||
           name.substr(64) != kEntrySuffix || key.substr(0, 2) != bucket_name) {
         continue;
       }
@@ -256,13 +176,13 @@ absl::StatusOr<std::unique_ptr<DiskCache>> DiskCache::Open(const std::string& di
 }
 
 std::string DiskCache::EntryPath(const std::string& key) const {
-  if (!IsValidKey(key)) return "";
+  if (!IsValidCacheKey(key)) return "";
   return absl::StrCat(dir_, "/", AsAbsl(kLayoutDir), "/", key.substr(0, 2), "/", key,
                       AsAbsl(kEntrySuffix));
 }
 
 absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
-  if (!IsValidKey(key)) return KeyError(key);
+  if (!IsValidCacheKey(key)) return CacheKeyError(key);
   const std::string path = EntryPath(key);
   uint64_t size = 0;
   absl::StatusOr<int> opened =
@@ -298,7 +218,7 @@ absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
     close(fd);
     return file.status();
   }
-  absl::StatusOr<v1::KernelArtifact> artifact = DecodeEntry(*file, key);
+  absl::StatusOr<v1::KernelArtifact> artifact = DecodeCacheEntry(*file, key);
   if (artifact.ok()) {
     // The open file, not the path: if another process evicted the entry
     // meanwhile, this touches nothing that is still visible.
@@ -322,7 +242,7 @@ absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
 }
 
 absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {
-  if (!IsValidKey(key)) return KeyError(key);
+  if (!IsValidCacheKey(key)) return CacheKeyError(key);
   if (artifact == nullptr) return absl::InvalidArgumentError("null artifact");
   if (artifact->key() != key) {
     return absl::InvalidArgumentError(
@@ -332,7 +252,7 @@ absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {
   if (!artifact->SerializeToString(&payload)) {
     return absl::InternalError(absl::StrCat("cannot serialize artifact ", key));
   }
-  const std::string header = EncodeHeader(payload);
+  const std::string header = EncodeCacheEntryHeader(payload);
   const uint64_t size = header.size() + payload.size();
   // Larger than the whole cache: keeping it would evict everything else.
   if (size > max_bytes_) return absl::OkStatus();

@@ -36,6 +36,10 @@ using FlightResult = absl::StatusOr<KernelStore::Result>;
 constexpr absl::Duration kMaxLockRetry = absl::Milliseconds(50);
 // Lock files are named by the key's first hex digits: 16^3 = 4096 at most.
 constexpr size_t kLockStripeHexDigits = 3;
+// While another server of the fleet compiles a key, its value is polled at
+// most this often: a compile takes about a second, so 50 ms adds 5% at
+// worst, and a fleet of tens of waiters makes a few hundred GETs a second.
+constexpr absl::Duration kMaxFleetPoll = absl::Milliseconds(50);
 
 // One compile per key in progress, shared by every caller that asks for the
 // key meanwhile. No thread is set aside for it: a waiting caller drives its
@@ -62,6 +66,7 @@ struct KernelStore::State {
   KernelCompiler compiler;
   std::unique_ptr<MemoryCache> memory;
   std::unique_ptr<DiskCache> disk;
+  std::unique_ptr<RedisCache> redis;  // null without --redis
   std::unique_ptr<CompilePool> pool;
   std::string lock_dir;
 
@@ -85,7 +90,8 @@ struct KernelStore::State {
   std::map<std::string, std::pair<absl::Status, absl::Time>> failures ABSL_GUARDED_BY(mu);
 
   std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0}, compile_failures{0},
-      shared_waits{0}, rejected{0}, disk_write_failures{0};
+      shared_waits{0}, rejected{0}, disk_write_failures{0}, redis_lock_waits{0},
+      redis_local_compiles{0};
 
   // Publishes a flight's result and wakes its waiters. Once running_flights
   // reaches 0 Shutdown may return and State be destroyed, so nothing here
@@ -112,11 +118,32 @@ struct KernelStore::State {
   void Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu);
 
-  // The compile pool's callback for a flight's job: stores the kernel,
-  // releases the key's lock file, completes the flight.
+  // The compile pool's callback for a flight's job: stores the kernel
+  // (disk, then Redis), releases the fleet lock if it holds it and the key's
+  // lock file, completes the flight.
   void FinishCompile(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
-                     FileLock* key_lock, absl::StatusOr<v1::KernelArtifact> built)
+                     FileLock* key_lock, bool fleet_lock, absl::StatusOr<v1::KernelArtifact> built)
       ABSL_LOCKS_EXCLUDED(mu);
+
+  // What the fleet said about a key this process is about to compile.
+  enum class Fleet {
+    kLocked,  // this process holds the fleet lock: compile, store, unlock
+    kLocal,   // no lock to be had (Redis down or slow, holder hung): compile
+    kDone,    // the flight is completed (another server's kernel, shutdown)
+    kGaveUp,  // the driver's deadline passed; the flight is left as it was
+  };
+  // Takes the fleet lock on `plan.key`, or, while another server holds it,
+  // waits for the value that server stores, until the driver's `deadline`,
+  // or until a compile's time and the lock's expiry have passed (then the
+  // key is compiled here).
+  Fleet AwaitFleet(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
+                   absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu);
+
+  // A kernel from Redis, kept in the local tiers.
+  void KeepShared(const std::string& key, const ArtifactPtr& artifact) {
+    if (!disk->Put(key, artifact).ok()) ++disk_write_failures;
+    (void)memory->Put(key, artifact);
+  }
 };
 
 void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
@@ -166,6 +193,19 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
     Complete(flight, plan.key, KernelStore::Result{*on_disk, v1::ARTIFACT_SOURCE_SHARED_COMPILE});
     return;
   }
+  bool fleet_lock = false;
+  if (redis != nullptr) {
+    switch (AwaitFleet(flight, plan, deadline)) {
+      case Fleet::kDone:
+      case Fleet::kGaveUp:
+        return;
+      case Fleet::kLocked:
+        fleet_lock = true;
+        break;
+      case Fleet::kLocal:
+        break;
+    }
+  }
   {
     absl::MutexLock lock(&mu);
     flight->phase = Flight::Phase::kCompiling;
@@ -176,20 +216,23 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
   // The callback owns the lock file (if any) from here.
   ++compiles;
   absl::Status submitted = pool->Submit(
-      std::move(job), [this, flight, plan, held](absl::StatusOr<v1::KernelArtifact> built) {
-        FinishCompile(flight, plan, held.get(), std::move(built));
+      std::move(job),
+      [this, flight, plan, held, fleet_lock](absl::StatusOr<v1::KernelArtifact> built) {
+        FinishCompile(flight, plan, held.get(), fleet_lock, std::move(built));
       });
   if (!submitted.ok()) {
     --compiles;
+    if (fleet_lock) redis->Unlock(plan.key);
     if (absl::IsResourceExhausted(submitted)) ++rejected;
     Complete(flight, plan.key, submitted);
   }
 }
 
 void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
-                                       const CompilePlan& plan, FileLock* key_lock,
+                                       const CompilePlan& plan, FileLock* key_lock, bool fleet_lock,
                                        absl::StatusOr<v1::KernelArtifact> built) {
-  auto release = [key_lock] {
+  auto release = [this, key_lock, fleet_lock, &plan] {
+    if (fleet_lock) redis->Unlock(plan.key);
     if (key_lock != nullptr) key_lock->Release();
   };
   if (!built.ok()) {
@@ -214,12 +257,75 @@ void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
     return;
   }
   auto artifact = std::make_shared<const v1::KernelArtifact>(*std::move(built));
-  // Disk first: once the lock is released other processes look there. A
-  // failed disk write (full disk) still serves the kernel from memory.
+  // Disk and Redis first: once the locks are released other processes
+  // look there. A failed disk write (full disk) still serves the kernel
+  // from memory; a failed Redis write is counted by the Redis tier, and
+  // the other servers, finding no value, compile it themselves.
   if (!disk->Put(plan.key, artifact).ok()) ++disk_write_failures;
+  if (redis != nullptr) (void)redis->Put(plan.key, artifact);
   release();
   (void)memory->Put(plan.key, artifact);
   Complete(flight, plan.key, KernelStore::Result{artifact, v1::ARTIFACT_SOURCE_COMPILED});
+}
+
+KernelStore::State::Fleet KernelStore::State::AwaitFleet(const std::shared_ptr<Flight>& flight,
+                                                         const CompilePlan& plan,
+                                                         absl::Time deadline) {
+  // A holder that takes longer than a compile may (plus one lock expiry for
+  // a holder that died) is hung, or Redis misbehaves: compile here.
+  const absl::Time give_up = absl::Now() + options.pool.timeout + options.redis.lock_ttl;
+  absl::Duration backoff = absl::Milliseconds(2);
+  bool counted = false;
+  for (;;) {
+    switch (redis->TryLock(plan.key)) {
+      case SharedArtifactCache::Lock::kAcquired:
+        // The holder before may have stored it between this process's miss
+        // and the lock.
+        if (absl::StatusOr<ArtifactPtr> stored = redis->Get(plan.key); stored.ok()) {
+          redis->Unlock(plan.key);
+          KeepShared(plan.key, *stored);
+          Complete(flight, plan.key,
+                   KernelStore::Result{*stored, v1::ARTIFACT_SOURCE_SHARED_COMPILE});
+          return Fleet::kDone;
+        }
+        return Fleet::kLocked;
+      case SharedArtifactCache::Lock::kUnavailable:
+        ++redis_local_compiles;
+        return Fleet::kLocal;
+      case SharedArtifactCache::Lock::kHeldElsewhere:
+        break;
+    }
+    if (!counted) {
+      ++redis_lock_waits;
+      counted = true;
+    }
+    {
+      absl::MutexLock lock(&mu);
+      if (shutting_down) {
+        Complete(flight, plan.key, absl::UnavailableError("kforge server is shutting down"));
+        return Fleet::kDone;
+      }
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return Fleet::kGaveUp;
+    if (now >= give_up) {
+      ++redis_local_compiles;
+      return Fleet::kLocal;
+    }
+    absl::SleepFor(std::min(backoff, deadline - now));
+    backoff = std::min(backoff * 2, kMaxFleetPoll);
+    absl::StatusOr<ArtifactPtr> stored = redis->Get(plan.key);
+    if (stored.ok()) {
+      KeepShared(plan.key, *stored);
+      Complete(flight, plan.key, KernelStore::Result{*stored, v1::ARTIFACT_SOURCE_SHARED_COMPILE});
+      return Fleet::kDone;
+    }
+    // Redis went down while waiting: the holder's value may never come.
+    if (!absl::IsNotFound(stored.status())) {
+      ++redis_local_compiles;
+      return Fleet::kLocal;
+    }
+  }
 }
 
 KernelStore::KernelStore(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -241,6 +347,11 @@ absl::StatusOr<std::unique_ptr<KernelStore>> KernelStore::Create(KernelStoreOpti
   if (!disk.ok()) return disk.status();
   state->disk = *std::move(disk);
   state->memory = std::make_unique<MemoryCache>(options.memory_cache_bytes);
+  if (!options.redis.host.empty()) {
+    absl::StatusOr<std::unique_ptr<RedisCache>> redis = RedisCache::Create(options.redis);
+    if (!redis.ok()) return redis.status();
+    state->redis = *std::move(redis);
+  }
   state->pool = std::make_unique<CompilePool>(options.pool);
   state->options = std::move(options);
   return std::unique_ptr<KernelStore>(new KernelStore(std::move(state)));
@@ -279,11 +390,13 @@ absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(const v1::KernelSelector& sel
 
 namespace {
 
-// The memory tier, then the disk tier (a disk hit is kept in memory).
+// The memory tier, then the disk tier, then Redis if there is one (a hit
+// is kept in the tiers above it).
 std::optional<KernelStore::Result> FromCache(MemoryCache& memory, DiskCache& disk,
-                                             const std::string& key,
+                                             RedisCache* redis, const std::string& key,
                                              std::atomic<uint64_t>& memory_hits,
-                                             std::atomic<uint64_t>& disk_hits) {
+                                             std::atomic<uint64_t>& disk_hits,
+                                             std::atomic<uint64_t>& disk_write_failures) {
   if (absl::StatusOr<ArtifactPtr> hit = memory.Get(key); hit.ok()) {
     ++memory_hits;
     return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_MEMORY};
@@ -292,6 +405,12 @@ std::optional<KernelStore::Result> FromCache(MemoryCache& memory, DiskCache& dis
     ++disk_hits;
     (void)memory.Put(key, *hit);
     return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_DISK};
+  }
+  if (redis == nullptr) return std::nullopt;
+  if (absl::StatusOr<ArtifactPtr> hit = redis->Get(key); hit.ok()) {
+    if (!disk.Put(key, *hit).ok()) ++disk_write_failures;
+    (void)memory.Put(key, *hit);
+    return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_REDIS};
   }
   return std::nullopt;
 }
@@ -303,8 +422,8 @@ absl::StatusOr<KernelStore::Result> KernelStore::CachedKernel(const v1::Attentio
   State& s = *state_;
   absl::StatusOr<CompilePlan> plan = s.compiler.Plan(spec, arch);
   if (!plan.ok()) return plan.status();
-  if (std::optional<Result> hit =
-          FromCache(*s.memory, *s.disk, plan->key, s.memory_hits, s.disk_hits)) {
+  if (std::optional<Result> hit = FromCache(*s.memory, *s.disk, s.redis.get(), plan->key,
+                                            s.memory_hits, s.disk_hits, s.disk_write_failures)) {
     return *std::move(hit);
   }
   return absl::NotFoundError(
@@ -318,8 +437,8 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSp
   absl::StatusOr<CompilePlan> plan = s.compiler.Plan(spec, arch);
   if (!plan.ok()) return plan.status();
 
-  if (std::optional<Result> hit =
-          FromCache(*s.memory, *s.disk, plan->key, s.memory_hits, s.disk_hits)) {
+  if (std::optional<Result> hit = FromCache(*s.memory, *s.disk, s.redis.get(), plan->key,
+                                            s.memory_hits, s.disk_hits, s.disk_write_failures)) {
     return *std::move(hit);
   }
   ++s.misses;
@@ -440,6 +559,16 @@ v1::StatsResponse KernelStore::Stats() const {
   out.set_disk_bytes(disk.bytes);
   out.set_disk_entries(disk.entries);
   out.set_corrupt_entries(mem.corrupt_entries + disk.corrupt_entries);
+  if (s.redis != nullptr) {
+    const RedisCounters redis = s.redis->Counters();
+    out.set_redis_hits(redis.hits);
+    out.set_redis_errors(redis.errors);
+    out.set_redis_skipped(redis.skipped);
+    out.set_redis_corrupt_entries(redis.corrupt_entries);
+    out.set_redis_up(redis.up ? 1 : 0);
+  }
+  out.set_redis_lock_waits(s.redis_lock_waits);
+  out.set_redis_local_compiles(s.redis_local_compiles);
   return out;
 }
 

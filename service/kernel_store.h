@@ -13,6 +13,7 @@
 #include "kforge/v1/spec.pb.h"
 #include "service/artifact_cache.h"
 #include "service/compile_pool.h"
+#include "service/redis_cache.h"
 
 namespace kforge {
 
@@ -26,12 +27,15 @@ struct KernelStoreOptions {
   // error instead of being compiled again, so that a client repeating a
   // valid but failing spec does not keep the workers busy. 0: never.
   absl::Duration failure_cache = absl::Seconds(30);
+  // The fleet's shared tier between the disk and a compile; host "" = none.
+  RedisCacheOptions redis;
 };
 
 // The service's business logic, independent of gRPC: resolves a kernel
-// through memory -> disk -> one compile per key (single flight across
-// threads, and across processes sharing the cache directory through a lock
-// file), builds manifests, counts everything. Thread-safe.
+// through memory -> disk -> Redis (when configured) -> one compile per key
+// (single flight across threads, across processes sharing the cache
+// directory through a lock file, and across the fleet through a Redis lock
+// key), builds manifests, counts everything. Thread-safe.
 class KernelStore {
  public:
   static absl::StatusOr<std::unique_ptr<KernelStore>> Create(KernelStoreOptions options);
@@ -50,7 +54,8 @@ class KernelStore {
   absl::StatusOr<Result> GetKernel(const v1::AttentionSpec& spec, std::string_view arch,
                                    bool lookup_only, absl::Time deadline = absl::InfiniteFuture());
 
-  // The memory tier, then the disk tier, never a compile nor a wait for one:
+  // The memory tier, then the disk tier, then Redis, never a compile nor a
+  // wait for one:
   // what GetKernel answers before it would compile. NotFound on a miss
   // (not counted as one: GetKernel, which the caller goes on to, counts
   // it); the errors of planning (bad spec, unknown arch) as GetKernel.

@@ -185,7 +185,11 @@ int RunServer(const ServerOptions& options) {
     }
     bundle = *std::move(opened);
   }
-  absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(options.store);
+  KernelStoreOptions store_options = options.store;
+  store_options.redis.log = [](std::string_view line) {
+    std::cerr << "kforge: " << line << std::endl;
+  };
+  absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(store_options);
   if (!store.ok()) {
     std::cerr << "kforge: cannot open the kernel store: " << store.status().message() << "\n";
     return 1;

@@ -1,0 +1,480 @@
+// The fleet's shared tier against a real redis-server on a free loopback
+// port: RedisCache on its own (values, verification, limits, password,
+// outages, the fleet lock), then three real `kforge serve` processes with
+// separate disk caches sharing one Redis. Skips, saying why, where
+// redis-server is not installed (scripts/install_deps.sh installs it).
+#include <arpa/inet.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "kforge/v1/service.grpc.pb.h"
+#include "model/spec.h"
+#include "service/cache_entry.h"
+#include "service/redis_cache.h"
+#include "tests/test_util.h"
+
+namespace kforge {
+namespace {
+
+namespace fs = std::filesystem;
+using ::kforge::testing::FakeArtifact;
+using ::kforge::testing::ServeProcess;
+using ::kforge::testing::SpawnWithLog;
+using ::kforge::testing::TempDir;
+
+constexpr char kBinary[] = KFORGE_BINARY;
+constexpr char kArch[] = "sm_90a";
+
+std::string FindRedisServer() {
+  for (const char* dir : {"/usr/bin", "/usr/sbin", "/usr/local/bin"}) {
+    const std::string path = absl::StrCat(dir, "/redis-server");
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "";
+}
+
+// A loopback port nobody listens on now (bound, read back, closed).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct ReplyFree {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyFree>;
+
+// A redis-server child with no persistence; killed when it goes out of
+// scope.
+class RedisServer {
+ public:
+  RedisServer(const fs::path& dir, int port, std::vector<std::string> extra = {})
+      : port_(port), log_(dir / absl::StrCat("redis-", port, ".log")) {
+    std::vector<std::string> argv = {
+        FindRedisServer(), "--port", absl::StrCat(port), "--bind", "127.0.0.1",
+        "--save",          "",       "--appendonly",     "no",     "--dir",
+        dir.string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    password_ = extra.size() == 2 && extra[0] == "--requirepass" ? extra[1] : "";
+    pid_ = SpawnWithLog(std::move(argv), {}, log_);
+  }
+  ~RedisServer() { Kill(); }
+
+  bool WaitReady() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < deadline) {
+      Reply pong = Command({"PING"});
+      if (pong != nullptr && pong->type == REDIS_REPLY_STATUS) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ADD_FAILURE() << "redis-server did not start: " << testing::ReadFileOrEmpty(log_);
+    return false;
+  }
+
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  // One command on a fresh connection (AUTH first when the server has a
+  // password); null when Redis cannot be reached.
+  Reply Command(const std::vector<std::string>& argv) const {
+    std::unique_ptr<redisContext, void (*)(redisContext*)> c(
+        redisConnectWithTimeout("127.0.0.1", port_, timeval{2, 0}), redisFree);
+    if (c == nullptr || c->err != 0) return nullptr;
+    if (!password_.empty()) {
+      Reply auth(static_cast<redisReply*>(redisCommand(c.get(), "AUTH %s", password_.c_str())));
+    }
+    std::vector<const char*> ptrs;
+    std::vector<size_t> lens;
+    for (const std::string& a : argv) {
+      ptrs.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    return Reply(static_cast<redisReply*>(
+        redisCommandArgv(c.get(), static_cast<int>(argv.size()), ptrs.data(), lens.data())));
+  }
+
+  int port() const { return port_; }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  int port_;
+  fs::path log_;
+  std::string password_;
+  pid_t pid_ = -1;
+};
+
+#define KFORGE_REQUIRE_REDIS_SERVER()                                                  \
+  if (FindRedisServer().empty()) {                                                     \
+    GTEST_SKIP() << "redis-server is not installed (scripts/install_deps.sh installs " \
+                    "it): the Redis tier is not tested";                               \
+  }
+
+RedisCacheOptions OptionsFor(int port) {
+  RedisCacheOptions options;
+  options.host = "127.0.0.1";
+  options.port = port;
+  options.timeout = absl::Milliseconds(300);
+  options.reconnect_interval = absl::Milliseconds(100);
+  return options;
+}
+
+std::string Key(char c) { return std::string(64, c); }
+
+bool WaitUp(RedisCache& cache, bool up, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (cache.Counters().up == up) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+class RedisCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KFORGE_REQUIRE_REDIS_SERVER();
+    redis_ = std::make_unique<RedisServer>(tmp_.path(), FreePort());
+    ASSERT_TRUE(redis_->WaitReady());
+  }
+  TempDir tmp_{"kforge_redis_test"};
+  std::unique_ptr<RedisServer> redis_;
+};
+
+TEST_F(RedisCacheTest, StoresUnderAVersionedKeyAndReadsBack) {
+  auto cache = RedisCache::Create(OptionsFor(redis_->port()));
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  EXPECT_TRUE((*cache)->Counters().up);
+  const std::string key = Key('a');
+  EXPECT_TRUE(absl::IsNotFound((*cache)->Get(key).status()));
+  ArtifactPtr artifact = FakeArtifact(key, 100000);
+  ASSERT_TRUE((*cache)->Put(key, artifact).ok());
+  absl::StatusOr<ArtifactPtr> back = (*cache)->Get(key);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE((*back)->SerializeAsString() == artifact->SerializeAsString());
+  EXPECT_EQ((*cache)->ValueKey(key),
+            absl::StrCat("kforge:f", kFormatVersion, ":e", kCacheEntryVersion, ":kernel:", key));
+  Reply ttl = redis_->Command({"PTTL", (*cache)->ValueKey(key)});
+  ASSERT_NE(ttl, nullptr);
+  EXPECT_GT(ttl->integer, 0);  // values expire
+  const RedisCounters counters = (*cache)->Counters();
+  EXPECT_EQ(counters.hits, 1u);
+  EXPECT_EQ(counters.misses, 1u);
+  EXPECT_EQ(counters.stores, 1u);
+  EXPECT_EQ(counters.errors, 0u);
+  // Not a key: refused before Redis is asked.
+  EXPECT_TRUE(absl::IsInvalidArgument((*cache)->Get("../../etc").status()));
+}
+
+TEST_F(RedisCacheTest, DamagedValuesAreCountedDeletedAndNeverServed) {
+  auto cache = RedisCache::Create(OptionsFor(redis_->port()));
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  const std::string key = Key('b');
+  ASSERT_TRUE((*cache)->Put(key, FakeArtifact(key, 50000)).ok());
+  const std::string value_key = (*cache)->ValueKey(key);
+  Reply value = redis_->Command({"GET", value_key});
+  ASSERT_NE(value, nullptr);
+  ASSERT_EQ(value->type, REDIS_REPLY_STRING);
+  const std::string good(value->str, value->len);
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x01;
+  // Another key's valid entry stored under this key.
+  const std::string other = Key('c');
+  absl::StatusOr<std::string> foreign = EncodeCacheEntry(*FakeArtifact(other, 50000));
+  ASSERT_TRUE(foreign.ok());
+  int corrupt = 0;
+  for (const std::string& bad :
+       {flipped, good.substr(0, good.size() - 1), good.substr(0, 10), *foreign, std::string()}) {
+    ASSERT_NE(redis_->Command({"SET", value_key, bad}), nullptr);
+    absl::StatusOr<ArtifactPtr> got = (*cache)->Get(key);
+    EXPECT_TRUE(absl::IsNotFound(got.status())) << got.status();
+    EXPECT_EQ((*cache)->Counters().corrupt_entries, static_cast<uint64_t>(++corrupt));
+    Reply exists = redis_->Command({"EXISTS", value_key});
+    ASSERT_NE(exists, nullptr);
+    EXPECT_EQ(exists->integer, 0) << "the damaged value was left in Redis";
+  }
+  EXPECT_EQ((*cache)->Counters().hits, 0u);
+}
+
+TEST_F(RedisCacheTest, OversizedAndUnexpectedRepliesAreRefused) {
+  RedisCacheOptions options = OptionsFor(redis_->port());
+  options.max_value_bytes = 4096;
+  auto cache = RedisCache::Create(options);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  const std::string key = Key('d');
+  // Too big to store: skipped, not an error.
+  EXPECT_TRUE((*cache)->Put(key, FakeArtifact(key, 10000)).ok());
+  EXPECT_EQ((*cache)->Counters().stores, 0u);
+  ASSERT_NE(redis_->Command({"SET", (*cache)->ValueKey(key), std::string(1 << 20, 'x')}), nullptr);
+  absl::StatusOr<ArtifactPtr> got = (*cache)->Get(key);
+  EXPECT_TRUE(absl::IsUnavailable(got.status())) << got.status();
+  EXPECT_GE((*cache)->Counters().errors, 1u);
+  // Dropped the connection; the keeper reconnects.
+  ASSERT_TRUE(WaitUp(**cache, true));
+  // A list where a value belongs: an error reply, counted, connection kept.
+  ASSERT_NE(redis_->Command({"DEL", (*cache)->ValueKey(key)}), nullptr);
+  ASSERT_NE(redis_->Command({"RPUSH", (*cache)->ValueKey(key), "a", "b"}), nullptr);
+  const uint64_t errors = (*cache)->Counters().errors;
+  EXPECT_FALSE((*cache)->Get(key).ok());
+  EXPECT_EQ((*cache)->Counters().errors, errors + 1);
+}
+
+TEST_F(RedisCacheTest, LockIsExclusiveRenewedWhileHeldAndLapsesWhenTheHolderDies) {
+  RedisCacheOptions options = OptionsFor(redis_->port());
+  options.lock_ttl = absl::Milliseconds(300);
+  auto a = RedisCache::Create(options);
+  auto b = RedisCache::Create(options);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::string key = Key('e');
+  EXPECT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kAcquired);
+  EXPECT_EQ((*b)->TryLock(key), SharedArtifactCache::Lock::kHeldElsewhere);
+  (*a)->Unlock(key);
+  EXPECT_EQ((*b)->TryLock(key), SharedArtifactCache::Lock::kAcquired);
+  EXPECT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kHeldElsewhere);
+  // Held past several expiries: renewed by b's keeper.
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kHeldElsewhere);
+  // a's Unlock of a lock it does not hold leaves b's alone.
+  (*a)->Unlock(key);
+  EXPECT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kHeldElsewhere);
+  // b dies without unlocking: the lock lapses within one expiry.
+  b->reset();
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kAcquired);
+}
+
+TEST_F(RedisCacheTest, PasswordIsSent) {
+  TempDir dir{"kforge_redis_auth"};
+  RedisServer locked(dir.path(), FreePort(), {"--requirepass", "s3cret-fleet-password"});
+  ASSERT_TRUE(locked.WaitReady());
+  RedisCacheOptions options = OptionsFor(locked.port());
+  auto without = RedisCache::Create(options);
+  ASSERT_TRUE(without.ok());
+  EXPECT_FALSE((*without)->Counters().up);
+  EXPECT_TRUE(absl::IsUnavailable((*without)->Get(Key('f')).status()));
+  options.password = "s3cret-fleet-password";
+  auto with = RedisCache::Create(options);
+  ASSERT_TRUE(with.ok());
+  EXPECT_TRUE((*with)->Counters().up);
+  ASSERT_TRUE((*with)->Put(Key('f'), FakeArtifact(Key('f'), 100)).ok());
+  EXPECT_TRUE((*with)->Get(Key('f')).ok());
+}
+
+TEST(RedisCacheOutageTest, DownRedisAnswersAtOnceAndIsFoundAgain) {
+  KFORGE_REQUIRE_REDIS_SERVER();
+  TempDir dir{"kforge_redis_outage"};
+  const int port = FreePort();
+  auto cache = RedisCache::Create(OptionsFor(port));
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  EXPECT_FALSE((*cache)->Counters().up);
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_TRUE(absl::IsUnavailable((*cache)->Get(Key('a')).status()));
+  }
+  EXPECT_EQ((*cache)->TryLock(Key('a')), SharedArtifactCache::Lock::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "calls to a down Redis must not wait";
+  EXPECT_GE((*cache)->Counters().skipped, 100u);
+
+  RedisServer redis(dir.path(), port);
+  ASSERT_TRUE(redis.WaitReady());
+  ASSERT_TRUE(WaitUp(**cache, true));
+  ASSERT_TRUE((*cache)->Put(Key('a'), FakeArtifact(Key('a'), 1000)).ok());
+  redis.Kill();
+  EXPECT_TRUE(absl::IsUnavailable((*cache)->Get(Key('a')).status()));
+  EXPECT_FALSE((*cache)->Counters().up);
+}
+
+// ---- three kforge servers sharing one Redis ----
+
+struct KernelReply {
+  grpc::Status status;
+  v1::GetKernelResponse response;
+};
+
+class Fleet {
+ public:
+  Fleet(const fs::path& dir, const std::string& redis, int servers) {
+    for (int i = 0; i < servers; ++i) {
+      servers_.push_back(std::make_unique<ServeProcess>(
+          kBinary, dir / absl::StrCat("cache", i), dir / absl::StrCat("server", i, ".log"),
+          std::vector<std::string>{"--redis", redis, "--redis-timeout-ms", "300", "--workers",
+                                   "2"}));
+    }
+    for (auto& s : servers_) {
+      if (!s->WaitForAddress()) return;
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(256 << 20);
+      stubs_.push_back(v1::KernelService::NewStub(
+          grpc::CreateCustomChannel(s->address(), grpc::InsecureChannelCredentials(), args)));
+    }
+  }
+  bool ok() const { return stubs_.size() == servers_.size(); }
+  int size() const { return static_cast<int>(stubs_.size()); }
+
+  KernelReply Get(int server, int tp = 8) {
+    v1::GetKernelRequest request;
+    request.mutable_kernel()->mutable_preset()->set_name("glm-5");
+    request.mutable_kernel()->mutable_preset()->set_tensor_parallel(tp);
+    request.set_arch(kArch);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    KernelReply reply;
+    reply.status = stubs_[server]->GetKernel(&context, request, &reply.response);
+    return reply;
+  }
+
+  v1::StatsResponse Stats(int server) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::StatsResponse stats;
+    grpc::Status s = stubs_[server]->Stats(&context, v1::StatsRequest(), &stats);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return stats;
+  }
+
+ private:
+  std::vector<std::unique_ptr<ServeProcess>> servers_;
+  std::vector<std::unique_ptr<v1::KernelService::Stub>> stubs_;
+};
+
+class FleetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KFORGE_REQUIRE_REDIS_SERVER();
+    redis_ = std::make_unique<RedisServer>(tmp_.path(), FreePort());
+    ASSERT_TRUE(redis_->WaitReady());
+  }
+  TempDir tmp_{"kforge_fleet_test"};
+  std::unique_ptr<RedisServer> redis_;
+};
+
+TEST_F(FleetTest, FortyEightColdRequestsOnThreeServersCompileOnceFleetWide) {
+  Fleet fleet(tmp_.path(), redis_->address(), 3);
+  ASSERT_TRUE(fleet.ok());
+  constexpr int kRequests = 48;
+  std::vector<KernelReply> replies(kRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] { replies[i] = fleet.Get(i % 3); });
+  }
+  for (std::thread& t : threads) t.join();
+  int compiled = 0;
+  for (const KernelReply& r : replies) {
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_TRUE(r.response.artifact().cubin() == replies[0].response.artifact().cubin());
+    if (r.response.source() == v1::ARTIFACT_SOURCE_COMPILED) ++compiled;
+  }
+  EXPECT_EQ(compiled, 1);
+  uint64_t compiles = 0, waits = 0, local = 0;
+  for (int i = 0; i < 3; ++i) {
+    const v1::StatsResponse stats = fleet.Stats(i);
+    compiles += stats.compiles();
+    waits += stats.redis_lock_waits();
+    local += stats.redis_local_compiles();
+    EXPECT_EQ(stats.redis_up(), 1u);
+    EXPECT_EQ(stats.redis_errors(), 0u);
+  }
+  EXPECT_EQ(compiles, 1u);
+  EXPECT_EQ(waits, 2u);  // the two servers that did not compile
+  EXPECT_EQ(local, 0u);
+}
+
+TEST_F(FleetTest, RedisKilledMidwayEveryRequestIsAnswered) {
+  Fleet fleet(tmp_.path(), redis_->address(), 3);
+  ASSERT_TRUE(fleet.ok());
+  // Four kernels, 48 requests: compiles run when Redis dies.
+  constexpr int kRequests = 48;
+  const int tps[] = {1, 2, 4, 8};
+  std::vector<KernelReply> replies(kRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] { replies[i] = fleet.Get(i % 3, tps[i % 4]); });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  redis_->Kill();
+  for (std::thread& t : threads) t.join();
+  for (const KernelReply& r : replies) {
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+  // Served from the local tiers afterwards, Redis still down.
+  for (int i = 0; i < 3; ++i) {
+    const KernelReply again = fleet.Get(i, 8);
+    EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+    const v1::StatsResponse stats = fleet.Stats(i);
+    EXPECT_EQ(stats.redis_up(), 0u);
+    EXPECT_GE(stats.redis_errors() + stats.redis_skipped(), 1u);
+  }
+}
+
+TEST_F(FleetTest, CorruptedValueIsDetectedAndNeverServed) {
+  Fleet fleet(tmp_.path(), redis_->address(), 3);
+  ASSERT_TRUE(fleet.ok());
+  const KernelReply first = fleet.Get(0);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.response.source(), v1::ARTIFACT_SOURCE_COMPILED);
+  // A second server takes it from Redis.
+  const KernelReply shared = fleet.Get(1);
+  ASSERT_TRUE(shared.status.ok()) << shared.status.error_message();
+  EXPECT_EQ(shared.response.source(), v1::ARTIFACT_SOURCE_REDIS);
+  EXPECT_TRUE(shared.response.artifact().cubin() == first.response.artifact().cubin());
+  EXPECT_EQ(fleet.Stats(1).compiles(), 0u);
+
+  // One bit of the cubin flipped in Redis.
+  const std::string value_key = absl::StrCat("kforge:f", kFormatVersion, ":e", kCacheEntryVersion,
+                                             ":kernel:", first.response.artifact().key());
+  Reply value = redis_->Command({"GET", value_key});
+  ASSERT_NE(value, nullptr);
+  ASSERT_EQ(value->type, REDIS_REPLY_STRING);
+  std::string bad(value->str, value->len);
+  const size_t at = bad.find(first.response.artifact().cubin().substr(64, 16));
+  ASSERT_NE(at, std::string::npos);
+  bad[at] ^= 0x01;
+  ASSERT_NE(redis_->Command({"SET", value_key, bad}), nullptr);
+
+  const KernelReply third = fleet.Get(2);
+  ASSERT_TRUE(third.status.ok()) << third.status.error_message();
+  EXPECT_EQ(third.response.source(), v1::ARTIFACT_SOURCE_COMPILED);
+  EXPECT_TRUE(third.response.artifact().cubin() == first.response.artifact().cubin());
+  const v1::StatsResponse stats = fleet.Stats(2);
+  EXPECT_EQ(stats.redis_corrupt_entries(), 1u);
+  EXPECT_EQ(stats.compiles(), 1u);
+  // The rebuilt kernel replaced the damaged value.
+  Reply after = redis_->Command({"GET", value_key});
+  ASSERT_NE(after, nullptr);
+  ASSERT_EQ(after->type, REDIS_REPLY_STRING);
+  const std::string stored(after->str, after->len);
+  EXPECT_TRUE(stored != bad);
+  EXPECT_TRUE(stored.find(first.response.artifact().cubin()) != std::string::npos);
+}
+
+}  // namespace
+}  // namespace kforge

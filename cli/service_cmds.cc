@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "base/credentials.h"
 #include "base/io.h"
@@ -26,7 +27,6 @@
 #include "cli/kernel_args.h"
 #include "cli/worker_faults.h"
 #include "compiler/compiler.h"
-#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
 #include "model/artifact_check.h"
@@ -348,14 +348,20 @@ int Stats(const std::vector<std::string>& argv) {
   v1::StatsResponse response;
   grpc::Status status = stub->Stats(&context, v1::StatsRequest(), &response);
   if (!status.ok()) return FailCall(status, *channel, address, *args);
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  std::string json;
-  // Printing a valid message cannot fail.
-  (void)google::protobuf::util::MessageToJsonString(response, &json, options);
-  std::cout << json;
+  // Counters as JSON numbers (protobuf's JSON prints a uint64 as a string,
+  // which jq and dashboards then have to convert), in field order.
+  const google::protobuf::Descriptor* descriptor = response.GetDescriptor();
+  const google::protobuf::Reflection* reflection = response.GetReflection();
+  std::vector<std::string> lines;
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    // StatsResponse holds uint64 counters only; a field of another type
+    // would need its own printing here.
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_UINT64) continue;
+    lines.push_back(
+        absl::StrCat("  \"", field->name(), "\": ", reflection->GetUInt64(response, field)));
+  }
+  std::cout << "{\n" << absl::StrJoin(lines, ",\n") << "\n}\n";
   return 0;
 }
 

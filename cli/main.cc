@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/io.h"
 #include "cli/deploy_cmds.h"
@@ -17,6 +18,9 @@
 #include "cli/runtime_cmds.h"
 #include "cli/service_cmds.h"
 #include "compiler/compiler.h"
+#include "compiler/key.h"
+#include "compiler/nvrtc.h"
+#include "model/arch.h"
 #include "model/cubin.h"
 #include "model/format.h"
 #include "model/spec.h"
@@ -174,6 +178,38 @@ int Inspect(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// `kforge --version` / `kforge version [--json]`: what decides which
+// kernels this binary builds and serves (a cache key covers all of it).
+int Version(const std::vector<std::string>& argv) {
+  const std::vector<FlagSpec> flags = {{"json", "", "print one JSON object"},
+                                       {"help", "", "show this help", "", 'h'}};
+  absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
+  if (!args.ok()) return Fail(args.status());
+  if (args->Has("help") || !args->positional.empty()) {
+    std::cout << "usage: kforge version [--json]\n\n"
+                 "Prints the kforge version, the NVRTC build, the template digest, the "
+                 "artifact format version and the supported archs.\n\n"
+              << FlagsHelp(flags);
+    return args->Has("help") ? 0 : 2;
+  }
+  std::vector<std::string> archs;
+  for (const kforge::Arch& arch : kforge::SupportedArchs()) archs.push_back(arch.name);
+  if (args->Has("json")) {
+    std::cout << absl::StrFormat(
+        "{\"kforge\": \"%s\", \"nvrtc\": \"%s\", \"nvrtc_build\": \"%s\", "
+        "\"template_digest\": \"%s\", \"format_version\": %d, \"archs\": [\"%s\"]}\n",
+        kforge::KforgeVersion(), kforge::NvrtcVersion(), kforge::NvrtcBuildIdentity(),
+        kforge::TemplateDigest(), kforge::kFormatVersion, absl::StrJoin(archs, "\", \""));
+    return 0;
+  }
+  std::cout << "kforge " << kforge::KforgeVersion() << "\n"
+            << "nvrtc " << kforge::NvrtcBuildIdentity() << "\n"
+            << "templates " << kforge::TemplateDigest() << "\n"
+            << "format " << kforge::kFormatVersion << "\n"
+            << "archs " << absl::StrJoin(archs, " ") << "\n";
+  return 0;
+}
+
 void Usage() {
   std::cout << "usage: kforge <command> [flags]\n\n"
                "commands:\n"
@@ -187,7 +223,8 @@ void Usage() {
                "  warm      have a server compile every kernel of a deployment matrix\n"
                "  prebuild  compile every kernel of a deployment matrix into a bundle\n"
                "  verify    check a bundle's checksums, kernels and manifests (and signature)\n"
-               "  keygen    make an Ed25519 key pair for signing bundles\n\n"
+               "  keygen    make an Ed25519 key pair for signing bundles\n"
+               "  version   print the versions that decide the kernels (also --version)\n\n"
                "Run 'kforge <command> --help' for its flags.\n";
 }
 
@@ -214,6 +251,8 @@ int main(int argc, char** argv) {
   if (cmd == "prebuild") return Prebuild(rest);
   if (cmd == "verify") return Verify(rest);
   if (cmd == "keygen") return Keygen(rest);
+  if (cmd == "version") return Version(rest);
+  if (cmd == "--version") return Version({});
   if (cmd == "compile-worker") {
     // Run by the compile pool, never by hand: `compile-worker PID [faults]`.
     absl::StatusOr<kforge::WorkerFaults> faults = kforge::WorkerFaults::FromArgs(

@@ -15,9 +15,7 @@
 
 namespace kforge {
 
-#ifndef KFORGE_VERSION
-#define KFORGE_VERSION "0.1.0"
-#endif
+std::string KforgeVersion() { return KFORGE_VERSION; }
 
 std::string CompilerVersion() {
   return absl::StrCat("kforge ", KFORGE_VERSION, " / nvrtc ", NvrtcVersion());

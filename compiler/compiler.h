@@ -51,6 +51,9 @@ class KernelCompiler {
                                              const PlanOptions& options = {}) const;
 };
 
+// "0.1.0": project()'s VERSION in CMakeLists.txt.
+std::string KforgeVersion();
+
 // "kforge 0.1.0 / nvrtc 13.0".
 std::string CompilerVersion();
 

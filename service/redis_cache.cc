@@ -190,16 +190,20 @@ struct RedisCache::State {
       }
     }
     absl::StatusOr<Context> c = Connect(deadline);
-    if (!c.ok()) {
-      {
-        absl::MutexLock lock(&mu);
-        --open;
-        changed.Signal();
-      }
-      ++errors;
-      MarkDown(c.status());
-    }
+    if (!c.ok()) Lost(c.status());
     return c;
+  }
+
+  // A lent connection failed (it is closed): counted, and Redis marked
+  // down.
+  void Lost(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu) {
+    {
+      absl::MutexLock lock(&mu);
+      --open;
+      changed.Signal();
+    }
+    ++errors;
+    MarkDown(why);
   }
 
   void Give(Context c) ABSL_LOCKS_EXCLUDED(mu) {
@@ -221,13 +225,7 @@ struct RedisCache::State {
     if (!c.ok()) return c.status();
     absl::StatusOr<Reply> reply = Call(c->get(), argv, deadline, max_reply_bytes);
     if (!reply.ok()) {
-      {
-        absl::MutexLock lock(&mu);
-        --open;
-        changed.Signal();
-      }
-      ++errors;
-      MarkDown(reply.status());
+      Lost(reply.status());
       return absl::UnavailableError(absl::StrCat("redis ", name, ": ", reply.status().message()));
     }
     Give(*std::move(c));

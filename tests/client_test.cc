@@ -40,21 +40,6 @@ using ::kforge::testing::TempDir;
 constexpr char kBinary[] = KFORGE_BINARY;
 constexpr char kArch[] = "sm_90a";
 
-// A loopback port nothing listens on (bound, read back, released).
-int UnusedPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ADD_FAILURE() << "cannot bind a loopback port";
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Small backoffs, so that retry tests take milliseconds.
 ServiceClientOptions FastOptions(const std::string& address) {
   ServiceClientOptions options;
@@ -177,7 +162,7 @@ v1::KernelArtifact* ClientTest::artifact_ = nullptr;
 std::string* ClientTest::other_arch_cubin_ = nullptr;
 
 TEST_F(ClientTest, ServerDownIsUnavailableAfterMaxAttempts) {
-  const std::string address = absl::StrCat("127.0.0.1:", UnusedPort());
+  const std::string address = absl::StrCat("127.0.0.1:", ::kforge::testing::UnusedLoopbackPort());
   std::unique_ptr<ServiceClient> client = MustCreate(FastOptions(address));
   ASSERT_NE(client, nullptr);
   const absl::Time start = absl::Now();

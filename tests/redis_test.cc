@@ -3,11 +3,8 @@
 // outages, the fleet lock), then three real `kforge serve` processes with
 // separate disk caches sharing one Redis. Skips, saying why, where
 // redis-server is not installed (scripts/install_deps.sh installs it).
-#include <arpa/inet.h>
 #include <hiredis/hiredis.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +34,7 @@ using ::kforge::testing::FakeArtifact;
 using ::kforge::testing::ServeProcess;
 using ::kforge::testing::SpawnWithLog;
 using ::kforge::testing::TempDir;
+using ::kforge::testing::UnusedLoopbackPort;
 
 constexpr char kBinary[] = KFORGE_BINARY;
 constexpr char kArch[] = "sm_90a";
@@ -47,22 +45,6 @@ std::string FindRedisServer() {
     if (access(path.c_str(), X_OK) == 0) return path;
   }
   return "";
-}
-
-// A loopback port nobody listens on now (bound, read back, closed).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 struct ReplyFree {
@@ -159,16 +141,19 @@ bool WaitUp(RedisCache& cache, bool up, absl::Duration timeout = absl::Seconds(1
   return false;
 }
 
-class RedisCacheTest : public ::testing::Test {
+// A fresh redis-server for each test.
+class WithRedis : public ::testing::Test {
  protected:
   void SetUp() override {
     KFORGE_REQUIRE_REDIS_SERVER();
-    redis_ = std::make_unique<RedisServer>(tmp_.path(), FreePort());
+    redis_ = std::make_unique<RedisServer>(tmp_.path(), UnusedLoopbackPort());
     ASSERT_TRUE(redis_->WaitReady());
   }
   TempDir tmp_{"kforge_redis_test"};
   std::unique_ptr<RedisServer> redis_;
 };
+
+using RedisCacheTest = WithRedis;
 
 TEST_F(RedisCacheTest, StoresUnderAVersionedKeyAndReadsBack) {
   auto cache = RedisCache::Create(OptionsFor(redis_->port()));
@@ -274,7 +259,7 @@ TEST_F(RedisCacheTest, LockIsExclusiveRenewedWhileHeldAndLapsesWhenTheHolderDies
 
 TEST_F(RedisCacheTest, PasswordIsSent) {
   TempDir dir{"kforge_redis_auth"};
-  RedisServer locked(dir.path(), FreePort(), {"--requirepass", "s3cret-fleet-password"});
+  RedisServer locked(dir.path(), UnusedLoopbackPort(), {"--requirepass", "s3cret-fleet-password"});
   ASSERT_TRUE(locked.WaitReady());
   RedisCacheOptions options = OptionsFor(locked.port());
   auto without = RedisCache::Create(options);
@@ -292,7 +277,7 @@ TEST_F(RedisCacheTest, PasswordIsSent) {
 TEST(RedisCacheOutageTest, DownRedisAnswersAtOnceAndIsFoundAgain) {
   KFORGE_REQUIRE_REDIS_SERVER();
   TempDir dir{"kforge_redis_outage"};
-  const int port = FreePort();
+  const int port = UnusedLoopbackPort();
   auto cache = RedisCache::Create(OptionsFor(port));
   ASSERT_TRUE(cache.ok()) << cache.status();
   EXPECT_FALSE((*cache)->Counters().up);
@@ -366,16 +351,7 @@ class Fleet {
   std::vector<std::unique_ptr<v1::KernelService::Stub>> stubs_;
 };
 
-class FleetTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    KFORGE_REQUIRE_REDIS_SERVER();
-    redis_ = std::make_unique<RedisServer>(tmp_.path(), FreePort());
-    ASSERT_TRUE(redis_->WaitReady());
-  }
-  TempDir tmp_{"kforge_fleet_test"};
-  std::unique_ptr<RedisServer> redis_;
-};
+using FleetTest = WithRedis;
 
 TEST_F(FleetTest, FortyEightColdRequestsOnThreeServersCompileOnceFleetWide) {
   Fleet fleet(tmp_.path(), redis_->address(), 3);

@@ -1,10 +1,13 @@
 #ifndef KFORGE_TESTS_TEST_UTIL_H_
 #define KFORGE_TESTS_TEST_UTIL_H_
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -106,6 +109,21 @@ inline std::string ReadFileOrEmpty(const std::filesystem::path& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// A loopback port nothing listens on (bound, read back, released).
+inline int UnusedLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ADD_FAILURE() << "cannot bind a loopback port";
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 // A fresh directory under the system temporary directory, removed with

@@ -176,6 +176,8 @@ int Serve(const std::vector<std::string>& argv) {
       {"admin-token-file", "FILE",
        "Warm needs a token listed in FILE (admin tokens are accepted everywhere; reread on "
        "SIGHUP; needs TLS)"},
+      {"metrics-listen", "HOST:PORT",
+       "serve Prometheus metrics on GET /metrics at this address (port 0: any free one)"},
       {"redis", "HOST:PORT",
        "share kernels with the fleet through this Redis (between the disk tier and a "
        "compile; a key missed by many servers at once is compiled by one). Redis down or "
@@ -213,6 +215,7 @@ int Serve(const std::vector<std::string>& argv) {
   options.security.tls_client_ca_file = args->Get("tls-client-ca");
   options.security.auth_token_file = args->Get("auth-token-file");
   options.security.admin_token_file = args->Get("admin-token-file");
+  options.metrics_listen = args->Get("metrics-listen");
   long long memory_bytes = 0, disk_bytes = 0, workers = 0, queue_limit = 0, timeout_s = 0,
             grace_s = 0, failure_cache_s = 0;
   for (absl::Status s :

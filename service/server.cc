@@ -23,6 +23,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "service/metrics.h"
 #include "service/warm.h"
 
 namespace kforge {
@@ -207,6 +208,14 @@ int RunServer(const ServerOptions& options) {
   builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxRequestBytes));
   builder.SetMaxSendMessageSize(kMaxResponseBytes);
   builder.RegisterService(service.get());
+  // Every call counted and timed by an interceptor, with or without
+  // --metrics-listen (Stats-only deployments pay a map update per call).
+  RequestMetrics request_metrics;
+  {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(MetricsInterceptorFactory(&request_metrics));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   CaptureGrpcLog(true);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   CaptureGrpcLog(false);
@@ -224,6 +233,21 @@ int RunServer(const ServerOptions& options) {
                     : " (mTLS")
             << (security->authenticator != nullptr ? ", bearer tokens" : "") << "; cache "
             << options.store.cache_dir << ")" << std::endl;
+  std::unique_ptr<MetricsHttpServer> metrics;
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started = MetricsHttpServer::Start(
+        options.metrics_listen,
+        [&request_metrics, &store] { return RenderMetrics(request_metrics, (*store)->Stats()); });
+    if (!started.ok()) {
+      std::cerr << "kforge: " << started.status().message() << "\n";
+      server->Shutdown();
+      (*store)->Shutdown();
+      return 1;
+    }
+    metrics = *std::move(started);
+    std::cout << "kforge: metrics on http://"
+              << BoundAddress(options.metrics_listen, metrics->port()) << "/metrics" << std::endl;
+  }
   std::atomic<bool> stop_warm{false};
   std::thread warm;
   if (bundle != nullptr) {
@@ -254,6 +278,7 @@ int RunServer(const ServerOptions& options) {
   watchdog.join();
   (*store)->Shutdown();
   server->Wait();
+  metrics.reset();  // renders from the store: gone before it is
   server.reset();
   service.reset();  // joins its threads: no store call is left after this
   store->reset();

@@ -27,6 +27,9 @@ struct ServerOptions {
   // TLS, mTLS and bearer tokens (service/auth.h). Without TLS on an address
   // other hosts can reach, a warning is printed.
   ServerSecurityOptions security;
+  // HOST:PORT for Prometheus metrics on GET /metrics (port 0: any free one,
+  // printed); "" = none.
+  std::string metrics_listen;
 };
 
 // Runs `kforge serve`: opens the store, serves KernelService with gRPC

@@ -1,0 +1,338 @@
+#include "service/metrics.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "base/absl_compat.h"
+#include "base/io.h"
+#include "compiler/compiler.h"
+#include "compiler/key.h"
+#include "compiler/nvrtc.h"
+#include "grpcpp/support/status.h"
+
+namespace kforge {
+namespace {
+
+constexpr std::string_view kServicePrefix = "/kforge.v1.KernelService/";
+
+// "GetKernel" for our service, the full name (less its slash) for others
+// (health, reflection).
+std::string MethodLabel(std::string_view method) {
+  if (absl::StartsWith(AsAbsl(method), AsAbsl(kServicePrefix)))
+    return std::string(method.substr(kServicePrefix.size()));
+  if (absl::StartsWith(AsAbsl(method), "/")) method.remove_prefix(1);
+  return std::string(method);
+}
+
+// Prometheus label values escape backslash, quote and newline.
+std::string LabelValue(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+class MetricsInterceptor : public grpc::experimental::Interceptor {
+ public:
+  MetricsInterceptor(RequestMetrics* metrics, std::string method)
+      : metrics_(metrics), method_(std::move(method)), start_(absl::Now()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      metrics_->Record(method_, methods->GetSendStatus().error_code(),
+                       absl::ToDoubleSeconds(absl::Now() - start_));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  RequestMetrics* metrics_;
+  std::string method_;
+  absl::Time start_;
+};
+
+class MetricsInterceptorFactoryImpl : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit MetricsInterceptorFactoryImpl(RequestMetrics* metrics) : metrics_(metrics) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new MetricsInterceptor(metrics_, info->method() == nullptr ? "" : info->method());
+  }
+
+ private:
+  RequestMetrics* metrics_;
+};
+
+const char* CodeName(int code) {
+  static constexpr const char* kNames[] = {"OK",
+                                           "CANCELLED",
+                                           "UNKNOWN",
+                                           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND",
+                                           "ALREADY_EXISTS",
+                                           "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION",
+                                           "ABORTED",
+                                           "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED",
+                                           "INTERNAL",
+                                           "UNAVAILABLE",
+                                           "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
+  return code >= 0 && code < 17 ? kNames[code] : "UNKNOWN";
+}
+
+// One metric family: its HELP and TYPE lines and samples.
+void Family(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
+  absl::StrAppend(&out, "# HELP ", AsAbsl(name), " ", AsAbsl(help), "\n# TYPE ", AsAbsl(name), " ",
+                  AsAbsl(type), "\n");
+}
+
+}  // namespace
+
+void RequestMetrics::Record(std::string_view method, int code, double seconds) {
+  std::string label = MethodLabel(method);
+  absl::MutexLock lock(&mu_);
+  if (latency_.count(label) == 0 && latency_.size() >= kMaxMethods) label = "other";
+  ++calls_[{label, code}];
+  Histogram& h = latency_[label];
+  for (size_t i = 0; i < kBuckets.size(); ++i) {
+    if (seconds <= kBuckets[i]) {
+      ++h.buckets[i];
+      break;
+    }
+  }
+  ++h.count;
+  h.sum += seconds;
+}
+
+std::string RequestMetrics::Render() const {
+  std::string out;
+  absl::MutexLock lock(&mu_);
+  Family(out, "kforge_requests_total", "counter", "gRPC calls answered, by method and status code");
+  for (const auto& [key, n] : calls_) {
+    absl::StrAppend(&out, "kforge_requests_total{rpc=\"", LabelValue(key.first), "\",code=\"",
+                    CodeName(key.second), "\"} ", n, "\n");
+  }
+  Family(out, "kforge_request_seconds", "histogram", "gRPC call latency, by method");
+  for (const auto& [method, h] : latency_) {
+    const std::string rpc = LabelValue(method);
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < kBuckets.size(); ++i) {
+      cumulative += h.buckets[i];
+      absl::StrAppend(&out, "kforge_request_seconds_bucket{rpc=\"", rpc, "\",le=\"", kBuckets[i],
+                      "\"} ", cumulative, "\n");
+    }
+    absl::StrAppend(&out, "kforge_request_seconds_bucket{rpc=\"", rpc, "\",le=\"+Inf\"} ", h.count,
+                    "\n", "kforge_request_seconds_sum{rpc=\"", rpc, "\"} ",
+                    absl::StrFormat("%.6f", h.sum), "\n", "kforge_request_seconds_count{rpc=\"",
+                    rpc, "\"} ", h.count, "\n");
+  }
+  return out;
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MetricsInterceptorFactory(
+    RequestMetrics* metrics) {
+  return std::make_unique<MetricsInterceptorFactoryImpl>(metrics);
+}
+
+std::string RenderMetrics(const RequestMetrics& requests, const v1::StatsResponse& s) {
+  std::string out = requests.Render();
+  Family(out, "kforge_cache_hits_total", "counter", "kernels answered from a cache tier");
+  absl::StrAppend(&out, "kforge_cache_hits_total{tier=\"memory\"} ", s.memory_hits(), "\n",
+                  "kforge_cache_hits_total{tier=\"disk\"} ", s.disk_hits(), "\n",
+                  "kforge_cache_hits_total{tier=\"redis\"} ", s.redis_hits(), "\n");
+  Family(out, "kforge_cache_bytes", "gauge", "bytes held by a local cache tier");
+  absl::StrAppend(&out, "kforge_cache_bytes{tier=\"memory\"} ", s.memory_bytes(), "\n",
+                  "kforge_cache_bytes{tier=\"disk\"} ", s.disk_bytes(), "\n");
+  Family(out, "kforge_cache_entries", "gauge", "kernels held by a local cache tier");
+  absl::StrAppend(&out, "kforge_cache_entries{tier=\"memory\"} ", s.memory_entries(), "\n",
+                  "kforge_cache_entries{tier=\"disk\"} ", s.disk_entries(), "\n");
+  Family(out, "kforge_corrupt_entries_total", "counter",
+         "stored kernels that failed verification and were dropped, by tier");
+  absl::StrAppend(&out, "kforge_corrupt_entries_total{tier=\"local\"} ", s.corrupt_entries(), "\n",
+                  "kforge_corrupt_entries_total{tier=\"redis\"} ", s.redis_corrupt_entries(), "\n");
+  struct Counter {
+    const char* name;
+    uint64_t value;
+    const char* help;
+  };
+  for (const Counter& c : {
+           Counter{"kforge_misses_total", s.misses(), "requests no cache tier answered"},
+           Counter{"kforge_compiles_total", s.compiles(), "compiles started"},
+           Counter{"kforge_compile_failures_total", s.compile_failures(), "compiles that failed"},
+           Counter{"kforge_shared_compile_waits_total", s.shared_compile_waits(),
+                   "requests that joined another request's compile"},
+           Counter{"kforge_rejected_queue_full_total", s.rejected_queue_full(),
+                   "compiles refused because the queue was full"},
+           Counter{"kforge_disk_write_failures_total", s.disk_write_failures(),
+                   "compiled kernels the disk tier could not store"},
+           Counter{"kforge_redis_errors_total", s.redis_errors(),
+                   "Redis timeouts, refused connections and error replies"},
+           Counter{"kforge_redis_skipped_total", s.redis_skipped(),
+                   "Redis calls not made because Redis was down"},
+           Counter{"kforge_redis_lock_waits_total", s.redis_lock_waits(),
+                   "misses that waited for another server's compile"},
+           Counter{"kforge_redis_local_compiles_total", s.redis_local_compiles(),
+                   "misses compiled without the fleet lock (Redis down or slow)"},
+       }) {
+    Family(out, c.name, "counter", c.help);
+    absl::StrAppend(&out, c.name, " ", c.value, "\n");
+  }
+  for (const Counter& g : {
+           Counter{"kforge_queue_depth", s.queue_depth(), "compiles waiting for a worker"},
+           Counter{"kforge_in_flight_compiles", s.in_flight_compiles(), "compiles running"},
+           Counter{"kforge_redis_up", s.redis_up(), "1 while Redis is reachable"},
+       }) {
+    Family(out, g.name, "gauge", g.help);
+    absl::StrAppend(&out, g.name, " ", g.value, "\n");
+  }
+  Family(out, "kforge_build_info", "gauge", "what decides the kernels this server builds");
+  absl::StrAppend(&out, "kforge_build_info{version=\"", LabelValue(KforgeVersion()), "\",nvrtc=\"",
+                  LabelValue(NvrtcVersion()), "\",template_digest=\"", LabelValue(TemplateDigest()),
+                  "\"} 1\n");
+  return out;
+}
+
+struct MetricsHttpServer::State {
+  int listen_fd = -1;
+  int stop_pipe[2] = {-1, -1};
+  int port = 0;
+  std::function<std::string()> render;
+  std::thread thread;
+
+  void Serve() {
+    for (;;) {
+      pollfd fds[2] = {{listen_fd, POLLIN, 0}, {stop_pipe[0], POLLIN, 0}};
+      if (poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (fds[1].revents != 0) return;
+      const int fd = accept(listen_fd, nullptr, nullptr);
+      if (fd < 0) continue;
+      Answer(fd);
+      close(fd);
+    }
+  }
+
+  // One request: the request line decides; a slow or silent client is
+  // dropped after a second, a request over 8 KB is refused.
+  void Answer(int fd) {
+    const timeval second = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &second, sizeof(second));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &second, sizeof(second));
+    std::string request;
+    char buf[1024];
+    while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
+      const ssize_t n = read(fd, buf, sizeof(buf));
+      if (n <= 0) break;
+      request.append(buf, static_cast<size_t>(n));
+    }
+    std::string status = "404 Not Found", body = "not found: GET /metrics\n";
+    if (absl::StartsWith(request, "GET /metrics ") || absl::StartsWith(request, "GET /metrics?")) {
+      status = "200 OK";
+      body = render();
+    }
+    const std::string response =
+        absl::StrCat("HTTP/1.0 ", status,
+                     "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                     "Content-Length: ",
+                     body.size(), "\r\nConnection: close\r\n\r\n", body);
+    for (size_t sent = 0; sent < response.size();) {
+      const ssize_t n = send(fd, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      sent += static_cast<size_t>(n);
+    }
+  }
+};
+
+MetricsHttpServer::MetricsHttpServer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
+    const std::string& listen, std::function<std::string()> render) {
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen: got \"", listen,
+                                                   "\", expected HOST:PORT with a port 0..65535"));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = absl::StrCat(port);
+  if (const int err =
+          getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+      err != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen ", listen, ": ", gai_strerror(err)));
+  }
+  auto state = std::make_unique<State>();
+  state->render = std::move(render);
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (fd < 0 || bind(fd, found->ai_addr, found->ai_addrlen) != 0 || ::listen(fd, 16) != 0) {
+    const int err = errno;
+    freeaddrinfo(found);
+    if (fd >= 0) close(fd);
+    return ErrnoStatus(err, "cannot listen for metrics on", listen);
+  }
+  freeaddrinfo(found);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  state->port =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  state->listen_fd = fd;
+  if (pipe2(state->stop_pipe, O_CLOEXEC) != 0) {
+    close(fd);
+    return ErrnoStatus(errno, "cannot create a pipe for", "the metrics server");
+  }
+  State* s = state.get();
+  state->thread = std::thread([s] { s->Serve(); });
+  return std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(std::move(state)));
+}
+
+MetricsHttpServer::~MetricsHttpServer() {
+  const char stop = 1;
+  (void)!write(state_->stop_pipe[1], &stop, 1);
+  state_->thread.join();
+  close(state_->listen_fd);
+  close(state_->stop_pipe[0]);
+  close(state_->stop_pipe[1]);
+}
+
+int MetricsHttpServer::port() const { return state_->port; }
+
+}  // namespace kforge

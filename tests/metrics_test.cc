@@ -1,0 +1,121 @@
+// `kforge serve --metrics-listen`: a real server process scraped over
+// HTTP while requests are made; the numbers must move with them.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "kforge/v1/service.grpc.pb.h"
+#include "tests/test_util.h"
+
+namespace kforge {
+namespace {
+
+using ::kforge::testing::Contains;
+using ::kforge::testing::ServeProcess;
+using ::kforge::testing::TempDir;
+
+constexpr char kBinary[] = KFORGE_BINARY;
+
+// GET `path` from 127.0.0.1:`port`; the whole response, headers included.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
+    (void)!write(fd, request.data(), request.size());
+    char buf[4096];
+    for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
+  }
+  close(fd);
+  return response;
+}
+
+// The value of the sample line that starts with `series` (name and labels
+// exactly), or -1 when there is none.
+double Sample(const std::string& page, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(page, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      double v = -1;
+      return absl::SimpleAtod(line.substr(series.size() + 1), &v) ? v : -1;
+    }
+  }
+  return -1;
+}
+
+TEST(MetricsTest, ScrapedNumbersMoveWithRequests) {
+  TempDir tmp{"kforge_metrics_test"};
+  ServeProcess server(kBinary, tmp.path() / "cache", tmp.path() / "server.log",
+                      {"--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(server.WaitForAddress());
+  const std::string marker = "kforge: metrics on http://127.0.0.1:";
+  const std::string log = server.Log();
+  const size_t at = log.find(marker);
+  ASSERT_NE(at, std::string::npos) << log;
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(
+      log.substr(at + marker.size(), log.find('/', at + marker.size()) - at - marker.size()),
+      &port));
+
+  const std::string before = HttpGet(port, "/metrics");
+  ASSERT_TRUE(Contains(before, "HTTP/1.0 200 OK"));
+  EXPECT_TRUE(Contains(before, "text/plain; version=0.0.4"));
+  EXPECT_TRUE(Contains(before, "kforge_build_info{version=\""));
+  EXPECT_EQ(Sample(before, "kforge_compiles_total"), 0);
+  EXPECT_EQ(Sample(before, "kforge_requests_total{rpc=\"GetKernel\",code=\"OK\"}"), -1);
+  EXPECT_TRUE(Contains(HttpGet(port, "/other"), "404 Not Found"));
+
+  auto stub = v1::KernelService::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  v1::GetKernelRequest request;
+  request.mutable_kernel()->mutable_preset()->set_name("glm-5");
+  request.mutable_kernel()->mutable_preset()->set_tensor_parallel(8);
+  request.set_arch("sm_90a");
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    v1::GetKernelResponse response;
+    ASSERT_TRUE(stub->GetKernel(&context, request, &response).ok());
+  }
+  request.set_arch("sm_1");
+  grpc::ClientContext context;
+  v1::GetKernelResponse response;
+  EXPECT_EQ(stub->GetKernel(&context, request, &response).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+
+  const std::string after = HttpGet(port, "/metrics");
+  EXPECT_EQ(Sample(after, "kforge_requests_total{rpc=\"GetKernel\",code=\"OK\"}"), 3);
+  EXPECT_EQ(Sample(after, "kforge_requests_total{rpc=\"GetKernel\",code=\"FAILED_PRECONDITION\"}"),
+            1);
+  EXPECT_EQ(Sample(after, "kforge_request_seconds_count{rpc=\"GetKernel\"}"), 4);
+  EXPECT_EQ(Sample(after, "kforge_request_seconds_bucket{rpc=\"GetKernel\",le=\"+Inf\"}"), 4);
+  EXPECT_GT(Sample(after, "kforge_request_seconds_sum{rpc=\"GetKernel\"}"), 0);
+  EXPECT_EQ(Sample(after, "kforge_compiles_total"), 1);
+  EXPECT_EQ(Sample(after, "kforge_cache_hits_total{tier=\"memory\"}"), 2);
+  EXPECT_EQ(Sample(after, "kforge_cache_entries{tier=\"disk\"}"), 1);
+  EXPECT_GT(Sample(after, "kforge_cache_bytes{tier=\"memory\"}"), 0);
+  EXPECT_EQ(Sample(after, "kforge_redis_up"), 0);
+}
+
+TEST(MetricsTest, BadMetricsAddressStopsTheServer) {
+  TempDir tmp{"kforge_metrics_test"};
+  ServeProcess server(kBinary, tmp.path() / "cache", tmp.path() / "server.log",
+                      {"--metrics-listen", "127.0.0.1:99999"});
+  EXPECT_EQ(server.WaitExit(absl::Seconds(30)), 1);
+  EXPECT_TRUE(Contains(server.Log(), "--metrics-listen: got \"127.0.0.1:99999\""));
+}
+
+}  // namespace
+}  // namespace kforge

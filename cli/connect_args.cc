@@ -10,6 +10,12 @@ constexpr int kMaxMessageBytes = 256 << 20;
 
 }  // namespace
 
+FlagSpec ServerFlag() {
+  FlagSpec flag("server", "ADDR", "kforge server address", "127.0.0.1:50051");
+  flag.env = "KFORGE_SERVER";
+  return flag;
+}
+
 const std::vector<FlagSpec>& ClientSecurityFlags() {
   static const std::vector<FlagSpec> kFlags = {
       {"tls-ca", "FILE", "connect with TLS; the server's certificate must chain to this PEM CA"},

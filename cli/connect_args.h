@@ -12,6 +12,10 @@
 
 namespace kforge::cli {
 
+// --server ADDR (default 127.0.0.1:50051, else $KFORGE_SERVER): the one
+// spelling of the address flag of every client command.
+FlagSpec ServerFlag();
+
 // --tls-ca, --tls-cert, --tls-key, --token-file: how `kforge get|stats|warm`
 // reach a server that serves TLS or wants a token.
 const std::vector<FlagSpec>& ClientSecurityFlags();

@@ -154,7 +154,7 @@ void WarmAll(v1::KernelService::Stub& stub, const std::vector<SpecGroup>& groups
 
 const std::vector<FlagSpec>& WarmFlags() {
   static const std::vector<FlagSpec> kFlags = {
-      {"server", "ADDR", "kforge server address", "127.0.0.1:50051"},
+      ServerFlag(),
       {"jobs", "N", "Warm calls in flight (one call per spec)", "4", 'j'},
       {"connect-timeout", "SECONDS", "give up when the server cannot be reached", "10"},
       {"timeout", "SECONDS", "deadline for the whole warm-up (0: none)", "3600"},

@@ -1,8 +1,10 @@
 #include "cli/flags.h"
 
 #include <climits>
+#include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -25,6 +27,16 @@ const FlagSpec* Find(const std::vector<FlagSpec>& specs, const std::string& name
 FlagSpec WithAlias(FlagSpec spec, std::string alias) {
   spec.alias = std::move(alias);
   return spec;
+}
+
+std::vector<FlagSpec> WithEnvironment(std::vector<FlagSpec> specs) {
+  for (FlagSpec& spec : specs) {
+    if (spec.hidden || spec.name == "help") continue;
+    spec.env = "KFORGE_" + spec.name;
+    for (char& c : spec.env)
+      c = c == '-' ? '_' : absl::ascii_toupper(static_cast<unsigned char>(c));
+  }
+  return specs;
 }
 
 absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs,
@@ -72,6 +84,20 @@ absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs,
     slot.push_back(value);
   }
   for (const FlagSpec& s : specs) {
+    if (s.env.empty() || out.Has(s.name)) continue;
+    // An empty variable counts as unset, as a flag cannot be given empty.
+    const char* value = std::getenv(s.env.c_str());
+    if (value == nullptr || value[0] == '\0') continue;
+    if (s.value_name.empty() && std::string_view(value) != "true" &&
+        std::string_view(value) != "false") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(s.env, " (for --", s.name, "): got '", value, "', expected true or false"));
+    }
+    if (!s.value_name.empty() || std::string_view(value) == "true") {
+      out.values[s.name].push_back(value);
+    }
+  }
+  for (const FlagSpec& s : specs) {
     if (!s.default_value.empty() && !out.Has(s.name)) {
       out.values[s.name].push_back(s.default_value);
     }
@@ -89,6 +115,7 @@ std::string FlagsHelp(const std::vector<FlagSpec>& specs) {
     absl::StrAppendFormat(&out, "%-34s %s", left, s.help);
     if (!s.default_value.empty()) absl::StrAppend(&out, " (default ", s.default_value, ")");
     if (!s.alias.empty()) absl::StrAppend(&out, " (old spelling --", s.alias, " still accepted)");
+    if (!s.env.empty()) absl::StrAppend(&out, " (env ", s.env, ")");
     absl::StrAppend(&out, "\n");
   }
   return out;

@@ -32,10 +32,18 @@ struct FlagSpec {
   // An older spelling still accepted (stored under `name`, noted in help),
   // kept for one release after a rename so scripts keep working.
   std::string alias;
+  // An environment variable that gives the value when the flag is absent
+  // (before the default), e.g. KFORGE_SERVER; "" = none.
+  std::string env;
 };
 
 // `spec` with `alias` as its deprecated second spelling.
 FlagSpec WithAlias(FlagSpec spec, std::string alias);
+
+// Every visible flag of `specs` but --help also read from KFORGE_<NAME>
+// (upper case, '-' as '_': --cache-dir from KFORGE_CACHE_DIR), for
+// commands run as services (containers, systemd units).
+std::vector<FlagSpec> WithEnvironment(std::vector<FlagSpec> specs);
 
 struct ParsedArgs {
   std::map<std::string, std::vector<std::string>> values;

@@ -37,7 +37,6 @@
 namespace kforge::cli {
 namespace {
 
-constexpr char kDefaultServer[] = "127.0.0.1:50051";
 // Each worker is a process and a thread; far beyond any machine's cores.
 constexpr long long kMaxWorkers = 4096;
 // A year: longer timeouts are "never", and absl::Duration stays exact.
@@ -192,6 +191,7 @@ int Serve(const std::vector<std::string>& argv) {
        "dead holder delays the others",
        absl::StrCat(absl::ToInt64Milliseconds(defaults.store.redis.lock_ttl))},
       {"help", "", "show this help", "", 'h'}};
+  flags = WithEnvironment(std::move(flags));
   for (FlagSpec& hidden : WorkerFaultFlags()) flags.push_back(std::move(hidden));
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
@@ -247,7 +247,7 @@ int Serve(const std::vector<std::string>& argv) {
 
 int Get(const std::vector<std::string>& argv) {
   std::vector<FlagSpec> flags = {
-      {"server", "ADDR", "kforge server address", kDefaultServer},
+      ServerFlag(),
       {"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a"},
       {"out", "DIR", "output directory", "out", 'o'},
       {"lookup-only", "", "fail with NOT_FOUND instead of compiling on a miss"},
@@ -328,8 +328,7 @@ int Get(const std::vector<std::string>& argv) {
 }
 
 int Stats(const std::vector<std::string>& argv) {
-  std::vector<FlagSpec> flags = {{"server", "ADDR", "kforge server address", kDefaultServer},
-                                 {"help", "", "show this help", "", 'h'}};
+  std::vector<FlagSpec> flags = {ServerFlag(), {"help", "", "show this help", "", 'h'}};
   flags.insert(flags.end() - 1, ClientSecurityFlags().begin(), ClientSecurityFlags().end());
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());

@@ -439,6 +439,32 @@ expect_error_within "serve --trust with a tampered bundle" "is not a signature" 
 expect_error "--trust without --warm-from" "--warm-from" \
   serve --listen 127.0.0.1:0 --trust "$TMP/signer.pub"
 
+# --- versions, environment ------------------------------------------------
+expect_ok "--version" --version
+"$KFORGE" --version | grep -qx "format 2" || fail "--version does not print 'format 2'"
+"$KFORGE" version --json | "${KFORGE_TEST_PYTHON:-python3}" -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["format_version"] == 2 and "sm_90a" in d["archs"] and len(d["template_digest"]) == 64, d
+' || fail "version --json is not the JSON expected"
+KFORGE_WORKERS=0 expect_error "a serve flag from the environment" "--workers: got 0" \
+  serve --listen 127.0.0.1:0 --cache-dir "$TMP/env_cache"
+stop_server
+# KFORGE_LISTEN and KFORGE_CACHE_DIR stand for the flags; KFORGE_SERVER for
+# --server.
+SERVER_LOG=$TMP/env_server.log
+KFORGE_LISTEN=127.0.0.1:0 KFORGE_CACHE_DIR=$TMP/env_cache "$KFORGE" serve >"$SERVER_LOG" 2>&1 &
+SERVER_PID=$!
+for _ in $(seq 300); do
+  ADDR=$(sed -n 's/^kforge: serving on \([^ ]*\).*/\1/p' "$SERVER_LOG")
+  [[ -n "$ADDR" ]] && break
+  sleep 0.1
+done
+grep -qF "cache $TMP/env_cache" "$SERVER_LOG" || fail "KFORGE_CACHE_DIR ignored: $(cat "$SERVER_LOG")"
+KFORGE_SERVER=$ADDR expect_ok "stats from KFORGE_SERVER" stats
+KFORGE_SERVER=$ADDR "$KFORGE" stats | grep -q '"compiles": 0,' || fail "stats via KFORGE_SERVER"
+stop_server
+
 if [[ $FAILED -ne 0 ]]; then
   echo "cli_test: FAILED" >&2
   exit 1

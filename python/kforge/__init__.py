@@ -40,3 +40,12 @@ def prefetch(manifest, arch=None, source=None):
     the configured one); returns the artifacts in variant order."""
     return (source if source is not None else default_source()).prefetch(manifest, arch)
 
+
+def __getattr__(name):
+    # kforge.__version__ is CMake's project() version, written into
+    # kforge/_version.py at configure time; looked up on first use so that
+    # importing kforge still needs nothing generated.
+    if name == "__version__":
+        from kforge._version import __version__
+        return __version__
+    raise AttributeError(f"module 'kforge' has no attribute {name!r}")

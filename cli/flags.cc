@@ -1,10 +1,13 @@
 #include "cli/flags.h"
 
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <string_view>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -140,6 +143,80 @@ absl::StatusOr<long long> IntFlagInRange(const ParsedArgs& args, const std::stri
         max == LLONG_MAX ? absl::StrCat("at least ", min) : absl::StrCat(min, "..", max)));
   }
   return v;
+}
+
+absl::StatusOr<uint64_t> SizeFlag(const ParsedArgs& args, const std::string& name) {
+  const std::string value = args.Get(name);
+  std::string_view number = value;
+  for (std::string_view unit : {"iB", "B"}) {
+    if (number.size() > unit.size() &&
+        absl::EndsWith(absl::string_view(number.data(), number.size()),
+                       absl::string_view(unit.data(), unit.size()))) {
+      number.remove_suffix(unit.size());
+      break;
+    }
+  }
+  int shift = 0;
+  if (!number.empty()) {
+    switch (absl::ascii_toupper(static_cast<unsigned char>(number.back()))) {
+      case 'K':
+        shift = 10;
+        break;
+      case 'M':
+        shift = 20;
+        break;
+      case 'G':
+        shift = 30;
+        break;
+      case 'T':
+        shift = 40;
+        break;
+      default:
+        break;
+    }
+  }
+  if (shift != 0) number.remove_suffix(1);
+  uint64_t v = 0;
+  if (number.empty() || number.find_first_not_of("0123456789") != std::string_view::npos ||
+      !absl::SimpleAtoi(absl::string_view(number.data(), number.size()), &v) ||
+      v > (UINT64_MAX >> shift)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, ": got '", value, "', expected bytes, or with K, M, G or T (e.g. 20G)"));
+  }
+  return v << shift;
+}
+
+std::string FormatSize(uint64_t bytes) {
+  constexpr const char* kUnits[] = {"T", "G", "M", "K"};
+  for (int i = 0; i < 4; ++i) {
+    const int shift = 40 - 10 * i;
+    if (bytes != 0 && bytes % (uint64_t{1} << shift) == 0) {
+      return absl::StrCat(bytes >> shift, kUnits[i]);
+    }
+  }
+  return absl::StrCat(bytes);
+}
+
+absl::StatusOr<absl::Duration> DurationFlag(const ParsedArgs& args, const std::string& name,
+                                            absl::Duration min, absl::Duration max) {
+  const std::string value = args.Get(name);
+  absl::Duration d;
+  double seconds = 0;
+  const bool plain = !value.empty() &&
+                     value.find_first_not_of("0123456789.") == std::string::npos &&
+                     absl::SimpleAtod(value, &seconds);
+  if (plain) d = absl::Seconds(seconds);
+  if (!plain && !absl::ParseDuration(value, &d)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": got '", value,
+                     "', expected seconds or a duration (0.5s, 250ms, 2m, 1h30m)"));
+  }
+  if (d < min || d > max) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, ": got ", absl::FormatDuration(d),
+                                                   ", expected ", absl::FormatDuration(min), "..",
+                                                   absl::FormatDuration(max)));
+  }
+  return d;
 }
 
 int Fail(const absl::Status& s) {

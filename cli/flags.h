@@ -1,12 +1,14 @@
 #ifndef KFORGE_CLI_FLAGS_H_
 #define KFORGE_CLI_FLAGS_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace kforge::cli {
 
@@ -74,6 +76,20 @@ absl::StatusOr<long long> ParseIntFlag(const std::string& name, const std::strin
 // InvalidArgument naming the flag, the value and the range otherwise.
 absl::StatusOr<long long> IntFlagInRange(const ParsedArgs& args, const std::string& name,
                                          long long min, long long max);
+
+// The byte size of flag `name`: a number of bytes or one with a binary
+// suffix K, M, G or T (optionally followed by "B" or "iB"): "20G" is
+// 20 * 2^30. InvalidArgument naming the flag otherwise.
+absl::StatusOr<uint64_t> SizeFlag(const ParsedArgs& args, const std::string& name);
+// `bytes` as SizeFlag reads it, with the largest suffix that is exact
+// ("1G", "1536M", "1000").
+std::string FormatSize(uint64_t bytes);
+
+// The duration of flag `name`: plain seconds ("30", "0.5") or with units
+// ("0.5s", "250ms", "2m", "1h30m"), within [min, max]; InvalidArgument
+// naming the flag, the value and the range otherwise.
+absl::StatusOr<absl::Duration> DurationFlag(const ParsedArgs& args, const std::string& name,
+                                            absl::Duration min, absl::Duration max);
 
 // Prints "kforge: <message>" to stderr and returns the exit code: 2 for bad
 // input (InvalidArgument), 1 for anything else.

@@ -41,6 +41,7 @@ namespace {
 constexpr long long kMaxWorkers = 4096;
 // A year: longer timeouts are "never", and absl::Duration stays exact.
 constexpr long long kMaxSeconds = 365LL * 24 * 3600;
+constexpr absl::Duration kMaxDuration = absl::Seconds(kMaxSeconds);
 
 // $XDG_CACHE_HOME/kforge, else ~/.cache/kforge (XDG base directory spec).
 std::string DefaultCacheDir() {
@@ -76,12 +77,15 @@ absl::Status RedisFromArgs(const ParsedArgs& args, RedisCacheOptions* redis) {
   } else if (const char* env = std::getenv("KFORGE_REDIS_PASSWORD"); env != nullptr) {
     redis->password = env;
   }
-  absl::StatusOr<long long> timeout_ms = IntFlagInRange(args, "redis-timeout-ms", 1, 600'000);
-  if (!timeout_ms.ok()) return timeout_ms.status();
-  absl::StatusOr<long long> ttl_ms = IntFlagInRange(args, "redis-lock-ttl-ms", 30, 3'600'000);
-  if (!ttl_ms.ok()) return ttl_ms.status();
-  redis->timeout = absl::Milliseconds(*timeout_ms);
-  redis->lock_ttl = absl::Milliseconds(*ttl_ms);
+  absl::StatusOr<absl::Duration> timeout =
+      DurationFlag(args, "redis-timeout", absl::Milliseconds(1), absl::Minutes(10));
+  if (!timeout.ok()) return timeout.status();
+  // Renewed every third of it: 30 ms leaves the keeper 10 ms.
+  absl::StatusOr<absl::Duration> ttl =
+      DurationFlag(args, "redis-lock-ttl", absl::Milliseconds(30), absl::Hours(1));
+  if (!ttl.ok()) return ttl.status();
+  redis->timeout = *timeout;
+  redis->lock_ttl = *ttl;
   return absl::OkStatus();
 }
 
@@ -136,25 +140,25 @@ int Serve(const std::vector<std::string>& argv) {
   std::vector<FlagSpec> flags = {
       {"listen", "ADDR", "address to serve on (port 0: any free port)", defaults.listen},
       {"cache-dir", "DIR", "kernel cache directory", DefaultCacheDir()},
-      {"memory-cache-bytes", "N", "memory tier size",
-       absl::StrCat(defaults.store.memory_cache_bytes)},
-      {"disk-cache-bytes", "N", "disk tier size (LRU eviction beyond it)",
-       absl::StrCat(defaults.store.disk_cache_bytes)},
+      {"memory-cache-bytes", "SIZE", "memory tier size (bytes, or 512M, 1G, ...)",
+       FormatSize(defaults.store.memory_cache_bytes)},
+      {"disk-cache-bytes", "SIZE", "disk tier size (LRU eviction beyond it)",
+       FormatSize(defaults.store.disk_cache_bytes)},
       {"workers", "N", "concurrent compile worker processes", absl::StrCat(cores == 0 ? 1 : cores)},
       {"queue-limit", "N",
        "compiles waiting for a busy worker; more are refused (0: no waiting queue, but idle "
        "workers take work)",
        absl::StrCat(defaults.store.pool.queue_limit)},
-      {"compile-timeout", "SECONDS", "a compile running longer is killed",
-       absl::StrCat(absl::ToInt64Seconds(defaults.store.pool.timeout))},
-      {"shutdown-grace", "SECONDS",
+      {"compile-timeout", "DURATION", "a compile running longer is killed (seconds, or 90s, 2m)",
+       absl::FormatDuration(defaults.store.pool.timeout)},
+      {"shutdown-grace", "DURATION",
        "after SIGTERM/SIGINT, how long in-flight calls may take; then running "
        "compiles are killed and their calls answered UNAVAILABLE",
-       absl::StrCat(absl::ToInt64Seconds(defaults.shutdown_grace))},
-      {"failed-compile-cache", "SECONDS",
+       absl::FormatDuration(defaults.shutdown_grace)},
+      {"failed-compile-cache", "DURATION",
        "a compile the compiler rejected is answered with the same error for this long instead "
        "of compiled again (0: always retry)",
-       absl::StrCat(absl::ToInt64Seconds(defaults.store.failure_cache))},
+       absl::FormatDuration(defaults.store.failure_cache)},
       {"max-jobs-per-request", "N",
        "most kernels x archs one warm (Prebuild) call may ask for; more is refused before any "
        "work",
@@ -183,13 +187,13 @@ int Serve(const std::vector<std::string>& argv) {
        "slow only costs local compiles"},
       {"redis-password-file", "FILE",
        "Redis AUTH password (one line; else the KFORGE_REDIS_PASSWORD environment variable)"},
-      {"redis-timeout-ms", "N",
+      {"redis-timeout", "DURATION",
        "a Redis call slower than this marks Redis down until a background ping succeeds",
-       absl::StrCat(absl::ToInt64Milliseconds(defaults.store.redis.timeout))},
-      {"redis-lock-ttl-ms", "N",
+       absl::FormatDuration(defaults.store.redis.timeout)},
+      {"redis-lock-ttl", "DURATION",
        "expiry of the fleet-wide compile lock, renewed while its holder compiles: how long a "
        "dead holder delays the others",
-       absl::StrCat(absl::ToInt64Milliseconds(defaults.store.redis.lock_ttl))},
+       absl::FormatDuration(defaults.store.redis.lock_ttl)},
       {"help", "", "show this help", "", 'h'}};
   flags = WithEnvironment(std::move(flags));
   for (FlagSpec& hidden : WorkerFaultFlags()) flags.push_back(std::move(hidden));
@@ -216,25 +220,30 @@ int Serve(const std::vector<std::string>& argv) {
   options.security.auth_token_file = args->Get("auth-token-file");
   options.security.admin_token_file = args->Get("admin-token-file");
   options.metrics_listen = args->Get("metrics-listen");
-  long long memory_bytes = 0, disk_bytes = 0, workers = 0, queue_limit = 0, timeout_s = 0,
-            grace_s = 0, failure_cache_s = 0;
-  for (absl::Status s :
-       {IntFlag(*args, "memory-cache-bytes", 0, LLONG_MAX, &memory_bytes),
-        IntFlag(*args, "disk-cache-bytes", 0, LLONG_MAX, &disk_bytes),
-        IntFlag(*args, "workers", 1, kMaxWorkers, &workers),
-        IntFlag(*args, "queue-limit", 0, INT_MAX, &queue_limit),
-        IntFlag(*args, "compile-timeout", 1, kMaxSeconds, &timeout_s),
-        IntFlag(*args, "shutdown-grace", 0, kMaxSeconds, &grace_s),
-        IntFlag(*args, "failed-compile-cache", 0, kMaxSeconds, &failure_cache_s)}) {
+  long long workers = 0, queue_limit = 0;
+  for (absl::Status s : {IntFlag(*args, "workers", 1, kMaxWorkers, &workers),
+                         IntFlag(*args, "queue-limit", 0, INT_MAX, &queue_limit)}) {
     if (!s.ok()) return Fail(s);
   }
-  options.store.memory_cache_bytes = static_cast<uint64_t>(memory_bytes);
-  options.store.disk_cache_bytes = static_cast<uint64_t>(disk_bytes);
+  const absl::StatusOr<uint64_t> memory_bytes = SizeFlag(*args, "memory-cache-bytes");
+  const absl::StatusOr<uint64_t> disk_bytes = SizeFlag(*args, "disk-cache-bytes");
+  const absl::StatusOr<absl::Duration> timeout =
+      DurationFlag(*args, "compile-timeout", absl::Milliseconds(1), kMaxDuration);
+  const absl::StatusOr<absl::Duration> grace =
+      DurationFlag(*args, "shutdown-grace", absl::ZeroDuration(), kMaxDuration);
+  const absl::StatusOr<absl::Duration> failure_cache =
+      DurationFlag(*args, "failed-compile-cache", absl::ZeroDuration(), kMaxDuration);
+  for (const absl::Status& s : {memory_bytes.status(), disk_bytes.status(), timeout.status(),
+                                grace.status(), failure_cache.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  options.store.memory_cache_bytes = *memory_bytes;
+  options.store.disk_cache_bytes = *disk_bytes;
   options.store.pool.workers = static_cast<int>(workers);
   options.store.pool.queue_limit = static_cast<int>(queue_limit);
-  options.store.pool.timeout = absl::Seconds(timeout_s);
-  options.shutdown_grace = absl::Seconds(grace_s);
-  options.store.failure_cache = absl::Seconds(failure_cache_s);
+  options.store.pool.timeout = *timeout;
+  options.shutdown_grace = *grace;
+  options.store.failure_cache = *failure_cache;
   absl::StatusOr<long long> max_jobs = IntFlagInRange(*args, "max-jobs-per-request", 1, INT_MAX);
   if (!max_jobs.ok()) return Fail(max_jobs.status());
   options.service.max_prebuild_jobs = static_cast<int>(*max_jobs);

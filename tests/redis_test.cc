@@ -311,7 +311,7 @@ class Fleet {
     for (int i = 0; i < servers; ++i) {
       servers_.push_back(std::make_unique<ServeProcess>(
           kBinary, dir / absl::StrCat("cache", i), dir / absl::StrCat("server", i, ".log"),
-          std::vector<std::string>{"--redis", redis, "--redis-timeout-ms", "300", "--workers",
+          std::vector<std::string>{"--redis", redis, "--redis-timeout", "300ms", "--workers",
                                    "2"}));
     }
     for (auto& s : servers_) {

@@ -1037,6 +1037,9 @@ TEST_F(ServerTest, OutOfRangeFlagsAreRefusedClearly) {
       {{"--queue-limit", "4294967296"}, 2, "--queue-limit: got 4294967296, expected 0..2147483647"},
       {{"--workers", "4294967297"}, 2, "--workers: got 4294967297, expected 1..4096"},
       {{"--max-jobs-per-request", "0"}, 2, "--max-jobs-per-request: got 0"},
+      {{"--disk-cache-bytes", "20X"}, 2, "--disk-cache-bytes: got '20X', expected bytes"},
+      {{"--compile-timeout", "0"}, 2, "--compile-timeout: got 0, expected 1ms.."},
+      {{"--redis", "127.0.0.1:6379", "--redis-lock-ttl", "1ms"}, 2, "--redis-lock-ttl: got 1ms"},
   };
   for (const Case& c : cases) {
     std::string output;

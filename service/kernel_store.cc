@@ -1,6 +1,7 @@
 #include "service/kernel_store.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <filesystem>
 #include <map>
@@ -10,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -88,6 +90,18 @@ struct KernelStore::State {
   // key -> a compile the compiler rejected and until when that answer
   // stands (options.failure_cache). Bounded like the memo.
   std::map<std::string, std::pair<absl::Status, absl::Time>> failures ABSL_GUARDED_BY(mu);
+
+  // GetKernel's time by the ArtifactSource of its answer (bounded: one
+  // histogram per enum value), and NVRTC's seconds per compile; buckets
+  // from a tenth of a second (the smallest kernels) to the compile timeout.
+  std::array<Histogram, v1::ArtifactSource_ARRAYSIZE> by_source;
+  Histogram compile_seconds{{0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120}};
+
+  void ObserveSource(v1::ArtifactSource source, absl::Duration took) {
+    if (source >= 0 && source < v1::ArtifactSource_ARRAYSIZE) {
+      by_source[source].Observe(absl::ToDoubleSeconds(took));
+    }
+  }
 
   std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0}, compile_failures{0},
       shared_waits{0}, rejected{0}, disk_write_failures{0}, redis_lock_waits{0},
@@ -256,6 +270,7 @@ void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
             "): worker and server disagree on the compiler version or templates")));
     return;
   }
+  compile_seconds.Observe(built->compile_seconds());
   auto artifact = std::make_shared<const v1::KernelArtifact>(*std::move(built));
   // Disk and Redis first: once the locks are released other processes
   // look there. A failed disk write (full disk) still serves the kernel
@@ -364,6 +379,7 @@ absl::StatusOr<v1::AttentionSpec> KernelStore::Resolve(const v1::KernelSelector&
 absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(const v1::KernelSelector& selector,
                                                    const std::string& arch) {
   State& s = *state_;
+  const absl::Time start = absl::Now();
   std::string memo_key = selector.SerializeAsString();
   memo_key.push_back('\0');
   memo_key += arch;
@@ -384,7 +400,10 @@ absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(const v1::KernelSelector& sel
     s.memo.emplace(std::move(memo_key), key);
   }
   absl::StatusOr<ArtifactPtr> hit = s.memory->Get(key);
-  if (hit.ok()) ++s.memory_hits;
+  if (hit.ok()) {
+    ++s.memory_hits;
+    s.ObserveSource(v1::ARTIFACT_SOURCE_MEMORY, absl::Now() - start);
+  }
   return hit;
 }
 
@@ -433,6 +452,16 @@ absl::StatusOr<KernelStore::Result> KernelStore::CachedKernel(const v1::Attentio
 absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSpec& spec,
                                                            std::string_view arch, bool lookup_only,
                                                            absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Result> result = GetKernelUntimed(spec, arch, lookup_only, deadline);
+  if (result.ok()) state_->ObserveSource(result->source, absl::Now() - start);
+  return result;
+}
+
+absl::StatusOr<KernelStore::Result> KernelStore::GetKernelUntimed(const v1::AttentionSpec& spec,
+                                                                  std::string_view arch,
+                                                                  bool lookup_only,
+                                                                  absl::Time deadline) {
   State& s = *state_;
   absl::StatusOr<CompilePlan> plan = s.compiler.Plan(spec, arch);
   if (!plan.ok()) return plan.status();
@@ -569,6 +598,19 @@ v1::StatsResponse KernelStore::Stats() const {
   }
   out.set_redis_lock_waits(s.redis_lock_waits);
   out.set_redis_local_compiles(s.redis_local_compiles);
+  return out;
+}
+
+KernelStore::Timings KernelStore::ReadTimings() const {
+  const State& s = *state_;
+  Timings out;
+  for (int source = v1::ARTIFACT_SOURCE_MEMORY; source < v1::ArtifactSource_ARRAYSIZE; ++source) {
+    // "ARTIFACT_SOURCE_SHARED_COMPILE" -> "shared_compile"
+    std::string name = v1::ArtifactSource_Name(static_cast<v1::ArtifactSource>(source));
+    name = absl::AsciiStrToLower(name.substr(std::string_view("ARTIFACT_SOURCE_").size()));
+    out.by_source.emplace_back(std::move(name), s.by_source[source].Read());
+  }
+  out.compile_seconds = s.compile_seconds.Read();
   return out;
 }
 

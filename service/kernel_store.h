@@ -5,6 +5,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -13,6 +15,7 @@
 #include "kforge/v1/spec.pb.h"
 #include "service/artifact_cache.h"
 #include "service/compile_pool.h"
+#include "service/histogram.h"
 #include "service/redis_cache.h"
 
 namespace kforge {
@@ -86,6 +89,15 @@ class KernelStore {
 
   v1::StatsResponse Stats() const;
 
+  // How long answered GetKernel (and MemoryHit) calls took, by the source
+  // of the answer ("memory", "disk", "redis", "compiled",
+  // "shared_compile"), and NVRTC's seconds per successful compile.
+  struct Timings {
+    std::vector<std::pair<std::string, Histogram::Snapshot>> by_source;
+    Histogram::Snapshot compile_seconds;
+  };
+  Timings ReadTimings() const;
+
   // Stops accepting compiles; in-flight ones finish.
   void Shutdown();
 
@@ -96,6 +108,8 @@ class KernelStore {
  private:
   struct State;
   explicit KernelStore(std::unique_ptr<State> state);
+  absl::StatusOr<Result> GetKernelUntimed(const v1::AttentionSpec& spec, std::string_view arch,
+                                          bool lookup_only, absl::Time deadline);
   std::unique_ptr<State> state_;
 };
 

@@ -104,6 +104,20 @@ const char* CodeName(int code) {
   return code >= 0 && code < 17 ? kNames[code] : "UNKNOWN";
 }
 
+// The sample lines of one histogram; `labels` is "" or `key="value",`.
+void AppendHistogram(std::string& out, std::string_view name, const std::string& labels,
+                     const Histogram::Snapshot& h) {
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    absl::StrAppend(&out, AsAbsl(name), "_bucket{", labels, "le=\"", h.bounds[i], "\"} ",
+                    h.cumulative[i], "\n");
+  }
+  const std::string plain =
+      labels.empty() ? "" : absl::StrCat("{", labels.substr(0, labels.size() - 1), "}");
+  absl::StrAppend(&out, AsAbsl(name), "_bucket{", labels, "le=\"+Inf\"} ", h.count, "\n",
+                  AsAbsl(name), "_sum", plain, " ", absl::StrFormat("%.6f", h.sum), "\n",
+                  AsAbsl(name), "_count", plain, " ", h.count, "\n");
+}
+
 // One metric family: its HELP and TYPE lines and samples.
 void Family(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
   absl::StrAppend(&out, "# HELP ", AsAbsl(name), " ", AsAbsl(help), "\n# TYPE ", AsAbsl(name), " ",
@@ -117,15 +131,7 @@ void RequestMetrics::Record(std::string_view method, int code, double seconds) {
   absl::MutexLock lock(&mu_);
   if (latency_.count(label) == 0 && latency_.size() >= kMaxMethods) label = "other";
   ++calls_[{label, code}];
-  Histogram& h = latency_[label];
-  for (size_t i = 0; i < kBuckets.size(); ++i) {
-    if (seconds <= kBuckets[i]) {
-      ++h.buckets[i];
-      break;
-    }
-  }
-  ++h.count;
-  h.sum += seconds;
+  latency_.try_emplace(label).first->second.Observe(seconds);
 }
 
 std::string RequestMetrics::Render() const {
@@ -138,17 +144,8 @@ std::string RequestMetrics::Render() const {
   }
   Family(out, "kforge_request_seconds", "histogram", "gRPC call latency, by method");
   for (const auto& [method, h] : latency_) {
-    const std::string rpc = LabelValue(method);
-    uint64_t cumulative = 0;
-    for (size_t i = 0; i < kBuckets.size(); ++i) {
-      cumulative += h.buckets[i];
-      absl::StrAppend(&out, "kforge_request_seconds_bucket{rpc=\"", rpc, "\",le=\"", kBuckets[i],
-                      "\"} ", cumulative, "\n");
-    }
-    absl::StrAppend(&out, "kforge_request_seconds_bucket{rpc=\"", rpc, "\",le=\"+Inf\"} ", h.count,
-                    "\n", "kforge_request_seconds_sum{rpc=\"", rpc, "\"} ",
-                    absl::StrFormat("%.6f", h.sum), "\n", "kforge_request_seconds_count{rpc=\"",
-                    rpc, "\"} ", h.count, "\n");
+    AppendHistogram(out, "kforge_request_seconds",
+                    absl::StrCat("rpc=\"", LabelValue(method), "\","), h.Read());
   }
   return out;
 }
@@ -158,8 +155,16 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MetricsIn
   return std::make_unique<MetricsInterceptorFactoryImpl>(metrics);
 }
 
-std::string RenderMetrics(const RequestMetrics& requests, const v1::StatsResponse& s) {
+std::string RenderMetrics(const RequestMetrics& requests, const v1::StatsResponse& s,
+                          const KernelStore::Timings& timings) {
   std::string out = requests.Render();
+  Family(out, "kforge_kernel_seconds", "histogram",
+         "time to answer a kernel, by where it came from (GetKernel inside the server)");
+  for (const auto& [source, h] : timings.by_source) {
+    AppendHistogram(out, "kforge_kernel_seconds", absl::StrCat("source=\"", source, "\","), h);
+  }
+  Family(out, "kforge_compile_seconds", "histogram", "NVRTC seconds per successful compile");
+  AppendHistogram(out, "kforge_compile_seconds", "", timings.compile_seconds);
   Family(out, "kforge_cache_hits_total", "counter", "kernels answered from a cache tier");
   absl::StrAppend(&out, "kforge_cache_hits_total{tier=\"memory\"} ", s.memory_hits(), "\n",
                   "kforge_cache_hits_total{tier=\"disk\"} ", s.disk_hits(), "\n",

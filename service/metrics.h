@@ -7,7 +7,6 @@
 // Prometheus text exposition format (version 0.0.4) and served over a
 // minimal HTTP/1.0 endpoint.
 
-#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -21,29 +20,20 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "kforge/v1/service.pb.h"
+#include "service/histogram.h"
+#include "service/kernel_store.h"
 
 namespace kforge {
 
 // Calls by method and status code, and their latency, per method.
 class RequestMetrics {
  public:
-  // Upper bounds (seconds) of the latency histogram's buckets: a memory hit
-  // answers in tens of microseconds, a compile in seconds, a Warm stream in
-  // minutes.
-  static constexpr std::array<double, 14> kBuckets = {
-      0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 120};
-
   // `method` is gRPC's full name ("/kforge.v1.KernelService/GetKernel").
   void Record(std::string_view method, int code, double seconds) ABSL_LOCKS_EXCLUDED(mu_);
   // kforge_requests_total and kforge_request_seconds, in exposition format.
   std::string Render() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Histogram {
-    std::array<uint64_t, kBuckets.size()> buckets{};  // not cumulative
-    uint64_t count = 0;
-    double sum = 0;
-  };
   // Methods are the server's registered ones; anything beyond this many
   // distinct names (not expected) is counted as "other", so a client
   // cannot grow the maps.
@@ -58,9 +48,10 @@ class RequestMetrics {
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MetricsInterceptorFactory(
     RequestMetrics* metrics);
 
-// The whole /metrics page: `requests`, the store's `stats` and
-// kforge_build_info.
-std::string RenderMetrics(const RequestMetrics& requests, const v1::StatsResponse& stats);
+// The whole /metrics page: `requests`, the store's `stats` and `timings`,
+// and kforge_build_info.
+std::string RenderMetrics(const RequestMetrics& requests, const v1::StatsResponse& stats,
+                          const KernelStore::Timings& timings);
 
 // GET /metrics over HTTP on `listen` (HOST:PORT, port 0: any free one), one
 // connection at a time on its own thread; anything else is 404. Stops when

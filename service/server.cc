@@ -235,9 +235,10 @@ int RunServer(const ServerOptions& options) {
             << options.store.cache_dir << ")" << std::endl;
   std::unique_ptr<MetricsHttpServer> metrics;
   if (!options.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started = MetricsHttpServer::Start(
-        options.metrics_listen,
-        [&request_metrics, &store] { return RenderMetrics(request_metrics, (*store)->Stats()); });
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
+        MetricsHttpServer::Start(options.metrics_listen, [&request_metrics, &store] {
+          return RenderMetrics(request_metrics, (*store)->Stats(), (*store)->ReadTimings());
+        });
     if (!started.ok()) {
       std::cerr << "kforge: " << started.status().message() << "\n";
       server->Shutdown();

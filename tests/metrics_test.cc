@@ -107,6 +107,14 @@ TEST(MetricsTest, ScrapedNumbersMoveWithRequests) {
   EXPECT_EQ(Sample(after, "kforge_cache_entries{tier=\"disk\"}"), 1);
   EXPECT_GT(Sample(after, "kforge_cache_bytes{tier=\"memory\"}"), 0);
   EXPECT_EQ(Sample(after, "kforge_redis_up"), 0);
+  // By source: one compile, two memory hits (the handler's fast path).
+  EXPECT_EQ(Sample(after, "kforge_kernel_seconds_count{source=\"compiled\"}"), 1);
+  EXPECT_EQ(Sample(after, "kforge_kernel_seconds_count{source=\"memory\"}"), 2);
+  EXPECT_EQ(Sample(after, "kforge_kernel_seconds_count{source=\"disk\"}"), 0);
+  EXPECT_EQ(Sample(after, "kforge_kernel_seconds_bucket{source=\"memory\",le=\"+Inf\"}"), 2);
+  EXPECT_EQ(Sample(after, "kforge_compile_seconds_count"), 1);
+  EXPECT_GT(Sample(after, "kforge_compile_seconds_sum"), 0);
+  EXPECT_EQ(Sample(after, "kforge_compile_seconds_bucket{le=\"+Inf\"}"), 1);
 }
 
 TEST(MetricsTest, BadMetricsAddressStopsTheServer) {

@@ -224,7 +224,8 @@ void Usage() {
                "  prebuild  compile every kernel of a deployment matrix into a bundle\n"
                "  verify    check a bundle's checksums, kernels and manifests (and signature)\n"
                "  keygen    make an Ed25519 key pair for signing bundles\n"
-               "  version   print the versions that decide the kernels (also --version)\n\n"
+               "  version   print the versions that decide the kernels (also --version)\n"
+               "  doctor    check what kforge serve would run with, and the GPU\n\n"
                "Run 'kforge <command> --help' for its flags.\n";
 }
 
@@ -252,6 +253,7 @@ int main(int argc, char** argv) {
   if (cmd == "verify") return Verify(rest);
   if (cmd == "keygen") return Keygen(rest);
   if (cmd == "version") return Version(rest);
+  if (cmd == "doctor") return Doctor(rest);
   if (cmd == "--version") return Version({});
   if (cmd == "compile-worker") {
     // Run by the compile pool, never by hand: `compile-worker PID [faults]`.

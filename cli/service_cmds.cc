@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -27,11 +28,17 @@
 #include "cli/kernel_args.h"
 #include "cli/worker_faults.h"
 #include "compiler/compiler.h"
+#include "compiler/nvrtc.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
 #include "model/artifact_check.h"
+#include "model/format.h"
 #include "model/selector.h"
 #include "model/spec.h"
+#include "runtime/cuda_driver.h"
+#include "service/auth.h"
+#include "service/disk_cache.h"
+#include "service/redis_cache.h"
 #include "service/server.h"
 
 namespace kforge::cli {
@@ -334,6 +341,126 @@ int Get(const std::vector<std::string>& argv) {
                                artifact.arch(), artifact.cubin().size(),
                                SourceName(response.source()), response.seconds());
   return 0;
+}
+
+int Doctor(const std::vector<std::string>& argv) {
+  const ServerOptions defaults;
+  const unsigned cores = std::thread::hardware_concurrency();
+  // The serve flags that decide what is checked, read as serve reads them
+  // (KFORGE_<FLAG> too), so `kforge doctor` in a unit's environment checks
+  // that unit's settings.
+  const std::vector<FlagSpec> flags = WithEnvironment(
+      {{"listen", "ADDR", "address the server would serve on", defaults.listen},
+       {"cache-dir", "DIR", "kernel cache directory", DefaultCacheDir()},
+       {"workers", "N", "compile worker processes", absl::StrCat(cores == 0 ? 1 : cores)},
+       {"tls-cert", "FILE", "TLS certificate chain (PEM)"},
+       {"tls-key", "FILE", "the certificate's private key (PEM)"},
+       {"redis", "HOST:PORT", "the fleet's Redis"},
+       {"redis-password-file", "FILE", "Redis AUTH password"},
+       {"redis-timeout", "DURATION", "Redis call timeout",
+        absl::FormatDuration(defaults.store.redis.timeout)},
+       {"redis-lock-ttl", "DURATION", "fleet lock expiry",
+        absl::FormatDuration(defaults.store.redis.lock_ttl)},
+       {"help", "", "show this help", "", 'h'}});
+  absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
+  if (!args.ok()) return Fail(args.status());
+  if (args->Has("help") || !args->positional.empty()) {
+    std::cout << "usage: kforge doctor [serve flags]\n\n"
+                 "Checks the cache directory, Redis, the TLS files and the workers `kforge "
+                 "serve` would use, and shows the GPU and driver if there is one. Exit 1 when "
+                 "something the server needs is wrong.\n\n"
+              << FlagsHelp(flags);
+    return args->Has("help") ? 0 : 2;
+  }
+  bool healthy = true;
+  auto problem = [&healthy](const std::string& line) {
+    std::cout << line << "\n";
+    healthy = false;
+  };
+  std::cout << "kforge " << KforgeVersion() << ", nvrtc " << NvrtcBuildIdentity() << ", format "
+            << kFormatVersion << "\n";
+
+  const std::string dir = args->Get("cache-dir");
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) {
+    std::cout << "cache: " << dir << " does not exist yet (kforge serve creates it)\n";
+  } else if (absl::StatusOr<std::unique_ptr<DiskCache>> disk = DiskCache::Open(dir, UINT64_MAX);
+             !disk.ok()) {
+    problem(absl::StrCat("cache: ", dir, ": ", disk.status().message()));
+  } else {
+    const CacheUsage usage = (*disk)->Usage();
+    std::cout << absl::StrFormat("cache: %s: %d kernels, %.1f MB, writable\n", dir, usage.entries,
+                                 usage.bytes / 1e6);
+  }
+
+  long long workers = 0;
+  if (absl::Status s = IntFlag(*args, "workers", 1, kMaxWorkers, &workers); !s.ok()) {
+    problem(absl::StrCat("workers: ", s.message()));
+  } else {
+    std::cout << "workers: " << workers << " compile workers on " << cores << " cores\n";
+  }
+
+  const std::string listen = args->Get("listen");
+  if (args->Get("tls-cert").empty() && args->Get("tls-key").empty()) {
+    std::cout << "tls: off, plain text on " << listen
+              << (IsLoopbackAddress(listen) ? " (loopback only)"
+                                            : " (other hosts can reach it: use --tls-cert)")
+              << "\n";
+  } else {
+    bool read = true;
+    for (const char* flag : {"tls-cert", "tls-key"}) {
+      absl::StatusOr<std::string> pem =
+          ReadCredentialFile(args->Get(flag), absl::StrCat("--", flag));
+      if (!pem.ok()) {
+        problem(absl::StrCat("tls: ", pem.status().message()));
+        read = false;
+      }
+    }
+    if (read) std::cout << "tls: on (" << args->Get("tls-cert") << ")\n";
+  }
+
+  RedisCacheOptions redis;
+  if (absl::Status s = RedisFromArgs(*args, &redis); !s.ok()) {
+    problem(absl::StrCat("redis: ", s.message()));
+  } else if (redis.host.empty()) {
+    std::cout << "redis: not configured (no shared tier)\n";
+  } else {
+    std::string why;
+    redis.log = [&why](std::string_view line) { why = std::string(line); };
+    absl::StatusOr<std::unique_ptr<RedisCache>> cache = RedisCache::Create(redis);
+    if (cache.ok() && (*cache)->Counters().up) {
+      std::cout << "redis: " << redis.host << ":" << redis.port << " reachable\n";
+    } else {
+      problem(absl::StrCat("redis: ", cache.ok() ? why : cache.status().message()));
+    }
+  }
+
+  absl::StatusOr<const CudaDriver*> driver = CudaDriver::Get();
+  int devices = 0;
+  if (!driver.ok()) {
+    std::cout << "gpu: none usable (" << driver.status().message()
+              << "); kforge compiles and serves without one\n";
+  } else if ((*driver)->Check((*driver)->DeviceGetCount(&devices), "cuDeviceGetCount").ok()) {
+    std::cout << "driver: CUDA " << (*driver)->version() / 1000 << "."
+              << (*driver)->version() % 1000 / 10 << ", " << devices << " GPU(s)\n";
+    for (int i = 0; i < devices; ++i) {
+      CUdevice device = 0;
+      char name[256] = {};
+      int major = 0, minor = 0;
+      const CudaDriver& d = **driver;
+      if (d.DeviceGet(&device, i) != CUDA_SUCCESS ||
+          d.DeviceGetName(name, sizeof(name) - 1, device) != CUDA_SUCCESS ||
+          d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device) !=
+              CUDA_SUCCESS ||
+          d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device) !=
+              CUDA_SUCCESS) {
+        std::cout << "gpu " << i << ": cannot be queried\n";
+        continue;
+      }
+      std::cout << "gpu " << i << ": " << name << " (sm_" << major << minor << ")\n";
+    }
+  }
+  return healthy ? 0 : 1;
 }
 
 int Stats(const std::vector<std::string>& argv) {

@@ -10,6 +10,10 @@ namespace kforge::cli {
 int Serve(const std::vector<std::string>& argv);
 // `kforge get`: fetches one kernel from a server into DIR/<module>.{cubin,json}.
 int Get(const std::vector<std::string>& argv);
+// `kforge doctor`: checks what `kforge serve` would run with (cache
+// directory, Redis, TLS files, workers) and reports the GPU and driver, if
+// any; exit 1 when something the server needs is wrong.
+int Doctor(const std::vector<std::string>& argv);
 // `kforge stats`: prints a server's counters as JSON.
 int Stats(const std::vector<std::string>& argv);
 

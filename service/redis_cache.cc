@@ -249,7 +249,7 @@ struct RedisCache::State {
       const std::vector<std::string> renew(held.begin(), held.end());
       mu.Unlock();
       if (!was_up) {
-        Reconnect();
+        (void)Reconnect();
       } else {
         const std::string ttl_ms = absl::StrCat(absl::ToInt64Milliseconds(options.lock_ttl));
         for (const std::string& lock_key : renew) {
@@ -260,8 +260,9 @@ struct RedisCache::State {
     }
   }
 
-  // One attempt to reach Redis (connect, AUTH, PING); marks it up on success.
-  bool Reconnect() ABSL_LOCKS_EXCLUDED(mu) {
+  // One attempt to reach Redis (connect, AUTH, PING); marks it up on
+  // success, else says why not.
+  absl::Status Reconnect() ABSL_LOCKS_EXCLUDED(mu) {
     const absl::Time deadline = absl::Now() + options.timeout;
     absl::StatusOr<Context> c = Connect(deadline);
     if (c.ok()) {
@@ -273,17 +274,17 @@ struct RedisCache::State {
             absl::StrCat("PING answered ", AsAbsl(ReplyText(**pong)).substr(0, 200)));
       }
     }
-    if (!c.ok()) return false;
+    if (!c.ok()) return c.status();
     {
       absl::MutexLock lock(&mu);
-      if (stopping) return false;
+      if (stopping) return absl::UnavailableError("stopping");
       up = true;
       ++open;
       idle.push_back(*std::move(c));
       changed.Signal();
     }
     Log(absl::StrCat("redis ", name, " is up: shared tier on"));
-    return true;
+    return absl::OkStatus();
   }
 };
 
@@ -308,9 +309,9 @@ absl::StatusOr<std::unique_ptr<RedisCache>> RedisCache::Create(RedisCacheOptions
   state->lock_prefix = ns + "lock:";
   state->max_reply_bytes = options.max_value_bytes + 64;
   state->options = std::move(options);
-  if (!state->Reconnect()) {
-    state->Log(absl::StrCat("redis ", state->name,
-                            " is not reachable: serving from the local tiers until it is"));
+  if (absl::Status reached = state->Reconnect(); !reached.ok()) {
+    state->Log(absl::StrCat("redis ", state->name, " is not reachable (", reached.message(),
+                            "): serving from the local tiers until it is"));
   }
   State* s = state.get();
   state->keeper = std::thread([s] { s->Keep(); });

@@ -465,6 +465,18 @@ KFORGE_SERVER=$ADDR expect_ok "stats from KFORGE_SERVER" stats
 KFORGE_SERVER=$ADDR "$KFORGE" stats | grep -q '"compiles": 0,' || fail "stats via KFORGE_SERVER"
 stop_server
 
+# --- doctor ------------------------------------------------------------------
+out=$("$KFORGE" doctor --cache-dir "$TMP/env_cache" 2>&1) || fail "doctor on a good setup: $out"
+for needle in "cache: $TMP/env_cache: 0 kernels" "tls: off, plain text on 127.0.0.1:50051 (loopback only)" \
+  "redis: not configured" "workers: "; do
+  grep -qF "$needle" <<<"$out" || fail "doctor does not say '$needle': $out"
+done
+grep -qE "^(gpu: none usable|driver: CUDA)" <<<"$out" || fail "doctor says nothing of the GPU: $out"
+KFORGE_REDIS=127.0.0.1:1 expect_error "doctor with an unreachable Redis" \
+  "redis: redis 127.0.0.1:1 is not reachable" doctor --cache-dir "$TMP/env_cache" --redis-timeout 200ms
+expect_error "doctor with a missing TLS key" "tls: --tls-key" \
+  doctor --cache-dir "$TMP/env_cache" --tls-cert "$PKI/server.pem" --tls-key "$TMP/no.key"
+
 if [[ $FAILED -ne 0 ]]; then
   echo "cli_test: FAILED" >&2
   exit 1

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -38,21 +39,16 @@ constexpr absl::Duration kMaxLockRetry = absl::Milliseconds(50);
 constexpr size_t kLockStripeHexDigits = 3;
 
 // One compile per key in progress, shared by every caller that asks for the
-// key meanwhile. No thread is set aside for it: a waiting caller drives its
-// first phase (taking the key's lock file, looking on disk again, handing
-// the job to the pool), and the pool's completion callback finishes it.
-// Guarded by State::mu.
+// key meanwhile. No thread is set aside for it, and none waits on it: the
+// caller that starts it drives its first phase on its own thread (taking
+// the key's lock file, looking on disk again, handing the job to the pool),
+// the pool's completion callback finishes it, and every caller is answered
+// through its callback. Guarded by State::mu.
 struct Flight {
-  enum class Phase {
-    kLocking,    // waiting for the key's lock file; needs a driver
-    kCompiling,  // in the compile pool; its callback completes the flight
-    kDone,       // `result` is set
-  };
-  Phase phase = Phase::kLocking;
-  bool has_driver = false;  // a caller is running the kLocking phase
-  int waiters = 0;          // callers in GetKernel waiting on it
-  std::optional<FlightResult> result;
-  absl::CondVar changed;  // phase or has_driver changed
+  // The latest deadline of its callers: how long the driver keeps trying
+  // the key's lock file while another process holds it.
+  absl::Time drive_until = absl::InfinitePast();
+  std::vector<KernelStore::Done> callers;
 };
 
 }  // namespace
@@ -87,29 +83,37 @@ struct KernelStore::State {
   std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0}, compile_failures{0},
       shared_waits{0}, rejected{0}, disk_write_failures{0};
 
-  // Publishes a flight's result and wakes its waiters. Once running_flights
-  // reaches 0 Shutdown may return and State be destroyed, so nothing here
-  // touches State after the lock is released.
+  // Ends a flight: later callers start a new one, and each of its callers
+  // is answered here, on this thread, outside the lock. Shutdown waits for
+  // running_flights to reach 0, so State outlives the callbacks; nothing
+  // touches it once that count is decremented.
   void Complete(const std::shared_ptr<Flight>& flight, const std::string& key, FlightResult result)
       ABSL_LOCKS_EXCLUDED(mu) {
+    std::vector<KernelStore::Done> callers;
+    {
+      absl::MutexLock lock(&mu);
+      auto it = flights.find(key);
+      if (it != flights.end() && it->second == flight) flights.erase(it);
+      callers.swap(flight->callers);
+    }
+    for (KernelStore::Done& done : callers) done(result);
     absl::MutexLock lock(&mu);
-    flight->result = std::move(result);
-    flight->phase = Flight::Phase::kDone;
-    auto it = flights.find(key);
-    if (it != flights.end() && it->second == flight) flights.erase(it);
-    --running_flights;
-    flight->changed.SignalAll();
-    if (running_flights == 0) flights_done.SignalAll();
+    if (--running_flights == 0) flights_done.SignalAll();
   }
 
-  // The kLocking phase on a caller's thread. Takes the key's lock file, so
-  // that server processes sharing the cache directory compile a key once
-  // between them; while another process holds it, retries until `deadline`
-  // (then returns with the phase unchanged, for another waiter to drive) or
-  // until the store shuts down. With the lock: the disk tier again (the
-  // other process may have built the key), else the compile pool, whose
-  // callback completes the flight and releases the lock.
-  void Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan, absl::Time deadline)
+  // A flight's first phase, on the thread of the caller that started it.
+  // Takes the key's lock file, so that server processes sharing the cache
+  // directory compile a key once between them; while another process holds
+  // it, retries until the flight's drive_until (then completes it with
+  // DeadlineExceeded: every caller's deadline has passed) or until the
+  // store shuts down. With the lock: the disk tier again (the other process
+  // may have built the key), else the compile pool, whose callback
+  // completes the flight and releases the lock.
+  void Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan)
+      ABSL_LOCKS_EXCLUDED(mu);
+
+  // GetKernel and GetKernelAsync once planned.
+  void Start(const CompilePlan& plan, bool lookup_only, absl::Time deadline, KernelStore::Done done)
       ABSL_LOCKS_EXCLUDED(mu);
 
   // The compile pool's callback for a flight's job: stores the kernel,
@@ -119,8 +123,7 @@ struct KernelStore::State {
       ABSL_LOCKS_EXCLUDED(mu);
 };
 
-void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
-                               absl::Time deadline) {
+void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan) {
   // A request the pool would refuse leaves nothing on disk.
   if (absl::Status room = pool->CheckRoom(); !room.ok()) {
     if (absl::IsResourceExhausted(room)) ++rejected;
@@ -138,16 +141,29 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
   for (;;) {
     key_lock = FileLock::Acquire(path, FileLock::Wait::kTry);
     if (!absl::IsUnavailable(key_lock.status())) break;
+    bool stopping = false;
+    absl::Time until;
     {
       absl::MutexLock lock(&mu);
-      if (shutting_down) {
-        Complete(flight, plan.key, absl::UnavailableError("kforge server is shutting down"));
-        return;
-      }
+      stopping = shutting_down;
+      until = flight->drive_until;
+    }
+    if (stopping) {
+      Complete(flight, plan.key, absl::UnavailableError("kforge server is shutting down"));
+      return;
     }
     const absl::Time now = absl::Now();
-    if (now >= deadline) return;
-    absl::SleepFor(std::min(backoff, deadline - now));
+    if (now >= until) {
+      // A caller joining now may have a later deadline; it is answered
+      // too, and the next caller starts a new flight.
+      Complete(flight, plan.key,
+               absl::DeadlineExceededError(absl::StrFormat(
+                   "deadline passed while another kforge process sharing the cache directory "
+                   "compiled %s; its result will be cached on disk",
+                   plan.module_name)));
+      return;
+    }
+    absl::SleepFor(std::min(backoff, until - now));
     backoff = std::min(backoff * 2, kMaxLockRetry);
   }
   // No lock file (a read-only, full or vanished cache directory): compile
@@ -165,10 +181,6 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
     (void)memory->Put(plan.key, *on_disk);
     Complete(flight, plan.key, KernelStore::Result{*on_disk, v1::ARTIFACT_SOURCE_SHARED_COMPILE});
     return;
-  }
-  {
-    absl::MutexLock lock(&mu);
-    flight->phase = Flight::Phase::kCompiling;
   }
   v1::CompileJob job;
   *job.mutable_spec() = plan.spec;
@@ -311,88 +323,92 @@ absl::StatusOr<KernelStore::Result> KernelStore::CachedKernel(const v1::Attentio
       absl::StrCat(plan->module_name, " (key ", plan->key, ") is not cached"));
 }
 
-absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSpec& spec,
-                                                           std::string_view arch, bool lookup_only,
-                                                           absl::Time deadline) {
-  State& s = *state_;
-  absl::StatusOr<CompilePlan> plan = s.compiler.Plan(spec, arch);
-  if (!plan.ok()) return plan.status();
-
-  if (std::optional<Result> hit =
-          FromCache(*s.memory, *s.disk, plan->key, s.memory_hits, s.disk_hits)) {
-    return *std::move(hit);
+void KernelStore::State::Start(const CompilePlan& plan, bool lookup_only, absl::Time deadline,
+                               Done done) {
+  if (std::optional<Result> hit = FromCache(*memory, *disk, plan.key, memory_hits, disk_hits)) {
+    return done(*std::move(hit));
   }
-  ++s.misses;
+  ++misses;
   if (lookup_only) {
-    return absl::NotFoundError(absl::StrCat(plan->module_name, " (key ", plan->key,
-                                            ") is not cached and lookup_only was set"));
+    return done(absl::NotFoundError(absl::StrCat(plan.module_name, " (key ", plan.key,
+                                                 ") is not cached and lookup_only was set")));
   }
-
   std::shared_ptr<Flight> flight;
-  bool joined = false;
-  FlightResult result = absl::UnknownError("unset");
+  bool starts = false;
+  std::optional<absl::Status> refused;
   {
-    absl::MutexLock lock(&s.mu);
-    if (s.shutting_down) {
-      return absl::UnavailableError("kforge server is shutting down");
-    }
-    if (auto failed = s.failures.find(plan->key); failed != s.failures.end()) {
+    absl::MutexLock lock(&mu);
+    if (shutting_down) {
+      refused = absl::UnavailableError("kforge server is shutting down");
+    } else if (auto failed = failures.find(plan.key); failed != failures.end()) {
       const absl::Duration left = failed->second.second - absl::Now();
       if (left > absl::ZeroDuration()) {
         const absl::Status& why = failed->second.first;
-        return absl::Status(
+        refused = absl::Status(
             why.code(),
             absl::StrCat(why.message(), "\n(the same compile failed ",
                          absl::FormatDuration(
-                             absl::Trunc(s.options.failure_cache - left, absl::Milliseconds(1))),
+                             absl::Trunc(options.failure_cache - left, absl::Milliseconds(1))),
                          " ago; not retried for another ",
                          absl::FormatDuration(absl::Trunc(left, absl::Milliseconds(1))), ")"));
-      }
-      s.failures.erase(failed);
-    }
-    auto it = s.flights.find(plan->key);
-    if (it != s.flights.end()) {
-      flight = it->second;
-      joined = true;
-      ++s.shared_waits;
-    } else {
-      flight = std::make_shared<Flight>();
-      s.flights.emplace(plan->key, flight);
-      ++s.running_flights;
-    }
-    ++flight->waiters;
-    bool timed_out = false;
-    while (flight->phase != Flight::Phase::kDone && !timed_out) {
-      if (flight->phase == Flight::Phase::kLocking && !flight->has_driver) {
-        flight->has_driver = true;
-        s.mu.Unlock();
-        s.Drive(flight, *plan, deadline);
-        s.mu.Lock();
-        flight->has_driver = false;
-        // Gave up at its deadline: another waiter takes over.
-        if (flight->phase == Flight::Phase::kLocking) flight->changed.SignalAll();
-        timed_out = absl::Now() >= deadline;
       } else {
-        timed_out = flight->changed.WaitWithDeadline(&s.mu, deadline);
+        failures.erase(failed);
       }
     }
-    --flight->waiters;
-    if (flight->phase != Flight::Phase::kDone) {
-      if (flight->phase == Flight::Phase::kLocking && flight->waiters == 0 && !flight->has_driver) {
-        // Nobody is left to wait for the other process's lock; whatever it
-        // builds lands on disk, and the next caller starts a new flight.
-        s.flights.erase(plan->key);
-        if (--s.running_flights == 0) s.flights_done.SignalAll();
+    if (!refused.has_value()) {
+      if (auto it = flights.find(plan.key); it != flights.end()) {
+        flight = it->second;
+        ++shared_waits;
+        // Joined: answered as a shared compile.
+        done = [done = std::move(done)](FlightResult result) mutable {
+          if (result.ok()) result->source = v1::ARTIFACT_SOURCE_SHARED_COMPILE;
+          done(std::move(result));
+        };
+      } else {
+        flight = std::make_shared<Flight>();
+        flights.emplace(plan.key, flight);
+        ++running_flights;
+        starts = true;
       }
-      return absl::DeadlineExceededError(
-          absl::StrFormat("deadline passed while %s compiled; the compile goes on and its "
-                          "result will be cached",
-                          plan->module_name));
+      flight->drive_until = std::max(flight->drive_until, deadline);
+      flight->callers.push_back(std::move(done));
     }
-    result = *flight->result;
   }
-  if (result.ok() && joined) result->source = v1::ARTIFACT_SOURCE_SHARED_COMPILE;
-  return result;
+  if (refused.has_value()) return done(*std::move(refused));
+  if (starts) Drive(flight, plan);
+}
+
+void KernelStore::GetKernelAsync(const v1::AttentionSpec& spec, std::string_view arch,
+                                 bool lookup_only, absl::Time deadline, Done done) {
+  absl::StatusOr<CompilePlan> plan = state_->compiler.Plan(spec, arch);
+  if (!plan.ok()) return done(plan.status());
+  state_->Start(*plan, lookup_only, deadline, std::move(done));
+}
+
+absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSpec& spec,
+                                                           std::string_view arch, bool lookup_only,
+                                                           absl::Time deadline) {
+  absl::StatusOr<CompilePlan> plan = state_->compiler.Plan(spec, arch);
+  if (!plan.ok()) return plan.status();
+  // Shared with the callback, which may run after this caller gave up.
+  struct Answer {
+    absl::Mutex mu;
+    std::optional<FlightResult> result ABSL_GUARDED_BY(mu);
+  };
+  auto answer = std::make_shared<Answer>();
+  state_->Start(*plan, lookup_only, deadline, [answer](FlightResult result) {
+    absl::MutexLock lock(&answer->mu);
+    answer->result = std::move(result);
+  });
+  absl::MutexLock lock(&answer->mu);
+  auto answered = [](Answer* a) ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->result.has_value(); };
+  if (!answer->mu.AwaitWithDeadline(absl::Condition(+answered, answer.get()), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrFormat("deadline passed while %s compiled; the compile goes on and its "
+                        "result will be cached",
+                        plan->module_name));
+  }
+  return *std::move(answer->result);
 }
 
 absl::StatusOr<v1::Manifest> KernelStore::GetManifest(const v1::AttentionSpec& spec,

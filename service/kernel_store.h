@@ -2,6 +2,7 @@
 #define KFORGE_SERVICE_KERNEL_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -46,9 +47,25 @@ class KernelStore {
   // (unsupported arch), NotFound (lookup_only miss), ResourceExhausted
   // (compile queue full), DeadlineExceeded (this caller's deadline passed;
   // the compile goes on for the others), Internal (compile failure, with the
-  // NVRTC log), Unavailable (shutting down).
+  // NVRTC log), Unavailable (shutting down). Blocks until answered:
+  // GetKernelAsync on a waiting thread.
   absl::StatusOr<Result> GetKernel(const v1::AttentionSpec& spec, std::string_view arch,
                                    bool lookup_only, absl::Time deadline = absl::InfiniteFuture());
+
+  // GetKernel without a thread waiting for a compile: `done` runs once,
+  // with what GetKernel answers, either before this returns (a hit, an
+  // error, or a compile that ended while this caller started it) or on the
+  // thread that ends the compile (the pool's). A caller that joins a
+  // compile in progress returns at once; the one that starts a compile
+  // takes the key's lock file on its own thread first, which waits only
+  // while another process sharing the cache directory compiles the key,
+  // until the latest deadline of the compile's callers. `deadline` bounds
+  // only that wait: a caller whose deadline passes during the compile
+  // itself is answered when it ends (a gRPC client has gone by then).
+  // `done` must not block; it may call the store.
+  using Done = std::function<void(absl::StatusOr<Result>)>;
+  void GetKernelAsync(const v1::AttentionSpec& spec, std::string_view arch, bool lookup_only,
+                      absl::Time deadline, Done done);
 
   // The memory tier, then the disk tier, never a compile nor a wait for one:
   // what GetKernel answers before it would compile. NotFound on a miss

@@ -23,6 +23,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "service/warm.h"
 
 namespace kforge {
@@ -33,6 +34,16 @@ namespace {
 // per method (kMaxRequestBytes and the handlers' checks), so that clients
 // cannot make the server hold their big messages.
 constexpr int kMaxResponseBytes = 256 << 20;
+
+// What gRPC's transport may hold for all connections together (receive
+// buffers, call arenas). gRPC 1.51 receives a whole message before any
+// size check: it opens the stream's flow-control window to the length the
+// message announces, so four parallel 100 MB requests raised RSS by
+// ~280 MB although each was refused at 1 MB. Past this quota gRPC cancels
+// streams (RESOURCE_EXHAUSTED, "Buffers full") until it is back under it.
+// 64 MB is 64 of the largest legitimate requests (a 1 MB Warm) at once,
+// and hundreds of times what the calls of a busy server hold.
+constexpr size_t kTransportMemoryBytes = 64 << 20;
 
 // gRPC's own log lines, which it writes to stderr as raw dumps (a port in
 // use printed a JSON error tree before kforge's message). While the server
@@ -201,6 +212,9 @@ int RunServer(const ServerOptions& options) {
   // share a port that is in use instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxRequestBytes));
+  grpc::ResourceQuota quota("kforge-transport");
+  quota.Resize(kTransportMemoryBytes);
+  builder.SetResourceQuota(quota);
   builder.SetMaxSendMessageSize(kMaxResponseBytes);
   builder.RegisterService(service.get());
   CaptureGrpcLog(true);

@@ -41,8 +41,8 @@ constexpr int kMaxResponseBytes = 256 << 20;
 // message announces, so four parallel 100 MB requests raised RSS by
 // ~280 MB although each was refused at 1 MB. Past this quota gRPC cancels
 // streams (RESOURCE_EXHAUSTED, "Buffers full") until it is back under it.
-// 64 MB is 64 of the largest legitimate requests (a 1 MB Warm) at once,
-// and hundreds of times what the calls of a busy server hold.
+// 64 MB is 64 of the largest legitimate requests (a 1 MB Warm) at once;
+// a call's arena, also charged to it, is a few KB.
 constexpr size_t kTransportMemoryBytes = 64 << 20;
 
 // gRPC's own log lines, which it writes to stderr as raw dumps (a port in
@@ -162,11 +162,22 @@ int RunServer(const ServerOptions& options) {
                  "--auth-token-file), or listen on 127.0.0.1"
               << std::endl;
   }
-  // SIGHUP rereads the token files; a bad file keeps the tokens in use.
+  // SIGHUP rereads the token files and the TLS files; a bad file keeps
+  // what is in use.
   std::unique_ptr<ReloadSignal> reload;
-  if (security->authenticator != nullptr) {
+  if (security->authenticator != nullptr || security->tls != nullptr) {
     std::shared_ptr<TokenAuthenticator> auth = security->authenticator;
-    absl::StatusOr<std::unique_ptr<ReloadSignal>> installed = ReloadSignal::Install([auth] {
+    std::shared_ptr<ServerTlsFiles> tls = security->tls;
+    absl::StatusOr<std::unique_ptr<ReloadSignal>> installed = ReloadSignal::Install([auth, tls] {
+      if (tls != nullptr) {
+        if (absl::Status s = tls->Reload(); !s.ok()) {
+          std::cerr << "kforge: SIGHUP: TLS files not reloaded, the old ones stay: " << s.message()
+                    << std::endl;
+        } else {
+          std::cerr << "kforge: SIGHUP: TLS files reloaded (new connections use them)" << std::endl;
+        }
+      }
+      if (auth == nullptr) return;
       if (absl::Status s = auth->Reload(); !s.ok()) {
         std::cerr << "kforge: SIGHUP: tokens not reloaded, the old ones stay: " << s.message()
                   << std::endl;

@@ -9,12 +9,13 @@ per token with its own top-k: the impl declares no dense-MHA prefill, so
 vLLM's MLA layer hands it the whole batch.
 """
 
-import logging
+import json
 from typing import ClassVar
 
 import torch
 from kforge import spec as kforge_spec
 from vllm.config import get_current_vllm_config
+from vllm.logger import init_logger
 from vllm.model_executor.layers.attention.sparse_mla_attention import (
     SparseMLACommonImpl, SparseMLACommonMetadata, SparseMLACommonMetadataBuilder)
 from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, AttentionLayer,
@@ -24,7 +25,8 @@ from vllm.v1.attention.backends.mla.sparse_utils import align_blocks_to_rows
 
 from kforge_vllm import core
 
-logger = logging.getLogger(__name__)
+# Under vLLM's logger, whose handlers print what vLLM's own messages print.
+logger = init_logger("vllm.kforge_vllm")
 
 # kforge builds any page size 1..kMaxPageBlockSize; the backend asks vLLM
 # for 64-token blocks, the size every vLLM sparse-MLA backend and indexer
@@ -167,6 +169,9 @@ class KforgeSparseMlaImpl(SparseMLACommonImpl[KforgeSparseMlaMetadata]):
                          sliding_window, kv_cache_dtype, logits_soft_cap, attn_type,
                          kv_sharing_target_layer_name, indexer=indexer,
                          topk_indices_buffer=topk_indices_buffer, **mla_args)
+        if isinstance(self.index_group, HiSparseMLAIndexGroup):
+            raise NotImplementedError("kforge's sparse MLA backend does not serve HiSparse "
+                                      "(host-offloaded) KV caches")
         if self.topk_indices_buffer is None:
             raise NotImplementedError("kforge's sparse MLA backend needs the indexer's top-k "
                                       "buffer (a DSA model such as DeepSeek-V3.2 or GLM-5)")
@@ -177,12 +182,11 @@ class KforgeSparseMlaImpl(SparseMLACommonImpl[KforgeSparseMlaMetadata]):
         self.core = _core_for(core.attention_spec(
             num_heads=num_heads, kv_lora_rank=self.kv_lora_rank,
             rope_dim=self.qk_rope_head_dim, topk=topk, page_size=PAGE_SIZE,
-            softmax_scale=self.scale, cache_dtype=kv_cache_dtype))
+            softmax_scale=self.scale, cache_dtype=kv_cache_dtype),
+            vllm_config.parallel_config.tensor_parallel_size,
+            getattr(vllm_config.model_config, "model", "vllm"))
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer: AttentionLayer):
-        if isinstance(self.index_group, HiSparseMLAIndexGroup):
-            raise NotImplementedError("kforge's sparse MLA backend does not serve HiSparse "
-                                      "(host-offloaded) KV caches")
         num_tokens = q[0].shape[0] if isinstance(q, tuple) else q.shape[0]
         slots = self.core.slots(self.topk_indices_buffer[:num_tokens],
                                 attn_metadata.req_id_per_token[:num_tokens],
@@ -195,14 +199,17 @@ class KforgeSparseMlaImpl(SparseMLACommonImpl[KforgeSparseMlaMetadata]):
 _cores = {}
 
 
-def _core_for(spec):
+def _core_for(spec, tp, model_name):
     key = spec.SerializeToString(deterministic=True)
     found = _cores.get(key)
     if found is None:
         found = _cores[key] = core.SparseMlaCore(spec)
         count = found.prefetch()
-        logger.info("kforge: %d kernel(s) loaded for %d heads, topk %d, kv %s, scale %g",
-                    count, spec.num_q_heads, spec.topk,
+        logger.info("kforge: %d kernel(s) loaded for %d heads, topk %d, kv %s, scale %r; "
+                    "prebuild them (kforge prebuild MATRIX --out DIR, or kforge warm) with "
+                    "MATRIX = %s", count, spec.num_q_heads, spec.topk,
                     "fp8_ds_mla" if spec.kv_cache_dtype == kforge_spec.KV_CACHE_DTYPE_FP8_DS_MLA
-                    else "bf16", spec.softmax_scale)
+                    else "bf16", spec.softmax_scale,
+                    json.dumps(core.prebuild_matrix(spec, tp, found.decoder.arch,
+                                                    name=str(model_name))))
     return found

@@ -69,15 +69,33 @@ def attention_spec(*, num_heads, kv_lora_rank, rope_dim, topk, page_size, softma
     return spec
 
 
+def prebuild_matrix(spec, tp, arch, name="vllm"):
+    """A kforge deployment matrix (docs/MATRIX.md) holding exactly the
+    kernel this backend asks for: `spec` is one rank's (as attention_spec
+    makes it), `tp` the tensor-parallel degree, `arch` the GPU's kforge
+    target. `kforge prebuild` / `kforge warm` of it leave nothing to compile
+    at engine start. The spec is written as the kforge package serializes
+    it, so the scale's float32 value, part of the kernel's key, survives."""
+    from google.protobuf import json_format
+    model = type(spec)()
+    model.CopyFrom(spec)
+    model.num_q_heads = spec.num_q_heads * int(tp)  # a matrix spec counts every head
+    return {"models": [{"name": name, "tp": [int(tp)],
+                        "spec": json_format.MessageToDict(model)}],
+            "archs": [arch]}
+
+
 def topk_to_slots(topk, req_id_per_token, block_table, page_size):
-    """Cache slots [tokens, topk] int32 (block * page_size + offset, -1
-    where the position is -1) of the indexer's positions `topk` [tokens,
-    topk] through each token's request's row of `block_table`. Torch ops
-    only, with no host sync: safe inside a captured CUDA graph."""
+    """Cache slots [tokens, topk] int32 (block * page_size + offset; -1
+    where the position is -1 or past the block table's width) of the
+    indexer's positions `topk` [tokens, topk] through each token's
+    request's row of `block_table`. Torch ops only, with no host sync: safe
+    inside a captured CUDA graph."""
     import torch
-    valid = topk >= 0
     pos = topk.clamp(min=0)
-    column = torch.div(pos, page_size, rounding_mode="floor").clamp_(max=block_table.shape[1] - 1)
+    column = torch.div(pos, page_size, rounding_mode="floor")
+    valid = (topk >= 0) & (column < block_table.shape[1])
+    column = column.clamp_(max=block_table.shape[1] - 1)  # in bounds; masked below
     rows = req_id_per_token.to(torch.long).unsqueeze(1).expand_as(column)
     blocks = block_table[rows, column.to(torch.long)]
     slots = blocks * page_size + pos.remainder(page_size)

@@ -346,8 +346,12 @@ class MetadataTest(unittest.TestCase):
         for t, pos in enumerate(positions.tolist()):
             n = min(pos + 1, 2048)
             topk[t, :n] = torch.randperm(pos + 1, generator=gen)[:n].to(torch.int32)
-        slots = core.topk_to_slots(topk, md.req_id_per_token, md.block_table, 64)
         want = reference_slots(topk, query_lens, block_rows, 64)
+        # A position past the block table's width is no token (as vLLM's
+        # own conversion reads it).
+        topk[-1, -1] = md.block_table.shape[1] * 64 + 5
+        want[-1, -1] = -1
+        slots = core.topk_to_slots(topk, md.req_id_per_token, md.block_table, 64)
         self.assertEqual(slots.dtype, torch.int32)
         self.assertTrue(torch.equal(slots, want))
         # Each token's own position maps to the slot its KV is written to.

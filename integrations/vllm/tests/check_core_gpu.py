@@ -190,27 +190,21 @@ def check_shape(torch, reference, gen, name, heads, scale, cache_dtype, results)
     record("graph", problems)
 
 
-def main():
-    args = e2e_python.source_args(__doc__.splitlines()[0])
-    torch = e2e_python.cuda_torch()
-    if torch is None:
-        return 0
-    from check_sparse_mla import reference
+def checks(torch, source, gen, reference):
+    print(f"source: {source!r}, device: {torch.cuda.get_device_name()}", flush=True)
     results = []
-    with e2e_python.kernel_source(args, "kforge_vllm_core_") as source:
-        gen = torch.Generator(device="cuda")
-        gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
-        print(f"source: {source!r}, device: {torch.cuda.get_device_name()}", flush=True)
-        for name, heads, scale in SHAPES:
-            for cache_dtype in CACHE_DTYPES:
-                try:
-                    check_shape(torch, reference, gen, name, heads, scale, cache_dtype, results)
-                except Exception as e:
-                    results.append([f"{type(e).__name__}: {e}"])
-                    print(f"{name} {cache_dtype}: FAIL: {type(e).__name__}: {e}", flush=True)
-    failed = sum(bool(p) for p in results)
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    for name, heads, scale in SHAPES:
+        for cache_dtype in CACHE_DTYPES:
+            try:
+                check_shape(torch, reference, gen, name, heads, scale, cache_dtype, results)
+            except Exception as e:
+                results.append([f"{type(e).__name__}: {e}"])
+                print(f"{name} {cache_dtype}: FAIL: {type(e).__name__}: {e}", flush=True)
+    return results
+
+
+def main():
+    return e2e_python.run_gpu_check(__doc__.splitlines()[0], "kforge_vllm_core_", checks)
 
 
 if __name__ == "__main__":

@@ -38,29 +38,26 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# config.json of the two model shapes (the attention-relevant fields of the
-# published configs; weights are never loaded).
-GLM5 = {
-    "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
-    "num_attention_heads": 64, "num_key_value_heads": 64, "hidden_size": 6144,
-    "num_hidden_layers": 78, "vocab_size": 154880, "kv_lora_rank": 512, "q_lora_rank": 2048,
-    "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256, "index_topk": 2048,
-    "index_head_dim": 128, "index_n_heads": 32, "max_position_embeddings": 202752,
-    "torch_dtype": "bfloat16", "intermediate_size": 12288, "moe_intermediate_size": 2048,
-    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
-    "first_k_dense_replace": 3, "rope_theta": 1000000, "rms_norm_eps": 1e-05}
-DEEPSEEK_V32 = {
-    "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
-    "num_attention_heads": 128, "num_key_value_heads": 128, "hidden_size": 7168,
-    "num_hidden_layers": 61, "vocab_size": 129280, "kv_lora_rank": 512, "q_lora_rank": 1536,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "index_topk": 2048,
-    "index_head_dim": 128, "index_n_heads": 64, "max_position_embeddings": 163840,
-    "torch_dtype": "bfloat16", "intermediate_size": 18432, "moe_intermediate_size": 2048,
-    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
-    "first_k_dense_replace": 3, "rms_norm_eps": 1e-06,
-    "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1,
-                     "mscale": 1.0, "mscale_all_dim": 1.0,
-                     "original_max_position_embeddings": 4096}}
+# config.json of the two model shapes: the attention-relevant fields of the
+# published configs (weights are never loaded). What both share (DSA:
+# MLA with a 2048-token indexer, DeepSeek's MoE layout) first.
+_DSA = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "index_topk": 2048, "index_head_dim": 128,
+        "torch_dtype": "bfloat16", "moe_intermediate_size": 2048, "n_routed_experts": 256,
+        "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3}
+GLM5 = dict(_DSA, architectures=["GlmMoeDsaForCausalLM"], model_type="glm_moe_dsa",
+            num_attention_heads=64, num_key_value_heads=64, hidden_size=6144,
+            num_hidden_layers=78, vocab_size=154880, q_lora_rank=2048, qk_nope_head_dim=192,
+            v_head_dim=256, index_n_heads=32, max_position_embeddings=202752,
+            intermediate_size=12288, rope_theta=1000000, rms_norm_eps=1e-05)
+DEEPSEEK_V32 = dict(_DSA, architectures=["DeepseekV32ForCausalLM"], model_type="deepseek_v32",
+                    num_attention_heads=128, num_key_value_heads=128, hidden_size=7168,
+                    num_hidden_layers=61, vocab_size=129280, q_lora_rank=1536,
+                    qk_nope_head_dim=128, v_head_dim=128, index_n_heads=64,
+                    max_position_embeddings=163840, intermediate_size=18432,
+                    rms_norm_eps=1e-06,
+                    rope_scaling={"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1,
+                                  "mscale": 1.0, "mscale_all_dim": 1.0,
+                                  "original_max_position_embeddings": 4096})
 # A dense (no indexer) MLA model: not sparse, so not kforge's.
 DEEPSEEK_V3 = {k: v for k, v in DEEPSEEK_V32.items() if not k.startswith("index_")}
 DEEPSEEK_V3.update(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3")

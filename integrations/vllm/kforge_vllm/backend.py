@@ -99,9 +99,10 @@ class KforgeSparseMlaBackend(AttentionBackend):
 
     @classmethod
     def get_supported_head_sizes(cls):
-        # kv_lora_rank + rope_dim of the fp8_ds_mla-capable shapes (512 + 64,
-        # 512 + 0); kforge itself builds more (core.attention_spec says).
-        return [576, 512]
+        # kv_lora_rank 512 + rope 64, the shape of every DSA model. kforge
+        # builds NoPE (512 + 0) too, but vLLM 0.33 sizes every fp8_ds_mla
+        # record at 656 bytes while kforge's NoPE record is 528.
+        return [576]
 
     @classmethod
     def is_mla(cls):

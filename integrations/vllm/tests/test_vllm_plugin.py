@@ -230,7 +230,7 @@ class SelectionTest(unittest.TestCase):
                          "heads256"), "auto", 576, "num_q_heads: got 256, supported 1..128"),
             (vllm_config(dict(DEEPSEEK_V32, index_topk=20000), "topk20000"), "auto", 576,
              "topk: got 20000"),
-            (self.dsv32, "auto", 640, "head_size not supported"),
+            (self.dsv32, "auto", 512, "head_size not supported"),  # NoPE
         )
         for cfg, kv, head_size, reason in cases:
             from vllm.config import set_current_vllm_config

@@ -13,6 +13,10 @@ scripts/test_vllm_plugin.sh in a venv holding vLLM, kforge and kforge-vllm.
   - the metadata builder, run on vLLM's BlockTable and
     CommonAttentionMetadata for a batch of decode, MTP and prefill
     requests, gives the slots a reference computes;
+  - the impl, built with the arguments vLLM's MLA layer passes, makes the
+    spec from them (heads per rank, scale, ranks, top-k), shares one core
+    across layers, and its forward_mqa gives the reference attention (the
+    kernel call itself replaced by fp64 on the CPU);
   - the KV cache vLLM's allocator lays out for the backend's spec is what
     kforge's decode accepts (row bytes, page size, strides).
 
@@ -35,6 +39,7 @@ import unittest
 from unittest import mock
 
 import torch
+from kforge_vllm import core as plugin_core
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -271,58 +276,61 @@ def reference_slots(topk, query_lens, block_rows, page):
     return torch.tensor(out, dtype=torch.int32)
 
 
-class MetadataTest(unittest.TestCase):
-    """The builder on vLLM's own objects: a BlockTable filled the way the
-    model runner fills it, and the CommonAttentionMetadata it builds."""
+def build_metadata(cfg, query_lens, seq_lens, block_rows):
+    """(builder, metadata, positions) of the backend's builder on vLLM's
+    own objects: a BlockTable filled the way the model runner fills it,
+    and the CommonAttentionMetadata of the batch."""
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+    from vllm.v1.worker.block_table import BlockTable
+    from kforge_vllm.backend import KforgeSparseMlaBackend
+    page = 64
+    table = BlockTable(block_size=page, max_num_reqs=8, max_num_blocks_per_req=64,
+                       max_num_batched_tokens=512, pin_memory=False,
+                       device=torch.device("cpu"), cp_kv_cache_interleave_size=1)
+    for row, blocks in enumerate(block_rows):
+        table.add_row(blocks, row)
+    num_reqs = len(query_lens)
+    with no_pinned_memory():
+        table.commit_block_table(num_reqs)
+    qsl = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0).tolist()),
+                       dtype=torch.int32)
+    positions = torch.cat([torch.arange(s - q, s) for q, s in zip(query_lens, seq_lens)])
+    num_tokens = int(qsl[-1])
+    # The slots the tokens' own KV is written to (vLLM's slot-mapping
+    # kernel is Triton).
+    slot_mapping = torch.tensor(
+        [block_rows[r][p // page] * page + p % page
+         for r, (q, s) in enumerate(zip(query_lens, seq_lens)) for p in range(s - q, s)],
+        dtype=torch.int64)
+    common = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=num_reqs,
+        num_actual_tokens=num_tokens, max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens), block_table_tensor=table.get_device_tensor(num_reqs),
+        slot_mapping=slot_mapping,
+        seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32))
+    # vLLM maps tokens to requests with a Triton kernel, which has no
+    # CPU form (vllm.triton_utils stubs Triton out without a driver);
+    # its answer, filled in where vLLM caches it:
+    common._token_to_req_indices_cache = torch.tensor(
+        [r for r, q in enumerate(query_lens) for _ in range(q)], dtype=torch.int32)
+    spec = MLAAttentionSpec(block_size=page, num_kv_heads=1, head_size=576,
+                            dtype=torch.bfloat16, cache_dtype_str="auto")
+    layer = "model.layers.0.self_attn.attn"
+    # The MLA layer registers itself here; the builder reads its
+    # prefill backend (none: kforge serves prefill through forward_mqa).
+    cfg.compilation_config.static_forward_context[layer] = types.SimpleNamespace(
+        prefill_backend=None)
+    with set_current_vllm_config(cfg), no_pinned_memory():
+        builder = KforgeSparseMlaBackend.get_builder_cls()(spec, [layer], cfg,
+                                                           torch.device("cpu"))
+        return builder, builder.build(0, common), positions
 
-    def build(self, cfg, query_lens, seq_lens, block_rows, num_spec_tokens=0):
-        from vllm.config import set_current_vllm_config
-        from vllm.v1.attention.backend import CommonAttentionMetadata
-        from vllm.v1.kv_cache_interface import MLAAttentionSpec
-        from vllm.v1.worker.block_table import BlockTable
-        from kforge_vllm.backend import KforgeSparseMlaBackend
-        page = 64
-        table = BlockTable(block_size=page, max_num_reqs=8, max_num_blocks_per_req=64,
-                           max_num_batched_tokens=512, pin_memory=False,
-                           device=torch.device("cpu"), cp_kv_cache_interleave_size=1)
-        for row, blocks in enumerate(block_rows):
-            table.add_row(blocks, row)
-        num_reqs = len(query_lens)
-        with no_pinned_memory():
-            table.commit_block_table(num_reqs)
-        qsl = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0).tolist()),
-                           dtype=torch.int32)
-        positions = torch.cat([torch.arange(s - q, s) for q, s in zip(query_lens, seq_lens)])
-        num_tokens = int(qsl[-1])
-        # The slots the tokens' own KV is written to (vLLM's slot-mapping
-        # kernel is Triton).
-        slot_mapping = torch.tensor(
-            [block_rows[r][p // page] * page + p % page
-             for r, (q, s) in enumerate(zip(query_lens, seq_lens)) for p in range(s - q, s)],
-            dtype=torch.int64)
-        common = CommonAttentionMetadata(
-            query_start_loc=qsl, query_start_loc_cpu=qsl.clone(),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=num_reqs,
-            num_actual_tokens=num_tokens, max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens), block_table_tensor=table.get_device_tensor(num_reqs),
-            slot_mapping=slot_mapping,
-            seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32))
-        # vLLM maps tokens to requests with a Triton kernel, which has no
-        # CPU form (vllm.triton_utils stubs Triton out without a driver);
-        # its answer, filled in where vLLM caches it:
-        common._token_to_req_indices_cache = torch.tensor(
-            [r for r, q in enumerate(query_lens) for _ in range(q)], dtype=torch.int32)
-        spec = MLAAttentionSpec(block_size=page, num_kv_heads=1, head_size=576,
-                                dtype=torch.bfloat16, cache_dtype_str="auto")
-        layer = "model.layers.0.self_attn.attn"
-        # The MLA layer registers itself here; the builder reads its
-        # prefill backend (none: kforge serves prefill through forward_mqa).
-        cfg.compilation_config.static_forward_context[layer] = types.SimpleNamespace(
-            prefill_backend=None)
-        with set_current_vllm_config(cfg), no_pinned_memory():
-            builder = KforgeSparseMlaBackend.get_builder_cls()(spec, [layer], cfg,
-                                                               torch.device("cpu"))
-            return builder, builder.build(0, common), positions
+
+class MetadataTest(unittest.TestCase):
+    """The builder on vLLM's own objects (build_metadata)."""
 
     def test_slots_match_the_reference_for_decode_mtp_and_prefill(self):
         from kforge_vllm import core
@@ -333,7 +341,7 @@ class MetadataTest(unittest.TestCase):
         query_lens, seq_lens = [1, 1, 3, 40], [300, 70, 130, 140]
         block_rows = [torch.randperm(400, generator=gen)[:(s + 63) // 64].tolist()
                       for s in seq_lens]
-        builder, md, positions = self.build(cfg, query_lens, seq_lens, block_rows)
+        builder, md, positions = build_metadata(cfg, query_lens, seq_lens, block_rows)
         num_tokens = sum(query_lens)
         self.assertEqual(md.num_actual_tokens, num_tokens)
         self.assertEqual(md.block_size, 64)
@@ -371,10 +379,102 @@ class MetadataTest(unittest.TestCase):
             q = 1 + k
             spec = types.SimpleNamespace(num_speculative_tokens=k, parallel_drafting=False)
             with mock.patch.object(cfg, "speculative_config", spec if k else None):
-                builder, md, _ = self.build(cfg, [q] * 3, [100, 65, 200], rows)
+                builder, md, _ = build_metadata(cfg, [q] * 3, [100, 65, 200], rows)
             self.assertEqual(builder.reorder_batch_threshold, q)
             self.assertEqual((md.num_decodes, md.num_prefills, md.num_decode_tokens,
                               md.decode_max_query_len), (3, 0, 3 * q, q), f"k={k}")
+
+
+class ReferenceCore(plugin_core.SparseMlaCore):
+    """Stands in for kforge_vllm.core.SparseMlaCore where there is no GPU:
+    its slot translation, and fp64 attention in place of the kernel
+    (check_core_gpu.py checks the kernel against the same reference)."""
+
+    made = []
+
+    def __init__(self, spec, device=None, source=None):
+        self.spec, self.page_size, self.topk = spec, spec.page_block_size, spec.topk
+        self.kv_lora_rank = spec.kv_lora_rank
+        self.decoder = types.SimpleNamespace(arch="sm_120a")
+        ReferenceCore.made.append(spec)
+
+    def prefetch(self):
+        return 1
+
+    def __call__(self, q, kv_cache, slots, out=None):
+        q = torch.cat(q, -1) if isinstance(q, tuple) else q
+        rows = kv_cache.reshape(-1, kv_cache.shape[-1]).double()
+        valid = slots >= 0
+        kv = rows[torch.where(valid, slots, 0).long()] * valid[..., None]
+        s = torch.einsum("thd,tkd->thk", q.double(), kv) * self.spec.softmax_scale
+        p = torch.softmax(s.masked_fill(~valid[:, None, :], float("-inf")), -1).nan_to_num(0.0)
+        return torch.einsum("thk,tkd->thd", p, kv[..., :self.kv_lora_rank]).bfloat16()
+
+
+class ImplTest(unittest.TestCase):
+    """KforgeSparseMlaImpl built the way vLLM's MLA layer builds it (the
+    same keyword arguments) and its forward_mqa on a metadata batch."""
+
+    def make_impl(self, cfg, topk_buffer, scale, kv_cache_dtype="auto"):
+        from vllm.config import set_current_vllm_config
+        from kforge_vllm.backend import KforgeSparseMlaBackend
+        from kforge_vllm import backend
+        text = cfg.model_config.hf_text_config
+        heads = cfg.model_config.get_num_attention_heads(cfg.parallel_config)
+        with set_current_vllm_config(cfg), \
+                mock.patch.object(backend.core, "SparseMlaCore", ReferenceCore), \
+                mock.patch("vllm.model_executor.layers.attention.sparse_mla_attention."
+                           "get_tensor_model_parallel_world_size",
+                           return_value=cfg.parallel_config.tensor_parallel_size):
+            return KforgeSparseMlaBackend.get_impl_cls()(
+                num_heads=heads, head_size=576, scale=scale, num_kv_heads=1, alibi_slopes=None,
+                sliding_window=None, kv_cache_dtype=kv_cache_dtype, logits_soft_cap=None,
+                attn_type="decoder", kv_sharing_target_layer_name=None,
+                q_lora_rank=text.q_lora_rank, kv_lora_rank=text.kv_lora_rank,
+                qk_nope_head_dim=text.qk_nope_head_dim, qk_rope_head_dim=text.qk_rope_head_dim,
+                qk_head_dim=text.qk_nope_head_dim + text.qk_rope_head_dim,
+                v_head_dim=text.v_head_dim, kv_b_proj=None, indexer=None,
+                topk_indices_buffer=topk_buffer)
+
+    def test_spec_from_vllms_arguments_and_forward(self):
+        from kforge_vllm import backend
+        cfg = vllm_config(GLM5, "glm5-impl", tp=8)
+        tokens, width = 6, 2048 + 16  # vLLM's buffer may be wider than top-k
+        buffer = torch.full((64, width), -1, dtype=torch.int32)
+        backend._cores.clear()
+        ReferenceCore.made.clear()
+        impls = [self.make_impl(cfg, buffer, 0.0625) for _ in range(2)]  # two layers
+        self.assertEqual(len(ReferenceCore.made), 1, "layers of one shape share one core")
+        spec = ReferenceCore.made[0]
+        self.assertEqual((spec.num_q_heads, spec.kv_lora_rank, spec.rope_dim, spec.topk,
+                          spec.page_block_size, spec.kv_cache_dtype, spec.return_lse),
+                         (8, 512, 64, 2048, 64, 1, False))
+        self.assertAlmostEqual(spec.softmax_scale, 0.0625)
+        self.assertIs(impls[0].core, impls[1].core)
+        # One step: 2 decodes + a 4-token MTP verification.
+        query_lens, seq_lens = [1, 1, 4], [70, 130, 200]
+        rows = [[5, 9], [2, 0, 7], [1, 3, 4, 6]]
+        _, md, positions = build_metadata(cfg, query_lens, seq_lens, rows)
+        gen = torch.Generator().manual_seed(2)
+        for t, pos in enumerate(positions.tolist()):
+            buffer[t, :pos + 1] = torch.randperm(pos + 1, generator=gen).to(torch.int32)
+        buffer[:, 2048:] = 3  # padding columns: never read
+        kv = torch.randn(10, 64, 576, generator=gen).bfloat16()
+        q_latent = torch.randn(tokens, 8, 512, generator=gen).bfloat16()
+        q_rope = torch.randn(tokens, 8, 64, generator=gen).bfloat16()
+        out, lse = impls[1].forward_mqa((q_latent, q_rope), kv, md, layer=None)
+        self.assertIsNone(lse)
+        self.assertEqual(tuple(out.shape), (tokens, 8, 512))
+        slots = reference_slots(buffer[:tokens, :2048], query_lens, rows, 64)
+        want = ReferenceCore(spec)(torch.cat([q_latent, q_rope], -1), kv, slots)
+        self.assertTrue(torch.equal(out, want))
+
+    def test_declines_what_it_cannot_serve(self):
+        cfg = vllm_config(GLM5, "glm5-impl2", tp=8)
+        with self.assertRaisesRegex(NotImplementedError, "top-k buffer"):
+            self.make_impl(cfg, None, 0.0625)
+        with self.assertRaisesRegex(ValueError, "kv_cache_dtype: got 'fp8'"):
+            self.make_impl(cfg, torch.zeros(4, 2048, dtype=torch.int32), 0.0625, "fp8")
 
 
 class KvCacheTest(unittest.TestCase):

@@ -34,6 +34,8 @@ def main():
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from bench_sparse_mla import capture, replay_times
+
     import kforge
     from kforge.kernel import read_artifact
 
@@ -71,25 +73,8 @@ def main():
                 mod(st["q"], cache, st["idx"], st["out"], st["lse"], num_splits=splits,
                     workspace=ws)
 
-            for st in sets:
-                call(st)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream()
-            with torch.cuda.stream(stream):
-                with torch.cuda.graph(g, stream=stream):
-                    for st in sets:
-                        call(st)
-            g.replay()
-            torch.cuda.synchronize()
-            walls = []
-            for _ in range(args.reps):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                g.replay()
-                e.record()
-                e.synchronize()
-                walls.append(s.elapsed_time(e) * 1e3 / len(sets))
+            g = capture(call, sets)
+            walls = replay_times(g, len(sets), args.reps)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(10):
                     g.replay()

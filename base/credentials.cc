@@ -1,5 +1,13 @@
 #include "base/credentials.h"
 
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <memory>
+
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -50,6 +58,30 @@ absl::StatusOr<std::vector<std::string>> ParseTokens(const std::string& text,
         absl::StrCat(what, ": no token (one per line; '#' starts a comment)"));
   }
   return tokens;
+}
+
+absl::Status CheckKeyMatchesCertificate(const std::string& cert_chain_pem,
+                                        const std::string& key_pem) {
+  // A failed parse leaves errors in this thread's OpenSSL queue, where a
+  // later TLS call on the thread would find them.
+  struct ClearErrors {
+    ~ClearErrors() { ERR_clear_error(); }
+  } clear_errors;
+  std::unique_ptr<BIO, decltype(&BIO_free)> cert_bio(
+      BIO_new_mem_buf(cert_chain_pem.data(), static_cast<int>(cert_chain_pem.size())), BIO_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> key_bio(
+      BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())), BIO_free);
+  if (cert_bio == nullptr || key_bio == nullptr) return absl::InternalError("BIO_new_mem_buf");
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr), X509_free);
+  if (cert == nullptr) return absl::InvalidArgumentError("the certificate does not parse");
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr), EVP_PKEY_free);
+  if (key == nullptr) return absl::InvalidArgumentError("the private key does not parse");
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    return absl::InvalidArgumentError("the private key is not the certificate's key");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path,

@@ -29,6 +29,12 @@ absl::StatusOr<std::string> ReadCredentialFile(const std::string& path, const st
 absl::StatusOr<std::vector<std::string>> ParseTokens(const std::string& text,
                                                      const std::string& what);
 
+// OK when `key_pem` is the private key of the first certificate in
+// `cert_chain_pem`; InvalidArgument saying which does not parse or that
+// they do not match (a certificate rotated without its key).
+absl::Status CheckKeyMatchesCertificate(const std::string& cert_chain_pem,
+                                        const std::string& key_pem);
+
 // ReadCredentialFile + ParseTokens.
 absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path,
                                                        const std::string& what);

@@ -5,10 +5,12 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "absl/types/span.h"
+#include "base/signal_pipe.h"
 
 namespace kforge {
 
@@ -23,11 +25,10 @@ struct ShutdownSignalOptions {
 };
 
 // SIGINT and SIGTERM turned into a notification, the one scheme of every
-// long-running command (`kforge serve`, `kforge prebuild`). The handler only
-// writes the signal number into a self-pipe; a watcher thread reads it and
-// does the rest, so nothing but write(2) runs in signal context. One
-// instance per process at a time; its destructor restores the default
-// dispositions.
+// long-running command (`kforge serve`, `kforge prebuild`), through a
+// SignalPipe: nothing but write(2) runs in signal context, the rest on the
+// pipe's watcher thread. One instance per process at a time; its destructor
+// restores the default dispositions.
 class ShutdownSignals {
  public:
   static absl::StatusOr<std::unique_ptr<ShutdownSignals>> Install(
@@ -42,16 +43,17 @@ class ShutdownSignals {
   const std::atomic<bool>& requested() const { return requested_; }
 
  private:
-  ShutdownSignals(ShutdownSignalOptions options, int read_fd, int write_fd);
-  void Watch();
+  explicit ShutdownSignals(ShutdownSignalOptions options) : options_(std::move(options)) {}
+  // On the pipe's watcher thread.
+  void OnSignals(absl::Span<const int> signos);
 
   const ShutdownSignalOptions options_;
-  const int read_fd_;
-  const int write_fd_;
+  bool first_seen_ = false;  // the watcher thread's own
   std::atomic<int> signo_{0};
   std::atomic<bool> requested_{false};
   absl::Notification first_;
-  std::thread watcher_;
+  // Last: destroyed (its watcher joined) before what OnSignals uses.
+  std::unique_ptr<SignalPipe> pipe_;
 };
 
 }  // namespace kforge

@@ -22,10 +22,9 @@ COPY_BW = 4.2e12
 MMA_RATE = 708e12
 
 
-def time_fn(fn, sets, reps, warmup=3):
-    """Median microseconds per call. The calls (one per input set) are
-    captured into a CUDA graph and replayed, so host launch overhead (Python,
-    ctypes) never shows up as GPU time."""
+def capture(fn, sets, warmup=3):
+    """A CUDA graph of one call per input set (after warm-up calls), replayed
+    once."""
     import torch
     for i in range(warmup):
         fn(sets[i % len(sets)])
@@ -38,6 +37,12 @@ def time_fn(fn, sets, reps, warmup=3):
                 fn(st)
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def replay_times(g, calls, reps):
+    """Microseconds per call of each of reps replays of g (calls per replay)."""
+    import torch
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -45,8 +50,15 @@ def time_fn(fn, sets, reps, warmup=3):
         g.replay()
         e.record()
         e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / len(sets))
-    return statistics.median(times)
+        times.append(s.elapsed_time(e) * 1e3 / calls)
+    return times
+
+
+def time_fn(fn, sets, reps, warmup=3):
+    """Median microseconds per call. The calls (one per input set) are
+    captured into a CUDA graph and replayed, so host launch overhead (Python,
+    ctypes) never shows up as GPU time."""
+    return statistics.median(replay_times(capture(fn, sets, warmup), len(sets), reps))
 
 
 def torch_reference_impl(kv, scale, d_v):

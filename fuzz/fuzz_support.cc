@@ -179,6 +179,22 @@ BundleArchive DecodeBundleArchive(std::string_view bytes) {
   return archive;
 }
 
+std::string EncodeServerAnswer(const ServerAnswer& answer) {
+  std::string out;
+  const uint32_t size = static_cast<uint32_t>(answer.manifest.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(size >> (8 * i)));
+  return absl::StrCat(out, answer.manifest, answer.kernel);
+}
+
+ServerAnswer DecodeServerAnswer(std::string_view bytes) {
+  ServerAnswer answer;
+  if (bytes.size() < 4) return answer;
+  const size_t size = std::min<size_t>(Read32Le(bytes), bytes.size() - 4);
+  answer.manifest = std::string(bytes.substr(4, size));
+  answer.kernel = std::string(bytes.substr(4 + size));
+  return answer;
+}
+
 void WriteBundleArchive(const BundleArchive& archive, const std::string& dir) {
   std::map<std::string, std::string> files;  // relative path -> contents
   for (const BundleEntry& entry : archive.entries) files[EntryPath(entry)] = entry.contents;

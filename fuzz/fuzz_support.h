@@ -86,6 +86,20 @@ inline constexpr char kDiskFuzzKey[] =
     "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 inline constexpr uint8_t kDiskModePut = 1;
 
+// ---------------------------------------------------------------------------
+// Server answer input: what a client gets back for one kernel, as one input.
+//   4 bytes LE n, then n bytes (clamped to what is left): the GetManifest
+//   answer (a serialized Manifest); the rest: the GetKernel answer (a
+//   serialized GetKernelResponse).
+struct ServerAnswer {
+  std::string manifest;
+  std::string kernel;
+};
+
+std::string EncodeServerAnswer(const ServerAnswer& answer);
+// Never fails: any bytes are some answer.
+ServerAnswer DecodeServerAnswer(std::string_view bytes);
+
 }  // namespace kforge::fuzz
 
 #endif  // KFORGE_FUZZ_FUZZ_SUPPORT_H_

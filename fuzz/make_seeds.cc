@@ -129,5 +129,17 @@ int main(int argc, char** argv) {
       kforge::v1::KV_CACHE_DTYPE_FP8_DS_MLA);
   by_preset.set_arch("sm_100a");
   Write(out + "/request", "seed_preset", by_preset.SerializeAsString());
+
+  // answer/
+  kforge::v1::GetKernelResponse response;
+  *response.mutable_artifact() = artifact;
+  response.set_source(kforge::v1::ARTIFACT_SOURCE_COMPILED);
+  Write(out + "/answer", "seed_answer",
+        kforge::fuzz::EncodeServerAnswer(
+            {manifest.SerializeAsString(), response.SerializeAsString()}));
+  response.mutable_artifact()->set_module_name("../../x");
+  Write(out + "/answer", "seed_answer_escaping_name",
+        kforge::fuzz::EncodeServerAnswer(
+            {manifest.SerializeAsString(), response.SerializeAsString()}));
   return 0;
 }

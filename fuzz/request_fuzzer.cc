@@ -39,7 +39,7 @@ bool OnlyChars(const std::string& s, bool (*ok)(char)) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kforge::v1::GetKernelRequest request;
-  if (!kforge::fuzz::DecodeAsServer(data, size, &request)) return 0;
+  if (!kforge::fuzz::DecodeFromWire(data, size, &request)) return 0;
 
   static const kforge::KernelCompiler compiler;
   absl::StatusOr<kforge::v1::AttentionSpec> spec = kforge::KernelStore::Resolve(request.kernel());

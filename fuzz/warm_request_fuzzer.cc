@@ -31,7 +31,7 @@ constexpr int kMaxJobs = 64;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kforge::v1::PrebuildRequest request;
-  if (!kforge::fuzz::DecodeAsServer(data, size, &request)) return 0;
+  if (!kforge::fuzz::DecodeFromWire(data, size, &request)) return 0;
 
   absl::StatusOr<std::vector<kforge::PrebuildJob>> jobs =
       kforge::ExpandPrebuildRequest(request, kMaxJobs);

@@ -1,8 +1,9 @@
 #ifndef KFORGE_FUZZ_WIRE_H_
 #define KFORGE_FUZZ_WIRE_H_
 
-// Request bytes decoded the way the server takes them off the wire (gRPC's
-// GenericDeserialize, as service/kernel_service.cc does), for the request
+// Message bytes decoded the way gRPC takes them off the wire
+// (GenericDeserialize: what service/kernel_service.cc does with a request and
+// a generated client stub with an answer), for the request and answer
 // targets. Header-only, so fuzz_support links no gRPC.
 
 #include <cstddef>
@@ -17,7 +18,7 @@ namespace kforge::fuzz {
 
 // False when gRPC refuses the bytes as a `Message`.
 template <class Message>
-bool DecodeAsServer(const uint8_t* data, size_t size, Message* out) {
+bool DecodeFromWire(const uint8_t* data, size_t size, Message* out) {
   grpc::Slice slice(data, size);
   grpc::ByteBuffer buffer(&slice, 1);
   return grpc::GenericDeserialize<grpc::ProtoBufferReader, Message>(&buffer, out).ok();

@@ -1,5 +1,12 @@
 #include "service/auth.h"
 
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <utility>
 #include <vector>
 
@@ -8,8 +15,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/credentials.h"
+#include "base/io.h"
 #include "base/sha256.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 
 namespace kforge {
 namespace {
@@ -111,6 +121,109 @@ grpc::Status TokenAuthenticator::Process(const InputMetadata& auth_metadata, grp
   return grpc::Status::OK;
 }
 
+namespace {
+
+constexpr char kPublishedKey[] = "current/key.pem";
+constexpr char kPublishedCert[] = "current/cert.pem";
+constexpr char kPublishedCa[] = "current/ca.pem";
+// How often gRPC rereads the published files: a reload is served within it.
+constexpr unsigned int kTlsRefreshSeconds = 1;
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const std::string& flag,
+                                    const char* marker, const char* what) {
+  absl::StatusOr<std::string> text = ReadCredentialFile(path, flag);
+  if (!text.ok()) return text.status();
+  if (!absl::StrContains(*text, marker)) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": no PEM ", what, " in it"));
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServerTlsFiles>> ServerTlsFiles::Create(
+    const ServerSecurityOptions& options) {
+  std::error_code ec;
+  std::string pattern = (std::filesystem::temp_directory_path(ec) / "kforge-tls-XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot make a private directory for TLS files (",
+                                            pattern, "): ", std::strerror(errno)));
+  }
+  std::unique_ptr<ServerTlsFiles> files(new ServerTlsFiles(options, pattern));
+  if (absl::Status s = files->Publish(); !s.ok()) return s;
+  return files;
+}
+
+ServerTlsFiles::~ServerTlsFiles() {
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+absl::Status ServerTlsFiles::Reload() { return Publish(); }
+
+absl::Status ServerTlsFiles::Publish() {
+  absl::StatusOr<std::string> cert =
+      ReadPem(options_.tls_cert_file, "--tls-cert", "-----BEGIN CERTIFICATE-----", "certificate");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key =
+      ReadPem(options_.tls_key_file, "--tls-key", "PRIVATE KEY-----", "private key");
+  if (!key.ok()) return key.status();
+  if (absl::Status match = CheckKeyMatchesCertificate(*cert, *key); !match.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls-cert ", options_.tls_cert_file,
+                                                   ", --tls-key ", options_.tls_key_file, ": ",
+                                                   match.message()));
+  }
+  std::string ca;
+  if (!options_.tls_client_ca_file.empty()) {
+    absl::StatusOr<std::string> read = ReadPem(options_.tls_client_ca_file, "--tls-client-ca",
+                                               "-----BEGIN CERTIFICATE-----", "certificate");
+    if (!read.ok()) return read.status();
+    ca = *std::move(read);
+  }
+  absl::MutexLock lock(&mu_);
+  const int next = generation_ + 1;
+  const std::string sub = absl::StrCat("g", next);
+  const std::string path = absl::StrCat(dir_, "/", sub);
+  std::error_code ec;
+  std::filesystem::create_directory(path, ec);
+  absl::Status written = ec ? absl::InternalError(absl::StrCat(path, ": ", ec.message()))
+                            : WriteFileAtomic(path + "/key.pem", *key);
+  if (written.ok()) written = WriteFileAtomic(path + "/cert.pem", *cert);
+  if (written.ok() && !ca.empty()) written = WriteFileAtomic(path + "/ca.pem", ca);
+  const std::string link = absl::StrCat(dir_, "/current.new");
+  std::filesystem::remove(link, ec);
+  if (written.ok() && symlink(sub.c_str(), link.c_str()) != 0) {
+    written = absl::InternalError(absl::StrCat("symlink ", link, ": ", std::strerror(errno)));
+  }
+  if (written.ok() && rename(link.c_str(), absl::StrCat(dir_, "/current").c_str()) != 0) {
+    written = absl::InternalError(absl::StrCat("rename ", link, ": ", std::strerror(errno)));
+  }
+  if (!written.ok()) {
+    std::filesystem::remove_all(path, ec);
+    return written;
+  }
+  // The one before the previous: gRPC may still be reading the previous.
+  std::filesystem::remove_all(absl::StrCat(dir_, "/g", generation_ - 1), ec);
+  generation_ = next;
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::ServerCredentials> ServerTlsFiles::Credentials() const {
+  const bool mtls = !options_.tls_client_ca_file.empty();
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      absl::StrCat(dir_, "/", kPublishedKey), absl::StrCat(dir_, "/", kPublishedCert),
+      mtls ? absl::StrCat(dir_, "/", kPublishedCa) : "", kTlsRefreshSeconds);
+  grpc::experimental::TlsServerCredentialsOptions tls(provider);
+  tls.watch_identity_key_cert_pairs();
+  if (mtls) {
+    tls.watch_root_certs();
+    tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  } else {
+    tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  return grpc::experimental::TlsServerCredentials(tls);
+}
+
 absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& options) {
   ServerSecurity security;
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
@@ -128,35 +241,10 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o
     security.credentials = grpc::InsecureServerCredentials();
     return security;
   }
-  grpc::SslServerCredentialsOptions ssl;
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  absl::StatusOr<std::string> cert = ReadCredentialFile(options.tls_cert_file, "--tls-cert");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadCredentialFile(options.tls_key_file, "--tls-key");
-  if (!key.ok()) return key.status();
-  if (!absl::StrContains(*cert, "-----BEGIN CERTIFICATE-----")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tls-cert ", options.tls_cert_file, ": no PEM certificate in it"));
-  }
-  if (!absl::StrContains(*key, "PRIVATE KEY-----")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tls-key ", options.tls_key_file, ": no PEM private key in it"));
-  }
-  pair.cert_chain = *std::move(cert);
-  pair.private_key = *std::move(key);
-  ssl.pem_key_cert_pairs.push_back(std::move(pair));
-  if (!options.tls_client_ca_file.empty()) {
-    absl::StatusOr<std::string> ca =
-        ReadCredentialFile(options.tls_client_ca_file, "--tls-client-ca");
-    if (!ca.ok()) return ca.status();
-    if (!absl::StrContains(*ca, "-----BEGIN CERTIFICATE-----")) {
-      return absl::InvalidArgumentError(absl::StrCat("--tls-client-ca ", options.tls_client_ca_file,
-                                                     ": no PEM certificate in it"));
-    }
-    ssl.pem_root_certs = *std::move(ca);
-    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
-  }
-  security.credentials = grpc::SslServerCredentials(ssl);
+  absl::StatusOr<std::unique_ptr<ServerTlsFiles>> tls = ServerTlsFiles::Create(options);
+  if (!tls.ok()) return tls.status();
+  security.tls = *std::move(tls);
+  security.credentials = security.tls->Credentials();
   if (options.tokens()) {
     absl::StatusOr<std::shared_ptr<TokenAuthenticator>> auth =
         TokenAuthenticator::Create(options.auth_token_file, options.admin_token_file);

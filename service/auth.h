@@ -77,9 +77,42 @@ class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
   std::set<std::string> admin_ ABSL_GUARDED_BY(mu_);
 };
 
+// The server's certificate, key and (mTLS) client CA as gRPC reads them.
+// gRPC 1.51 cannot swap the credentials of a listening server, but its
+// FileWatcherCertificateProvider rereads files every second. kforge reads
+// and checks the files the flags name (regular files, size-capped, PEM, the
+// key matching the certificate) and publishes a copy in a private directory
+// (mode 0700 under $TMPDIR, removed at exit) that the provider watches;
+// each publication is a new subdirectory swapped in by renaming a symbolic
+// link, so gRPC never reads a key from one and a certificate from another.
+// Reload (SIGHUP) publishes the files again: new handshakes use them within
+// a second, connections already open keep theirs.
+class ServerTlsFiles {
+ public:
+  static absl::StatusOr<std::unique_ptr<ServerTlsFiles>> Create(
+      const ServerSecurityOptions& options);
+  ~ServerTlsFiles();
+
+  // Rereads and republishes; on any error (naming the flag and file) the
+  // certificate in use stays.
+  absl::Status Reload();
+  std::shared_ptr<grpc::ServerCredentials> Credentials() const;
+
+ private:
+  ServerTlsFiles(ServerSecurityOptions options, std::string dir)
+      : options_(std::move(options)), dir_(std::move(dir)) {}
+  absl::Status Publish();
+
+  const ServerSecurityOptions options_;
+  const std::string dir_;
+  absl::Mutex mu_;
+  int generation_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 struct ServerSecurity {
   std::shared_ptr<grpc::ServerCredentials> credentials;
   std::shared_ptr<TokenAuthenticator> authenticator;  // null without token files
+  std::shared_ptr<ServerTlsFiles> tls;                // null without TLS
 };
 
 // Credentials for AddListeningPort from the options: insecure, TLS or mTLS,

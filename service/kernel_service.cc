@@ -91,8 +91,8 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
   const absl::Time deadline = ToAbslDeadline(context->deadline());
   // The response buffer and reactor stay valid until Finish. Two steps on
   // two executors: the memory and disk tiers on lookup threads, which no
-  // compile ever holds, and only a miss on a blocking thread, where it may
-  // wait for its compile.
+  // compile ever holds, and only a miss on a blocking thread, which it
+  // leaves once its compile is under way (GetKernelAsync).
   lookup_executor_->Run([this, reactor, request, response, deadline, start] {
     auto finish = [this, reactor, response,
                    start](const absl::StatusOr<KernelStore::Result>& result) {
@@ -106,8 +106,11 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
     if (!spec.ok()) return finish(spec.status());
     absl::StatusOr<KernelStore::Result> cached = store_->CachedKernel(*spec, request->arch());
     if (!absl::IsNotFound(cached.status())) return finish(cached);
+    // A caller joining a compile in progress leaves the thread at once and
+    // is answered by the compile's completion; only the caller that starts
+    // a compile may hold it (while another process holds the key's lock).
     executor_->Run([this, request, spec = *std::move(spec), deadline, finish] {
-      finish(store_->GetKernel(spec, request->arch(), request->lookup_only(), deadline));
+      store_->GetKernelAsync(spec, request->arch(), request->lookup_only(), deadline, finish);
     });
   });
   return reactor;

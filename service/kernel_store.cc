@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -44,21 +45,17 @@ constexpr size_t kLockStripeHexDigits = 3;
 constexpr absl::Duration kMaxFleetPoll = absl::Milliseconds(50);
 
 // One compile per key in progress, shared by every caller that asks for the
-// key meanwhile. No thread is set aside for it: a waiting caller drives its
-// first phase (taking the key's lock file, looking on disk again, handing
-// the job to the pool), and the pool's completion callback finishes it.
-// Guarded by State::mu.
+// key meanwhile. No thread is set aside for it, and none waits on it: the
+// caller that starts it drives its first phase on its own thread (taking
+// the key's lock file, looking on disk again, handing the job to the pool),
+// the pool's completion callback finishes it, and every caller is answered
+// through its callback. Guarded by State::mu.
 struct Flight {
-  enum class Phase {
-    kLocking,    // waiting for the key's lock file; needs a driver
-    kCompiling,  // in the compile pool; its callback completes the flight
-    kDone,       // `result` is set
-  };
-  Phase phase = Phase::kLocking;
-  bool has_driver = false;  // a caller is running the kLocking phase
-  int waiters = 0;          // callers in GetKernel waiting on it
-  std::optional<FlightResult> result;
-  absl::CondVar changed;  // phase or has_driver changed
+  // The latest deadline of its callers: how long the driver keeps trying
+  // the key's lock file while another process holds it, and waits for the
+  // value of another server of the fleet that holds the key's Redis lock.
+  absl::Time drive_until = absl::InfinitePast();
+  std::vector<KernelStore::Done> callers;
 };
 
 }  // namespace
@@ -107,30 +104,74 @@ struct KernelStore::State {
       shared_waits{0}, rejected{0}, disk_write_failures{0}, redis_lock_waits{0},
       redis_local_compiles{0};
 
-  // Publishes a flight's result and wakes its waiters. Once running_flights
-  // reaches 0 Shutdown may return and State be destroyed, so nothing here
-  // touches State after the lock is released.
+  // Ends a flight: later callers start a new one, and each of its callers
+  // is answered here, on this thread, outside the lock. Shutdown waits for
+  // running_flights to reach 0, so State outlives the callbacks; nothing
+  // touches it once that count is decremented.
   void Complete(const std::shared_ptr<Flight>& flight, const std::string& key, FlightResult result)
       ABSL_LOCKS_EXCLUDED(mu) {
+    std::vector<KernelStore::Done> callers;
+    {
+      absl::MutexLock lock(&mu);
+      auto it = flights.find(key);
+      if (it != flights.end() && it->second == flight) flights.erase(it);
+      callers.swap(flight->callers);
+    }
+    for (KernelStore::Done& done : callers) done(result);
     absl::MutexLock lock(&mu);
-    flight->result = std::move(result);
-    flight->phase = Flight::Phase::kDone;
-    auto it = flights.find(key);
-    if (it != flights.end() && it->second == flight) flights.erase(it);
-    --running_flights;
-    flight->changed.SignalAll();
-    if (running_flights == 0) flights_done.SignalAll();
+    if (--running_flights == 0) flights_done.SignalAll();
   }
 
-  // The kLocking phase on a caller's thread. Takes the key's lock file, so
-  // that server processes sharing the cache directory compile a key once
-  // between them; while another process holds it, retries until `deadline`
-  // (then returns with the phase unchanged, for another waiter to drive) or
-  // until the store shuts down. With the lock: the disk tier again (the
-  // other process may have built the key), else the compile pool, whose
-  // callback completes the flight and releases the lock.
-  void Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan, absl::Time deadline)
+  // A flight's first phase, on the thread of the caller that started it.
+  // Takes the key's lock file, so that server processes sharing the cache
+  // directory compile a key once between them; while another process holds
+  // it, retries until the flight's drive_until (then completes it with
+  // DeadlineExceeded: every caller's deadline has passed) or until the
+  // store shuts down. With the lock: the disk tier again (the other process
+  // may have built the key), then the fleet (AwaitFleet, with Redis), else
+  // the compile pool, whose callback completes the flight and releases the
+  // locks.
+  void Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan)
       ABSL_LOCKS_EXCLUDED(mu);
+
+  // One step of a driver's wait for another process (the key's lock file)
+  // or another server (its value in Redis): once the store shuts down, or
+  // the flight's drive_until has passed (every caller's deadline; nothing
+  // else would answer them), completes the flight (Unavailable,
+  // DeadlineExceeded saying that `other` compiles the key and where its
+  // result will be) and returns nullopt; else how long to sleep now, at
+  // most `backoff`. A caller joining as it ends is answered too, and the
+  // next caller starts a new flight.
+  std::optional<absl::Duration> WaitStep(const std::shared_ptr<Flight>& flight,
+                                         const CompilePlan& plan, absl::Duration backoff,
+                                         const char* other, const char* result_goes)
+      ABSL_LOCKS_EXCLUDED(mu) {
+    bool stopping = false;
+    absl::Time until;
+    {
+      absl::MutexLock lock(&mu);
+      stopping = shutting_down;
+      until = flight->drive_until;
+    }
+    if (stopping) {
+      Complete(flight, plan.key, absl::UnavailableError("kforge server is shutting down"));
+      return std::nullopt;
+    }
+    const absl::Time now = absl::Now();
+    if (now >= until) {
+      Complete(flight, plan.key,
+               absl::DeadlineExceededError(
+                   absl::StrFormat("deadline passed while %s compiled %s; its result will be %s",
+                                   other, plan.module_name, result_goes)));
+      return std::nullopt;
+    }
+    return std::min(backoff, until - now);
+  }
+
+  // GetKernel and GetKernelAsync once planned; `start` is when the caller
+  // asked (its answer's time goes to by_source).
+  void Start(const CompilePlan& plan, bool lookup_only, absl::Time deadline, absl::Time start,
+             KernelStore::Done done) ABSL_LOCKS_EXCLUDED(mu);
 
   // The compile pool's callback for a flight's job: stores the kernel
   // (disk, then Redis), releases the fleet lock if it holds it and the key's
@@ -143,15 +184,18 @@ struct KernelStore::State {
   enum class Fleet {
     kLocked,  // this process holds the fleet lock: compile, store, unlock
     kLocal,   // no lock to be had (Redis down or slow, holder hung): compile
-    kDone,    // the flight is completed (another server's kernel, shutdown)
-    kGaveUp,  // the driver's deadline passed; the flight is left as it was
+    kDone,    // the flight is completed (another server's kernel, the
+              // flight's drive_until passed, shutdown)
   };
-  // Takes the fleet lock on `plan.key`, or, while another server holds it,
-  // waits for the value that server stores, until the driver's `deadline`,
-  // or until a compile's time and the lock's expiry have passed (then the
-  // key is compiled here).
-  Fleet AwaitFleet(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
-                   absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu);
+  // Part of Drive, on the same thread: takes the fleet lock on `plan.key`,
+  // or, while another server holds it, waits for the value that server
+  // stores, until the flight's drive_until (then completes the flight with
+  // DeadlineExceeded, as Drive does for the lock file: no caller is left to
+  // wait, and nothing else would ever answer them), until the store shuts
+  // down, or until a compile's time and the lock's expiry have passed (then
+  // the key is compiled here).
+  Fleet AwaitFleet(const std::shared_ptr<Flight>& flight, const CompilePlan& plan)
+      ABSL_LOCKS_EXCLUDED(mu);
 
   // A kernel from Redis, kept in the local tiers.
   void KeepShared(const std::string& key, const ArtifactPtr& artifact) {
@@ -160,8 +204,7 @@ struct KernelStore::State {
   }
 };
 
-void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
-                               absl::Time deadline) {
+void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan) {
   // A request the pool would refuse leaves nothing on disk.
   if (absl::Status room = pool->CheckRoom(); !room.ok()) {
     if (absl::IsResourceExhausted(room)) ++rejected;
@@ -179,16 +222,11 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
   for (;;) {
     key_lock = FileLock::Acquire(path, FileLock::Wait::kTry);
     if (!absl::IsUnavailable(key_lock.status())) break;
-    {
-      absl::MutexLock lock(&mu);
-      if (shutting_down) {
-        Complete(flight, plan.key, absl::UnavailableError("kforge server is shutting down"));
-        return;
-      }
-    }
-    const absl::Time now = absl::Now();
-    if (now >= deadline) return;
-    absl::SleepFor(std::min(backoff, deadline - now));
+    std::optional<absl::Duration> nap =
+        WaitStep(flight, plan, backoff, "another kforge process sharing the cache directory",
+                 "cached on disk");
+    if (!nap.has_value()) return;
+    absl::SleepFor(*nap);
     backoff = std::min(backoff * 2, kMaxLockRetry);
   }
   // No lock file (a read-only, full or vanished cache directory): compile
@@ -207,11 +245,11 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
     Complete(flight, plan.key, KernelStore::Result{*on_disk, v1::ARTIFACT_SOURCE_SHARED_COMPILE});
     return;
   }
+  // The fleet: another server may be compiling it, or have stored it.
   bool fleet_lock = false;
   if (redis != nullptr) {
-    switch (AwaitFleet(flight, plan, deadline)) {
+    switch (AwaitFleet(flight, plan)) {
       case Fleet::kDone:
-      case Fleet::kGaveUp:
         return;
       case Fleet::kLocked:
         fleet_lock = true;
@@ -220,14 +258,10 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
         break;
     }
   }
-  {
-    absl::MutexLock lock(&mu);
-    flight->phase = Flight::Phase::kCompiling;
-  }
   v1::CompileJob job;
   *job.mutable_spec() = plan.spec;
   job.set_arch(plan.arch.name);
-  // The callback owns the lock file (if any) from here.
+  // The callback owns the locks (if any) from here.
   ++compiles;
   absl::Status submitted = pool->Submit(
       std::move(job),
@@ -284,8 +318,7 @@ void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
 }
 
 KernelStore::State::Fleet KernelStore::State::AwaitFleet(const std::shared_ptr<Flight>& flight,
-                                                         const CompilePlan& plan,
-                                                         absl::Time deadline) {
+                                                         const CompilePlan& plan) {
   // A holder that takes longer than a compile may (plus one lock expiry for
   // a holder that died) is hung, or Redis misbehaves: compile here.
   const absl::Time give_up = absl::Now() + options.pool.timeout + options.redis.lock_ttl;
@@ -314,20 +347,17 @@ KernelStore::State::Fleet KernelStore::State::AwaitFleet(const std::shared_ptr<F
       ++redis_lock_waits;
       counted = true;
     }
-    {
-      absl::MutexLock lock(&mu);
-      if (shutting_down) {
-        Complete(flight, plan.key, absl::UnavailableError("kforge server is shutting down"));
-        return Fleet::kDone;
-      }
-    }
+    // The next caller's new flight finds the holder's value, or waits
+    // for it again.
+    std::optional<absl::Duration> nap =
+        WaitStep(flight, plan, backoff, "another kforge server of the fleet", "stored in Redis");
+    if (!nap.has_value()) return Fleet::kDone;
     const absl::Time now = absl::Now();
-    if (now >= deadline) return Fleet::kGaveUp;
     if (now >= give_up) {
       ++redis_local_compiles;
       return Fleet::kLocal;
     }
-    absl::SleepFor(std::min(backoff, deadline - now));
+    absl::SleepFor(std::min(*nap, give_up - now));
     backoff = std::min(backoff * 2, kMaxFleetPoll);
     absl::StatusOr<ArtifactPtr> stored = redis->Get(plan.key);
     if (stored.ok()) {
@@ -449,98 +479,101 @@ absl::StatusOr<KernelStore::Result> KernelStore::CachedKernel(const v1::Attentio
       absl::StrCat(plan->module_name, " (key ", plan->key, ") is not cached"));
 }
 
+void KernelStore::State::Start(const CompilePlan& plan, bool lookup_only, absl::Time deadline,
+                               absl::Time start, Done done) {
+  // Timed by the source of the answer, whichever thread gives it: State
+  // outlives the callbacks (Complete).
+  done = [this, start, done = std::move(done)](FlightResult result) mutable {
+    if (result.ok()) ObserveSource(result->source, absl::Now() - start);
+    done(std::move(result));
+  };
+  if (std::optional<Result> hit = FromCache(*memory, *disk, redis.get(), plan.key, memory_hits,
+                                            disk_hits, disk_write_failures)) {
+    return done(*std::move(hit));
+  }
+  ++misses;
+  if (lookup_only) {
+    return done(absl::NotFoundError(absl::StrCat(plan.module_name, " (key ", plan.key,
+                                                 ") is not cached and lookup_only was set")));
+  }
+  std::shared_ptr<Flight> flight;
+  bool starts = false;
+  std::optional<absl::Status> refused;
+  {
+    absl::MutexLock lock(&mu);
+    if (shutting_down) {
+      refused = absl::UnavailableError("kforge server is shutting down");
+    } else if (auto failed = failures.find(plan.key); failed != failures.end()) {
+      const absl::Duration left = failed->second.second - absl::Now();
+      if (left > absl::ZeroDuration()) {
+        const absl::Status& why = failed->second.first;
+        refused = absl::Status(
+            why.code(),
+            absl::StrCat(why.message(), "\n(the same compile failed ",
+                         absl::FormatDuration(
+                             absl::Trunc(options.failure_cache - left, absl::Milliseconds(1))),
+                         " ago; not retried for another ",
+                         absl::FormatDuration(absl::Trunc(left, absl::Milliseconds(1))), ")"));
+      } else {
+        failures.erase(failed);
+      }
+    }
+    if (!refused.has_value()) {
+      if (auto it = flights.find(plan.key); it != flights.end()) {
+        flight = it->second;
+        ++shared_waits;
+        // Joined: answered as a shared compile.
+        done = [done = std::move(done)](FlightResult result) mutable {
+          if (result.ok()) result->source = v1::ARTIFACT_SOURCE_SHARED_COMPILE;
+          done(std::move(result));
+        };
+      } else {
+        flight = std::make_shared<Flight>();
+        flights.emplace(plan.key, flight);
+        ++running_flights;
+        starts = true;
+      }
+      flight->drive_until = std::max(flight->drive_until, deadline);
+      flight->callers.push_back(std::move(done));
+    }
+  }
+  if (refused.has_value()) return done(*std::move(refused));
+  if (starts) Drive(flight, plan);
+}
+
+void KernelStore::GetKernelAsync(const v1::AttentionSpec& spec, std::string_view arch,
+                                 bool lookup_only, absl::Time deadline, Done done) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<CompilePlan> plan = state_->compiler.Plan(spec, arch);
+  if (!plan.ok()) return done(plan.status());
+  state_->Start(*plan, lookup_only, deadline, start, std::move(done));
+}
+
 absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSpec& spec,
                                                            std::string_view arch, bool lookup_only,
                                                            absl::Time deadline) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<Result> result = GetKernelUntimed(spec, arch, lookup_only, deadline);
-  if (result.ok()) state_->ObserveSource(result->source, absl::Now() - start);
-  return result;
-}
-
-absl::StatusOr<KernelStore::Result> KernelStore::GetKernelUntimed(const v1::AttentionSpec& spec,
-                                                                  std::string_view arch,
-                                                                  bool lookup_only,
-                                                                  absl::Time deadline) {
-  State& s = *state_;
-  absl::StatusOr<CompilePlan> plan = s.compiler.Plan(spec, arch);
+  absl::StatusOr<CompilePlan> plan = state_->compiler.Plan(spec, arch);
   if (!plan.ok()) return plan.status();
-
-  if (std::optional<Result> hit = FromCache(*s.memory, *s.disk, s.redis.get(), plan->key,
-                                            s.memory_hits, s.disk_hits, s.disk_write_failures)) {
-    return *std::move(hit);
+  // Shared with the callback, which may run after this caller gave up.
+  struct Answer {
+    absl::Mutex mu;
+    std::optional<FlightResult> result ABSL_GUARDED_BY(mu);
+  };
+  auto answer = std::make_shared<Answer>();
+  state_->Start(*plan, lookup_only, deadline, start, [answer](FlightResult result) {
+    absl::MutexLock lock(&answer->mu);
+    answer->result = std::move(result);
+  });
+  absl::MutexLock lock(&answer->mu);
+  auto answered = [](Answer* a) ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->result.has_value(); };
+  if (!answer->mu.AwaitWithDeadline(absl::Condition(+answered, answer.get()), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrFormat("deadline passed while %s compiled; the compile goes on and its "
+                        "result will be cached",
+                        plan->module_name));
   }
-  ++s.misses;
-  if (lookup_only) {
-    return absl::NotFoundError(absl::StrCat(plan->module_name, " (key ", plan->key,
-                                            ") is not cached and lookup_only was set"));
-  }
-
-  std::shared_ptr<Flight> flight;
-  bool joined = false;
-  FlightResult result = absl::UnknownError("unset");
-  {
-    absl::MutexLock lock(&s.mu);
-    if (s.shutting_down) {
-      return absl::UnavailableError("kforge server is shutting down");
-    }
-    if (auto failed = s.failures.find(plan->key); failed != s.failures.end()) {
-      const absl::Duration left = failed->second.second - absl::Now();
-      if (left > absl::ZeroDuration()) {
-        const absl::Status& why = failed->second.first;
-        return absl::Status(
-            why.code(),
-            absl::StrCat(why.message(), "\n(the same compile failed ",
-                         absl::FormatDuration(
-                             absl::Trunc(s.options.failure_cache - left, absl::Milliseconds(1))),
-                         " ago; not retried for another ",
-                         absl::FormatDuration(absl::Trunc(left, absl::Milliseconds(1))), ")"));
-      }
-      s.failures.erase(failed);
-    }
-    auto it = s.flights.find(plan->key);
-    if (it != s.flights.end()) {
-      flight = it->second;
-      joined = true;
-      ++s.shared_waits;
-    } else {
-      flight = std::make_shared<Flight>();
-      s.flights.emplace(plan->key, flight);
-      ++s.running_flights;
-    }
-    ++flight->waiters;
-    bool timed_out = false;
-    while (flight->phase != Flight::Phase::kDone && !timed_out) {
-      if (flight->phase == Flight::Phase::kLocking && !flight->has_driver) {
-        flight->has_driver = true;
-        s.mu.Unlock();
-        s.Drive(flight, *plan, deadline);
-        s.mu.Lock();
-        flight->has_driver = false;
-        // Gave up at its deadline: another waiter takes over.
-        if (flight->phase == Flight::Phase::kLocking) flight->changed.SignalAll();
-        timed_out = absl::Now() >= deadline;
-      } else {
-        timed_out = flight->changed.WaitWithDeadline(&s.mu, deadline);
-      }
-    }
-    --flight->waiters;
-    if (flight->phase != Flight::Phase::kDone) {
-      if (flight->phase == Flight::Phase::kLocking && flight->waiters == 0 && !flight->has_driver) {
-        // Nobody is left to wait for the other process's lock; whatever it
-        // builds lands on disk, and the next caller starts a new flight.
-        s.flights.erase(plan->key);
-        if (--s.running_flights == 0) s.flights_done.SignalAll();
-      }
-      return absl::DeadlineExceededError(
-          absl::StrFormat("deadline passed while %s compiled; the compile goes on and its "
-                          "result will be cached",
-                          plan->module_name));
-    }
-    result = *flight->result;
-  }
-  if (result.ok() && joined) result->source = v1::ARTIFACT_SOURCE_SHARED_COMPILE;
-  return result;
+  return *std::move(answer->result);
 }
 
 absl::StatusOr<v1::Manifest> KernelStore::GetManifest(const v1::AttentionSpec& spec,
@@ -632,8 +665,8 @@ void KernelStore::Shutdown() {
   }
   // Queued compiles fail with Unavailable, running ones finish, and their
   // callbacks complete the flights; a flight still waiting for another
-  // process's lock file is completed by its driver, which sees
-  // shutting_down. Then nothing touches State any more.
+  // process's lock file, or for another server's value (AwaitFleet), is
+  // completed by its driver, which sees shutting_down. Then nothing touches State any more.
   s.pool->Shutdown();
   absl::MutexLock lock(&s.mu);
   while (s.running_flights > 0) s.flights_done.Wait(&s.mu);

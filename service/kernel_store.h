@@ -2,6 +2,7 @@
 #define KFORGE_SERVICE_KERNEL_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -53,9 +54,27 @@ class KernelStore {
   // (unsupported arch), NotFound (lookup_only miss), ResourceExhausted
   // (compile queue full), DeadlineExceeded (this caller's deadline passed;
   // the compile goes on for the others), Internal (compile failure, with the
-  // NVRTC log), Unavailable (shutting down).
+  // NVRTC log), Unavailable (shutting down). Blocks until answered:
+  // GetKernelAsync on a waiting thread.
   absl::StatusOr<Result> GetKernel(const v1::AttentionSpec& spec, std::string_view arch,
                                    bool lookup_only, absl::Time deadline = absl::InfiniteFuture());
+
+  // GetKernel without a thread waiting for a compile: `done` runs once,
+  // with what GetKernel answers, either before this returns (a hit, an
+  // error, or a compile that ended while this caller started it) or on the
+  // thread that ends the compile (the pool's). A caller that joins a
+  // compile in progress returns at once; the one that starts a compile
+  // takes the key's lock file on its own thread first, which waits only
+  // while another process sharing the cache directory compiles the key,
+  // and then (with Redis) the fleet lock, which waits only while another
+  // server of the fleet compiles it, each until the latest deadline of the
+  // compile's callers. `deadline` bounds only those waits (past it, every
+  // caller is answered DeadlineExceeded): a caller whose deadline passes during the compile
+  // itself is answered when it ends (a gRPC client has gone by then).
+  // `done` must not block; it may call the store.
+  using Done = std::function<void(absl::StatusOr<Result>)>;
+  void GetKernelAsync(const v1::AttentionSpec& spec, std::string_view arch, bool lookup_only,
+                      absl::Time deadline, Done done);
 
   // The memory tier, then the disk tier, then Redis, never a compile nor a
   // wait for one:
@@ -89,7 +108,7 @@ class KernelStore {
 
   v1::StatsResponse Stats() const;
 
-  // How long answered GetKernel (and MemoryHit) calls took, by the source
+  // How long answered GetKernel, GetKernelAsync (and MemoryHit) calls took, by the source
   // of the answer ("memory", "disk", "redis", "compiled",
   // "shared_compile"), and NVRTC's seconds per successful compile.
   struct Timings {
@@ -108,8 +127,6 @@ class KernelStore {
  private:
   struct State;
   explicit KernelStore(std::unique_ptr<State> state);
-  absl::StatusOr<Result> GetKernelUntimed(const v1::AttentionSpec& spec, std::string_view arch,
-                                          bool lookup_only, absl::Time deadline);
   std::unique_ptr<State> state_;
 };
 

@@ -23,6 +23,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "service/metrics.h"
 #include "service/warm.h"
 
@@ -34,6 +35,16 @@ namespace {
 // per method (kMaxRequestBytes and the handlers' checks), so that clients
 // cannot make the server hold their big messages.
 constexpr int kMaxResponseBytes = 256 << 20;
+
+// What gRPC's transport may hold for all connections together (receive
+// buffers, call arenas). gRPC 1.51 receives a whole message before any
+// size check: it opens the stream's flow-control window to the length the
+// message announces, so four parallel 100 MB requests raised RSS by
+// ~280 MB although each was refused at 1 MB. Past this quota gRPC cancels
+// streams (RESOURCE_EXHAUSTED, "Buffers full") until it is back under it.
+// 64 MB is 64 of the largest legitimate requests (a 1 MB Warm) at once;
+// a call's arena, also charged to it, is a few KB.
+constexpr size_t kTransportMemoryBytes = 64 << 20;
 
 // gRPC's own log lines, which it writes to stderr as raw dumps (a port in
 // use printed a JSON error tree before kforge's message). While the server
@@ -152,11 +163,22 @@ int RunServer(const ServerOptions& options) {
                  "--auth-token-file), or listen on 127.0.0.1"
               << std::endl;
   }
-  // SIGHUP rereads the token files; a bad file keeps the tokens in use.
+  // SIGHUP rereads the token files and the TLS files; a bad file keeps
+  // what is in use.
   std::unique_ptr<ReloadSignal> reload;
-  if (security->authenticator != nullptr) {
+  if (security->authenticator != nullptr || security->tls != nullptr) {
     std::shared_ptr<TokenAuthenticator> auth = security->authenticator;
-    absl::StatusOr<std::unique_ptr<ReloadSignal>> installed = ReloadSignal::Install([auth] {
+    std::shared_ptr<ServerTlsFiles> tls = security->tls;
+    absl::StatusOr<std::unique_ptr<ReloadSignal>> installed = ReloadSignal::Install([auth, tls] {
+      if (tls != nullptr) {
+        if (absl::Status s = tls->Reload(); !s.ok()) {
+          std::cerr << "kforge: SIGHUP: TLS files not reloaded, the old ones stay: " << s.message()
+                    << std::endl;
+        } else {
+          std::cerr << "kforge: SIGHUP: TLS files reloaded (new connections use them)" << std::endl;
+        }
+      }
+      if (auth == nullptr) return;
       if (absl::Status s = auth->Reload(); !s.ok()) {
         std::cerr << "kforge: SIGHUP: tokens not reloaded, the old ones stay: " << s.message()
                   << std::endl;
@@ -206,6 +228,9 @@ int RunServer(const ServerOptions& options) {
   // share a port that is in use instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxRequestBytes));
+  grpc::ResourceQuota quota("kforge-transport");
+  quota.Resize(kTransportMemoryBytes);
+  builder.SetResourceQuota(quota);
   builder.SetMaxSendMessageSize(kMaxResponseBytes);
   builder.RegisterService(service.get());
   // Every call counted and timed by an interceptor, with or without

@@ -318,6 +318,53 @@ expect_ok "get over TLS" get --server "$ADDR" --tls-ca "$PKI/ca.pem" --preset gl
 ls "$TMP/tls_get"/*.cubin >/dev/null 2>&1 || fail "get over TLS wrote no cubin"
 stop_server
 
+# Rotation: SIGHUP rereads the certificate, key and client CA; new
+# connections get the new certificate within a second (gRPC rereads the
+# published copy every second), and a rotated pair that does not match is
+# refused with the old one kept.
+ROT=$TMP/rotate
+mkdir -p "$ROT/tmp"
+cp "$PKI/server.pem" "$ROT/server.pem"
+cp "$PKI/server.key" "$ROT/server.key"
+cp "$PKI/ca.pem" "$ROT/client_ca.pem"
+TMPDIR=$ROT/tmp start_server rotate --tls-cert "$ROT/server.pem" --tls-key "$ROT/server.key" \
+  --tls-client-ca "$ROT/client_ca.pem"
+[[ "$(stat -c %a "$ROT"/tmp/kforge-tls-*)" == 700 ]] ||
+  fail "the TLS copies are not in a private directory: $(ls -la "$ROT/tmp")"
+MTLS_OLD=(--server "$ADDR" --tls-cert "$PKI/client.pem" --tls-key "$PKI/client.key")
+MTLS_NEW=(--server "$ADDR" --tls-cert "$PKI/stranger.pem" --tls-key "$PKI/stranger.key")
+expect_ok "mTLS before the rotation" stats "${MTLS_OLD[@]}" --tls-ca "$PKI/ca.pem"
+make_cert server2 other_ca "IP:127.0.0.1,DNS:localhost"
+cp "$PKI/server2.key" "$ROT/server.key" # the key first: a half-done rotation
+kill -HUP "$SERVER_PID"
+for _ in $(seq 100); do grep -q "TLS files not reloaded" "$SERVER_LOG" && break; sleep 0.1; done
+grep -q "TLS files not reloaded.*not the certificate's key" "$SERVER_LOG" ||
+  fail "a key that does not match its certificate is not refused: $(cat "$SERVER_LOG")"
+expect_ok "the old certificate after a refused rotation" stats "${MTLS_OLD[@]}" --tls-ca "$PKI/ca.pem"
+cp "$PKI/server2.pem" "$ROT/server.pem"
+cp "$PKI/other_ca.pem" "$ROT/client_ca.pem"
+kill -HUP "$SERVER_PID"
+for _ in $(seq 100); do grep -q "TLS files reloaded" "$SERVER_LOG" && break; sleep 0.1; done
+grep -q "TLS files reloaded" "$SERVER_LOG" || fail "no TLS reload after SIGHUP: $(cat "$SERVER_LOG")"
+rotated=0
+for _ in $(seq 50); do
+  if timeout 60 "$KFORGE" stats "${MTLS_NEW[@]}" --tls-ca "$PKI/other_ca.pem" >/dev/null 2>&1; then
+    rotated=1
+    break
+  fi
+  sleep 0.2
+done
+[[ $rotated -eq 1 ]] && echo "ok: a client trusting only the new CA, with a certificate from it" ||
+  fail "the rotated certificate and client CA are not served within 10 s: $(cat "$SERVER_LOG")"
+expect_error "a client trusting only the old CA after the rotation" "TLS handshake failed" \
+  stats "${MTLS_OLD[@]}" --tls-ca "$PKI/ca.pem"
+expect_error "a client certificate from the old client CA after the rotation" "UNAVAILABLE" \
+  stats --server "$ADDR" --tls-ca "$PKI/other_ca.pem" --tls-cert "$PKI/client.pem" \
+  --tls-key "$PKI/client.key"
+stop_server
+# The published copies live in a private directory, gone at exit.
+[[ -z "$(ls -A "$ROT/tmp")" ]] || fail "the server left its TLS copies: $(ls -lR "$ROT/tmp")"
+
 # mTLS: a client certificate from the client CA is required.
 start_server mtls --tls-cert "$PKI/server.pem" --tls-key "$PKI/server.key" \
   --tls-client-ca "$PKI/ca.pem"

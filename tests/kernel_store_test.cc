@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/file_lock.h"
 #include "compiler/compiler.h"
@@ -155,6 +156,55 @@ TEST_F(KernelStoreTest, AMissHoldsNoThreadOfItsOwn) {
   EXPECT_EQ(store->Stats().compiles(), 1u);
   store->AbandonCompiles();
   store->Shutdown();
+}
+
+// Callers waiting on a compile in progress held a thread each (a gRPC
+// server's 512 blocking threads filled at 512 waiters). GetKernelAsync
+// returns at once for every caller, adds no thread, and the compile's end
+// answers them all, from one compile.
+TEST_F(KernelStoreTest, AsyncWaitersHoldNoThreadAndAreAnsweredByTheCompile) {
+  constexpr uint32_t kHangTopk = 1000;
+  constexpr int kCallers = 200;
+  KernelStoreOptions o;
+  o.cache_dir = dir_.string();
+  o.pool.workers = 1;
+  o.pool.faults.hang_topk = kHangTopk;
+  o.pool.worker_binary = KFORGE_BINARY;
+  o.pool.timeout = absl::Seconds(3);
+  absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::AttentionSpec hanging = Glm5Tp8();
+  hanging.set_topk(kHangTopk);
+  absl::Mutex mu;
+  std::vector<absl::Status> answers;
+  const int threads_before = ThreadCount();
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < kCallers; ++i) {
+    (*store)->GetKernelAsync(hanging, "sm_90a", false, absl::Now() + absl::Seconds(60),
+                             [&](absl::StatusOr<KernelStore::Result> r) {
+                               absl::MutexLock lock(&mu);
+                               answers.push_back(r.status());
+                             });
+  }
+  // Nobody was answered or held: the compile hangs for 3 s.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(answers.empty());
+  }
+  EXPECT_EQ(ThreadCount(), threads_before);
+  EXPECT_EQ((*store)->Stats().shared_compile_waits(), static_cast<uint64_t>(kCallers - 1));
+  absl::MutexLock lock(&mu);
+  ASSERT_TRUE(mu.AwaitWithTimeout(
+      absl::Condition(
+          +[](std::vector<absl::Status>* a) { return a->size() == static_cast<size_t>(kCallers); },
+          &answers),
+      absl::Seconds(60)));
+  for (const absl::Status& a : answers) {
+    EXPECT_TRUE(absl::IsDeadlineExceeded(a)) << a;
+    EXPECT_TRUE(Contains(std::string(a.message()), "exceeded 3 s")) << a;
+  }
+  EXPECT_EQ((*store)->Stats().compiles(), 1u);
 }
 
 TEST_F(KernelStoreTest, WaitsForAnotherProcessHoldingTheKeyLock) {

@@ -16,13 +16,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "compiler/compiler.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/service.grpc.pb.h"
 #include "model/spec.h"
 #include "service/cache_entry.h"
+#include "service/kernel_store.h"
 #include "service/redis_cache.h"
 #include "tests/test_util.h"
 
@@ -450,6 +453,180 @@ TEST_F(FleetTest, CorruptedValueIsDetectedAndNeverServed) {
   const std::string stored(after->str, after->len);
   EXPECT_TRUE(stored != bad);
   EXPECT_TRUE(stored.find(first.response.artifact().cubin()) != std::string::npos);
+}
+
+// ---- a KernelStore while another server of the fleet holds the lock ----
+
+// A store on Redis, and the key of glm-5 TP 8 locked in Redis as another
+// server compiling it would hold it.
+class FleetWaitTest : public WithRedis {
+ protected:
+  void SetUp() override {
+    WithRedis::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    KernelStoreOptions o;
+    o.cache_dir = (tmp_.path() / "cache").string();
+    o.pool.workers = 1;
+    o.pool.worker_binary = kBinary;
+    o.pool.timeout = absl::Seconds(60);
+    o.redis = OptionsFor(redis_->port());
+    absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    spec_ = *spec;
+    absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec_, kArch);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto other = RedisCache::Create(OptionsFor(redis_->port()));
+    ASSERT_TRUE(other.ok()) << other.status();
+    other_ = *std::move(other);
+    ASSERT_TRUE(WaitUp(*other_, true));
+    ASSERT_EQ(store_->Stats().redis_up(), 1u);
+    key_ = plan->key;
+    ASSERT_EQ(other_->TryLock(key_), SharedArtifactCache::Lock::kAcquired);
+  }
+
+  // Answers of GetKernelAsync callers.
+  struct Answers {
+    absl::Mutex mu;
+    std::vector<absl::StatusOr<KernelStore::Result>> got ABSL_GUARDED_BY(mu);
+    size_t want ABSL_GUARDED_BY(mu) = 0;
+    bool AwaitCount(size_t n, absl::Duration timeout) {
+      absl::MutexLock lock(&mu);
+      want = n;
+      return mu.AwaitWithTimeout(
+          absl::Condition(
+              +[](Answers* a) ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->got.size() >= a->want; },
+              this),
+          timeout);
+    }
+  };
+
+  // Until the driving caller waits for the other server's value.
+  bool AwaitFleetWait() {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (store_->Stats().redis_lock_waits() == 0) {
+      if (absl::Now() >= until) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return true;
+  }
+  KernelStore::Done Answer(Answers* answers) {
+    return [answers](absl::StatusOr<KernelStore::Result> r) {
+      absl::MutexLock lock(&answers->mu);
+      answers->got.push_back(std::move(r));
+    };
+  }
+
+  std::unique_ptr<KernelStore> store_;
+  std::unique_ptr<RedisCache> other_;
+  v1::AttentionSpec spec_;
+  std::string key_;
+};
+
+// Waiting for another server's value ran until the driving caller's
+// deadline and then left the flight "for another waiter to drive"; callers
+// now wait on no thread, so nothing would have answered them. The wait
+// runs until the latest deadline of the flight's callers, then completes
+// the flight: every caller is answered, nothing was compiled, and the next
+// caller starts a new flight.
+TEST_F(FleetWaitTest, WaitEndsAtTheLatestCallerDeadlineAndAnswersEveryCaller) {
+  Answers answers;
+  const absl::Time start = absl::Now();
+  // The first caller drives the flight on its own thread.
+  std::thread driver([&] {
+    store_->GetKernelAsync(spec_, kArch, false, start + absl::Seconds(1), Answer(&answers));
+  });
+  ASSERT_TRUE(AwaitFleetWait());
+  // A caller joining with a later deadline returns at once.
+  const absl::Time joined = absl::Now();
+  store_->GetKernelAsync(spec_, kArch, false, start + absl::Seconds(2), Answer(&answers));
+  EXPECT_LT(absl::Now() - joined, absl::Milliseconds(500));
+  ASSERT_TRUE(answers.AwaitCount(2, absl::Seconds(30)));
+  driver.join();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(1900))
+      << "the joiner's deadline bounds the wait";
+  {
+    absl::MutexLock lock(&answers.mu);
+    for (const auto& r : answers.got) {
+      EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+      EXPECT_TRUE(testing::Contains(std::string(r.status().message()), "fleet")) << r.status();
+    }
+  }
+  v1::StatsResponse stats = store_->Stats();
+  EXPECT_EQ(stats.compiles(), 0u);
+  EXPECT_EQ(stats.redis_lock_waits(), 1u);
+  EXPECT_EQ(stats.shared_compile_waits(), 1u);
+  // The other server gives up without storing it: a new flight takes the
+  // lock and compiles, once.
+  other_->Unlock(key_);
+  auto later = store_->GetKernel(spec_, kArch, false, absl::Now() + absl::Seconds(120));
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->source, v1::ARTIFACT_SOURCE_COMPILED);
+  EXPECT_EQ(later->artifact->key(), key_);
+  stats = store_->Stats();
+  EXPECT_EQ(stats.compiles(), 1u);
+  EXPECT_EQ(stats.redis_local_compiles(), 0u);
+}
+
+// The other server stores the kernel while this one waits: every caller
+// gets it, nothing is compiled here, and it is kept on disk.
+TEST_F(FleetWaitTest, ValueStoredByTheHolderAnswersEveryCaller) {
+  // A real artifact for the key: compiled by a store without Redis.
+  ArtifactPtr built;
+  {
+    KernelStoreOptions o;
+    o.cache_dir = (tmp_.path() / "other_cache").string();
+    o.pool.workers = 1;
+    o.pool.worker_binary = kBinary;
+    o.pool.timeout = absl::Seconds(60);
+    auto other_store = KernelStore::Create(o);
+    ASSERT_TRUE(other_store.ok()) << other_store.status();
+    auto r = (*other_store)->GetKernel(spec_, kArch, false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    built = r->artifact;
+  }
+  Answers answers;
+  std::thread driver([&] {
+    store_->GetKernelAsync(spec_, kArch, false, absl::Now() + absl::Seconds(60), Answer(&answers));
+  });
+  ASSERT_TRUE(AwaitFleetWait());
+  store_->GetKernelAsync(spec_, kArch, false, absl::Now() + absl::Seconds(60), Answer(&answers));
+  ASSERT_TRUE(other_->Put(key_, built).ok());
+  other_->Unlock(key_);
+  ASSERT_TRUE(answers.AwaitCount(2, absl::Seconds(30)));
+  driver.join();
+  {
+    absl::MutexLock lock(&answers.mu);
+    for (const auto& r : answers.got) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->source, v1::ARTIFACT_SOURCE_SHARED_COMPILE);
+      EXPECT_EQ(r->artifact->cubin(), built->cubin());
+    }
+  }
+  EXPECT_EQ(store_->Stats().compiles(), 0u);
+  auto cached = store_->CachedKernel(spec_, kArch);
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_EQ(cached->source, v1::ARTIFACT_SOURCE_MEMORY);
+}
+
+// Shutdown waits for running flights; one waiting for another server's
+// value ends at once, its callers answered Unavailable.
+TEST_F(FleetWaitTest, ShutdownEndsTheWaitAndAnswersItsCallers) {
+  Answers answers;
+  std::thread driver([&] {
+    store_->GetKernelAsync(spec_, kArch, false, absl::InfiniteFuture(), Answer(&answers));
+  });
+  ASSERT_TRUE(AwaitFleetWait());
+  const absl::Time start = absl::Now();
+  store_->Shutdown();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_TRUE(answers.AwaitCount(1, absl::Seconds(1)));
+  driver.join();
+  absl::MutexLock lock(&answers.mu);
+  EXPECT_TRUE(absl::IsUnavailable(answers.got[0].status())) << answers.got[0].status();
+  EXPECT_EQ(store_->Stats().compiles(), 0u);
 }
 
 }  // namespace

@@ -454,17 +454,22 @@ TEST_F(ServerTest, CompilerRejectionsAreCachedBrieflyCrashesAreNot) {
 
 // 600 callers waiting on one slow compile held every blocking thread, and
 // a disk hit then took 36.5 s (2 ms before). Hits are looked up on threads
-// no compile ever holds: with 600 waiters a disk hit and memory hits stay
-// fast, and the key is compiled once.
-TEST_F(ServerTest, WaitersOnASlowCompileDoNotDelayHits) {
+// no compile ever holds, and waiting holds no thread at all: the 600 wait
+// at once (512 could, the rest queued for a thread), a miss of another key
+// compiles meanwhile (it queued behind them), hits stay fast, the key is
+// compiled once, and its end answers every waiter.
+TEST_F(ServerTest, WaitersOnASlowCompileHoldNoThreadAndDoNotDelayHits) {
   {
     std::unique_ptr<ServerProcess> server = StartServer();
     ASSERT_NE(server, nullptr);
     ASSERT_TRUE(GetKernel(server->stub(), Glm5()).status.ok());
     Stop(std::move(server));
   }
+  // The hanging compile is killed after 30 s: long enough for the checks
+  // below on a loaded machine, and it then answers the waiters.
   std::unique_ptr<ServerProcess> server =
-      StartServer({"--test-worker-hang-topk", absl::StrCat(kFaultTopk), "--workers", "1"});
+      StartServer({"--test-worker-hang-topk", absl::StrCat(kFaultTopk), "--workers", "2",
+                   "--compile-timeout", "30"});
   ASSERT_NE(server, nullptr);
   constexpr int kWaiters = 600;
   v1::GetKernelRequest request;
@@ -472,6 +477,7 @@ TEST_F(ServerTest, WaitersOnASlowCompileDoNotDelayHits) {
   request.set_arch(kArch);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   std::vector<v1::GetKernelResponse> responses(kWaiters);
+  std::vector<grpc::Status> statuses(kWaiters);
   absl::Mutex mu;
   int done = 0;
   // However the test ends, the calls end (the server is killed) before
@@ -489,35 +495,59 @@ TEST_F(ServerTest, WaitersOnASlowCompileDoNotDelayHits) {
   } kill_and_drain{server.get(), &mu, {&done, kWaiters}};
   for (int i = 0; i < kWaiters; ++i) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
-    contexts.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    contexts.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(180)));
     server->stub().async()->GetKernel(contexts.back().get(), &request, &responses[i],
-                                      [&](grpc::Status) {
+                                      [&, i](grpc::Status s) {
                                         absl::MutexLock lock(&mu);
+                                        statuses[i] = std::move(s);
                                         ++done;
                                       });
   }
-  // Every blocking thread (512) waits on the one hanging compile.
   ASSERT_TRUE(WaitForStats(
-      server->stub(), [](const v1::StatsResponse& s) { return s.shared_compile_waits() >= 511; },
+      server->stub(),
+      [](const v1::StatsResponse& s) { return s.shared_compile_waits() >= kWaiters - 1; },
       absl::Seconds(60)))
       << Stats(server->stub()).ShortDebugString();
+  // Another key compiles on the second worker.
+  Reply other = GetKernel(server->stub(), Glm5(4), kArch, false, absl::Seconds(30));
+  EXPECT_TRUE(other.status.ok()) << other.status.error_message();
+  EXPECT_EQ(other.response.source(), v1::ARTIFACT_SOURCE_COMPILED);
+
   absl::Time start = absl::Now();
   Reply disk = GetKernel(server->stub(), Glm5(), kArch, false, absl::Seconds(10));
   const absl::Duration disk_hit = absl::Now() - start;
   ASSERT_TRUE(disk.status.ok()) << disk.status.error_message();
   EXPECT_EQ(disk.response.source(), v1::ARTIFACT_SOURCE_DISK);
   EXPECT_LT(disk_hit, absl::Milliseconds(500));
-  absl::Duration slowest_memory_hit;
-  for (int i = 0; i < 20; ++i) {
+  std::vector<absl::Duration> memory_hits;
+  for (int i = 0; i < 100; ++i) {
     start = absl::Now();
     Reply hit = GetKernel(server->stub(), Glm5(), kArch, false, absl::Seconds(10));
-    slowest_memory_hit = std::max(slowest_memory_hit, absl::Now() - start);
+    memory_hits.push_back(absl::Now() - start);
     EXPECT_TRUE(hit.status.ok()) << hit.status.error_message();
   }
-  EXPECT_LT(slowest_memory_hit, absl::Milliseconds(100));
-  std::cout << "disk hit " << disk_hit << ", slowest of 20 memory hits " << slowest_memory_hit
+  std::sort(memory_hits.begin(), memory_hits.end());
+  const absl::Duration p99 = memory_hits[98];
+  // Measured 0.3-4 ms on 2 busy cores; the bound leaves room for CI noise.
+  EXPECT_LT(p99, absl::Milliseconds(100));
+  std::cout << "disk hit " << disk_hit << ", memory hits p50 " << memory_hits[50] << " p99 " << p99
             << " with " << kWaiters << " callers waiting\n";
-  EXPECT_EQ(Stats(server->stub()).compiles(), 1u);
+  EXPECT_EQ(Stats(server->stub()).compiles(), 2u);
+
+  // The compile times out; every waiter gets its error, none a second compile.
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(
+                                        +[](int* n) { return *n == kWaiters; }, &done),
+                                    absl::Seconds(150)));
+    for (const grpc::Status& s : statuses) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+      EXPECT_TRUE(Contains(s.error_message(), "exceeded 30 s")) << s.error_message();
+    }
+  }
+  const v1::StatsResponse stats = Stats(server->stub());
+  EXPECT_EQ(stats.compiles(), 2u);
+  EXPECT_EQ(stats.compile_failures(), 1u);
 }
 
 TEST_F(ServerTest, FullQueueIsResourceExhaustedAtOnce) {
@@ -889,11 +919,12 @@ TEST_F(ServerTest, RequestsAreCappedPerMethod) {
   s = warm(big);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
 
-  // Four parallel 100 MB requests are refused. gRPC 1.51's transport still
-  // receives each whole before its size check, so the peak grows by about
-  // the four messages (measured +280..370 MB); before the limits they were
-  // also parsed and copied into handlers (+620 MB with the same 100 MB
-  // requests, 1.3 GB in the report).
+  // Four parallel 100 MB requests are refused. gRPC 1.51's transport
+  // receives each whole before its size check: with only the size limits
+  // the peak grew by about the four messages (+280..370 MB; before the
+  // limits they were also parsed and copied into handlers, +620 MB, 1.3 GB
+  // in the report). The transport's memory quota cancels them once it holds
+  // 64 MB.
   const long rss_before = PeakRssKb(server->pid());
   const std::string huge = get.SerializeAsString() + PaddingField(100 << 20);
   std::vector<std::thread> senders;
@@ -910,7 +941,9 @@ TEST_F(ServerTest, RequestsAreCappedPerMethod) {
     EXPECT_EQ(r.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << r.error_message();
   }
   const long rss_after = PeakRssKb(server->pid());
-  EXPECT_LT(rss_after - rss_before, 480 * 1024) << rss_before << " kB -> " << rss_after << " kB";
+  std::cout << "four parallel 100 MB requests: peak RSS " << rss_before << " kB -> " << rss_after
+            << " kB\n";
+  EXPECT_LT(rss_after - rss_before, 160 * 1024) << rss_before << " kB -> " << rss_after << " kB";
   // Answers are not capped like requests: a cubin still comes back.
   Reply r = GetKernel(server->stub(), Glm5());
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();

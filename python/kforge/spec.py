@@ -13,17 +13,28 @@ from kforge.errors import KforgeError, KforgeInvalidArgument
 ATTENTION_KIND_SPARSE_MLA_DECODE = 1
 KV_CACHE_DTYPE_BF16 = 1
 KV_CACHE_DTYPE_FP8_DS_MLA = 2
+KV_SCALE_FORMAT_POW2 = 1
+KV_SCALE_FORMAT_ARBITRARY = 2
 
 
 def make_spec(*, num_q_heads, kv_lora_rank, rope_dim, topk, s_q, page_block_size,
-              softmax_scale, return_lse):
-    """A bf16-cache sparse MLA decode AttentionSpec (not validated; rope_dim
-    always set: the server rejects an absent one)."""
+              softmax_scale, return_lse, kv_dtype=None, kv_scale_format=None):
+    """A sparse MLA decode AttentionSpec (not validated: validate_spec;
+    rope_dim always set: the server rejects an absent one). kv_dtype as
+    kv_dtype_value takes it (bf16 by default); an fp8_ds_mla cache needs
+    kv_scale_format "pow2" or "arbitrary" (how its scales were written)."""
     return pb().spec_pb2.AttentionSpec(
         kind=ATTENTION_KIND_SPARSE_MLA_DECODE, num_q_heads=num_q_heads,
         kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, topk=topk, s_q=s_q,
-        kv_cache_dtype=KV_CACHE_DTYPE_BF16, page_block_size=page_block_size,
-        softmax_scale=softmax_scale, return_lse=return_lse)
+        kv_cache_dtype=kv_dtype_value(kv_dtype) or KV_CACHE_DTYPE_BF16,
+        page_block_size=page_block_size, softmax_scale=softmax_scale, return_lse=return_lse,
+        kv_scale_format=kv_scale_format_value(kv_scale_format))
+
+
+def validate_spec(spec):
+    """ValidateSpec (model/spec.h): KforgeInvalidArgument (a ValueError)
+    naming every field kforge cannot build, with what it supports."""
+    _capi.validate_spec(spec)
 
 
 def kv_dtype_value(kv_dtype):
@@ -37,6 +48,20 @@ def kv_dtype_value(kv_dtype):
             raise KforgeInvalidArgument(f"kv_dtype: got {kv_dtype!r}, supported bf16, fp8_ds_mla")
         return names[kv_dtype.lower()]
     return int(kv_dtype)
+
+
+def kv_scale_format_value(kv_scale_format):
+    """A KvScaleFormat value from "pow2" / "arbitrary", an enum value, or
+    None (unspecified: a bf16 cache has no scales)."""
+    if kv_scale_format is None:
+        return 0
+    if isinstance(kv_scale_format, str):
+        names = {"pow2": KV_SCALE_FORMAT_POW2, "arbitrary": KV_SCALE_FORMAT_ARBITRARY}
+        if kv_scale_format.lower() not in names:
+            raise KforgeInvalidArgument(f"kv_scale_format: got {kv_scale_format!r}, supported "
+                                        "pow2, arbitrary")
+        return names[kv_scale_format.lower()]
+    return int(kv_scale_format)
 
 
 def spec_from_preset(name, tp=1, kv_dtype=None):

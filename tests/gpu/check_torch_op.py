@@ -172,28 +172,21 @@ def check_case(torch, kforge, reference, gen, decoder, batch, results):
     record("plan cache", problems)
 
 
+def checks(torch, source, gen, reference):
+    import kforge
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, source {source!r}")
+    results = []
+    for preset, tp, batches in CASES:
+        decoder = kforge.SparseMlaDecoder(source, preset=preset, tp=tp)
+        decoder.prefetch()
+        for batch in batches:
+            check_case(torch, kforge, reference, gen, decoder, batch, results)
+    return [p for _, p in results]
+
+
 def main():
     import e2e_python
-    args = e2e_python.source_args(__doc__.splitlines()[0])
-    torch = e2e_python.cuda_torch()
-    if torch is None:
-        return 0
-    import kforge
-    from check_sparse_mla import reference
-
-    results = []
-    with e2e_python.kernel_source(args, "kforge_torch_op_") as source:
-        gen = torch.Generator(device="cuda")
-        gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
-        print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, source {source!r}")
-        for preset, tp, batches in CASES:
-            decoder = kforge.SparseMlaDecoder(source, preset=preset, tp=tp)
-            decoder.prefetch()
-            for batch in batches:
-                check_case(torch, kforge, reference, gen, decoder, batch, results)
-    failed = sum(bool(p) for _, p in results)
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return e2e_python.run_gpu_check(__doc__.splitlines()[0], "kforge_torch_op_", checks)
 
 
 if __name__ == "__main__":

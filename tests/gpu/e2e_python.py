@@ -254,6 +254,37 @@ def kernel_source(args, prefix):
             stop_server(proc)
 
 
+@contextlib.contextmanager
+def gpu_check(description, prefix):
+    """What a GPU check script's main opens: the kernel source its command
+    line names (source_args, kernel_source), torch with a CUDA GPU, a
+    randomly seeded CUDA generator and the fp64 reference. Yields (torch,
+    source, gen, reference), or None after printing why the script skips."""
+    args = source_args(description)
+    torch = cuda_torch()
+    if torch is None:
+        yield None
+        return
+    from check_sparse_mla import reference
+    with kernel_source(args, prefix) as source:
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
+        yield torch, source, gen, reference
+
+
+def run_gpu_check(description, prefix, checks):
+    """A GPU check script's main: checks(torch, source, gen, reference)
+    inside gpu_check returns one problem list per check; prints "N passed,
+    N failed" and returns the exit status (1 on a failure, 0 skipped)."""
+    with gpu_check(description, prefix) as opened:
+        if opened is None:
+            return 0
+        problem_lists = checks(*opened)
+    failed = sum(bool(p) for p in problem_lists)
+    print(f"{len(problem_lists) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
 def main():
     args = source_args(__doc__.splitlines()[0])
     torch = cuda_torch()

@@ -1,0 +1,90 @@
+// Answer decoding: the checks every client (`kforge get`, the C++
+// ServiceClient, the Python package through the C ABI) runs on a server's
+// answers before it uses them or names a file after them. The GetManifest
+// answer is decoded as a client stub decodes it, checked with
+// BundleManifestPath (a variant, an in-range first choice) and its first
+// choice taken (FirstChoice); the GetKernel answer is decoded the same way
+// and its artifact checked with CheckArtifactForVariant for the arch the
+// client asked (sm_90a, the seeds' arch). Input layout: fuzz_support.h
+// ServerAnswer. Beyond no crash, UB or leak, an accepted answer has:
+//   - a module name and a key that, joined to an output directory as
+//     `kforge get` and the local copies do, name a file directly inside it;
+//   - the variant's key and module name, the arch asked, and a cubin that
+//     inspects as an ELF of that arch exporting both entries;
+//   - the same verdict against the variant it describes itself
+//     (VariantOfArtifact): what is accepted is the artifact, not a phrasing
+//     of the manifest.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "bundle/bundle.h"
+#include "fuzz/fuzz_support.h"
+#include "fuzz/wire.h"
+#include "kforge/v1/service.pb.h"
+#include "model/artifact_check.h"
+#include "model/cubin.h"
+#include "model/selector.h"
+
+namespace {
+
+using kforge::fuzz::Check;
+
+constexpr char kClientArch[] = "sm_90a";
+
+// `name` + `suffix` joined to a directory stays directly inside it.
+bool StaysInside(const std::string& name, const std::string& suffix) {
+  const std::filesystem::path dir = "/out";
+  const std::filesystem::path joined = (dir / (name + suffix)).lexically_normal();
+  return joined.parent_path() == dir && joined.filename() == name + suffix;
+}
+
+bool Exports(const kforge::v1::CubinInfo& info, const std::string& entry) {
+  for (const kforge::v1::KernelResources& k : info.kernels()) {
+    if (k.name() == entry) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const kforge::fuzz::ServerAnswer answer =
+      kforge::fuzz::DecodeServerAnswer(std::string_view(reinterpret_cast<const char*>(data), size));
+  kforge::v1::Manifest manifest;
+  if (!kforge::fuzz::DecodeFromWire(reinterpret_cast<const uint8_t*>(answer.manifest.data()),
+                                    answer.manifest.size(), &manifest)) {
+    return 0;
+  }
+  if (!kforge::BundleManifestPath(manifest).ok()) return 0;
+  const kforge::v1::ManifestVariant& variant = kforge::FirstChoice(manifest);
+  kforge::v1::GetKernelResponse response;
+  if (!kforge::fuzz::DecodeFromWire(reinterpret_cast<const uint8_t*>(answer.kernel.data()),
+                                    answer.kernel.size(), &response)) {
+    return 0;
+  }
+  const kforge::v1::KernelArtifact& artifact = response.artifact();
+  if (!kforge::CheckArtifactForVariant(variant, kClientArch, artifact).ok()) return 0;
+
+  Check(
+      StaysInside(artifact.module_name(), ".cubin") && StaysInside(artifact.module_name(), ".json"),
+      absl::StrCat("accepted module name escapes the output directory: ", artifact.module_name()));
+  Check(StaysInside(artifact.key(), ".kfa"),
+        absl::StrCat("accepted key escapes the kernels directory: ", artifact.key()));
+  Check(artifact.key() == variant.key() && artifact.module_name() == variant.module_name(),
+        "accepted an artifact with another key or module name than the variant");
+  Check(artifact.arch() == kClientArch, absl::StrCat("accepted arch ", artifact.arch()));
+  absl::StatusOr<kforge::v1::CubinInfo> info = kforge::InspectCubin(artifact.cubin());
+  Check(info.ok() && info->arch() == kClientArch,
+        "accepted a cubin that is not an ELF for the arch asked");
+  Check(Exports(*info, artifact.main_entry()) && Exports(*info, artifact.combine_entry()),
+        "accepted a cubin without both entries");
+  const absl::Status self =
+      kforge::CheckArtifactForVariant(kforge::VariantOfArtifact(artifact), kClientArch, artifact);
+  Check(self.ok(),
+        absl::StrCat("accepted for the manifest's variant but not for its own: ", self.ToString()));
+  return 0;
+}

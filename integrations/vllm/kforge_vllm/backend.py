@@ -1,0 +1,216 @@
+"""kforge's sparse-MLA attention backend for vLLM 0.33 (the classes vLLM's
+registry resolves): KforgeSparseMlaBackend, its metadata builder and its
+impl. The kernel calls are kforge_vllm.core's; what is here is vLLM's
+interface: what the backend declares to the selector, the KV cache it asks
+for, the per-batch metadata, and forward_mqa.
+
+Every query token (decode, MTP, prefill) goes through forward_mqa, one row
+per token with its own top-k: the impl declares no dense-MHA prefill, so
+vLLM's MLA layer hands it the whole batch.
+"""
+
+import json
+from typing import ClassVar
+
+import torch
+from kforge import spec as kforge_spec
+from vllm.config import get_current_vllm_config
+from vllm.logger import init_logger
+from vllm.model_executor.layers.attention.sparse_mla_attention import (
+    SparseMLACommonImpl, SparseMLACommonMetadata, SparseMLACommonMetadataBuilder)
+from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, AttentionLayer,
+                                       AttentionType)
+from vllm.v1.attention.backends.mla.index_group import HiSparseMLAIndexGroup
+from vllm.v1.attention.backends.mla.sparse_utils import align_blocks_to_rows
+
+from kforge_vllm import core
+
+# Under vLLM's logger, whose handlers print what vLLM's own messages print.
+logger = init_logger("vllm.kforge_vllm")
+
+# kforge builds any page size 1..kMaxPageBlockSize; the backend asks vLLM
+# for 64-token blocks, the size every vLLM sparse-MLA backend and indexer
+# uses, so that one prebuilt kernel per model serves every deployment.
+PAGE_SIZE = 64
+
+
+class KforgeSparseMlaMetadata(SparseMLACommonMetadata):
+    """vLLM's sparse-MLA metadata: block_table [requests, max_blocks] int32,
+    req_id_per_token [tokens] int32, block_size, topk_tokens, the
+    decode/prefill split."""
+
+
+class KforgeSparseMlaMetadataBuilder(SparseMLACommonMetadataBuilder[KforgeSparseMlaMetadata]):
+    """vLLM's sparse-MLA builder (request of every token, block table,
+    decode/prefill split); forward_mqa turns the indexer's positions into
+    slots from them. Full CUDA graphs for uniform batches: decode with 1..4
+    query tokens per request (MTP)."""
+
+    metadata_cls = KforgeSparseMlaMetadata
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # A speculative request's 1 + k tokens count as a decode, so MTP
+        # batches are uniform and captured whole.
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+
+
+def _model_dims(vllm_config):
+    """(heads on this rank, kv_lora_rank, rope_dim, index_topk) of the
+    model, or UnsupportedConfig."""
+    model_config = vllm_config.model_config
+    text = model_config.hf_text_config
+    topk = getattr(text, "index_topk", None)
+    if topk is None:
+        raise core.UnsupportedConfig(
+            f"{getattr(text, 'model_type', 'this model')}: no index_topk in its config; "
+            "kforge's backend serves sparse (DSA) MLA models such as DeepSeek-V3.2 and GLM-5")
+    heads = model_config.get_num_attention_heads(vllm_config.parallel_config)
+    return heads, int(text.kv_lora_rank), int(text.qk_rope_head_dim), int(topk)
+
+
+class KforgeSparseMlaBackend(AttentionBackend):
+    """Sparse MLA (DeepSeek-V3.2, GLM-5 and their shapes) on kforge kernels.
+    Selected with --attention-backend CUSTOM, or on sm_120 automatically
+    when the plugin takes over FLASHINFER_MLA_SPARSE_SM120
+    (KFORGE_VLLM_TAKE_OVER=1)."""
+
+    supported_dtypes: ClassVar[list] = [torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list] = list(core.KV_CACHE_DTYPES)
+
+    @staticmethod
+    def get_name():
+        # An AttentionBackendEnum member name: the layer looks itself up by
+        # it. Under take-over CUSTOM is registered to this class as well.
+        return "CUSTOM"
+
+    @staticmethod
+    def get_impl_cls():
+        return KforgeSparseMlaImpl
+
+    @staticmethod
+    def get_builder_cls():
+        return KforgeSparseMlaMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None):
+        return [PAGE_SIZE]
+
+    @classmethod
+    def get_supported_head_sizes(cls):
+        # kv_lora_rank 512 + rope 64, the shape of every DSA model. kforge
+        # builds NoPE (512 + 0) too, but vLLM 0.33 sizes every fp8_ds_mla
+        # record at 656 bytes while kforge's NoPE record is 528.
+        return [576]
+
+    @classmethod
+    def is_mla(cls):
+        return True
+
+    @classmethod
+    def is_sparse(cls):
+        return True
+
+    @classmethod
+    def customize_spec(cls, spec):
+        # Blocks a whole number of rows apart, so a block's rows are a page.
+        return align_blocks_to_rows(spec, PAGE_SIZE)
+
+    @classmethod
+    def supports_compute_capability(cls, capability):
+        # kforge's arch table decides (model/arch.h through the package).
+        try:
+            kforge_spec.arch_for_capability(capability.major, capability.minor)
+        except Exception:  # KforgeError: no kforge target runs there
+            return False
+        return True
+
+    @classmethod
+    def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla,
+                             has_sink, use_sparse, use_mm_prefix, device_capability):
+        try:
+            core.kforge_kv_dtype(kv_cache_dtype)
+            vllm_config = get_current_vllm_config()
+            if vllm_config.model_config is None:
+                return None
+            heads, rank, rope, topk = _model_dims(vllm_config)
+            # The scale is the layer's, known at impl construction; any
+            # positive value checks the rest of the shape here.
+            core.attention_spec(num_heads=heads, kv_lora_rank=rank, rope_dim=rope, topk=topk,
+                                page_size=block_size or PAGE_SIZE, softmax_scale=1.0,
+                                cache_dtype=kv_cache_dtype)
+        except core.UnsupportedConfig as e:
+            return str(e)
+        return None
+
+
+class KforgeSparseMlaImpl(SparseMLACommonImpl[KforgeSparseMlaMetadata]):
+    """forward_mqa on kforge: the indexer's top-k positions -> cache slots
+    (core.topk_to_slots), then kforge's kernel for every query token. The
+    kernels are fetched and loaded here, at model construction, from the
+    source kforge is configured with (KFORGE_SERVER or KFORGE_BUNDLE), so
+    no decode step and no CUDA-graph capture waits on one."""
+
+    supports_dense_mha_prefill = False
+    supports_dcp = False
+    supports_pcp = False
+
+    def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                 kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name,
+                 indexer=None, **mla_args):
+        if any([alibi_slopes, sliding_window, logits_soft_cap]):
+            raise NotImplementedError("kforge's sparse MLA backend does not support "
+                                      "alibi_slopes, sliding_window or logits_soft_cap")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError("kforge's sparse MLA backend serves decoder "
+                                      f"self-attention only, got {attn_type}")
+        topk_indices_buffer = mla_args.pop("topk_indices_buffer", None)
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes,
+                         sliding_window, kv_cache_dtype, logits_soft_cap, attn_type,
+                         kv_sharing_target_layer_name, indexer=indexer,
+                         topk_indices_buffer=topk_indices_buffer, **mla_args)
+        if isinstance(self.index_group, HiSparseMLAIndexGroup):
+            raise NotImplementedError("kforge's sparse MLA backend does not serve HiSparse "
+                                      "(host-offloaded) KV caches")
+        if self.topk_indices_buffer is None:
+            raise NotImplementedError("kforge's sparse MLA backend needs the indexer's top-k "
+                                      "buffer (a DSA model such as DeepSeek-V3.2 or GLM-5)")
+        # The query stays bf16: kforge's kernels dequantize the cache only.
+        self.supports_quant_query_input = False
+        vllm_config = get_current_vllm_config()
+        topk = int(vllm_config.model_config.hf_text_config.index_topk)
+        self.core = _core_for(core.attention_spec(
+            num_heads=num_heads, kv_lora_rank=self.kv_lora_rank,
+            rope_dim=self.qk_rope_head_dim, topk=topk, page_size=PAGE_SIZE,
+            softmax_scale=self.scale, cache_dtype=kv_cache_dtype),
+            vllm_config.parallel_config.tensor_parallel_size,
+            getattr(vllm_config.model_config, "model", "vllm"))
+
+    def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer: AttentionLayer):
+        num_tokens = q[0].shape[0] if isinstance(q, tuple) else q.shape[0]
+        slots = self.core.slots(self.topk_indices_buffer[:num_tokens],
+                                attn_metadata.req_id_per_token[:num_tokens],
+                                attn_metadata.block_table)
+        return self.core(q, kv_c_and_k_pe_cache, slots), None
+
+
+# One core per distinct spec in the process: a model's layers share one
+# shape, so its kernels are fetched and loaded once, not once per layer.
+_cores = {}
+
+
+def _core_for(spec, tp, model_name):
+    key = spec.SerializeToString(deterministic=True)
+    found = _cores.get(key)
+    if found is None:
+        found = _cores[key] = core.SparseMlaCore(spec)
+        count = found.prefetch()
+        logger.info("kforge: %d kernel(s) loaded for %d heads, topk %d, kv %s, scale %r; "
+                    "prebuild them (kforge prebuild MATRIX --out DIR, or kforge warm) with "
+                    "MATRIX = %s", count, spec.num_q_heads, spec.topk,
+                    "fp8_ds_mla" if spec.kv_cache_dtype == kforge_spec.KV_CACHE_DTYPE_FP8_DS_MLA
+                    else "bf16", spec.softmax_scale,
+                    json.dumps(core.prebuild_matrix(spec, tp, found.decoder.arch,
+                                                    name=str(model_name))))
+    return found

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""What of the vLLM plugin (integrations/vllm) can be checked without vLLM,
+for ctest (VllmPluginTest): vLLM is 9.4 GB, so its own tier is
+scripts/test_vllm_plugin.sh.
+
+  - packaging: both pyproject.toml files parse; kforge-vllm declares its
+    entry point in vllm.general_plugins (kforge_vllm:register, which
+    exists) and depends on kforge; kforge's version is the CMake project's;
+  - importing kforge_vllm and kforge_vllm.core imports no vLLM;
+  - KFORGE_VLLM_TAKE_OVER's values;
+  - core.attention_spec: GLM-5 TP8 and DeepSeek-V3.2 shapes, bf16 and
+    fp8_ds_mla (arbitrary scales, as vLLM writes them), and the errors for
+    a cache dtype or a shape kforge does not build, naming the field;
+  - the matrix the backend logs at start, fed to `kforge prebuild`, gives a
+    bundle that serves exactly the spec the backend asks for (the scale's
+    float32 value included), so a prebuilt engine compiles nothing.
+
+Usage: vllm_plugin_test.py PATH/TO/kforge REPO_ROOT
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import tomllib
+import traceback
+
+KFORGE, ROOT = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "integrations", "vllm"))
+
+import kforge  # noqa: E402
+import kforge_vllm  # noqa: E402
+from kforge_vllm import core  # noqa: E402
+
+failures = []
+checks = 0
+
+
+def check(name):
+    def run(fn):
+        global checks
+        checks += 1
+        try:
+            fn()
+            print(f"ok   {name}")
+        except Exception:
+            failures.append(name)
+            print(f"FAIL {name}\n{traceback.format_exc()}")
+        return fn
+    return run
+
+
+def read_toml(*path):
+    with open(os.path.join(ROOT, *path), "rb") as f:
+        return tomllib.load(f)
+
+
+@check("packaging metadata")
+def _():
+    plugin = read_toml("integrations", "vllm", "pyproject.toml")
+    package = read_toml("python", "pyproject.toml")
+    assert plugin["project"]["name"] == "kforge-vllm"
+    eps = plugin["project"]["entry-points"]["vllm.general_plugins"]
+    assert eps == {"kforge": "kforge_vllm:register"}, eps
+    module, func = eps["kforge"].split(":")
+    assert callable(getattr(sys.modules[module], func))
+    assert any(re.match(r"kforge\b", d) for d in plugin["project"]["dependencies"])
+    assert not any(d.startswith("vllm") for d in plugin["project"]["dependencies"]), \
+        "the plugin must not make pip replace the user's vLLM"
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        cmake_version = re.search(r"project\(kforge VERSION ([0-9.]+)", f.read()).group(1)
+    assert package["project"]["name"] == "kforge"
+    # The version is CMake's, read from kforge/_version.py, which the build
+    # writes from project(kforge VERSION ...).
+    assert "version" in package["project"].get("dynamic", []), package["project"]
+    assert package["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "kforge._version.__version__"}
+    assert kforge.__version__ == cmake_version, (kforge.__version__, cmake_version)
+    # The extras the plugin asks for (kforge[cuda]) are kforge's.
+    extras = {e for d in plugin["project"]["dependencies"]
+              for m in [re.match(r"kforge\[([\w,]+)\]", d)] if m for e in m.group(1).split(",")}
+    assert extras and extras <= set(package["project"]["optional-dependencies"]), extras
+    # The installed kforge carries what the build writes beside it.
+    data = package["tool"]["setuptools"]["package-data"]
+    assert data["kforge.v1"] == ["*_pb2.py"] and data["kforge._native"] == ["libkforge_capi.so"]
+
+
+@check("no vLLM imported")
+def _():
+    assert not any(m == "vllm" or m.startswith("vllm.") for m in sys.modules), \
+        [m for m in sys.modules if m.startswith("vllm")]
+
+
+@check("KFORGE_VLLM_TAKE_OVER values")
+def _():
+    on, off = kforge_vllm.take_over_requested, lambda e: not kforge_vllm.take_over_requested(e)
+    assert off({}) and off({"KFORGE_VLLM_TAKE_OVER": "0"}) and off({"KFORGE_VLLM_TAKE_OVER": ""})
+    assert on({"KFORGE_VLLM_TAKE_OVER": "1"}) and on({"KFORGE_VLLM_TAKE_OVER": "On"})
+    try:
+        kforge_vllm.take_over_requested({"KFORGE_VLLM_TAKE_OVER": "yes please"})
+    except ValueError as e:
+        assert "KFORGE_VLLM_TAKE_OVER" in str(e)
+    else:
+        raise AssertionError("a bad value was accepted")
+
+
+GLM5_TP8 = dict(num_heads=8, kv_lora_rank=512, rope_dim=64, topk=2048, page_size=64,
+                softmax_scale=0.0625)
+# vLLM's DeepSeek-V3.2 scale: 192^-0.5 * (0.1 ln 40 + 1)^2, a double.
+DSV32_TP1 = dict(num_heads=128, kv_lora_rank=512, rope_dim=64, topk=2048, page_size=64,
+                 softmax_scale=192 ** -0.5 * (0.1 * 3.6888794541139363 + 1) ** 2)
+
+
+@check("attention_spec of GLM-5 and DeepSeek-V3.2")
+def _():
+    for shape in (GLM5_TP8, DSV32_TP1):
+        for vllm_dtype, kv in (("auto", 1), ("bfloat16", 1), ("fp8_ds_mla", 2)):
+            spec = core.attention_spec(cache_dtype=vllm_dtype, **shape)
+            assert spec.num_q_heads == shape["num_heads"] and spec.topk == 2048
+            assert spec.kv_cache_dtype == kv
+            assert spec.kv_scale_format == (2 if kv == 2 else 0)  # arbitrary: vLLM's amax/448
+            assert not spec.return_lse
+            assert kforge.kv_row_bytes_for(spec) == (656 if kv == 2 else None)
+
+
+@check("attention_spec errors name what is unsupported")
+def _():
+    cases = ((dict(GLM5_TP8, cache_dtype="fp8"), "kv_cache_dtype: got 'fp8'"),
+             (dict(GLM5_TP8, cache_dtype="fp8_e4m3"), "supports auto, bfloat16, fp8_ds_mla"),
+             (dict(GLM5_TP8, num_heads=256, cache_dtype="auto"),
+              "num_q_heads: got 256, supported 1..128"),
+             (dict(GLM5_TP8, kv_lora_rank=448, cache_dtype="fp8_ds_mla"), "kv_lora_rank"),
+             (dict(GLM5_TP8, topk=0, cache_dtype="auto"), "topk: got 0"))
+    for kwargs, want in cases:
+        try:
+            core.attention_spec(**kwargs)
+        except core.UnsupportedConfig as e:
+            assert want in str(e), (want, str(e))
+        else:
+            raise AssertionError(f"accepted {kwargs}")
+
+
+@check("the logged prebuild matrix builds the kernel the backend asks for")
+def _():
+    spec = core.attention_spec(cache_dtype="fp8_ds_mla", **DSV32_TP1)
+    matrix = core.prebuild_matrix(spec, 1, "sm_90a", name="deepseek-v3.2 test")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "matrix.json")
+        with open(path, "w") as f:
+            json.dump(matrix, f)
+        out = os.path.join(tmp, "bundle")
+        run = subprocess.run([KFORGE, "prebuild", path, "--out", out, "-j", "1"],
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout + run.stderr
+        # The backend's own request, answered from the bundle alone.
+        manifest = kforge.Bundle(out).get_manifest(spec=spec, arch="sm_90a")
+        assert len(manifest.variants) >= 1
+        got = manifest.variants[0].spec
+        assert (got.softmax_scale, got.num_q_heads, got.kv_scale_format) == \
+            (spec.softmax_scale, 128, 2), got
+    # tp: the matrix counts every head, the backend one rank's.
+    tp8 = core.prebuild_matrix(core.attention_spec(cache_dtype="auto", **GLM5_TP8), 8, "sm_120a")
+    assert tp8["models"][0]["tp"] == [8] and tp8["models"][0]["spec"]["numQHeads"] == 64
+    assert tp8["archs"] == ["sm_120a"]
+
+
+print(f"{checks - len(failures)} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)

@@ -108,9 +108,10 @@ class KernelStore {
 
   v1::StatsResponse Stats() const;
 
-  // How long answered GetKernel, GetKernelAsync (and MemoryHit) calls took, by the source
-  // of the answer ("memory", "disk", "redis", "compiled",
-  // "shared_compile"), and NVRTC's seconds per successful compile.
+  // How long answered GetKernel, GetKernelAsync, CachedKernel (and
+  // MemoryHit) calls took, by the source of the answer ("memory", "disk",
+  // "redis", "compiled", "shared_compile"), and NVRTC's seconds per
+  // successful compile.
   struct Timings {
     std::vector<std::pair<std::string, Histogram::Snapshot>> by_source;
     Histogram::Snapshot compile_seconds;

@@ -80,6 +80,39 @@ TEST_F(KernelStoreTest, CompilesOnceThenServesFromMemoryThenDiskAfterRestart) {
   EXPECT_EQ(restarted->Stats().disk_hits(), 1u);
 }
 
+uint64_t TimedAnswers(const KernelStore& store, const std::string& source) {
+  for (const auto& [name, snapshot] : store.ReadTimings().by_source) {
+    if (name == source) return snapshot.count;
+  }
+  ADD_FAILURE() << "no timings for source " << source;
+  return 0;
+}
+
+// The server answers disk and Redis hits from CachedKernel (its lookup
+// threads), which went untimed: kforge_kernel_seconds{source="disk"} and
+// {source="redis"} stayed 0 however many hits were served.
+TEST_F(KernelStoreTest, CachedKernelHitsAreTimedBySource) {
+  {
+    auto store = Open();
+    ASSERT_TRUE(store->GetKernel(Glm5Tp8(), "sm_90a", false).ok());
+    EXPECT_EQ(TimedAnswers(*store, "compiled"), 1u);
+  }
+  auto restarted = Open();
+  auto disk = restarted->CachedKernel(Glm5Tp8(), "sm_90a");
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  EXPECT_EQ(disk->source, v1::ARTIFACT_SOURCE_DISK);
+  auto memory = restarted->CachedKernel(Glm5Tp8(), "sm_90a");
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  EXPECT_EQ(memory->source, v1::ARTIFACT_SOURCE_MEMORY);
+  EXPECT_EQ(TimedAnswers(*restarted, "disk"), 1u);
+  EXPECT_EQ(TimedAnswers(*restarted, "memory"), 1u);
+  // A miss is not an answer.
+  v1::AttentionSpec other = Glm5Tp8();
+  other.set_topk(other.topk() * 2);
+  EXPECT_TRUE(absl::IsNotFound(restarted->CachedKernel(other, "sm_90a").status()));
+  EXPECT_EQ(TimedAnswers(*restarted, "disk") + TimedAnswers(*restarted, "memory"), 2u);
+}
+
 TEST_F(KernelStoreTest, ConcurrentColdRequestsShareOneCompile) {
   auto store = Open();
   constexpr int kThreads = 16;

@@ -76,10 +76,10 @@ int main(int argc, char** argv) {
         }
         sink += launch->selection.num_splits;
       }
-      const double ns = std::chrono::duration<double, std::nano>(
-                            std::chrono::steady_clock::now() - start)
-                            .count() /
-                        iterations;
+      const double ns =
+          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start)
+              .count() /
+          iterations;
       std::printf("%-14s tp%d batch %3d: PlanDecode %7.0f ns/call%s\n", preset, tp, batch, ns,
                   sink == 0 ? " (?)" : "");
     }

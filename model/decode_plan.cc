@@ -100,9 +100,9 @@ absl::Status CheckStrides(const DecodeArgs& a, const KvCacheLayout& kv) {
     const char* name;
     int64_t value;
     int64_t minimum;
-    std::string what;
+    const char* what;  // no allocation: this runs on every decode call
   };
-  const std::vector<Stride> strides = {
+  const Stride strides[] = {
       {"q_head_stride", a.q_head_stride, a.d_qk, "d_qk"},
       {"q_token_stride", a.q_token_stride, SaturatingMul(a.num_q_heads, a.q_head_stride),
        "num_q_heads * q_head_stride"},

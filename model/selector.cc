@@ -1,6 +1,7 @@
 #include "model/selector.h"
 
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -104,18 +105,14 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
     for (int i = 0; i < manifest.variants_size(); ++i) order.push_back(i);
   }
 
-  std::string report = absl::StrFormat(
-      "no kernel variant fits: required arch %s, heads %d, dtype %s, "
-      "topk %d, page size %d",
-      device_arch, shape.num_q_heads, KvDtypeName(shape.kv_dtype), shape.topk,
-      shape.page_block_size);
-  if (order.empty()) absl::StrAppend(&report, "\n  (the manifest has no variants)");
+  // Variants that do not fit and what each lacks, for the report; it is
+  // formatted only when nothing fits (a decode call plans on every launch).
+  std::vector<std::pair<int, std::vector<std::string>>> misfits;
   for (int index : order) {
     const v1::ManifestVariant& v = manifest.variants(index);
-    const std::vector<std::string> missing = Missing(manifest_arch, v.spec(), device_arch, shape);
+    std::vector<std::string> missing = Missing(manifest_arch, v.spec(), device_arch, shape);
     if (!missing.empty()) {
-      absl::StrAppend(&report, "\n  variant ", index, " ", v.module_name(), ": supports ",
-                      Supports(manifest, v.spec()), "; missing ", absl::StrJoin(missing, ", "));
+      misfits.emplace_back(index, std::move(missing));
       continue;
     }
     const v1::KernelTiling& tiling = v.tiling();
@@ -164,6 +161,17 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
                             launch.workspace_bytes_per_split_token();
     }
     return sel;
+  }
+  std::string report = absl::StrFormat(
+      "no kernel variant fits: required arch %s, heads %d, dtype %s, "
+      "topk %d, page size %d",
+      device_arch, shape.num_q_heads, KvDtypeName(shape.kv_dtype), shape.topk,
+      shape.page_block_size);
+  if (order.empty()) absl::StrAppend(&report, "\n  (the manifest has no variants)");
+  for (const auto& [index, missing] : misfits) {
+    const v1::ManifestVariant& v = manifest.variants(index);
+    absl::StrAppend(&report, "\n  variant ", index, " ", v.module_name(), ": supports ",
+                    Supports(manifest, v.spec()), "; missing ", absl::StrJoin(missing, ", "));
   }
   return absl::NotFoundError(report);
 }

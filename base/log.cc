@@ -86,8 +86,8 @@ void AppendTextValue(std::string* out, std::string_view s) {
 absl::StatusOr<LogFormat> ParseLogFormat(std::string_view name) {
   if (name == "text") return LogFormat::kText;
   if (name == "json") return LogFormat::kJson;
-  return absl::InvalidArgumentError(
-      absl::StrCat("log format: got \"", absl::CHexEscape(AsAbsl(name)), "\", expected text or json"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "log format: got \"", absl::CHexEscape(AsAbsl(name)), "\", expected text or json"));
 }
 
 LogField::LogField(std::string_view name, double number)

@@ -57,8 +57,7 @@ TEST(LogTest, ConcurrentEventsAreWholeLines) {
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([t] {
       for (int i = 0; i < 200; ++i) {
-        LogEvent(LogLevel::kInfo, "tick", std::string(100, static_cast<char>('a' + t)),
-                 {{"i", i}});
+        LogEvent(LogLevel::kInfo, "tick", std::string(100, static_cast<char>('a' + t)), {{"i", i}});
       }
     });
   }

@@ -16,7 +16,7 @@ namespace {
 struct Settings {
   absl::Mutex mu;
   LogFormat format = LogFormat::kText;
-  std::ostream* stream = &std::cerr;
+  std::ostream* stream = nullptr;  // null: stdout for info, stderr for the rest
 };
 
 Settings& Global() {
@@ -108,14 +108,14 @@ void SetLogFormat(LogFormat format) {
 void SetLogStream(std::ostream* stream) {
   Settings& s = Global();
   absl::MutexLock lock(&s.mu);
-  s.stream = stream != nullptr ? stream : &std::cerr;
+  s.stream = stream;
 }
 
 std::string FormatLogLine(LogFormat format, absl::Time now, LogLevel level, std::string_view event,
                           std::string_view message, std::initializer_list<LogField> fields) {
-  const std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone());
   std::string line;
   if (format == LogFormat::kJson) {
+    const std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone());
     absl::StrAppend(&line, "{\"ts\":\"", ts, "\",\"level\":\"", LevelName(level), "\",\"event\":");
     AppendJsonString(&line, event);
     if (!message.empty()) {
@@ -135,11 +135,13 @@ std::string FormatLogLine(LogFormat format, absl::Time now, LogLevel level, std:
     line.push_back('}');
     return line;
   }
-  absl::StrAppend(&line, ts, " ", LevelName(level), " ", AsAbsl(event), ":");
+  line = "kforge:";
   // The message is kept on one line: its newlines become spaces.
   if (!message.empty()) {
     line.push_back(' ');
     for (char c : message) line.push_back(c == '\n' || c == '\r' ? ' ' : c);
+  } else {
+    absl::StrAppend(&line, " ", AsAbsl(event));
   }
   if (fields.size() > 0) {
     line.append(" [");
@@ -166,8 +168,10 @@ void LogEvent(LogLevel level, std::string_view event, std::string_view message,
   std::string line = FormatLogLine(format, absl::Now(), level, event, message, fields);
   line.push_back('\n');
   absl::MutexLock lock(&s.mu);
-  s.stream->write(line.data(), static_cast<std::streamsize>(line.size()));
-  s.stream->flush();
+  std::ostream* out = s.stream;
+  if (out == nullptr) out = level == LogLevel::kInfo ? &std::cout : &std::cerr;
+  out->write(line.data(), static_cast<std::streamsize>(line.size()));
+  out->flush();
 }
 
 }  // namespace kforge

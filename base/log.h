@@ -1,18 +1,18 @@
 #ifndef KFORGE_BASE_LOG_H_
 #define KFORGE_BASE_LOG_H_
 
-// The server's log: one line per event, as text (the default, for people)
-// or JSON (one object per line, for log pipelines), chosen once at start-up
-// (`kforge serve --log-format`). Every line has a UTC timestamp, a level and
-// an event name; the fields an event has (key, module, duration, source,
-// ...) follow. Lines are written whole (one write under a lock), so
-// concurrent events never interleave.
+// The server's log: one line per event, as text (the default, for people:
+// the lines kforge has always printed, with the event's fields after them)
+// or JSON (one object per line, for log pipelines: a UTC timestamp, the
+// level, the event name, the message and the fields), chosen once at
+// start-up (`kforge serve --log-format`). Lines are written whole (one
+// write under a lock), so concurrent events never interleave. Info goes to
+// stdout, warnings and errors to stderr (as before), unless a stream is set.
 //
-//   text: 2026-12-01T07:50:00.123Z info compile: compiled in 1.20 s
-//         [key=ab12.. module=sparse_mla_decode_h8_.. duration_s=1.2]
-//         (one line; the message, then the fields)
+//   text: kforge: compiled sparse_mla_decode_h8_.. in 1.2 s [key=ab12..
+//         module=sparse_mla_decode_h8_.. duration_s=1.2]   (one line)
 //   json: {"ts":"2026-12-01T07:50:00.123Z","level":"info","event":"compile",
-//          "msg":"compiled in 1.20 s","key":"ab12..","duration_s":1.2}
+//          "msg":"compiled ...","key":"ab12..","duration_s":1.2}
 
 #include <initializer_list>
 #include <ostream>
@@ -44,9 +44,9 @@ struct LogField {
   bool number = false;
 };
 
-// Process-wide settings: the format (text until set) and the stream
-// (std::cerr until set; tests point it elsewhere). Set them before any
-// thread logs.
+// Process-wide settings: the format (text until set) and the stream (until
+// set: stdout for info, stderr for the rest; tests point it elsewhere;
+// nullptr goes back to the split). Set them before any thread logs.
 void SetLogFormat(LogFormat format);
 void SetLogStream(std::ostream* stream);
 

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "base/credentials.h"
 #include "base/io.h"
+#include "base/log.h"
 #include "bundle/bundle.h"
 #include "cli/connect_args.h"
 #include "cli/flags.h"
@@ -188,6 +189,10 @@ int Serve(const std::vector<std::string>& argv) {
        "SIGHUP; needs TLS)"},
       {"metrics-listen", "HOST:PORT",
        "serve Prometheus metrics on GET /metrics at this address (port 0: any free one)"},
+      {"log-format", "FORMAT",
+       "text (kforge's lines, with each event's fields after them) or json (one object per "
+       "line: ts, level, event, msg and the fields: key, module, duration_s, source, ...)",
+       "text"},
       {"redis", "HOST:PORT",
        "share kernels with the fleet through this Redis (between the disk tier and a "
        "compile; a key missed by many servers at once is compiled by one). Redis down or "
@@ -227,6 +232,9 @@ int Serve(const std::vector<std::string>& argv) {
   options.security.auth_token_file = args->Get("auth-token-file");
   options.security.admin_token_file = args->Get("admin-token-file");
   options.metrics_listen = args->Get("metrics-listen");
+  const absl::StatusOr<LogFormat> log_format = ParseLogFormat(args->Get("log-format"));
+  if (!log_format.ok()) return Fail(log_format.status());
+  options.log_format = *log_format;
   long long workers = 0, queue_limit = 0;
   for (absl::Status s : {IntFlag(*args, "workers", 1, kMaxWorkers, &workers),
                          IntFlag(*args, "queue-limit", 0, INT_MAX, &queue_limit)}) {

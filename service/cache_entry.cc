@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/absl_compat.h"
+#include "base/log.h"
 #include "base/sha256.h"
 
 namespace kforge {
@@ -100,6 +101,14 @@ absl::StatusOr<std::string> EncodeCacheEntry(const v1::KernelArtifact& artifact)
   std::string entry = EncodeCacheEntryHeader(payload);
   entry += payload;
   return entry;
+}
+
+absl::Status DroppedCorruptEntry(std::string_view tier, std::string_view key,
+                                 std::string_view why) {
+  const std::string message = absl::StrCat("dropped corrupt artifact ", AsAbsl(key), " on ",
+                                           AsAbsl(tier), ": ", AsAbsl(why));
+  LogEvent(LogLevel::kWarning, "corrupt_entry", message, {{"tier", tier}, {"key", key}});
+  return absl::NotFoundError(message);
 }
 
 }  // namespace kforge

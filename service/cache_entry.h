@@ -39,6 +39,11 @@ absl::StatusOr<std::string> EncodeCacheEntry(const v1::KernelArtifact& artifact)
 // mismatch, unparsable payload, another key).
 absl::StatusOr<v1::KernelArtifact> DecodeCacheEntry(std::string_view entry, std::string_view key);
 
+// What a tier answers after dropping a damaged entry: logs a
+// "corrupt_entry" event (tier, key, why) and returns the NotFound a miss
+// is ("dropped corrupt artifact KEY on TIER: WHY").
+absl::Status DroppedCorruptEntry(std::string_view tier, std::string_view key, std::string_view why);
+
 }  // namespace kforge
 
 #endif  // KFORGE_SERVICE_CACHE_ENTRY_H_

@@ -202,8 +202,7 @@ absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
         if (S_ISREG(now.st_mode)) state_->Forget(static_cast<uint64_t>(now.st_size));
       }
     }
-    return absl::NotFoundError(
-        absl::StrCat("dropped corrupt artifact ", key, " on disk: ", opened.status().message()));
+    return DroppedCorruptEntry("disk", key, std::string(opened.status().message()));
   }
   if (!opened.ok()) return opened.status();
   const int fd = *opened;
@@ -237,8 +236,7 @@ absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
       unlink(path.c_str()) == 0) {
     state_->Forget(static_cast<uint64_t>(st.st_size));
   }
-  return absl::NotFoundError(
-      absl::StrCat("dropped corrupt artifact ", key, " on disk: ", artifact.status().message()));
+  return DroppedCorruptEntry("disk", key, std::string(artifact.status().message()));
 }
 
 absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "base/absl_compat.h"
 #include "base/file_lock.h"
+#include "base/log.h"
 #include "compiler/codegen.h"
 #include "compiler/compiler.h"
 #include "compiler/key.h"
@@ -286,6 +287,15 @@ void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
   if (!built.ok()) {
     release();
     ++compile_failures;
+    // The first line of the error (an NVRTC log can be long).
+    const std::string error(built.status().message());
+    LogEvent(LogLevel::kWarning, "compile_failure",
+             absl::StrCat("compile of ", plan.module_name,
+                          " failed: ", error.substr(0, std::min(error.find('\n'), size_t{500}))),
+             {{"key", plan.key},
+              {"module", plan.module_name},
+              {"arch", plan.arch.name},
+              {"code", absl::StatusCodeToString(built.status().code())}});
     if (IsCompilerRejection(built.status()) && options.failure_cache > absl::ZeroDuration()) {
       absl::MutexLock lock(&mu);
       if (failures.size() >= kMaxMemo) failures.clear();
@@ -305,6 +315,13 @@ void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
     return;
   }
   compile_seconds.Observe(built->compile_seconds());
+  LogEvent(LogLevel::kInfo, "compile",
+           absl::StrFormat("compiled %s in %.2f s", plan.module_name, built->compile_seconds()),
+           {{"key", plan.key},
+            {"module", plan.module_name},
+            {"arch", plan.arch.name},
+            {"duration_s", built->compile_seconds()},
+            {"source", "compile"}});
   auto artifact = std::make_shared<const v1::KernelArtifact>(*std::move(built));
   // Disk and Redis first: once the locks are released other processes
   // look there. A failed disk write (full disk) still serves the kernel

@@ -350,8 +350,7 @@ absl::StatusOr<ArtifactPtr> RedisCache::Get(const std::string& key) {
     // stored between the GET and this DEL is lost too: one more compile.)
     ++s.corrupt;
     (void)s.Run({"DEL", value_key});
-    return absl::NotFoundError(
-        absl::StrCat("dropped corrupt artifact ", key, " in redis: ", artifact.status().message()));
+    return DroppedCorruptEntry("redis", key, std::string(artifact.status().message()));
   }
   ++s.hits;
   return std::make_shared<const v1::KernelArtifact>(*std::move(artifact));

@@ -17,8 +17,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/log.h"
 #include "base/reload_signal.h"
 #include "base/shutdown_signals.h"
+#include "compiler/compiler.h"
 #include "grpc/support/log.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -70,8 +72,13 @@ void LogGrpc(gpr_log_func_args* args) {
       return;
     }
   }
-  std::cerr << "kforge: gRPC " << gpr_log_severity_string(args->severity) << ": " << args->message
-            << std::endl;
+  // gRPC's own messages go through kforge's log (one line, escaped in JSON).
+  const LogLevel level = args->severity == GPR_LOG_SEVERITY_ERROR  ? LogLevel::kError
+                         : args->severity == GPR_LOG_SEVERITY_INFO ? LogLevel::kInfo
+                                                                   : LogLevel::kWarning;
+  LogEvent(level, "grpc",
+           absl::StrCat("gRPC ", gpr_log_severity_string(args->severity), ": ", args->message),
+           {{"file", args->file == nullptr ? "" : args->file}, {"line", args->line}});
 }
 
 void CaptureGrpcLog(bool on) {
@@ -121,47 +128,56 @@ std::string BoundAddress(const std::string& listen, int port) {
 // Loads the bundle, reports what it did, then turns health to SERVING.
 void WarmUp(KernelStore& store, BundleSource& bundle, const std::string& dir,
             const std::atomic<bool>& stop, grpc::HealthCheckServiceInterface* health) {
-  std::cout << "kforge: warming the cache from " << dir << " (" << bundle.manifests().size()
-            << " manifests)" << std::endl;
+  LogEvent(
+      LogLevel::kInfo, "warm_start",
+      absl::StrCat("warming the cache from ", dir, " (", bundle.manifests().size(), " manifests)"),
+      {{"bundle", dir}, {"manifests", static_cast<long long>(bundle.manifests().size())}});
   const WarmReport report = WarmFromBundle(store, bundle, stop);
   for (const std::string& skipped : report.skipped) {
-    std::cerr << "kforge: warm-up skipped " << skipped << "\n";
+    LogEvent(LogLevel::kWarning, "warm_skip", absl::StrCat("warm-up skipped ", skipped));
   }
   if (stop) return;
-  std::cout << absl::StrFormat(
-                   "kforge: warm-up done in %.2f s: %d kernels, %d loaded, %d "
-                   "already cached, %d skipped; SERVING",
-                   report.seconds, report.kernels, report.loaded, report.already_cached,
-                   report.skipped.size())
-            << std::endl;
+  LogEvent(LogLevel::kInfo, "warm_done",
+           absl::StrFormat("warm-up done in %.2f s: %d kernels, %d loaded, %d "
+                           "already cached, %d skipped; SERVING",
+                           report.seconds, report.kernels, report.loaded, report.already_cached,
+                           report.skipped.size()),
+           {{"duration_s", report.seconds},
+            {"kernels", report.kernels},
+            {"loaded", report.loaded},
+            {"skipped", static_cast<long long>(report.skipped.size())}});
   if (health != nullptr) health->SetServingStatus(true);
+}
+
+// A start-up failure: one error line, exit code 1.
+int StartFailure(std::string_view message) {
+  LogEvent(LogLevel::kError, "start_failure", message);
+  return 1;
 }
 
 }  // namespace
 
 int RunServer(const ServerOptions& options) {
+  SetLogFormat(options.log_format);
   // A second signal means "now": skip the grace period (exit 1).
   absl::StatusOr<std::unique_ptr<ShutdownSignals>> signals = ShutdownSignals::Install();
   if (!signals.ok()) {
-    std::cerr << "kforge: cannot install signal handlers: " << signals.status().message() << "\n";
-    return 1;
+    return StartFailure(
+        absl::StrCat("cannot install signal handlers: ", signals.status().message()));
   }
   if (absl::Status s = CheckListenAddress(options.listen); !s.ok()) {
-    std::cerr << "kforge: cannot listen on " << options.listen << ": " << s.message() << "\n";
-    return 1;
+    return StartFailure(absl::StrCat("cannot listen on ", options.listen, ": ", s.message()));
   }
   gpr_set_log_function(LogGrpc);
   absl::StatusOr<ServerSecurity> security = MakeServerSecurity(options.security);
-  if (!security.ok()) {
-    std::cerr << "kforge: " << security.status().message() << "\n";
-    return 1;
-  }
+  if (!security.ok()) return StartFailure(std::string(security.status().message()));
   if (!options.security.tls() && !IsLoopbackAddress(options.listen)) {
-    std::cerr << "kforge: warning: serving on " << options.listen
-              << " without TLS: any host that can reach it may ask for kernels, and what it "
-                 "sends can be read and changed on the way; use --tls-cert/--tls-key (and "
-                 "--auth-token-file), or listen on 127.0.0.1"
-              << std::endl;
+    LogEvent(LogLevel::kWarning, "no_tls",
+             absl::StrCat("warning: serving on ", options.listen,
+                          " without TLS: any host that can reach it may ask for kernels, and "
+                          "what it sends can be read and changed on the way; use "
+                          "--tls-cert/--tls-key (and --auth-token-file), or listen on 127.0.0.1"),
+             {{"address", options.listen}});
   }
   // SIGHUP rereads the token files and the TLS files; a bad file keeps
   // what is in use.
@@ -172,26 +188,29 @@ int RunServer(const ServerOptions& options) {
     absl::StatusOr<std::unique_ptr<ReloadSignal>> installed = ReloadSignal::Install([auth, tls] {
       if (tls != nullptr) {
         if (absl::Status s = tls->Reload(); !s.ok()) {
-          std::cerr << "kforge: SIGHUP: TLS files not reloaded, the old ones stay: " << s.message()
-                    << std::endl;
+          LogEvent(LogLevel::kWarning, "reload_failure",
+                   absl::StrCat("SIGHUP: TLS files not reloaded, the old ones stay: ", s.message()),
+                   {{"what", "tls"}});
         } else {
-          std::cerr << "kforge: SIGHUP: TLS files reloaded (new connections use them)" << std::endl;
+          LogEvent(LogLevel::kInfo, "reload",
+                   "SIGHUP: TLS files reloaded (new connections use them)", {{"what", "tls"}});
         }
       }
       if (auth == nullptr) return;
       if (absl::Status s = auth->Reload(); !s.ok()) {
-        std::cerr << "kforge: SIGHUP: tokens not reloaded, the old ones stay: " << s.message()
-                  << std::endl;
+        LogEvent(LogLevel::kWarning, "reload_failure",
+                 absl::StrCat("SIGHUP: tokens not reloaded, the old ones stay: ", s.message()),
+                 {{"what", "tokens"}});
         return;
       }
       const auto [user, admin] = auth->counts();
-      std::cerr << "kforge: SIGHUP: tokens reloaded (" << user << " user, " << admin << " admin)"
-                << std::endl;
+      LogEvent(LogLevel::kInfo, "reload",
+               absl::StrCat("SIGHUP: tokens reloaded (", user, " user, ", admin, " admin)"),
+               {{"what", "tokens"}});
     });
     if (!installed.ok()) {
-      std::cerr << "kforge: cannot install the SIGHUP handler: " << installed.status().message()
-                << "\n";
-      return 1;
+      return StartFailure(
+          absl::StrCat("cannot install the SIGHUP handler: ", installed.status().message()));
     }
     reload = *std::move(installed);
   }
@@ -202,20 +221,18 @@ int RunServer(const ServerOptions& options) {
     absl::StatusOr<std::unique_ptr<BundleSource>> opened =
         BundleSource::Open(options.warm_from, options.trust_key_file);
     if (!opened.ok()) {
-      std::cerr << "kforge: --warm-from " << options.warm_from << ": " << opened.status().message()
-                << "\n";
-      return 1;
+      return StartFailure(
+          absl::StrCat("--warm-from ", options.warm_from, ": ", opened.status().message()));
     }
     bundle = *std::move(opened);
   }
   KernelStoreOptions store_options = options.store;
   store_options.redis.log = [](std::string_view line) {
-    std::cerr << "kforge: " << line << std::endl;
+    LogEvent(LogLevel::kWarning, "redis", line);
   };
   absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(store_options);
   if (!store.ok()) {
-    std::cerr << "kforge: cannot open the kernel store: " << store.status().message() << "\n";
-    return 1;
+    return StartFailure(absl::StrCat("cannot open the kernel store: ", store.status().message()));
   }
   auto service = std::make_unique<KernelServiceImpl>(store->get(), options.service);
 
@@ -245,19 +262,24 @@ int RunServer(const ServerOptions& options) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   CaptureGrpcLog(false);
   if (server == nullptr || port == 0) {
-    std::cerr << "kforge: cannot listen on " << options.listen << ": " << ListenFailureReason()
-              << "\n";
     (*store)->Shutdown();
-    return 1;
+    return StartFailure(
+        absl::StrCat("cannot listen on ", options.listen, ": ", ListenFailureReason()));
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(bundle == nullptr);
-  std::cout << "kforge: serving on " << BoundAddress(options.listen, port)
-            << (options.security.tls_client_ca_file.empty()
-                    ? options.security.tls() ? " (TLS" : " (plain text"
-                    : " (mTLS")
-            << (security->authenticator != nullptr ? ", bearer tokens" : "") << "; cache "
-            << options.store.cache_dir << ")" << std::endl;
+  const std::string address = BoundAddress(options.listen, port);
+  const char* transport = options.security.tls_client_ca_file.empty()
+                              ? options.security.tls() ? "TLS" : "plain text"
+                              : "mTLS";
+  LogEvent(LogLevel::kInfo, "start",
+           absl::StrCat("serving on ", address, " (", transport,
+                        security->authenticator != nullptr ? ", bearer tokens" : "", "; cache ",
+                        options.store.cache_dir, ")"),
+           {{"address", address},
+            {"transport", transport},
+            {"cache_dir", options.store.cache_dir},
+            {"version", KforgeVersion()}});
   std::unique_ptr<MetricsHttpServer> metrics;
   if (!options.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
@@ -265,14 +287,15 @@ int RunServer(const ServerOptions& options) {
           return RenderMetrics(request_metrics, (*store)->Stats(), (*store)->ReadTimings());
         });
     if (!started.ok()) {
-      std::cerr << "kforge: " << started.status().message() << "\n";
       server->Shutdown();
       (*store)->Shutdown();
-      return 1;
+      return StartFailure(std::string(started.status().message()));
     }
     metrics = *std::move(started);
-    std::cout << "kforge: metrics on http://"
-              << BoundAddress(options.metrics_listen, metrics->port()) << "/metrics" << std::endl;
+    const std::string metrics_address = BoundAddress(options.metrics_listen, metrics->port());
+    LogEvent(LogLevel::kInfo, "metrics_start",
+             absl::StrCat("metrics on http://", metrics_address, "/metrics"),
+             {{"address", metrics_address}});
   }
   std::atomic<bool> stop_warm{false};
   std::thread warm;
@@ -281,9 +304,11 @@ int RunServer(const ServerOptions& options) {
   }
 
   const int signo = (*signals)->Wait();
-  std::cerr << "kforge: " << (signo == SIGINT ? "SIGINT" : "SIGTERM")
-            << ": shutting down (in-flight calls get "
-            << absl::FormatDuration(options.shutdown_grace) << ")" << std::endl;
+  LogEvent(
+      LogLevel::kInfo, "shutdown",
+      absl::StrCat(signo == SIGINT ? "SIGINT" : "SIGTERM", ": shutting down (in-flight calls get ",
+                   absl::FormatDuration(options.shutdown_grace), ")"),
+      {{"signal", signo == SIGINT ? "SIGINT" : "SIGTERM"}, {"grace", options.shutdown_grace}});
 
   stop_warm = true;
   if (warm.joinable()) warm.join();
@@ -294,7 +319,7 @@ int RunServer(const ServerOptions& options) {
   absl::Notification drained;
   std::thread watchdog([&] {
     if (drained.WaitForNotificationWithTimeout(options.shutdown_grace)) return;
-    std::cerr << "kforge: grace period over: abandoning running compiles" << std::endl;
+    LogEvent(LogLevel::kWarning, "grace_over", "grace period over: abandoning running compiles");
     (*store)->AbandonCompiles();
   });
   // Stops accepting calls, waits for in-flight ones until the deadline,
@@ -308,7 +333,7 @@ int RunServer(const ServerOptions& options) {
   server.reset();
   service.reset();  // joins its threads: no store call is left after this
   store->reset();
-  std::cerr << "kforge: stopped" << std::endl;
+  LogEvent(LogLevel::kInfo, "stop", "stopped");
   return 0;
 }
 

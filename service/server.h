@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "base/log.h"
 #include "service/auth.h"
 #include "service/kernel_service.h"
 #include "service/kernel_store.h"
@@ -30,6 +31,8 @@ struct ServerOptions {
   // HOST:PORT for Prometheus metrics on GET /metrics (port 0: any free one,
   // printed); "" = none.
   std::string metrics_listen;
+  // The log's format (base/log.h); text keeps kforge's "kforge: ..." lines.
+  LogFormat log_format = LogFormat::kText;
 };
 
 // Runs `kforge serve`: opens the store, serves KernelService with gRPC

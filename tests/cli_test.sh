@@ -524,6 +524,44 @@ KFORGE_REDIS=127.0.0.1:1 expect_error "doctor with an unreachable Redis" \
 expect_error "doctor with a missing TLS key" "tls: --tls-key" \
   doctor --cache-dir "$TMP/env_cache" --tls-cert "$PKI/server.pem" --tls-key "$TMP/no.key"
 
+# --- structured logs -----------------------------------------------------------
+expect_error "serve --log-format xml" "expected text or json" serve --log-format xml
+JSON_LOG=$TMP/json_serve.log
+"$KFORGE" serve --listen 127.0.0.1:0 --cache-dir "$TMP/json_cache" --workers 1 \
+  --log-format json >"$JSON_LOG" 2>&1 &
+JSON_PID=$!
+ADDR=
+for _ in $(seq 300); do
+  ADDR=$(sed -n 's/.*"event":"start".*"address":"\([^"]*\)".*/\1/p' "$JSON_LOG")
+  [[ -n "$ADDR" ]] && break
+  sleep 0.1
+done
+[[ -n "$ADDR" ]] || fail "serve --log-format json: no start event: $(cat "$JSON_LOG")"
+expect_ok "get from a JSON-logging server" get --server "$ADDR" --preset glm-5 --tp 8 \
+  --arch sm_80 -o "$TMP/json_get"
+kill -TERM "$JSON_PID"
+wait "$JSON_PID" || fail "serve --log-format json exited non-zero"
+# Every line one JSON object with ts, level and event; the compile says
+# which kernel and how long; start, shutdown and stop are there.
+"${KFORGE_TEST_PYTHON:-/usr/bin/python3}" - "$JSON_LOG" <<'PY' || fail "JSON log: $(cat "$JSON_LOG")"
+import json, re, sys
+events = []
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", e["ts"]), e
+    assert e["level"] in ("info", "warning", "error"), e
+    events.append(e)
+names = [e["event"] for e in events]
+for want in ("start", "compile", "shutdown", "stop"):
+    assert want in names, (want, names)
+compile = next(e for e in events if e["event"] == "compile")
+assert re.fullmatch(r"[0-9a-f]{64}", compile["key"]), compile
+assert compile["module"].startswith("sparse_mla_decode_h8_"), compile
+assert isinstance(compile["duration_s"], (int, float)) and compile["duration_s"] > 0, compile
+assert compile["source"] == "compile", compile
+PY
+echo "ok: serve --log-format json writes one event object per line"
+
 if [[ $FAILED -ne 0 ]]; then
   echo "cli_test: FAILED" >&2
   exit 1

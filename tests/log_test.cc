@@ -16,16 +16,17 @@ namespace {
 
 const absl::Time kAt = absl::FromUnixMillis(1764575400123);  // 2025-12-01T07:50:00.123Z
 
-TEST(LogTest, TextLineHasTimeLevelEventMessageAndFields) {
+// Text is the lines kforge has always printed ("kforge: <message>", which
+// scripts grep for), with the event's fields after them.
+TEST(LogTest, TextLineIsTheMessageThenTheFields) {
   EXPECT_EQ(FormatLogLine(LogFormat::kText, kAt, LogLevel::kInfo, "compile", "compiled",
                           {{"key", "ab12"}, {"duration", absl::Milliseconds(1500)}, {"n", 3}}),
-            "2025-12-01T07:50:00.123Z info compile: compiled [key=ab12 duration_s=1.5 n=3]");
-  EXPECT_EQ(FormatLogLine(LogFormat::kText, kAt, LogLevel::kError, "stop", "", {}),
-            "2025-12-01T07:50:00.123Z error stop:");
+            "kforge: compiled [key=ab12 duration_s=1.5 n=3]");
+  EXPECT_EQ(FormatLogLine(LogFormat::kText, kAt, LogLevel::kError, "stop", "", {}), "kforge: stop");
   // A value with spaces or quotes is quoted; a message stays on one line.
   EXPECT_EQ(FormatLogLine(LogFormat::kText, kAt, LogLevel::kWarning, "e", "two\nlines",
                           {{"why", "a \"b\" c"}, {"empty", ""}}),
-            "2025-12-01T07:50:00.123Z warning e: two lines [why=\"a \\\"b\\\" c\" empty=\"\"]");
+            "kforge: two lines [why=\"a \\\"b\\\" c\" empty=\"\"]");
 }
 
 TEST(LogTest, JsonLineIsOneObjectWithNumbersUnquoted) {

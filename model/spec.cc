@@ -288,8 +288,13 @@ absl::StatusOr<v1::AttentionSpec> ParseSpec(std::string_view text) {
   if (absl::StripTrailingAsciiWhitespace(body).empty()) {
     return absl::InvalidArgumentError("spec text is empty");
   }
-  if (body.front() == '{') return ParseJson(AsStd(body));
-  return ParseTextProto(text);
+  absl::StatusOr<v1::AttentionSpec> spec =
+      body.front() == '{' ? ParseJson(AsStd(body)) : ParseTextProto(text);
+  // -0 is not a scale anyone means, and the JSON printer drops it (it reads
+  // back as +0): make it +0 so a parsed spec prints and reads back the same
+  // (found by fuzz/spec_fuzzer; validation then refuses the scale either way).
+  if (spec.ok() && spec->softmax_scale() == 0.0f) spec->set_softmax_scale(0.0f);
+  return spec;
 }
 
 absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path) {

@@ -3,6 +3,12 @@
 // One warp per (query token, head); each lane owns pairs of d_v columns.
 // A head whose splits are all empty (every index invalid) gets O = 0 and
 // lse = -inf, never NaN.
+//
+// The kernel is latency-bound (a few MB of L2-resident partials at small
+// batch), so it keeps loads in flight instead of walking the splits one L2
+// round trip at a time: the split lse values of a chunk of 32 splits are
+// loaded at once, one per lane, and their weights broadcast with shuffles;
+// the partial rows of kUnroll splits are loaded before any is accumulated.
 #ifndef KFORGE_SPARSE_MLA_COMBINE_CUH_
 #define KFORGE_SPARSE_MLA_COMBINE_CUH_
 
@@ -15,6 +21,8 @@ namespace sparse_mla {
 template <class T>
 __device__ __forceinline__ void Combine(const CombineParams& p) {
   constexpr int kPairs = T::kDv / 64;  // float2 per lane
+  constexpr int kUnroll = 4;           // splits whose rows are loaded together
+  constexpr float kLog2e = 1.4426950408889634f;
   const int token = blockIdx.x;
   const int lane = threadIdx.x % 32;
   const int head = blockIdx.y * kCombineWarps + threadIdx.x / 32;
@@ -23,29 +31,50 @@ __device__ __forceinline__ void Combine(const CombineParams& p) {
   const long long split_stride = (long long)p.num_tokens * T::kNumHeads;
   const long long th = (long long)token * T::kNumHeads + head;
   float lse_max = ptx::NegInf();
-  for (int s = 0; s < p.num_splits; ++s)
+  for (int s = lane; s < p.num_splits; s += 32)
     lse_max = fmaxf(lse_max, p.lse_accum[s * split_stride + th]);
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2)
+    lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, o));
 
   float acc[kPairs][2];
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) acc[j][0] = acc[j][1] = 0.f;
-  float wsum = 0.f;
+  float wsum = 0.f;  // this lane's splits; summed across the warp below
   if (lse_max != ptx::NegInf()) {
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float lse_s = p.lse_accum[s * split_stride + th];
+    for (int s0 = 0; s0 < p.num_splits; s0 += 32) {
+      const int n = min(32, p.num_splits - s0);
       // exp(lse_s - lse_max) as exp2; an empty split (-inf) weighs 0.
-      const float w = ptx::Exp2((lse_s - lse_max) * 1.4426950408889634f);
-      wsum += w;
-      const float2* src =
-          reinterpret_cast<const float2*>(p.o_accum + (s * split_stride + th) * T::kDv);
+      const float w_lane =
+          lane < n ? ptx::Exp2((p.lse_accum[(s0 + lane) * split_stride + th] - lse_max) * kLog2e)
+                   : 0.f;
+      wsum += w_lane;
+      for (int j0 = 0; j0 < n; j0 += kUnroll) {
+        float2 v[kUnroll][kPairs];
 #pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-        const float2 v = src[j * 32 + lane];
-        acc[j][0] += w * v.x;
-        acc[j][1] += w * v.y;
+        for (int u = 0; u < kUnroll; ++u) {
+          // Past the chunk's end: reread its last split with weight 0.
+          const int s = s0 + min(j0 + u, n - 1);
+          const float2* src =
+              reinterpret_cast<const float2*>(p.o_accum + (s * split_stride + th) * T::kDv);
+#pragma unroll
+          for (int j = 0; j < kPairs; ++j) v[u][j] = src[j * 32 + lane];
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const float w_u = __shfl_sync(0xffffffffu, w_lane, min(j0 + u, 31));
+          const float w = j0 + u < n ? w_u : 0.f;
+#pragma unroll
+          for (int j = 0; j < kPairs; ++j) {
+            acc[j][0] += w * v[u][j].x;
+            acc[j][1] += w * v[u][j].y;
+          }
+        }
       }
     }
   }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
   unsigned short* dst = p.out + token * p.out_token_stride + head * p.out_head_stride;
 #pragma unroll

@@ -6,8 +6,11 @@ replay's wall time per call. The difference is launch gaps and tails.
 usage: kernel_times.py MODULE_DIR [--kv-dtype bf16|fp8_ds_mla]
            [--cases 128x1,64x1,8x1] [--splits 1,2,4,8,16,32]
 
-Prints one row per (case, split count): graph time per call, the main
-kernel's and the combine kernel's mean durations, and the rest.
+Prints one row per (case, module, split count): graph time per call, the
+main kernel's and the combine kernel's mean durations, and the rest. A
+directory may hold several modules of one head count (e.g. `kforge compile
+--tiling` candidates): each gets its rows, named by its tiling
+(head tile x token tile x stages x warps).
 """
 
 import argparse
@@ -44,17 +47,20 @@ def main():
     for c in glob.glob(os.path.join(args.module_dir, "*.cubin")):
         spec = read_artifact(c).spec
         if spec.topk == 2048 and spec.s_q <= 1 and (spec.kv_cache_dtype == 2) == fp8:
-            mods[spec.num_q_heads] = c
+            mods.setdefault(spec.num_q_heads, []).append(c)
     D = 576
     kv = torch.randn(args.cache_slots, D, device="cuda").to(torch.bfloat16)
     cache = kforge.quantize_fp8_ds_mla(kv, "arbitrary") if fp8 else kv
-    print("| heads x batch | splits | graph us/call | main us | combine us | rest us |")
-    print("|---|---|---|---|---|---|")
-    for H, B in [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]:
-        if H not in mods:
+    print("| heads x batch | tiling | splits | graph us/call | main us | combine us | rest us |")
+    print("|---|---|---|---|---|---|---|")
+    cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
+    for H, B, path in [(H, B, p) for H, B in cases for p in sorted(mods.get(H, [None]))]:
+        if path is None:
             print(f"| {H} x {B} | no module |")
             continue
-        mod = kforge.Kernel.from_files(mods[H])
+        mod = kforge.Kernel.from_files(path)
+        t = read_artifact(path).tiling
+        tiling = f"{t.head_tile}x{t.token_tile}x{t.stages}x{t.warps}{' wgmma' if t.wgmma else ''}"
         K, Dv = mod.spec.topk, mod.spec.kv_lora_rank
         sets = []
         for _ in range(args.sets):
@@ -91,7 +97,7 @@ def main():
             m = statistics.median(main_t) if main_t else 0.0
             c = statistics.median(comb_t) if comb_t else 0.0
             label = f"{splits} (auto)" if sp == "auto" else str(splits)
-            print(f"| {H} x {B} | {label} | {wall:.1f} | {m:.1f} | {c:.1f} | {wall - m - c:.1f} |",
+            print(f"| {H} x {B} | {tiling} | {label} | {wall:.1f} | {m:.1f} | {c:.1f} | {wall - m - c:.1f} |",
                   flush=True)
         del mod
 

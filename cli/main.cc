@@ -77,6 +77,24 @@ absl::StatusOr<v1::AttentionSpec> SpecFromArgs(const ParsedArgs& args) {
   return spec;
 }
 
+// --tiling H,T,S,W: four positive integers.
+absl::StatusOr<TilingRequest> ParseTilingFlag(const std::string& text) {
+  const std::vector<std::string> parts = absl::StrSplit(text, ',');
+  int v[4] = {};
+  bool ok = parts.size() == 4;
+  for (size_t i = 0; ok && i < parts.size(); ++i) {
+    absl::StatusOr<long long> n = ParseIntFlag("tiling", parts[i]);
+    ok = n.ok() && *n >= 1 && *n <= 1024;
+    if (ok) v[i] = static_cast<int>(*n);
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("--tiling: got '", text,
+                                                   "', expected HEAD_TILE,TOKEN_TILE,STAGES,WARPS, "
+                                                   "four integers in 1..1024 (e.g. 16,32,4,4)"));
+  }
+  return TilingRequest{v[0], v[1], v[2], v[3]};
+}
+
 int Compile(const std::vector<std::string>& argv) {
   const std::vector<FlagSpec> flags = Concat(
       SpecFlags(), {{"arch", "ARCH[,ARCH]",
@@ -85,6 +103,9 @@ int Compile(const std::vector<std::string>& argv) {
                     {"max-smem-per-block", "BYTES",
                      "tile for at most this much shared memory (e.g. 101376 runs the "
                      "99 KB sm_120 pipeline on an H200)"},
+                    {"tiling", "H,T,S,W",
+                     "tuning sweeps: this CTA shape (head tile, token tile, stages, warps) "
+                     "instead of the planner's, if the tiling rule admits it"},
                     {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
@@ -114,6 +135,11 @@ int Compile(const std::vector<std::string>& argv) {
         ParseIntFlag("max-smem-per-block", args->Get("max-smem-per-block"));
     if (!v.ok()) return Fail(v.status());
     plan_options.max_smem_per_block = static_cast<int>(*v);
+  }
+  if (args->Has("tiling")) {
+    absl::StatusOr<TilingRequest> t = ParseTilingFlag(args->Get("tiling"));
+    if (!t.ok()) return Fail(t.status());
+    plan_options.tiling = *t;
   }
   KernelCompiler compiler;
   int failures = 0;

@@ -101,6 +101,19 @@ int RoundUp16(int x) { return (x + 15) / 16 * 16; }
 // tiles (64 and 128 heads, bf16 and fp8: 16 splits, BENCH.md 2026-12-01).
 constexpr int kMinKeysPerSplit = 128;
 
+// The small-batch path's CTA shapes, best first (BENCH.md 2026-12-01: at
+// batch 1 on the H200, 16 x 64 x 2 stages x 4 warps beat 32-token tiles,
+// 3 and 4 stages, 8 warps and 32-head tiles).
+const TileConfig kSmallBatchCandidates[] = {{64, 2, 4}, {32, 2, 4}};
+
+// The small-batch path runs while its grid has at most this many CTAs at
+// one split (head groups x query tokens): where it stopped beating the
+// throughput tiling on the H200 (BENCH.md 2026-12-01; bf16: 128 heads up to
+// batch 4, 64 heads up to 8, 8 and 16 heads past 32; fp8_ds_mla, whose
+// 4-warp dequantisation is slower: 128 heads at batch 1, 64 heads up to 2).
+constexpr int kSmallBatchCtasBf16 = 32;
+constexpr int kSmallBatchCtasFp8DsMla = 8;
+
 // The scale as a readable name part: the shortest decimal that reads back
 // as the same float (%.9g always does; shorter forms are tried first), with
 // '.' -> 'p' and '-' -> 'm': 0.0625 -> "0p0625", 0.135234 -> "0p135234",
@@ -121,7 +134,60 @@ std::string ScaleTag(float scale) {
 
 }  // namespace
 
-absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, const Arch& arch) {
+namespace {
+
+// Sets what follows from a tiling's CTA shape: wgmma (sm_90a only; which
+// shapes it covers is config.h's WgmmaCovers, the same rule DecodeTraits
+// checks, and its layout, P unpadded but 1024-B aligned, must fit too) and
+// the head group count.
+void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTiling* tiling) {
+  sparse_mla::DecodeShape shape = DecodeShapeFor(spec, *tiling);
+  shape.wgmma = true;
+  tiling->set_wgmma(arch.arch_specific && arch.major == 9 && sparse_mla::WgmmaCovers(shape) &&
+                    sparse_mla::CheckDecodeTiling(shape) == sparse_mla::TilingError::kOk &&
+                    sparse_mla::MakeDecodeSmemLayout(shape).bytes <= arch.max_smem_per_block);
+  const int heads = static_cast<int>(spec.num_q_heads());
+  const int per_group = static_cast<int>(tiling->heads_per_group());
+  tiling->set_num_head_groups((heads + per_group - 1) / per_group);
+}
+
+// The shape asked for by hand, checked by the same rules as a chosen one.
+absl::StatusOr<v1::KernelTiling> RequestedTiling(const v1::AttentionSpec& spec, const Arch& arch,
+                                                 const TilingRequest& r) {
+  const int heads = static_cast<int>(spec.num_q_heads());
+  const int groups = (heads + r.head_tile - 1) / std::max(1, r.head_tile);
+  const int per_group = (heads + groups - 1) / std::max(1, groups);
+  const sparse_mla::DecodeShape shape =
+      ShapeOf(spec, r.head_tile, per_group, r.token_tile, r.stages, r.warps, false);
+  const sparse_mla::TilingError e = sparse_mla::CheckDecodeTiling(shape);
+  if (e != sparse_mla::TilingError::kOk) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tiling %d,%d,%d,%d (head tile, token tile, stages, warps) for %d heads: the tiling "
+        "rule rejects its %s (templates/kforge/sparse_mla/config.h, CheckDecodeTiling)",
+        r.head_tile, r.token_tile, r.stages, r.warps, heads, sparse_mla::TilingErrorName(e)));
+  }
+  const int bytes = sparse_mla::MakeDecodeSmemLayout(shape).bytes;
+  if (bytes > arch.max_smem_per_block) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tiling %d,%d,%d,%d needs %d bytes of shared memory per block; %s "
+        "allows %d",
+        r.head_tile, r.token_tile, r.stages, r.warps, bytes, arch.name, arch.max_smem_per_block));
+  }
+  v1::KernelTiling tiling;
+  tiling.set_head_tile(r.head_tile);
+  tiling.set_heads_per_group(per_group);
+  tiling.set_token_tile(r.token_tile);
+  tiling.set_stages(r.stages);
+  tiling.set_warps(r.warps);
+  FinishTiling(spec, arch, &tiling);
+  return tiling;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, const Arch& arch,
+                                              const TilingRequest& request) {
+  if (!request.empty()) return RequestedTiling(spec, arch, request);
   const int heads = static_cast<int>(spec.num_q_heads());
   // Try the largest group size first: spread the heads evenly over the
   // fewest groups of at most max_tile, round the group up to whole MMA rows
@@ -137,15 +203,7 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, con
       if (Fit(spec, head_tile, per_group, c, arch, &tiling)) break;
     }
     if (tiling.head_tile() == 0) continue;
-    // wgmma exists on sm_90a only; which shapes it covers is config.h's
-    // WgmmaCovers (the same rule DecodeTraits checks), and its layout (P
-    // unpadded but 1024-B aligned) must fit too.
-    sparse_mla::DecodeShape shape = DecodeShapeFor(spec, tiling);
-    shape.wgmma = true;
-    tiling.set_wgmma(arch.arch_specific && arch.major == 9 && sparse_mla::WgmmaCovers(shape) &&
-                     sparse_mla::CheckDecodeTiling(shape) == sparse_mla::TilingError::kOk &&
-                     sparse_mla::MakeDecodeSmemLayout(shape).bytes <= arch.max_smem_per_block);
-    tiling.set_num_head_groups((heads + per_group - 1) / per_group);
+    FinishTiling(spec, arch, &tiling);
     return tiling;
   }
   return absl::FailedPreconditionError(
@@ -180,6 +238,33 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
   return rule;
 }
 
+v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arch& arch,
+                                        const v1::KernelTiling& main) {
+  v1::SmallBatchPath path;
+  const int heads = static_cast<int>(spec.num_q_heads());
+  const int groups = (heads + 15) / 16;
+  const int per_group = (heads + groups - 1) / groups;
+  v1::KernelTiling tiling;
+  for (const TileConfig& c : kSmallBatchCandidates) {
+    if (Fit(spec, 16, per_group, c, arch, &tiling)) break;
+  }
+  if (tiling.head_tile() == 0) return path;
+  FinishTiling(spec, arch, &tiling);
+  if (tiling.head_tile() == main.head_tile() && tiling.token_tile() == main.token_tile() &&
+      tiling.stages() == main.stages() && tiling.warps() == main.warps() &&
+      tiling.wgmma() == main.wgmma()) {
+    return path;
+  }
+  path.set_entry(kSmallBatchEntry);
+  *path.mutable_launch() = MakeLaunchRule(spec, tiling, arch);
+  const int ctas = spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA ? kSmallBatchCtasFp8DsMla
+                                                                          : kSmallBatchCtasBf16;
+  path.set_max_tokens(
+      static_cast<uint32_t>(std::max(1, ctas / static_cast<int>(tiling.num_head_groups()))));
+  *path.mutable_tiling() = std::move(tiling);
+  return path;
+}
+
 std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
   std::string arch_tag = arch.name;
   arch_tag.erase(std::remove(arch_tag.begin(), arch_tag.end(), '_'), arch_tag.end());
@@ -195,7 +280,8 @@ std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
                          spec.return_lse() ? "_lse" : "", arch_tag);
 }
 
-std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling) {
+std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
+                           const v1::SmallBatchPath& small) {
   // softmax_scale * log2(e), rounded once to float; %a prints it exactly.
   const float scale_log2 =
       static_cast<float>(static_cast<double>(spec.softmax_scale()) * 1.4426950408889634);
@@ -205,27 +291,38 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
                   "#include \"kforge/sparse_mla/decode.cuh\"\n"
                   "#include \"kforge/sparse_mla/combine.cuh\"\n\n"
                   "namespace ks = kforge::sparse_mla;\n\n");
+  auto traits = [&](const char* name, const v1::KernelTiling& t) {
+    absl::StrAppendFormat(&src,
+                          "struct %s : ks::DecodeTraits<%d, %d, %d, %d, %d, %d, %d, %d, %d, "
+                          "%d, %s, %s, %s> {\n"
+                          "  // softmax_scale %.9g times log2(e)\n"
+                          "  static constexpr float kScaleLog2 = %af;\n"
+                          "};\n\n",
+                          name, spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(),
+                          spec.topk(), t.head_tile(), t.heads_per_group(), t.token_tile(),
+                          t.stages(), t.warps(), spec.page_block_size(),
+                          spec.return_lse() ? "true" : "false", t.wgmma() ? "true" : "false",
+                          KvFormatOf(spec).type_name, spec.softmax_scale(), scale_log2);
+  };
+  auto main_entry = [&](const char* traits_name, const char* entry) {
+    absl::StrAppendFormat(&src,
+                          "extern \"C\" __global__ void __launch_bounds__(%s::kThreads, 1)\n"
+                          "%s(const ks::DecodeParams p) {\n"
+                          "  ks::DecodeMain<%s>(p);\n"
+                          "}\n\n",
+                          traits_name, entry, traits_name);
+  };
+  traits("Traits", tiling);
+  const bool with_small = !small.entry().empty();
+  if (with_small) traits("SmallBatchTraits", small.tiling());
+  main_entry("Traits", kMainEntry);
+  if (with_small) main_entry("SmallBatchTraits", kSmallBatchEntry);
   absl::StrAppendFormat(&src,
-                        "struct Traits : ks::DecodeTraits<%d, %d, %d, %d, %d, %d, %d, %d, %d, "
-                        "%d, %s, %s, %s> {\n"
-                        "  // softmax_scale %.9g times log2(e)\n"
-                        "  static constexpr float kScaleLog2 = %af;\n"
-                        "};\n\n",
-                        spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(), spec.topk(),
-                        tiling.head_tile(), tiling.heads_per_group(), tiling.token_tile(),
-                        tiling.stages(), tiling.warps(), spec.page_block_size(),
-                        spec.return_lse() ? "true" : "false", tiling.wgmma() ? "true" : "false",
-                        KvFormatOf(spec).type_name, spec.softmax_scale(), scale_log2);
-  absl::StrAppendFormat(&src,
-                        "extern \"C\" __global__ void __launch_bounds__(Traits::kThreads, 1)\n"
-                        "%s(const ks::DecodeParams p) {\n"
-                        "  ks::DecodeMain<Traits>(p);\n"
-                        "}\n\n"
                         "extern \"C\" __global__ void __launch_bounds__(ks::kCombineWarps * 32)\n"
                         "%s(const ks::CombineParams p) {\n"
                         "  ks::Combine<Traits>(p);\n"
                         "}\n",
-                        kMainEntry, kCombineEntry);
+                        kCombineEntry);
   return src;
 }
 

@@ -14,11 +14,34 @@ namespace kforge {
 // Entry points every sparse MLA module exports (extern "C", so unmangled).
 inline constexpr char kMainEntry[] = "sparse_mla_decode_main";
 inline constexpr char kCombineEntry[] = "sparse_mla_decode_combine";
+// The small-batch main kernel (v1::SmallBatchPath), where a module has one.
+inline constexpr char kSmallBatchEntry[] = "sparse_mla_decode_small";
+
+// A CTA shape asked for by hand (`kforge compile --tiling`), so a sweep can
+// measure shapes the planner does not pick. All zero: none.
+struct TilingRequest {
+  int head_tile = 0;
+  int token_tile = 0;
+  int stages = 0;
+  int warps = 0;
+  bool empty() const { return head_tile == 0 && token_tile == 0 && stages == 0 && warps == 0; }
+};
 
 // Picks the CTA shape for a valid spec on an arch: the largest head tile
 // whose pipeline fits the arch's shared memory, heads spread evenly over the
 // fewest groups so each group is padded by less than one 16-row MMA tile.
-absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, const Arch& arch);
+// With a request, that shape if the tiling rule (config.h) and the arch's
+// shared memory admit it, else InvalidArgument saying which rule refused.
+absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, const Arch& arch,
+                                              const TilingRequest& request = {});
+
+// The module's small-batch path for the throughput tiling `main`: a 16-head
+// tile with the deepest token tile that fits (64 tokens x 2 stages x 4
+// warps on the H200, 32 on 99 KB parts), used up to max_tokens query tokens
+// (BENCH.md 2026-12-01: it beats the 64-head tiling while the grid is small).
+// entry empty when it would be `main` itself.
+v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arch& arch,
+                                        const v1::KernelTiling& main);
 
 // How to launch a module built with `tiling` (see LaunchRule in
 // artifact.proto).
@@ -30,8 +53,10 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
 std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch);
 
 // The instantiation unit handed to NVRTC: includes, one traits struct with
-// the spec's validated numbers, and the two extern "C" entry points.
-std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling);
+// the spec's validated numbers, and the two extern "C" entry points; plus a
+// second traits struct and the small-batch entry when small.entry is set.
+std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
+                           const v1::SmallBatchPath& small = {});
 
 // The main kernel's compile-time shape for a spec and a tiling: the input of
 // the tiling rule and the shared-memory layout in

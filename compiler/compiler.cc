@@ -40,14 +40,21 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
     plan.arch.max_smem_per_block =
         std::min(plan.arch.max_smem_per_block, options.max_smem_per_block);
   }
-  absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(plan.spec, plan.arch);
+  absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(plan.spec, plan.arch, options.tiling);
   if (!tiling.ok()) return tiling.status();
   plan.tiling = *std::move(tiling);
   plan.module_name = ModuleName(plan.spec, plan.arch);
   if (options.max_smem_per_block > 0) {
     absl::StrAppend(&plan.module_name, "_smem", plan.arch.max_smem_per_block);
   }
-  plan.source = GenerateSource(plan.spec, plan.tiling);
+  const TilingRequest& t = options.tiling;
+  if (!t.empty()) {
+    absl::StrAppend(&plan.module_name, "_t", t.head_tile, "_", t.token_tile, "_", t.stages, "_",
+                    t.warps);
+  }
+  // A requested tiling is measured alone: no second kernel beside it.
+  if (t.empty()) plan.small_batch = ChooseSmallBatchPath(plan.spec, plan.arch, plan.tiling);
+  plan.source = GenerateSource(plan.spec, plan.tiling, plan.small_batch);
   plan.options = BaseNvrtcOptions(plan.arch.name);
 
   KeyInputs key;
@@ -57,6 +64,9 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
   key.options = plan.options;
   key.arch = plan.arch.name;
   key.max_smem_per_block = options.max_smem_per_block;
+  if (!t.empty()) {
+    key.tiling_request = absl::StrCat(t.head_tile, ",", t.token_tile, ",", t.stages, ",", t.warps);
+  }
   plan.key = ComputeCacheKey(key);
   return plan;
 }
@@ -80,7 +90,9 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
                                             ", asked for ", plan.arch.name,
                                             "; refusing to serve it"));
   }
-  for (const char* entry : {kMainEntry, kCombineEntry}) {
+  std::vector<std::string> entries = {kMainEntry, kCombineEntry};
+  if (!plan.small_batch.entry().empty()) entries.push_back(plan.small_batch.entry());
+  for (const std::string& entry : entries) {
     const bool found = std::any_of(info->kernels().begin(), info->kernels().end(),
                                    [&](const v1::KernelResources& k) { return k.name() == entry; });
     if (!found) {
@@ -98,6 +110,7 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   *artifact.mutable_launch() = MakeLaunchRule(plan.spec, plan.tiling, plan.arch);
   artifact.set_main_entry(kMainEntry);
   artifact.set_combine_entry(kCombineEntry);
+  if (!plan.small_batch.entry().empty()) *artifact.mutable_small_batch() = plan.small_batch;
   *artifact.mutable_cubin_info() = *std::move(info);
   artifact.set_compiler_version(CompilerVersion());
   for (const std::string& o : compiled->options) artifact.add_nvrtc_options(o);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "compiler/codegen.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
 #include "model/arch.h"
@@ -18,6 +19,7 @@ struct CompilePlan {
   v1::AttentionSpec spec;  // normalized
   Arch arch;
   v1::KernelTiling tiling;
+  v1::SmallBatchPath small_batch;  // entry empty: none
   std::string module_name;
   std::string source;  // the instantiation unit
   std::vector<std::string> options;
@@ -30,6 +32,9 @@ struct PlanOptions {
   // block. Lets the 99 KB pipeline of sm_86/89/120 run on a 227 KB H200,
   // where its logic can be checked against a reference.
   int max_smem_per_block = 0;
+  // When set, this CTA shape instead of the planner's (tuning sweeps); the
+  // module name gains _tH_T_S_W.
+  TilingRequest tiling;
 };
 
 // The spec -> codegen -> NVRTC -> inspection pipeline. Stateless and

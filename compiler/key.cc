@@ -167,6 +167,12 @@ std::string ComputeCacheKey(const KeyInputs& inputs) {
   AppendItem(inputs.arch, &encoding);
   AppendItem("max_smem_per_block", &encoding);
   AppendItem(absl::StrCat(inputs.max_smem_per_block), &encoding);
+  // Only a requested tiling is encoded, so the keys of planned kernels do
+  // not depend on this field's existence.
+  if (!inputs.tiling_request.empty()) {
+    AppendItem("tiling_request", &encoding);
+    AppendItem(inputs.tiling_request, &encoding);
+  }
   return Sha256Hex(encoding);
 }
 

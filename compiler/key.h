@@ -23,6 +23,9 @@ struct KeyInputs {
   // PlanOptions::max_smem_per_block: 0 for the arch's own tiling, else the
   // shared-memory budget the tiling was chosen for.
   int max_smem_per_block = 0;
+  // PlanOptions::tiling as "head_tile,token_tile,stages,warps"; empty when
+  // the planner chose the tiling.
+  std::string tiling_request;
   int format_version = kFormatVersion;
 };
 

@@ -20,6 +20,7 @@ absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
   *v->mutable_launch() = MakeLaunchRule(plan->spec, plan->tiling, plan->arch);
   v->set_main_entry(kMainEntry);
   v->set_combine_entry(kCombineEntry);
+  if (!plan->small_batch.entry().empty()) *v->mutable_small_batch() = plan->small_batch;
   manifest.add_choice_order(0);
   return manifest;
 }

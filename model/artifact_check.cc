@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -48,9 +49,12 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
                                             ": cubin is unreadable: ", info.status().message()));
   }
   if (info->arch() != arch) return Mismatch(variant, "cubin arch", arch, info->arch());
-  const std::pair<const std::string*, uint32_t> entries[] = {
+  std::vector<std::pair<const std::string*, uint32_t>> entries = {
       {&artifact.main_entry(), artifact.params_bytes()},
       {&artifact.combine_entry(), artifact.combine_params_bytes()}};
+  if (!artifact.small_batch().entry().empty()) {
+    entries.emplace_back(&artifact.small_batch().entry(), artifact.params_bytes());
+  }
   for (const auto& [name, params_bytes] : entries) {
     const v1::KernelResources* entry = FindEntry(*info, *name);
     if (entry == nullptr) {
@@ -112,7 +116,8 @@ absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::st
                   std::pair<const google::protobuf::Message*, const google::protobuf::Message*>>
       messages[] = {{"spec", {&variant.spec(), &artifact.spec()}},
                     {"tiling", {&variant.tiling(), &artifact.tiling()}},
-                    {"launch", {&variant.launch(), &artifact.launch()}}};
+                    {"launch", {&variant.launch(), &artifact.launch()}},
+                    {"small_batch", {&variant.small_batch(), &artifact.small_batch()}}};
   for (const auto& [field, pair] : messages) {
     if (!google::protobuf::util::MessageDifferencer::Equals(*pair.first, *pair.second)) {
       return Mismatch(variant, field, pair.first->ShortDebugString(),
@@ -131,6 +136,7 @@ v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact) {
   *variant.mutable_launch() = artifact.launch();
   variant.set_main_entry(artifact.main_entry());
   variant.set_combine_entry(artifact.combine_entry());
+  if (artifact.has_small_batch()) *variant.mutable_small_batch() = artifact.small_batch();
   return variant;
 }
 

@@ -16,12 +16,14 @@ v1::LaunchPlan ToLaunchPlan(const Selection& sel) {
   plan.set_variant_index(static_cast<uint32_t>(sel.variant_index));
   plan.set_module_name(v.module_name());
   plan.set_key(v.key());
-  plan.set_main_entry(v.main_entry());
+  plan.set_main_entry(sel.main_entry != nullptr ? *sel.main_entry : v.main_entry());
+  plan.set_small_batch(sel.small_batch);
   plan.set_combine_entry(v.combine_entry());
   plan.set_num_tokens(static_cast<uint32_t>(sel.num_tokens));
   plan.set_num_splits(static_cast<uint32_t>(sel.num_splits));
   plan.set_tokens_per_split(static_cast<uint32_t>(sel.tokens_per_split));
-  plan.set_max_splits(static_cast<uint32_t>(MaxSplits(v.spec(), v.launch())));
+  plan.set_max_splits(
+      static_cast<uint32_t>(MaxSplits(v.spec(), sel.launch != nullptr ? *sel.launch : v.launch())));
   plan.set_grid_x(sel.grid_x);
   plan.set_grid_y(sel.grid_y);
   plan.set_grid_z(sel.grid_z);

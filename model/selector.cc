@@ -115,16 +115,23 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
       misfits.emplace_back(index, std::move(missing));
       continue;
     }
-    const v1::KernelTiling& tiling = v.tiling();
-    const v1::LaunchRule& launch = v.launch();
+    const int num_tokens = shape.batch * shape.s_q;
+    // The small-batch path (v1::SmallBatchPath) up to its max_tokens.
+    const bool small = !v.small_batch().entry().empty() &&
+                       static_cast<uint32_t>(num_tokens) <= v.small_batch().max_tokens();
+    const v1::KernelTiling& tiling = small ? v.small_batch().tiling() : v.tiling();
+    const v1::LaunchRule& launch = small ? v.small_batch().launch() : v.launch();
     if (tiling.num_head_groups() == 0 || launch.block_threads() == 0) {
-      return Invalid(absl::StrCat("manifest.variants[", index, "]"),
+      return Invalid(absl::StrCat("manifest.variants[", index, "]", small ? ".small_batch" : ""),
                      "tiling.num_head_groups and launch.block_threads must be > 0");
     }
     Selection sel;
     sel.variant_index = index;
     sel.variant = &v;
-    sel.num_tokens = shape.batch * shape.s_q;
+    sel.small_batch = small;
+    sel.main_entry = small ? &v.small_batch().entry() : &v.main_entry();
+    sel.launch = &launch;
+    sel.num_tokens = num_tokens;
     if (device.forced_num_splits != 0) {
       const int max_splits = MaxSplits(v.spec(), launch);
       if (device.forced_num_splits < 1 || device.forced_num_splits > max_splits) {
@@ -184,11 +191,13 @@ std::string DescribeSelection(const Selection& sel) {
       "  supports       heads %d, dtype %s, topk %d, page size %d\n"
       "  tokens         %d (batch * s_q)\n"
       "  splits         %d (%d keys each)\n"
-      "  main           %s grid (%u, %u, %u) block %u dynamic smem %u B\n",
+      "  main           %s%s grid (%u, %u, %u) block %u dynamic smem %u B\n",
       sel.variant_index, v.module_name(), v.key(), v.spec().num_q_heads(),
       KvDtypeName(v.spec().kv_cache_dtype()), v.spec().topk(), v.spec().page_block_size(),
-      sel.num_tokens, sel.num_splits, sel.tokens_per_split, v.main_entry(), sel.grid_x, sel.grid_y,
-      sel.grid_z, sel.block_threads, sel.dynamic_smem_bytes);
+      sel.num_tokens, sel.num_splits, sel.tokens_per_split,
+      sel.main_entry != nullptr ? *sel.main_entry : v.main_entry(),
+      sel.small_batch ? " (small-batch path)" : "", sel.grid_x, sel.grid_y, sel.grid_z,
+      sel.block_threads, sel.dynamic_smem_bytes);
   if (sel.needs_combine) {
     absl::StrAppend(&out, absl::StrFormat("  combine        %s grid (%u, %u) block %u\n"
                                           "  workspace      %u B\n",

@@ -34,7 +34,12 @@ struct RuntimeShape {
 struct Selection {
   int variant_index = -1;                        // into manifest.variants()
   const v1::ManifestVariant* variant = nullptr;  // points into the manifest
-  int num_tokens = 0;                            // batch * s_q
+  // The variant's small-batch path (v1::SmallBatchPath) was chosen: its
+  // entry, tiling and launch rule give everything below.
+  bool small_batch = false;
+  const std::string* main_entry = nullptr;  // the main kernel to launch (into the manifest)
+  const v1::LaunchRule* launch = nullptr;   // its launch rule (into the manifest)
+  int num_tokens = 0;                       // batch * s_q
   int num_splits = 1;
   int tokens_per_split = 0;                     // DecodeParams.tokens_per_split
   uint32_t grid_x = 0, grid_y = 0, grid_z = 0;  // head groups, splits, tokens

@@ -1,5 +1,7 @@
 #include "runtime/cuda_loader.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -67,10 +69,12 @@ absl::Status CheckParamSizes(const v1::KernelArtifact& artifact) {
       !s.ok()) {
     return s;
   }
-  if (absl::Status s =
-          CheckEntryParams(artifact, artifact.main_entry(), sizeof(DecodeParams), "DecodeParams");
-      !s.ok()) {
-    return s;
+  for (const std::string* entry : {&artifact.main_entry(), &artifact.small_batch().entry()}) {
+    if (entry->empty() && entry != &artifact.main_entry()) continue;  // no small-batch path
+    if (absl::Status s = CheckEntryParams(artifact, *entry, sizeof(DecodeParams), "DecodeParams");
+        !s.ok()) {
+      return s;
+    }
   }
   return CheckEntryParams(artifact, artifact.combine_entry(), sizeof(CombineParams),
                           "CombineParams");
@@ -97,11 +101,12 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
                       "max shared memory per block (opt-in)");
   if (!smem_optin.ok()) return smem_optin.status();
   const uint32_t smem = artifact.launch().dynamic_smem_bytes();
-  if (smem > static_cast<uint32_t>(*smem_optin)) {
+  const uint32_t small_smem = artifact.small_batch().launch().dynamic_smem_bytes();
+  if (std::max(smem, small_smem) > static_cast<uint32_t>(*smem_optin)) {
     return absl::FailedPreconditionError(
         absl::StrFormat("%s needs %u bytes of dynamic shared memory per block; this device allows "
                         "%d",
-                        artifact.module_name(), smem, *smem_optin));
+                        artifact.module_name(), std::max(smem, small_smem), *smem_optin));
   }
   if (artifact.cubin().empty()) {
     return absl::InvalidArgumentError(
@@ -112,6 +117,7 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
       new CudaKernelModule(cu, artifact.module_name(), artifact.key()));
   module->main_entry_ = artifact.main_entry();
   module->combine_entry_ = artifact.combine_entry();
+  module->small_entry_ = artifact.small_batch().entry();
   const std::string& name = module->module_name_;
   if (absl::Status s = cu.Check(cu.LibraryLoadData(&module->library_, artifact.cubin().data(),
                                                    nullptr, nullptr, 0, nullptr, nullptr, 0),
@@ -120,7 +126,9 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
     return s;
   }
   for (auto [entry, kernel] : {std::pair{&module->main_entry_, &module->main_},
-                               std::pair{&module->combine_entry_, &module->combine_}}) {
+                               std::pair{&module->combine_entry_, &module->combine_},
+                               std::pair{&module->small_entry_, &module->small_}}) {
+    if (entry->empty()) continue;  // no small-batch path
     if (absl::Status s = cu.Check(cu.LibraryGetKernel(kernel, module->library_, entry->c_str()),
                                   absl::StrCat("cuLibraryGetKernel(", name, ", ", *entry, ")"));
         !s.ok()) {
@@ -128,12 +136,17 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
     }
   }
   // Above 48 KB a kernel must opt into its dynamic shared memory, per device.
-  if (absl::Status s = cu.Check(
-          cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                static_cast<int>(smem), module->main_, device),
-          absl::StrCat("cuKernelSetAttribute(", name, ", max dynamic shared memory ", smem, ")"));
-      !s.ok()) {
-    return s;
+  for (auto [kernel, bytes] :
+       {std::pair{module->main_, smem}, std::pair{module->small_, small_smem}}) {
+    if (kernel == nullptr) continue;
+    if (absl::Status s =
+            cu.Check(cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                           static_cast<int>(bytes), kernel, device),
+                     absl::StrCat("cuKernelSetAttribute(", name, ", max dynamic shared memory ",
+                                  bytes, ")"));
+        !s.ok()) {
+      return s;
+    }
   }
   return module;
 }
@@ -155,9 +168,15 @@ absl::Status CudaKernelModule::Launch(CUkernel kernel, std::string_view entry, v
 }
 
 absl::Status CudaKernelModule::LaunchMain(const sparse_mla::DecodeParams& params,
-                                          const LaunchDims& dims, CUstream stream) const {
+                                          const LaunchDims& dims, bool small_batch,
+                                          CUstream stream) const {
+  if (small_batch && small_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(module_name_, " has no small-batch kernel; the plan asked for one"));
+  }
   // cuLaunchKernel copies the parameter block; the const_cast never writes.
-  return Launch(main_, main_entry_, const_cast<sparse_mla::DecodeParams*>(&params), dims, stream);
+  return Launch(small_batch ? small_ : main_, small_batch ? small_entry_ : main_entry_,
+                const_cast<sparse_mla::DecodeParams*>(&params), dims, stream);
 }
 
 absl::Status CudaKernelModule::LaunchCombine(const sparse_mla::CombineParams& params,

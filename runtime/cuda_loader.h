@@ -56,8 +56,10 @@ class CudaKernelModule {
 
   // Enqueue one kernel on `stream`, in the stream's context (the current
   // context for the null stream). Errors name the module and entry.
+  // small_batch: the module's small-batch main kernel (v1::SmallBatchPath)
+  // instead of its throughput one; FailedPrecondition if it has none.
   absl::Status LaunchMain(const sparse_mla::DecodeParams& params, const LaunchDims& dims,
-                          CUstream stream) const;
+                          bool small_batch, CUstream stream) const;
   absl::Status LaunchCombine(const sparse_mla::CombineParams& params, const LaunchDims& dims,
                              CUstream stream) const;
 
@@ -73,10 +75,11 @@ class CudaKernelModule {
   const CudaDriver& cu_;
   std::string module_name_;
   std::string key_;
-  std::string main_entry_, combine_entry_;
+  std::string main_entry_, combine_entry_, small_entry_;
   CUlibrary library_ = nullptr;
   CUkernel main_ = nullptr;
   CUkernel combine_ = nullptr;
+  CUkernel small_ = nullptr;  // null without a small-batch path
 };
 
 }  // namespace kforge

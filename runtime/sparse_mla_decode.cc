@@ -197,7 +197,7 @@ absl::Status SparseMlaDecode::Run(const DecodeArgs& args, CUstream stream) {
     if (absl::Status s = GrowWorkspace(sel->workspace_bytes); !s.ok()) return s;
   }
   if (absl::Status s = (*module)->LaunchMain(MakeDecodeParams(*sel, args, workspace_),
-                                             MainLaunchDims(*sel), stream);
+                                             MainLaunchDims(*sel), sel->small_batch, stream);
       !s.ok()) {
     return s;
   }

@@ -373,7 +373,7 @@ std::string JobLabel(const v1::CompileJob& job) {
   if (arch.size() > 32) arch = arch.substr(0, 32);
   absl::StatusOr<CompilePlan> plan =
       KernelCompiler().Plan(job.spec(), std::string_view(arch.data(), arch.size()),
-                            PlanOptions{job.max_smem_per_block()});
+                            PlanOptions{job.max_smem_per_block(), {}});
   if (plan.ok()) return absl::StrCat(plan->module_name, " (", arch, ")");
   return absl::StrCat("topk ", job.spec().topk(), " kernel (", arch, ")");
 }

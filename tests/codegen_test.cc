@@ -87,11 +87,13 @@ void ExpectMatchesGolden(const std::string& actual, const std::string& name) {
          " and review the diff before committing.";
 }
 
+// The unit the compiler hands NVRTC: the planned tiling plus the
+// small-batch path where the spec has one.
 std::string SourceFor(const v1::AttentionSpec& spec, const Arch& arch) {
   absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, arch);
   EXPECT_TRUE(tiling.ok()) << tiling.status();
   if (!tiling.ok()) return "";
-  return GenerateSource(spec, *tiling);
+  return GenerateSource(spec, *tiling, ChooseSmallBatchPath(spec, arch, *tiling));
 }
 
 TEST(CodegenGolden, DeepseekTp1Sm90a) {
@@ -108,6 +110,50 @@ TEST(CodegenSource, NamesBothEntries) {
   const std::string src = SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a"));
   EXPECT_NE(src.find(kMainEntry), std::string::npos);
   EXPECT_NE(src.find(kCombineEntry), std::string::npos);
+  EXPECT_EQ(src.find(kSmallBatchEntry), std::string::npos);  // 16 x 32 already
+}
+
+// A 64-head tile gets the 16-head small-batch kernel beside it, on every
+// arch with the shared memory for a 16 x 64 or 16 x 32 tile.
+TEST(CodegenSource, SmallBatchEntryBesideAThroughputTiling) {
+  for (const char* arch : {"sm_80", "sm_90a", "sm_120a"}) {
+    SCOPED_TRACE(arch);
+    const v1::AttentionSpec spec = Preset("deepseek-v3.2", 1);
+    absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, ArchNamed(arch));
+    ASSERT_TRUE(tiling.ok()) << tiling.status();
+    const v1::SmallBatchPath path = ChooseSmallBatchPath(spec, ArchNamed(arch), *tiling);
+    ASSERT_EQ(path.entry(), kSmallBatchEntry);
+    EXPECT_EQ(path.tiling().head_tile(), 16u);
+    EXPECT_EQ(path.tiling().num_head_groups(), 8u);
+    EXPECT_NE(path.tiling().head_tile(), tiling->head_tile());
+    EXPECT_EQ(path.launch().block_threads(), path.tiling().warps() * 32);
+    EXPECT_GE(path.max_tokens(), 1u);
+    const std::string src = GenerateSource(spec, *tiling, path);
+    EXPECT_NE(src.find(absl::StrCat(kSmallBatchEntry, "(const ks::DecodeParams p)")),
+              std::string::npos);
+    EXPECT_NE(src.find("ks::DecodeMain<SmallBatchTraits>(p)"), std::string::npos);
+  }
+}
+
+TEST(ChooseTiling, ARequestedTilingIsCheckedByTheSameRules) {
+  const v1::AttentionSpec spec = Preset("deepseek-v3.2", 1);
+  absl::StatusOr<v1::KernelTiling> t =
+      ChooseTiling(spec, ArchNamed("sm_90a"), TilingRequest{16, 32, 4, 4});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->head_tile(), 16u);
+  EXPECT_EQ(t->num_head_groups(), 8u);
+  EXPECT_EQ(t->stages(), 4u);
+  EXPECT_FALSE(t->wgmma());
+  t = ChooseTiling(spec, ArchNamed("sm_90a"), TilingRequest{64, 64, 2, 8});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->wgmma());
+  // Too much shared memory, and a shape the tiling rule refuses.
+  t = ChooseTiling(spec, ArchNamed("sm_90a"), TilingRequest{16, 64, 4, 4});
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("bytes of shared memory"), std::string::npos);
+  t = ChooseTiling(spec, ArchNamed("sm_90a"), TilingRequest{16, 16, 2, 4});
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("S columns per warp"), std::string::npos) << t.status();
 }
 
 TEST(CodegenSource, Deterministic) {
@@ -144,7 +190,10 @@ TEST(CodegenSource, OnlyNumbersVaryWithTheSpec) {
   specs.push_back(odd);
   for (const Arch& arch : SupportedArchs()) {
     for (const v1::AttentionSpec& spec : specs) {
-      const std::string src = SourceFor(spec, arch);
+      // The throughput kernel alone (the small-batch one repeats its shape).
+      absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, arch);
+      ASSERT_TRUE(tiling.ok()) << tiling.status();
+      const std::string src = GenerateSource(spec, *tiling);
       for (char c : src) {
         ASSERT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f))
             << "non-printable byte " << static_cast<int>(c) << " on " << arch.name;

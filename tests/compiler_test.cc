@@ -125,7 +125,7 @@ TEST(KernelCompilerPlan, SmemCapIsPartOfTheKeyAndMatchesSm120Tiling) {
       ASSERT_TRUE(spec.ok()) << spec.status();
       const CompilePlan native = MustPlan(*spec, "sm_90a");
       const CompilePlan capped =
-          MustPlan(*spec, "sm_90a", PlanOptions{.max_smem_per_block = 101376});
+          MustPlan(*spec, "sm_90a", PlanOptions{.max_smem_per_block = 101376, .tiling = {}});
       const CompilePlan sm120 = MustPlan(*spec, "sm_120a");
       EXPECT_NE(capped.key, native.key) << preset << " tp" << tp;
       EXPECT_NE(capped.module_name, native.module_name) << preset << " tp" << tp;
@@ -143,13 +143,13 @@ TEST(KernelCompilerPlan, SmemCapIsPartOfTheKeyAndMatchesSm120Tiling) {
 
 TEST(KernelCompilerPlan, CapAboveTheArchLimitDoesNotRaiseIt) {
   const CompilePlan plan =
-      MustPlan(Glm5Tp8(), "sm_120a", PlanOptions{.max_smem_per_block = 1 << 20});
+      MustPlan(Glm5Tp8(), "sm_120a", PlanOptions{.max_smem_per_block = 1 << 20, .tiling = {}});
   EXPECT_EQ(plan.arch.max_smem_per_block, 99 * 1024);
 }
 
 TEST(KernelCompilerPlan, NegativeCapIsInvalid) {
-  absl::StatusOr<CompilePlan> plan =
-      KernelCompiler().Plan(Glm5Tp8(), "sm_90a", PlanOptions{.max_smem_per_block = -1});
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(
+      Glm5Tp8(), "sm_90a", PlanOptions{.max_smem_per_block = -1, .tiling = {}});
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(plan.status().message(), "max_smem_per_block")) << plan.status();

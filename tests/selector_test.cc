@@ -53,8 +53,15 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   ASSERT_LT(sel.variant_index, m.variants_size());
   EXPECT_EQ(sel.variant, &m.variants(sel.variant_index));
   const v1::ManifestVariant& v = *sel.variant;
-  const v1::KernelTiling& t = v.tiling();
-  const v1::LaunchRule& l = v.launch();
+  // The small-batch path up to its max_tokens, the throughput one above.
+  const bool small = !v.small_batch().entry().empty() &&
+                     static_cast<uint32_t>(sel.num_tokens) <= v.small_batch().max_tokens();
+  EXPECT_EQ(sel.small_batch, small);
+  const v1::KernelTiling& t = small ? v.small_batch().tiling() : v.tiling();
+  const v1::LaunchRule& l = small ? v.small_batch().launch() : v.launch();
+  ASSERT_NE(sel.main_entry, nullptr);
+  EXPECT_EQ(*sel.main_entry, small ? v.small_batch().entry() : v.main_entry());
+  EXPECT_EQ(sel.launch, &l);
   EXPECT_EQ(v.spec().s_q(), 0u);  // not part of the kernel: any s_q fits
   EXPECT_EQ(v.spec().num_q_heads(), static_cast<uint32_t>(shape.num_q_heads));
   EXPECT_EQ(sel.num_tokens, shape.batch * shape.s_q);
@@ -110,6 +117,7 @@ TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
   const v1::AttentionSpec& spec = m.variants(m.choice_order(0)).spec();
   EXPECT_EQ(spec.s_q(), 0u);
   int previous_splits = 1 << 30;
+  bool previous_small = true;
   for (int batch : {1, 7, 32, 128}) {
     SCOPED_TRACE(absl::StrCat(preset, " tp", tp, " ", arch, " batch ", batch));
     const RuntimeShape shape = ShapeFor(spec, batch, 1);
@@ -117,12 +125,16 @@ TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
     ASSERT_TRUE(sel.ok()) << sel.status();
     EXPECT_EQ(sel->variant_index, static_cast<int>(m.choice_order(0)));
     CheckSelection(m, *sel, shape, kSms);
-    // More tokens never mean more splits; batch 1 on 132 SMs always splits.
-    EXPECT_LE(sel->num_splits, previous_splits);
+    // On one path more tokens never mean more splits (leaving the small-
+    // batch path may raise them: fewer, bigger head groups); once left, it
+    // stays left. Batch 1 on 132 SMs always splits.
+    if (sel->small_batch == previous_small) EXPECT_LE(sel->num_splits, previous_splits);
+    EXPECT_TRUE(previous_small || !sel->small_batch);
     if (batch == 1) {
       EXPECT_TRUE(sel->needs_combine);
     }
     previous_splits = sel->num_splits;
+    previous_small = sel->small_batch;
   }
   // MTP shapes use the same kernel with batch * s_q tokens.
   for (int s_q : {2, 3, 4}) {
@@ -132,6 +144,51 @@ TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
     ASSERT_TRUE(sel.ok()) << sel.status();
     CheckSelection(m, *sel, shape, kSms);
   }
+}
+
+// The H200's small-batch paths (BENCH.md 2026-12-01): a 16-head tile of 64
+// tokens x 2 stages x 4 warps, up to 32 CTAs (bf16) or 8 (fp8_ds_mla) at one
+// split; a spec whose throughput tiling is that tiling has none.
+TEST(Select, SmallBatchPathUpToItsMaxTokens) {
+  struct Case {
+    const char* preset;
+    int tp;
+    v1::KvCacheDtype dtype;
+    uint32_t max_tokens;  // 0: no small-batch path
+  };
+  for (const Case& c :
+       {Case{"deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_BF16, 4},
+        Case{"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 8}, Case{"glm-5", 8, v1::KV_CACHE_DTYPE_BF16, 32},
+        Case{"deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 1},
+        Case{"glm-5", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 2}}) {
+    SCOPED_TRACE(absl::StrCat(c.preset, " tp", c.tp, " dtype ", c.dtype));
+    absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(c.preset, c.tp);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    spec->set_kv_cache_dtype(c.dtype);
+    if (c.dtype == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
+      spec->set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
+    }
+    absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, "sm_90a");
+    ASSERT_TRUE(m.ok()) << m.status();
+    const v1::ManifestVariant& v = m->variants(0);
+    EXPECT_EQ(v.small_batch().entry(), kSmallBatchEntry);
+    EXPECT_EQ(v.small_batch().max_tokens(), c.max_tokens);
+    EXPECT_EQ(v.small_batch().tiling().head_tile(), 16u);
+    EXPECT_EQ(v.small_batch().tiling().token_tile(), 64u);
+    for (int batch : {1, 2, 4, 8, 16, 32, 33, 64}) {
+      const RuntimeShape shape = ShapeFor(v.spec(), batch, 1);
+      absl::StatusOr<Selection> sel = Select(*m, DeviceInfo{"sm_90a", kSms}, shape);
+      ASSERT_TRUE(sel.ok()) << sel.status();
+      EXPECT_EQ(sel->small_batch, static_cast<uint32_t>(batch) <= c.max_tokens) << batch;
+      CheckSelection(*m, *sel, shape, kSms);
+    }
+  }
+  // 99 KB parts: 8 heads already run the 16 x 32 tile, so no second kernel.
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, "sm_120a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(m->variants(0).has_small_batch());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPresets, SelectorTable,
@@ -184,11 +241,15 @@ TEST(Select, SplitsShrinkAsTheBatchGrows) {
   const v1::Manifest m = MakeManifest("deepseek-v3.2", 1, "sm_90a");
   const v1::AttentionSpec& spec = m.variants(0).spec();
   int previous = 1 << 30;
+  bool previous_small = true;
   for (int batch = 1; batch <= 256; batch *= 2) {
     absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms}, ShapeFor(spec, batch, 1));
     ASSERT_TRUE(sel.ok()) << sel.status();
-    EXPECT_LE(sel->num_splits, previous) << "batch " << batch;
+    // Within a path (the small-batch one up to batch 4, then the 64-head one).
+    if (sel->small_batch == previous_small) EXPECT_LE(sel->num_splits, previous) << batch;
+    EXPECT_EQ(sel->small_batch, batch <= 4) << "batch " << batch;
     previous = sel->num_splits;
+    previous_small = sel->small_batch;
   }
 }
 

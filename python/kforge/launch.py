@@ -88,7 +88,7 @@ class BoundPlan:
     until the launch has copied them (cuLaunchKernel copies)."""
 
     __slots__ = ("selection", "variant", "kernel", "workspace_bytes", "launch",
-                 "combine_launch", "main", "combine", "lock")
+                 "combine_launch", "main", "combine", "small_batch", "lock")
 
     def __init__(self, selection, workspace):
         p = selection.plan
@@ -98,6 +98,7 @@ class BoundPlan:
         self.workspace_bytes = p.workspace_bytes if p.needs_combine else 0
         self.launch = (p.grid_x, p.grid_y, p.grid_z, p.block_threads, 1, 1,
                        p.dynamic_smem_bytes)
+        self.small_batch = p.small_batch  # launch the module's small-batch kernel
         self.main = _Block("DecodeParams", p.main_params, _MAIN_FIELDS, workspace,
                            p.needs_combine)
         self.combine = self.combine_launch = None

@@ -316,18 +316,26 @@ class LoadedKernel:
                                                            None, None, 0),
                                   f"cuLibraryLoadData({name})")
         dev = _cu_check(cu, cu.cuDeviceGet(device_index), f"cuDeviceGet({device_index})")
+        small = artifact.small_batch  # entry "" when the module has none
+        names = [artifact.main_entry, artifact.combine_entry] + (
+            [small.entry] if small.entry else [])
         entries = [_cu_check(cu, cu.cuLibraryGetKernel(self._library, entry.encode()),
                              f"cuLibraryGetKernel({name}, {entry})")
-                   for entry in (artifact.main_entry, artifact.combine_entry)]
-        _cu_check(cu, cu.cuKernelSetAttribute(
-            cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            artifact.launch.dynamic_smem_bytes, entries[0], dev),
-            f"cuKernelSetAttribute({name}, max dynamic smem "
-            f"{artifact.launch.dynamic_smem_bytes})")
+                   for entry in names]
+        smem = [artifact.launch.dynamic_smem_bytes, None, small.launch.dynamic_smem_bytes]
+        for kernel, nbytes in zip(entries, smem):
+            if nbytes is None:
+                continue
+            _cu_check(cu, cu.cuKernelSetAttribute(
+                cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                nbytes, kernel, dev), f"cuKernelSetAttribute({name}, max dynamic smem {nbytes})")
         # Bound to the current context: the caller made the device current.
-        self.main, self.combine = [
-            _cu_check(cu, cu.cuKernelGetFunction(k), f"cuKernelGetFunction({name})")
-            for k in entries]
+        functions = [_cu_check(cu, cu.cuKernelGetFunction(k), f"cuKernelGetFunction({name})")
+                     for k in entries]
+        self.main, self.combine = functions[:2]
+        # The small-batch main kernel (SmallBatchPath), launched for plans
+        # with small_batch set.
+        self.small = functions[2] if small.entry else None
         self.name = name
         self._success = cu.CUresult.CUDA_SUCCESS
         self._streams = {}  # cudaStream_t -> CUstream
@@ -336,7 +344,7 @@ class LoadedKernel:
         """Enqueues a Selection made by plan_decode on `stream` (a
         cudaStream_t as an int): the main kernel, then the combine."""
         p = sel.plan
-        self._launch(self.main, (p.grid_x, p.grid_y, p.grid_z), p.block_threads,
+        self._launch(self._main_for(p), (p.grid_x, p.grid_y, p.grid_z), p.block_threads,
                      p.dynamic_smem_bytes, p.main_params, stream)
         if p.needs_combine:
             self._launch(self.combine, (p.combine_grid_x, p.combine_grid_y, 1),
@@ -351,7 +359,8 @@ class LoadedKernel:
             if len(self._streams) > 64:
                 self._streams.clear()
             handle = self._streams[stream] = cu.CUstream(stream)
-        err = cu.cuLaunchKernel(self.main, *plan.launch, handle, plan.main.address, 0)[0]
+        main = self._main_for(plan)
+        err = cu.cuLaunchKernel(main, *plan.launch, handle, plan.main.address, 0)[0]
         if err != self._success:
             _cu_check(cu, (err,), f"cuLaunchKernel({self.name}, {plan.selection!r})")
         if plan.combine is not None:
@@ -359,6 +368,15 @@ class LoadedKernel:
                                     plan.combine.address, 0)[0]
             if err != self._success:
                 _cu_check(cu, (err,), f"cuLaunchKernel({self.name} combine, {plan.selection!r})")
+
+    def _main_for(self, plan):
+        """The main kernel a LaunchPlan names (small_batch: the small-batch
+        one)."""
+        if not plan.small_batch:
+            return self.main
+        if self.small is None:
+            raise KforgeError(f"{self.name} has no small-batch kernel; the plan asked for one")
+        return self.small
 
     def _launch(self, function, grid, block, smem, params, stream):
         cu = self._cu

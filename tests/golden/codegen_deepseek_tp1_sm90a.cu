@@ -9,9 +9,19 @@ struct Traits : ks::DecodeTraits<128, 512, 64, 2048, 64, 64, 64, 2, 8, 64, true,
   static constexpr float kScaleLog2 = 0x1.8f9156p-3f;
 };
 
+struct SmallBatchTraits : ks::DecodeTraits<128, 512, 64, 2048, 16, 16, 64, 2, 4, 64, true, false, ks::KvBf16> {
+  // softmax_scale 0.135233998 times log2(e)
+  static constexpr float kScaleLog2 = 0x1.8f9156p-3f;
+};
+
 extern "C" __global__ void __launch_bounds__(Traits::kThreads, 1)
 sparse_mla_decode_main(const ks::DecodeParams p) {
   ks::DecodeMain<Traits>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(SmallBatchTraits::kThreads, 1)
+sparse_mla_decode_small(const ks::DecodeParams p) {
+  ks::DecodeMain<SmallBatchTraits>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(ks::kCombineWarps * 32)

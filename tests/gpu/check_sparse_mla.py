@@ -139,13 +139,16 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0):
     if T > 1:
         empty_ok = bool((out[T // 2] == 0).all())
     ok = (not nan) and err <= 1e-2 and lerr <= 1e-4 and empty_ok
-    return dict(T=T, splits=splits, err=err, lse_err=lerr, nan=nan, empty_ok=empty_ok, ok=ok)
+    return dict(T=T, splits=splits, err=err, lse_err=lerr, nan=nan, empty_ok=empty_ok, ok=ok,
+                small_batch=bool(sel.plan.small_batch))
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("module_dir")
-    ap.add_argument("--batches", default="1,7,128")
+    # 1..8 (times s_q 1, 2, 4) covers every module's small-batch path
+    # (SmallBatchPath: up to 32 tokens) and its edge; 128 the throughput one.
+    ap.add_argument("--batches", default="1,2,3,5,8,128")
     ap.add_argument("--json-out", default="")
     args = ap.parse_args()
     try:
@@ -164,8 +167,8 @@ def main():
           f"{'out rel err':>11s} {'lse rel err':>11s}  result")
     for cubin in sorted(glob.glob(os.path.join(args.module_dir, "*.cubin"))):
         mod = kforge.Kernel.from_files(cubin)
-        t = mod.artifact.tiling
-        tiling = f"h{t.head_tile}n{t.token_tile}w{t.warps}"
+        def label(t):
+            return f"h{t.head_tile}n{t.token_tile}w{t.warps}"
         # One kernel serves every s_q (MTP 1, 2, 4): batch * s_q query tokens.
         fp8 = mod.spec.kv_cache_dtype == FP8_DS_MLA
         cases = [(int(x), s) for x in args.batches.split(",") for s in (1, 2, 4)]
@@ -174,6 +177,9 @@ def main():
             for mode, gap in (("1", False), ("auto", True), ("max", False)):
                 r = run_case(mod, b, s_q, mode, gen, gap, magnitude)
                 r.update(magnitude=magnitude)
+                # The path the selector took: the small-batch kernel or the main one.
+                small = mod.artifact.small_batch
+                tiling = label(small.tiling) + "s" if r["small_batch"] else label(mod.artifact.tiling)
                 r.update(module=mod.module_name, tiling=tiling, batch=b, s_q=s_q)
                 rows.append(r)
                 failures += not r["ok"]

@@ -7,7 +7,11 @@ usage: kernel_times.py MODULE_DIR [--kv-dtype bf16|fp8_ds_mla]
            [--cases 128x1,64x1,8x1] [--splits 1,2,4,8,16,32]
 
 Prints one row per (case, module, split count): graph time per call, the
-main kernel's and the combine kernel's mean durations, and the rest. A
+main kernel's and the combine kernel's mean durations, and the rest. On
+sm_90+ the kernels launch programmatically (the combine is scheduled while
+the main kernel runs and waits in griddepcontrol.wait), so there the
+combine's duration includes that wait and "rest" can be negative: read
+the graph time. A
 directory may hold several modules of one head count (e.g. `kforge compile
 --tiling` candidates): each gets its rows, named by its tiling
 (head tile x token tile x stages x warps).
@@ -59,8 +63,10 @@ def main():
             print(f"| {H} x {B} | no module |")
             continue
         mod = kforge.Kernel.from_files(path)
-        t = read_artifact(path).tiling
-        tiling = f"{t.head_tile}x{t.token_tile}x{t.stages}x{t.warps}{' wgmma' if t.wgmma else ''}"
+        artifact = read_artifact(path)
+
+        def label(t):
+            return f"{t.head_tile}x{t.token_tile}x{t.stages}x{t.warps}{' wgmma' if t.wgmma else ''}"
         K, Dv = mod.spec.topk, mod.spec.kv_lora_rank
         sets = []
         for _ in range(args.sets):
@@ -79,6 +85,11 @@ def main():
                 mod(st["q"], cache, st["idx"], st["out"], st["lse"], num_splits=splits,
                     workspace=ws)
 
+            # The kernel the selector picks for this batch: the small-batch
+            # one (SmallBatchPath) or the throughput one.
+            small = mod.selection(B, splits).plan.small_batch
+            tiling = (label(artifact.small_batch.tiling) + " small" if small
+                      else label(artifact.tiling))
             g = capture(call, sets)
             walls = replay_times(g, len(sets), args.reps)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:

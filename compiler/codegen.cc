@@ -257,6 +257,13 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
   }
   path.set_entry(kSmallBatchEntry);
   *path.mutable_launch() = MakeLaunchRule(spec, tiling, arch);
+  // fp8_ds_mla with one head group (<= 16 heads): one 64-key tile per split
+  // is fastest (BENCH.md 2026-12-02: 8 x 1 13.8 us at 32 splits, 15.8 at
+  // 16; 16 x 1 14.9 vs 17.0). bf16 keeps two (8 x 1 even, 8 x 4 12.1 us at
+  // 16 splits, 13.1 at 32).
+  if (tiling.num_head_groups() == 1 && spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
+    path.mutable_launch()->set_min_tiles_per_split(1);
+  }
   const int ctas = spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA ? kSmallBatchCtasFp8DsMla
                                                                           : kSmallBatchCtasBf16;
   path.set_max_tokens(

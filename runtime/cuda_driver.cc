@@ -53,6 +53,7 @@ absl::Status Resolve(PFN_cuGetProcAddress_v12000 get_proc, CudaDriverApi& api) {
       {"cuLibraryGetKernel", slot(api.LibraryGetKernel)},
       {"cuKernelSetAttribute", slot(api.KernelSetAttribute)},
       {"cuLaunchKernel", slot(api.LaunchKernel)},
+      {"cuLaunchKernelEx", slot(api.LaunchKernelEx)},
       {"cuMemAlloc", slot(api.MemAlloc)},
       {"cuMemFree", slot(api.MemFree)},
       {"cuMemcpyHtoD", slot(api.MemcpyHtoD)},

@@ -57,6 +57,8 @@ struct CudaDriverApi {
   PFN_cuLibraryGetKernel_v12000 LibraryGetKernel = nullptr;
   PFN_cuKernelSetAttribute_v12000 KernelSetAttribute = nullptr;
   PFN_cuLaunchKernel_v4000 LaunchKernel = nullptr;
+  // With the programmatic-stream-serialization attribute (sm_90+).
+  PFN_cuLaunchKernelEx_v11060 LaunchKernelEx = nullptr;
   PFN_cuMemAlloc_v3020 MemAlloc = nullptr;
   PFN_cuMemFree_v3020 MemFree = nullptr;
   PFN_cuMemcpyHtoD_v3020 MemcpyHtoD = nullptr;

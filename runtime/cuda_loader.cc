@@ -118,6 +118,7 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   module->main_entry_ = artifact.main_entry();
   module->combine_entry_ = artifact.combine_entry();
   module->small_entry_ = artifact.small_batch().entry();
+  module->programmatic_ = *major >= 9;
   const std::string& name = module->module_name_;
   if (absl::Status s = cu.Check(cu.LibraryLoadData(&module->library_, artifact.cubin().data(),
                                                    nullptr, nullptr, 0, nullptr, nullptr, 0),
@@ -158,13 +159,34 @@ CudaKernelModule::~CudaKernelModule() {
 absl::Status CudaKernelModule::Launch(CUkernel kernel, std::string_view entry, void* params,
                                       const LaunchDims& d, CUstream stream) const {
   void* args[] = {params};
-  // A CUkernel passed as a CUfunction launches in the stream's context
-  // (CUDA 12.0+), so one library serves every context.
-  return cu_.Check(
-      cu_.LaunchKernel(reinterpret_cast<CUfunction>(kernel), d.grid_x, d.grid_y, d.grid_z,
-                       d.block_threads, 1, 1, d.dynamic_smem_bytes, stream, args, nullptr),
-      absl::StrFormat("cuLaunchKernel(%s, %s, grid (%u, %u, %u), block %u, smem %u)", module_name_,
-                      entry, d.grid_x, d.grid_y, d.grid_z, d.block_threads, d.dynamic_smem_bytes));
+  const std::string_view how = programmatic_ ? "cuLaunchKernelEx" : "cuLaunchKernel";
+  CUresult result;
+  if (programmatic_) {
+    CUlaunchAttribute attribute{};
+    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = d.grid_x;
+    config.gridDimY = d.grid_y;
+    config.gridDimZ = d.grid_z;
+    config.blockDimX = d.block_threads;
+    config.blockDimY = 1;
+    config.blockDimZ = 1;
+    config.sharedMemBytes = d.dynamic_smem_bytes;
+    config.hStream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    result = cu_.LaunchKernelEx(&config, reinterpret_cast<CUfunction>(kernel), args, nullptr);
+  } else {
+    // A CUkernel passed as a CUfunction launches in the stream's context
+    // (CUDA 12.0+), so one library serves every context.
+    result = cu_.LaunchKernel(reinterpret_cast<CUfunction>(kernel), d.grid_x, d.grid_y, d.grid_z,
+                              d.block_threads, 1, 1, d.dynamic_smem_bytes, stream, args, nullptr);
+  }
+  if (result == CUDA_SUCCESS) return absl::OkStatus();  // no message to format per launch
+  return cu_.Check(result, absl::StrFormat("%s(%s, %s, grid (%u, %u, %u), block %u, smem %u)", how,
+                                           module_name_, entry, d.grid_x, d.grid_y, d.grid_z,
+                                           d.block_threads, d.dynamic_smem_bytes));
 }
 
 absl::Status CudaKernelModule::LaunchMain(const sparse_mla::DecodeParams& params,

@@ -80,6 +80,10 @@ class CudaKernelModule {
   CUkernel main_ = nullptr;
   CUkernel combine_ = nullptr;
   CUkernel small_ = nullptr;  // null without a small-batch path
+  // sm_90+: kernels are launched with programmatic stream serialization
+  // (ptx::WaitForPriorGrids in the templates), so each is scheduled while
+  // the one before it in the stream finishes.
+  bool programmatic_ = false;
 };
 
 }  // namespace kforge

@@ -88,7 +88,7 @@ class BoundPlan:
     until the launch has copied them (cuLaunchKernel copies)."""
 
     __slots__ = ("selection", "variant", "kernel", "workspace_bytes", "launch",
-                 "combine_launch", "main", "combine", "small_batch", "lock")
+                 "combine_launch", "main", "combine", "small_batch", "configs", "lock")
 
     def __init__(self, selection, workspace):
         p = selection.plan
@@ -99,6 +99,8 @@ class BoundPlan:
         self.launch = (p.grid_x, p.grid_y, p.grid_z, p.block_threads, 1, 1,
                        p.dynamic_smem_bytes)
         self.small_batch = p.small_batch  # launch the module's small-batch kernel
+        # The kernel's cuLaunchKernelEx configs (main, combine) per stream.
+        self.configs = {}
         self.main = _Block("DecodeParams", p.main_params, _MAIN_FIELDS, workspace,
                            p.needs_combine)
         self.combine = self.combine_launch = None

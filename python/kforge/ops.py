@@ -337,6 +337,10 @@ class LoadedKernel:
         # with small_batch set.
         self.small = functions[2] if small.entry else None
         self.name = name
+        # sm_90+: launched with programmatic stream serialization (the
+        # templates' WaitForPriorGrids), as the C++ runtime does, so each
+        # kernel is scheduled while the one before it finishes.
+        self._programmatic = tuple(capability) >= (9, 0)
         self._success = cu.CUresult.CUDA_SUCCESS
         self._streams = {}  # cudaStream_t -> CUstream
 
@@ -360,6 +364,23 @@ class LoadedKernel:
                 self._streams.clear()
             handle = self._streams[stream] = cu.CUstream(stream)
         main = self._main_for(plan)
+        if self._programmatic:
+            configs = plan.configs.get(stream)
+            if configs is None:
+                if len(plan.configs) > 64:
+                    plan.configs.clear()
+                configs = plan.configs[stream] = (
+                    self._config(plan.launch, handle),
+                    self._config(plan.combine_launch, handle) if plan.combine else None)
+            err = cu.cuLaunchKernelEx(configs[0], main, plan.main.address, 0)[0]
+            if err != self._success:
+                _cu_check(cu, (err,), f"cuLaunchKernelEx({self.name}, {plan.selection!r})")
+            if plan.combine is not None:
+                err = cu.cuLaunchKernelEx(configs[1], self.combine, plan.combine.address, 0)[0]
+                if err != self._success:
+                    _cu_check(cu, (err,),
+                              f"cuLaunchKernelEx({self.name} combine, {plan.selection!r})")
+            return
         err = cu.cuLaunchKernel(main, *plan.launch, handle, plan.main.address, 0)[0]
         if err != self._success:
             _cu_check(cu, (err,), f"cuLaunchKernel({self.name}, {plan.selection!r})")
@@ -368,6 +389,22 @@ class LoadedKernel:
                                     plan.combine.address, 0)[0]
             if err != self._success:
                 _cu_check(cu, (err,), f"cuLaunchKernel({self.name} combine, {plan.selection!r})")
+
+    def _config(self, launch, stream):
+        """A CUlaunchConfig for cuLaunchKernelEx: launch = (grid x, y, z,
+        block x, y, z, dynamic smem) on `stream` (a CUstream), with
+        programmatic stream serialization."""
+        cu = self._cu
+        config = cu.CUlaunchConfig()
+        (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY,
+         config.blockDimZ, config.sharedMemBytes) = launch
+        config.hStream = stream
+        attribute = cu.CUlaunchAttribute()
+        attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        config.attrs = [attribute]
+        config.numAttrs = 1
+        return config
 
     def _main_for(self, plan):
         """The main kernel a LaunchPlan names (small_batch: the small-batch
@@ -382,6 +419,11 @@ class LoadedKernel:
         cu = self._cu
         block_bytes = ctypes.create_string_buffer(params, len(params))
         args = (ctypes.c_void_p * 1)(ctypes.addressof(block_bytes))  # one by-value struct
+        if self._programmatic:
+            config = self._config((*grid, block, 1, 1, smem), cu.CUstream(stream))
+            _cu_check(cu, cu.cuLaunchKernelEx(config, function, ctypes.addressof(args), 0),
+                      f"cuLaunchKernelEx({self.name}, grid {grid}, block {block})")
+            return
         _cu_check(cu, cu.cuLaunchKernel(function, *grid, block, 1, 1, smem,
                                         cu.CUstream(stream), ctypes.addressof(args), 0),
                   f"cuLaunchKernel({self.name}, grid {grid}, block {block})")

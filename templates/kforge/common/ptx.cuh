@@ -22,6 +22,25 @@ __device__ __forceinline__ void CpAsync16(u32 dst, const void* src, u32 src_byte
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
+// Programmatic dependent launch (sm_90+). A kernel launched with the
+// programmatic-stream-serialization attribute may be scheduled while the
+// kernel before it in the stream still runs: WaitForPriorGrids blocks until
+// that kernel has completed and its writes are visible, so nothing a kernel
+// reads or writes in global memory may come before it; AllowDependentLaunch
+// lets the next kernel (launched with the attribute) be scheduled now, to
+// wait in its own WaitForPriorGrids. Without the attribute, and before
+// sm_90, both are no-ops.
+__device__ __forceinline__ void WaitForPriorGrids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {

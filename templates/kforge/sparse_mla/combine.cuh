@@ -23,6 +23,10 @@ __device__ __forceinline__ void Combine(const CombineParams& p) {
   constexpr int kPairs = T::kDv / 64;  // float2 per lane
   constexpr int kUnroll = 4;           // splits whose rows are loaded together
   constexpr float kLog2e = 1.4426950408889634f;
+  // Launched programmatically after the main kernel (sm_90+), it is
+  // scheduled while that kernel still runs: wait for its partials.
+  ptx::WaitForPriorGrids();
+  ptx::AllowDependentLaunch();
   const int token = blockIdx.x;
   const int lane = threadIdx.x % 32;
   const int head = blockIdx.y * kCombineWarps + threadIdx.x / 32;
@@ -53,12 +57,13 @@ __device__ __forceinline__ void Combine(const CombineParams& p) {
         float2 v[kUnroll][kPairs];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          // Past the chunk's end: reread its last split with weight 0.
-          const int s = s0 + min(j0 + u, n - 1);
-          const float2* src =
-              reinterpret_cast<const float2*>(p.o_accum + (s * split_stride + th) * T::kDv);
+          // Past the chunk's end: no load (predicated), weight 0 below.
+          const bool in = j0 + u < n;
+          const float2* src = reinterpret_cast<const float2*>(
+              p.o_accum + ((s0 + (in ? j0 + u : 0)) * split_stride + th) * T::kDv);
 #pragma unroll
-          for (int j = 0; j < kPairs; ++j) v[u][j] = src[j * 32 + lane];
+          for (int j = 0; j < kPairs; ++j)
+            v[u][j] = in ? src[j * 32 + lane] : make_float2(0.f, 0.f);
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {

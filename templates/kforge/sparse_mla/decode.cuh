@@ -42,6 +42,12 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   const ThreadRoles r = MakeThreadRoles<T>();
   Qk::CheckSmemBase(sm.q_addr);
 
+  // Launched programmatically (sm_90+), this CTA may start before the
+  // previous kernel in the stream (the last call's combine, or the engine's
+  // kernel that wrote Q and the indices) has finished: wait for it before
+  // any global access, then let the combine be scheduled, to wait in turn.
+  ptx::WaitForPriorGrids();
+  ptx::AllowDependentLaunch();
   LoadQ<T>(p, w, sm, r);
   // Pipeline (KvTiles in config.h): a direct format keeps kStages - 1 tiles
   // in flight in their own bf16 tiles; a staged one keeps the next tile in

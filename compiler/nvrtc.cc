@@ -89,7 +89,7 @@ std::vector<std::string> BaseNvrtcOptions(const std::string& arch) {
       // NVRTC 13's default, pinned so a future default change shows up as a
       // different option list (and so a different cache key) rather than a
       // silent dialect change.
-      "-std=c++17", "-split-compile=0",
+      "-std=c++17",
       // Deliberately absent: -default-device (the templates annotate every
       // function, as nvcc requires, so nvcc tests catch a missing
       // __device__); -DNDEBUG (no <cassert> without toolkit headers);

@@ -221,7 +221,9 @@ CombineParams MakeCombineParams(const Selection& sel, const DecodeArgs& a, uint6
                        .out_token_stride = main.out_token_stride,
                        .out_head_stride = main.out_head_stride,
                        .num_tokens = main.num_tokens,
-                       .num_splits = main.num_splits};
+                       .num_splits = main.num_splits,
+                       .column_slices = sel.combine_column_slices,
+                       .reserved = 0};
 }
 
 absl::StatusOr<DecodeLaunch> PlanDecode(const v1::Manifest& manifest, const DeviceInfo& device,

@@ -12,6 +12,7 @@
 #include "model/arch.h"
 #include "model/launch.h"
 #include "model/spec.h"
+#include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
 namespace {
@@ -161,7 +162,12 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
                        "launch.combine_block_threads must be >= 32");
       }
       sel.combine_grid_x = static_cast<uint32_t>(sel.num_tokens);
-      sel.combine_grid_y = CeilDiv(v.spec().num_q_heads(), warps);
+      // One warp per (token, head, column slice): templates' config.h.
+      sel.combine_column_slices = sparse_mla::CombineColumnSlices(
+          static_cast<int>(v.spec().kv_lora_rank()), sel.num_tokens,
+          static_cast<int>(v.spec().num_q_heads()), device.sm_count);
+      sel.combine_grid_y =
+          CeilDiv(v.spec().num_q_heads() * static_cast<uint32_t>(sel.combine_column_slices), warps);
       sel.combine_block_threads = launch.combine_block_threads();
       sel.workspace_bytes = static_cast<uint64_t>(sel.num_splits) *
                             static_cast<uint64_t>(sel.num_tokens) *

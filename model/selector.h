@@ -47,7 +47,8 @@ struct Selection {
   uint32_t dynamic_smem_bytes = 0;
   bool needs_combine = false;  // num_splits > 1
   uint32_t combine_grid_x = 0, combine_grid_y = 0, combine_block_threads = 0;
-  uint64_t workspace_bytes = 0;  // 0 when !needs_combine
+  int combine_column_slices = 0;  // warps per (token, head); 0 without combine
+  uint64_t workspace_bytes = 0;   // 0 when !needs_combine
 };
 
 // Walks manifest.choice_order() (variant order when it is empty) and picks

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "model/launch.h"
 #include "model/spec.h"
+#include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
 namespace {
@@ -93,8 +94,15 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   if (sel.needs_combine) {
     EXPECT_EQ(sel.combine_grid_x, static_cast<uint32_t>(sel.num_tokens));
     const uint32_t warps = l.combine_block_threads() / 32;
-    EXPECT_EQ(sel.combine_grid_y, (v.spec().num_q_heads() + warps - 1) / warps);
-    EXPECT_GE(sel.combine_grid_y * warps, v.spec().num_q_heads());
+    // Column slices while the combine is small (<= 8 heads x tokens per SM).
+    const bool few =
+        static_cast<long long>(sel.num_tokens) * v.spec().num_q_heads() <= 8LL * sm_count;
+    const uint32_t slices = few ? static_cast<uint32_t>(sparse_mla::CombineSlices(
+                                      static_cast<int>(v.spec().kv_lora_rank())))
+                                : 1u;
+    EXPECT_EQ(static_cast<uint32_t>(sel.combine_column_slices), slices);
+    EXPECT_EQ(sel.combine_grid_y, (v.spec().num_q_heads() * slices + warps - 1) / warps);
+    EXPECT_GE(sel.combine_grid_y * warps, v.spec().num_q_heads() * slices);
     EXPECT_EQ(sel.combine_block_threads, l.combine_block_threads());
     EXPECT_EQ(sel.workspace_bytes, static_cast<uint64_t>(sel.num_splits) * sel.num_tokens *
                                        l.workspace_bytes_per_split_token());

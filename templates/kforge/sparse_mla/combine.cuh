@@ -1,6 +1,7 @@
 // Merges the per-split partial results of decode.cuh:
 //   lse = log(sum_i exp(lse_i)),  O = sum_i exp(lse_i - lse) O_i
-// One warp per (query token, head); each lane owns pairs of d_v columns.
+// One warp per (query token, head, column slice: CombineSlices in
+// config.h); each lane owns pairs of the slice's columns.
 // A head whose splits are all empty (every index invalid) gets O = 0 and
 // lse = -inf, never NaN.
 //
@@ -18,10 +19,10 @@
 namespace kforge {
 namespace sparse_mla {
 
-template <class T>
-__device__ __forceinline__ void Combine(const CombineParams& p) {
-  constexpr int kPairs = T::kDv / 64;  // float2 per lane
-  constexpr int kUnroll = 4;           // splits whose rows are loaded together
+template <class T, int kSlices>
+__device__ __forceinline__ void CombineSlice(const CombineParams& p) {
+  constexpr int kPairs = T::kDv / 64 / kSlices;  // float2 per lane
+  constexpr int kUnroll = 8;                     // splits whose rows are loaded together
   constexpr float kLog2e = 1.4426950408889634f;
   // Launched programmatically after the main kernel (sm_90+), it is
   // scheduled while that kernel still runs: wait for its partials.
@@ -29,7 +30,9 @@ __device__ __forceinline__ void Combine(const CombineParams& p) {
   ptx::AllowDependentLaunch();
   const int token = blockIdx.x;
   const int lane = threadIdx.x % 32;
-  const int head = blockIdx.y * kCombineWarps + threadIdx.x / 32;
+  const int warp = blockIdx.y * kCombineWarps + threadIdx.x / 32;
+  const int head = warp / kSlices;
+  const int slice = warp % kSlices;  // float2 [slice * kPairs * 32, +kPairs * 32) of the row
   if (head >= T::kNumHeads) return;
 
   const long long split_stride = (long long)p.num_tokens * T::kNumHeads;
@@ -59,8 +62,10 @@ __device__ __forceinline__ void Combine(const CombineParams& p) {
         for (int u = 0; u < kUnroll; ++u) {
           // Past the chunk's end: no load (predicated), weight 0 below.
           const bool in = j0 + u < n;
-          const float2* src = reinterpret_cast<const float2*>(
-              p.o_accum + ((s0 + (in ? j0 + u : 0)) * split_stride + th) * T::kDv);
+          const float2* src =
+              reinterpret_cast<const float2*>(
+                  p.o_accum + ((s0 + (in ? j0 + u : 0)) * split_stride + th) * T::kDv) +
+              slice * kPairs * 32;
 #pragma unroll
           for (int j = 0; j < kPairs; ++j)
             v[u][j] = in ? src[j * 32 + lane] : make_float2(0.f, 0.f);
@@ -81,14 +86,28 @@ __device__ __forceinline__ void Combine(const CombineParams& p) {
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  unsigned short* dst = p.out + token * p.out_token_stride + head * p.out_head_stride;
+  unsigned short* dst =
+      p.out + token * p.out_token_stride + head * p.out_head_stride + slice * kPairs * 64;
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
     *reinterpret_cast<ptx::u32*>(dst + 2 * (j * 32 + lane)) =
         ptx::PackBf16x2(acc[j][0] * inv, acc[j][1] * inv);
   }
-  if (T::kReturnLse && p.lse != nullptr && lane == 0) {
+  if (T::kReturnLse && p.lse != nullptr && slice == 0 && lane == 0) {
     p.lse[th] = wsum > 0.f ? lse_max + __logf(wsum) : ptx::NegInf();
+  }
+}
+
+// The entry: p.column_slices warps per head (CombineColumnSlices); any
+// value but CombineSlices(d_v) means 1, so a plan can never make a warp
+// address past its row.
+template <class T>
+__device__ __forceinline__ void Combine(const CombineParams& p) {
+  constexpr int kSlices = CombineSlices(T::kDv);
+  if (kSlices > 1 && p.column_slices == kSlices) {
+    CombineSlice<T, kSlices>(p);
+  } else {
+    CombineSlice<T, 1>(p);
   }
 }
 

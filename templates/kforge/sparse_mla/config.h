@@ -55,14 +55,38 @@ struct CombineParams {
   long long out_head_stride;
   int num_tokens;
   int num_splits;
+  int column_slices;  // warps per (token, head): 1 or CombineSlices(d_v)
+                      // (CombineColumnSlices); grid.y = ceil(heads *
+                      // column_slices / kCombineWarps)
+  int reserved;       // keeps the block a multiple of 8 bytes
 };
 
 // Threads that gather one KV row together: 8 x 16 B = 128 contiguous bytes
 // per row per warp instruction (every d_qk is a multiple of 64 elements, so
 // a row is always a whole number of 8-chunk groups).
 constexpr int kThreadsPerRow = 8;
-// Heads handled by one warp of the combine kernel's block.
+// Warps of the combine kernel's block.
 constexpr int kCombineWarps = 4;
+
+// Column slices of one head's output row in the combine kernel: one warp per
+// (query token, head, slice), each lane a pair of columns per 64 (so d_v 512
+// gives 4 slices of 128 columns, 2 float2 per lane). A slice is a whole
+// number of 64-column groups: 4 where d_v / 64 divides by 4, else 2 where it
+// divides by 2, else 1.
+KFORGE_HD constexpr int CombineSlices(int d_v) {
+  return (d_v / 64) % 4 == 0 ? 4 : ((d_v / 64) % 2 == 0 ? 2 : 1);
+}
+
+// The slices a combine launch uses: CombineSlices(d_v) while the combine has
+// few warps (tokens x heads <= 8 per SM), where it is latency-bound and more
+// warps with fewer loads each finish sooner (H200, BENCH.md 2026-12-02: 64 x 1
+// 12.5 -> 11.9 us, fp8 8 x 1 13.6 -> 12.1); 1 above, where it is
+// bandwidth-bound and the per-warp fixed work (lse loads, reductions) of 4x
+// the warps cost 5-8% at 64 x 64 and 128 x 32.
+KFORGE_HD constexpr int CombineColumnSlices(int d_v, long long num_tokens, int num_heads,
+                                            int sm_count) {
+  return num_tokens * num_heads <= 8LL * sm_count ? CombineSlices(d_v) : 1;
+}
 
 // ---------------------------------------------------------------------------
 // KV cache formats: the numbers the host needs. The device half of a format

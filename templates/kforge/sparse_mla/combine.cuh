@@ -22,7 +22,9 @@ namespace sparse_mla {
 template <class T, int kSlices>
 __device__ __forceinline__ void CombineSlice(const CombineParams& p) {
   constexpr int kPairs = T::kDv / 64 / kSlices;  // float2 per lane
-  constexpr int kUnroll = 8;                     // splits whose rows are loaded together
+  // Splits whose rows are loaded together: 8 of a slice, 4 of a whole row
+  // (the one-warp combine measured at 64 x 64 and 128 x 32, BENCH.md).
+  constexpr int kUnroll = kSlices == 1 ? 4 : 8;
   constexpr float kLog2e = 1.4426950408889634f;
   // Launched programmatically after the main kernel (sm_90+), it is
   // scheduled while that kernel still runs: wait for its partials.

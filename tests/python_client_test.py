@@ -621,8 +621,8 @@ def parse_select(text):
     out = {"variant": int(re.search(r"^variant (\d+):", text, re.M).group(1)),
            "splits": int(re.search(r"^  splits +(\d+)", text, re.M).group(1)),
            "workspace": int(re.search(r"^  workspace +(\d+) B$", text, re.M).group(1))}
-    m = re.search(r"^  main +\S+ grid \((\d+), (\d+), (\d+)\) block (\d+) dynamic smem (\d+) B$",
-                  text, re.M)
+    m = re.search(r"^  main +\S+(?: \(small-batch path\))? grid \((\d+), (\d+), (\d+)\) "
+                  r"block (\d+) dynamic smem (\d+) B$", text, re.M)
     out["grid"] = tuple(int(x) for x in m.group(1, 2, 3))
     out["block"], out["smem"] = int(m.group(4)), int(m.group(5))
     m = re.search(r"^  combine +\S+ grid \((\d+), (\d+)\) block (\d+)$", text, re.M)
@@ -1216,9 +1216,13 @@ class OpsChecksTest(unittest.TestCase):
         self.assertEqual(p["tokens_per_split"] % 64, 0)
         self.assertGreaterEqual(p["tokens_per_split"] * sel.num_splits, 2048)
         c = dict(zip(("o_accum", "lse_accum", "out", "lse", "out_token_stride",
-                      "out_head_stride", "num_tokens", "num_splits"),
-                     struct.unpack("<4Q2q2i", sel.combine_params)))
-        self.assertEqual((sel.combine_grid, sel.combine_block_threads), ((32, 2), 128))
+                      "out_head_stride", "num_tokens", "num_splits", "column_slices",
+                      "reserved"),
+                     struct.unpack("<4Q2q4i", sel.combine_params)))
+        # 32 tokens x 8 heads is a small combine: 4 warps (column slices) per
+        # head, 32 warps, 8 blocks of 4.
+        self.assertEqual(c["column_slices"], 4)
+        self.assertEqual((sel.combine_grid, sel.combine_block_threads), ((32, 8), 128))
         self.assertEqual((c["o_accum"], c["lse_accum"], c["out"], c["lse"], c["num_splits"]),
                          (p["o_accum"], p["lse_accum"], p["out"], p["lse"], p["num_splits"]))
         # One split (264 CTA slots, 256 tokens): no combine, no workspace, and

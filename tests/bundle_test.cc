@@ -597,6 +597,10 @@ TEST_F(BundleTest, ArtifactCheckNamesTheFirstMismatch) {
       {"tiling: expected", [](v1::KernelArtifact& a) { a.mutable_tiling()->set_token_tile(8); }},
       {"launch: expected",
        [](v1::KernelArtifact& a) { a.mutable_launch()->set_block_threads(32); }},
+      {"small_batch: expected",
+       [](v1::KernelArtifact& a) { a.mutable_small_batch()->set_max_tokens(1000); }},
+      {"small_batch: expected",
+       [](v1::KernelArtifact& a) { a.mutable_small_batch()->set_entry("other"); }},
       {"cubin: expected \"non-empty\"", [](v1::KernelArtifact& a) { a.clear_cubin(); }},
       {"cubin is unreadable", [](v1::KernelArtifact& a) { a.set_cubin("not an ELF"); }},
   };
@@ -608,6 +612,15 @@ TEST_F(BundleTest, ArtifactCheckNamesTheFirstMismatch) {
     EXPECT_TRUE(Contains(s.message(), c.expected));
     EXPECT_TRUE(Contains(s.message(), FirstChoice().module_name()));
   }
+  // Metadata that agrees but names a small-batch kernel the cubin lacks.
+  ASSERT_FALSE(artifact_->small_batch().entry().empty());  // glm-5 TP8 on sm_90a has one
+  v1::ManifestVariant variant = FirstChoice();
+  v1::KernelArtifact altered = *artifact_;
+  variant.mutable_small_batch()->set_entry("sparse_mla_decode_nope");
+  altered.mutable_small_batch()->set_entry("sparse_mla_decode_nope");
+  absl::Status s = CheckArtifactForVariant(variant, kArch, altered);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(s.message(), "cubin entries")) << s;
 }
 
 }  // namespace

@@ -338,6 +338,21 @@ TEST_F(NothingFits, EmptyManifest) {
   EXPECT_CONTAINS(std::string(sel.status().message()), ("no variants"));
 }
 
+// A manifest whose small-batch path is broken fails like a broken main path,
+// naming it, and only for the batches that would take it.
+TEST(SelectInvalid, BrokenSmallBatchPathIsNamed) {
+  v1::Manifest m = MakeManifest("deepseek-v3.2", 1, "sm_90a");
+  ASSERT_FALSE(m.variants(0).small_batch().entry().empty());
+  m.mutable_variants(0)->mutable_small_batch()->mutable_tiling()->set_num_head_groups(0);
+  const v1::AttentionSpec& spec = m.variants(0).spec();
+  absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms}, ShapeFor(spec, 1, 1));
+  EXPECT_EQ(sel.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(sel.status().message(), "manifest.variants[0].small_batch");
+  sel = Select(m, DeviceInfo{"sm_90a", kSms}, ShapeFor(spec, 64, 1));
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  EXPECT_FALSE(sel->small_batch);
+}
+
 TEST(SelectInvalid, ShapeDeviceAndManifestFieldsAreNamed) {
   const v1::Manifest m = MakeManifest("glm-5", 8, "sm_90a");
   const RuntimeShape good = ShapeFor(m.variants(0).spec(), 4, 1);

@@ -95,6 +95,13 @@ bool Fit(const v1::AttentionSpec& spec, int head_tile, int heads_per_group, Tile
 
 int RoundUp16(int x) { return (x + 15) / 16 * 16; }
 
+// Heads per group when `heads` are spread evenly over the fewest groups of
+// at most `max_tile` (>= 1) heads each.
+int HeadsPerGroup(int heads, int max_tile) {
+  const int groups = (heads + max_tile - 1) / max_tile;
+  return (heads + groups - 1) / groups;
+}
+
 // Keys per split below which splitting further stops paying. On the H200 at
 // batch 1 (topk 2048) the fastest split count kept 128 keys per split with
 // 32-token tiles (8 heads: 16 splits, BENCH.md 2026-11-29) and with 64-token
@@ -155,8 +162,7 @@ void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTil
 absl::StatusOr<v1::KernelTiling> RequestedTiling(const v1::AttentionSpec& spec, const Arch& arch,
                                                  const TilingRequest& r) {
   const int heads = static_cast<int>(spec.num_q_heads());
-  const int groups = (heads + r.head_tile - 1) / std::max(1, r.head_tile);
-  const int per_group = (heads + groups - 1) / std::max(1, groups);
+  const int per_group = HeadsPerGroup(heads, std::max(1, r.head_tile));
   const sparse_mla::DecodeShape shape =
       ShapeOf(spec, r.head_tile, per_group, r.token_tile, r.stages, r.warps, false);
   const sparse_mla::TilingError e = sparse_mla::CheckDecodeTiling(shape);
@@ -195,8 +201,7 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, con
   // 80 heads) may have no pipeline on a small-smem part; then fall back to
   // the next smaller group size rather than fail.
   for (int max_tile : {64, 32, 16}) {
-    const int groups = (heads + max_tile - 1) / max_tile;
-    const int per_group = (heads + groups - 1) / groups;
+    const int per_group = HeadsPerGroup(heads, max_tile);
     const int head_tile = RoundUp16(per_group);
     v1::KernelTiling tiling;
     for (const TileConfig& c : CandidatesFor(head_tile)) {
@@ -241,9 +246,7 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
 v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arch& arch,
                                         const v1::KernelTiling& main) {
   v1::SmallBatchPath path;
-  const int heads = static_cast<int>(spec.num_q_heads());
-  const int groups = (heads + 15) / 16;
-  const int per_group = (heads + groups - 1) / groups;
+  const int per_group = HeadsPerGroup(static_cast<int>(spec.num_q_heads()), 16);
   v1::KernelTiling tiling;
   for (const TileConfig& c : kSmallBatchCandidates) {
     if (Fit(spec, 16, per_group, c, arch, &tiling)) break;

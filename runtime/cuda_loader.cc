@@ -69,9 +69,13 @@ absl::Status CheckParamSizes(const v1::KernelArtifact& artifact) {
       !s.ok()) {
     return s;
   }
-  for (const std::string* entry : {&artifact.main_entry(), &artifact.small_batch().entry()}) {
-    if (entry->empty() && entry != &artifact.main_entry()) continue;  // no small-batch path
-    if (absl::Status s = CheckEntryParams(artifact, *entry, sizeof(DecodeParams), "DecodeParams");
+  if (absl::Status s =
+          CheckEntryParams(artifact, artifact.main_entry(), sizeof(DecodeParams), "DecodeParams");
+      !s.ok()) {
+    return s;
+  }
+  if (const std::string& small = artifact.small_batch().entry(); !small.empty()) {
+    if (absl::Status s = CheckEntryParams(artifact, small, sizeof(DecodeParams), "DecodeParams");
         !s.ok()) {
       return s;
     }

@@ -126,6 +126,7 @@ absl::StatusOr<kforge::DeviceInfo> ToDevice(const KforgeDevice* device) {
   info.arch = device->arch;
   info.sm_count = device->sm_count;
   info.forced_num_splits = device->forced_num_splits;
+  info.max_active_clusters = device->max_active_clusters;
   return info;
 }
 

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 2
+#define KFORGE_CAPI_VERSION 3
 
 int32_t kforge_capi_version(void);
 
@@ -56,9 +56,12 @@ int32_t kforge_decode_pointer_modulus(void);
 
 /* model/selector.h DeviceInfo. */
 typedef struct KforgeDevice {
-  const char* arch;          /* "sm_90a", "90a", ...; not NULL */
-  int32_t sm_count;          /* >= 1 */
-  int32_t forced_num_splits; /* 0: the launch rule's; else 1..max_splits */
+  const char* arch;            /* "sm_90a", "90a", ...; not NULL */
+  int32_t sm_count;            /* >= 1 */
+  int32_t forced_num_splits;   /* 0: the launch rule's; else 1..max_splits */
+  int32_t max_active_clusters; /* clusters of the cluster entry the device
+                                  runs at once (cuOccupancyMaxActiveClusters);
+                                  0: none, so it is never chosen */
 } KforgeDevice;
 
 /* model/selector.h RuntimeShape. */

@@ -271,6 +271,17 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
                                                                           : kSmallBatchCtasBf16;
   path.set_max_tokens(
       static_cast<uint32_t>(std::max(1, ctas / static_cast<int>(tiling.num_head_groups()))));
+  // The cluster entry: sm_90a and sm_100a, whose GPCs run 16-CTA clusters
+  // once a kernel opts into non-portable sizes (measured on the H200; the
+  // 99 KB parts, sm_120/121, promise only 8, and 8 merged splits lost to 16
+  // + combine there too: BENCH.md 2026-12-02), a merge buffer that fits
+  // (ClusterMergeFits) and at least one token tile per split.
+  if ((arch.major == 9 || arch.major == 10) &&
+      sparse_mla::ClusterMergeFits(DecodeShapeFor(spec, tiling)) &&
+      spec.topk() >= static_cast<uint64_t>(sparse_mla::kClusterSplits) * tiling.token_tile()) {
+    path.set_cluster_entry(kClusterEntry);
+    path.set_cluster_splits(sparse_mla::kClusterSplits);
+  }
   *path.mutable_tiling() = std::move(tiling);
   return path;
 }
@@ -327,6 +338,15 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
   if (with_small) traits("SmallBatchTraits", small.tiling());
   main_entry("Traits", kMainEntry);
   if (with_small) main_entry("SmallBatchTraits", kSmallBatchEntry);
+  if (with_small && !small.cluster_entry().empty()) {
+    absl::StrAppendFormat(&src,
+                          "extern \"C\" __global__ void __cluster_dims__(1, %d, 1)\n"
+                          "__launch_bounds__(SmallBatchTraits::kThreads, 1)\n"
+                          "%s(const ks::DecodeParams p) {\n"
+                          "  ks::DecodeMain<SmallBatchTraits, %d>(p);\n"
+                          "}\n\n",
+                          small.cluster_splits(), kClusterEntry, small.cluster_splits());
+  }
   absl::StrAppendFormat(&src,
                         "extern \"C\" __global__ void __launch_bounds__(ks::kCombineWarps * 32)\n"
                         "%s(const ks::CombineParams p) {\n"

@@ -16,6 +16,9 @@ inline constexpr char kMainEntry[] = "sparse_mla_decode_main";
 inline constexpr char kCombineEntry[] = "sparse_mla_decode_combine";
 // The small-batch main kernel (v1::SmallBatchPath), where a module has one.
 inline constexpr char kSmallBatchEntry[] = "sparse_mla_decode_small";
+// The small-batch tiling as a thread-block cluster of the splits, merged in
+// the kernel (v1::SmallBatchPath.cluster_entry; sm_90+ only).
+inline constexpr char kClusterEntry[] = "sparse_mla_decode_cluster";
 
 // A CTA shape asked for by hand (`kforge compile --tiling`), so a sweep can
 // measure shapes the planner does not pick. All zero: none.

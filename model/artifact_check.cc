@@ -52,8 +52,9 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
   std::vector<std::pair<const std::string*, uint32_t>> entries = {
       {&artifact.main_entry(), artifact.params_bytes()},
       {&artifact.combine_entry(), artifact.combine_params_bytes()}};
-  if (!artifact.small_batch().entry().empty()) {
-    entries.emplace_back(&artifact.small_batch().entry(), artifact.params_bytes());
+  for (const std::string* small :
+       {&artifact.small_batch().entry(), &artifact.small_batch().cluster_entry()}) {
+    if (!small->empty()) entries.emplace_back(small, artifact.params_bytes());
   }
   for (const auto& [name, params_bytes] : entries) {
     const v1::KernelResources* entry = FindEntry(*info, *name);

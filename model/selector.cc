@@ -30,6 +30,10 @@ absl::Status ValidateInputs(const v1::Manifest& manifest, const DeviceInfo& devi
   if (device.sm_count < 1) {
     return Invalid("device.sm_count", absl::StrCat("must be >= 1, got ", device.sm_count));
   }
+  if (device.max_active_clusters < 0) {
+    return Invalid("device.max_active_clusters",
+                   absl::StrCat("must be >= 0, got ", device.max_active_clusters));
+  }
   struct Positive {
     const char* name;
     int value;
@@ -122,6 +126,14 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
                        static_cast<uint32_t>(num_tokens) <= v.small_batch().max_tokens();
     const v1::KernelTiling& tiling = small ? v.small_batch().tiling() : v.tiling();
     const v1::LaunchRule& launch = small ? v.small_batch().launch() : v.launch();
+    if (small && !v.small_batch().cluster_entry().empty() &&
+        v.small_batch().cluster_splits() != static_cast<uint32_t>(sparse_mla::kClusterSplits)) {
+      return Invalid(
+          absl::StrCat("manifest.variants[", index, "].small_batch.cluster_splits"),
+          absl::StrCat("got ", v.small_batch().cluster_splits(),
+                       "; the cluster entry is compiled for ", sparse_mla::kClusterSplits,
+                       " (templates/kforge/sparse_mla/config.h kClusterSplits)"));
+    }
     if (tiling.num_head_groups() == 0 || launch.block_threads() == 0) {
       return Invalid(absl::StrCat("manifest.variants[", index, "]", small ? ".small_batch" : ""),
                      "tiling.num_head_groups and launch.block_threads must be > 0");
@@ -143,6 +155,22 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
       sel.num_splits = device.forced_num_splits;
     } else {
       sel.num_splits = NumSplits(v.spec(), tiling, launch, sel.num_tokens, device.sm_count);
+      // The cluster entry (SmallBatchPath.cluster_entry) replaces the split
+      // and the combine where the rule splits exactly cluster_splits ways
+      // (fewer splits in a cluster cost more than the combine: fp8 8 x 1 on
+      // the H200 ran 13.7 us as 16 merged splits, 11.9 as 32 + combine) and
+      // its clusters fit the device at once (8 of 16 CTAs on a 7-cluster
+      // H200 ran 19.9 us against 14.1 for split + combine; BENCH.md
+      // 2026-12-02). A forced split count always runs split + combine.
+      const uint32_t cluster = v.small_batch().cluster_splits();
+      if (small && !v.small_batch().cluster_entry().empty() &&
+          static_cast<uint32_t>(sel.num_splits) == cluster &&
+          static_cast<long long>(tiling.num_head_groups()) * num_tokens <=
+              device.max_active_clusters) {
+        sel.cluster = true;
+        sel.main_entry = &v.small_batch().cluster_entry();
+        sel.num_splits = static_cast<int>(cluster);
+      }
     }
     sel.tokens_per_split = TokensPerSplit(v.spec(), launch, sel.num_splits);
     if (sel.num_splits > kMaxGridYZ) {
@@ -154,7 +182,7 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
     sel.grid_z = static_cast<uint32_t>(sel.num_tokens);
     sel.block_threads = launch.block_threads();
     sel.dynamic_smem_bytes = launch.dynamic_smem_bytes();
-    sel.needs_combine = sel.num_splits > 1;
+    sel.needs_combine = sel.num_splits > 1 && !sel.cluster;
     if (sel.needs_combine) {
       const uint32_t warps = launch.combine_block_threads() / 32;
       if (warps == 0) {
@@ -197,20 +225,26 @@ std::string DescribeSelection(const Selection& sel) {
       "  supports       heads %d, dtype %s, topk %d, page size %d\n"
       "  tokens         %d (batch * s_q)\n"
       "  splits         %d (%d keys each)\n"
-      "  main           %s%s grid (%u, %u, %u) block %u dynamic smem %u B\n",
+      "  main           %s%s%s grid (%u, %u, %u) block %u dynamic smem %u B\n",
       sel.variant_index, v.module_name(), v.key(), v.spec().num_q_heads(),
       KvDtypeName(v.spec().kv_cache_dtype()), v.spec().topk(), v.spec().page_block_size(),
       sel.num_tokens, sel.num_splits, sel.tokens_per_split,
       sel.main_entry != nullptr ? *sel.main_entry : v.main_entry(),
-      sel.small_batch ? " (small-batch path)" : "", sel.grid_x, sel.grid_y, sel.grid_z,
-      sel.block_threads, sel.dynamic_smem_bytes);
+      sel.small_batch ? " (small-batch path)" : "",
+      sel.cluster
+          ? absl::StrFormat(" (clusters of %d splits, merged in the kernel)", sel.num_splits)
+          : std::string(),
+      sel.grid_x, sel.grid_y, sel.grid_z, sel.block_threads, sel.dynamic_smem_bytes);
   if (sel.needs_combine) {
     absl::StrAppend(&out, absl::StrFormat("  combine        %s grid (%u, %u) block %u\n"
                                           "  workspace      %u B\n",
                                           v.combine_entry(), sel.combine_grid_x, sel.combine_grid_y,
                                           sel.combine_block_threads, sel.workspace_bytes));
   } else {
-    absl::StrAppend(&out, "  combine        none (one split)\n  workspace      0 B\n");
+    absl::StrAppend(&out,
+                    sel.cluster ? "  combine        none (merged in the cluster)\n"
+                                : "  combine        none (one split)\n",
+                    "  workspace      0 B\n");
   }
   return out;
 }

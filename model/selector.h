@@ -18,6 +18,11 @@ struct DeviceInfo {
   // MaxSplits (model/launch.h), for tests and sweeps that must exercise the
   // combine kernel at a given count; InvalidArgument outside that range.
   int forced_num_splits = 0;
+  // Thread-block clusters of the small-batch path's cluster entry
+  // (SmallBatchPath.cluster_entry) the device runs at once, as the loader
+  // read it (cuOccupancyMaxActiveClusters; 7 on the H200); 0: unknown, or
+  // the device cannot run it, so the cluster entry is never chosen.
+  int max_active_clusters = 0;
 };
 
 // One decode call's shape.
@@ -37,6 +42,9 @@ struct Selection {
   // The variant's small-batch path (v1::SmallBatchPath) was chosen: its
   // entry, tiling and launch rule give everything below.
   bool small_batch = false;
+  // main_entry is the small-batch path's cluster entry: num_splits CTAs per
+  // cluster merge in the kernel, so no combine and no workspace.
+  bool cluster = false;
   const std::string* main_entry = nullptr;  // the main kernel to launch (into the manifest)
   const v1::LaunchRule* launch = nullptr;   // its launch rule (into the manifest)
   int num_tokens = 0;                       // batch * s_q
@@ -45,7 +53,7 @@ struct Selection {
   uint32_t grid_x = 0, grid_y = 0, grid_z = 0;  // head groups, splits, tokens
   uint32_t block_threads = 0;
   uint32_t dynamic_smem_bytes = 0;
-  bool needs_combine = false;  // num_splits > 1
+  bool needs_combine = false;  // num_splits > 1 and not cluster
   uint32_t combine_grid_x = 0, combine_grid_y = 0, combine_block_threads = 0;
   int combine_column_slices = 0;  // warps per (token, head); 0 without combine
   uint64_t workspace_bytes = 0;   // 0 when !needs_combine

@@ -52,6 +52,8 @@ absl::Status Resolve(PFN_cuGetProcAddress_v12000 get_proc, CudaDriverApi& api) {
       {"cuLibraryUnload", slot(api.LibraryUnload)},
       {"cuLibraryGetKernel", slot(api.LibraryGetKernel)},
       {"cuKernelSetAttribute", slot(api.KernelSetAttribute)},
+      {"cuKernelGetFunction", slot(api.KernelGetFunction)},
+      {"cuOccupancyMaxActiveClusters", slot(api.OccupancyMaxActiveClusters)},
       {"cuLaunchKernel", slot(api.LaunchKernel)},
       {"cuLaunchKernelEx", slot(api.LaunchKernelEx)},
       {"cuMemAlloc", slot(api.MemAlloc)},

@@ -56,6 +56,9 @@ struct CudaDriverApi {
   PFN_cuLibraryUnload_v12000 LibraryUnload = nullptr;
   PFN_cuLibraryGetKernel_v12000 LibraryGetKernel = nullptr;
   PFN_cuKernelSetAttribute_v12000 KernelSetAttribute = nullptr;
+  PFN_cuKernelGetFunction_v12000 KernelGetFunction = nullptr;
+  // How many of a cluster kernel's clusters fit the device at once.
+  PFN_cuOccupancyMaxActiveClusters_v11070 OccupancyMaxActiveClusters = nullptr;
   PFN_cuLaunchKernel_v4000 LaunchKernel = nullptr;
   // With the programmatic-stream-serialization attribute (sm_90+).
   PFN_cuLaunchKernelEx_v11060 LaunchKernelEx = nullptr;

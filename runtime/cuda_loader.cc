@@ -74,8 +74,10 @@ absl::Status CheckParamSizes(const v1::KernelArtifact& artifact) {
       !s.ok()) {
     return s;
   }
-  if (const std::string& small = artifact.small_batch().entry(); !small.empty()) {
-    if (absl::Status s = CheckEntryParams(artifact, small, sizeof(DecodeParams), "DecodeParams");
+  for (const std::string* small :
+       {&artifact.small_batch().entry(), &artifact.small_batch().cluster_entry()}) {
+    if (small->empty()) continue;
+    if (absl::Status s = CheckEntryParams(artifact, *small, sizeof(DecodeParams), "DecodeParams");
         !s.ok()) {
       return s;
     }
@@ -122,6 +124,10 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   module->main_entry_ = artifact.main_entry();
   module->combine_entry_ = artifact.combine_entry();
   module->small_entry_ = artifact.small_batch().entry();
+  module->cluster_entry_ = artifact.small_batch().cluster_entry();
+  module->cluster_dims_ = {artifact.small_batch().tiling().num_head_groups(),
+                           artifact.small_batch().cluster_splits(), 1,
+                           artifact.small_batch().launch().block_threads(), small_smem};
   module->programmatic_ = *major >= 9;
   const std::string& name = module->module_name_;
   if (absl::Status s = cu.Check(cu.LibraryLoadData(&module->library_, artifact.cubin().data(),
@@ -132,8 +138,9 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   }
   for (auto [entry, kernel] : {std::pair{&module->main_entry_, &module->main_},
                                std::pair{&module->combine_entry_, &module->combine_},
-                               std::pair{&module->small_entry_, &module->small_}}) {
-    if (entry->empty()) continue;  // no small-batch path
+                               std::pair{&module->small_entry_, &module->small_},
+                               std::pair{&module->cluster_entry_, &module->cluster_}}) {
+    if (entry->empty()) continue;  // no small-batch path or cluster entry
     if (absl::Status s = cu.Check(cu.LibraryGetKernel(kernel, module->library_, entry->c_str()),
                                   absl::StrCat("cuLibraryGetKernel(", name, ", ", *entry, ")"));
         !s.ok()) {
@@ -142,7 +149,8 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   }
   // Above 48 KB a kernel must opt into its dynamic shared memory, per device.
   for (auto [kernel, bytes] :
-       {std::pair{module->main_, smem}, std::pair{module->small_, small_smem}}) {
+       {std::pair{module->main_, smem}, std::pair{module->small_, small_smem},
+        std::pair{module->cluster_, small_smem}}) {
     if (kernel == nullptr) continue;
     if (absl::Status s =
             cu.Check(cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -153,7 +161,38 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
       return s;
     }
   }
+  // Clusters past the portable 8 CTAs (the cluster entry's size is
+  // compiled in) launch only once the kernel opts in; a device that refuses
+  // runs none of them (MaxActiveClusters answers 0).
+  if (module->cluster_ != nullptr &&
+      cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1,
+                            module->cluster_, device) != CUDA_SUCCESS) {
+    module->cluster_ = nullptr;
+  }
   return module;
+}
+
+absl::StatusOr<int> CudaKernelModule::MaxActiveClusters() const {
+  if (cluster_ == nullptr) return 0;
+  CUfunction function = nullptr;
+  if (absl::Status s =
+          cu_.Check(cu_.KernelGetFunction(&function, cluster_),
+                    absl::StrCat("cuKernelGetFunction(", module_name_, ", ", cluster_entry_, ")"));
+      !s.ok()) {
+    return s;
+  }
+  CUlaunchConfig config{};
+  config.gridDimX = cluster_dims_.grid_x;
+  config.gridDimY = cluster_dims_.grid_y;
+  config.gridDimZ = 1;
+  config.blockDimX = cluster_dims_.block_threads;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = cluster_dims_.dynamic_smem_bytes;
+  int clusters = 0;
+  // A driver that cannot say: none (the selector then never picks it).
+  if (cu_.OccupancyMaxActiveClusters(&clusters, function, &config) != CUDA_SUCCESS) return 0;
+  return clusters;
 }
 
 CudaKernelModule::~CudaKernelModule() {
@@ -194,15 +233,19 @@ absl::Status CudaKernelModule::Launch(CUkernel kernel, std::string_view entry, v
 }
 
 absl::Status CudaKernelModule::LaunchMain(const sparse_mla::DecodeParams& params,
-                                          const LaunchDims& dims, bool small_batch,
+                                          const LaunchDims& dims, std::string_view entry,
                                           CUstream stream) const {
-  if (small_batch && small_ == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(module_name_, " has no small-batch kernel; the plan asked for one"));
+  CUkernel kernel = nullptr;
+  for (auto [name, k] : {std::pair{&main_entry_, main_}, std::pair{&small_entry_, small_},
+                         std::pair{&cluster_entry_, cluster_}}) {
+    if (k != nullptr && *name == entry) kernel = k;
+  }
+  if (kernel == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(module_name_, " has no main kernel named '",
+                                                      AsAbsl(entry), "'; the plan asked for it"));
   }
   // cuLaunchKernel copies the parameter block; the const_cast never writes.
-  return Launch(small_batch ? small_ : main_, small_batch ? small_entry_ : main_entry_,
-                const_cast<sparse_mla::DecodeParams*>(&params), dims, stream);
+  return Launch(kernel, entry, const_cast<sparse_mla::DecodeParams*>(&params), dims, stream);
 }
 
 absl::Status CudaKernelModule::LaunchCombine(const sparse_mla::CombineParams& params,

@@ -56,12 +56,19 @@ class CudaKernelModule {
 
   // Enqueue one kernel on `stream`, in the stream's context (the current
   // context for the null stream). Errors name the module and entry.
-  // small_batch: the module's small-batch main kernel (v1::SmallBatchPath)
-  // instead of its throughput one; FailedPrecondition if it has none.
+  // entry: the main kernel the plan names (Selection::main_entry): the
+  // throughput one, or the small-batch path's (v1::SmallBatchPath) entry or
+  // cluster entry; FailedPrecondition if the module has no such kernel.
   absl::Status LaunchMain(const sparse_mla::DecodeParams& params, const LaunchDims& dims,
-                          bool small_batch, CUstream stream) const;
+                          std::string_view entry, CUstream stream) const;
   absl::Status LaunchCombine(const sparse_mla::CombineParams& params, const LaunchDims& dims,
                              CUstream stream) const;
+
+  // How many clusters of the small-batch path's cluster entry the device
+  // runs at once (cuOccupancyMaxActiveClusters; the selector's
+  // DeviceInfo::max_active_clusters); 0 without a cluster entry. Needs the
+  // module's context current.
+  absl::StatusOr<int> MaxActiveClusters() const;
 
   const std::string& module_name() const { return module_name_; }
   const std::string& key() const { return key_; }
@@ -75,11 +82,14 @@ class CudaKernelModule {
   const CudaDriver& cu_;
   std::string module_name_;
   std::string key_;
-  std::string main_entry_, combine_entry_, small_entry_;
+  std::string main_entry_, combine_entry_, small_entry_, cluster_entry_;
+  LaunchDims cluster_dims_;  // one cluster of the cluster entry
   CUlibrary library_ = nullptr;
   CUkernel main_ = nullptr;
   CUkernel combine_ = nullptr;
-  CUkernel small_ = nullptr;  // null without a small-batch path
+  CUkernel small_ = nullptr;    // null without a small-batch path
+  CUkernel cluster_ = nullptr;  // null without its cluster entry, or where the
+                                // device refused its cluster size
   // sm_90+: kernels are launched with programmatic stream serialization
   // (ptx::WaitForPriorGrids in the templates), so each is scheduled while
   // the one before it in the stream finishes.

@@ -117,6 +117,13 @@ absl::StatusOr<const CudaKernelModule*> SparseMlaDecode::KernelFor(
   if (!module.ok()) return module.status();
   const CudaKernelModule* loaded = module->get();
   modules_.emplace(variant.key(), *std::move(module));
+  if (max_active_clusters_.load() == 0) {
+    ScopedCudaContext scope(cu_, context_);
+    if (!scope.status().ok()) return scope.status();
+    absl::StatusOr<int> clusters = loaded->MaxActiveClusters();
+    if (!clusters.ok()) return clusters.status();
+    max_active_clusters_.store(*clusters);
+  }
   return loaded;
 }
 
@@ -168,7 +175,7 @@ absl::Status SparseMlaDecode::Reserve(int max_tokens) {
 absl::StatusOr<Selection> SparseMlaDecode::Plan(const DecodeArgs& args) const {
   absl::StatusOr<RuntimeShape> shape = ValidateDecodeArgs(args, manifest_);
   if (!shape.ok()) return shape.status();
-  return Select(manifest_, DeviceInfo{arch_, sm_count_}, *shape);
+  return Select(manifest_, DeviceInfo{arch_, sm_count_, 0, max_active_clusters_.load()}, *shape);
 }
 
 absl::Status SparseMlaDecode::Run(const DecodeArgs& args, CUstream stream) {
@@ -177,8 +184,17 @@ absl::Status SparseMlaDecode::Run(const DecodeArgs& args, CUstream stream) {
   // which a concurrent Run could otherwise grow (and free) in between.
   absl::StatusOr<Selection> sel = Plan(args);
   if (!sel.ok()) return sel.status();
+  const int clusters = max_active_clusters_.load();
   absl::StatusOr<const CudaKernelModule*> module = KernelFor(*sel->variant);
   if (!module.ok()) return module.status();
+  if (max_active_clusters_.load() != clusters) {
+    // The first load of a module with a cluster entry told how many of its
+    // clusters the device runs: plan again knowing it.
+    sel = Plan(args);
+    if (!sel.ok()) return sel.status();
+    module = KernelFor(*sel->variant);
+    if (!module.ok()) return module.status();
+  }
   ScopedCudaContext scope(cu_, context_);
   if (!scope.status().ok()) return scope.status();
   if (sel->workspace_bytes > workspace_bytes_) {
@@ -197,7 +213,7 @@ absl::Status SparseMlaDecode::Run(const DecodeArgs& args, CUstream stream) {
     if (absl::Status s = GrowWorkspace(sel->workspace_bytes); !s.ok()) return s;
   }
   if (absl::Status s = (*module)->LaunchMain(MakeDecodeParams(*sel, args, workspace_),
-                                             MainLaunchDims(*sel), sel->small_batch, stream);
+                                             MainLaunchDims(*sel), *sel->main_entry, stream);
       !s.ok()) {
     return s;
   }

@@ -14,6 +14,7 @@
 //
 // examples/sparse_mla_decode_example.cc is a complete program.
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -107,6 +108,9 @@ class SparseMlaDecode {
   std::string arch_;
   int sm_count_ = 0;
   v1::Manifest manifest_;
+  // DeviceInfo::max_active_clusters: learnt from the first loaded module
+  // with a cluster entry (CudaKernelModule::MaxActiveClusters); 0 before.
+  std::atomic<int> max_active_clusters_{0};
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<CudaKernelModule>> modules_

@@ -17,10 +17,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "bundle/kernel_source.h"
+#include "compiler/codegen.h"
 #include "compiler/compiler.h"
 #include "compiler/manifest.h"
 #include "gtest/gtest.h"
 #include "model/launch.h"
+#include "model/launch_plan.h"
 #include "model/selector.h"
 #include "model/spec.h"
 #include "runtime/cuda_driver.h"
@@ -451,19 +453,43 @@ DecodeArgs PaddedArgs(int batch) {
 }
 
 // What SparseMlaDecode::Plan does on a 132-SM H200.
-absl::StatusOr<Selection> PlanOnH200(const v1::Manifest& m, const DecodeArgs& args) {
+// forced_num_splits 0: the rule's split count; the H200's 7 clusters.
+absl::StatusOr<Selection> PlanOnH200(const v1::Manifest& m, const DecodeArgs& args,
+                                     int forced_num_splits = 0) {
   absl::StatusOr<RuntimeShape> shape = ValidateDecodeArgs(args, m);
   if (!shape.ok()) return shape.status();
-  return Select(m, DeviceInfo{"sm_90a", 132}, *shape);
+  return Select(m, DeviceInfo{"sm_90a", 132, forced_num_splits, 7}, *shape);
+}
+
+TEST(MakeDecodeParams, ClusterLaunchHasNoWorkspaceOrCombine) {
+  const v1::Manifest m = ManifestFor(Glm5Tp8(), "sm_90a");
+  const DecodeArgs args = PaddedArgs(2);
+  absl::StatusOr<Selection> sel = PlanOnH200(m, args);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  ASSERT_TRUE(sel->cluster);
+  EXPECT_FALSE(sel->needs_combine);
+  EXPECT_EQ(sel->workspace_bytes, 0u);
+  const sparse_mla::DecodeParams p = MakeDecodeParams(*sel, args, 0x70000000);
+  EXPECT_EQ(p.o_accum, nullptr);
+  EXPECT_EQ(p.lse_accum, nullptr);
+  EXPECT_EQ(p.num_splits, sparse_mla::kClusterSplits);
+  EXPECT_EQ(p.tokens_per_split, 2048 / sparse_mla::kClusterSplits);
+  EXPECT_EQ(reinterpret_cast<CUdeviceptr>(p.out), args.out);
+  // The plan a binding launches names the cluster entry.
+  const v1::LaunchPlan plan = ToLaunchPlan(*sel);
+  EXPECT_TRUE(plan.cluster());
+  EXPECT_EQ(plan.main_entry(), kClusterEntry);
+  EXPECT_EQ(plan.grid_y(), static_cast<uint32_t>(sparse_mla::kClusterSplits));
 }
 
 TEST(MakeDecodeParams, SplitLaunchUsesTheWorkspaceLayout) {
   const v1::Manifest m = ManifestFor(Glm5Tp8(), "sm_90a");
   const DecodeArgs args = PaddedArgs(2);
-  absl::StatusOr<Selection> sel = PlanOnH200(m, args);
+  // 8 heads, 2 tokens, 16 splits forced (the rule itself would take the
+  // cluster entry, which needs no workspace: the next test).
+  absl::StatusOr<Selection> sel = PlanOnH200(m, args, 16);
   ASSERT_TRUE(sel.ok()) << sel.status();
-  // 8 heads, 2 tokens on 132 SMs: the top-k range is split.
-  ASSERT_GT(sel->num_splits, 1);
+  ASSERT_EQ(sel->num_splits, 16);
   ASSERT_TRUE(sel->needs_combine);
 
   const CUdeviceptr ws = 0x70000000;

@@ -48,7 +48,7 @@ RuntimeShape ShapeFor(const v1::AttentionSpec& spec, int batch, int s_q) {
 
 // Everything the launch rule promises about a selection.
 void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeShape& shape,
-                    int sm_count) {
+                    int sm_count, int max_active_clusters = 0) {
   ASSERT_NE(sel.variant, nullptr);
   ASSERT_GE(sel.variant_index, 0);
   ASSERT_LT(sel.variant_index, m.variants_size());
@@ -60,14 +60,25 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   EXPECT_EQ(sel.small_batch, small);
   const v1::KernelTiling& t = small ? v.small_batch().tiling() : v.tiling();
   const v1::LaunchRule& l = small ? v.small_batch().launch() : v.launch();
+  // The cluster entry where the small-batch rule splits exactly
+  // cluster_splits ways and its clusters fit the device at once.
+  const int rule_splits = NumSplits(v.spec(), t, l, shape.batch * shape.s_q, sm_count);
+  const bool cluster =
+      small && !v.small_batch().cluster_entry().empty() &&
+      rule_splits == static_cast<int>(v.small_batch().cluster_splits()) &&
+      static_cast<long long>(t.num_head_groups()) * shape.batch * shape.s_q <= max_active_clusters;
+  EXPECT_EQ(sel.cluster, cluster);
   ASSERT_NE(sel.main_entry, nullptr);
-  EXPECT_EQ(*sel.main_entry, small ? v.small_batch().entry() : v.main_entry());
+  EXPECT_EQ(*sel.main_entry, cluster ? v.small_batch().cluster_entry()
+                             : small ? v.small_batch().entry()
+                                     : v.main_entry());
   EXPECT_EQ(sel.launch, &l);
   EXPECT_EQ(v.spec().s_q(), 0u);  // not part of the kernel: any s_q fits
   EXPECT_EQ(v.spec().num_q_heads(), static_cast<uint32_t>(shape.num_q_heads));
   EXPECT_EQ(sel.num_tokens, shape.batch * shape.s_q);
   EXPECT_GE(sel.num_splits, 1);
-  EXPECT_EQ(sel.num_splits, NumSplits(v.spec(), t, l, sel.num_tokens, sm_count));
+  EXPECT_EQ(sel.num_splits,
+            cluster ? static_cast<int>(v.small_batch().cluster_splits()) : rule_splits);
   EXPECT_EQ(sel.tokens_per_split, TokensPerSplit(v.spec(), l, sel.num_splits));
   EXPECT_EQ(sel.tokens_per_split % l.split_granularity_tokens(), 0u);
   EXPECT_GE(static_cast<long long>(sel.tokens_per_split) * sel.num_splits, v.spec().topk());
@@ -89,7 +100,7 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   EXPECT_EQ(sel.dynamic_smem_bytes, l.dynamic_smem_bytes());
   EXPECT_GT(sel.dynamic_smem_bytes, 0u);
   // Combine and workspace.
-  EXPECT_EQ(sel.needs_combine, sel.num_splits > 1);
+  EXPECT_EQ(sel.needs_combine, sel.num_splits > 1 && !cluster);
   EXPECT_EQ(sel.workspace_bytes == 0, !sel.needs_combine);
   if (sel.needs_combine) {
     EXPECT_EQ(sel.combine_grid_x, static_cast<uint32_t>(sel.num_tokens));
@@ -139,7 +150,7 @@ TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
     if (sel->small_batch == previous_small) EXPECT_LE(sel->num_splits, previous_splits);
     EXPECT_TRUE(previous_small || !sel->small_batch);
     if (batch == 1) {
-      EXPECT_TRUE(sel->needs_combine);
+      EXPECT_TRUE(sel->needs_combine);  // no cluster capacity given: split + combine
     }
     previous_splits = sel->num_splits;
     previous_small = sel->small_batch;
@@ -197,6 +208,105 @@ TEST(Select, SmallBatchPathUpToItsMaxTokens) {
   absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, "sm_120a");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_FALSE(m->variants(0).has_small_batch());
+}
+
+// sm_90+: the small-batch path's cluster entry merges the splits in the
+// kernel wherever the rule would split at least kClusterSplits ways; a
+// forced split count, and archs without clusters, run split + combine.
+TEST(Select, ClusterEntryReplacesSplitAndCombine) {
+  constexpr int kH200Clusters = 7;  // 16-CTA clusters on the H200 (BENCH.md)
+  for (const char* arch : {"sm_90a", "sm_100a"}) {
+    SCOPED_TRACE(arch);
+    const v1::Manifest m = MakeManifest("glm-5", 1, arch);  // 64 heads: 4 groups
+    const v1::SmallBatchPath& small = m.variants(0).small_batch();
+    EXPECT_EQ(small.cluster_entry(), kClusterEntry);
+    EXPECT_EQ(small.cluster_splits(), static_cast<uint32_t>(sparse_mla::kClusterSplits));
+    const RuntimeShape shape = ShapeFor(m.variants(0).spec(), 1, 1);
+    const DeviceInfo device{arch, kSms, 0, kH200Clusters};
+    absl::StatusOr<Selection> sel = Select(m, device, shape);
+    ASSERT_TRUE(sel.ok()) << sel.status();
+    EXPECT_TRUE(sel->cluster);
+    EXPECT_EQ(*sel->main_entry, kClusterEntry);
+    EXPECT_EQ(sel->num_splits, sparse_mla::kClusterSplits);
+    EXPECT_EQ(sel->grid_y, static_cast<uint32_t>(sparse_mla::kClusterSplits));
+    EXPECT_EQ(sel->tokens_per_split, 2048 / sparse_mla::kClusterSplits);
+    EXPECT_FALSE(sel->needs_combine);
+    EXPECT_EQ(sel->workspace_bytes, 0u);
+    EXPECT_NE(DescribeSelection(*sel).find("merged in the kernel"), std::string::npos);
+    CheckSelection(m, *sel, shape, kSms, kH200Clusters);
+    // Unknown capacity (0): split + combine.
+    absl::StatusOr<Selection> unknown = Select(m, DeviceInfo{arch, kSms}, shape);
+    ASSERT_TRUE(unknown.ok()) << unknown.status();
+    EXPECT_FALSE(unknown->cluster);
+    EXPECT_TRUE(unknown->needs_combine);
+    // Forced: split + combine at exactly that count, never the cluster.
+    for (int forced : {1, 8, 16}) {
+      absl::StatusOr<Selection> f = Select(m, DeviceInfo{arch, kSms, forced, kH200Clusters}, shape);
+      ASSERT_TRUE(f.ok()) << f.status();
+      EXPECT_FALSE(f->cluster);
+      EXPECT_EQ(*f->main_entry, small.entry());
+      EXPECT_EQ(f->num_splits, forced);
+      EXPECT_EQ(f->needs_combine, forced > 1);
+    }
+    // 4 groups x 2 tokens = 8 clusters > 7 at once: split + combine.
+    const RuntimeShape two = ShapeFor(m.variants(0).spec(), 2, 1);
+    absl::StatusOr<Selection> wide = Select(m, device, two);
+    ASSERT_TRUE(wide.ok()) << wide.status();
+    EXPECT_FALSE(wide->cluster);
+    CheckSelection(m, *wide, two, kSms, kH200Clusters);
+    // ... unless the device holds 8.
+    absl::StatusOr<Selection> roomy = Select(m, DeviceInfo{arch, kSms, 0, 8}, two);
+    ASSERT_TRUE(roomy.ok()) << roomy.status();
+    EXPECT_TRUE(roomy->cluster);
+  }
+  // A rule that splits more ways than the cluster (fp8, one head group: 32
+  // one-tile splits) keeps split + combine.
+  absl::StatusOr<v1::AttentionSpec> fp8 = SpecFromPreset("glm-5", 8);
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  fp8->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  fp8->set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
+  absl::StatusOr<v1::Manifest> fm = BuildManifest(KernelCompiler(), *fp8, "sm_90a");
+  ASSERT_TRUE(fm.ok()) << fm.status();
+  const RuntimeShape one = ShapeFor(fm->variants(0).spec(), 1, 1);
+  absl::StatusOr<Selection> f = Select(*fm, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, one);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->num_splits, 32);
+  EXPECT_FALSE(f->cluster);
+  CheckSelection(*fm, *f, one, kSms, kH200Clusters);
+  // No 16-CTA clusters before sm_90, nor on the 99 KB Blackwell parts.
+  for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_120a", "sm_121a"}) {
+    const v1::Manifest m = MakeManifest("deepseek-v3.2", 1, arch);
+    EXPECT_TRUE(m.variants(0).small_batch().cluster_entry().empty()) << arch;
+  }
+  // A top-k shorter than a tile per split has none either.
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("deepseek-v3.2", 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->set_topk(512);
+  absl::StatusOr<v1::Manifest> short_topk = BuildManifest(KernelCompiler(), *spec, "sm_90a");
+  ASSERT_TRUE(short_topk.ok()) << short_topk.status();
+  EXPECT_TRUE(short_topk->variants(0).small_batch().cluster_entry().empty());
+  // A negative capacity is a caller's bug, named.
+  absl::StatusOr<Selection> bad =
+      Select(MakeManifest("glm-5", 1, "sm_90a"), DeviceInfo{"sm_90a", kSms, 0, -1}, one);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("device.max_active_clusters"), std::string::npos);
+}
+
+// The cluster size is compiled into the entry: a manifest that says another
+// is refused by name rather than launched with a grid that merges wrongly.
+TEST(Select, ClusterSplitsOtherThanTheTemplatesAreRefused) {
+  v1::Manifest m = MakeManifest("glm-5", 8, "sm_90a");
+  ASSERT_FALSE(m.variants(0).small_batch().cluster_entry().empty());
+  m.mutable_variants(0)->mutable_small_batch()->set_cluster_splits(sparse_mla::kClusterSplits / 2);
+  absl::StatusOr<Selection> sel =
+      Select(m, DeviceInfo{"sm_90a", kSms, 0, 7}, ShapeFor(m.variants(0).spec(), 1, 1));
+  ASSERT_FALSE(sel.ok());
+  EXPECT_EQ(sel.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(sel.status().message().find("small_batch.cluster_splits"), std::string::npos)
+      << sel.status();
+  EXPECT_NE(sel.status().message().find(absl::StrCat("got ", sparse_mla::kClusterSplits / 2)),
+            std::string::npos)
+      << sel.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPresets, SelectorTable,

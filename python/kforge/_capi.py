@@ -24,7 +24,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 2  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 3  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -35,7 +35,7 @@ _c_bytes = ctypes.POINTER(ctypes.c_uint8)
 class Device(ctypes.Structure):
     """KforgeDevice (model/selector.h DeviceInfo)."""
     _fields_ = [("arch", ctypes.c_char_p), ("sm_count", ctypes.c_int32),
-                ("forced_num_splits", ctypes.c_int32)]
+                ("forced_num_splits", ctypes.c_int32), ("max_active_clusters", ctypes.c_int32)]
 
 
 class Shape(ctypes.Structure):
@@ -244,8 +244,9 @@ def decode_pointer_modulus():
     return lib().kforge_decode_pointer_modulus()
 
 
-def device(arch, sm_count, forced_num_splits=0):
-    return Device(str(arch).encode(), int(sm_count), int(forced_num_splits or 0))
+def device(arch, sm_count, forced_num_splits=0, max_active_clusters=0):
+    return Device(str(arch).encode(), int(sm_count), int(forced_num_splits or 0),
+                  int(max_active_clusters or 0))
 
 
 # ---------------------------------------------------------------- the calls

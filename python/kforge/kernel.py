@@ -66,7 +66,8 @@ class Kernel:
         return self.artifact.module_name
 
     def _device(self, num_splits=None):
-        return Device(self.artifact.arch, self.sm_count, num_splits or 0)
+        return Device(self.artifact.arch, self.sm_count, num_splits or 0,
+                      self._loaded.max_active_clusters)
 
     def selection(self, num_tokens, num_splits=None):
         """The launch for num_tokens query tokens (the rule's split count,

@@ -88,7 +88,7 @@ class BoundPlan:
     until the launch has copied them (cuLaunchKernel copies)."""
 
     __slots__ = ("selection", "variant", "kernel", "workspace_bytes", "launch",
-                 "combine_launch", "main", "combine", "small_batch", "configs", "lock")
+                 "combine_launch", "main", "combine", "entry", "configs", "lock")
 
     def __init__(self, selection, workspace):
         p = selection.plan
@@ -98,7 +98,7 @@ class BoundPlan:
         self.workspace_bytes = p.workspace_bytes if p.needs_combine else 0
         self.launch = (p.grid_x, p.grid_y, p.grid_z, p.block_threads, 1, 1,
                        p.dynamic_smem_bytes)
-        self.small_batch = p.small_batch  # launch the module's small-batch kernel
+        self.entry = p.main_entry  # the module's main kernel to launch
         # The kernel's cuLaunchKernelEx configs (main, combine) per stream.
         self.configs = {}
         self.main = _Block("DecodeParams", p.main_params, _MAIN_FIELDS, workspace,
@@ -189,12 +189,27 @@ class PlanCache:
         plan = BoundPlan(sel, workspace)
         self._check(plan, args, workspace)
         if self._kernel_for is not None:
-            plan.kernel = self._kernel_for(sel.variant)
+            kernel = self._kernel_for(sel.variant)
+            if self.note_kernel(kernel):
+                return self._plan(key, q, kv, indices, out, lse, scale, pointers)
+            plan.kernel = kernel
         with self._lock:
             self.misses += 1
             if len(self._plans) >= self._max_plans:
                 self._plans.clear()  # signatures beyond any engine's; start over
             return self._plans.setdefault(key, plan)
+
+    def note_kernel(self, kernel):
+        """Learns the device's cluster capacity from the first loaded kernel
+        with a cluster entry (its max_active_clusters): True when that
+        changed the device, whose plans are then dropped."""
+        clusters = getattr(kernel, "max_active_clusters", 0)
+        if not clusters or self._device.max_active_clusters:
+            return False
+        with self._lock:
+            self._device.max_active_clusters = clusters
+            self._plans.clear()
+        return True
 
     def _check(self, plan, args, workspace):
         """The blocks bind() writes for other pointers of the same classes

@@ -316,27 +316,53 @@ class LoadedKernel:
                                                            None, None, 0),
                                   f"cuLibraryLoadData({name})")
         dev = _cu_check(cu, cu.cuDeviceGet(device_index), f"cuDeviceGet({device_index})")
-        small = artifact.small_batch  # entry "" when the module has none
-        names = [artifact.main_entry, artifact.combine_entry] + (
-            [small.entry] if small.entry else [])
+        small = artifact.small_batch  # entries "" when the module has none
+        # (entry, dynamic smem to opt into; None: the combine's, none).
+        named = [(artifact.main_entry, artifact.launch.dynamic_smem_bytes),
+                 (artifact.combine_entry, None)] + [
+                     (entry, small.launch.dynamic_smem_bytes)
+                     for entry in (small.entry, small.cluster_entry) if entry]
+        names = [entry for entry, _ in named]
         entries = [_cu_check(cu, cu.cuLibraryGetKernel(self._library, entry.encode()),
                              f"cuLibraryGetKernel({name}, {entry})")
                    for entry in names]
-        smem = [artifact.launch.dynamic_smem_bytes, None, small.launch.dynamic_smem_bytes]
+        smem = [nbytes for _, nbytes in named]
         for kernel, nbytes in zip(entries, smem):
             if nbytes is None:
                 continue
             _cu_check(cu, cu.cuKernelSetAttribute(
                 cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 nbytes, kernel, dev), f"cuKernelSetAttribute({name}, max dynamic smem {nbytes})")
+        # Clusters past the portable 8 CTAs (the cluster entry's size is
+        # compiled in) launch only once the kernel opts in; a device that
+        # refuses runs none of them (max_active_clusters 0 below).
+        cluster_ok = bool(small.cluster_entry) and cu.cuKernelSetAttribute(
+            cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+            1, entries[names.index(small.cluster_entry)], dev)[0] == cu.CUresult.CUDA_SUCCESS
         # Bound to the current context: the caller made the device current.
         functions = [_cu_check(cu, cu.cuKernelGetFunction(k), f"cuKernelGetFunction({name})")
                      for k in entries]
-        self.main, self.combine = functions[:2]
-        # The small-batch main kernel (SmallBatchPath), launched for plans
-        # with small_batch set.
-        self.small = functions[2] if small.entry else None
+        self.combine = functions[1]
+        # The main kernels by entry name (the throughput one, and the
+        # small-batch path's entry and cluster entry where the module has
+        # them): a plan launches the one its main_entry names.
+        self._mains = {entry: f for entry, f in zip(names, functions) if entry != names[1]}
         self.name = name
+        # How many of the cluster entry's clusters this GPU runs at once (0:
+        # none, no such entry, or the driver would not say): the selector's
+        # Device.max_active_clusters.
+        self.max_active_clusters = 0
+        if cluster_ok:
+            config = cu.CUlaunchConfig()
+            (config.gridDimX, config.gridDimY, config.gridDimZ) = (
+                small.tiling.num_head_groups, small.cluster_splits, 1)
+            (config.blockDimX, config.blockDimY, config.blockDimZ) = (
+                small.launch.block_threads, 1, 1)
+            config.sharedMemBytes = small.launch.dynamic_smem_bytes
+            config.numAttrs = 0
+            err, clusters = cu.cuOccupancyMaxActiveClusters(self._mains[small.cluster_entry],
+                                                            config)
+            self.max_active_clusters = int(clusters) if err == cu.CUresult.CUDA_SUCCESS else 0
         # sm_90+: launched with programmatic stream serialization (the
         # templates' WaitForPriorGrids), as the C++ runtime does, so each
         # kernel is scheduled while the one before it finishes.
@@ -348,7 +374,7 @@ class LoadedKernel:
         """Enqueues a Selection made by plan_decode on `stream` (a
         cudaStream_t as an int): the main kernel, then the combine."""
         p = sel.plan
-        self._launch(self._main_for(p), (p.grid_x, p.grid_y, p.grid_z), p.block_threads,
+        self._launch(self._main_for(p.main_entry), (p.grid_x, p.grid_y, p.grid_z), p.block_threads,
                      p.dynamic_smem_bytes, p.main_params, stream)
         if p.needs_combine:
             self._launch(self.combine, (p.combine_grid_x, p.combine_grid_y, 1),
@@ -363,7 +389,7 @@ class LoadedKernel:
             if len(self._streams) > 64:
                 self._streams.clear()
             handle = self._streams[stream] = cu.CUstream(stream)
-        main = self._main_for(plan)
+        main = self._main_for(plan.entry)
         if self._programmatic:
             configs = plan.configs.get(stream)
             if configs is None:
@@ -406,14 +432,13 @@ class LoadedKernel:
         config.numAttrs = 1
         return config
 
-    def _main_for(self, plan):
-        """The main kernel a LaunchPlan names (small_batch: the small-batch
-        one)."""
-        if not plan.small_batch:
-            return self.main
-        if self.small is None:
-            raise KforgeError(f"{self.name} has no small-batch kernel; the plan asked for one")
-        return self.small
+    def _main_for(self, entry):
+        """The main kernel named `entry` (a LaunchPlan's main_entry)."""
+        function = self._mains.get(entry)
+        if function is None:
+            raise KforgeError(f"{self.name} has no main kernel named {entry!r}; "
+                              "the plan asked for it")
+        return function
 
     def _launch(self, function, grid, block, smem, params, stream):
         cu = self._cu
@@ -529,7 +554,7 @@ class SparseMlaDecoder:
         decode step waits on the network or a compile. Returns the number of
         kernels loaded."""
         for variant in self.manifest.variants:
-            self._kernel(variant)
+            self._plans.note_kernel(self._kernel(variant))
         return len(self.manifest.variants)
 
     def _kernel(self, variant):

@@ -18,9 +18,14 @@ class Device:
     arch: str                  # "sm_90a", "sm_120a", ...
     sm_count: int
     forced_num_splits: int = 0  # 0: the launch rule's; else 1..max_splits
+    # Clusters of the cluster entry the GPU runs at once (what the loaded
+    # kernel reads from the driver: LoadedKernel.max_active_clusters); 0:
+    # the cluster entry is never chosen.
+    max_active_clusters: int = 0
 
     def c_struct(self):
-        return _capi.device(self.arch, self.sm_count, self.forced_num_splits)
+        return _capi.device(self.arch, self.sm_count, self.forced_num_splits,
+                            self.max_active_clusters)
 
 
 @dataclasses.dataclass(frozen=True)

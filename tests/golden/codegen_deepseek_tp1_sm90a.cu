@@ -24,6 +24,12 @@ sparse_mla_decode_small(const ks::DecodeParams p) {
   ks::DecodeMain<SmallBatchTraits>(p);
 }
 
+extern "C" __global__ void __cluster_dims__(1, 16, 1)
+__launch_bounds__(SmallBatchTraits::kThreads, 1)
+sparse_mla_decode_cluster(const ks::DecodeParams p) {
+  ks::DecodeMain<SmallBatchTraits, 16>(p);
+}
+
 extern "C" __global__ void __launch_bounds__(ks::kCombineWarps * 32)
 sparse_mla_decode_combine(const ks::CombineParams p) {
   ks::Combine<Traits>(p);

@@ -106,16 +106,15 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0):
 
     out = torch.full((T, H, Dv), float("nan"), device="cuda", dtype=torch.bfloat16)
     lse = torch.full((T, H), float("nan"), device="cuda", dtype=torch.float32)
-    if splits_mode == "1":
-        splits = 1
-    elif splits_mode == "max":
-        splits = mod.max_splits
-    else:
-        splits = mod.auto_splits(T)
+    # "auto" is the rule's own choice (the cluster entry where it takes it);
+    # a forced count always runs split + combine.
+    forced = {"1": 1, "max": mod.max_splits}.get(splits_mode)
+    splits = forced if forced is not None else mod.auto_splits(T)
     # The kernel addresses slot s at (s / pbs) * page_stride + (s % pbs) * D.
-    sel = mod(q, kv_view, idx, out, lse if spec.return_lse else None, num_splits=splits)
+    sel = mod(q, kv_view, idx, out, lse if spec.return_lse else None, num_splits=forced)
     torch.cuda.synchronize()
     assert sel.num_splits == splits, (sel.num_splits, splits)
+    assert forced is None or not sel.plan.cluster, "a forced split count took the cluster entry"
 
     safe = torch.where(valid, idx, torch.zeros_like(idx)).long()
     page, off = safe // pbs, safe % pbs
@@ -140,7 +139,7 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0):
         empty_ok = bool((out[T // 2] == 0).all())
     ok = (not nan) and err <= 1e-2 and lerr <= 1e-4 and empty_ok
     return dict(T=T, splits=splits, err=err, lse_err=lerr, nan=nan, empty_ok=empty_ok, ok=ok,
-                small_batch=bool(sel.plan.small_batch))
+                small_batch=bool(sel.plan.small_batch), cluster=bool(sel.plan.cluster))
 
 
 def main():
@@ -177,9 +176,11 @@ def main():
             for mode, gap in (("1", False), ("auto", True), ("max", False)):
                 r = run_case(mod, b, s_q, mode, gen, gap, magnitude)
                 r.update(magnitude=magnitude)
-                # The path the selector took: the small-batch kernel or the main one.
+                # The path the selector took: the small-batch kernel ("s"), its
+            # cluster entry ("c") or the main one.
                 small = mod.artifact.small_batch
-                tiling = label(small.tiling) + "s" if r["small_batch"] else label(mod.artifact.tiling)
+                tiling = (label(small.tiling) + ("c" if r["cluster"] else "s")
+                          if r["small_batch"] else label(mod.artifact.tiling))
                 r.update(module=mod.module_name, tiling=tiling, batch=b, s_q=s_q)
                 rows.append(r)
                 failures += not r["ok"]

@@ -12,7 +12,9 @@
 #   4. the C++ example, from the server and from the bundle
 #   5. bench/prebuild_bench.sh: the default matrix at -j 1/8/16 and
 #      serve --warm-from start-up
-# Logs and tables under $OUT. usage: tests/gpu/run_e2e.sh STAGE
+# Logs and tables under $OUT. usage: tests/gpu/run_e2e.sh STAGE [--no-prebuild-bench]
+# (--no-prebuild-bench: skip step 5, minutes of compiling that no kernel or
+# runtime change touches)
 set -uo pipefail
 stage=$(cd "$1" && pwd)
 out=${OUT:-/tmp/kforge-e2e}
@@ -79,9 +81,11 @@ for args in "--preset glm-5 --tp 8 --batch 128" "--preset glm-5 --tp 1 --batch 1
   "$wrap/kforge_decode_example" --bundle "$out/bundle" $args || fail "example (bundle, $args)"
 done
 
-step "prebuild benchmark (default matrix) and serve --warm-from"
-PREBUILD_BENCH_JOBS="1 8 $(nproc)" bench/prebuild_bench.sh "$wrap/kforge" "$out/prebuild_bench.md" ||
-  fail prebuild_bench
+if [ "${2:-}" != --no-prebuild-bench ]; then
+  step "prebuild benchmark (default matrix) and serve --warm-from"
+  PREBUILD_BENCH_JOBS="1 8 $(nproc)" bench/prebuild_bench.sh "$wrap/kforge" "$out/prebuild_bench.md" ||
+    fail prebuild_bench
+fi
 
 echo
 [ $rc -eq 0 ] && echo "run_e2e: all passed" || echo "run_e2e: FAILURES above"

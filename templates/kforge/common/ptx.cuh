@@ -239,6 +239,75 @@ __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Thread-block clusters (sm_90+; the codegen emits cluster entries for
+// those archs only, so the fallbacks trap rather than compile to nothing).
+// ClusterSync: every thread of every CTA of the cluster arrives (release:
+// its earlier shared-memory writes become visible cluster-wide) and waits
+// (acquire); it also guarantees every CTA of the cluster is running.
+__device__ __forceinline__ void ClusterSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+#else
+  __trap();
+#endif
+}
+// This CTA's rank in its cluster.
+__device__ __forceinline__ u32 ClusterCtaRank() {
+  u32 r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#else
+  __trap();
+#endif
+  return r;
+}
+// CTAs in this CTA's cluster.
+__device__ __forceinline__ u32 ClusterNumCtas() {
+  u32 r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+#else
+  __trap();
+#endif
+  return r;
+}
+// The address in CTA `rank`'s shared memory (distributed shared memory) of
+// the same offset as this CTA's shared-window address `addr`.
+__device__ __forceinline__ u32 MapShared(u32 addr, u32 rank) {
+  u32 r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+#else
+  __trap();
+#endif
+  return r;
+}
+// Loads from a MapShared address.
+__device__ __forceinline__ float LdCluster(u32 addr) {
+  float v = 0.f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+#else
+  __trap();
+#endif
+  return v;
+}
+__device__ __forceinline__ float2 LdCluster2(u32 addr) {
+  float2 v = make_float2(0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n"
+               : "=f"(v.x), "=f"(v.y)
+               : "r"(addr)
+               : "memory");
+#else
+  __trap();
+#endif
+  return v;
+}
+
 __device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
 
 }  // namespace ptx

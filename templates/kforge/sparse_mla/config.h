@@ -327,6 +327,47 @@ KFORGE_HD constexpr DecodeSmemLayout MakeDecodeSmemLayout(const DecodeShape& s) 
   return l;
 }
 
+// ---------------------------------------------------------------------------
+// The cluster entry (sm_90+): the small-batch tiling compiled with
+// __cluster_dims__(1, kClusterSplits, 1), so the kClusterSplits splits of one
+// (head group, query token) run as one thread-block cluster and merge their
+// partial O and lse through distributed shared memory at the end of the
+// kernel (ClusterMergeEpilogue, decode_phases.cuh): one launch, no fp32
+// workspace and no combine kernel. 16, past the portable 8 (the loaders opt
+// the entry into non-portable sizes): the launch rule's own split count at
+// batch 1 with 64-token tiles (2048 keys, 2 tiles per split), where 8
+// merged splits ran slower than 16 + combine (H200, BENCH.md 2026-12-02).
+constexpr int kClusterSplits = 16;
+
+// The merge buffer each CTA of a cluster fills for the others to read. It
+// reuses shared memory from offset 0 (the Q tile, the KV tiles and staging,
+// all dead once the last tile is done) and must end before the P tile,
+// whose neighbours (red, max) the epilogue still uses.
+struct ClusterMergeLayout {
+  int o;         // head_tile x o_stride fp32: this split's normalised O
+  int o_stride;  // floats per row: d_v + 8, so the m16n8 fragment's float2
+                 // stores (8 rows x 4 column pairs per half-warp) hit 16
+                 // distinct bank pairs
+  int lse;       // head_tile fp32: this split's lse, log2 domain (-inf: empty)
+  int bytes;
+};
+
+KFORGE_HD constexpr ClusterMergeLayout MakeClusterMergeLayout(const DecodeShape& s) {
+  ClusterMergeLayout l{};
+  l.o = 0;
+  l.o_stride = s.d_v + 8;
+  l.lse = l.o + s.head_tile * l.o_stride * 4;
+  l.bytes = l.lse + s.head_tile * 4;
+  return l;
+}
+
+// Whether a tiling can have a cluster entry: the merge buffer fits below
+// the P tile, and each CTA of the cluster gets whole column pairs of d_v.
+KFORGE_HD constexpr bool ClusterMergeFits(const DecodeShape& s) {
+  return CheckDecodeTiling(s) == TilingError::kOk && (s.d_v / 2) % kClusterSplits == 0 &&
+         MakeClusterMergeLayout(s).bytes <= MakeDecodeSmemLayout(s).p;
+}
+
 }  // namespace sparse_mla
 }  // namespace kforge
 

@@ -16,7 +16,9 @@
 //     RescaleO, PvPhase<T>     O = O * scale + P V: mma.sync, or wgmma on
 //                      sm_90a   (pv.cuh)
 //   Epilogue           normalise; bf16 O + lse, or fp32 partials + lse for
-//                      the combine kernel (combine.cuh)
+//                      the combine kernel (combine.cuh); in the cluster
+//                      entry the splits merge through distributed shared
+//                      memory instead (ClusterMergeEpilogue)
 // Tiling rules and the smem layout are config.h's (CheckDecodeTiling,
 // MakeDecodeSmemLayout), shared with the host codegen.
 #ifndef KFORGE_SPARSE_MLA_DECODE_CUH_
@@ -33,7 +35,10 @@
 namespace kforge {
 namespace sparse_mla {
 
-template <class T>
+// kClusterSplits_: 0 for the split-K entries (partials to the workspace
+// when p.num_splits > 1), else the cluster entry's split count, merged in
+// the kernel (ClusterMergeEpilogue).
+template <class T, int kClusterSplits_ = 0>
 __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   using Qk = QkPhase<T>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -48,6 +53,13 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   // any global access, then let the combine be scheduled, to wait in turn.
   ptx::WaitForPriorGrids();
   ptx::AllowDependentLaunch();
+  // The cluster entry's grid.y is its cluster, one CTA per split: any other
+  // launch would merge the wrong partials.
+  if constexpr (kClusterSplits_ > 0) {
+    if (gridDim.y != kClusterSplits_ || p.num_splits != kClusterSplits_ ||
+        ptx::ClusterNumCtas() != kClusterSplits_)
+      __trap();
+  }
   LoadQ<T>(p, w, sm, r);
   // Pipeline (KvTiles in config.h): a direct format keeps kStages - 1 tiles
   // in flight in their own bf16 tiles; a staged one keeps the next tile in
@@ -102,7 +114,11 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
     pv.Accumulate(o, sm, k_tile);
   }
   ptx::CpAsyncWait<0>();
-  Epilogue<T>(p, w, sm, r, pv, o, stats);
+  if constexpr (kClusterSplits_ > 0) {
+    ClusterMergeEpilogue<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
+  } else {
+    Epilogue<T>(p, w, sm, r, pv, o, stats);
+  }
 }
 
 }  // namespace sparse_mla

@@ -174,13 +174,12 @@ __device__ __forceinline__ void RescaleO(OAccum<T>& o, const PvPhase<T>& pv, con
   }
 }
 
-// Row sums across warps, normalisation and the write: bf16 O and lse for a
-// single split, else fp32 partial O and lse to the workspace (combine.cuh).
+// Each row's sum over the kWarpsN warps sharing it, to sm.red (one partial
+// per warp column; RowSum adds them) and its running max to sm.max, then a
+// barrier: after it no warp reads the Q or KV tiles any more.
 template <class T>
-__device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork& w,
-                                         const DecodeSmem& sm, const ThreadRoles& r,
-                                         const PvPhase<T>& pv, const OAccum<T>& o,
-                                         const RowStats<T>& stats) {
+__device__ __forceinline__ void PublishRowStats(const DecodeSmem& sm, const ThreadRoles& r,
+                                                const RowStats<T>& stats) {
   const int lane = r.lane;
 #pragma unroll
   for (int mi = 0; mi < T::kSM; ++mi)
@@ -196,7 +195,24 @@ __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork
       }
     }
   __syncthreads();
+}
 
+template <class T>
+__device__ __forceinline__ float RowSum(const DecodeSmem& sm, int row) {
+  float l = 0.f;
+#pragma unroll
+  for (int wn = 0; wn < T::kWarpsN; ++wn) l += sm.red[wn * T::kHeadTile + row];
+  return l;
+}
+
+// Row sums across warps, normalisation and the write: bf16 O and lse for a
+// single split, else fp32 partial O and lse to the workspace (combine.cuh).
+template <class T>
+__device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork& w,
+                                         const DecodeSmem& sm, const ThreadRoles& r,
+                                         const PvPhase<T>& pv, const OAccum<T>& o,
+                                         const RowStats<T>& stats) {
+  PublishRowStats<T>(sm, r, stats);
   const bool single = p.num_splits == 1;
   const long long split_token = (long long)w.split * p.num_tokens + w.token;
 #pragma unroll
@@ -205,9 +221,7 @@ __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork
     for (int h = 0; h < 2; ++h) {
       const int row = pv.Row(mi, h);
       if (row >= w.heads_here) continue;
-      float l = 0.f;
-#pragma unroll
-      for (int wn = 0; wn < T::kWarpsN; ++wn) l += sm.red[wn * T::kHeadTile + row];
+      const float l = RowSum<T>(sm, row);
       const float inv = l > 0.f ? 1.f / l : 0.f;
       // sm.max is in the scaled log2 domain; lse is reported in natural log.
       const float lse = l > 0.f ? (sm.max[row] + __log2f(l)) * 0.69314718055994531f : ptx::NegInf();
@@ -236,6 +250,82 @@ __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork
       }
     }
   }
+}
+
+// The cluster entry's epilogue (kClusterSplits in config.h): the CTAs of a
+// cluster are the splits of one (head group, query token). Each writes its
+// normalised O and lse (log2 domain) to its merge buffer; after a cluster
+// barrier, CTA `rank` merges column pairs [rank, rank + 1) * kPairs of
+// every real row over all the splits' buffers (distributed shared memory),
+//   lse = log(sum_j exp(lse_j)),  O = sum_j exp(lse_j - lse) O_j,
+// and writes bf16 O (and lse) itself: no workspace, no combine kernel. A
+// row whose splits are all empty gets O = 0 and lse = -inf.
+template <class T, int kSplits>
+__device__ __forceinline__ void ClusterMergeEpilogue(const DecodeParams& p, const DecodeWork& w,
+                                                     const DecodeSmem& sm, const ThreadRoles& r,
+                                                     const PvPhase<T>& pv, const OAccum<T>& o,
+                                                     const RowStats<T>& stats) {
+  static_assert(kSplits == kClusterSplits && ClusterMergeFits(T::kShape),
+                "the cluster entry needs ClusterMergeFits (config.h)");
+  static_assert(T::kSmemQ == 0, "the merge buffer starts at the shared-memory base");
+  constexpr ClusterMergeLayout kL = MakeClusterMergeLayout(T::kShape);
+  constexpr int kPairs = T::kDv / 2 / kSplits;  // column pairs per CTA
+  PublishRowStats<T>(sm, r, stats);
+  float* buf = reinterpret_cast<float*>(sm.q + kL.o);
+  float* buf_lse = reinterpret_cast<float*>(sm.q + kL.lse);
+#pragma unroll
+  for (int mi = 0; mi < T::kOM; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = pv.Row(mi, h);
+      const float l = RowSum<T>(sm, row);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+      for (int ni = 0; ni < T::kON; ++ni) {
+        *reinterpret_cast<float2*>(buf + row * kL.o_stride + pv.Col(ni)) =
+            make_float2(o[mi][ni][2 * h] * inv, o[mi][ni][2 * h + 1] * inv);
+      }
+      if (pv.Col(0) == 0) buf_lse[row] = l > 0.f ? sm.max[row] + __log2f(l) : ptx::NegInf();
+    }
+  }
+  ptx::ClusterSync();
+
+  const ptx::u32 rank = ptx::ClusterCtaRank();
+  const ptx::u32 o_addr = sm.q_addr + kL.o;
+  const ptx::u32 lse_addr = sm.q_addr + kL.lse;
+  const int items = w.heads_here * kPairs;
+  for (int i = r.warp * 32 + r.lane; i < items; i += T::kThreads) {
+    const int row = i / kPairs;
+    const int col = 2 * (static_cast<int>(rank) * kPairs + i % kPairs);
+    float lse[kSplits];
+    float m = ptx::NegInf();
+#pragma unroll
+    for (int j = 0; j < kSplits; ++j) {
+      lse[j] = ptx::LdCluster(ptx::MapShared(lse_addr + row * 4, j));
+      m = fmaxf(m, lse[j]);
+    }
+    float sum = 0.f, ox = 0.f, oy = 0.f;
+    if (m != ptx::NegInf()) {
+#pragma unroll
+      for (int j = 0; j < kSplits; ++j) {
+        const float2 v = ptx::LdCluster2(ptx::MapShared(o_addr + (row * kL.o_stride + col) * 4, j));
+        const float wj = ptx::Exp2(lse[j] - m);  // an empty split (-inf) weighs 0
+        sum += wj;
+        ox += wj * v.x;
+        oy += wj * v.y;
+      }
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int head = w.head0 + row;
+    *reinterpret_cast<ptx::u32*>(p.out + w.token * p.out_token_stride + head * p.out_head_stride +
+                                 col) = ptx::PackBf16x2(ox * inv, oy * inv);
+    if (T::kReturnLse && p.lse != nullptr && col == 0) {
+      p.lse[(long long)w.token * T::kNumHeads + head] =
+          sum > 0.f ? (m + __log2f(sum)) * 0.69314718055994531f : ptx::NegInf();
+    }
+  }
+  // No CTA may leave (its shared memory freed) while another reads it.
+  ptx::ClusterSync();
 }
 
 }  // namespace sparse_mla

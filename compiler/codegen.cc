@@ -243,6 +243,30 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
   return rule;
 }
 
+namespace {
+
+// A cluster entry of `splits` CTAs for `tiling`: thread-block clusters
+// (sm_90a and sm_100a: see the callers), a merge buffer that fits
+// (ClusterMergeFits) and at least one token tile per split.
+bool ClusterFits(const v1::AttentionSpec& spec, const Arch& arch, const v1::KernelTiling& tiling,
+                 int splits) {
+  return (arch.major == 9 || arch.major == 10) &&
+         sparse_mla::ClusterMergeFits(DecodeShapeFor(spec, tiling), splits) &&
+         spec.topk() >= static_cast<uint64_t>(splits) * tiling.token_tile();
+}
+
+}  // namespace
+
+v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arch,
+                                  const v1::KernelTiling& main) {
+  v1::ClusterPath path;
+  if (ClusterFits(spec, arch, main, sparse_mla::kMainClusterSplits)) {
+    path.set_entry(kMainClusterEntry);
+    path.set_splits(sparse_mla::kMainClusterSplits);
+  }
+  return path;
+}
+
 v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arch& arch,
                                         const v1::KernelTiling& main) {
   v1::SmallBatchPath path;
@@ -274,11 +298,8 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
   // The cluster entry: sm_90a and sm_100a, whose GPCs run 16-CTA clusters
   // once a kernel opts into non-portable sizes (measured on the H200; the
   // 99 KB parts, sm_120/121, promise only 8, and 8 merged splits lost to 16
-  // + combine there too: BENCH.md 2026-12-02), a merge buffer that fits
-  // (ClusterMergeFits) and at least one token tile per split.
-  if ((arch.major == 9 || arch.major == 10) &&
-      sparse_mla::ClusterMergeFits(DecodeShapeFor(spec, tiling)) &&
-      spec.topk() >= static_cast<uint64_t>(sparse_mla::kClusterSplits) * tiling.token_tile()) {
+  // + combine there too: BENCH.md 2026-12-02).
+  if (ClusterFits(spec, arch, tiling, sparse_mla::kClusterSplits)) {
     path.set_cluster_entry(kClusterEntry);
     path.set_cluster_splits(sparse_mla::kClusterSplits);
   }
@@ -302,7 +323,7 @@ std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
 }
 
 std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
-                           const v1::SmallBatchPath& small) {
+                           const v1::SmallBatchPath& small, const v1::ClusterPath& cluster) {
   // softmax_scale * log2(e), rounded once to float; %a prints it exactly.
   const float scale_log2 =
       static_cast<float>(static_cast<double>(spec.softmax_scale()) * 1.4426950408889634);
@@ -336,16 +357,20 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
   traits("Traits", tiling);
   const bool with_small = !small.entry().empty();
   if (with_small) traits("SmallBatchTraits", small.tiling());
-  main_entry("Traits", kMainEntry);
-  if (with_small) main_entry("SmallBatchTraits", kSmallBatchEntry);
-  if (with_small && !small.cluster_entry().empty()) {
+  auto cluster_entry = [&](const char* traits_name, const char* entry, uint32_t splits) {
     absl::StrAppendFormat(&src,
                           "extern \"C\" __global__ void __cluster_dims__(1, %d, 1)\n"
-                          "__launch_bounds__(SmallBatchTraits::kThreads, 1)\n"
+                          "__launch_bounds__(%s::kThreads, 1)\n"
                           "%s(const ks::DecodeParams p) {\n"
-                          "  ks::DecodeMain<SmallBatchTraits, %d>(p);\n"
+                          "  ks::DecodeMain<%s, %d>(p);\n"
                           "}\n\n",
-                          small.cluster_splits(), kClusterEntry, small.cluster_splits());
+                          splits, traits_name, entry, traits_name, splits);
+  };
+  main_entry("Traits", kMainEntry);
+  if (!cluster.entry().empty()) cluster_entry("Traits", kMainClusterEntry, cluster.splits());
+  if (with_small) main_entry("SmallBatchTraits", kSmallBatchEntry);
+  if (with_small && !small.cluster_entry().empty()) {
+    cluster_entry("SmallBatchTraits", kClusterEntry, small.cluster_splits());
   }
   absl::StrAppendFormat(&src,
                         "extern \"C\" __global__ void __launch_bounds__(ks::kCombineWarps * 32)\n"

@@ -19,6 +19,9 @@ inline constexpr char kSmallBatchEntry[] = "sparse_mla_decode_small";
 // The small-batch tiling as a thread-block cluster of the splits, merged in
 // the kernel (v1::SmallBatchPath.cluster_entry; sm_90+ only).
 inline constexpr char kClusterEntry[] = "sparse_mla_decode_cluster";
+// The throughput tiling as a cluster of kMainClusterSplits splits
+// (v1::ClusterPath; sm_90a and sm_100a).
+inline constexpr char kMainClusterEntry[] = "sparse_mla_decode_main_cluster";
 
 // A CTA shape asked for by hand (`kforge compile --tiling`), so a sweep can
 // measure shapes the planner does not pick. All zero: none.
@@ -46,6 +49,12 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, con
 v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arch& arch,
                                         const v1::KernelTiling& main);
 
+// The throughput tiling's cluster entry (v1::ClusterPath): sm_90a and
+// sm_100a, where the merge buffer fits and every split has a token tile;
+// entry empty otherwise.
+v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arch,
+                                  const v1::KernelTiling& main);
+
 // How to launch a module built with `tiling` (see LaunchRule in
 // artifact.proto).
 v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
@@ -58,8 +67,10 @@ std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch);
 // The instantiation unit handed to NVRTC: includes, one traits struct with
 // the spec's validated numbers, and the two extern "C" entry points; plus a
 // second traits struct and the small-batch entry when small.entry is set.
+// With cluster.entry set, the throughput tiling's cluster entry too.
 std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
-                           const v1::SmallBatchPath& small = {});
+                           const v1::SmallBatchPath& small = {},
+                           const v1::ClusterPath& cluster = {});
 
 // The main kernel's compile-time shape for a spec and a tiling: the input of
 // the tiling rule and the shared-memory layout in

@@ -53,8 +53,19 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
                     t.warps);
   }
   // A requested tiling is measured alone: no second kernel beside it.
-  if (t.empty()) plan.small_batch = ChooseSmallBatchPath(plan.spec, plan.arch, plan.tiling);
-  plan.source = GenerateSource(plan.spec, plan.tiling, plan.small_batch);
+  if (t.empty()) {
+    plan.small_batch = ChooseSmallBatchPath(plan.spec, plan.arch, plan.tiling);
+    plan.cluster = ChooseMainCluster(plan.spec, plan.arch, plan.tiling);
+  }
+  // A shared-memory cap stands in for a smaller part (101376: sm_120's 99
+  // KB on an H200), whose modules have no cluster entries: the capped module
+  // is that part's, kernel for kernel.
+  if (options.max_smem_per_block > 0) {
+    plan.small_batch.clear_cluster_entry();
+    plan.small_batch.clear_cluster_splits();
+    plan.cluster.Clear();
+  }
+  plan.source = GenerateSource(plan.spec, plan.tiling, plan.small_batch, plan.cluster);
   plan.options = BaseNvrtcOptions(plan.arch.name);
 
   KeyInputs key;
@@ -91,7 +102,10 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
                                             "; refusing to serve it"));
   }
   std::vector<std::string> entries = {kMainEntry, kCombineEntry};
-  if (!plan.small_batch.entry().empty()) entries.push_back(plan.small_batch.entry());
+  for (const std::string* entry :
+       {&plan.small_batch.entry(), &plan.small_batch.cluster_entry(), &plan.cluster.entry()}) {
+    if (!entry->empty()) entries.push_back(*entry);
+  }
   for (const std::string& entry : entries) {
     const bool found = std::any_of(info->kernels().begin(), info->kernels().end(),
                                    [&](const v1::KernelResources& k) { return k.name() == entry; });
@@ -111,6 +125,7 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   artifact.set_main_entry(kMainEntry);
   artifact.set_combine_entry(kCombineEntry);
   if (!plan.small_batch.entry().empty()) *artifact.mutable_small_batch() = plan.small_batch;
+  if (!plan.cluster.entry().empty()) *artifact.mutable_cluster() = plan.cluster;
   *artifact.mutable_cubin_info() = *std::move(info);
   artifact.set_compiler_version(CompilerVersion());
   for (const std::string& o : compiled->options) artifact.add_nvrtc_options(o);

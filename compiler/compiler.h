@@ -20,6 +20,7 @@ struct CompilePlan {
   Arch arch;
   v1::KernelTiling tiling;
   v1::SmallBatchPath small_batch;  // entry empty: none
+  v1::ClusterPath cluster;         // the throughput tiling's; entry empty: none
   std::string module_name;
   std::string source;  // the instantiation unit
   std::vector<std::string> options;

@@ -52,9 +52,10 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
   std::vector<std::pair<const std::string*, uint32_t>> entries = {
       {&artifact.main_entry(), artifact.params_bytes()},
       {&artifact.combine_entry(), artifact.combine_params_bytes()}};
-  for (const std::string* small :
-       {&artifact.small_batch().entry(), &artifact.small_batch().cluster_entry()}) {
-    if (!small->empty()) entries.emplace_back(small, artifact.params_bytes());
+  for (const std::string* main :
+       {&artifact.small_batch().entry(), &artifact.small_batch().cluster_entry(),
+        &artifact.cluster().entry()}) {
+    if (!main->empty()) entries.emplace_back(main, artifact.params_bytes());
   }
   for (const auto& [name, params_bytes] : entries) {
     const v1::KernelResources* entry = FindEntry(*info, *name);
@@ -118,7 +119,8 @@ absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::st
       messages[] = {{"spec", {&variant.spec(), &artifact.spec()}},
                     {"tiling", {&variant.tiling(), &artifact.tiling()}},
                     {"launch", {&variant.launch(), &artifact.launch()}},
-                    {"small_batch", {&variant.small_batch(), &artifact.small_batch()}}};
+                    {"small_batch", {&variant.small_batch(), &artifact.small_batch()}},
+                    {"cluster", {&variant.cluster(), &artifact.cluster()}}};
   for (const auto& [field, pair] : messages) {
     if (!google::protobuf::util::MessageDifferencer::Equals(*pair.first, *pair.second)) {
       return Mismatch(variant, field, pair.first->ShortDebugString(),
@@ -138,6 +140,7 @@ v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact) {
   variant.set_main_entry(artifact.main_entry());
   variant.set_combine_entry(artifact.combine_entry());
   if (artifact.has_small_batch()) *variant.mutable_small_batch() = artifact.small_batch();
+  if (artifact.has_cluster()) *variant.mutable_cluster() = artifact.cluster();
   return variant;
 }
 

@@ -134,6 +134,14 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
                        "; the cluster entry is compiled for ", sparse_mla::kClusterSplits,
                        " (templates/kforge/sparse_mla/config.h kClusterSplits)"));
     }
+    if (!small && !v.cluster().entry().empty() &&
+        v.cluster().splits() != static_cast<uint32_t>(sparse_mla::kMainClusterSplits)) {
+      return Invalid(
+          absl::StrCat("manifest.variants[", index, "].cluster.splits"),
+          absl::StrCat("got ", v.cluster().splits(), "; the cluster entry is compiled for ",
+                       sparse_mla::kMainClusterSplits,
+                       " (templates/kforge/sparse_mla/config.h kMainClusterSplits)"));
+    }
     if (tiling.num_head_groups() == 0 || launch.block_threads() == 0) {
       return Invalid(absl::StrCat("manifest.variants[", index, "]", small ? ".small_batch" : ""),
                      "tiling.num_head_groups and launch.block_threads must be > 0");
@@ -170,6 +178,14 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
         sel.cluster = true;
         sel.main_entry = &v.small_batch().cluster_entry();
         sel.num_splits = static_cast<int>(cluster);
+      }
+      // The throughput tiling's cluster entry (v1::ClusterPath) where the
+      // rule splits exactly its ways: a portable size, which the one-wave
+      // rule behind num_splits already fits.
+      if (!small && !v.cluster().entry().empty() &&
+          static_cast<uint32_t>(sel.num_splits) == v.cluster().splits()) {
+        sel.cluster = true;
+        sel.main_entry = &v.cluster().entry();
       }
     }
     sel.tokens_per_split = TokensPerSplit(v.spec(), launch, sel.num_splits);

@@ -75,7 +75,8 @@ absl::Status CheckParamSizes(const v1::KernelArtifact& artifact) {
     return s;
   }
   for (const std::string* small :
-       {&artifact.small_batch().entry(), &artifact.small_batch().cluster_entry()}) {
+       {&artifact.small_batch().entry(), &artifact.small_batch().cluster_entry(),
+        &artifact.cluster().entry()}) {
     if (small->empty()) continue;
     if (absl::Status s = CheckEntryParams(artifact, *small, sizeof(DecodeParams), "DecodeParams");
         !s.ok()) {
@@ -125,6 +126,7 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   module->combine_entry_ = artifact.combine_entry();
   module->small_entry_ = artifact.small_batch().entry();
   module->cluster_entry_ = artifact.small_batch().cluster_entry();
+  module->main_cluster_entry_ = artifact.cluster().entry();
   module->cluster_dims_ = {artifact.small_batch().tiling().num_head_groups(),
                            artifact.small_batch().cluster_splits(), 1,
                            artifact.small_batch().launch().block_threads(), small_smem};
@@ -139,7 +141,8 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   for (auto [entry, kernel] : {std::pair{&module->main_entry_, &module->main_},
                                std::pair{&module->combine_entry_, &module->combine_},
                                std::pair{&module->small_entry_, &module->small_},
-                               std::pair{&module->cluster_entry_, &module->cluster_}}) {
+                               std::pair{&module->cluster_entry_, &module->cluster_},
+                               std::pair{&module->main_cluster_entry_, &module->main_cluster_}}) {
     if (entry->empty()) continue;  // no small-batch path or cluster entry
     if (absl::Status s = cu.Check(cu.LibraryGetKernel(kernel, module->library_, entry->c_str()),
                                   absl::StrCat("cuLibraryGetKernel(", name, ", ", *entry, ")"));
@@ -150,7 +153,7 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   // Above 48 KB a kernel must opt into its dynamic shared memory, per device.
   for (auto [kernel, bytes] :
        {std::pair{module->main_, smem}, std::pair{module->small_, small_smem},
-        std::pair{module->cluster_, small_smem}}) {
+        std::pair{module->cluster_, small_smem}, std::pair{module->main_cluster_, smem}}) {
     if (kernel == nullptr) continue;
     if (absl::Status s =
             cu.Check(cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -236,8 +239,9 @@ absl::Status CudaKernelModule::LaunchMain(const sparse_mla::DecodeParams& params
                                           const LaunchDims& dims, std::string_view entry,
                                           CUstream stream) const {
   CUkernel kernel = nullptr;
-  for (auto [name, k] : {std::pair{&main_entry_, main_}, std::pair{&small_entry_, small_},
-                         std::pair{&cluster_entry_, cluster_}}) {
+  for (auto [name, k] :
+       {std::pair{&main_entry_, main_}, std::pair{&small_entry_, small_},
+        std::pair{&cluster_entry_, cluster_}, std::pair{&main_cluster_entry_, main_cluster_}}) {
     if (k != nullptr && *name == entry) kernel = k;
   }
   if (kernel == nullptr) {

@@ -82,14 +82,15 @@ class CudaKernelModule {
   const CudaDriver& cu_;
   std::string module_name_;
   std::string key_;
-  std::string main_entry_, combine_entry_, small_entry_, cluster_entry_;
+  std::string main_entry_, combine_entry_, small_entry_, cluster_entry_, main_cluster_entry_;
   LaunchDims cluster_dims_;  // one cluster of the cluster entry
   CUlibrary library_ = nullptr;
   CUkernel main_ = nullptr;
   CUkernel combine_ = nullptr;
-  CUkernel small_ = nullptr;    // null without a small-batch path
-  CUkernel cluster_ = nullptr;  // null without its cluster entry, or where the
-                                // device refused its cluster size
+  CUkernel small_ = nullptr;         // null without a small-batch path
+  CUkernel cluster_ = nullptr;       // null without its cluster entry, or where the
+                                     // device refused its cluster size
+  CUkernel main_cluster_ = nullptr;  // the throughput tiling's (v1::ClusterPath)
   // sm_90+: kernels are launched with programmatic stream serialization
   // (ptx::WaitForPriorGrids in the templates), so each is scheduled while
   // the one before it in the stream finishes.

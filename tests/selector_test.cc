@@ -63,22 +63,27 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   // The cluster entry where the small-batch rule splits exactly
   // cluster_splits ways and its clusters fit the device at once.
   const int rule_splits = NumSplits(v.spec(), t, l, shape.batch * shape.s_q, sm_count);
-  const bool cluster =
+  const bool small_cluster =
       small && !v.small_batch().cluster_entry().empty() &&
       rule_splits == static_cast<int>(v.small_batch().cluster_splits()) &&
       static_cast<long long>(t.num_head_groups()) * shape.batch * shape.s_q <= max_active_clusters;
+  // The throughput tiling's where the rule splits exactly its ways.
+  const bool main_cluster = !small && !v.cluster().entry().empty() &&
+                            rule_splits == static_cast<int>(v.cluster().splits());
+  const bool cluster = small_cluster || main_cluster;
   EXPECT_EQ(sel.cluster, cluster);
   ASSERT_NE(sel.main_entry, nullptr);
-  EXPECT_EQ(*sel.main_entry, cluster ? v.small_batch().cluster_entry()
-                             : small ? v.small_batch().entry()
-                                     : v.main_entry());
+  EXPECT_EQ(*sel.main_entry, small_cluster  ? v.small_batch().cluster_entry()
+                             : main_cluster ? v.cluster().entry()
+                             : small        ? v.small_batch().entry()
+                                            : v.main_entry());
   EXPECT_EQ(sel.launch, &l);
   EXPECT_EQ(v.spec().s_q(), 0u);  // not part of the kernel: any s_q fits
   EXPECT_EQ(v.spec().num_q_heads(), static_cast<uint32_t>(shape.num_q_heads));
   EXPECT_EQ(sel.num_tokens, shape.batch * shape.s_q);
   EXPECT_GE(sel.num_splits, 1);
   EXPECT_EQ(sel.num_splits,
-            cluster ? static_cast<int>(v.small_batch().cluster_splits()) : rule_splits);
+            small_cluster ? static_cast<int>(v.small_batch().cluster_splits()) : rule_splits);
   EXPECT_EQ(sel.tokens_per_split, TokensPerSplit(v.spec(), l, sel.num_splits));
   EXPECT_EQ(sel.tokens_per_split % l.split_granularity_tokens(), 0u);
   EXPECT_GE(static_cast<long long>(sel.tokens_per_split) * sel.num_splits, v.spec().topk());
@@ -290,6 +295,48 @@ TEST(Select, ClusterEntryReplacesSplitAndCombine) {
       Select(MakeManifest("glm-5", 1, "sm_90a"), DeviceInfo{"sm_90a", kSms, 0, -1}, one);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("device.max_active_clusters"), std::string::npos);
+}
+
+// The throughput tiling's cluster entry takes over where the rule splits
+// kMainClusterSplits ways (128 heads x 32 tokens on 132 SMs: 2), needing no
+// device capacity (a portable size inside the one-wave rule).
+TEST(Select, MainClusterEntryWhereTheRuleSplitsTwoWays) {
+  const v1::Manifest m = MakeManifest("deepseek-v3.2", 1, "sm_90a");
+  const v1::ManifestVariant& v = m.variants(0);
+  EXPECT_EQ(v.cluster().entry(), kMainClusterEntry);
+  EXPECT_EQ(v.cluster().splits(), static_cast<uint32_t>(sparse_mla::kMainClusterSplits));
+  const RuntimeShape shape = ShapeFor(v.spec(), 32, 1);
+  absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms}, shape);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  EXPECT_FALSE(sel->small_batch);
+  EXPECT_TRUE(sel->cluster);
+  EXPECT_EQ(*sel->main_entry, kMainClusterEntry);
+  EXPECT_EQ(sel->num_splits, 2);
+  EXPECT_FALSE(sel->needs_combine);
+  EXPECT_EQ(sel->workspace_bytes, 0u);
+  CheckSelection(m, *sel, shape, kSms);
+  // Forced 2: split + combine.
+  absl::StatusOr<Selection> forced = Select(m, DeviceInfo{"sm_90a", kSms, 2}, shape);
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  EXPECT_FALSE(forced->cluster);
+  EXPECT_TRUE(forced->needs_combine);
+  // One split (batch 128) or more than two (batch 16): the plain kernels.
+  for (int batch : {16, 128}) {
+    const RuntimeShape other = ShapeFor(v.spec(), batch, 1);
+    absl::StatusOr<Selection> o = Select(m, DeviceInfo{"sm_90a", kSms}, other);
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_FALSE(o->cluster) << batch;
+  }
+  for (const char* arch : {"sm_80", "sm_89", "sm_120a"}) {
+    EXPECT_TRUE(MakeManifest("deepseek-v3.2", 1, arch).variants(0).cluster().entry().empty())
+        << arch;
+  }
+  v1::Manifest bad = m;
+  bad.mutable_variants(0)->mutable_cluster()->set_splits(4);
+  absl::StatusOr<Selection> refused = Select(bad, DeviceInfo{"sm_90a", kSms}, shape);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("cluster.splits"), std::string::npos)
+      << refused.status();
 }
 
 // The cluster size is compiled into the entry: a manifest that says another

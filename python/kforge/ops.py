@@ -321,7 +321,9 @@ class LoadedKernel:
         named = [(artifact.main_entry, artifact.launch.dynamic_smem_bytes),
                  (artifact.combine_entry, None)] + [
                      (entry, small.launch.dynamic_smem_bytes)
-                     for entry in (small.entry, small.cluster_entry) if entry]
+                     for entry in (small.entry, small.cluster_entry) if entry] + (
+                     [(artifact.cluster.entry, artifact.launch.dynamic_smem_bytes)]
+                     if artifact.cluster.entry else [])
         names = [entry for entry, _ in named]
         entries = [_cu_check(cu, cu.cuLibraryGetKernel(self._library, entry.encode()),
                              f"cuLibraryGetKernel({name}, {entry})")

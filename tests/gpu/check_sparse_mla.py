@@ -146,8 +146,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("module_dir")
     # 1..8 (times s_q 1, 2, 4) covers every module's small-batch path
-    # (SmallBatchPath: up to 32 tokens) and its edge; 128 the throughput one.
-    ap.add_argument("--batches", default="1,2,3,5,8,128")
+    # (SmallBatchPath: up to 32 tokens) and its edge; 16 (32 and 64 tokens)
+    # the throughput tiling's 2-split cluster entry; 128 the throughput one.
+    ap.add_argument("--batches", default="1,2,3,5,8,16,128")
     ap.add_argument("--json-out", default="")
     args = ap.parse_args()
     try:
@@ -176,11 +177,11 @@ def main():
             for mode, gap in (("1", False), ("auto", True), ("max", False)):
                 r = run_case(mod, b, s_q, mode, gen, gap, magnitude)
                 r.update(magnitude=magnitude)
-                # The path the selector took: the small-batch kernel ("s"), its
-            # cluster entry ("c") or the main one.
+                # The path the selector took: the small-batch kernel ("s"), the
+            # main one, or either's cluster entry ("c").
                 small = mod.artifact.small_batch
-                tiling = (label(small.tiling) + ("c" if r["cluster"] else "s")
-                          if r["small_batch"] else label(mod.artifact.tiling))
+                tiling = (label(small.tiling if r["small_batch"] else mod.artifact.tiling) +
+                          ("c" if r["cluster"] else "s" if r["small_batch"] else ""))
                 r.update(module=mod.module_name, tiling=tiling, batch=b, s_q=s_q)
                 rows.append(r)
                 failures += not r["ok"]

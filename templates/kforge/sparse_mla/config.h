@@ -338,6 +338,11 @@ KFORGE_HD constexpr DecodeSmemLayout MakeDecodeSmemLayout(const DecodeShape& s) 
 // batch 1 with 64-token tiles (2048 keys, 2 tiles per split), where 8
 // merged splits ran slower than 16 + combine (H200, BENCH.md 2026-12-02).
 constexpr int kClusterSplits = 16;
+// The throughput tiling's cluster entry (v1::ClusterPath): 2 splits, the
+// rule's count where a wave of 64-head CTAs is half full (128 heads x 32
+// tokens, 64 x 64 on the H200), whose partials (16 MB at 128 x 32) the
+// combine otherwise writes and reads back. Portable: no opt-in.
+constexpr int kMainClusterSplits = 2;
 
 // The merge buffer each CTA of a cluster fills for the others to read. It
 // reuses shared memory from offset 0 (the Q tile, the KV tiles and staging,
@@ -361,10 +366,11 @@ KFORGE_HD constexpr ClusterMergeLayout MakeClusterMergeLayout(const DecodeShape&
   return l;
 }
 
-// Whether a tiling can have a cluster entry: the merge buffer fits below
-// the P tile, and each CTA of the cluster gets whole column pairs of d_v.
-KFORGE_HD constexpr bool ClusterMergeFits(const DecodeShape& s) {
-  return CheckDecodeTiling(s) == TilingError::kOk && (s.d_v / 2) % kClusterSplits == 0 &&
+// Whether a tiling can have a cluster entry of `splits` CTAs: the merge
+// buffer fits below the P tile, and each CTA of the cluster gets whole
+// column pairs of d_v.
+KFORGE_HD constexpr bool ClusterMergeFits(const DecodeShape& s, int splits) {
+  return CheckDecodeTiling(s) == TilingError::kOk && splits >= 1 && (s.d_v / 2) % splits == 0 &&
          MakeClusterMergeLayout(s).bytes <= MakeDecodeSmemLayout(s).p;
 }
 

@@ -252,7 +252,8 @@ __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork
   }
 }
 
-// The cluster entry's epilogue (kClusterSplits in config.h): the CTAs of a
+// The cluster entries' epilogue (kClusterSplits, kMainClusterSplits in
+// config.h): the CTAs of a
 // cluster are the splits of one (head group, query token). Each writes its
 // normalised O and lse (log2 domain) to its merge buffer; after a cluster
 // barrier, CTA `rank` merges column pairs [rank, rank + 1) * kPairs of
@@ -265,7 +266,7 @@ __device__ __forceinline__ void ClusterMergeEpilogue(const DecodeParams& p, cons
                                                      const DecodeSmem& sm, const ThreadRoles& r,
                                                      const PvPhase<T>& pv, const OAccum<T>& o,
                                                      const RowStats<T>& stats) {
-  static_assert(kSplits == kClusterSplits && ClusterMergeFits(T::kShape),
+  static_assert(ClusterMergeFits(T::kShape, kSplits),
                 "the cluster entry needs ClusterMergeFits (config.h)");
   static_assert(T::kSmemQ == 0, "the merge buffer starts at the shared-memory base");
   constexpr ClusterMergeLayout kL = MakeClusterMergeLayout(T::kShape);

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call for a kernel change: the benchmark (bf16 and fp8_ds_mla),
+# the GPU correctness check, the runtime end to end (no prebuild benchmark)
+# and the C++ Run host time, over what was built and staged here:
+#   tests/gpu/compile_check_modules.sh build/cli/kforge .gpu/check
+#   bench/compile_bench_modules.sh build/cli/kforge .gpu/bench sm_90a bf16
+#   bench/compile_bench_modules.sh build/cli/kforge .gpu/bench8 sm_90a fp8_ds_mla
+#   tests/gpu/stage_binaries.sh .gpu/stage build/cli/kforge \
+#       build/examples/kforge_decode_example build/tests/cuda_runtime_test
+#   tests/gpu/stage_binaries.sh --beside .gpu/stage/capi build/capi/libkforge_capi.so
+# then, on the GPU machine (carry .gpu, python/kforge/v1, python/kforge/_version.py):
+#   tests/gpu/run_device_suite.sh [.gpu]
+# Tables and logs under $OUT (at most six files, the device tool's limit is
+# eight); the e2e scratch stays in /tmp/e2e.
+set -o pipefail
+dir=${1:-.gpu}
+out=${OUT:-/tmp/kforge-suite}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 KFORGE_CAPI_LIB=$PWD/$dir/stage/capi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+cases=128x1,64x1,16x1,8x1,128x2,64x2,16x4,8x4,8x8,128x4,128x8,64x8,128x32,64x64,16x128,128x128
+for d in bf16 fp8_ds_mla; do
+  mods=$dir/bench; [ $d = fp8_ds_mla ] && mods=$dir/bench8
+  timeout 150 python3 bench/bench_sparse_mla.py "$mods" --no-torch --kv-dtype $d --cases $cases \
+    --out "$out/bench_$d.md" >"$out/bench_$d.log" 2>&1
+  echo "bench $d rc=$?"
+  cut -c1-330 "$out/bench_$d.log"
+done
+timeout 240 python3 tests/gpu/check_sparse_mla.py "$dir/check" --json-out /tmp/check.json \
+  >"$out/check.log" 2>&1
+echo "check rc=$?"
+tail -n 1 "$out/check.log"
+grep FAIL "$out/check.log" | head
+OUT=/tmp/e2e timeout 240 tests/gpu/run_e2e.sh "$dir/stage" --no-prebuild-bench >"$out/e2e.log" 2>&1
+echo "e2e rc=$?"
+grep -E '^==|passed|failed|FAILED|us/call|SparseMlaDecoder|sparse_mla_decode\(' "$out/e2e.log" |
+  cut -c1-200 | tail -n 60
+for a in "glm-5 --tp 8 --batch 1" "glm-5 --tp 1 --batch 1" "deepseek-v3.2 --tp 1 --batch 1" \
+  "deepseek-v3.2 --tp 1 --batch 32"; do
+  echo "== C++ Run host time: $a"
+  # shellcheck disable=SC2086
+  timeout 60 /tmp/e2e/wrap/kforge_decode_example --bundle /tmp/e2e/bundle --preset $a \
+    --time-host 200 2>&1 | grep -E 'host time|PASS|FAIL'
+done

@@ -92,6 +92,10 @@ int Select(const std::vector<std::string>& argv) {
        {"batch", "N", "requests in the decode step"},
        WithAlias({"s-q", "N", "query tokens per request (MTP: 2..4)", "1"}, "sq"),
        {"device-arch", "ARCH", "the device's arch (default: --arch)"},
+       {"clusters", "N",
+        "16-CTA clusters the device runs at once (what the loaders read with "
+        "cuOccupancyMaxActiveClusters: 7 on an H200); 0: no small-batch cluster entry",
+        "0"},
        {"heads", "N", "shape override: query heads (default: the model's)"},
        {"topk", "N", "shape override: indices per query token"},
        WithAlias({"page-block-size", "N", "shape override: tokens per KV cache page"}, "page-size"),
@@ -122,6 +126,9 @@ int Select(const std::vector<std::string>& argv) {
   if (!sms.ok()) return Fail(sms.status());
   if (!batch.ok()) return Fail(batch.status());
   device.sm_count = *sms;
+  absl::StatusOr<int> clusters = IntFlag(*args, "clusters", 0);
+  if (!clusters.ok()) return Fail(clusters.status());
+  device.max_active_clusters = *clusters;
   RuntimeShape shape;
   shape.batch = *batch;
   absl::StatusOr<int> s_q = IntFlag(*args, "s-q", 1);

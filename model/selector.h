@@ -42,8 +42,9 @@ struct Selection {
   // The variant's small-batch path (v1::SmallBatchPath) was chosen: its
   // entry, tiling and launch rule give everything below.
   bool small_batch = false;
-  // main_entry is the small-batch path's cluster entry: num_splits CTAs per
-  // cluster merge in the kernel, so no combine and no workspace.
+  // main_entry is a cluster entry (the small-batch path's or the throughput
+  // tiling's, v1::ClusterPath): the num_splits CTAs of a cluster merge in
+  // the kernel, so no combine and no workspace.
   bool cluster = false;
   const std::string* main_entry = nullptr;  // the main kernel to launch (into the manifest)
   const v1::LaunchRule* launch = nullptr;   // its launch rule (into the manifest)

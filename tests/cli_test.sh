@@ -115,6 +115,16 @@ mtp=$("$KFORGE" select --preset glm-5 --tp 8 --arch sm_90a --sms 132 --batch 3 -
   fail "kforge select --s-q 2 failed"
 grep -q "tokens *6" <<<"$mtp" || fail "select --s-q 2 --batch 3 is not 6 tokens: $mtp"
 set +e
+# With the device's cluster capacity, batch 1 takes the cluster entry: one
+# launch, no workspace; without it (0, the default) split + combine.
+cl=$("$KFORGE" select --preset glm-5 --tp 8 --arch sm_90a --sms 132 --batch 1 --clusters 7) ||
+  fail "kforge select --clusters failed"
+grep -q "sparse_mla_decode_cluster .*merged in the kernel" <<<"$cl" ||
+  fail "select --clusters 7 did not take the cluster entry: $cl"
+grep -q "workspace *0 B" <<<"$cl" || fail "the cluster entry needs a workspace: $cl"
+grep -q "sparse_mla_decode_combine" <<<"$sel" || fail "select without --clusters did not combine: $sel"
+if "$KFORGE" select --preset glm-5 --tp 8 --arch sm_90a --sms 132 --batch 1 --clusters -1 \
+  2>/dev/null; then fail "select accepted --clusters -1"; fi
 nofit=$("$KFORGE" select --preset glm-5 --tp 8 --arch sm_90a --sms 132 --batch 1 --sq 1 \
   --device-arch sm_120a 2>&1)
 rc=$?

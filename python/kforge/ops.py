@@ -345,9 +345,9 @@ class LoadedKernel:
         functions = [_cu_check(cu, cu.cuKernelGetFunction(k), f"cuKernelGetFunction({name})")
                      for k in entries]
         self.combine = functions[1]
-        # The main kernels by entry name (the throughput one, and the
-        # small-batch path's entry and cluster entry where the module has
-        # them): a plan launches the one its main_entry names.
+        # The main kernels by entry name (the throughput one and its cluster
+        # entry, the small-batch path's entry and cluster entry, where the
+        # module has them): a plan launches the one its main_entry names.
         self._mains = {entry: f for entry, f in zip(names, functions) if entry != names[1]}
         self.name = name
         # How many of the cluster entry's clusters this GPU runs at once (0:

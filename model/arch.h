@@ -35,6 +35,13 @@ absl::StatusOr<Arch> ParseArch(std::string_view name);
 // one and an unknown one is reported as the mismatch it is.
 std::string CanonicalArchName(std::string_view name);
 
+// Whether kernels built for `arch` are launched with programmatic stream
+// serialization (sm_90+: the templates' ptx::WaitForPriorGrids and
+// AllowDependentLaunch), so each is scheduled while the one before it in
+// the stream finishes. The selector puts it in every plan; the loaders only
+// read it.
+inline bool LaunchesProgrammatically(const Arch& arch) { return arch.major >= 9; }
+
 // Every target kforge builds for, in ascending order.
 const std::vector<Arch>& SupportedArchs();
 

@@ -19,6 +19,7 @@ v1::LaunchPlan ToLaunchPlan(const Selection& sel) {
   plan.set_main_entry(sel.main_entry != nullptr ? *sel.main_entry : v.main_entry());
   plan.set_small_batch(sel.small_batch);
   plan.set_cluster(sel.cluster);
+  plan.set_programmatic(sel.programmatic);
   plan.set_combine_entry(v.combine_entry());
   plan.set_num_tokens(static_cast<uint32_t>(sel.num_tokens));
   plan.set_num_splits(static_cast<uint32_t>(sel.num_splits));

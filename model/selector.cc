@@ -102,6 +102,9 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
                                  const RuntimeShape& shape) {
   if (absl::Status s = ValidateInputs(manifest, device, shape); !s.ok()) return s;
   const std::string device_arch = CanonicalArchName(device.arch);
+  // An unknown arch fits no variant (Missing says so), so false is moot.
+  const absl::StatusOr<Arch> parsed_arch = ParseArch(device_arch);
+  const bool programmatic = parsed_arch.ok() && LaunchesProgrammatically(*parsed_arch);
   const std::string manifest_arch = CanonicalArchName(manifest.arch());
 
   std::vector<int> order;
@@ -199,6 +202,7 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
     sel.block_threads = launch.block_threads();
     sel.dynamic_smem_bytes = launch.dynamic_smem_bytes();
     sel.needs_combine = sel.num_splits > 1 && !sel.cluster;
+    sel.programmatic = programmatic;
     if (sel.needs_combine) {
       const uint32_t warps = launch.combine_block_threads() / 32;
       if (warps == 0) {

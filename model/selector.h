@@ -55,6 +55,9 @@ struct Selection {
   uint32_t block_threads = 0;
   uint32_t dynamic_smem_bytes = 0;
   bool needs_combine = false;  // num_splits > 1 and not cluster
+  // Launch both kernels with programmatic stream serialization
+  // (LaunchesProgrammatically in model/arch.h).
+  bool programmatic = false;
   uint32_t combine_grid_x = 0, combine_grid_y = 0, combine_block_threads = 0;
   int combine_column_slices = 0;  // warps per (token, head); 0 without combine
   uint64_t workspace_bytes = 0;   // 0 when !needs_combine

@@ -130,7 +130,6 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   module->cluster_dims_ = {artifact.small_batch().tiling().num_head_groups(),
                            artifact.small_batch().cluster_splits(), 1,
                            artifact.small_batch().launch().block_threads(), small_smem};
-  module->programmatic_ = *major >= 9;
   const std::string& name = module->module_name_;
   if (absl::Status s = cu.Check(cu.LibraryLoadData(&module->library_, artifact.cubin().data(),
                                                    nullptr, nullptr, 0, nullptr, nullptr, 0),
@@ -205,9 +204,9 @@ CudaKernelModule::~CudaKernelModule() {
 absl::Status CudaKernelModule::Launch(CUkernel kernel, std::string_view entry, void* params,
                                       const LaunchDims& d, CUstream stream) const {
   void* args[] = {params};
-  const std::string_view how = programmatic_ ? "cuLaunchKernelEx" : "cuLaunchKernel";
+  const std::string_view how = d.programmatic ? "cuLaunchKernelEx" : "cuLaunchKernel";
   CUresult result;
-  if (programmatic_) {
+  if (d.programmatic) {
     CUlaunchAttribute attribute{};
     attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attribute.value.programmaticStreamSerializationAllowed = 1;

@@ -35,6 +35,8 @@ struct LaunchDims {
   uint32_t grid_x = 1, grid_y = 1, grid_z = 1;
   uint32_t block_threads = 0;
   uint32_t dynamic_smem_bytes = 0;
+  // With programmatic stream serialization (Selection::programmatic).
+  bool programmatic = false;
 };
 
 // One artifact's cubin loaded as a context-independent CUlibrary: usable in
@@ -91,10 +93,6 @@ class CudaKernelModule {
   CUkernel cluster_ = nullptr;       // null without its cluster entry, or where the
                                      // device refused its cluster size
   CUkernel main_cluster_ = nullptr;  // the throughput tiling's (v1::ClusterPath)
-  // sm_90+: kernels are launched with programmatic stream serialization
-  // (ptx::WaitForPriorGrids in the templates), so each is scheduled while
-  // the one before it in the stream finishes.
-  bool programmatic_ = false;
 };
 
 }  // namespace kforge

@@ -22,11 +22,13 @@ absl::Status WithContext(const absl::Status& s, std::string_view context) {
 }  // namespace
 
 LaunchDims MainLaunchDims(const Selection& sel) {
-  return {sel.grid_x, sel.grid_y, sel.grid_z, sel.block_threads, sel.dynamic_smem_bytes};
+  return {sel.grid_x,      sel.grid_y, sel.grid_z, sel.block_threads, sel.dynamic_smem_bytes,
+          sel.programmatic};
 }
 
 LaunchDims CombineLaunchDims(const Selection& sel) {
-  return {sel.combine_grid_x, sel.combine_grid_y, 1, sel.combine_block_threads, 0};
+  return {sel.combine_grid_x, sel.combine_grid_y, 1, sel.combine_block_threads, 0,
+          sel.programmatic};
 }
 
 absl::StatusOr<std::unique_ptr<SparseMlaDecode>> SparseMlaDecode::Create(

@@ -621,10 +621,12 @@ def parse_select(text):
     out = {"variant": int(re.search(r"^variant (\d+):", text, re.M).group(1)),
            "splits": int(re.search(r"^  splits +(\d+)", text, re.M).group(1)),
            "workspace": int(re.search(r"^  workspace +(\d+) B$", text, re.M).group(1))}
-    m = re.search(r"^  main +\S+(?: \(small-batch path\))? grid \((\d+), (\d+), (\d+)\) "
+    m = re.search(r"^  main +(\S+)(?: \(small-batch path\))?"
+                  r"( \(clusters of \d+ splits, merged in the kernel\))? grid \((\d+), (\d+), (\d+)\) "
                   r"block (\d+) dynamic smem (\d+) B$", text, re.M)
-    out["grid"] = tuple(int(x) for x in m.group(1, 2, 3))
-    out["block"], out["smem"] = int(m.group(4)), int(m.group(5))
+    out["entry"], out["cluster"] = m.group(1), m.group(2) is not None
+    out["grid"] = tuple(int(x) for x in m.group(3, 4, 5))
+    out["block"], out["smem"] = int(m.group(6)), int(m.group(7))
     m = re.search(r"^  combine +\S+ grid \((\d+), (\d+)\) block (\d+)$", text, re.M)
     out["combine"] = (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
     return out
@@ -632,6 +634,7 @@ def parse_select(text):
 
 def describe(sel):
     return {"variant": sel.variant_index, "splits": sel.num_splits,
+            "entry": sel.plan.main_entry, "cluster": sel.plan.cluster,
             "workspace": sel.workspace_bytes, "grid": sel.grid, "block": sel.block_threads,
             "smem": sel.dynamic_smem_bytes,
             "combine": sel.combine_grid + (sel.combine_block_threads,)
@@ -654,24 +657,29 @@ class SelectorParityTest(unittest.TestCase):
 
     def test_same_choice_and_launch_as_kforge_select(self):
         checked = 0
+        clustered = 0
         for preset, tp, arch, s_q in ((p, t, a, s) for p in ("glm-5", "deepseek-v3.2")
                                       for t in (1, 8) for a in ("sm_90a", "sm_120a")
                                       for s in (1, 2)):
             manifest = cli_manifest(preset, tp, arch, s_q)
             spec = manifest.variants[manifest.choice_order[0]].spec
-            for batch in (1, 7, 32, 128):
-                with self.subTest(preset=preset, tp=tp, arch=arch, s_q=s_q, batch=batch):
+            # Cluster capacity unknown (0) and the H200's 7.
+            for batch, clusters in ((b, c) for b in (1, 7, 32, 128) for c in (0, 7)):
+                with self.subTest(preset=preset, tp=tp, arch=arch, s_q=s_q, batch=batch,
+                                  clusters=clusters):
                     r = run_kforge("select", "--preset", preset, "--tp", str(tp), "--arch",
                                    arch, "--sms", str(self.SMS), "--batch", str(batch),
-                                   "--sq", str(s_q))
+                                   "--sq", str(s_q), "--clusters", str(clusters))
                     self.assertEqual(r.returncode, 0, r.stderr)
                     shape = Shape(batch=batch, s_q=s_q, num_q_heads=spec.num_q_heads,
                                   topk=spec.topk, page_block_size=spec.page_block_size)
-                    sel = select(manifest, Device(arch, self.SMS), shape)
+                    sel = select(manifest, Device(arch, self.SMS, 0, clusters), shape)
                     self.assertEqual(describe(sel), parse_select(r.stdout))
                     self.assertEqual(sel.num_tokens, batch * s_q)
                     checked += 1
-        self.assertEqual(checked, 64)
+                    clustered += sel.plan.cluster
+        self.assertEqual(checked, 128)
+        self.assertGreater(clustered, 0)
 
     def test_same_report_when_nothing_fits(self):
         manifest = cli_manifest("glm-5", 8, ARCH, 1)

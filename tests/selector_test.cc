@@ -12,6 +12,7 @@
 #include "compiler/manifest.h"
 #include "gtest/gtest.h"
 #include "model/launch.h"
+#include "model/launch_plan.h"
 #include "model/spec.h"
 #include "templates/kforge/sparse_mla/config.h"
 
@@ -148,6 +149,9 @@ TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
     absl::StatusOr<Selection> sel = Select(m, DeviceInfo{arch, kSms}, shape);
     ASSERT_TRUE(sel.ok()) << sel.status();
     EXPECT_EQ(sel->variant_index, static_cast<int>(m.choice_order(0)));
+    // Programmatic launches from sm_90 on (griddepcontrol), in the plan.
+    EXPECT_EQ(sel->programmatic, arch != "sm_80");
+    EXPECT_EQ(ToLaunchPlan(*sel).programmatic(), sel->programmatic);
     CheckSelection(m, *sel, shape, kSms);
     // On one path more tokens never mean more splits (leaving the small-
     // batch path may raise them: fewer, bigger head groups); once left, it

@@ -88,7 +88,8 @@ class BoundPlan:
     until the launch has copied them (cuLaunchKernel copies)."""
 
     __slots__ = ("selection", "variant", "kernel", "workspace_bytes", "launch",
-                 "combine_launch", "main", "combine", "entry", "configs", "lock")
+                 "combine_launch", "main", "combine", "entry", "programmatic", "configs",
+                 "lock")
 
     def __init__(self, selection, workspace):
         p = selection.plan
@@ -99,6 +100,9 @@ class BoundPlan:
         self.launch = (p.grid_x, p.grid_y, p.grid_z, p.block_threads, 1, 1,
                        p.dynamic_smem_bytes)
         self.entry = p.main_entry  # the module's main kernel to launch
+        # cuLaunchKernelEx with programmatic stream serialization (the
+        # selector's rule, model/arch.h LaunchesProgrammatically).
+        self.programmatic = p.programmatic
         # The kernel's cuLaunchKernelEx configs (main, combine) per stream.
         self.configs = {}
         self.main = _Block("DecodeParams", p.main_params, _MAIN_FIELDS, workspace,

@@ -365,10 +365,6 @@ class LoadedKernel:
             err, clusters = cu.cuOccupancyMaxActiveClusters(self._mains[small.cluster_entry],
                                                             config)
             self.max_active_clusters = int(clusters) if err == cu.CUresult.CUDA_SUCCESS else 0
-        # sm_90+: launched with programmatic stream serialization (the
-        # templates' WaitForPriorGrids), as the C++ runtime does, so each
-        # kernel is scheduled while the one before it finishes.
-        self._programmatic = tuple(capability) >= (9, 0)
         self._success = cu.CUresult.CUDA_SUCCESS
         self._streams = {}  # cudaStream_t -> CUstream
 
@@ -377,10 +373,10 @@ class LoadedKernel:
         cudaStream_t as an int): the main kernel, then the combine."""
         p = sel.plan
         self._launch(self._main_for(p.main_entry), (p.grid_x, p.grid_y, p.grid_z), p.block_threads,
-                     p.dynamic_smem_bytes, p.main_params, stream)
+                     p.dynamic_smem_bytes, p.main_params, stream, p.programmatic)
         if p.needs_combine:
             self._launch(self.combine, (p.combine_grid_x, p.combine_grid_y, 1),
-                         p.combine_block_threads, 0, p.combine_params, stream)
+                         p.combine_block_threads, 0, p.combine_params, stream, p.programmatic)
 
     def launch(self, plan, stream):
         """Enqueues a kforge.launch.BoundPlan whose blocks hold the call's
@@ -392,7 +388,7 @@ class LoadedKernel:
                 self._streams.clear()
             handle = self._streams[stream] = cu.CUstream(stream)
         main = self._main_for(plan.entry)
-        if self._programmatic:
+        if plan.programmatic:
             configs = plan.configs.get(stream)
             if configs is None:
                 if len(plan.configs) > 64:
@@ -442,11 +438,11 @@ class LoadedKernel:
                               "the plan asked for it")
         return function
 
-    def _launch(self, function, grid, block, smem, params, stream):
+    def _launch(self, function, grid, block, smem, params, stream, programmatic):
         cu = self._cu
         block_bytes = ctypes.create_string_buffer(params, len(params))
         args = (ctypes.c_void_p * 1)(ctypes.addressof(block_bytes))  # one by-value struct
-        if self._programmatic:
+        if programmatic:
             config = self._config((*grid, block, 1, 1, smem), cu.CUstream(stream))
             _cu_check(cu, cu.cuLaunchKernelEx(config, function, ctypes.addressof(args), 0),
                       f"cuLaunchKernelEx({self.name}, grid {grid}, block {block})")

@@ -9,6 +9,7 @@
 #include "compiler/key.h"
 #include "compiler/nvrtc.h"
 #include "google/protobuf/util/json_util.h"
+#include "model/artifact_check.h"
 #include "model/cubin.h"
 #include "model/spec.h"
 #include "templates/kforge/sparse_mla/config.h"
@@ -102,9 +103,8 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
                                             "; refusing to serve it"));
   }
   std::vector<std::string> entries = {kMainEntry, kCombineEntry};
-  for (const std::string* entry :
-       {&plan.small_batch.entry(), &plan.small_batch.cluster_entry(), &plan.cluster.entry()}) {
-    if (!entry->empty()) entries.push_back(*entry);
+  for (const std::string* entry : OptionalMainEntries(plan.small_batch, plan.cluster)) {
+    entries.push_back(*entry);
   }
   for (const std::string& entry : entries) {
     const bool found = std::any_of(info->kernels().begin(), info->kernels().end(),

@@ -52,10 +52,8 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
   std::vector<std::pair<const std::string*, uint32_t>> entries = {
       {&artifact.main_entry(), artifact.params_bytes()},
       {&artifact.combine_entry(), artifact.combine_params_bytes()}};
-  for (const std::string* main :
-       {&artifact.small_batch().entry(), &artifact.small_batch().cluster_entry(),
-        &artifact.cluster().entry()}) {
-    if (!main->empty()) entries.emplace_back(main, artifact.params_bytes());
+  for (const std::string* main : OptionalMainEntries(artifact.small_batch(), artifact.cluster())) {
+    entries.emplace_back(main, artifact.params_bytes());
   }
   for (const auto& [name, params_bytes] : entries) {
     const v1::KernelResources* entry = FindEntry(*info, *name);
@@ -128,6 +126,15 @@ absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::st
     }
   }
   return CheckCubin(variant, canonical_arch, artifact);
+}
+
+std::vector<const std::string*> OptionalMainEntries(const v1::SmallBatchPath& small,
+                                                    const v1::ClusterPath& cluster) {
+  std::vector<const std::string*> entries;
+  for (const std::string* entry : {&small.entry(), &small.cluster_entry(), &cluster.entry()}) {
+    if (!entry->empty()) entries.push_back(entry);
+  }
+  return entries;
 }
 
 v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact) {

@@ -2,6 +2,7 @@
 #define KFORGE_MODEL_ARTIFACT_CHECK_H_
 
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kforge/v1/artifact.pb.h"
@@ -20,6 +21,12 @@ absl::Status CheckFileStem(std::string_view field, std::string_view name);
 // The manifest variant a compiled artifact is: its module, key, spec,
 // tiling, launch rule and entry names.
 v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact);
+
+// A module's main kernels beside main_entry that are set, all taking
+// DecodeParams: the small-batch path's entry and cluster entry, and the
+// throughput tiling's cluster entry. Pointers into `small` and `cluster`.
+std::vector<const std::string*> OptionalMainEntries(const v1::SmallBatchPath& small,
+                                                    const v1::ClusterPath& cluster);
 
 // OK when `artifact` is the kernel `variant` names for `arch`: module name
 // and key usable as file names (CheckFileStem), same key, module, arch,

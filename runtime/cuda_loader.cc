@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "base/absl_compat.h"
+#include "model/artifact_check.h"
 
 namespace kforge {
 namespace {
@@ -74,11 +75,8 @@ absl::Status CheckParamSizes(const v1::KernelArtifact& artifact) {
       !s.ok()) {
     return s;
   }
-  for (const std::string* small :
-       {&artifact.small_batch().entry(), &artifact.small_batch().cluster_entry(),
-        &artifact.cluster().entry()}) {
-    if (small->empty()) continue;
-    if (absl::Status s = CheckEntryParams(artifact, *small, sizeof(DecodeParams), "DecodeParams");
+  for (const std::string* entry : OptionalMainEntries(artifact.small_batch(), artifact.cluster())) {
+    if (absl::Status s = CheckEntryParams(artifact, *entry, sizeof(DecodeParams), "DecodeParams");
         !s.ok()) {
       return s;
     }

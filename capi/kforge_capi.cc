@@ -141,6 +141,9 @@ kforge::DecodeArgs ToDecodeArgs(const KforgeDecodeArgs& a) {
   d.indices = a.indices;
   d.out = a.out;
   d.lse = a.lse;
+  d.topk_length = a.topk_length;
+  d.sink = a.sink;
+  d.topk_length_tokens = a.topk_length_tokens;
   d.batch = a.batch;
   d.s_q = a.s_q;
   d.num_q_heads = a.num_q_heads;
@@ -193,11 +196,14 @@ size_t kforge_offsetof(const char* struct_name, const char* field) {
     if (f == "lse") return offsetof(DecodeParams, lse);
     if (f == "o_accum") return offsetof(DecodeParams, o_accum);
     if (f == "lse_accum") return offsetof(DecodeParams, lse_accum);
+    if (f == "topk_length") return offsetof(DecodeParams, topk_length);
+    if (f == "sink") return offsetof(DecodeParams, sink);
   } else if (s == "CombineParams") {
     if (f == "o_accum") return offsetof(CombineParams, o_accum);
     if (f == "lse_accum") return offsetof(CombineParams, lse_accum);
     if (f == "out") return offsetof(CombineParams, out);
     if (f == "lse") return offsetof(CombineParams, lse);
+    if (f == "sink") return offsetof(CombineParams, sink);
   }
   return SIZE_MAX;
 }

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 3
+#define KFORGE_CAPI_VERSION 4
 
 int32_t kforge_capi_version(void);
 
@@ -43,7 +43,8 @@ void kforge_free(void* p);
 
 /* offsetof a pointer field of a parameter block as this library was built:
  * struct "DecodeParams" (fields q, kv, indices, out, lse, o_accum,
- * lse_accum) or "CombineParams" (o_accum, lse_accum, out, lse). SIZE_MAX
+ * lse_accum, topk_length, sink) or "CombineParams" (o_accum, lse_accum,
+ * out, lse, sink). SIZE_MAX
  * for any other name. With kforge_decode_pointer_modulus, lets a binding
  * reuse one kforge_plan_decode result for other pointers. */
 size_t kforge_offsetof(const char* struct_name, const char* field);
@@ -81,7 +82,9 @@ typedef struct KforgeDecodeArgs {
   uint64_t kv;
   uint64_t indices;
   uint64_t out;
-  uint64_t lse; /* 0: not wanted */
+  uint64_t lse;         /* 0: not wanted */
+  uint64_t topk_length; /* 0: every token's topk indices count */
+  uint64_t sink;        /* 0: no attention sink */
   int32_t batch;
   int32_t s_q;
   int32_t num_q_heads;
@@ -90,6 +93,8 @@ typedef struct KforgeDecodeArgs {
   int32_t topk;
   int32_t page_block_size;
   int32_t kv_dtype;
+  int32_t topk_length_tokens; /* 1 (or 0): a length per query token; s_q: per request */
+  int32_t reserved;           /* 0 */
   int64_t num_kv_slots;
   int64_t q_token_stride;
   int64_t q_head_stride;

@@ -78,6 +78,13 @@ absl::Status CheckModel(const DecodeArgs& a, const v1::AttentionSpec& spec) {
                                    "a spec with this scale)",
                                    a.softmax_scale, built));
   }
+  if (a.topk_length != 0 && a.topk_length_tokens != 0 && a.topk_length_tokens != 1 &&
+      a.topk_length_tokens != a.s_q) {
+    return Invalid("topk_length_tokens", absl::StrCat("got ", a.topk_length_tokens,
+                                                      ", must be 1 (one length per query "
+                                                      "token) or s_q = ",
+                                                      a.s_q, " (one per request)"));
+  }
   if (a.lse != 0 && !spec.return_lse()) {
     return Invalid("lse",
                    "given, but the kernels were built without return_lse "
@@ -143,6 +150,8 @@ absl::Status CheckAlignment(const DecodeArgs& a, const KvCacheLayout& kv) {
       {"out", a.out, kOutAlignBytes, true},
       {"indices", a.indices, kIndicesLseAlignBytes, true},
       {"lse", a.lse, kIndicesLseAlignBytes, true},
+      {"topk_length", a.topk_length, kIndicesLseAlignBytes, true},
+      {"sink", a.sink, kIndicesLseAlignBytes, true},
       stride("q_token_stride", a.q_token_stride, kQKvAlignBytes),
       stride("q_head_stride", a.q_head_stride, kQKvAlignBytes),
       stride("kv_page_stride", a.kv_page_stride, kQKvAlignBytes, kv.element_bytes),
@@ -192,6 +201,9 @@ DecodeParams MakeDecodeParams(const Selection& sel, const DecodeArgs& a, uint64_
   p.indices = reinterpret_cast<const int*>(a.indices);
   p.out = reinterpret_cast<unsigned short*>(a.out);
   p.lse = reinterpret_cast<float*>(a.lse);
+  p.topk_length = reinterpret_cast<const int*>(a.topk_length);
+  p.sink = reinterpret_cast<const float*>(a.sink);
+  p.topk_length_tokens = a.topk_length_tokens > 1 ? a.topk_length_tokens : 1;
   if (sel.needs_combine) {
     const uint64_t o_accum_bytes = static_cast<uint64_t>(sel.num_splits) * sel.num_tokens *
                                    spec.num_q_heads() * spec.kv_lora_rank() * sizeof(float);
@@ -218,6 +230,7 @@ CombineParams MakeCombineParams(const Selection& sel, const DecodeArgs& a, uint6
                        .lse_accum = main.lse_accum,
                        .out = main.out,
                        .lse = main.lse,
+                       .sink = main.sink,
                        .out_token_stride = main.out_token_stride,
                        .out_head_stride = main.out_head_stride,
                        .num_tokens = main.num_tokens,

@@ -24,28 +24,39 @@ namespace kforge {
 // addresses (CUdeviceptr values) in the caller's context; strides are in
 // elements of the pointed-to type.
 struct DecodeArgs {
-  uint64_t q = 0;        // bf16 [num_tokens, num_q_heads, d_qk]; not null
-  uint64_t kv = 0;       // paged cache, bf16 or the uint8 fp8_ds_mla
-                         // records: the row of slot s starts at
-                         // (s / page_block_size) * kv_page_stride +
-                         // (s % page_block_size) * kv_row_stride, strides
-                         // in the cache's elements (bytes for fp8_ds_mla,
-                         // see KvLayoutOf); not null
-  uint64_t indices = 0;  // int32 [num_tokens, topk], row stride
-                         // indices_stride; -1 or >= num_kv_slots = no
-                         // token; not null
-  uint64_t out = 0;      // bf16 [num_tokens, num_q_heads, d_v]; not null
-  uint64_t lse = 0;      // fp32 [num_tokens, num_q_heads], contiguous
-                         // (no strides), natural log; 0 = not wanted
+  uint64_t q = 0;            // bf16 [num_tokens, num_q_heads, d_qk]; not null
+  uint64_t kv = 0;           // paged cache, bf16 or the uint8 fp8_ds_mla
+                             // records: the row of slot s starts at
+                             // (s / page_block_size) * kv_page_stride +
+                             // (s % page_block_size) * kv_row_stride, strides
+                             // in the cache's elements (bytes for fp8_ds_mla,
+                             // see KvLayoutOf); not null
+  uint64_t indices = 0;      // int32 [num_tokens, topk], row stride
+                             // indices_stride; -1 or >= num_kv_slots = no
+                             // token; not null
+  uint64_t out = 0;          // bf16 [num_tokens, num_q_heads, d_v]; not null
+  uint64_t lse = 0;          // fp32 [num_tokens, num_q_heads], contiguous
+                             // (no strides), natural log, the attention's own
+                             // (the sink is not in it); 0 = not wanted
+  uint64_t topk_length = 0;  // int32, contiguous, one per topk_length_tokens
+                             // query tokens ([batch * s_q] or [batch]):
+                             // only a token's first topk_length indices
+                             // count (values clamped to 0..topk; the rest
+                             // are never read); 0 = all topk count
+  uint64_t sink = 0;         // fp32 [num_q_heads] attention sink logits
+                             // (templates/kforge/sparse_mla/sink.cuh);
+                             // 0 = none
 
-  int batch = 0;             // requests
-  int s_q = 0;               // query tokens per request (1, or 2..4 with MTP)
-  int num_q_heads = 0;       // heads on this GPU
-  int d_qk = 0;              // kv_lora_rank + rope_dim (576)
-  int d_v = 0;               // kv_lora_rank (512): V is the first d_v columns
-  int topk = 0;              // indices per query token
-  int page_block_size = 0;   // KV cache tokens per page
-  int64_t num_kv_slots = 0;  // num_pages * page_block_size
+  int batch = 0;               // requests
+  int s_q = 0;                 // query tokens per request (1, or 2..4 with MTP)
+  int num_q_heads = 0;         // heads on this GPU
+  int d_qk = 0;                // kv_lora_rank + rope_dim (576)
+  int d_v = 0;                 // kv_lora_rank (512): V is the first d_v columns
+  int topk = 0;                // indices per query token
+  int page_block_size = 0;     // KV cache tokens per page
+  int topk_length_tokens = 0;  // query tokens per topk_length entry: 1 (or
+                               // 0) one per token, s_q one per request
+  int64_t num_kv_slots = 0;    // num_pages * page_block_size
   v1::KvCacheDtype kv_dtype = v1::KV_CACHE_DTYPE_BF16;
 
   int64_t q_token_stride = 0;
@@ -64,8 +75,8 @@ struct DecodeArgs {
 // Alignments the kernels rely on. q and kv rows are gathered with 16-byte
 // cp.async (templates/kforge/sparse_mla/decode.cuh), so their pointers and
 // strides must keep every row on a 16-byte boundary; out is written as
-// pairs of bf16 (4-byte stores) by both kernels; indices and lse are
-// read/written as 4-byte scalars.
+// pairs of bf16 (4-byte stores) by both kernels; indices, lse, topk_length
+// and sink are read/written as 4-byte scalars.
 inline constexpr int kQKvAlignBytes = 16;
 inline constexpr int kOutAlignBytes = 4;
 inline constexpr int kIndicesLseAlignBytes = 4;

@@ -320,6 +320,14 @@ TEST(ValidateDecodeArgs, EachBadFieldIsNamedWithItsValue) {
       {[](DecodeArgs& a) { a.out += 2; }, "out: 0x40000002 is not 4-byte aligned"},
       {[](DecodeArgs& a) { a.indices += 2; }, "indices: 0x30000002 is not 4-byte"},
       {[](DecodeArgs& a) { a.lse += 2; }, "lse: 0x50000002 is not 4-byte"},
+      {[](DecodeArgs& a) { a.topk_length = 0x60000002; }, "topk_length: 0x60000002 is not 4-byte"},
+      {[](DecodeArgs& a) { a.sink = 0x60000001; }, "sink: 0x60000001 is not 4-byte"},
+      // One length per token (1) or per request (s_q) only.
+      {[](DecodeArgs& a) {
+         a.topk_length = 0x60000000;
+         a.topk_length_tokens = 3;
+       },
+       "topk_length_tokens: got 3, must be 1 (one length per query token) or s_q = 1"},
       {[](DecodeArgs& a) {
          a.q_head_stride = 580;
          a.q_token_stride = 8 * 580;
@@ -484,7 +492,9 @@ TEST(MakeDecodeParams, ClusterLaunchHasNoWorkspaceOrCombine) {
 
 TEST(MakeDecodeParams, SplitLaunchUsesTheWorkspaceLayout) {
   const v1::Manifest m = ManifestFor(Glm5Tp8(), "sm_90a");
-  const DecodeArgs args = PaddedArgs(2);
+  DecodeArgs args = PaddedArgs(2);
+  args.topk_length = 0x60000000;
+  args.sink = 0x68000000;
   // 8 heads, 2 tokens, 16 splits forced (the rule itself would take the
   // cluster entry, which needs no workspace: the next test).
   absl::StatusOr<Selection> sel = PlanOnH200(m, args, 16);
@@ -499,6 +509,9 @@ TEST(MakeDecodeParams, SplitLaunchUsesTheWorkspaceLayout) {
   EXPECT_EQ(reinterpret_cast<CUdeviceptr>(p.indices), args.indices);
   EXPECT_EQ(reinterpret_cast<CUdeviceptr>(p.out), args.out);
   EXPECT_EQ(reinterpret_cast<CUdeviceptr>(p.lse), args.lse);
+  EXPECT_EQ(reinterpret_cast<CUdeviceptr>(p.topk_length), args.topk_length);
+  EXPECT_EQ(reinterpret_cast<CUdeviceptr>(p.sink), args.sink);
+  EXPECT_EQ(p.topk_length_tokens, 1);
   // o_accum [splits, tokens, heads, 512] fp32, then lse_accum [splits,
   // tokens, heads] fp32, ending exactly at the selection's workspace size.
   const uint64_t rows = static_cast<uint64_t>(sel->num_splits) * 2 * 8;
@@ -526,6 +539,7 @@ TEST(MakeDecodeParams, SplitLaunchUsesTheWorkspaceLayout) {
   EXPECT_EQ(c.lse_accum, p.lse_accum);
   EXPECT_EQ(c.out, p.out);
   EXPECT_EQ(c.lse, p.lse);
+  EXPECT_EQ(c.sink, p.sink);  // the combine finishes O, so it adds the sink
   EXPECT_EQ(c.out_token_stride, p.out_token_stride);
   EXPECT_EQ(c.out_head_stride, p.out_head_stride);
   EXPECT_EQ(c.num_tokens, 2);
@@ -655,6 +669,33 @@ TEST(ReferenceDecode, ZeroQueryAveragesValidRowsCountingRepeats) {
     EXPECT_EQ(ref.lse[2 + h], -std::numeric_limits<double>::infinity());
     EXPECT_EQ(ref.out[(2 + h) * 512 + 7], 0.0);
   }
+}
+
+TEST(ReferenceDecode, TopkLengthCutsTheListAndTheSinkOnlyScalesOut) {
+  HostDecodeProblem p = MakeRandomDecodeProblem(SmallSpec(), {.batch = 2});
+  const DecodeArgs& a = p.args;
+  std::fill(p.q.begin(), p.q.end(), 0);  // every score 0: uniform weights
+  const std::vector<int32_t> token0 = {3, 40, 40, 7, 9, 11, 13, 15};
+  std::copy(token0.begin(), token0.end(), p.indices.begin());
+  std::copy(token0.begin(), token0.end(), p.indices.begin() + a.indices_stride);
+  p.args.topk_length_tokens = 1;
+  p.topk_length = {2, -5};  // token 0: {3, 40}; token 1: nothing
+  p.sink = {std::log(2.0f), -std::numeric_limits<float>::infinity()};
+  const DecodeReference ref = ReferenceDecode(p);
+  auto v = [&](int64_t slot, int d) {
+    return static_cast<double>(
+        Bf16ToFloat(p.kv[slot / 64 * a.kv_page_stride + slot % 64 * a.kv_row_stride + d]));
+  };
+  // lse = log 2 for both heads; head 0's sink log 2 halves out, head 1's
+  // -inf sink changes nothing.
+  EXPECT_NEAR(ref.lse[0], std::log(2.0), 1e-12);
+  EXPECT_NEAR(ref.lse[1], std::log(2.0), 1e-12);
+  for (int d : {0, 511}) {
+    EXPECT_NEAR(ref.out[d], (v(3, d) + v(40, d)) / 4, 1e-7) << d;
+    EXPECT_NEAR(ref.out[512 + d], (v(3, d) + v(40, d)) / 2, 1e-12) << d;
+  }
+  EXPECT_EQ(ref.lse[2], -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(ref.out[2 * 512 + 3], 0.0);
 }
 
 // The reference rounded to what a perfect kernel would write.
@@ -796,6 +837,24 @@ TEST_F(SparseMlaDecodeGpu, MatchesTheReference) {
   spec.set_s_q(1);
   RunAndCheck(d, spec, {.batch = 1, .s_q = 1, .seed = 4}, true, stream);
   EXPECT_EQ(d.workspace_bytes(), reserved);
+}
+
+// Per-token and per-request top-k lengths and an attention sink, through
+// the split + combine path (few tokens) and the single-split one (many).
+TEST_F(SparseMlaDecodeGpu, HonoursTopkLengthAndSink) {
+  v1::AttentionSpec spec = SmallSpec();
+  ASSERT_NO_FATAL_FAILURE(StartDecode(spec));
+  SparseMlaDecode& d = *decode_;
+  RunAndCheck(d, spec, {.batch = 2, .seed = 11, .topk_length = 1, .sink = true}, true, stream_);
+  RunAndCheck(d, spec, {.batch = 200, .row_padding = 8, .seed = 12, .topk_length = 1}, true,
+              stream_);
+  RunAndCheck(d, spec, {.batch = 200, .seed = 13, .sink = true}, true, stream_);
+  spec.set_s_q(2);
+  RunAndCheck(d, spec, {.batch = 3, .s_q = 2, .seed = 14, .topk_length = 2, .sink = true}, true,
+              stream_);
+  ASSERT_EQ(splits_seen_.size(), 4u);
+  EXPECT_GT(splits_seen_[0], 1);
+  EXPECT_EQ(splits_seen_[1], 1);
 }
 
 // What an engine does before serving: prefetch, reserve, capture a decode

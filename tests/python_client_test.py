@@ -1045,6 +1045,25 @@ def info(name, shape, strides=None, dtype="bfloat16", device=("cuda", 0), ptr=1 
     return ops.TensorInfo(name, tuple(shape), tuple(strides), dtype, device, ptr, size)
 
 
+# templates/kforge/sparse_mla/config.h DecodeParams / CombineParams.
+DECODE_PARAMS = (("q", "kv", "indices", "out", "lse", "o_accum", "lse_accum", "topk_length",
+                  "sink", "q_token_stride", "q_head_stride", "kv_page_stride", "kv_row_stride",
+                  "num_kv_slots", "indices_stride", "out_token_stride", "out_head_stride",
+                  "num_tokens", "num_splits", "tokens_per_split", "topk_length_tokens"),
+                 "<9Q8q4i")
+COMBINE_PARAMS = (("o_accum", "lse_accum", "out", "lse", "sink", "out_token_stride",
+                   "out_head_stride", "num_tokens", "num_splits", "column_slices", "reserved"),
+                  "<5Q2q4i")
+
+
+def unpack_decode_params(data):
+    return dict(zip(DECODE_PARAMS[0], struct.unpack(DECODE_PARAMS[1], data)))
+
+
+def unpack_combine_params(data):
+    return dict(zip(COMBINE_PARAMS[0], struct.unpack(COMBINE_PARAMS[1], data)))
+
+
 class OpsChecksTest(unittest.TestCase):
     """kforge.ops's tensor mapping and the checks PlanDecode makes of what it
     maps (no torch, no GPU)."""
@@ -1056,14 +1075,19 @@ class OpsChecksTest(unittest.TestCase):
                 info("indices", (batch, s_q, topk), dtype="int32", size=4, ptr=1 << 24))
 
     def plan(self, q=None, kv=None, idx=None, out=None, lse=0, scale=0.0625, batch=4, s_q=1,
-             sms=132, workspace=1 << 32):
+             sms=132, workspace=1 << 32, topk_length=None, sink=None):
         """PlanDecode for glm-5 TP8 on sm_90a (the inputs' defaults
-        replaced by any given)."""
+        replaced by any given; topk_length and sink TensorInfos or None)."""
         dq, dkv, didx = self.inputs(batch=batch, s_q=s_q)
         q, kv, idx = q or dq, kv or dkv, idx or didx
         dims = ops.check_decode_inputs(q, kv, idx)
         out = out or info("out", (*q.shape[:-1], 512), ptr=1 << 28)
-        args = ops.make_decode_args(q, kv, idx, dims, out, ops.check_out(out, dims), lse, scale)
+        tokens = ops.check_topk_length(topk_length, dims) if topk_length else 0
+        if sink:
+            ops.check_sink(sink, dims)
+        args = ops.make_decode_args(q, kv, idx, dims, out, ops.check_out(out, dims), lse, scale,
+                                    1, topk_length.data_ptr if topk_length else 0,
+                                    sink.data_ptr if sink else 0, tokens)
         return plan_decode(self.manifest, Device(ARCH, sms), args, workspace)
 
     @classmethod
@@ -1209,11 +1233,7 @@ class OpsChecksTest(unittest.TestCase):
         got.ClearField("combine_params")
         self.assertEqual(got, want)
         # templates/kforge/sparse_mla/config.h DecodeParams / CombineParams.
-        p = dict(zip(("q", "kv", "indices", "out", "lse", "o_accum", "lse_accum",
-                      "q_token_stride", "q_head_stride", "kv_page_stride", "kv_row_stride",
-                      "num_kv_slots", "indices_stride", "out_token_stride", "out_head_stride",
-                      "num_tokens", "num_splits", "tokens_per_split", "reserved"),
-                     struct.unpack("<7Q8q4i", sel.main_params)))
+        p = unpack_decode_params(sel.main_params)
         self.assertEqual((p["q"], p["kv"], p["indices"], p["out"], p["lse"]),
                          (q.data_ptr, kv.data_ptr, idx.data_ptr, 1 << 28, 1 << 27))
         self.assertEqual((p["o_accum"], p["lse_accum"]),
@@ -1223,10 +1243,7 @@ class OpsChecksTest(unittest.TestCase):
         self.assertEqual((p["num_tokens"], p["num_splits"]), (32, sel.num_splits))
         self.assertEqual(p["tokens_per_split"] % 64, 0)
         self.assertGreaterEqual(p["tokens_per_split"] * sel.num_splits, 2048)
-        c = dict(zip(("o_accum", "lse_accum", "out", "lse", "out_token_stride",
-                      "out_head_stride", "num_tokens", "num_splits", "column_slices",
-                      "reserved"),
-                     struct.unpack("<4Q2q4i", sel.combine_params)))
+        c = unpack_combine_params(sel.combine_params)
         # 32 tokens x 8 heads is a small combine: 4 warps (column slices) per
         # head, 32 warps, 8 blocks of 4.
         self.assertEqual(c["column_slices"], 4)
@@ -1238,8 +1255,83 @@ class OpsChecksTest(unittest.TestCase):
         sel1 = self.plan(batch=256, workspace=0)
         self.assertEqual((sel1.num_splits, sel1.workspace_bytes, sel1.combine_params),
                          (1, 0, b""))
-        p1 = struct.unpack("<7Q8q4i", sel1.main_params)
-        self.assertEqual((p1[4], p1[5], p1[17]), (0, 0, 2048))  # lse, o_accum, tokens/split
+        p1 = unpack_decode_params(sel1.main_params)
+        self.assertEqual((p1["lse"], p1["o_accum"], p1["tokens_per_split"]), (0, 0, 2048))
+        self.assertEqual((p1["topk_length"], p1["sink"], p1["topk_length_tokens"]), (0, 0, 1))
+        self.assertEqual((p["topk_length"], p["sink"], p["topk_length_tokens"]), (0, 0, 1))
+        self.assertEqual(c["sink"], 0)
+
+    def test_topk_length_and_sink_checks(self):
+        dims1 = ops.check_decode_inputs(*self.inputs())
+        dims2 = ops.check_decode_inputs(*self.inputs(s_q=2))
+
+        def tl(shape, strides=None, **kw):
+            kw.setdefault("ptr", 1 << 26)
+            return info("topk_length", shape, strides, dtype=kw.pop("dtype", "int32"), size=4,
+                        **kw)
+
+        def sk(shape, strides=None, **kw):
+            kw.setdefault("ptr", 1 << 25)
+            return info("sink", shape, strides, dtype=kw.pop("dtype", "float32"), size=4, **kw)
+
+        # One length per query token ([batch, s_q] or flat), or per request.
+        for shape, dims, tokens in (((4, 2), dims2, 1), ((8,), dims2, 1), ((4,), dims2, 2),
+                                    ((4,), dims1, 1), ((4, 1), dims1, 1)):
+            self.assertEqual(ops.check_topk_length(tl(shape), dims), tokens, shape)
+        # A dim of size 1 may have any stride (torch's contiguity).
+        self.assertEqual(ops.check_topk_length(tl((4, 1), (1, 3)), dims1), 1)
+        with self.assertRaisesRegex(TypeError, "topk_length: expected dtype int32, got int64"):
+            ops.check_topk_length(tl((4, 2), dtype="int64"), dims2)
+        for shape in ((4, 3), (2,), (8, 1), (4, 2, 1), (1, 8)):
+            with self.assertRaisesRegex(ValueError, r"topk_length: expected shape \[batch, s_q\] "
+                                                    r"= \[4, 2\], \[batch \* s_q\] = \[8\]"):
+                ops.check_topk_length(tl(shape), dims2)
+        for shape, strides in (((4, 2), (1, 4)), ((8,), (2,)), ((4,), (2,)), ((4, 2), (4, 1))):
+            with self.assertRaisesRegex(ValueError, "topk_length: must be contiguous"):
+                ops.check_topk_length(tl(shape, strides), dims2)
+        with self.assertRaisesRegex(ValueError, "topk_length is on cuda:1, the inputs on cuda:0"):
+            ops.check_topk_length(tl((4, 2), device=("cuda", 1)), dims2)
+        with self.assertRaisesRegex(ValueError, "topk_length is on cpu, the inputs on cuda:0"):
+            ops.check_topk_length(tl((4, 2), device=("cpu", None)), dims2)
+        ops.check_sink(sk((8,)), dims1)
+        with self.assertRaisesRegex(TypeError, "sink: expected dtype float32, got bfloat16"):
+            ops.check_sink(sk((8,), dtype="bfloat16"), dims1)
+        for shape, strides in (((16,), None), ((1, 8), None), ((8,), (2,)), ((4, 1, 8), None)):
+            with self.assertRaisesRegex(ValueError, r"sink: expected a contiguous \[num_q_heads\] "
+                                                    r"= \[8\] tensor"):
+                ops.check_sink(sk(shape, strides), dims1)
+        with self.assertRaisesRegex(ValueError, "sink is on cuda:2"):
+            ops.check_sink(sk((8,), device=("cuda", 2)), dims1)
+        # PlanDecode copies both pointers (and the tokens per length) into the
+        # blocks, the combine's sink too; alignment is its to check.
+        for sms, shape, want_tokens in ((132, (4,), 2), (132, (4, 2), 1), (1, (8,), 1)):
+            with self.subTest(sms=sms, shape=shape):
+                sel = self.plan(s_q=2, sms=sms, lse=1 << 27, topk_length=tl(shape), sink=sk((8,)))
+                p = unpack_decode_params(sel.main_params)
+                self.assertEqual((p["topk_length"], p["sink"], p["topk_length_tokens"]),
+                                 (1 << 26, 1 << 25, want_tokens))
+                if sel.needs_combine:
+                    self.assertEqual(unpack_combine_params(sel.combine_params)["sink"], 1 << 25)
+        self.assertGreater(self.plan(batch=32, sink=sk((8,))).num_splits, 1)
+        c = unpack_combine_params(self.plan(batch=32, sink=sk((8,))).combine_params)
+        self.assertEqual(c["sink"], 1 << 25)
+        with self.assertRaisesRegex(kforge.KforgeInvalidArgument,
+                                    "topk_length: 0x4000002 is not 4-byte aligned"):
+            self.plan(topk_length=tl((4,), ptr=(1 << 26) + 2))
+        with self.assertRaisesRegex(kforge.KforgeInvalidArgument,
+                                    "sink: 0x2000001 is not 4-byte aligned"):
+            self.plan(sink=sk((8,), ptr=(1 << 25) + 1))
+        # topk_length_tokens other than 1 or s_q is PlanDecode's to refuse.
+        q, kv, idx = self.inputs(s_q=2)
+        out = info("out", (4, 2, 8, 512), ptr=1 << 28)
+        for tokens, ok in ((0, True), (1, True), (2, True), (3, False), (-1, False)):
+            args = ops.make_decode_args(q, kv, idx, dims2, out, ops.check_out(out, dims2), 0,
+                                        0.0625, 1, 1 << 26, 0, tokens)
+            if ok:
+                plan_decode(self.manifest, Device(ARCH, 132), args, 1 << 32)
+                continue
+            with self.assertRaisesRegex(kforge.KforgeInvalidArgument, "topk_length_tokens"):
+                plan_decode(self.manifest, Device(ARCH, 132), args, 1 << 32)
 
     def test_arch_rules(self):
         self.assertEqual(arch_for_capability(9, 0), "sm_90a")
@@ -1312,25 +1404,38 @@ class PlanCacheTest(unittest.TestCase):
         cls.rng = random.Random(11)
 
     def cache(self):
-        def make_args(q, kv, idx, out, lse, scale):
-            return ops.call_args(q, kv, idx, out, lse, scale, 1, None, 0)
+        def make_args(q, kv, idx, out, lse, topk_length, sink, scale):
+            return ops.call_args(q, kv, idx, out, lse, scale, 1, None, 0,
+                                 topk_length=topk_length, sink=sink)
         return self.launch.PlanCache(self.manifest, self.device, make_args)
 
-    def call(self, batch=32, lse=True, base=1 << 36):
+    def call(self, batch=32, lse=True, base=1 << 36, s_q=1, topk_length=None, sink=False):
         """Tensors of a glm-5 TP8 call (paged cache with a gap), 512-byte
-        aligned like torch's allocations."""
+        aligned like torch's allocations: q, kv, indices, out, lse, and
+        topk_length ("token": [batch, s_q], "flat": [batch * s_q],
+        "request": [batch]) and sink when asked for."""
         page = 64 * 576 + 64
-        q = FakeTensor((batch, 1, 8, 576), base)
+        q = FakeTensor((batch, s_q, 8, 576), base)
         kv = FakeTensor((40, 64, 576), base + (1 << 32), strides=(page, 576, 1))
-        idx = FakeTensor((batch, 1, 2048), base + (2 << 32), I32)
-        out = FakeTensor((batch, 1, 8, 512), base + (3 << 32))
-        lse_t = FakeTensor((batch, 1, 8), base + (4 << 32), FP32) if lse else None
-        return [q, kv, idx, out, lse_t]
+        idx = FakeTensor((batch, s_q, 2048), base + (2 << 32), I32)
+        out = FakeTensor((batch, s_q, 8, 512), base + (3 << 32))
+        lse_t = FakeTensor((batch, s_q, 8), base + (4 << 32), FP32) if lse else None
+        shape = {None: None, "token": (batch, s_q), "flat": (batch * s_q,),
+                 "request": (batch,)}[topk_length]
+        tl = FakeTensor(shape, base + (5 << 32), I32) if shape else None
+        sk = FakeTensor((8,), base + (6 << 32), FP32) if sink else None
+        return [q, kv, idx, out, lse_t, tl, sk]
+
+    @staticmethod
+    def full(tensors):
+        """A call's 7 tensors (topk_length and sink None when not given)."""
+        return list(tensors) + [None] * (7 - len(tensors))
 
     def fresh(self, tensors, workspace):
         """What PlanDecode makes for these tensors and workspace."""
-        q, kv, idx, out, lse = tensors
-        args = ops.call_args(q, kv, idx, out, lse, self.SCALE, 1, None, 0)
+        q, kv, idx, out, lse, tl, sk = self.full(tensors)
+        args = ops.call_args(q, kv, idx, out, lse, self.SCALE, 1, None, 0, topk_length=tl,
+                             sink=sk)
         return plan_decode(self.manifest, self.device, args, workspace)
 
     def moved(self, tensors):
@@ -1340,7 +1445,7 @@ class PlanCacheTest(unittest.TestCase):
                 for i, t in enumerate(tensors)]
 
     def check_hit(self, cache, tensors, misses):
-        plan, pointers = cache.lookup(*tensors, self.SCALE)
+        plan, pointers = cache.lookup(*self.full(tensors), self.SCALE)
         self.assertEqual(cache.misses, misses)
         workspace = (1 << 40) + self.rng.randrange(1 << 16) * 256 if plan.workspace_bytes else 0
         plan.bind(pointers, workspace)
@@ -1361,11 +1466,37 @@ class PlanCacheTest(unittest.TestCase):
                     tensors = self.moved(tensors)
                     self.assertIs(self.check_hit(cache, tensors, 1), first)
 
+    def test_topk_length_and_sink_hits(self):
+        # Both pointers are written into the blocks on a hit like q's (the
+        # combine's sink too), and topk_length_tokens follows the shape.
+        for batch, s_q, topk_length, sink, lse, tokens in (
+                (32, 1, "token", True, True, 1), (32, 2, "request", True, False, 2),
+                (2, 4, "flat", False, True, 1), (256, 1, None, True, True, 1),
+                (4, 2, "token", True, True, 1), (1, 4, "request", False, False, 4),
+                (128, 1, "request", True, True, 1)):
+            with self.subTest(batch=batch, s_q=s_q, topk_length=topk_length, sink=sink):
+                cache = self.cache()
+                tensors = self.call(batch, lse, s_q=s_q, topk_length=topk_length, sink=sink)
+                first = self.check_hit(cache, tensors, 1)
+                for _ in range(10):
+                    tensors = self.moved(tensors)
+                    self.assertIs(self.check_hit(cache, tensors, 1), first)
+                p = unpack_decode_params(first.main.buffer.raw)
+                tl, sk = tensors[5:]
+                self.assertEqual((p["topk_length"], p["sink"], p["topk_length_tokens"]),
+                                 (tl.data_ptr() if tl else 0, sk.data_ptr() if sk else 0,
+                                  tokens))
+                if first.combine is not None:
+                    c = unpack_combine_params(first.combine.buffer.raw)
+                    self.assertEqual(c["sink"], sk.data_ptr() if sk else 0)
+
     def test_a_changed_signature_is_planned_again(self):
         cache = self.cache()
         base = self.call(32)
         self.check_hit(cache, base, 1)
-        q, kv, idx, out, lse = base
+        q, kv, idx, out, lse = base[:5]
+        tl = FakeTensor((32, 1), (1 << 36) + (5 << 32), I32)
+        sk = FakeTensor((8,), (1 << 36) + (6 << 32), FP32)
         changes = {
             "batch": self.call(64),
             "no lse": [q, kv, idx, out, None],
@@ -1377,6 +1508,13 @@ class PlanCacheTest(unittest.TestCase):
             "out strides": [q, kv, idx, out.at(strides=(8 * 520, 8 * 520, 520, 1)), lse],
             "indices stride": [q, kv, idx.at(strides=(4096, 4096, 1)), out, lse],
             "out 4 bytes off 16": [q, kv, idx, out.at(out.data_ptr() + 4), lse],
+            "topk_length": [q, kv, idx, out, lse, tl],
+            "topk_length flat": [q, kv, idx, out, lse, tl.at(shape=(32,), strides=(1,))],
+            "topk_length 4 bytes off 16": [q, kv, idx, out, lse, tl.at(tl.data_ptr() + 4)],
+            "sink": [q, kv, idx, out, lse, None, sk],
+            "sink 4 bytes off 16": [q, kv, idx, out, lse, None, sk.at(sk.data_ptr() + 4)],
+            "both": [q, kv, idx, out, lse, tl, sk],
+            "both, no lse": [q, kv, idx, out, None, tl, sk],
         }
         misses = 1
         for name, tensors in changes.items():
@@ -1388,9 +1526,9 @@ class PlanCacheTest(unittest.TestCase):
 
     def test_calls_a_cached_plan_does_not_cover_are_checked(self):
         cache = self.cache()
-        base = self.call(32)
+        base = self.call(32, topk_length="token", sink=True)
         self.check_hit(cache, base, 1)
-        q, kv, idx, out, lse = base
+        q, kv, idx, out, lse, tl, sk = base
         bad = {
             "q: 0x1000000008 is not 16-byte aligned": [q.at(q.data_ptr() + 8), kv, idx, out, lse],
             "kv: .* is not 16-byte aligned": [q, kv.at(kv.data_ptr() + 4), idx, out, lse],
@@ -1412,8 +1550,28 @@ class PlanCacheTest(unittest.TestCase):
             "lse: expected a contiguous": [q, kv, idx, out, lse.at(strides=(16, 16, 1))],
             "out_head_stride.*overlap": [q, kv, idx, out.at(strides=(8 * 512, 8 * 512, 256, 1)),
                                          lse],
+            "topk_length: 0x.* is not 4-byte aligned": [q, kv, idx, out, lse,
+                                                        tl.at(tl.data_ptr() + 2), sk],
+            "sink: 0x.* is not 4-byte aligned": [q, kv, idx, out, lse, tl,
+                                                 sk.at(sk.data_ptr() + 2)],
+            "topk_length: expected dtype int32, got float32": [q, kv, idx, out, lse,
+                                                               tl.at(dtype=FP32), sk],
+            "sink: expected dtype float32, got int32": [q, kv, idx, out, lse, tl,
+                                                        sk.at(dtype=I32)],
+            r"topk_length: expected shape \[batch, s_q\]": [
+                q, kv, idx, out, lse, tl.at(shape=(32, 2), strides=(2, 1)), sk],
+            "topk_length: must be contiguous": [q, kv, idx, out, lse,
+                                                tl.at(shape=(32,), strides=(2,)), sk],
+            r"sink: expected a contiguous \[num_q_heads\] = \[8\]": [
+                q, kv, idx, out, lse, tl, sk.at(shape=(16,), strides=(1,))],
+            "sink: expected a contiguous": [q, kv, idx, out, lse, tl, sk.at(strides=(2,))],
+            "topk_length is on cuda:1, the inputs on cuda:0": [
+                q, kv, idx, out, lse, tl.at(device=FakeDevice("cuda", 1)), sk],
+            "sink is on cpu, the inputs on cuda:0": [
+                q, kv, idx, out, lse, tl, sk.at(device=FakeDevice("cpu", None))],
         }
         for pattern, tensors in bad.items():
+            tensors = tensors + [tl, sk] if len(tensors) == 5 else tensors
             with self.subTest(pattern):
                 with self.assertRaisesRegex((ValueError, TypeError), pattern):
                     cache.lookup(*tensors, self.SCALE)
@@ -1431,6 +1589,20 @@ class PlanCacheTest(unittest.TestCase):
         with unittest.mock.patch.object(launch, "_MAIN_FIELDS", swapped):
             with self.assertRaisesRegex(kforge.KforgeError, "does not reproduce"):
                 cache.lookup(*self.call(32), self.SCALE)
+        # topk_length and sink swapped, or the combine's sink not written.
+        fields = dict(launch._MAIN_FIELDS)
+        swapped = tuple((f, {"topk_length": fields["sink"], "sink": fields["topk_length"]}.get(
+            f, source)) for f, source in launch._MAIN_FIELDS)
+        with unittest.mock.patch.object(launch, "_MAIN_FIELDS", swapped):
+            with self.assertRaisesRegex(kforge.KforgeError, "does not reproduce"):
+                cache.lookup(*self.call(256, topk_length="token", sink=True), self.SCALE)
+        no_sink = tuple(f for f in launch._COMBINE_FIELDS if f[0] != "sink")
+        with unittest.mock.patch.object(launch, "_COMBINE_FIELDS", no_sink):
+            with self.assertRaisesRegex(kforge.KforgeError, "does not reproduce"):
+                cache.lookup(*self.call(32, sink=True), self.SCALE)
+            cache.lookup(*self.call(32), self.SCALE)  # null sink: nothing to write
+        self.assertEqual(len(cache), 1)
+        cache = self.cache()
         # Nor a workspace laid out differently from PlanDecode's.
         wrong = launch._COMBINE_FIELDS[:1] + (("lse_accum", 4),) + launch._COMBINE_FIELDS[2:]
         with unittest.mock.patch.object(launch, "_COMBINE_FIELDS", wrong):
@@ -1440,15 +1612,25 @@ class PlanCacheTest(unittest.TestCase):
         self.check_hit(cache, self.call(32), 1)
 
     def test_offsets_and_modulus_from_the_library(self):
-        # templates/kforge/sparse_mla/config.h: seven pointers first in
-        # DecodeParams, four in CombineParams.
-        main = ("q", "kv", "indices", "out", "lse", "o_accum", "lse_accum")
-        self.assertEqual([_capi.offsetof("DecodeParams", f) for f in main],
-                         list(range(0, 56, 8)))
-        self.assertEqual([_capi.offsetof("CombineParams", f)
-                          for f in ("o_accum", "lse_accum", "out", "lse")], [0, 8, 16, 24])
+        # templates/kforge/sparse_mla/config.h: nine pointers first in
+        # DecodeParams, five in CombineParams.
+        self.assertEqual([_capi.offsetof("DecodeParams", f) for f in DECODE_PARAMS[0][:9]],
+                         list(range(0, 72, 8)))
+        self.assertEqual([_capi.offsetof("CombineParams", f) for f in COMBINE_PARAMS[0][:5]],
+                         [0, 8, 16, 24, 32])
+        self.assertEqual(param_sizes(), (struct.calcsize(DECODE_PARAMS[1]),
+                                         struct.calcsize(COMBINE_PARAMS[1])))
+        # Every pointer field of a block is one kforge.launch writes.
+        self.assertEqual(sorted(f for f, _ in self.launch._MAIN_FIELDS),
+                         sorted(DECODE_PARAMS[0][:9]))
+        self.assertEqual(sorted(f for f, _ in self.launch._COMBINE_FIELDS),
+                         sorted(COMBINE_PARAMS[0][:5]))
+        self.assertEqual(ctypes.sizeof(_capi.DecodeArgs), _capi.lib().kforge_sizeof(
+            b"KforgeDecodeArgs"))
+        self.assertEqual(_capi.DecodeArgs.topk_length_tokens.offset, 7 * 8 + 8 * 4)
         for struct_name, field in (("DecodeParams", "num_tokens"), ("Nope", "q"),
-                                   ("CombineParams", "q")):
+                                   ("CombineParams", "q"), ("CombineParams", "topk_length"),
+                                   ("DecodeParams", "topk_length_tokens")):
             with self.assertRaisesRegex(kforge.KforgeError, "no pointer field"):
                 _capi.offsetof(struct_name, field)
         lib = _capi.lib()

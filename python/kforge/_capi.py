@@ -24,7 +24,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 3  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 4  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -45,12 +45,15 @@ class Shape(ctypes.Structure):
 
 
 class DecodeArgs(ctypes.Structure):
-    """KforgeDecodeArgs (model/decode_plan.h DecodeArgs): device addresses,
-    sizes and strides in elements."""
-    _fields_ = ([(name, ctypes.c_uint64) for name in ("q", "kv", "indices", "out", "lse")] +
+    """KforgeDecodeArgs (model/decode_plan.h DecodeArgs): device addresses
+    (0: absent, for lse, topk_length and sink), sizes and strides in
+    elements. topk_length_tokens: query tokens per topk_length entry (1 or
+    0: one per token; s_q: one per request); reserved 0."""
+    _fields_ = ([(name, ctypes.c_uint64) for name in
+                 ("q", "kv", "indices", "out", "lse", "topk_length", "sink")] +
                 [(name, ctypes.c_int32) for name in
                  ("batch", "s_q", "num_q_heads", "d_qk", "d_v", "topk", "page_block_size",
-                  "kv_dtype")] +
+                  "kv_dtype", "topk_length_tokens", "reserved")] +
                 [(name, ctypes.c_int64) for name in
                  ("num_kv_slots", "q_token_stride", "q_head_stride", "kv_page_stride",
                   "kv_row_stride", "indices_stride", "out_token_stride", "out_head_stride")] +

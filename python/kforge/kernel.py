@@ -92,29 +92,34 @@ class Kernel:
         return (self._torch.empty(need, dtype=self._torch.uint8, device=self.device)
                 if need else None)
 
-    def plan(self, q, kv, indices, out, lse=None, num_splits=None, workspace=None):
+    def plan(self, q, kv, indices, out, lse=None, num_splits=None, workspace=None, *,
+             topk_length=None, sink=None):
         """The Selection PlanDecode makes for these tensors (q [tokens,
         heads, d_qk] or [batch, s_q, heads, d_qk]; kv paged 3-/4-dim or
         [num_slots, d_qk]; indices and out to match; lse contiguous or
+        None; topk_length and sink as SparseMlaDecoder takes them, or
         None), for a workspace tensor (or device address) when it splits."""
         dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv", kv),
                                    tensor_info("indices", indices),
                                    page_block_size=self.spec.page_block_size,
                                    kv_row_bytes=self._kv_row_bytes)
         args = decode_args(q, kv, indices, dims, out, lse, self.spec.softmax_scale,
-                           self.spec.kv_cache_dtype, kv_name="kv")
+                           self.spec.kv_cache_dtype, kv_name="kv", topk_length=topk_length,
+                           sink=sink)
         ws = workspace.data_ptr() if hasattr(workspace, "data_ptr") else int(workspace or 0)
         return plan_decode(self._manifest, self._device(num_splits), args, ws)
 
-    def __call__(self, q, kv, indices, out, lse=None, num_splits=None, workspace=None):
+    def __call__(self, q, kv, indices, out, lse=None, num_splits=None, workspace=None, *,
+                 topk_length=None, sink=None):
         """Launches on torch's current stream; a workspace is allocated
         from torch's caching allocator when none is given and the launch
         splits. Returns the Selection launched."""
         torch = self._torch
-        sel = self.plan(q, kv, indices, out, lse, num_splits, workspace)
+        opts = dict(topk_length=topk_length, sink=sink)
+        sel = self.plan(q, kv, indices, out, lse, num_splits, workspace, **opts)
         if sel.needs_combine and workspace is None:
             workspace = torch.empty(sel.workspace_bytes, dtype=torch.uint8, device=self.device)
-            sel = self.plan(q, kv, indices, out, lse, num_splits, workspace)
+            sel = self.plan(q, kv, indices, out, lse, num_splits, workspace, **opts)
         elif sel.needs_combine and hasattr(workspace, "numel") and \
                 workspace.numel() * workspace.element_size() < sel.workspace_bytes:
             raise ValueError(f"workspace: {workspace.numel() * workspace.element_size()} bytes, "

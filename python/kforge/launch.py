@@ -27,13 +27,16 @@ from kforge.errors import KforgeError
 from kforge.plan import plan_decode
 
 # A call's pointers, in the order every tuple of pointers here has them
-# (DecodeArgs' field names); index 5 is the workspace.
-POINTERS = ("q", "kv", "indices", "out", "lse")
-_WORKSPACE = 5
+# (DecodeArgs' field names; lse, topk_length and sink 0 when absent); index
+# 7 is the workspace.
+POINTERS = ("q", "kv", "indices", "out", "lse", "topk_length", "sink")
+_WORKSPACE = len(POINTERS)
 # Each pointer field of the parameter blocks and what it holds.
 _MAIN_FIELDS = (("q", 0), ("kv", 1), ("indices", 2), ("out", 3), ("lse", 4),
+                ("topk_length", 5), ("sink", 6),
                 ("o_accum", _WORKSPACE), ("lse_accum", _WORKSPACE))
-_COMBINE_FIELDS = (("o_accum", _WORKSPACE), ("lse_accum", _WORKSPACE), ("out", 3), ("lse", 4))
+_COMBINE_FIELDS = (("o_accum", _WORKSPACE), ("lse_accum", _WORKSPACE), ("out", 3), ("lse", 4),
+                   ("sink", 6))
 _WORD = struct.Struct("=Q")
 # Pointers and a workspace of the same classes as a plan's own, for the
 # check of a new plan (far from any real address's class change: each
@@ -116,8 +119,9 @@ class BoundPlan:
         self.lock = threading.Lock()
 
     def bind(self, pointers, workspace=0):
-        """Writes pointers (q, kv, indices, out, lse; lse 0 when not
-        wanted) and the workspace address into both blocks."""
+        """Writes pointers (q, kv, indices, out, lse, topk_length, sink;
+        each of the last three 0 when absent) and the workspace address
+        into both blocks."""
         values = (*pointers, workspace)
         self.main.write(values)
         if self.combine is not None:
@@ -139,9 +143,10 @@ def _launch_fields(plan):
 class PlanCache:
     """Plans of one decoder (manifest, device) by call signature.
 
-    make_args(q, kv, indices, out, lse, scale) -> kforge._capi.DecodeArgs
-    maps a call's tensors (raising TypeError / ValueError for what the
-    mapping cannot express); kernel_for(variant) -> the loaded kernel a
+    make_args(q, kv, indices, out, lse, topk_length, sink, scale) ->
+    kforge._capi.DecodeArgs maps a call's tensors (lse, topk_length and
+    sink may be None; raising TypeError / ValueError for what the mapping
+    cannot express); kernel_for(variant) -> the loaded kernel a
     plan launches (stored as plan.kernel), or None."""
 
     def __init__(self, manifest, device, make_args, kernel_for=None, max_plans=4096):
@@ -158,9 +163,10 @@ class PlanCache:
     def __len__(self):
         return len(self._plans)
 
-    def lookup(self, q, kv, indices, out, lse, scale):
-        """(BoundPlan, pointers) for one call; scale a float. Plans (and
-        checks) the call with PlanDecode when its signature is new."""
+    def lookup(self, q, kv, indices, out, lse, topk_length, sink, scale):
+        """(BoundPlan, pointers) for one call (lse, topk_length, sink may
+        be None); scale a float. Plans (and checks) the call with
+        PlanDecode when its signature is new."""
         m = self.modulus
         qp, kp, ip, op = q.data_ptr(), kv.data_ptr(), indices.data_ptr(), out.data_ptr()
         if lse is None:
@@ -168,20 +174,31 @@ class PlanCache:
         else:
             lp = lse.data_ptr()
             lse_key = (lse.shape, lse.stride(), lse.dtype, lse.device, lp % m if lp else -1)
+        if topk_length is None:
+            tp, topk_key = 0, None
+        else:
+            tp = topk_length.data_ptr()
+            topk_key = (topk_length.shape, topk_length.stride(), topk_length.dtype,
+                        topk_length.device, tp % m if tp else -1)
+        if sink is None:
+            sp, sink_key = 0, None
+        else:
+            sp = sink.data_ptr()
+            sink_key = (sink.shape, sink.stride(), sink.dtype, sink.device, sp % m if sp else -1)
         key = (q.shape, q.stride(), q.dtype, q.device, qp % m if qp else -1,
                kv.shape, kv.stride(), kv.dtype, kv.device, kp % m if kp else -1,
                indices.shape, indices.stride(), indices.dtype, indices.device,
                ip % m if ip else -1,
                out.shape, out.stride(), out.dtype, out.device, op % m if op else -1,
-               lse_key, scale)
-        pointers = (qp, kp, ip, op, lp)
+               lse_key, topk_key, sink_key, scale)
+        pointers = (qp, kp, ip, op, lp, tp, sp)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plan(key, q, kv, indices, out, lse, scale, pointers)
+            plan = self._plan(key, q, kv, indices, out, lse, topk_length, sink, scale, pointers)
         return plan, pointers
 
-    def _plan(self, key, q, kv, indices, out, lse, scale, pointers):
-        args = self._make_args(q, kv, indices, out, lse, scale)
+    def _plan(self, key, q, kv, indices, out, lse, topk_length, sink, scale, pointers):
+        args = self._make_args(q, kv, indices, out, lse, topk_length, sink, scale)
         if tuple(getattr(args, name) for name in POINTERS) != pointers:
             raise KforgeError("make_args put other pointers in DecodeArgs than the tensors'")
         sel = plan_decode(self._manifest, self._device, args, 0)
@@ -195,7 +212,8 @@ class PlanCache:
         if self._kernel_for is not None:
             kernel = self._kernel_for(sel.variant)
             if self.note_kernel(kernel):
-                return self._plan(key, q, kv, indices, out, lse, scale, pointers)
+                return self._plan(key, q, kv, indices, out, lse, topk_length, sink, scale,
+                                  pointers)
             plan.kernel = kernel
         with self._lock:
             self.misses += 1
@@ -227,7 +245,7 @@ class PlanCache:
                 value += (i + 1) * _SHIFT * self.modulus
                 setattr(other, name, value)
             shifted.append(value)
-        other_ws = workspace + 7 * _SHIFT * self.modulus if workspace else 0
+        other_ws = workspace + (len(POINTERS) + 2) * _SHIFT * self.modulus if workspace else 0
         want = plan_decode(self._manifest, self._device, other, other_ws)
         plan.bind(shifted, other_ws)
         got = plan.blocks()

@@ -9,6 +9,15 @@ dim contiguous); indices [batch, s_q, topk] int32, a slot is page *
 page_block_size + offset and -1 means no token; out [batch, s_q, heads, d_v]
 bf16 with d_v = kv_lora_rank; lse [batch, s_q, heads] fp32 (natural log).
 
+Optional per call (keyword-only): topk_length, int32 contiguous, either
+[batch, s_q] / [batch * s_q] (one per query token) or [batch] (one per
+request, for all its s_q tokens): only a token's first topk_length indices
+count (the kernel clamps values to 0..topk and never reads the rest); and
+sink, fp32 contiguous [heads]: an attention-sink logit per head (natural
+log, compared with lse) that joins the softmax denominator and not the
+output, out = out_attn / (1 + exp(sink - lse)). The lse returned stays the
+attention's own, without the sink.
+
 The kernels come from a source: a server (Client) or a bundle (Bundle), set
 with kforge.configure() or the KFORGE_SERVER / KFORGE_BUNDLE environment
 variables. Kernels are loaded with cuda-python (cuda.bindings.driver) and
@@ -242,13 +251,69 @@ def check_lse(lse, dims):
                          f"cuda:{dims.device[1]}")
 
 
+def _device_name(device):
+    return device[0] if device[1] is None else f"{device[0]}:{device[1]}"
+
+
+def _check_same_device(info, dims):
+    if info.device != dims.device:
+        raise ValueError(f"{info.name} is on {_device_name(info.device)}, the inputs on "
+                         f"cuda:{dims.device[1]}")
+
+
+def _is_contiguous(info):
+    """Row-major contiguous as torch has it (a dim of size 1 may have any
+    stride)."""
+    step = 1
+    for n, stride in zip(reversed(info.shape), reversed(info.strides)):
+        if n != 1 and stride != step:
+            return False
+        step *= n
+    return True
+
+
+def check_topk_length(info, dims):
+    """topk_length_tokens (DecodeArgs: query tokens per entry) of a
+    topk_length tensor, int32 contiguous: [batch, s_q] or [batch * s_q]
+    (one length per query token: 1) or [batch] (one per request: s_q; with
+    s_q 1 the two coincide, and it is 1). Its values are the kernel's to
+    clamp (0..topk)."""
+    _check_dtype(info, "int32")
+    shape = list(info.shape)
+    batch, s_q = dims.batch, dims.s_q
+    if shape in ([batch, s_q], [batch * s_q]):
+        tokens = 1
+    elif shape == [batch]:
+        tokens = s_q
+    else:
+        raise ValueError(f"{info.name}: expected shape [batch, s_q] = {[batch, s_q]}, "
+                         f"[batch * s_q] = {[batch * s_q]} (one length per query token) or "
+                         f"[batch] = {[batch]} (one per request), got {shape}")
+    if not _is_contiguous(info):
+        raise ValueError(f"{info.name}: must be contiguous, got shape {shape} strides "
+                         f"{list(info.strides)}")
+    _check_same_device(info, dims)
+    return tokens
+
+
+def check_sink(info, dims):
+    """sink [heads] fp32, contiguous: one attention-sink logit per head."""
+    _check_dtype(info, "float32")
+    if list(info.shape) != [dims.heads] or not _is_contiguous(info):
+        raise ValueError(f"{info.name}: expected a contiguous [num_q_heads] = {[dims.heads]} "
+                         f"tensor, got shape {list(info.shape)} strides {list(info.strides)}")
+    _check_same_device(info, dims)
+
+
 def make_decode_args(q, kv, indices, dims, out, out_strides, lse_ptr, softmax_scale,
-                     kv_dtype=1):
+                     kv_dtype=1, topk_length_ptr=0, sink_ptr=0, topk_length_tokens=0):
     """The C struct PlanDecode checks (model/decode_plan.h DecodeArgs) for
     TensorInfos q, kv, indices, out with `dims` and `out_strides` read from
-    them, and an lse address (0 = not wanted)."""
+    them, and lse, topk_length and sink addresses (0 = absent);
+    topk_length_tokens as check_topk_length gives it."""
     return _capi.DecodeArgs(
         q=q.data_ptr, kv=kv.data_ptr, indices=indices.data_ptr, out=out.data_ptr, lse=lse_ptr,
+        topk_length=topk_length_ptr, sink=sink_ptr, topk_length_tokens=topk_length_tokens,
         batch=dims.batch, s_q=dims.s_q, num_q_heads=dims.heads, d_qk=dims.d_qk,
         d_v=out.shape[-1], topk=dims.topk, page_block_size=dims.page_block_size,
         kv_dtype=kv_dtype, num_kv_slots=dims.num_kv_slots,
@@ -469,33 +534,43 @@ def cuda_device(torch, device):
         "cuda", torch.cuda.current_device())
 
 
-def decode_args(q, kv, indices, dims, out, lse, softmax_scale, kv_dtype, kv_name="kv_cache"):
+def decode_args(q, kv, indices, dims, out, lse, softmax_scale, kv_dtype, kv_name="kv_cache",
+                *, topk_length=None, sink=None):
     """The C DecodeArgs for these tensors (checked by check_decode_inputs
-    into `dims`); out and lse are checked against dims here. Every rule
-    about them beyond tensor metadata is PlanDecode's, in C++."""
+    into `dims`); out, lse, topk_length and sink (each of the last three
+    may be None) are checked against dims here. Every rule about them
+    beyond tensor metadata is PlanDecode's, in C++."""
     out_info = tensor_info("out", out)
     out_strides = check_out(out_info, dims)
-    lse_ptr = 0
+    lse_ptr = topk_length_ptr = sink_ptr = topk_length_tokens = 0
     if lse is not None:
         check_lse(tensor_info("lse", lse), dims)
         lse_ptr = lse.data_ptr()
+    if topk_length is not None:
+        topk_length_tokens = check_topk_length(tensor_info("topk_length", topk_length), dims)
+        topk_length_ptr = topk_length.data_ptr()
+    if sink is not None:
+        check_sink(tensor_info("sink", sink), dims)
+        sink_ptr = sink.data_ptr()
     return make_decode_args(tensor_info("q", q), tensor_info(kv_name, kv),
                             tensor_info("indices", indices), dims, out_info, out_strides,
-                            lse_ptr, softmax_scale, kv_dtype)
+                            lse_ptr, softmax_scale, kv_dtype, topk_length_ptr, sink_ptr,
+                            topk_length_tokens)
 
 
 def call_args(q, kv_cache, indices, out, lse, softmax_scale, kv_dtype, kv_row_bytes,
-              device_index):
+              device_index, *, topk_length=None, sink=None):
     """DecodeArgs of a decoder's call (its PlanCache's make_args, run once
     per call signature): the tensor mapping's checks here, the rest
     PlanDecode's. kv_row_bytes as kv_row_bytes_for gives it; device_index
-    the decoder's GPU."""
+    the decoder's GPU; topk_length and sink optional (None)."""
     dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv_cache", kv_cache),
                                tensor_info("indices", indices), kv_row_bytes=kv_row_bytes)
     if dims.device != ("cuda", device_index):
         raise ValueError(f"q is on {dims.device[0]}:{dims.device[1]}, this decoder on "
                          f"cuda:{device_index}")
-    return decode_args(q, kv_cache, indices, dims, out, lse, softmax_scale, kv_dtype)
+    return decode_args(q, kv_cache, indices, dims, out, lse, softmax_scale, kv_dtype,
+                       topk_length=topk_length, sink=sink)
 
 
 class SparseMlaDecoder:
@@ -567,30 +642,38 @@ class SparseMlaDecoder:
                 kernel = self._kernels.setdefault(variant.key, kernel)
         return kernel
 
-    def _decode_args(self, q, kv_cache, indices, out, lse, scale):
+    def _decode_args(self, q, kv_cache, indices, out, lse, topk_length, sink, scale):
         return call_args(q, kv_cache, indices, out, lse, scale, self.spec.kv_cache_dtype,
-                         self._kv_row_bytes, self._index)
+                         self._kv_row_bytes, self._index, topk_length=topk_length, sink=sink)
 
-    def __call__(self, q, kv_cache, indices, softmax_scale=None, *, return_lse=False, out=None):
+    def __call__(self, q, kv_cache, indices, softmax_scale=None, *, return_lse=False, out=None,
+                 topk_length=None, sink=None):
         """out [batch, s_q, heads, d_v] bf16, or (out, lse [batch, s_q,
         heads] fp32) with return_lse. softmax_scale, when given, must be the
-        kernel's (1e-6 relative, as PlanDecode checks)."""
+        kernel's (1e-6 relative, as PlanDecode checks). topk_length (int32
+        [batch, s_q], [batch * s_q] or [batch]) and sink (fp32 [heads]):
+        see the module docstring."""
         if self._compiling():
-            return self._traced_call(q, kv_cache, indices, softmax_scale, return_lse, out)
+            return self._traced_call(q, kv_cache, indices, softmax_scale, return_lse, out,
+                                     topk_length, sink)
         if out is None:
             out = self._torch.empty(q.shape[:-1] + self._d_v, dtype=self._bf16,
                                     device=self.device)
         lse = (self._torch.empty(q.shape[:-1], dtype=self._fp32, device=self.device)
                if return_lse else None)
         self.run(q, kv_cache, indices, out, lse,
-                 self._scale if softmax_scale is None else float(softmax_scale))
+                 self._scale if softmax_scale is None else float(softmax_scale),
+                 topk_length=topk_length, sink=sink)
         return (out, lse) if return_lse else out
 
-    def run(self, q, kv_cache, indices, out, lse, softmax_scale):
+    def run(self, q, kv_cache, indices, out, lse, softmax_scale, *, topk_length=None,
+            sink=None):
         """Launches one call into out (and lse, or None) on torch's current
-        stream; softmax_scale a float. The split-K workspace comes from
-        torch's caching allocator on that stream. Returns the BoundPlan."""
-        plan, pointers = self._plans.lookup(q, kv_cache, indices, out, lse, softmax_scale)
+        stream; softmax_scale a float; topk_length and sink optional
+        inputs (None: absent). The split-K workspace comes from torch's
+        caching allocator on that stream. Returns the BoundPlan."""
+        plan, pointers = self._plans.lookup(q, kv_cache, indices, out, lse, topk_length, sink,
+                                            softmax_scale)
         workspace = 0
         if plan.workspace_bytes:
             ws = self._torch.empty(plan.workspace_bytes, dtype=self._u8, device=self.device)
@@ -609,7 +692,8 @@ class SparseMlaDecoder:
                     plan.kernel.launch(plan, stream)
         return plan
 
-    def _traced_call(self, q, kv_cache, indices, softmax_scale, return_lse, out):
+    def _traced_call(self, q, kv_cache, indices, softmax_scale, return_lse, out, topk_length,
+                     sink):
         """The call as torch.compile traces it: allocations and the custom
         op, which runs self.run."""
         torch = self._torch
@@ -618,7 +702,8 @@ class SparseMlaDecoder:
         lse = (torch.empty(q.shape[:-1], dtype=self._fp32, device=self.device)
                if return_lse else None)
         scale = self._scale if softmax_scale is None else float(softmax_scale)
-        torch.ops.kforge.sparse_mla_decode(q, kv_cache, indices, out, lse, scale, self._op_id)
+        torch.ops.kforge.sparse_mla_decode(q, kv_cache, indices, out, lse, topk_length, sink,
+                                           scale, self._op_id)
         return (out, lse) if return_lse else out
 
 
@@ -651,9 +736,10 @@ _decoders_by_shape = {}
 
 
 def sparse_mla_decode(q, kv_cache, indices, softmax_scale, *, source=None, return_lse=False,
-                      out=None, kv_lora_rank=None, rope_dim=None):
+                      out=None, kv_lora_rank=None, rope_dim=None, topk_length=None, sink=None):
     """Sparse MLA decode with the kernel for exactly these shapes (see the
-    module docstring). Returns out, or (out, lse) with return_lse.
+    module docstring, also for the optional topk_length and sink). Returns
+    out, or (out, lse) with return_lse.
 
     d_qk = kv_lora_rank + rope_dim; where d_qk has two such splits kforge
     builds (512 = 448 + 64 or 512 + 0, 320 = 256 + 64 or 320 + 0), say
@@ -672,4 +758,5 @@ def sparse_mla_decode(q, kv_cache, indices, softmax_scale, *, source=None, retur
             if len(_decoders_by_shape) > 4096:
                 _decoders_by_shape.clear()
             _decoders_by_shape[key] = decoder
-    return decoder(q, kv_cache, indices, scale, return_lse=return_lse, out=out)
+    return decoder(q, kv_cache, indices, scale, return_lse=return_lse, out=out,
+                   topk_length=topk_length, sink=sink)

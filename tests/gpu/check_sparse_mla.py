@@ -9,7 +9,14 @@ with an fp64 PyTorch reference on fresh random inputs: -1 padding,
 out-of-range slots, a query token whose indices are all invalid, a paged
 cache with a gap between pages, outputs poisoned with NaN before each run,
 and several split counts (1, the launch rule's choice, the maximum), forced
-through the selector's forced_num_splits.
+through the selector's forced_num_splits. Then, at small batches, the
+optional inputs: topk_length per query token ([batch, s_q] or flat) and per
+request ([batch], s_q > 1) with rows of 0 and of exactly topk, values past
+topk and negative (clamped by the kernel) and the indices past a token's
+length pointed at real slots (they must not count); an attention sink per
+head (random around the lse, +1e4: out 0, -1e4 and -inf: no effect); and
+both together. The reference: out = out_attn / (1 + exp(sink - lse)), lse
+the attention's own.
 
 Bars: bf16 output relative error <= 1e-2, lse relative error <= 1e-4, no NaN,
 every output element written. Prints one table row per case and exits 1 on
@@ -68,10 +75,46 @@ def make_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude):
     storage = torch.full((num_pages * page_stride,), 0xFF, dtype=torch.uint8, device="cuda")
     kv = storage.as_strided((num_pages, pbs, R), (page_stride, R, 1))
     kv.copy_(records)
-    return kv, kforge.dequantize_fp8_ds_mla(kv)
+    # The reference keys are the kernel's: e4m3 * scale rounded once to
+    # fp32 and then to bf16 (kv_format.cuh, as FlashMLA's dequantisation),
+    # so a row of one or two tokens (a short topk_length) checks the
+    # kernel's arithmetic, not that rounding (about 3e-3 in such an lse).
+    return kv, kforge.dequantize_fp8_ds_mla(kv).float().to(torch.bfloat16).double()
 
 
-def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0):
+def launch(mod, q, kv, idx, out, lse, num_splits, topk_length=None, sink=None):
+    """mod(q, kv, idx, out, lse, num_splits=...) with the optional
+    topk_length and sink (kforge.Kernel's call)."""
+    return mod(q, kv, idx, out, lse, num_splits=num_splits, topk_length=topk_length,
+               sink=sink)
+
+
+# topk_length values placed at random entries: a row with nothing, one
+# with exactly topk, past topk and negative (the kernel clamps to 0..topk).
+def topk_length_specials(topk):
+    return [0, topk, topk + 17, -3, 2**31 - 1, -2**31]
+
+
+# Sink logits placed at random heads: out ~0, no effect, no effect.
+SINK_SPECIALS = (1e4, -1e4, float("-inf"))
+
+
+def place_specials(torch, gen, values, specials, count):
+    """values with `count` of `specials` (from a random rotation) written at
+    random distinct entries."""
+    n = values.shape[0]
+    count = min(count, n, len(specials))
+    start = int(torch.randint(0, len(specials), (1,), generator=gen, device="cuda"))
+    where = torch.randperm(n, generator=gen, device="cuda")[:count]
+    chosen = [specials[(start + i) % len(specials)] for i in range(count)]
+    values[where] = torch.tensor(chosen, dtype=values.dtype, device="cuda")
+    return values
+
+
+def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0, topk_length=None,
+             sink=False):
+    """One case; topk_length None, "token" (one length per query token) or
+    "request" (one per request); sink: an attention sink per head."""
     import torch
     spec = mod.spec
     H, Dv, K = spec.num_q_heads, spec.kv_lora_rank, spec.topk
@@ -103,6 +146,42 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0):
     if T > 1:
         idx[T // 2].fill_(-1)  # a token with nothing to attend to
     valid = (idx >= 0) & (idx < num_slots)
+    tl_tensor = None
+    if topk_length is not None:
+        n = batch if topk_length == "request" else T
+        lengths = torch.randint(0, K + 1, (n,), generator=gen, device="cuda", dtype=torch.int64)
+        lengths = place_specials(torch, gen, lengths, topk_length_specials(K), max(1, n // 2))
+        tl_tensor = lengths.to(torch.int32)
+        if topk_length == "token" and (batch + s_q) % 2:
+            tl_tensor = tl_tensor.view(batch, s_q)  # [batch, s_q], else [batch * s_q]
+        per_token = lengths if topk_length == "token" else lengths.repeat_interleave(s_q)
+        counted = (torch.arange(K, device="cuda")[None, :] <
+                   per_token.clamp(0, K)[:, None])
+        # Past a token's length, real slots: read, they would count.
+        real = torch.randint(0, num_slots, (T, K), generator=gen, device="cuda",
+                             dtype=torch.int32)
+        idx = torch.where(counted, idx, real)
+        valid = valid & counted
+
+    safe = torch.where(valid, idx, torch.zeros_like(idx)).long()
+    page, off = safe // pbs, safe % pbs
+    rows = kv_values[page, off]  # [T, K, D], fp64
+    rows = rows * valid[..., None]
+    ref_out, ref_lse = reference(q.double(), rows, idx, valid, spec.softmax_scale, Dv)
+    del rows
+    sink_tensor, big_sink = None, None
+    if sink:
+        # Around each head's mean lse, so that the sink moves out by O(1).
+        fin = torch.isfinite(ref_lse)
+        center = ref_lse.where(fin, torch.zeros_like(ref_lse)).sum(0) / fin.sum(0).clamp_min(1)
+        values = center + 2 * torch.randn(H, generator=gen, device="cuda", dtype=torch.float64)
+        values = place_specials(torch, gen, values, SINK_SPECIALS, 3 if H > 3 else 1)
+        sink_tensor = values.to(torch.float32)
+        s64 = sink_tensor.double()[None, :]
+        factor = torch.where(torch.isfinite(ref_lse), 1 / (1 + torch.exp(s64 - ref_lse)),
+                             torch.zeros_like(ref_lse))
+        ref_out = ref_out * factor[..., None]  # ref_lse stays the attention's own
+        big_sink = sink_tensor >= 1e4
 
     out = torch.full((T, H, Dv), float("nan"), device="cuda", dtype=torch.bfloat16)
     lse = torch.full((T, H), float("nan"), device="cuda", dtype=torch.float32)
@@ -111,16 +190,17 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0):
     forced = {"1": 1, "max": mod.max_splits}.get(splits_mode)
     splits = forced if forced is not None else mod.auto_splits(T)
     # The kernel addresses slot s at (s / pbs) * page_stride + (s % pbs) * D.
-    sel = mod(q, kv_view, idx, out, lse if spec.return_lse else None, num_splits=forced)
+    # With topk_length the tensors are [batch, s_q, ...] views (its shape
+    # is read against them: one length per request needs s_q).
+    call = (q, idx, out, lse)
+    if tl_tensor is not None:
+        call = (q.view(batch, s_q, H, D), idx.view(batch, s_q, K), out.view(batch, s_q, H, Dv),
+                lse.view(batch, s_q, H))
+    sel = launch(mod, call[0], kv_view, call[1], call[2], call[3] if spec.return_lse else None,
+                 forced, tl_tensor, sink_tensor)
     torch.cuda.synchronize()
     assert sel.num_splits == splits, (sel.num_splits, splits)
     assert forced is None or not sel.plan.cluster, "a forced split count took the cluster entry"
-
-    safe = torch.where(valid, idx, torch.zeros_like(idx)).long()
-    page, off = safe // pbs, safe % pbs
-    rows = kv_values[page, off]  # [T, K, D], fp64
-    rows = rows * valid[..., None]
-    ref_out, ref_lse = reference(q.double(), rows, idx, valid, spec.softmax_scale, Dv)
 
     o = out.double()
     nan = bool(torch.isnan(o).any()) or (spec.return_lse and bool(torch.isnan(lse).any()))
@@ -130,16 +210,47 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0):
         same_inf = bool(torch.equal(torch.isinf(lse.double()), ~fin))
         lerr = float(torch.linalg.vector_norm(lse.double()[fin] - ref_lse[fin]) /
                      max(torch.linalg.vector_norm(ref_lse[fin]), 1e-30))
+        labs = float((lse.double()[fin] - ref_lse[fin]).abs().max()) if bool(fin.any()) else 0.0
         if not same_inf:
-            lerr = float("inf")
+            lerr = labs = float("inf")
     else:
-        lerr = 0.0
-    empty_ok = True
-    if T > 1:
-        empty_ok = bool((out[T // 2] == 0).all())
-    ok = (not nan) and err <= 1e-2 and lerr <= 1e-4 and empty_ok
-    return dict(T=T, splits=splits, err=err, lse_err=lerr, nan=nan, empty_ok=empty_ok, ok=ok,
-                small_batch=bool(sel.plan.small_batch), cluster=bool(sel.plan.cluster))
+        lerr = labs = 0.0
+    # lse: 1e-4 relative (norm) or 1e-3 absolute (the C++ suite's bar; with
+    # a short topk_length an lse is about one logit, whose norm can be
+    # small).
+    lse_ok = lerr <= 1e-4 or labs <= 1e-3
+    # Tokens with nothing attended (the all -1 one, a topk_length of 0):
+    # out exactly 0.
+    empty = ~valid.any(dim=1)
+    empty_ok = bool((out[empty] == 0).all())
+    # A +1e4 sink takes the whole softmax: out 0 for that head.
+    sink_ok = big_sink is None or bool((o[:, big_sink].abs() <= 1e-30).all())
+    ok = (not nan) and err <= 1e-2 and lse_ok and empty_ok and sink_ok
+    return dict(T=T, splits=splits, err=err, lse_err=lerr, lse_abs=labs, nan=nan,
+                empty_ok=empty_ok,
+                sink_ok=sink_ok, ok=ok, small_batch=bool(sel.plan.small_batch),
+                cluster=bool(sel.plan.cluster), topk_length=topk_length, sink=bool(sink))
+
+
+# The optional inputs' cases, at small batches (the path each takes is the
+# same as without them; the split modes pick the combine or the main kernel
+# to apply the sink): (topk_length, sink, (batch, s_q) shapes tried in turn
+# over the split modes and modules). "mixed": per token or per request, in
+# turn.
+EXTRA_CASES = (
+    ("token", False, ((1, 1), (5, 2), (16, 2), (3, 4))),
+    ("request", False, ((3, 2), (8, 4), (2, 4), (16, 2))),
+    (None, True, ((1, 1), (4, 2), (16, 2), (7, 1))),
+    ("mixed", True, ((2, 2), (8, 4), (16, 1), (5, 2))),
+)
+SPLIT_MODES = (("1", False), ("auto", True), ("max", False))
+
+
+def case_tag(r):
+    """The optional inputs of a result row, for the table."""
+    tags = ([f"len/{r['topk_length']}"] if r.get("topk_length") else []) + (
+        ["sink"] if r.get("sink") else [])
+    return " ".join(tags)
 
 
 def main():
@@ -149,6 +260,8 @@ def main():
     # (SmallBatchPath: up to 32 tokens) and its edge; 16 (32 and 64 tokens)
     # the throughput tiling's 2-split cluster entry; 128 the throughput one.
     ap.add_argument("--batches", default="1,2,3,5,8,16,128")
+    ap.add_argument("--no-extra", action="store_true",
+                    help="skip the topk_length / sink cases")
     ap.add_argument("--json-out", default="")
     args = ap.parse_args()
     try:
@@ -165,34 +278,53 @@ def main():
     rows, failures = [], 0
     print(f"{'module':70s} {'tiling':>14s} {'B':>4s} {'T':>4s} {'spl':>4s} "
           f"{'out rel err':>11s} {'lse rel err':>11s}  result")
-    for cubin in sorted(glob.glob(os.path.join(args.module_dir, "*.cubin"))):
+    for m_index, cubin in enumerate(sorted(glob.glob(os.path.join(args.module_dir, "*.cubin")))):
         mod = kforge.Kernel.from_files(cubin)
         def label(t):
             return f"h{t.head_tile}n{t.token_tile}w{t.warps}"
         # One kernel serves every s_q (MTP 1, 2, 4): batch * s_q query tokens.
         fp8 = mod.spec.kv_cache_dtype == FP8_DS_MLA
-        cases = [(int(x), s) for x in args.batches.split(",") for s in (1, 2, 4)]
-        for i, (b, s_q) in enumerate(cases):
+        cases = [(int(x), s, None, False) for x in args.batches.split(",") for s in (1, 2, 4)]
+        runs = [(b, s_q, mode, gap, i, topk_length, sink)
+                for i, (b, s_q, topk_length, sink) in enumerate(cases)
+                for mode, gap in SPLIT_MODES]
+        if not args.no_extra:
+            for k, (topk_length, sink, shapes) in enumerate(EXTRA_CASES):
+                for j, (mode, gap) in enumerate(SPLIT_MODES):
+                    b, s_q = shapes[(j + m_index) % len(shapes)]
+                    tl = topk_length
+                    if tl == "mixed":
+                        tl = "request" if (j + m_index) % 2 else "token"
+                    runs.append((b, s_q, mode, gap, k + j + m_index, tl, sink))
+        for b, s_q, mode, gap, i, topk_length, sink in runs:
             magnitude = FP8_MAGNITUDES[i % len(FP8_MAGNITUDES)] if fp8 else 1.0
-            for mode, gap in (("1", False), ("auto", True), ("max", False)):
-                r = run_case(mod, b, s_q, mode, gen, gap, magnitude)
-                r.update(magnitude=magnitude)
-                # The path the selector took: the small-batch kernel ("s"), the
+            r = run_case(mod, b, s_q, mode, gen, gap, magnitude, topk_length, sink)
+            r.update(magnitude=magnitude)
+            # The path the selector took: the small-batch kernel ("s"), the
             # main one, or either's cluster entry ("c").
-                small = mod.artifact.small_batch
-                tiling = (label(small.tiling if r["small_batch"] else mod.artifact.tiling) +
-                          ("c" if r["cluster"] else "s" if r["small_batch"] else ""))
-                r.update(module=mod.module_name, tiling=tiling, batch=b, s_q=s_q)
-                rows.append(r)
-                failures += not r["ok"]
-                print(f"{r['module']:70s} {tiling:>14s} {b:4d} {r['T']:4d} {r['splits']:4d} "
-                      f"{r['err']:11.2e} {r['lse_err']:11.2e}  "
-                      f"{'ok' if r['ok'] else 'FAIL'}{' NaN' if r['nan'] else ''}"
-                      f"{'' if r['empty_ok'] else ' empty-row-not-zero'}", flush=True)
+            small = mod.artifact.small_batch
+            tiling = (label(small.tiling if r["small_batch"] else mod.artifact.tiling) +
+                      ("c" if r["cluster"] else "s" if r["small_batch"] else ""))
+            r.update(module=mod.module_name, tiling=tiling, batch=b, s_q=s_q)
+            rows.append(r)
+            failures += not r["ok"]
+            tag = case_tag(r)
+            print(f"{r['module']:70s} {tiling:>14s} {b:4d} {r['T']:4d} {r['splits']:4d} "
+                  f"{r['err']:11.2e} {r['lse_err']:11.2e}  "
+                  f"{'ok' if r['ok'] else 'FAIL'}{' NaN' if r['nan'] else ''}"
+                  f"{'' if r['ok'] else ' lse abs %.2e' % r['lse_abs']}"
+                  f"{'' if r['empty_ok'] else ' empty-row-not-zero'}"
+                  f"{'' if r['sink_ok'] else ' sink-1e4-head-not-zero'}"
+                  f"{'  ' + tag if tag else ''}", flush=True)
         del mod
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)
+    extra = [r for r in rows if r["topk_length"] or r["sink"]]
+    if extra:
+        print(f"topk_length / sink cases: {len(extra)}, worst out rel err "
+              f"{max(r['err'] for r in extra):.2e}, worst lse abs err "
+              f"{max(r['lse_abs'] for r in extra):.2e}")
     print(f"{len(rows) - failures} passed, {failures} failed")
     return 1 if failures else 0
 

@@ -17,6 +17,10 @@ nothing to attend to):
     reference's bars);
   - compiled graph: torch.compile(mode="reduce-overhead", fullgraph=True)
     on fresh inputs equals eager;
+  - topk_length + sink: the op's optional inputs through opcheck and
+    torch.compile(fullgraph=True), one graph, the same bits as eager, and
+    eager itself against the call without them (indices past each length
+    set to -1; out / (1 + exp(sink - lse)), lse unchanged);
   - cache: eager calls with the same signature at new addresses plan once;
     a changed signature plans again, and the results match the reference.
 
@@ -38,6 +42,20 @@ CASES = (("glm-5", 8, (1, 32, 128)), ("deepseek-v3.2", 1, (4,)))
 def fresh(torch, gen, batch, spec):
     import e2e_python
     return e2e_python.make_inputs(torch, gen, batch, spec.num_q_heads, spec, four_dim=False)
+
+
+def optional_inputs(torch, gen, batch, spec):
+    """topk_length [batch] (one per request, s_q 1) in 0..topk with a 0, a
+    topk and one past it; sink [heads] around a typical lse, a -inf among
+    them."""
+    tl = torch.randint(0, spec.topk + 1, (batch,), generator=gen, device="cuda",
+                       dtype=torch.int32)
+    tl[0] = spec.topk + 5
+    if batch > 2:
+        tl[1], tl[2] = 0, spec.topk
+    sink = 8 + 2 * torch.randn(spec.num_q_heads, generator=gen, device="cuda")
+    sink[-1] = float("-inf")
+    return tl, sink
 
 
 def check_case(torch, kforge, reference, gen, decoder, batch, results):
@@ -62,9 +80,12 @@ def check_case(torch, kforge, reference, gen, decoder, batch, results):
                       dtype=torch.bfloat16)
     lse = torch.empty(batch, 1, spec.num_q_heads, device="cuda", dtype=torch.float32)
     try:
-        torch.library.opcheck(torch.ops.kforge.sparse_mla_decode.default,
-                              (q, kv, idx, out, lse, float(spec.softmax_scale), decoder._op_id),
-                              test_utils=("test_schema", "test_faketensor"))
+        scale = float(spec.softmax_scale)
+        tl, sink = optional_inputs(torch, gen, batch, spec)
+        for extra in ((None, None), (tl, sink)):
+            torch.library.opcheck(torch.ops.kforge.sparse_mla_decode.default,
+                                  (q, kv, idx, out, lse, *extra, scale, decoder._op_id),
+                                  test_utils=("test_schema", "test_faketensor"))
     except Exception as e:  # opcheck raises OpCheckError with the reason
         problems.append(f"{type(e).__name__}: {e}")
     record("opcheck", problems)
@@ -146,6 +167,53 @@ def check_case(torch, kforge, reference, gen, decoder, batch, results):
     except Exception as e:
         problems.append(f"{type(e).__name__}: {e}")
     record("compiled graph", problems)
+
+    # topk_length and sink through the op: compiled equals eager (one
+    # graph), and eager does what they mean.
+    def fn_opt(q, kv, idx, tl, sink):
+        return decoder(q, kv, idx, return_lse=True, topk_length=tl, sink=sink)
+
+    problems = []
+    try:
+        torch._dynamo.reset()
+        q, kv, idx = fresh(torch, gen, batch, spec)
+        tl, sink = optional_inputs(torch, gen, batch, spec)
+        explain = torch._dynamo.explain(fn_opt)(q, kv, idx, tl, sink)
+        if explain.graph_break_count or explain.graph_count != 1:
+            problems.append(f"{explain.graph_count} graphs, {explain.graph_break_count} breaks: "
+                            f"{explain.break_reasons}")
+        compiled = torch.compile(fn_opt, fullgraph=True)
+        for _ in range(2):
+            q, kv, idx = fresh(torch, gen, batch, spec)
+            tl, sink = optional_inputs(torch, gen, batch, spec)
+            want_out, want_lse = fn_opt(q, kv, idx, tl, sink)
+            got_out, got_lse = compiled(q, kv, idx, tl, sink)
+            if not torch.equal(got_out, want_out) or not torch.equal(got_lse, want_lse):
+                problems.append("compiled out/lse with topk_length and sink differ from eager")
+            # The same call spelled without them.
+            past = (torch.arange(spec.topk, device="cuda")[None, None, :] >=
+                    tl.clamp(0, spec.topk)[:, None, None])
+            plain_out, plain_lse = decoder(q, kv, idx.masked_fill(past, -1), return_lse=True)
+            torch.cuda.synchronize()
+            fin = torch.isfinite(plain_lse)
+            if not torch.equal(torch.isfinite(want_lse), fin):
+                problems.append("lse finite where the call without topk_length is not")
+            elif fin.any():
+                lse_err = float((want_lse[fin] - plain_lse[fin]).abs().max() /
+                                plain_lse[fin].abs().max())
+                if lse_err > 1e-5:
+                    problems.append(f"lse with topk_length and sink off by {lse_err:.2e}")
+            l64 = plain_lse.double()
+            factor = torch.where(fin, 1 / (1 + torch.exp(sink.double() - l64)),
+                                 torch.zeros_like(l64))
+            ref = plain_out.double() * factor[..., None]
+            out_err = float((want_out.double() - ref).abs().max() /
+                            ref.abs().max().clamp_min(1e-30))
+            if out_err > 1e-2:
+                problems.append(f"out with topk_length and sink off by {out_err:.2e}")
+    except Exception as e:
+        problems.append(f"{type(e).__name__}: {e}")
+    record("len + sink", problems)
 
     # The plan cache: one plan per signature, correct results on each.
     problems = []

@@ -26,7 +26,7 @@ for d in bf16 fp8_ds_mla; do
   echo "bench $d rc=$?"
   cut -c1-330 "$out/bench_$d.log"
 done
-timeout 240 python3 tests/gpu/check_sparse_mla.py "$dir/check" --json-out /tmp/check.json \
+timeout 360 python3 tests/gpu/check_sparse_mla.py "$dir/check" --json-out /tmp/check.json \
   >"$out/check.log" 2>&1
 echo "check rc=$?"
 tail -n 1 "$out/check.log"

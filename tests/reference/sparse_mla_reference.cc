@@ -113,6 +113,22 @@ HostDecodeProblem MakeRandomDecodeProblem(const v1::AttentionSpec& spec,
   for (int64_t t = 0; t < tokens; ++t) {
     FillIndices(rng, a.num_kv_slots, &p.indices[t * a.indices_stride], a.topk);
   }
+  if (o.topk_length != 0) {
+    a.topk_length_tokens = o.topk_length == 2 ? a.s_q : 1;
+    const int64_t n = tokens / a.topk_length_tokens;
+    std::uniform_int_distribution<int32_t> len(0, a.topk);
+    p.topk_length.resize(static_cast<size_t>(n));
+    for (int32_t& l : p.topk_length) l = len(rng);
+    const int32_t edges[] = {0, a.topk, a.topk + 1, -3};
+    for (int64_t i = 0; i < n && i < 4; ++i) p.topk_length[i] = edges[i];
+  }
+  if (o.sink) {
+    std::normal_distribution<float> logit(4.f, 3.f);
+    p.sink.resize(static_cast<size_t>(a.num_q_heads));
+    for (float& s : p.sink) s = logit(rng);
+    const float edges[] = {1e4f, -1e4f, -std::numeric_limits<float>::infinity()};
+    for (int h = 0; h < a.num_q_heads && h < 3; ++h) p.sink[h] = edges[h];
+  }
   return p;
 }
 
@@ -127,7 +143,11 @@ DecodeReference ReferenceDecode(const HostDecodeProblem& p) {
   std::vector<double> scores;
   for (int64_t t = 0; t < tokens; ++t) {
     rows.clear();
-    for (int i = 0; i < a.topk; ++i) {
+    int length = a.topk;
+    if (!p.topk_length.empty()) {
+      length = std::clamp(p.topk_length[t / std::max(1, a.topk_length_tokens)], 0, a.topk);
+    }
+    for (int i = 0; i < length; ++i) {
       const int64_t slot = p.indices[t * a.indices_stride + i];
       if (slot < 0 || slot >= a.num_kv_slots) continue;
       rows.push_back(&p.kv[slot / a.page_block_size * a.kv_page_stride +
@@ -148,12 +168,15 @@ DecodeReference ReferenceDecode(const HostDecodeProblem& p) {
       }
       double sum = 0;
       for (double& s : scores) sum += (s = std::exp(s - max_score));
+      const double lse = max_score + std::log(sum);
+      // The sink joins the denominator: 1 / (1 + exp(sink - lse)).
+      const double sink = p.sink.empty() ? 1.0 : 1.0 / (1.0 + std::exp(p.sink[h] - lse));
       double* out = &ref.out[(t * a.num_q_heads + h) * a.d_v];
       for (size_t r = 0; r < rows.size(); ++r) {
-        const double w = scores[r] / sum;
+        const double w = scores[r] / sum * sink;
         for (int d = 0; d < a.d_v; ++d) out[d] += w * Bf16ToFloat(rows[r][d]);
       }
-      ref.lse[t * a.num_q_heads + h] = max_score + std::log(sum);
+      ref.lse[t * a.num_q_heads + h] = lse;
     }
   }
   return ref;
@@ -237,6 +260,13 @@ absl::StatusOr<std::unique_ptr<DeviceDecodeProblem>> DeviceDecodeProblem::Upload
       {&d->args_.out, nullptr, d->out_bytes_},
   };
   if (with_lse) tensors.push_back({&d->args_.lse, nullptr, d->lse_bytes_});
+  if (!p.topk_length.empty()) {
+    tensors.push_back(
+        {&d->args_.topk_length, p.topk_length.data(), p.topk_length.size() * sizeof(int32_t)});
+  }
+  if (!p.sink.empty()) {
+    tensors.push_back({&d->args_.sink, p.sink.data(), p.sink.size() * sizeof(float)});
+  }
   for (const Tensor& t : tensors) {
     absl::StatusOr<CUdeviceptr> ptr =
         t.host != nullptr ? d->Copy(t.host, t.bytes) : d->Poisoned(t.bytes);

@@ -31,8 +31,13 @@ struct HostDecodeProblem {
   std::vector<uint16_t> q;       // bf16, num_tokens * q_token_stride
   std::vector<uint16_t> kv;      // bf16, num_pages * kv_page_stride
   std::vector<int32_t> indices;  // num_tokens * indices_stride
-  size_t out_elements() const;   // bf16 elements `out` spans
-  size_t lse_elements() const;   // num_tokens * num_q_heads
+  // Optional (empty: absent; args.topk_length / sink are set on upload):
+  // one length per args.topk_length_tokens query tokens, and one sink
+  // logit per head.
+  std::vector<int32_t> topk_length;
+  std::vector<float> sink;
+  size_t out_elements() const;  // bf16 elements `out` spans
+  size_t lse_elements() const;  // num_tokens * num_q_heads
 };
 
 struct RandomProblemOptions {
@@ -43,6 +48,13 @@ struct RandomProblemOptions {
   // strides that are not the dense ones); must keep rows 16-byte aligned.
   int row_padding = 0;
   uint64_t seed = 1;
+  // topk_length: 0 none, 1 one per query token, 2 one per request (shared
+  // by its s_q tokens). Lengths are uniform in 0..topk, with a 0, a full
+  // topk, one past it and a negative one among them (the kernels clamp).
+  int topk_length = 0;
+  // A sink logit per head: normal around the typical lse, and one head each
+  // at +1e4 (out ~0), -1e4 and -inf (no effect).
+  bool sink = false;
 };
 
 // q and kv uniform in [-1, 1] (as bf16), indices uniform over the cache's
@@ -61,8 +73,10 @@ struct DecodeReference {
 };
 
 // softmax(scale * q.k) over the valid indices of each query token (a
-// repeated index counts each time it appears, as in the kernels), out =
+// repeated index counts each time it appears, as in the kernels; with
+// topk_length only the first clamp(length, 0, topk) positions), out =
 // p . v with v the first d_v columns of each KV row, lse in natural log.
+// A sink scales out by 1 / (1 + exp(sink - lse)) and leaves lse alone.
 DecodeReference ReferenceDecode(const HostDecodeProblem& problem);
 
 struct DecodeErrors {

@@ -15,6 +15,7 @@
 
 #include "kforge/common/ptx.cuh"
 #include "kforge/sparse_mla/config.h"
+#include "kforge/sparse_mla/sink.cuh"
 
 namespace kforge {
 namespace sparse_mla {
@@ -87,7 +88,8 @@ __device__ __forceinline__ void CombineSlice(const CombineParams& p) {
   }
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  const float lse = wsum > 0.f ? lse_max + __logf(wsum) : ptx::NegInf();
+  const float inv = wsum > 0.f ? SinkFactor(p.sink, head, lse) / wsum : 0.f;
   unsigned short* dst =
       p.out + token * p.out_token_stride + head * p.out_head_stride + slice * kPairs * 64;
 #pragma unroll
@@ -96,7 +98,7 @@ __device__ __forceinline__ void CombineSlice(const CombineParams& p) {
         ptx::PackBf16x2(acc[j][0] * inv, acc[j][1] * inv);
   }
   if (T::kReturnLse && p.lse != nullptr && slice == 0 && lane == 0) {
-    p.lse[th] = wsum > 0.f ? lse_max + __logf(wsum) : ptx::NegInf();
+    p.lse[th] = lse;
   }
 }
 

@@ -31,6 +31,15 @@ struct DecodeParams {
                              // workspace, null when num_splits == 1
   float* lse_accum;          // fp32 [num_splits, num_tokens, num_q_heads]; workspace,
                              // null when num_splits == 1
+  const int* topk_length;    // int32, one per topk_length_tokens query tokens:
+                             // only the first topk_length[token /
+                             // topk_length_tokens] indices of a token count
+                             // (clamped to 0..topk; the rest are not read);
+                             // null: all topk
+  const float* sink;         // fp32 [num_q_heads] attention sink logits
+                             // (sink.cuh); null: none. Read where O is final
+                             // (num_splits == 1, cluster entries), else by
+                             // the combine
   long long q_token_stride;
   long long q_head_stride;
   long long kv_page_stride;
@@ -39,10 +48,11 @@ struct DecodeParams {
   long long indices_stride;  // between query tokens
   long long out_token_stride;
   long long out_head_stride;
-  int num_tokens;        // batch * s_q
-  int num_splits;        // >= 1; grid.y
-  int tokens_per_split;  // multiple of the token tile
-  int reserved;          // keeps the block a multiple of 8 bytes
+  int num_tokens;          // batch * s_q
+  int num_splits;          // >= 1; grid.y
+  int tokens_per_split;    // multiple of the token tile
+  int topk_length_tokens;  // query tokens per topk_length entry: 1 (one per
+                           // token) or s_q (one per request); >= 1
 };
 
 // Parameter block of the combine kernel (only launched when num_splits > 1).
@@ -51,6 +61,7 @@ struct CombineParams {
   const float* lse_accum;  // fp32 [num_splits, num_tokens, num_q_heads]
   unsigned short* out;     // bf16 [num_tokens, num_q_heads, d_v]
   float* lse;              // fp32 [num_tokens, num_q_heads]; may be null
+  const float* sink;       // fp32 [num_q_heads]; may be null (DecodeParams::sink)
   long long out_token_stride;
   long long out_head_stride;
   int num_tokens;

@@ -43,16 +43,17 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   using Qk = QkPhase<T>;
   extern __shared__ __align__(128) unsigned char smem[];
   const DecodeSmem sm = CarveDecodeSmem<T>(smem);
-  const DecodeWork w = MakeDecodeWork<T>(p);
   const ThreadRoles r = MakeThreadRoles<T>();
   Qk::CheckSmemBase(sm.q_addr);
 
   // Launched programmatically (sm_90+), this CTA may start before the
   // previous kernel in the stream (the last call's combine, or the engine's
-  // kernel that wrote Q and the indices) has finished: wait for it before
-  // any global access, then let the combine be scheduled, to wait in turn.
+  // kernel that wrote Q, the indices and their lengths) has finished: wait
+  // for it before any global access, then let the combine be scheduled, to
+  // wait in turn.
   ptx::WaitForPriorGrids();
   ptx::AllowDependentLaunch();
+  const DecodeWork w = MakeDecodeWork<T>(p);
   // The cluster entry's grid.y is its cluster, one CTA per split: any other
   // launch would merge the wrong partials.
   if constexpr (kClusterSplits_ > 0) {

@@ -10,6 +10,7 @@
 #include "kforge/sparse_mla/config.h"
 #include "kforge/sparse_mla/decode_traits.cuh"
 #include "kforge/sparse_mla/pv.cuh"
+#include "kforge/sparse_mla/sink.cuh"
 
 namespace kforge {
 namespace sparse_mla {
@@ -222,10 +223,11 @@ __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork
       const int row = pv.Row(mi, h);
       if (row >= w.heads_here) continue;
       const float l = RowSum<T>(sm, row);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
       // sm.max is in the scaled log2 domain; lse is reported in natural log.
       const float lse = l > 0.f ? (sm.max[row] + __log2f(l)) * 0.69314718055994531f : ptx::NegInf();
       const int head = w.head0 + row;
+      // A single split's O is final: the sink joins its denominator here.
+      const float inv = l > 0.f ? (single ? SinkFactor(p.sink, head, lse) : 1.f) / l : 0.f;
       // One writer of each row's lse: the thread holding its column 0.
       const bool lse_writer = pv.Col(0) == 0;
       if (single) {
@@ -316,13 +318,13 @@ __device__ __forceinline__ void ClusterMergeEpilogue(const DecodeParams& p, cons
         oy += wj * v.y;
       }
     }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
     const int head = w.head0 + row;
+    const float merged = sum > 0.f ? (m + __log2f(sum)) * 0.69314718055994531f : ptx::NegInf();
+    const float inv = sum > 0.f ? SinkFactor(p.sink, head, merged) / sum : 0.f;
     *reinterpret_cast<ptx::u32*>(p.out + w.token * p.out_token_stride + head * p.out_head_stride +
                                  col) = ptx::PackBf16x2(ox * inv, oy * inv);
     if (T::kReturnLse && p.lse != nullptr && col == 0) {
-      p.lse[(long long)w.token * T::kNumHeads + head] =
-          sum > 0.f ? (m + __log2f(sum)) * 0.69314718055994531f : ptx::NegInf();
+      p.lse[(long long)w.token * T::kNumHeads + head] = merged;
     }
   }
   // No CTA may leave (its shared memory freed) while another reads it.

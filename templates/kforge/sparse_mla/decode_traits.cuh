@@ -149,14 +149,16 @@ __device__ __forceinline__ DecodeSmem CarveDecodeSmem(unsigned char* smem) {
 struct DecodeWork {
   int split;
   int token;
-  int head0;       // first head of the group
-  int heads_here;  // real heads of the group (the last may be short)
-  int begin;       // top-k positions [begin, end) of this split
-  int end;
+  int head0;           // first head of the group
+  int heads_here;      // real heads of the group (the last may be short)
+  int begin;           // top-k positions [begin, end) of this split, end
+  int end;             // clamped to the token's topk_length
   int num_tiles;       // KV tiles of kTokenTile positions
   const int* idx_row;  // this token's top-k indices
 };
 
+// Reads p.topk_length: call it after ptx::WaitForPriorGrids (the engine's
+// kernel before this one may have written the lengths).
 template <class T>
 __device__ __forceinline__ DecodeWork MakeDecodeWork(const DecodeParams& p) {
   DecodeWork w;
@@ -166,7 +168,11 @@ __device__ __forceinline__ DecodeWork MakeDecodeWork(const DecodeParams& p) {
   w.head0 = group * T::kHeadsPerGroup;
   w.heads_here = min(T::kHeadsPerGroup, T::kNumHeads - w.head0);
   w.begin = w.split * p.tokens_per_split;
-  w.end = min(T::kTopk, w.begin + p.tokens_per_split);
+  int len = T::kTopk;
+  if (p.topk_length != nullptr) {
+    len = min(max(__ldg(p.topk_length + w.token / max(1, p.topk_length_tokens)), 0), T::kTopk);
+  }
+  w.end = min(len, w.begin + p.tokens_per_split);
   w.num_tiles = w.end > w.begin ? (w.end - w.begin + T::kTokenTile - 1) / T::kTokenTile : 0;
   w.idx_row = p.indices + w.token * p.indices_stride;
   return w;

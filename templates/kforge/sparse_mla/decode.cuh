@@ -43,6 +43,7 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   using Qk = QkPhase<T>;
   extern __shared__ __align__(128) unsigned char smem[];
   const DecodeSmem sm = CarveDecodeSmem<T>(smem);
+  DecodeWork w = MakeDecodeWork<T>(p);
   const ThreadRoles r = MakeThreadRoles<T>();
   Qk::CheckSmemBase(sm.q_addr);
 
@@ -53,7 +54,7 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   // wait in turn.
   ptx::WaitForPriorGrids();
   ptx::AllowDependentLaunch();
-  const DecodeWork w = MakeDecodeWork<T>(p);
+  ApplyTopkLength<T>(p, w);
   // The cluster entry's grid.y is its cluster, one CTA per split: any other
   // launch would merge the wrong partials.
   if constexpr (kClusterSplits_ > 0) {

@@ -157,8 +157,6 @@ struct DecodeWork {
   const int* idx_row;  // this token's top-k indices
 };
 
-// Reads p.topk_length: call it after ptx::WaitForPriorGrids (the engine's
-// kernel before this one may have written the lengths).
 template <class T>
 __device__ __forceinline__ DecodeWork MakeDecodeWork(const DecodeParams& p) {
   DecodeWork w;
@@ -168,14 +166,23 @@ __device__ __forceinline__ DecodeWork MakeDecodeWork(const DecodeParams& p) {
   w.head0 = group * T::kHeadsPerGroup;
   w.heads_here = min(T::kHeadsPerGroup, T::kNumHeads - w.head0);
   w.begin = w.split * p.tokens_per_split;
-  int len = T::kTopk;
-  if (p.topk_length != nullptr) {
-    len = min(max(__ldg(p.topk_length + w.token / max(1, p.topk_length_tokens)), 0), T::kTopk);
-  }
-  w.end = min(len, w.begin + p.tokens_per_split);
+  w.end = min(T::kTopk, w.begin + p.tokens_per_split);
   w.num_tiles = w.end > w.begin ? (w.end - w.begin + T::kTokenTile - 1) / T::kTokenTile : 0;
   w.idx_row = p.indices + w.token * p.indices_stride;
   return w;
+}
+
+// Cuts the split at the token's topk_length when the call passes one. It
+// reads global memory: call it after ptx::WaitForPriorGrids (the engine's
+// kernel before this one may have written the lengths); MakeDecodeWork,
+// parameters only, runs before the wait, overlapping the previous kernel.
+template <class T>
+__device__ __forceinline__ void ApplyTopkLength(const DecodeParams& p, DecodeWork& w) {
+  if (p.topk_length == nullptr) return;
+  const int len =
+      min(max(__ldg(p.topk_length + w.token / max(1, p.topk_length_tokens)), 0), T::kTopk);
+  w.end = min(w.end, len);
+  w.num_tiles = w.end > w.begin ? (w.end - w.begin + T::kTokenTile - 1) / T::kTokenTile : 0;
 }
 
 // This thread's roles in the phases.

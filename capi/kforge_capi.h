@@ -44,9 +44,9 @@ void kforge_free(void* p);
 /* offsetof a pointer field of a parameter block as this library was built:
  * struct "DecodeParams" (fields q, kv, indices, out, lse, o_accum,
  * lse_accum, topk_length, sink) or "CombineParams" (o_accum, lse_accum,
- * out, lse, sink). SIZE_MAX
- * for any other name. With kforge_decode_pointer_modulus, lets a binding
- * reuse one kforge_plan_decode result for other pointers. */
+ * out, lse, sink). SIZE_MAX for any other name. With
+ * kforge_decode_pointer_modulus, lets a binding reuse one
+ * kforge_plan_decode result for other pointers. */
 size_t kforge_offsetof(const char* struct_name, const char* field);
 
 /* model/decode_plan.h kDecodePointerModulus: kforge_plan_decode's result

@@ -218,6 +218,16 @@ def check_decode_inputs(q, kv, indices, page_block_size=None, kv_row_bytes=None)
                       kv_page_stride=page, kv_row_stride=row, indices_token_stride=idx_stride)
 
 
+def _device_name(device):
+    return device[0] if device[1] is None else f"{device[0]}:{device[1]}"
+
+
+def _check_same_device(info, dims):
+    if info.device != dims.device:
+        raise ValueError(f"{info.name} is on {_device_name(info.device)}, the inputs on "
+                         f"cuda:{dims.device[1]}")
+
+
 def check_out(out, dims):
     """(token stride, head stride) of a caller's out buffer [batch, s_q,
     heads, d_v] (or [tokens, heads, d_v]) bf16 for the inputs `dims`."""
@@ -227,9 +237,7 @@ def check_out(out, dims):
     if tokens != (dims.batch, dims.s_q) or out.shape[-2] != dims.heads:
         raise ValueError(f"{out.name}: expected shape {[dims.batch, dims.s_q, dims.heads, 'd_v']}"
                          f", got {list(out.shape)}")
-    if out.device != dims.device:
-        raise ValueError(f"{out.name} is on {out.device[0]}:{out.device[1]}, the inputs on "
-                         f"cuda:{dims.device[1]}")
+    _check_same_device(out, dims)
     _check_last_dim(out)
     return token_stride, out.strides[-2]
 
@@ -246,19 +254,7 @@ def check_lse(lse, dims):
         raise ValueError(f"{lse.name}: expected a contiguous [batch, s_q, heads] = "
                          f"{[dims.batch, dims.s_q, dims.heads]} tensor, got shape "
                          f"{list(lse.shape)} strides {list(lse.strides)}")
-    if lse.device != dims.device:
-        raise ValueError(f"{lse.name} is on {lse.device[0]}:{lse.device[1]}, the inputs on "
-                         f"cuda:{dims.device[1]}")
-
-
-def _device_name(device):
-    return device[0] if device[1] is None else f"{device[0]}:{device[1]}"
-
-
-def _check_same_device(info, dims):
-    if info.device != dims.device:
-        raise ValueError(f"{info.name} is on {_device_name(info.device)}, the inputs on "
-                         f"cuda:{dims.device[1]}")
+    _check_same_device(lse, dims)
 
 
 def _is_contiguous(info):

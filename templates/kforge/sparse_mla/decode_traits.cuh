@@ -157,6 +157,12 @@ struct DecodeWork {
   const int* idx_row;  // this token's top-k indices
 };
 
+// KV tiles of kTokenTile positions covering top-k positions [begin, end).
+template <class T>
+__device__ __forceinline__ int TilesOf(int begin, int end) {
+  return end > begin ? (end - begin + T::kTokenTile - 1) / T::kTokenTile : 0;
+}
+
 template <class T>
 __device__ __forceinline__ DecodeWork MakeDecodeWork(const DecodeParams& p) {
   DecodeWork w;
@@ -167,7 +173,7 @@ __device__ __forceinline__ DecodeWork MakeDecodeWork(const DecodeParams& p) {
   w.heads_here = min(T::kHeadsPerGroup, T::kNumHeads - w.head0);
   w.begin = w.split * p.tokens_per_split;
   w.end = min(T::kTopk, w.begin + p.tokens_per_split);
-  w.num_tiles = w.end > w.begin ? (w.end - w.begin + T::kTokenTile - 1) / T::kTokenTile : 0;
+  w.num_tiles = TilesOf<T>(w.begin, w.end);
   w.idx_row = p.indices + w.token * p.indices_stride;
   return w;
 }
@@ -182,7 +188,7 @@ __device__ __forceinline__ void ApplyTopkLength(const DecodeParams& p, DecodeWor
   const int len =
       min(max(__ldg(p.topk_length + w.token / max(1, p.topk_length_tokens)), 0), T::kTopk);
   w.end = min(w.end, len);
-  w.num_tiles = w.end > w.begin ? (w.end - w.begin + T::kTokenTile - 1) / T::kTokenTile : 0;
+  w.num_tiles = TilesOf<T>(w.begin, w.end);
 }
 
 // This thread's roles in the phases.

@@ -84,26 +84,33 @@ def main():
     ap.add_argument("--cases", default="128x128,64x64,16x128,8x1",
                     help="heads x batch list")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
-    ap.add_argument("--kv-dtype", default="bf16", choices=("bf16", "fp8_ds_mla"),
-                    help="time the modules for this cache dtype (fp8_ds_mla: a uint8 cache "
-                         "of 656-byte records quantized from the same random values)")
+    ap.add_argument("--kv-dtype", default="bf16",
+                    choices=("bf16", "fp8_ds_mla", "fp8_ds_mla_v4", "mxfp8_ds_mla_v41",
+                             "nvfp4_ds_mla"),
+                    help="time the modules for this cache dtype (a quantized one: a uint8 "
+                         "cache of its records quantized from the same random values)")
     args = ap.parse_args()
     import torch
     import kforge
     from kforge.kernel import read_artifact
+    from kforge.spec import kv_dtype_value
 
     mods = {}
+    want = kv_dtype_value(args.kv_dtype)
     for c in glob.glob(os.path.join(args.module_dir, "*.cubin")):
         spec = read_artifact(c).spec
-        fp8 = spec.kv_cache_dtype == 2
-        if spec.topk == 2048 and spec.s_q <= 1 and fp8 == (args.kv_dtype == "fp8_ds_mla"):
+        if spec.topk == 2048 and spec.s_q <= 1 and spec.kv_cache_dtype == want:
             mods[spec.num_q_heads] = c
-    D = 576
+    D = 512 if args.kv_dtype in ("fp8_ds_mla_v4", "mxfp8_ds_mla_v41") else 576
     kv = torch.randn(args.cache_slots, D, device="cuda", dtype=torch.float32).to(torch.bfloat16)
     cache, row_bytes = kv, D * 2
     if args.kv_dtype == "fp8_ds_mla":
         # The records the kernel reads; the PyTorch baseline keeps bf16 rows.
         cache = kforge.quantize_fp8_ds_mla(kv, "arbitrary")
+        row_bytes = cache.shape[-1]
+    elif args.kv_dtype != "bf16":
+        from kforge.kv_records import quantize_kv_records
+        cache = quantize_kv_records(kv.view(-1, 64, D), args.kv_dtype)
         row_bytes = cache.shape[-1]
     lines = []
     header = ("| heads x batch | kforge best (us) | splits | kforge auto (us) | auto splits | "

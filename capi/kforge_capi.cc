@@ -221,6 +221,17 @@ int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, int32
   });
 }
 
+int32_t kforge_parse_kv_dtype(const char* name, int32_t* kv_dtype, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (name == nullptr) return Null("name");
+    if (kv_dtype == nullptr) return Null("kv_dtype");
+    absl::StatusOr<kforge::v1::KvCacheDtype> d = kforge::ParseKvDtype(name);
+    if (!d.ok()) return d.status();
+    *kv_dtype = static_cast<int32_t>(*d);
+    return absl::OkStatus();
+  });
+}
+
 int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error) {
   return Call(error, [&]() -> absl::Status {
     kforge::v1::AttentionSpec s;

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 4
+#define KFORGE_CAPI_VERSION 5
 
 int32_t kforge_capi_version(void);
 
@@ -111,6 +111,9 @@ typedef struct KforgeDecodeArgs {
 /* AttentionSpec of a preset at a tensor-parallel degree. */
 int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, int32_t kv_dtype,
                                 uint8_t** spec, size_t* spec_size, char** error);
+/* ParseKvDtype: a KV cache dtype name ("bf16", "fp8_ds_mla", ...; any
+ * case; or a KV_CACHE_DTYPE_* name) -> its kforge.v1.KvCacheDtype value. */
+int32_t kforge_parse_kv_dtype(const char* name, int32_t* kv_dtype, char** error);
 /* ValidateSpec. */
 int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error);
 /* NormalizeSpec (validates first). */
@@ -145,7 +148,9 @@ int32_t kforge_plan_decode(const uint8_t* manifest, size_t manifest_size,
                            const KforgeDevice* device, const KforgeDecodeArgs* args,
                            uint64_t workspace, uint8_t** plan, size_t* plan_size, char** error);
 /* KvLayoutOf: the bytes of one token's cache record and the size of the
- * element the cache's strides count (2 for bf16, 1 for fp8_ds_mla). */
+ * element the cache's strides count (2 for bf16, 1 for the quantised
+ * records). A page-blocked record (fp8_ds_mla_v4, mxfp8_ds_mla_v41) needs
+ * kv_row_stride equal to row_bytes. */
 int32_t kforge_kv_layout(const uint8_t* spec, size_t spec_size, int32_t* row_bytes,
                          int32_t* element_bytes, char** error);
 /* WorkspaceBytesFor. */

@@ -13,8 +13,9 @@ const std::vector<FlagSpec>& KernelChoiceFlags() {
       {"tp", "N", "tensor-parallel degree (divides the preset's heads)", "1"},
       {"spec", "FILE", "full AttentionSpec as JSON or text proto (instead of --preset)"},
       {"kv-dtype", "DTYPE",
-       "KV cache dtype: bf16 or fp8_ds_mla (a preset brings its scale format; a spec file "
-       "must set kv_scale_format)"},
+       "KV cache dtype: bf16, fp8_ds_mla, fp8_ds_mla_v4, mxfp8_ds_mla_v41 or nvfp4_ds_mla "
+       "(fp8_ds_mla: a preset brings its scale format, a spec file must set kv_scale_format; "
+       "the V4 records need kv_lora_rank 512 with rope_dim 0)"},
   };
   return kFlags;
 }

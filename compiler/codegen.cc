@@ -36,23 +36,28 @@ const std::vector<TileConfig>& CandidatesFor(int head_tile) {
   return k64;  // 48 and 64
 }
 
-// The KV format type (templates/kforge/sparse_mla/kv_format.cuh) of a spec's
-// cache dtype: its name in the instantiation unit and the host-visible sizes
-// of its base struct in config.h. A new format is a new row here and a new
-// type there. ValidateSpec admits only these dtypes.
-struct KvFormatInfo {
-  const char* type_name;
-  int (*staging_bytes_per_token)(int d_qk);
-};
+// The KV format of a spec (model/spec.h KvFormats: its device type in
+// templates/kforge/sparse_mla/kv_format.cuh and the sizes the host shares
+// with it). ValidateSpec admits only the table's dtypes.
+const KvFormatInfo& KvFormatOf(const v1::AttentionSpec& spec) {
+  const KvFormatInfo* kv = FindKvFormat(spec.kv_cache_dtype());
+  return kv != nullptr ? *kv : KvFormats().front();
+}
 
-KvFormatInfo KvFormatOf(const v1::AttentionSpec& spec) {
-  if (spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
-    // The template argument is kScalePow2.
-    const bool pow2 = spec.kv_scale_format() == v1::KV_SCALE_FORMAT_POW2;
-    return {pow2 ? "ks::KvFp8DsMla<true>" : "ks::KvFp8DsMla<false>",
-            &sparse_mla::KvFp8DsMlaSizes::StagingBytesPerToken};
-  }
-  return {"ks::KvBf16", &sparse_mla::KvBf16Sizes::StagingBytesPerToken};
+// The instantiation unit's name of the format type; one that takes the
+// scale format gets it as its template argument (kScalePow2).
+std::string KvTypeName(const v1::AttentionSpec& spec) {
+  const KvFormatInfo& kv = KvFormatOf(spec);
+  if (!kv.takes_scale_format) return kv.device_type;
+  return absl::StrCat(kv.device_type,
+                      spec.kv_scale_format() == v1::KV_SCALE_FORMAT_POW2 ? "<true>" : "<false>");
+}
+
+// Staged formats dequantise in the CTA (their Land), which costs the
+// small-batch path more than the bf16 gather does.
+bool StagedKv(const v1::AttentionSpec& spec) {
+  const int d_qk = static_cast<int>(spec.kv_lora_rank() + spec.rope_dim());
+  return KvFormatOf(spec).staging_bytes_per_token(d_qk) > 0;
 }
 
 // The kernel's compile-time shape for a spec and a tiling candidate: the
@@ -119,7 +124,7 @@ const TileConfig kSmallBatchCandidates[] = {{64, 2, 4}, {32, 2, 4}};
 // batch 4, 64 heads up to 8, 8 and 16 heads past 32; fp8_ds_mla, whose
 // 4-warp dequantisation is slower: 128 heads at batch 1, 64 heads up to 2).
 constexpr int kSmallBatchCtasBf16 = 32;
-constexpr int kSmallBatchCtasFp8DsMla = 8;
+constexpr int kSmallBatchCtasStaged = 8;  // measured with fp8_ds_mla
 
 // The scale as a readable name part: the shortest decimal that reads back
 // as the same float (%.9g always does; shorter forms are tried first), with
@@ -237,7 +242,19 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
   rule.set_workspace_bytes_per_split_token(static_cast<uint64_t>(spec.num_q_heads()) *
                                            (spec.kv_lora_rank() + 1) * sizeof(float));
   const int per_block = static_cast<int>(rule.dynamic_smem_bytes()) + Arch::kReservedSmemPerBlock;
-  rule.set_ctas_per_sm(std::max(1, arch.smem_per_sm / per_block));
+  // Resident CTAs: as many as shared memory holds, and as the register file
+  // holds at the registers a thread may take. The entries are built with
+  // __launch_bounds__(threads, 1), which lets a thread use up to 255 (256 as
+  // allocated), and the rule is made before the compile reports the count:
+  // 8 warps of those fill the 64K registers of an SM on every supported arch.
+  // (The smaller staging rows of the V4 / nvfp4 records let three 4-warp
+  // CTAs fit in shared memory where their 208 registers allow two; three
+  // made the split rule pick 3 splits at 16 x 128 on the H200, 152 us
+  // against 113 at 2: BENCH.md 2026-12-02.)
+  constexpr int kWarpsPerSmAtMaxRegisters = 65536 / (256 * 32);
+  const int by_registers =
+      std::max(1, kWarpsPerSmAtMaxRegisters / static_cast<int>(tiling.warps()));
+  rule.set_ctas_per_sm(std::max(1, std::min(arch.smem_per_sm / per_block, by_registers)));
   rule.set_min_tiles_per_split(
       std::max(1, kMinKeysPerSplit / static_cast<int>(tiling.token_tile())));
   return rule;
@@ -284,15 +301,14 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
   }
   path.set_entry(kSmallBatchEntry);
   *path.mutable_launch() = MakeLaunchRule(spec, tiling, arch);
-  // fp8_ds_mla with one head group (<= 16 heads): one 64-key tile per split
-  // is fastest (BENCH.md 2026-12-02: 8 x 1 13.8 us at 32 splits, 15.8 at
+  // A staged format with one head group (<= 16 heads): one 64-key tile per
+  // split is fastest for fp8_ds_mla (BENCH.md 2026-12-02: 8 x 1 13.8 us at 32 splits, 15.8 at
   // 16; 16 x 1 14.9 vs 17.0). bf16 keeps two (8 x 1 even, 8 x 4 12.1 us at
   // 16 splits, 13.1 at 32).
-  if (tiling.num_head_groups() == 1 && spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
+  if (tiling.num_head_groups() == 1 && StagedKv(spec)) {
     path.mutable_launch()->set_min_tiles_per_split(1);
   }
-  const int ctas = spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA ? kSmallBatchCtasFp8DsMla
-                                                                          : kSmallBatchCtasBf16;
+  const int ctas = StagedKv(spec) ? kSmallBatchCtasStaged : kSmallBatchCtasBf16;
   path.set_max_tokens(
       static_cast<uint32_t>(std::max(1, ctas / static_cast<int>(tiling.num_head_groups()))));
   // The cluster entry: sm_90a and sm_100a, whose GPCs run 16-CTA clusters
@@ -344,7 +360,7 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
                           spec.topk(), t.head_tile(), t.heads_per_group(), t.token_tile(),
                           t.stages(), t.warps(), spec.page_block_size(),
                           spec.return_lse() ? "true" : "false", t.wgmma() ? "true" : "false",
-                          KvFormatOf(spec).type_name, spec.softmax_scale(), scale_log2);
+                          KvTypeName(spec).c_str(), spec.softmax_scale(), scale_log2);
   };
   auto main_entry = [&](const char* traits_name, const char* entry) {
     absl::StrAppendFormat(&src,

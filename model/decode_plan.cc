@@ -122,6 +122,14 @@ absl::Status CheckStrides(const DecodeArgs& a, const KvCacheLayout& kv) {
       {"out_token_stride", a.out_token_stride, SaturatingMul(a.num_q_heads, a.out_head_stride),
        "num_q_heads * out_head_stride"},
   };
+  // A page-blocked cache (config.h) has no row stride of its own: its data
+  // and scale rows sit at offsets the format fixes, and kv_row_stride is the
+  // record the engine's [pages, page_block_size, record] view strides by.
+  if (kv.page_blocked && a.kv_row_stride != kv.row_bytes) {
+    return Invalid("kv_row_stride",
+                   absl::StrCat("got ", a.kv_row_stride, ", must be ", kv.row_bytes,
+                                " (the record: a page-blocked cache's rows are not strided)"));
+  }
   for (const Stride& s : strides) {
     if (s.value < s.minimum) {
       return Invalid(s.name, absl::StrCat("got ", s.value, ", must be >= ", s.what, " = ",
@@ -133,7 +141,7 @@ absl::Status CheckStrides(const DecodeArgs& a, const KvCacheLayout& kv) {
 
 absl::Status CheckAlignment(const DecodeArgs& a, const KvCacheLayout& kv) {
   // Pointers in bytes; strides in elements: bf16 (2 bytes) for q and out,
-  // the cache's element for kv (2 bytes for bf16, 1 for fp8_ds_mla).
+  // the cache's element for kv (2 bytes for bf16, 1 for the quantised records).
   struct Rule {
     const char* name;
     uint64_t bytes;
@@ -155,7 +163,10 @@ absl::Status CheckAlignment(const DecodeArgs& a, const KvCacheLayout& kv) {
       stride("q_token_stride", a.q_token_stride, kQKvAlignBytes),
       stride("q_head_stride", a.q_head_stride, kQKvAlignBytes),
       stride("kv_page_stride", a.kv_page_stride, kQKvAlignBytes, kv.element_bytes),
-      stride("kv_row_stride", a.kv_row_stride, kQKvAlignBytes, kv.element_bytes),
+      // A page-blocked cache's row stride is the record (584 for V4, not a
+      // multiple of 16) and addresses nothing; its rows' offsets are.
+      stride("kv_row_stride", a.kv_row_stride, kv.page_blocked ? 1 : kQKvAlignBytes,
+             kv.element_bytes),
       stride("out_token_stride", a.out_token_stride, kOutAlignBytes),
       stride("out_head_stride", a.out_head_stride, kOutAlignBytes),
   };
@@ -280,10 +291,9 @@ absl::StatusOr<uint64_t> WorkspaceBytesFor(const v1::Manifest& manifest, const D
 
 KvCacheLayout KvLayoutOf(const v1::AttentionSpec& spec) {
   const int d_qk = static_cast<int>(spec.kv_lora_rank() + spec.rope_dim());
-  if (spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
-    return {sparse_mla::KvFp8DsMlaSizes::BytesPerToken(d_qk), 1};
-  }
-  return {sparse_mla::KvBf16Sizes::BytesPerToken(d_qk), 2};
+  const KvFormatInfo* kv = FindKvFormat(spec.kv_cache_dtype());
+  if (kv == nullptr) kv = &KvFormats().front();  // never for a validated spec
+  return {kv->bytes_per_token(d_qk), kv->element_bytes, kv->page_blocked};
 }
 
 }  // namespace kforge

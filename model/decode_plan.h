@@ -100,8 +100,9 @@ inline constexpr double kSoftmaxScaleTolerance = 1e-6;
 // the size of the element its strides count (the layouts themselves are
 // templates/kforge/sparse_mla/config.h's, shared with the kernels).
 struct KvCacheLayout {
-  int row_bytes;      // bf16: 2 * d_qk (1152); fp8_ds_mla: 656 (528 without rope)
-  int element_bytes;  // 2 (bf16 elements) or 1 (fp8_ds_mla: strides in bytes)
+  int row_bytes;      // bf16: 2 * d_qk (1152); fp8_ds_mla: 656 (528 without rope); ...
+  int element_bytes;  // 2 (bf16 elements) or 1 (quantised records: strides in bytes)
+  bool page_blocked;  // data rows, then scale rows, per page (kv_row_stride = row_bytes)
 };
 KvCacheLayout KvLayoutOf(const v1::AttentionSpec& spec);
 

@@ -48,8 +48,9 @@ absl::Status ValidateInputs(const v1::Manifest& manifest, const DeviceInfo& devi
   }
   if (shape.kv_dtype == v1::KV_CACHE_DTYPE_UNSPECIFIED ||
       !v1::KvCacheDtype_IsValid(shape.kv_dtype)) {
-    return Invalid("shape.kv_dtype", absl::StrCat("must be bf16 or fp8_ds_mla, got ",
-                                                  static_cast<int>(shape.kv_dtype)));
+    return Invalid("shape.kv_dtype",
+                   absl::StrCat("must be a KvCacheDtype value (bf16 = 1, ...), got ",
+                                static_cast<int>(shape.kv_dtype)));
   }
   const long long tokens = static_cast<long long>(shape.batch) * shape.s_q;
   if (tokens > kMaxGridYZ) {

@@ -155,29 +155,35 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
   if (spec.s_q() > kMaxSq) {
     problems.Add("s_q", spec.s_q(), absl::StrCat("0 (not given) or 1..", kMaxSq));
   }
-  if (spec.kv_cache_dtype() == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
-    // The record (docs/DESIGN.md): kv_lora_rank e4m3 values, one fp32 scale
-    // per 128 of them, rope_dim bf16 values: 656 or 528 bytes, whole 16-byte
-    // chunks for the kernel's cp.async. Other latent widths have no such
-    // record in any engine.
-    if (!sparse_mla::KvFp8DsMlaSizes::Supports(static_cast<int>(spec.kv_lora_rank()),
-                                               static_cast<int>(spec.rope_dim()))) {
-      problems.Add("kv_lora_rank", spec.kv_lora_rank(),
-                   absl::StrCat(sparse_mla::KvFp8DsMlaSizes::kLatent,
-                                " with kv_cache_dtype fp8_ds_mla (rope_dim 0 or 64)"));
+  if (const KvFormatInfo* kv = FindKvFormat(spec.kv_cache_dtype()); kv == nullptr) {
+    std::vector<std::string> names;
+    for (const KvFormatInfo& f : KvFormats()) names.push_back(v1::KvCacheDtype_Name(f.dtype));
+    problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()), absl::StrJoin(names, ", "));
+  } else {
+    // A quantised record exists for one geometry (config.h): other latent
+    // widths have no such record in any engine.
+    const int rank = static_cast<int>(spec.kv_lora_rank());
+    const int rope = static_cast<int>(spec.rope_dim());
+    if (kv->supports != nullptr && !kv->supports(rank, rope)) {
+      // Name the field that is off: the rope when the rank has a record.
+      const bool rank_ok = kv->supports(rank, 0) || kv->supports(rank, kRopeDim);
+      problems.Add(rank_ok ? "rope_dim" : "kv_lora_rank", rank_ok ? rope : rank,
+                   absl::StrCat(kv->geometry, " with kv_cache_dtype ", kv->name));
     }
-    if (spec.kv_scale_format() != v1::KV_SCALE_FORMAT_POW2 &&
-        spec.kv_scale_format() != v1::KV_SCALE_FORMAT_ARBITRARY) {
+    if (kv->takes_scale_format) {
+      if (spec.kv_scale_format() != v1::KV_SCALE_FORMAT_POW2 &&
+          spec.kv_scale_format() != v1::KV_SCALE_FORMAT_ARBITRARY) {
+        problems.Add(
+            "kv_scale_format", ScaleFormatName(spec.kv_scale_format()),
+            absl::StrCat("KV_SCALE_FORMAT_POW2 or KV_SCALE_FORMAT_ARBITRARY (required with "
+                         "kv_cache_dtype ",
+                         kv->name, ")"));
+      }
+    } else if (spec.kv_scale_format() != v1::KV_SCALE_FORMAT_UNSPECIFIED) {
       problems.Add("kv_scale_format", ScaleFormatName(spec.kv_scale_format()),
-                   "KV_SCALE_FORMAT_POW2 or KV_SCALE_FORMAT_ARBITRARY (required with "
-                   "kv_cache_dtype fp8_ds_mla)");
+                   absl::StrCat("unset (kv_cache_dtype ", kv->name,
+                                " takes none: its scales, if any, are part of the record)"));
     }
-  } else if (spec.kv_cache_dtype() != v1::KV_CACHE_DTYPE_BF16) {
-    problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()),
-                 "KV_CACHE_DTYPE_BF16 or KV_CACHE_DTYPE_FP8_DS_MLA");
-  } else if (spec.kv_scale_format() != v1::KV_SCALE_FORMAT_UNSPECIFIED) {
-    problems.Add("kv_scale_format", ScaleFormatName(spec.kv_scale_format()),
-                 "unset (a bf16 cache has no scales)");
   }
   if (spec.page_block_size() < 1 || spec.page_block_size() > kMaxPageBlockSize) {
     problems.Add("page_block_size", spec.page_block_size(), absl::StrCat("1..", kMaxPageBlockSize));
@@ -275,7 +281,8 @@ v1::AttentionSpec SpecWithKvDtype(const v1::AttentionSpec& spec, v1::KvCacheDtyp
                                   v1::KvScaleFormat default_scale_format) {
   v1::AttentionSpec out = spec;
   out.set_kv_cache_dtype(kv_dtype);
-  if (kv_dtype != v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
+  const KvFormatInfo* kv = FindKvFormat(kv_dtype);
+  if (kv == nullptr || !kv->takes_scale_format) {
     out.clear_kv_scale_format();
   } else if (out.kv_scale_format() == v1::KV_SCALE_FORMAT_UNSPECIFIED) {
     out.set_kv_scale_format(default_scale_format);
@@ -318,28 +325,54 @@ absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path) {
 
 namespace {
 
-struct KvDtypeSpelling {
-  const char* name;
-  v1::KvCacheDtype dtype;
-};
-constexpr KvDtypeSpelling kKvDtypeNames[] = {
-    {"bf16", v1::KV_CACHE_DTYPE_BF16},
-    {"fp8_ds_mla", v1::KV_CACHE_DTYPE_FP8_DS_MLA},
-};
+using sparse_mla::KvBf16Sizes;
+using sparse_mla::KvFp8DsMlaSizes;
+using sparse_mla::KvFp8DsMlaV4Sizes;
+using sparse_mla::KvMxfp8DsMlaV41Sizes;
+using sparse_mla::KvNvfp4DsMlaSizes;
 
 }  // namespace
 
-std::string KvDtypeName(v1::KvCacheDtype dtype) {
-  for (const KvDtypeSpelling& n : kKvDtypeNames) {
-    if (n.dtype == dtype) return n.name;
+const std::vector<KvFormatInfo>& KvFormats() {
+  static const std::vector<KvFormatInfo> kFormats = {
+      {v1::KV_CACHE_DTYPE_BF16, "bf16", "ks::KvBf16", false, KvBf16Sizes::kPageBlocked, nullptr, "",
+       &KvBf16Sizes::BytesPerToken, &KvBf16Sizes::StagingBytesPerToken, 2},
+      {v1::KV_CACHE_DTYPE_FP8_DS_MLA, "fp8_ds_mla", "ks::KvFp8DsMla", true,
+       KvFp8DsMlaSizes::kPageBlocked, &KvFp8DsMlaSizes::Supports,
+       "kv_lora_rank 512 with rope_dim 0 or 64", &KvFp8DsMlaSizes::BytesPerToken,
+       &KvFp8DsMlaSizes::StagingBytesPerToken, 1},
+      {v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, "fp8_ds_mla_v4", "ks::KvFp8DsMlaV4", false,
+       KvFp8DsMlaV4Sizes::kPageBlocked, &KvFp8DsMlaV4Sizes::Supports,
+       "kv_lora_rank 512 with rope_dim 0 (d_qk = d_v = 512: 448 e4m3 + 64 bf16 columns)",
+       &KvFp8DsMlaV4Sizes::BytesPerToken, &KvFp8DsMlaV4Sizes::StagingBytesPerToken, 1},
+      {v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, "mxfp8_ds_mla_v41", "ks::KvMxfp8DsMlaV41", false,
+       KvMxfp8DsMlaV41Sizes::kPageBlocked, &KvMxfp8DsMlaV41Sizes::Supports,
+       "kv_lora_rank 512 with rope_dim 0 (d_qk = d_v = 512, all e4m3)",
+       &KvMxfp8DsMlaV41Sizes::BytesPerToken, &KvMxfp8DsMlaV41Sizes::StagingBytesPerToken, 1},
+      {v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, "nvfp4_ds_mla", "ks::KvNvfp4DsMla", false,
+       KvNvfp4DsMlaSizes::kPageBlocked, &KvNvfp4DsMlaSizes::Supports,
+       "kv_lora_rank 512 with rope_dim 64", &KvNvfp4DsMlaSizes::BytesPerToken,
+       &KvNvfp4DsMlaSizes::StagingBytesPerToken, 1},
+  };
+  return kFormats;
+}
+
+const KvFormatInfo* FindKvFormat(v1::KvCacheDtype dtype) {
+  for (const KvFormatInfo& f : KvFormats()) {
+    if (f.dtype == dtype) return &f;
   }
-  return DtypeName(dtype);
+  return nullptr;
+}
+
+std::string KvDtypeName(v1::KvCacheDtype dtype) {
+  const KvFormatInfo* f = FindKvFormat(dtype);
+  return f != nullptr ? f->name : DtypeName(dtype);
 }
 
 absl::StatusOr<v1::KvCacheDtype> ParseKvDtype(std::string_view name) {
   const std::string lower = absl::AsciiStrToLower(AsAbsl(name));
-  for (const KvDtypeSpelling& n : kKvDtypeNames) {
-    if (lower == n.name) return n.dtype;
+  for (const KvFormatInfo& f : KvFormats()) {
+    if (lower == f.name) return f.dtype;
   }
   v1::KvCacheDtype dtype;
   if (v1::KvCacheDtype_Parse(std::string(name), &dtype) &&
@@ -347,7 +380,7 @@ absl::StatusOr<v1::KvCacheDtype> ParseKvDtype(std::string_view name) {
     return dtype;
   }
   std::vector<absl::string_view> names;
-  for (const KvDtypeSpelling& n : kKvDtypeNames) names.push_back(n.name);
+  for (const KvFormatInfo& f : KvFormats()) names.push_back(f.name);
   return absl::InvalidArgumentError(absl::StrCat("kv dtype: got \"", AsAbsl(name), "\", supported ",
                                                  absl::StrJoin(names, ", "),
                                                  " (or the KV_CACHE_DTYPE_* names)"));

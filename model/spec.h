@@ -23,12 +23,41 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec);
 // ValidateSpec first.
 absl::StatusOr<v1::AttentionSpec> NormalizeSpec(const v1::AttentionSpec& spec);
 
+// One row per KV cache dtype kforge builds kernels for: the one table of
+// their names, geometry, record sizes and device types. ValidateSpec admits
+// exactly these dtypes, the codegen names `device_type` in the
+// instantiation unit, and the decode plan checks a cache against the sizes.
+// The byte layouts are in templates/kforge/sparse_mla/config.h (the *Sizes
+// structs whose functions these point at) and docs/DESIGN.md.
+struct KvFormatInfo {
+  v1::KvCacheDtype dtype;
+  const char* name;         // "bf16", "fp8_ds_mla", ...: KvDtypeName's spelling
+  const char* device_type;  // templates/kforge/sparse_mla/kv_format.cuh type
+  // The spec names how the scales were written (kv_scale_format), and the
+  // device type takes it as its template argument (kScalePow2).
+  bool takes_scale_format;
+  // Records are page-blocked (config.h): kv_row_stride must be the record.
+  bool page_blocked;
+  // The geometry the record exists for; null: any.
+  bool (*supports)(int kv_lora_rank, int rope_dim);
+  const char* geometry;  // `supports` in words, for errors
+  int (*bytes_per_token)(int d_qk);
+  int (*staging_bytes_per_token)(int d_qk);  // 0: gathered straight into the tile
+  int element_bytes;                         // what the cache's strides count
+};
+
+// Every row, bf16 first.
+const std::vector<KvFormatInfo>& KvFormats();
+
+// The row of `dtype`, or null for a dtype kforge does not build.
+const KvFormatInfo* FindKvFormat(v1::KvCacheDtype dtype);
+
 // The one spelling of a KV cache dtype wherever kforge prints one (module
-// names, manifests, selections, matrices, flags): "bf16", "fp8_ds_mla"; the
-// enum name (or number) for any other value.
+// names, manifests, selections, matrices, flags): KvFormats()'s names
+// ("bf16", "fp8_ds_mla", ...); the enum name (or number) for any other value.
 std::string KvDtypeName(v1::KvCacheDtype dtype);
 
-// Parses a KV cache dtype: "bf16" or "fp8_ds_mla" (any case), or the enum's
+// Parses a KV cache dtype: a KvFormats() name (any case), or the enum's
 // own names (KV_CACHE_DTYPE_BF16, ...), which spec files in protobuf JSON
 // and text format use. InvalidArgument listing the names otherwise.
 absl::StatusOr<v1::KvCacheDtype> ParseKvDtype(std::string_view name);

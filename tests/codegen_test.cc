@@ -8,6 +8,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -366,6 +367,98 @@ TEST(ChooseTiling, Fp8DsMlaTableOverArchsAndHeads) {
         EXPECT_LT(l.p - l.kv_staging, tokens * (rope == 64 ? 656 : 528) + 1024) << where;
       }
     }
+  }
+}
+
+// The issue-15 records: every head count has a tiling on every arch, with
+// a staging row of the format's size (page-blocked ones: data row + scale
+// row, padded to 16-byte chunks) beside one bf16 tile.
+TEST(ChooseTiling, NewRecordsTableOverArchsAndHeads) {
+  struct Format {
+    v1::KvCacheDtype dtype;
+    int rope, staging;
+  };
+  for (const Format& f : {Format{v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, 0, 592},
+                          Format{v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, 0, 528},
+                          Format{v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, 64, 352}}) {
+    for (const Arch& arch : SupportedArchs()) {
+      for (int heads = 1; heads <= 128; ++heads) {
+        v1::AttentionSpec spec = SpecWith(heads, 512, f.rope);
+        spec.set_kv_cache_dtype(f.dtype);
+        spec.set_topk(1152);
+        const std::string where =
+            absl::StrCat(arch.name, " ", KvDtypeName(f.dtype), " heads=", heads);
+        ASSERT_TRUE(ValidateSpec(spec).ok()) << where << ": " << ValidateSpec(spec);
+        absl::StatusOr<v1::KernelTiling> t = ChooseTiling(spec, arch);
+        ASSERT_TRUE(t.ok()) << where << ": " << t.status();
+        EXPECT_LE(DecodeSmemBytesFor(spec, *t), arch.max_smem_per_block) << where;
+        ExpectTraitsHold(spec, *t, where);
+        const sparse_mla::DecodeShape shape = DecodeShapeFor(spec, *t);
+        EXPECT_EQ(shape.kv_staging_bytes_per_token, f.staging) << where;
+        const sparse_mla::DecodeSmemLayout l = sparse_mla::MakeDecodeSmemLayout(shape);
+        const int tokens = static_cast<int>(t->token_tile());
+        EXPECT_EQ(l.kv_staging - l.kv, tokens * (512 + f.rope) * 2) << where;
+        EXPECT_GE(l.p - l.kv_staging, tokens * f.staging) << where;
+      }
+    }
+  }
+}
+
+// ctas_per_sm counts what holds a CTA resident: shared memory, and the
+// register file at the 255 registers a thread may take (the entries'
+// launch bounds promise no fewer): 8 warps of those per SM.
+TEST(MakeLaunchRule, CtasPerSmStayWithinTheRegisterFile) {
+  for (const Arch& arch : SupportedArchs()) {
+    for (const KvFormatInfo& kv : KvFormats()) {
+      for (int heads : {1, 8, 16, 24, 64, 128}) {
+        v1::AttentionSpec spec = SpecWith(heads, 512, 64);
+        spec.set_kv_cache_dtype(kv.dtype);
+        if (kv.takes_scale_format) spec.set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+        if (kv.supports != nullptr && !kv.supports(512, 64)) spec.set_rope_dim(0);
+        const std::string where = absl::StrCat(arch.name, " ", kv.name, " heads=", heads);
+        absl::StatusOr<v1::KernelTiling> t = ChooseTiling(spec, arch);
+        ASSERT_TRUE(t.ok()) << where << ": " << t.status();
+        const v1::LaunchRule rule = MakeLaunchRule(spec, *t, arch);
+        EXPECT_GE(rule.ctas_per_sm(), 1u) << where;
+        EXPECT_LE(rule.ctas_per_sm() * t->warps(), 8u) << where;
+      }
+    }
+  }
+}
+
+TEST(KvRecordSizes, NewRecordLayouts) {
+  using V4 = sparse_mla::KvFp8DsMlaV4Sizes;
+  EXPECT_EQ(V4::BytesPerToken(512), 584);
+  EXPECT_EQ(V4::kDataBytes, 576);
+  EXPECT_EQ(V4::kScaleBytes, 8);
+  EXPECT_TRUE(V4::kPageBlocked);
+  EXPECT_TRUE(V4::Supports(512, 0));
+  EXPECT_FALSE(V4::Supports(512, 64));
+  using V41 = sparse_mla::KvMxfp8DsMlaV41Sizes;
+  EXPECT_EQ(V41::BytesPerToken(512), 528);
+  EXPECT_EQ(V41::kScaleBytes, 16);
+  EXPECT_TRUE(V41::kPageBlocked);
+  using Fp4 = sparse_mla::KvNvfp4DsMlaSizes;
+  EXPECT_EQ(Fp4::BytesPerToken(576), 352);
+  EXPECT_FALSE(Fp4::kPageBlocked);
+  EXPECT_TRUE(Fp4::Supports(512, 64));
+  EXPECT_FALSE(Fp4::Supports(512, 0));
+  // vLLM's permutation: block s's scale at 320 + 8 (s & 3) + (s >> 2).
+  EXPECT_EQ(Fp4::ScaleByte(0), 320);
+  EXPECT_EQ(Fp4::ScaleByte(1), 328);
+  EXPECT_EQ(Fp4::ScaleByte(4), 321);
+  EXPECT_EQ(Fp4::ScaleByte(31), 351);
+}
+
+TEST(CodegenSource, NewRecordsNameTheirFormatType) {
+  for (const auto& [dtype, rope, type] :
+       {std::tuple{v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, 0, "ks::KvFp8DsMlaV4>"},
+        std::tuple{v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, 0, "ks::KvMxfp8DsMlaV41>"},
+        std::tuple{v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, 64, "ks::KvNvfp4DsMla>"}}) {
+    v1::AttentionSpec spec = SpecWith(64, 512, rope);
+    spec.set_kv_cache_dtype(dtype);
+    const std::string src = SourceFor(spec, ArchNamed("sm_120a"));
+    EXPECT_NE(src.find(type), std::string::npos) << src;
   }
 }
 

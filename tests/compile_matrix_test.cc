@@ -258,5 +258,39 @@ TEST(CompileMatrix, Fp8DsMlaOnEveryArch) {
   }
 }
 
+// The issue-15 records (DeepSeek-V4 584 B, V4.1 528 B, nvfp4 352 B) on
+// every arch, at 64 heads x topk 1152 (DeepSeek-V4.1's shape, the one no
+// sm_120 kernel served) and 16 heads: NVRTC builds them, no local memory.
+TEST(CompileMatrix, NewRecordsOnEveryArch) {
+  std::vector<Job> jobs;
+  const char* archs[] = {"sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a", "sm_121a"};
+  for (const auto& [dtype, rope] : {std::pair{v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, 0},
+                                    std::pair{v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, 0},
+                                    std::pair{v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, 64}}) {
+    for (int heads : {64, 16}) {
+      for (const char* arch : archs) {
+        v1::AttentionSpec spec = Preset("glm-5", 64 / heads);
+        spec.set_kv_cache_dtype(dtype);
+        spec.set_rope_dim(rope);
+        spec.set_topk(1152);
+        jobs.push_back({absl::StrCat(KvDtypeName(dtype), " heads ", heads, " ", arch), spec, arch});
+      }
+    }
+  }
+  const std::vector<Outcome> outcomes = CompileAll(jobs);
+  const std::vector<const v1::KernelArtifact*> good = GoodArtifacts(jobs, outcomes);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const v1::KernelArtifact* a = good[i];
+    if (a == nullptr) continue;
+    const v1::KernelResources* main_k = FindKernel(*a, kMainEntry);
+    ASSERT_NE(main_k, nullptr) << jobs[i].label;
+    EXPECT_EQ(main_k->local_bytes(), 0u) << jobs[i].label << ": spills";
+    const v1::KernelTiling& t = a->tiling();
+    std::printf("%-36s head_tile %2u, token_tile %2u, warps %u%s, smem %6u B, %3u regs\n",
+                jobs[i].label.c_str(), t.head_tile(), t.token_tile(), t.warps(),
+                t.wgmma() ? " wgmma" : "", a->launch().dynamic_smem_bytes(), main_k->registers());
+  }
+}
+
 }  // namespace
 }  // namespace kforge

@@ -424,6 +424,47 @@ TEST(ValidateDecodeArgs, Fp8CacheStridesAreBytesOverWholeRecords) {
       << ValidateDecodeArgs(a, m).status();
 }
 
+// The page-blocked records (V4 584 B, V4.1 528 B): the row stride is the
+// record exactly (584 is no multiple of 16, and no row is strided by it);
+// the page stride steps over page_block_size records, 16-byte aligned.
+TEST(ValidateDecodeArgs, PageBlockedCachesTakeTheRecordAsRowStride) {
+  for (const auto& [dtype, record] : {std::pair{v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, 584},
+                                      std::pair{v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, 528}}) {
+    absl::StatusOr<v1::AttentionSpec> preset = SpecFromPreset("glm-5", 8);
+    ASSERT_TRUE(preset.ok()) << preset.status();
+    v1::AttentionSpec spec = SpecWithKvDtype(*preset, dtype, v1::KV_SCALE_FORMAT_UNSPECIFIED);
+    spec.set_rope_dim(0);
+    ASSERT_TRUE(ValidateSpec(spec).ok()) << ValidateSpec(spec);
+    const KvCacheLayout layout = KvLayoutOf(spec);
+    EXPECT_EQ(layout.row_bytes, record);
+    EXPECT_EQ(layout.element_bytes, 1);
+    EXPECT_TRUE(layout.page_blocked);
+    const v1::Manifest m = ManifestFor(spec, "sm_90a");
+    DecodeArgs a = ValidArgs();
+    a.d_qk = 512;
+    a.q_head_stride = 512;
+    a.q_token_stride = a.num_q_heads * 512;
+    a.kv_dtype = dtype;
+    a.kv_row_stride = record;
+    a.kv_page_stride = (64 * record + 575) / 576 * 576;  // vLLM's page, rounded up
+    EXPECT_TRUE(ValidateDecodeArgs(a, m).ok()) << ValidateDecodeArgs(a, m).status();
+    a.kv_row_stride = record + 16;
+    EXPECT_TRUE(absl::StartsWith(
+        ValidateDecodeArgs(a, m).status().message(),
+        absl::StrCat("kv_row_stride: got ", record + 16, ", must be ", record, " (the record")))
+        << ValidateDecodeArgs(a, m).status();
+    a.kv_row_stride = record;
+    a.kv_page_stride = 64 * record - 16;
+    EXPECT_TRUE(
+        absl::StartsWith(ValidateDecodeArgs(a, m).status().message(), "kv_page_stride: got"))
+        << ValidateDecodeArgs(a, m).status();
+    a.kv_page_stride = 64 * record + 8;
+    EXPECT_TRUE(
+        absl::StartsWith(ValidateDecodeArgs(a, m).status().message(), "kv_page_stride: got"))
+        << ValidateDecodeArgs(a, m).status();
+  }
+}
+
 TEST(ValidateDecodeArgs, EmptyManifestIsFailedPrecondition) {
   EXPECT_EQ(ValidateDecodeArgs(ValidArgs(), v1::Manifest()).status().code(),
             absl::StatusCode::kFailedPrecondition);

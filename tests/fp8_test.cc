@@ -62,6 +62,28 @@ void ExpectSame(double got, double want, int code) {
   EXPECT_EQ(std::signbit(got), std::signbit(want)) << "code 0x" << std::hex << code;
 }
 
+// e2m1 by its definition (OCP MX fp4): bias 1, 1 mantissa bit, code 1 the
+// subnormal 0.5.
+double E2m1Definition(int code) {
+  static const double kMagnitude[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  const double v = kMagnitude[code & 7];
+  return code & 8 ? -v : v;
+}
+
+TEST(Fp8Test, E2m1MatchesTheDefinitionForEveryByte) {
+  for (int byte = 0; byte < 256; ++byte) {
+    const unsigned h2 = fp8::E2m1x2ToHalf2Bits(byte);
+    const double lo = HalfToDouble(static_cast<uint16_t>(h2 & 0xFFFF)) * fp8::kE2m1HalfFactor;
+    const double hi = HalfToDouble(static_cast<uint16_t>(h2 >> 16)) * fp8::kE2m1HalfFactor;
+    ExpectSame(lo, E2m1Definition(byte & 0xF), byte);
+    ExpectSame(hi, E2m1Definition(byte >> 4), byte);
+  }
+  // Anchors: the low nibble is the first value; 6 and -0.5.
+  const unsigned h2 = fp8::E2m1x2ToHalf2Bits(0x97);  // high 0x9 = -0.5, low 0x7 = 6
+  EXPECT_EQ(HalfToDouble(h2 & 0xFFFF) * fp8::kE2m1HalfFactor, 6.0);
+  EXPECT_EQ(HalfToDouble(h2 >> 16) * fp8::kE2m1HalfFactor, -0.5);
+}
+
 TEST(Fp8Test, SoftwareE4m3MatchesTheDefinitionForEveryCodeAndPair) {
   for (int code = 0; code < 256; ++code) {
     for (int other = 0; other < 256; ++other) {

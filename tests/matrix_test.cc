@@ -142,6 +142,19 @@ TEST(MatrixTest, DtypesAcceptShortAndEnumNames) {
   EXPECT_EQ(KvDtypeName(v1::KV_CACHE_DTYPE_UNSPECIFIED), "KV_CACHE_DTYPE_UNSPECIFIED");
 }
 
+TEST(MatrixTest, TheNewRecordsExpandForAPresetOfTheirGeometry) {
+  // nvfp4_ds_mla has V3.2's geometry: every preset takes it, by either name.
+  for (const char* name : {"nvfp4_ds_mla", "KV_CACHE_DTYPE_NVFP4_DS_MLA"}) {
+    SCOPED_TRACE(name);
+    const std::vector<MatrixJob> jobs =
+        Expand(absl::StrCat(R"({"models": [{"preset": "glm-5", "tp": [8], "kvDtypes": [")", name,
+                            R"("]}], "archs": ["sm_120a"]})"));
+    ASSERT_EQ(jobs.size(), 1u);
+    EXPECT_EQ(jobs[0].kv_dtype, v1::KV_CACHE_DTYPE_NVFP4_DS_MLA);
+    EXPECT_EQ(jobs[0].label, "glm-5 tp8 nvfp4_ds_mla sm_120a");
+  }
+}
+
 struct BadMatrix {
   const char* json;
   std::vector<const char*> message_parts;  // each must appear

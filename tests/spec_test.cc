@@ -129,6 +129,50 @@ INSTANTIATE_TEST_SUITE_P(
                     s.set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
                     s.set_kv_lora_rank(256);
                   }},
+        // The issue-15 records: one geometry each, scales defined by the record.
+        FieldCase{"V4", "", "",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4);
+                    s.set_rope_dim(0);
+                  }},
+        FieldCase{"V4WithRope", "rope_dim", "64",
+                  [](S& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4); }},
+        FieldCase{"V4Rank448", "kv_lora_rank", "448",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4);
+                    s.set_rope_dim(0);
+                    s.set_kv_lora_rank(448);
+                  }},
+        FieldCase{"V4WithScaleFormat", "kv_scale_format", "KV_SCALE_FORMAT_POW2",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4);
+                    s.set_rope_dim(0);
+                    s.set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+                  }},
+        FieldCase{"V41", "", "",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41);
+                    s.set_rope_dim(0);
+                  }},
+        FieldCase{"V41WithRope", "rope_dim", "64",
+                  [](S& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41); }},
+        FieldCase{"Nvfp4", "", "",
+                  [](S& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_NVFP4_DS_MLA); }},
+        FieldCase{"Nvfp4NoRope", "rope_dim", "0",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_NVFP4_DS_MLA);
+                    s.set_rope_dim(0);
+                  }},
+        FieldCase{"Nvfp4Rank256", "kv_lora_rank", "256",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_NVFP4_DS_MLA);
+                    s.set_kv_lora_rank(256);
+                  }},
+        FieldCase{"Nvfp4WithScaleFormat", "kv_scale_format", "KV_SCALE_FORMAT_ARBITRARY",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_NVFP4_DS_MLA);
+                    s.set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
+                  }},
         FieldCase{"Bf16WithScaleFormat", "kv_scale_format", "KV_SCALE_FORMAT_POW2",
                   [](S& s) { s.set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2); }},
         FieldCase{"DtypeOutOfRange", "kv_cache_dtype", "9",
@@ -158,6 +202,36 @@ INSTANTIATE_TEST_SUITE_P(
         FieldCase{"LseFalse", "", "", [](S& s) { s.set_return_lse(false); }},
         FieldCase{"LseTrue", "", "", [](S& s) { s.set_return_lse(true); }}),
     [](const ::testing::TestParamInfo<FieldCase>& info) { return info.param.name; });
+
+// The one table of KV formats: each row's name parses back to it, prints
+// as itself, and its sizes are the records' (docs/DESIGN.md).
+TEST(KvFormatsTest, EveryRowParsesByNameAndHasItsRecordSize) {
+  const std::vector<std::pair<v1::KvCacheDtype, int>> bytes = {
+      {v1::KV_CACHE_DTYPE_BF16, 1152},         {v1::KV_CACHE_DTYPE_FP8_DS_MLA, 656},
+      {v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, 584}, {v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, 528},
+      {v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, 352},
+  };
+  ASSERT_EQ(KvFormats().size(), bytes.size());
+  for (const auto& [dtype, record] : bytes) {
+    const KvFormatInfo* f = FindKvFormat(dtype);
+    ASSERT_NE(f, nullptr) << dtype;
+    SCOPED_TRACE(f->name);
+    absl::StatusOr<v1::KvCacheDtype> parsed = ParseKvDtype(absl::AsciiStrToUpper(f->name));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, dtype);
+    EXPECT_EQ(KvDtypeName(dtype), f->name);
+    const int d_qk = f->supports == nullptr || f->supports(512, 64) ? 576 : 512;
+    EXPECT_EQ(f->bytes_per_token(d_qk), record);
+    // Staging rows are whole 16-byte chunks holding at least the record.
+    const int staging = f->staging_bytes_per_token(d_qk);
+    EXPECT_EQ(staging % 16, 0);
+    if (staging > 0) EXPECT_GE(staging, record);
+  }
+  EXPECT_EQ(FindKvFormat(v1::KV_CACHE_DTYPE_UNSPECIFIED), nullptr);
+  absl::StatusOr<v1::KvCacheDtype> bad = ParseKvDtype("fp4");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "nvfp4_ds_mla")) << bad.status();
+}
 
 TEST(ValidateSpecTest, Fp8PresetsTakeTheModelsScaleFormat) {
   absl::StatusOr<v1::AttentionSpec> ds =

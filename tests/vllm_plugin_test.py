@@ -117,19 +117,20 @@ DSV32_TP1 = dict(num_heads=128, kv_lora_rank=512, rope_dim=64, topk=2048, page_s
 @check("attention_spec of GLM-5 and DeepSeek-V3.2")
 def _():
     for shape in (GLM5_TP8, DSV32_TP1):
-        for vllm_dtype, kv in (("auto", 1), ("bfloat16", 1), ("fp8_ds_mla", 2)):
+        for vllm_dtype, kv in (("auto", 1), ("bfloat16", 1), ("fp8_ds_mla", 2),
+                               ("nvfp4_ds_mla", 5)):
             spec = core.attention_spec(cache_dtype=vllm_dtype, **shape)
             assert spec.num_q_heads == shape["num_heads"] and spec.topk == 2048
             assert spec.kv_cache_dtype == kv
             assert spec.kv_scale_format == (2 if kv == 2 else 0)  # arbitrary: vLLM's amax/448
             assert not spec.return_lse
-            assert kforge.kv_row_bytes_for(spec) == (656 if kv == 2 else None)
+            assert kforge.kv_row_bytes_for(spec) == {1: None, 2: 656, 5: 352}[kv]
 
 
 @check("attention_spec errors name what is unsupported")
 def _():
     cases = ((dict(GLM5_TP8, cache_dtype="fp8"), "kv_cache_dtype: got 'fp8'"),
-             (dict(GLM5_TP8, cache_dtype="fp8_e4m3"), "supports auto, bfloat16, fp8_ds_mla"),
+             (dict(GLM5_TP8, cache_dtype="fp8_e4m3"), "supports auto, bfloat16, fp8_ds_mla, nvfp4_ds_mla"),
              (dict(GLM5_TP8, num_heads=256, cache_dtype="auto"),
               "num_q_heads: got 256, supported 1..128"),
              (dict(GLM5_TP8, kv_lora_rank=448, cache_dtype="fp8_ds_mla"), "kv_lora_rank"),

@@ -24,7 +24,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 4  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 5  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -73,6 +73,7 @@ _SIGNATURES = {
     "kforge_decode_pointer_modulus": [],
     "kforge_spec_from_preset": [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32, *_OUT,
                                 _STR_OUT],
+    "kforge_parse_kv_dtype": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _STR_OUT],
     "kforge_validate_spec": [_c_bytes, ctypes.c_size_t, _STR_OUT],
     "kforge_normalize_spec": [_c_bytes, ctypes.c_size_t, *_OUT, _STR_OUT],
     "kforge_parse_spec": [ctypes.c_char_p, ctypes.c_size_t, *_OUT, _STR_OUT],
@@ -258,6 +259,14 @@ def spec_from_preset(name, tensor_parallel, kv_dtype=0):
     return parse(pb().spec_pb2.AttentionSpec,
                  call("spec_from_preset", str(name).encode(), int(tensor_parallel),
                       int(kv_dtype), bytes_out=True))
+
+
+def parse_kv_dtype(name):
+    """ParseKvDtype: a KvCacheDtype value from a name ("bf16", "fp8_ds_mla",
+    ...; any case; or a KV_CACHE_DTYPE_* name)."""
+    out = ctypes.c_int32(0)
+    call("parse_kv_dtype", str(name).encode(), ctypes.byref(out))
+    return out.value
 
 
 def validate_spec(spec):

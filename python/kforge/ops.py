@@ -167,18 +167,19 @@ def check_decode_inputs(q, kv, indices, page_block_size=None, kv_row_bytes=None)
     [batch, s_q, heads, d_qk] (or [tokens, heads, d_qk]); kv_cache
     [num_pages, page_block_size, d_qk], [num_pages, page_block_size, 1,
     d_qk], or [num_slots, d_qk] with `page_block_size` given; indices
-    [batch, s_q, topk] (or [tokens, topk]). An fp8_ds_mla cache is uint8
-    with kv_row_bytes (KvLayoutOf: 656) in place of d_qk, and its strides
-    count bytes. TypeError for a dtype, ValueError naming the tensor for a
+    [batch, s_q, topk] (or [tokens, topk]). A quantised cache (fp8_ds_mla
+    and the other record formats) is uint8 with kv_row_bytes (KvLayoutOf:
+    656 for fp8_ds_mla) in place of d_qk, and its strides count bytes. TypeError for a dtype, ValueError naming the tensor for a
     layout this mapping cannot express; everything else is PlanDecode's to
     judge."""
     _check_dtype(q, "bfloat16")
     if kv_row_bytes is not None:
         _check_dtype(kv, "uint8")
     elif kv.dtype == "uint8":
-        raise TypeError(f"{kv.name}: a uint8 (fp8_ds_mla) cache needs a decoder built for it "
-                        "(SparseMlaDecoder(..., kv_dtype='fp8_ds_mla') or a spec with "
-                        "kv_cache_dtype fp8_ds_mla)")
+        raise TypeError(f"{kv.name}: a uint8 (quantised record) cache needs a decoder built "
+                        "for its format (SparseMlaDecoder(..., kv_dtype='fp8_ds_mla'), or "
+                        "'fp8_ds_mla_v4', 'mxfp8_ds_mla_v41', 'nvfp4_ds_mla', or a spec with "
+                        "that kv_cache_dtype)")
     else:
         _check_dtype(kv, "bfloat16")
     _check_dtype(indices, "int32")
@@ -194,7 +195,7 @@ def check_decode_inputs(q, kv, indices, page_block_size=None, kv_row_bytes=None)
                          f"(one latent KV head), got shape {list(kv.shape)}")
     if kv_row_bytes is not None:
         if kv.shape[-1] != kv_row_bytes:
-            raise ValueError(f"{kv.name}: records of {kv.shape[-1]} bytes, the fp8_ds_mla "
+            raise ValueError(f"{kv.name}: records of {kv.shape[-1]} bytes, the spec's "
                              f"record is {kv_row_bytes}")
     elif kv.shape[-1] != d_qk:
         raise ValueError(f"{kv.name}: rows of {kv.shape[-1]} values, {q.name} has d_qk {d_qk}")
@@ -514,8 +515,9 @@ class LoadedKernel:
 
 
 def kv_row_bytes_for(spec):
-    """The uint8 record size of an fp8_ds_mla spec's cache (KvLayoutOf),
-    None for a bf16 cache."""
+    """The uint8 record size of a quantised spec's cache (KvLayoutOf: 656
+    for fp8_ds_mla, 584 / 528 / 352 for fp8_ds_mla_v4 / mxfp8_ds_mla_v41 /
+    nvfp4_ds_mla), None for a bf16 cache."""
     row_bytes, element_bytes = _capi.kv_layout(spec.SerializeToString(deterministic=True))
     return row_bytes if element_bytes == 1 else None
 

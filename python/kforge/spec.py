@@ -13,6 +13,9 @@ from kforge.errors import KforgeError, KforgeInvalidArgument
 ATTENTION_KIND_SPARSE_MLA_DECODE = 1
 KV_CACHE_DTYPE_BF16 = 1
 KV_CACHE_DTYPE_FP8_DS_MLA = 2
+KV_CACHE_DTYPE_FP8_DS_MLA_V4 = 3
+KV_CACHE_DTYPE_MXFP8_DS_MLA_V41 = 4
+KV_CACHE_DTYPE_NVFP4_DS_MLA = 5
 KV_SCALE_FORMAT_POW2 = 1
 KV_SCALE_FORMAT_ARBITRARY = 2
 
@@ -38,15 +41,13 @@ def validate_spec(spec):
 
 
 def kv_dtype_value(kv_dtype):
-    """A KvCacheDtype value from "bf16" / "fp8_ds_mla", an enum value, or
-    None (bf16)."""
+    """A KvCacheDtype value from a name ("bf16", "fp8_ds_mla",
+    "fp8_ds_mla_v4", "mxfp8_ds_mla_v41", "nvfp4_ds_mla"; the C++ table in
+    model/spec.h parses it), an enum value, or None (bf16)."""
     if kv_dtype is None:
         return 0
     if isinstance(kv_dtype, str):
-        names = {"bf16": KV_CACHE_DTYPE_BF16, "fp8_ds_mla": KV_CACHE_DTYPE_FP8_DS_MLA}
-        if kv_dtype.lower() not in names:
-            raise KforgeInvalidArgument(f"kv_dtype: got {kv_dtype!r}, supported bf16, fp8_ds_mla")
-        return names[kv_dtype.lower()]
+        return _capi.parse_kv_dtype(kv_dtype)
     return int(kv_dtype)
 
 

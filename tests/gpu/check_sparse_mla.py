@@ -59,6 +59,8 @@ def make_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude):
     the spec's scale convention; uint8 records, a page gap of 64 bytes."""
     import torch
     import kforge
+    if spec.kv_cache_dtype in RECORDS:
+        return make_record_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude)
     if spec.kv_cache_dtype != FP8_DS_MLA:
         gap = 64 if paged_gap else 0  # elements between pages (keeps 16 B alignment)
         page_stride = pbs * D + gap
@@ -80,6 +82,41 @@ def make_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude):
     # so a row of one or two tokens (a short topk_length) checks the
     # kernel's arithmetic, not that rounding (about 3e-3 in such an lse).
     return kv, kforge.dequantize_fp8_ds_mla(kv).float().to(torch.bfloat16).double()
+
+
+# The issue-15 records (kforge.kv_records): KvCacheDtype value -> name.
+RECORDS = {3: "fp8_ds_mla_v4", 4: "mxfp8_ds_mla_v41", 5: "nvfp4_ds_mla"}
+
+
+def make_record_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude):
+    """A V4 / V4.1 / nvfp4 cache: random values times `magnitude` with an
+    all-zero scale group, quantized (kforge.kv_records), pages 64 bytes
+    apart when `paged_gap`; then scale bytes at their extremes poked into
+    page 0 (ue8m0 0 = 2^-127 and 1; e4m3 scales 0x01 = 2^-9, the smallest,
+    and 0x7e = 448, the largest). The reference rows are the kernel's view
+    of those bytes (kv_records.bf16_dequantize_kv_records: each value
+    rounded once from fp32 to bf16)."""
+    import torch
+    from kforge import kv_records
+    name = RECORDS[spec.kv_cache_dtype]
+    values = torch.randn(num_pages, pbs, D, generator=gen, device="cuda",
+                         dtype=torch.float32) * magnitude
+    values[0, 0, :64] = 0  # a zero group / block
+    page = kv_records.page_bytes(name, pbs) + (64 if paged_gap else 0)
+    kv = kv_records.quantize_kv_records(values, name, page_stride=page)
+    raw = torch.as_strided(kv, (num_pages * page,), (1,))  # the whole buffer
+    t = min(1, pbs - 1)  # token 1 of page 0 (token 0 on 1-token pages)
+    if name == "nvfp4_ds_mla":
+        rec = t * 352
+        raw[rec + 320] = 0x01   # block 0: scale 2^-9
+        raw[rec + 321] = 0x7E   # block 4: scale 448
+    else:
+        data = 576 if name == "fp8_ds_mla_v4" else 512
+        scale_bytes = 8 if name == "fp8_ds_mla_v4" else 16
+        row = pbs * data + t * scale_bytes
+        raw[row] = 0            # group 0: 2^-127
+        raw[row + 1] = 1        # group 1: 2^-126
+    return kv, kv_records.bf16_dequantize_kv_records(kv, name)
 
 
 def launch(mod, q, kv, idx, out, lse, num_splits, topk_length=None, sink=None):
@@ -283,7 +320,7 @@ def main():
         def label(t):
             return f"h{t.head_tile}n{t.token_tile}w{t.warps}"
         # One kernel serves every s_q (MTP 1, 2, 4): batch * s_q query tokens.
-        fp8 = mod.spec.kv_cache_dtype == FP8_DS_MLA
+        fp8 = mod.spec.kv_cache_dtype == FP8_DS_MLA or mod.spec.kv_cache_dtype in RECORDS
         cases = [(int(x), s, None, False) for x in args.batches.split(",") for s in (1, 2, 4)]
         runs = [(b, s_q, mode, gap, i, topk_length, sink)
                 for i, (b, s_q, topk_length, sink) in enumerate(cases)

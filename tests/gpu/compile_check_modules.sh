@@ -12,11 +12,16 @@ mkdir -p "$out"
 specs=$(mktemp -d)
 trap 'rm -rf "$specs"' EXIT
 jobs=()
-write_spec() {  # heads topk scale lse page [scale_format rope kv_lora_rank] (a format: fp8_ds_mla)
+# fmt: empty (bf16), a KV_SCALE_FORMAT_* (fp8_ds_mla with those scales) or
+# another KV_CACHE_DTYPE_* (a record with scales of its own).
+write_spec() {  # heads topk scale lse page [fmt rope kv_lora_rank]
   local fmt=${6:-} rope=${7:-64} rank=${8:-512}
   local f="$specs/h$1_k$2_sc$3_$4_p$5_${fmt:-bf16}_r${rope}_l$rank.json"
   local dtype='"kv_cache_dtype": "KV_CACHE_DTYPE_BF16"'
-  [ -n "$fmt" ] && dtype='"kv_cache_dtype": "KV_CACHE_DTYPE_FP8_DS_MLA", "kv_scale_format": "'$fmt'"'
+  case "$fmt" in
+    KV_SCALE_FORMAT_*) dtype='"kv_cache_dtype": "KV_CACHE_DTYPE_FP8_DS_MLA", "kv_scale_format": "'$fmt'"' ;;
+    KV_CACHE_DTYPE_*) dtype='"kv_cache_dtype": "'$fmt'"' ;;
+  esac
   cat >"$f" <<JSON
 {"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": $1, "kv_lora_rank": $rank,
  "rope_dim": $rope, "topk": $2, $dtype,
@@ -50,6 +55,20 @@ for h in 8 64 128; do
   jobs+=("$(write_spec $h 2048 0.0625 true 64 KV_SCALE_FORMAT_ARBITRARY) sm_90a 101376")
 done
 jobs+=("$(write_spec 24 63 0.0625 false 16 KV_SCALE_FORMAT_POW2) sm_90a 101376")
+# The issue-15 records: DeepSeek-V4 (584 B, page-blocked, d_qk 512), V4.1
+# (528 B, page-blocked) and nvfp4 (352 B, V3.2 geometry), on sm_90a (wgmma
+# at 64 heads) and on the 99 KB pipeline, 64 heads x topk 1152 included
+# (DeepSeek-V4.1's shape on sm_120), pages of 64 and of 16 tokens.
+for fmt in KV_CACHE_DTYPE_FP8_DS_MLA_V4:0 KV_CACHE_DTYPE_MXFP8_DS_MLA_V41:0 KV_CACHE_DTYPE_NVFP4_DS_MLA:64; do
+  rope=${fmt##*:}; fmt=${fmt%%:*}
+  for h in 1 16 64 128; do
+    for k in 63 2048; do
+      jobs+=("$(write_spec $h $k 0.135234 true 64 $fmt $rope) sm_90a 0")
+    done
+  done
+  jobs+=("$(write_spec 64 1152 0.0625 true 64 $fmt $rope) sm_90a 101376")
+  jobs+=("$(write_spec 8 63 0.0625 false 16 $fmt $rope) sm_90a 101376")
+done
 # Other latent widths (bf16): the combine's column slices (CombineSlices:
 # 256 -> 4 slices, 448 -> 1 slice of 7 pairs, 384 -> 2) and the small-batch
 # kernel beside a 64-head tile.

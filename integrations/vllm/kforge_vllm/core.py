@@ -8,7 +8,7 @@ vLLM's layouts, as its sparse-MLA backends receive them:
                heads, rope_dim]) the MLA layer hands forward_mqa
   kv_cache     [num_blocks, block_size, row] per layer: row = kv_lora_rank +
                rope_dim bf16 values, or an fp8_ds_mla record of 656 uint8
-               bytes; the block stride may exceed block_size rows (vLLM
+               bytes, or an nvfp4_ds_mla record of 352; the block stride may exceed block_size rows (vLLM
                interleaves other layers' pages), kforge reads it as given
   topk         [tokens, >= topk] int32: the indexer's top-k token positions
                within each token's request, -1 = none
@@ -25,7 +25,8 @@ from kforge import spec as kforge_spec
 
 # vLLM's cache dtype names -> kforge's. "auto" is the model dtype, bf16 for
 # every model this backend accepts (supported_dtypes).
-KV_CACHE_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "fp8_ds_mla": "fp8_ds_mla"}
+KV_CACHE_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "fp8_ds_mla": "fp8_ds_mla",
+                   "nvfp4_ds_mla": "nvfp4_ds_mla"}
 
 # vLLM's fp8_ds_mla writer (concat_and_cache_ds_mla) stores each 128-value
 # tile's scale as amax / 448, a float that is not a power of two, for every

@@ -5,8 +5,9 @@ Needs no vLLM: the core imports none, and vLLM cannot be carried to the GPU
 host.
 
 For a GLM-5 TP8 shape (8 heads, scale 0.0625) and a DeepSeek-V3.2 TP1 shape
-(128 heads, scale 0.135234), each with a bf16 cache and an fp8_ds_mla cache
-(656-byte records, arbitrary scales as vLLM writes them):
+(128 heads, scale 0.135234), each with a bf16 cache, an fp8_ds_mla cache
+(656-byte records, arbitrary scales as vLLM writes them) and an nvfp4_ds_mla
+cache (352-byte records, kforge.kv_records' quantizer):
   - the cache is one layer's view of an allocation holding three layers
     with their blocks interleaved (vLLM's block-outermost layout: the block
     stride is three pages), [num_blocks, 64, row], squeezed as the MLA
@@ -41,7 +42,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import e2e_python  # noqa: E402  (tests/gpu: kernel sources, skip rules, the error bar)
 
 SHAPES = (("glm-5 tp8", 8, 0.0625), ("deepseek-v3.2 tp1", 128, 0.135234))
-CACHE_DTYPES = ("auto", "fp8_ds_mla")
+CACHE_DTYPES = ("auto", "fp8_ds_mla", "nvfp4_ds_mla")
 PAGE, TOPK, RANK, ROPE = 64, 2048, 512, 64
 QUERY_LENS = (1, 1, 2, 3, 4, 1, 37)  # decodes, MTP verifications, a prefill chunk
 CONTEXT = (900, 3000, 64, 2100, 130, 1, 500)  # cached tokens before each request's queries
@@ -88,6 +89,10 @@ class Batch:
         if cache_dtype == "fp8_ds_mla":
             content = kforge.quantize_fp8_ds_mla(values, "arbitrary")
             self.values = kforge.dequantize_fp8_ds_mla(content)
+        elif cache_dtype == "nvfp4_ds_mla":
+            from kforge import kv_records
+            content = kv_records.quantize_kv_records(values, "nvfp4_ds_mla")
+            self.values = kv_records.bf16_dequantize_kv_records(content, "nvfp4_ds_mla")
         else:
             content, self.values = values, values
         row = content.shape[-1]

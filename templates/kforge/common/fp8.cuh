@@ -1,6 +1,6 @@
 // fp8 e4m3 (e4m3fn: 1 sign, 4 exponent bits with bias 7, 3 mantissa bits;
-// no infinities, 0x7f / 0xff are NaN, max 448, min subnormal 2^-9) to
-// wider types, two codes at a time.
+// no infinities, 0x7f / 0xff are NaN, max 448, min subnormal 2^-9) and fp4
+// e2m1 to wider types, two codes at a time.
 //
 // sm_89 and newer convert in hardware (cvt.rn.f16x2.e4m3x2, PTX ISA 7.8);
 // sm_80 / sm_86 have no fp8 conversion, so there the bits are rearranged in
@@ -39,6 +39,21 @@ KFORGE_HD inline unsigned int E4m3x2ToHalf2BitsSoft(unsigned int pair) {
 
 // The factor the software path's halves are short of (2^8).
 constexpr float kSoftHalfFactor = 256.f;
+
+// Two e2m1 (fp4: sign, 2 exponent bits with bias 1, 1 mantissa bit; the
+// magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) codes, the low nibble of `byte`
+// and then its high nibble, as f16x2 bits (low nibble in the low half) of
+// value * 2^-14, exact: the 3 magnitude bits go to f16 bits 11..9 as they
+// are (exponent field 0..3, mantissa bit 9), which is the value scaled by
+// 2^-14 for the subnormal code 1 (0.5) and the normal ones alike; the sign
+// to bit 15.
+KFORGE_HD inline unsigned int E2m1x2ToHalf2Bits(unsigned int byte) {
+  return ((byte & 0x7u) << 9) | ((byte & 0x8u) << 12) | ((byte & 0x70u) << 21) |
+         ((byte & 0x80u) << 24);
+}
+
+// The factor E2m1x2ToHalf2Bits's halves are short of (2^14).
+constexpr float kE2m1HalfFactor = 16384.f;
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 

@@ -22,6 +22,12 @@ __device__ __forceinline__ void CpAsync16(u32 dst, const void* src, u32 src_byte
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
+// 8-byte global->shared copy (through L1: .cg takes 16 bytes only); src
+// and dst 8-byte aligned. src_bytes == 0 writes zeros.
+__device__ __forceinline__ void CpAsync8(u32 dst, const void* src, u32 src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
 // Programmatic dependent launch (sm_90+). A kernel launched with the
 // programmatic-stream-serialization attribute may be scheduled while the
 // kernel before it in the stream still runs: WaitForPriorGrids blocks until

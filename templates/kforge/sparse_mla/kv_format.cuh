@@ -40,9 +40,12 @@
 //                       does nothing.
 //
 // Formats: KvBf16 (direct: gathers straight into the tile, Land is empty)
-// and KvFp8DsMla (staged: 656-byte records of 512 e4m3, 4 fp32 scales and
-// 64 bf16 rope; Land dequantises). The codegen names the type in the
-// instantiation unit (KvFormatOf); DecodeMain does not change.
+// and the staged ones, whose Land dequantises: KvFp8DsMla (656-byte records
+// of 512 e4m3, 4 fp32 scales and 64 bf16 rope), KvFp8DsMlaV4 (DeepSeek-V4,
+// 584 B page-blocked), KvMxfp8DsMlaV41 (DeepSeek-V4.1, 528 B page-blocked)
+// and KvNvfp4DsMla (352 B of e2m1, e4m3 rope and e4m3 scales); their byte
+// layouts are in config.h. The model's KV format table (model/spec.cc,
+// KvFormats) names the type for the codegen; DecodeMain does not change.
 #ifndef KFORGE_SPARSE_MLA_KV_FORMAT_CUH_
 #define KFORGE_SPARSE_MLA_KV_FORMAT_CUH_
 
@@ -81,14 +84,184 @@ struct KvBf16 : KvBf16Sizes {
   __device__ __forceinline__ static void Land(const DecodeSmem&, const ThreadRoles&) {}
 };
 
+// ---------------------------------------------------------------------------
+// What the staged formats share. A staged format's Land converts its
+// staging rows into the bf16 tile in items of 16 latent columns: item k of a
+// row is columns [16 k, 16 k + 16), bf16 chunks 2 k and 2 k + 1 of the row,
+// in column block k / 4.
+
+// Calls fn(row, k) for every (row, item k < kPerRow) of a tile, spread over
+// the CTA's threads (consecutive threads take consecutive items of a row).
+template <class T, int kPerRow, class Fn>
+__device__ __forceinline__ void ForEachRowItem(const ThreadRoles& r, Fn&& fn) {
+  constexpr int kItems = T::kTokenTile * kPerRow;
+  const int tid = r.warp * 32 + r.lane;
+#pragma unroll
+  for (int i0 = 0; i0 < kItems; i0 += T::kThreads) {
+    const int i = i0 + tid;
+    if (kItems % T::kThreads != 0 && i >= kItems) break;
+    fn(i / kPerRow, i % kPerRow);
+  }
+}
+
+// Stores item k of tile row `row` (out: 16 bf16, low column first). Lanes
+// of odd column blocks store their second chunk first, so each 8-lane phase
+// of a 16-byte store hits eight distinct chunks of 128 bytes when a warp
+// converts one row's consecutive items: no bank conflicts.
+template <class T>
+__device__ __forceinline__ void StoreItem(ptx::u32 tile, int row, int k, const ptx::u32 (&out)[8]) {
+  const bool odd_block = (k >> 2) & 1;
+  const int first = 2 * (k & 3) + (odd_block ? 1 : 0);
+  const ptx::u32 base = tile + (k >> 2) * T::kKvBlockBytes + row * 128;
+  const int swz = row & 7;
+  ptx::StShared128(base + ((first ^ swz) << 4), odd_block ? out[4] : out[0],
+                   odd_block ? out[5] : out[1], odd_block ? out[6] : out[2],
+                   odd_block ? out[7] : out[3]);
+  ptx::StShared128(base + (((first ^ 1) ^ swz) << 4), odd_block ? out[0] : out[4],
+                   odd_block ? out[1] : out[5], odd_block ? out[2] : out[6],
+                   odd_block ? out[3] : out[7]);
+}
+
+// An e4m3 code's value from E4m3x4ToHalf2's half (which is short of
+// kE4m3HalfFactor on the software path). The factor is applied to the value,
+// never folded into a scale: a scale near the fp32 maximum times 2^8 would
+// overflow where the product with the code does not.
+__device__ __forceinline__ float E4m3Value(float half_value) {
+  return fp8::kE4m3HalfFactor == 1.f ? half_value : half_value * fp8::kE4m3HalfFactor;
+}
+
+// 16 e4m3 codes (w, low byte first) times `scale` as 16 bf16: the product
+// in fp32, rounded once to bf16 (exact for power-of-two scales in range).
+__device__ __forceinline__ void E4m3ItemToBf16(const ptx::u32 (&w)[4], float scale,
+                                               ptx::u32 (&out)[8]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    ptx::u32 h01, h23;
+    fp8::E4m3x4ToHalf2(w[q], h01, h23);
+    float f0, f1, f2, f3;
+    fp8::Half2ToFloat2(h01, f0, f1);
+    fp8::Half2ToFloat2(h23, f2, f3);
+    out[2 * q] = ptx::PackBf16x2(E4m3Value(f0) * scale, E4m3Value(f1) * scale);
+    out[2 * q + 1] = ptx::PackBf16x2(E4m3Value(f2) * scale, E4m3Value(f3) * scale);
+  }
+}
+
+// One e4m3 code (the low byte of `code`) as a float.
+__device__ __forceinline__ float E4m3ToFloat(ptx::u32 code) {
+  ptx::u32 h01, h23;
+  fp8::E4m3x4ToHalf2(code & 0xFFu, h01, h23);
+  float lo, hi;
+  fp8::Half2ToFloat2(h01, lo, hi);
+  return E4m3Value(lo);
+}
+
+// A ue8m0 scale, 2^(e - 127): e = 0 is 2^-127 (an fp32 subnormal), 255 is
+// NaN (as OCP MX defines it).
+__device__ __forceinline__ float Ue8m0ToFloat(ptx::u32 e) {
+  return e == 0 ? __uint_as_float(0x00400000u)
+                : (e == 255 ? __uint_as_float(0x7FFFFFFFu) : __uint_as_float(e << 23));
+}
+
+// 16 e2m1 codes (w, two per byte, the low nibble first) times `scale` as 16
+// bf16. fp8::E2m1x2ToHalf2Bits gives halves of value * 2^-14; the 2^14 goes
+// into the scale (exact: e2m1 has 2 significant bits, so the products are
+// exact in fp32 and, for e4m3 scales, in bf16).
+__device__ __forceinline__ void E2m1ItemToBf16(const ptx::u32 (&w)[2], float scale,
+                                               ptx::u32 (&out)[8]) {
+  const float s = scale * fp8::kE2m1HalfFactor;
+#pragma unroll
+  for (int b = 0; b < 8; ++b) {
+    float lo, hi;
+    fp8::Half2ToFloat2(fp8::E2m1x2ToHalf2Bits((w[b >> 2] >> (8 * (b & 3))) & 0xFFu), lo, hi);
+    out[b] = ptx::PackBf16x2(lo * s, hi * s);
+  }
+}
+
+// Copies `kChunks` 16-byte chunks of bf16 columns from staging offset
+// `staged_offset` of each row into the tile's chunks first_chunk.. (8 per
+// 64-column block), swizzled.
+template <class T, int kChunks>
+__device__ __forceinline__ void CopyBf16Chunks(const DecodeSmem& sm, const ThreadRoles& r,
+                                               int staged_offset, int first_chunk) {
+  ForEachRowItem<T, kChunks>(r, [&](int row, int c) {
+    ptx::u32 w[4];
+    ptx::LdShared128(sm.kv_staging_addr + row * T::kStagingBytesPerToken + staged_offset + 16 * c,
+                     w);
+    const int chunk = first_chunk + c;
+    ptx::StShared128(
+        sm.kv_addr + (chunk >> 3) * T::kKvBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4),
+        w[0], w[1], w[2], w[3]);
+  });
+}
+
+// LoadRow of a format stored one record per token: copies the whole
+// record (whole 16-byte chunks) into staging row `row`; an invalid slot
+// copies zeros.
+template <class T>
+__device__ __forceinline__ void StageRecord(const DecodeParams& p, int slot, bool ok,
+                                            const DecodeSmem& sm, int row, int sub) {
+  static_assert(!T::Kv::kPageBlocked && T::kStaged &&
+                    T::kStagingBytesPerToken == T::Kv::BytesPerToken(T::kDqk) &&
+                    T::kStagingBytesPerToken % 16 == 0,
+                "whole records of whole 16-byte chunks are staged");
+  constexpr int kChunks = T::kStagingBytesPerToken / 16;
+  const unsigned char* src = reinterpret_cast<const unsigned char*>(p.kv);
+  if (ok) {
+    src += (slot / T::kPageBlock) * p.kv_page_stride + (slot % T::kPageBlock) * p.kv_row_stride;
+  }
+  const ptx::u32 bytes = ok ? 16 : 0;
+  const ptx::u32 staged = sm.kv_staging_addr + row * T::kStagingBytesPerToken;
+#pragma unroll
+  for (int j = 0; j < (kChunks + kThreadsPerRow - 1) / kThreadsPerRow; ++j) {
+    const int c = j * kThreadsPerRow + sub;
+    if (kChunks % kThreadsPerRow == 0 || c < kChunks) {
+      ptx::CpAsync16(staged + 16 * c, src + 16 * c, bytes);
+    }
+  }
+}
+
+// LoadRow of a page-blocked format (config.h): the token's data row to
+// staging offset 0 and its scale row right after it (kDataBytes); an
+// invalid slot copies zeros (so its scales are ue8m0 0 and its values 0).
+template <class T>
+__device__ __forceinline__ void StagePageBlockedRecord(const DecodeParams& p, int slot, bool ok,
+                                                       const DecodeSmem& sm, int row, int sub) {
+  using F = typename T::Kv;
+  static_assert(F::kPageBlocked && T::kStaged && F::kDataBytes % 16 == 0 &&
+                    (F::kScaleBytes == 8 || F::kScaleBytes == 16) &&
+                    T::kStagingBytesPerToken >= F::kDataBytes + F::kScaleBytes,
+                "a page-blocked record: whole 16-byte data chunks and one 8- or 16-byte scale row");
+  constexpr int kDataChunks = F::kDataBytes / 16;
+  constexpr int kCopies = kDataChunks + 1;  // the data chunks, then the scale row
+  const unsigned char* page = reinterpret_cast<const unsigned char*>(p.kv);
+  int i = 0;
+  if (ok) {
+    page += (slot / T::kPageBlock) * p.kv_page_stride;
+    i = slot % T::kPageBlock;
+  }
+  const unsigned char* data = page + i * F::kDataBytes;
+  const unsigned char* scales = page + T::kPageBlock * F::kDataBytes + i * F::kScaleBytes;
+  const ptx::u32 staged = sm.kv_staging_addr + row * T::kStagingBytesPerToken;
+#pragma unroll
+  for (int j = 0; j < (kCopies + kThreadsPerRow - 1) / kThreadsPerRow; ++j) {
+    const int c = j * kThreadsPerRow + sub;
+    if (c < kDataChunks) {
+      ptx::CpAsync16(staged + 16 * c, data + 16 * c, ok ? 16 : 0);
+    } else if (c == kDataChunks) {
+      if (F::kScaleBytes == 16) {
+        ptx::CpAsync16(staged + F::kDataBytes, scales, ok ? 16 : 0);
+      } else {
+        ptx::CpAsync8(staged + F::kDataBytes, scales, ok ? 8 : 0);
+      }
+    }
+  }
+}
+
 // fp8_ds_mla cache (KvFp8DsMlaSizes in config.h: 512 e4m3 + 4 fp32 scales
-// + 64 bf16 rope = 656 B/token, 528 without rope). A staged format
-// (StagedPipeline): LoadRow copies the whole record into the staging
-// buffer; invalid slots are zero-filled, so their values, scales and rope
-// are 0 and Land writes zero rows without looking at the validity flags.
-// Land converts e4m3 * scale to bf16 in fp32 (the product rounded once to
-// fp32, then to bf16; exact for power-of-two scales) and copies the rope,
-// into the one bf16 tile.
+// + 64 bf16 rope = 656 B/token, 528 without rope). Staged whole; Land
+// converts e4m3 * scale to bf16 and copies the rope into the last block.
+// Invalid slots stage zeros, so their values, scales and rope are 0 and
+// Land writes zero rows without looking at the validity flags.
 //
 // kScalePow2: the spec's scales are powers of two (DeepSeek-V3.2). Both
 // conventions take the same fp32 multiply for now; the parameter exists so
@@ -97,95 +270,117 @@ template <bool kScalePow2>
 struct KvFp8DsMla : KvFp8DsMlaSizes {
   using Elem = unsigned char;
   static constexpr bool kPow2Scales = kScalePow2;
-  // 16-byte chunks of e4m3 values per record; each fills two bf16 chunks.
-  static constexpr int kValueChunks = kLatent / 16;
 
   template <class T>
   __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
                                                  const DecodeSmem& sm, int, int row, int sub) {
     static_assert(Supports(T::kDv, T::kRope), "fp8_ds_mla: kv_lora_rank 512, rope_dim 0 or 64");
-    static_assert(T::kStaged && T::kStagingBytesPerToken == BytesPerToken(T::kDqk),
-                  "whole records are staged");
-    constexpr int kChunks = BytesPerToken(T::kDqk) / 16;
-    const Elem* src = reinterpret_cast<const Elem*>(p.kv);
-    if (ok) {
-      src += (slot / T::kPageBlock) * p.kv_page_stride + (slot % T::kPageBlock) * p.kv_row_stride;
-    }
-    const ptx::u32 bytes = ok ? 16 : 0;
-    const ptx::u32 staged = sm.kv_staging_addr + row * T::kStagingBytesPerToken;
-#pragma unroll
-    for (int j = 0; j < (kChunks + kThreadsPerRow - 1) / kThreadsPerRow; ++j) {
-      const int c = j * kThreadsPerRow + sub;
-      if (kChunks % kThreadsPerRow == 0 || c < kChunks) {
-        ptx::CpAsync16(staged + 16 * c, src + 16 * c, bytes);
-      }
-    }
+    StageRecord<T>(p, slot, ok, sm, row, sub);
   }
 
-  // Values: thread i converts staged chunk k = i % 32 of row i / 32 (a warp
-  // reads one row's 512 contiguous bytes) into bf16 chunks 2 (k % 4) and
-  // 2 (k % 4) + 1 of column block k / 4. Lanes of odd blocks store their
-  // second chunk first, so each 8-lane phase of a 16-byte store hits eight
-  // distinct chunks of 128 bytes: no bank conflicts. Rope: one 16-byte copy
-  // per chunk into the last column block.
   template <class T>
   __device__ __forceinline__ static void Land(const DecodeSmem& sm, const ThreadRoles& r) {
-    constexpr int kItems = T::kTokenTile * kValueChunks;
-    const int tid = r.warp * 32 + r.lane;
-    const unsigned char* staged = sm.kv_staging;
-    const ptx::u32 staged_addr = sm.kv_staging_addr;
-    const ptx::u32 tile = sm.kv_addr;
-#pragma unroll
-    for (int i0 = 0; i0 < kItems; i0 += T::kThreads) {
-      const int i = i0 + tid;
-      if (kItems % T::kThreads != 0 && i >= kItems) break;
-      const int row = i / kValueChunks;
-      const int k = i % kValueChunks;
+    ForEachRowItem<T, kLatent / 16>(r, [&](int row, int k) {
       const int row_off = row * T::kStagingBytesPerToken;
-      ptx::u32 w[4];
-      ptx::LdShared128(staged_addr + row_off + 16 * k, w);
-      const float scale =
-          reinterpret_cast<const float*>(staged + row_off + kScalesOffset)[k * 16 / kScaleGroup] *
-          fp8::kE4m3HalfFactor;
+      ptx::u32 w[4], out[8];
+      ptx::LdShared128(sm.kv_staging_addr + row_off + 16 * k, w);
+      E4m3ItemToBf16(w,
+                     reinterpret_cast<const float*>(sm.kv_staging + row_off +
+                                                    kScalesOffset)[k * 16 / kScaleGroup],
+                     out);
+      StoreItem<T>(sm.kv_addr, row, k, out);
+    });
+    if (T::kRope != 0) CopyBf16Chunks<T, 8>(sm, r, kRopeOffset, kLatent / 8);
+    PublishSmem<T>();
+  }
+};
+
+// DeepSeek-V4 cache (KvFp8DsMlaV4Sizes): 448 e4m3 columns with ue8m0 scales
+// per 64, then 64 bf16 columns; page-blocked.
+struct KvFp8DsMlaV4 : KvFp8DsMlaV4Sizes {
+  using Elem = unsigned char;
+
+  template <class T>
+  __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
+                                                 const DecodeSmem& sm, int, int row, int sub) {
+    static_assert(Supports(T::kDv, T::kRope), "fp8_ds_mla_v4: kv_lora_rank 512, rope_dim 0");
+    StagePageBlockedRecord<T>(p, slot, ok, sm, row, sub);
+  }
+
+  template <class T>
+  __device__ __forceinline__ static void Land(const DecodeSmem& sm, const ThreadRoles& r) {
+    ForEachRowItem<T, kE4m3Values / 16>(r, [&](int row, int k) {
+      const int row_off = row * T::kStagingBytesPerToken;
+      ptx::u32 w[4], out[8];
+      ptx::LdShared128(sm.kv_staging_addr + row_off + 16 * k, w);
+      E4m3ItemToBf16(w, Ue8m0ToFloat(sm.kv_staging[row_off + kDataBytes + k * 16 / kScaleGroup]),
+                     out);
+      StoreItem<T>(sm.kv_addr, row, k, out);
+    });
+    CopyBf16Chunks<T, 8>(sm, r, kBf16Offset, kE4m3Values / 8);
+    PublishSmem<T>();
+  }
+};
+
+// DeepSeek-V4.1 cache (KvMxfp8DsMlaV41Sizes): 512 e4m3 columns with ue8m0
+// scales per 32; page-blocked.
+struct KvMxfp8DsMlaV41 : KvMxfp8DsMlaV41Sizes {
+  using Elem = unsigned char;
+
+  template <class T>
+  __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
+                                                 const DecodeSmem& sm, int, int row, int sub) {
+    static_assert(Supports(T::kDv, T::kRope), "mxfp8_ds_mla_v41: kv_lora_rank 512, rope_dim 0");
+    StagePageBlockedRecord<T>(p, slot, ok, sm, row, sub);
+  }
+
+  template <class T>
+  __device__ __forceinline__ static void Land(const DecodeSmem& sm, const ThreadRoles& r) {
+    ForEachRowItem<T, kLatent / 16>(r, [&](int row, int k) {
+      const int row_off = row * T::kStagingBytesPerToken;
+      ptx::u32 w[4], out[8];
+      ptx::LdShared128(sm.kv_staging_addr + row_off + 16 * k, w);
+      E4m3ItemToBf16(w, Ue8m0ToFloat(sm.kv_staging[row_off + kDataBytes + k * 16 / kScaleGroup]),
+                     out);
+      StoreItem<T>(sm.kv_addr, row, k, out);
+    });
+    PublishSmem<T>();
+  }
+};
+
+// nvfp4_ds_mla cache (KvNvfp4DsMlaSizes): 512 e2m1 columns with e4m3
+// scales per 16 (permuted), 64 unscaled e4m3 rope columns; one record per
+// token. No arch's fp4 conversion is used: e2m1 -> f16 is a few integer ops
+// (fp8::E2m1x2ToHalf2Bits) on every arch.
+struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
+  using Elem = unsigned char;
+
+  template <class T>
+  __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
+                                                 const DecodeSmem& sm, int, int row, int sub) {
+    static_assert(Supports(T::kDv, T::kRope), "nvfp4_ds_mla: kv_lora_rank 512, rope_dim 64");
+    StageRecord<T>(p, slot, ok, sm, row, sub);
+  }
+
+  template <class T>
+  __device__ __forceinline__ static void Land(const DecodeSmem& sm, const ThreadRoles& r) {
+    // Latent items: 8 bytes of e2m1 codes and one scale each.
+    ForEachRowItem<T, kLatent / kScaleGroup>(r, [&](int row, int k) {
+      const int row_off = row * T::kStagingBytesPerToken;
+      const uint2 codes = *reinterpret_cast<const uint2*>(sm.kv_staging + row_off + 8 * k);
+      const ptx::u32 w[2] = {codes.x, codes.y};
       ptx::u32 out[8];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        ptx::u32 h01, h23;
-        fp8::E4m3x4ToHalf2(w[q], h01, h23);
-        float f0, f1, f2, f3;
-        fp8::Half2ToFloat2(h01, f0, f1);
-        fp8::Half2ToFloat2(h23, f2, f3);
-        out[2 * q] = ptx::PackBf16x2(f0 * scale, f1 * scale);
-        out[2 * q + 1] = ptx::PackBf16x2(f2 * scale, f3 * scale);
-      }
-      // The chunk stored first: 2 (k % 4) in even blocks, 2 (k % 4) + 1 in
-      // odd ones (selects, so the warp issues exactly two stores).
-      const bool odd_block = (k >> 2) & 1;
-      const int first = 2 * (k & 3) + (odd_block ? 1 : 0);
-      const ptx::u32 base = tile + (k >> 2) * T::kKvBlockBytes + row * 128;
-      const int swz = row & 7;
-      ptx::StShared128(base + ((first ^ swz) << 4), odd_block ? out[4] : out[0],
-                       odd_block ? out[5] : out[1], odd_block ? out[6] : out[2],
-                       odd_block ? out[7] : out[3]);
-      ptx::StShared128(base + (((first ^ 1) ^ swz) << 4), odd_block ? out[0] : out[4],
-                       odd_block ? out[1] : out[5], odd_block ? out[2] : out[6],
-                       odd_block ? out[3] : out[7]);
-    }
-    if (T::kRope != 0) {
-      constexpr int kRopeItems = T::kTokenTile * 8;
-#pragma unroll
-      for (int i0 = 0; i0 < kRopeItems; i0 += T::kThreads) {
-        const int i = i0 + tid;
-        if (kRopeItems % T::kThreads != 0 && i >= kRopeItems) break;
-        const int row = i / 8;
-        const int c = i % 8;
-        ptx::u32 w[4];
-        ptx::LdShared128(staged_addr + row * T::kStagingBytesPerToken + kRopeOffset + 16 * c, w);
-        ptx::StShared128(
-            tile + (T::kBlocks - 1) * T::kKvBlockBytes + row * 128 + ((c ^ (row & 7)) << 4), w[0],
-            w[1], w[2], w[3]);
-      }
-    }
+      E2m1ItemToBf16(w, E4m3ToFloat(sm.kv_staging[row_off + ScaleByte(k)]), out);
+      StoreItem<T>(sm.kv_addr, row, k, out);
+    });
+    // Rope items: 16 e4m3 codes each, scale 1, into the last block.
+    ForEachRowItem<T, 4>(r, [&](int row, int k) {
+      ptx::u32 w[4], out[8];
+      ptx::LdShared128(sm.kv_staging_addr + row * T::kStagingBytesPerToken + kRopeOffset + 16 * k,
+                       w);
+      E4m3ItemToBf16(w, 1.f, out);
+      StoreItem<T>(sm.kv_addr, row, kLatent / 16 + k, out);
+    });
     PublishSmem<T>();
   }
 };

@@ -98,6 +98,24 @@ grep -q '"kv_scale_format": "KV_SCALE_FORMAT_POW2"' "$TMP/fp8_manifest.json" ||
   fail "deepseek-v3.2 fp8 manifest does not carry pow2 scales"
 expect_error "--kv-dtype fp4" "--kv-dtype: got \"fp4\"" compile --preset glm-5 --kv-dtype fp4 --arch sm_90a \
   -o "$TMP/x"
+# The issue-15 records: nvfp4_ds_mla on a preset (V3.2 geometry); the V4
+# records from a spec file with rope_dim 0, and on a preset the field named.
+"$KFORGE" manifest --preset glm-5 --tp 8 --kv-dtype nvfp4_ds_mla --arch sm_120a \
+  >"$TMP/fp4_manifest.json" || fail "manifest --kv-dtype nvfp4_ds_mla failed"
+grep -q '"kv_cache_dtype": "KV_CACHE_DTYPE_NVFP4_DS_MLA"' "$TMP/fp4_manifest.json" ||
+  fail "nvfp4 manifest does not carry its dtype"
+cat >"$TMP/v41.json" <<'JSON'
+{"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64, "kv_lora_rank": 512,
+ "rope_dim": 0, "topk": 1152, "kv_cache_dtype": "KV_CACHE_DTYPE_MXFP8_DS_MLA_V41",
+ "page_block_size": 64,
+ "softmax_scale": 0.0625, "return_lse": true}
+JSON
+"$KFORGE" compile --spec "$TMP/v41.json" --arch sm_121a -o "$TMP/v41" >/dev/null ||
+  fail "compile of a V4.1 spec for sm_121a failed"
+[[ -s "$TMP/v41/sparse_mla_decode_h64_d512r0_topk1152_mxfp8_ds_mla_v41_pb64_sc0p0625_lse_sm121a.cubin" ]] ||
+  fail "missing the V4.1 sm_121a module: $(ls "$TMP/v41")"
+expect_error "--kv-dtype fp8_ds_mla_v4 on a rope-64 preset" "rope_dim: got 64" \
+  manifest --preset deepseek-v3.2 --kv-dtype fp8_ds_mla_v4 --arch sm_90a
 
 # manifest / select (runtime selector, no server).
 "$KFORGE" manifest --preset glm-5 --tp 8 --arch sm_90a --sms 132 >"$TMP/manifest.json" ||

@@ -163,7 +163,6 @@ struct KvFp8DsMlaV4Sizes {
   static constexpr int kLatent = 512;
   static constexpr int kE4m3Values = 448;
   static constexpr int kScaleGroup = 64;
-  static constexpr int kBf16Offset = kE4m3Values;  // 448: 64 bf16 columns
   static constexpr int kDataBytes = kE4m3Values + 2 * (kLatent - kE4m3Values);  // 576
   static constexpr int kScaleBytes = 8;                                         // 7 ue8m0 + pad
   KFORGE_HD static constexpr bool Supports(int d_v, int rope) {
@@ -181,6 +180,7 @@ struct KvFp8DsMlaV4Sizes {
 struct KvMxfp8DsMlaV41Sizes {
   static constexpr bool kPageBlocked = true;
   static constexpr int kLatent = 512;
+  static constexpr int kE4m3Values = kLatent;  // every column, no bf16 ones
   static constexpr int kScaleGroup = 32;
   static constexpr int kDataBytes = kLatent;                 // 512
   static constexpr int kScaleBytes = kLatent / kScaleGroup;  // 16

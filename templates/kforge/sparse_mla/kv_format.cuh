@@ -295,58 +295,43 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
   }
 };
 
-// DeepSeek-V4 cache (KvFp8DsMlaV4Sizes): 448 e4m3 columns with ue8m0 scales
-// per 64, then 64 bf16 columns; page-blocked.
-struct KvFp8DsMlaV4 : KvFp8DsMlaV4Sizes {
+// The ue8m0 page-blocked records (S: their Sizes in config.h): kE4m3Values
+// e4m3 columns with a ue8m0 scale per kScaleGroup, then any columns left
+// as bf16, data rows then scale rows per page. DeepSeek-V4
+// (KvFp8DsMlaV4Sizes: 448 e4m3 per 64, 64 bf16) and V4.1
+// (KvMxfp8DsMlaV41Sizes: 512 e4m3 per 32).
+template <class S>
+struct KvUe8m0PageBlocked : S {
   using Elem = unsigned char;
 
   template <class T>
   __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
                                                  const DecodeSmem& sm, int, int row, int sub) {
-    static_assert(Supports(T::kDv, T::kRope), "fp8_ds_mla_v4: kv_lora_rank 512, rope_dim 0");
+    static_assert(S::Supports(T::kDv, T::kRope),
+                  "a V4 / V4.1 record: kv_lora_rank 512, rope_dim 0");
     StagePageBlockedRecord<T>(p, slot, ok, sm, row, sub);
   }
 
   template <class T>
   __device__ __forceinline__ static void Land(const DecodeSmem& sm, const ThreadRoles& r) {
-    ForEachRowItem<T, kE4m3Values / 16>(r, [&](int row, int k) {
+    ForEachRowItem<T, S::kE4m3Values / 16>(r, [&](int row, int k) {
       const int row_off = row * T::kStagingBytesPerToken;
       ptx::u32 w[4], out[8];
       ptx::LdShared128(sm.kv_staging_addr + row_off + 16 * k, w);
-      E4m3ItemToBf16(w, Ue8m0ToFloat(sm.kv_staging[row_off + kDataBytes + k * 16 / kScaleGroup]),
-                     out);
+      const ptx::u32 e = sm.kv_staging[row_off + S::kDataBytes + k * 16 / S::kScaleGroup];
+      E4m3ItemToBf16(w, Ue8m0ToFloat(e), out);
       StoreItem<T>(sm.kv_addr, row, k, out);
     });
-    CopyBf16Chunks<T, 8>(sm, r, kBf16Offset, kE4m3Values / 8);
+    if constexpr (S::kE4m3Values < S::kLatent) {
+      CopyBf16Chunks<T, (S::kLatent - S::kE4m3Values) / 8>(sm, r, S::kE4m3Values,
+                                                           S::kE4m3Values / 8);
+    }
     PublishSmem<T>();
   }
 };
 
-// DeepSeek-V4.1 cache (KvMxfp8DsMlaV41Sizes): 512 e4m3 columns with ue8m0
-// scales per 32; page-blocked.
-struct KvMxfp8DsMlaV41 : KvMxfp8DsMlaV41Sizes {
-  using Elem = unsigned char;
-
-  template <class T>
-  __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
-                                                 const DecodeSmem& sm, int, int row, int sub) {
-    static_assert(Supports(T::kDv, T::kRope), "mxfp8_ds_mla_v41: kv_lora_rank 512, rope_dim 0");
-    StagePageBlockedRecord<T>(p, slot, ok, sm, row, sub);
-  }
-
-  template <class T>
-  __device__ __forceinline__ static void Land(const DecodeSmem& sm, const ThreadRoles& r) {
-    ForEachRowItem<T, kLatent / 16>(r, [&](int row, int k) {
-      const int row_off = row * T::kStagingBytesPerToken;
-      ptx::u32 w[4], out[8];
-      ptx::LdShared128(sm.kv_staging_addr + row_off + 16 * k, w);
-      E4m3ItemToBf16(w, Ue8m0ToFloat(sm.kv_staging[row_off + kDataBytes + k * 16 / kScaleGroup]),
-                     out);
-      StoreItem<T>(sm.kv_addr, row, k, out);
-    });
-    PublishSmem<T>();
-  }
-};
+using KvFp8DsMlaV4 = KvUe8m0PageBlocked<KvFp8DsMlaV4Sizes>;
+using KvMxfp8DsMlaV41 = KvUe8m0PageBlocked<KvMxfp8DsMlaV41Sizes>;
 
 // nvfp4_ds_mla cache (KvNvfp4DsMlaSizes): 512 e2m1 columns with e4m3
 // scales per 16 (permuted), 64 unscaled e4m3 rope columns; one record per

@@ -54,10 +54,10 @@ TEST(CacheKeyTest, IsDeterministic) {
 // the recipe on purpose requires bumping kFormatVersion (so no old cache entry
 // is served under a new meaning) and then updating this literal. Adding a field
 // to AttentionSpec also changes it (by design: every field is hashed; the
-// last change: kv_scale_format, in format version 2).
+// last change: extra_kv, the extra KV cache).
 TEST(CacheKeyTest, GoldenKey) {
   EXPECT_EQ(ComputeCacheKey(GoldenInputs()),
-            "d6423311b11847a5703044447754851584e3bf94594e98367d4167b41d9387b4");
+            "0d0a9f7a317666856f6c1c8c520d78ff0f038b58f6540425350e2e4b8a2d541f");
 }
 
 TEST(CacheKeyTest, DefaultFormatVersionIsCurrent) {
@@ -106,7 +106,12 @@ v1::AttentionSpec Mutated(const v1::AttentionSpec& spec, const FieldDescriptor* 
       r.SetString(&out, field, r.GetString(out, field) + "x");
       break;
     case FieldDescriptor::CPPTYPE_MESSAGE:
-      ADD_FAILURE() << "extend Mutated() for message field " << field->name();
+      if (field->name() != "extra_kv") {
+        ADD_FAILURE() << "extend Mutated() for message field " << field->name();
+        break;
+      }
+      // Present when absent; else its topk moved.
+      out.mutable_extra_kv()->set_topk(out.extra_kv().topk() + 1);
       break;
   }
   return out;
@@ -162,6 +167,9 @@ TEST(CacheKeyTest, PresenceOfOptionalFieldsChangesTheKey) {
       case FieldDescriptor::CPPTYPE_INT32:
         zero.spec.GetReflection()->SetInt32(&zero.spec, field, 0);
         break;
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        zero.spec.GetReflection()->MutableMessage(&zero.spec, field);  // present, all default
+        break;
       default:
         ADD_FAILURE() << "extend this test for optional field " << field->name();
         continue;
@@ -169,7 +177,7 @@ TEST(CacheKeyTest, PresenceOfOptionalFieldsChangesTheKey) {
     ASSERT_TRUE(zero.spec.GetReflection()->HasField(zero.spec, field));
     EXPECT_NE(ComputeCacheKey(unset), ComputeCacheKey(zero)) << field->name();
   }
-  EXPECT_GE(optional_fields, 1);  // rope_dim
+  EXPECT_GE(optional_fields, 2);  // rope_dim, extra_kv
 }
 
 TEST(CacheKeyTest, NegativeZeroScaleIsADifferentKey) {

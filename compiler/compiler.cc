@@ -37,10 +37,7 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
         absl::StrCat("max_smem_per_block: got ", options.max_smem_per_block,
                      ", supported 0 (the arch's own limit) or a positive byte count"));
   }
-  if (options.max_smem_per_block > 0) {
-    plan.arch.max_smem_per_block =
-        std::min(plan.arch.max_smem_per_block, options.max_smem_per_block);
-  }
+  plan.arch = WithSmemCap(plan.arch, options.max_smem_per_block);
   absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(plan.spec, plan.arch, options.tiling);
   if (!tiling.ok()) return tiling.status();
   plan.tiling = *std::move(tiling);

@@ -1,5 +1,7 @@
 #include "model/arch.h"
 
+#include <algorithm>
+
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,12 +28,6 @@ namespace {
 constexpr int kSmem163KB = 163 * 1024;  // 166912
 constexpr int kSmem99KB = 99 * 1024;    // 101376
 constexpr int kSmem227KB = 227 * 1024;  // 232448
-
-// Shared memory per SM (same guide, "shared memory capacity per SM"); each
-// resident block also takes 1 KB reserved by the driver.
-int SmemPerSm(int max_smem_per_block) {
-  return max_smem_per_block + 1024;  // 164 / 100 / 228 KB
-}
 
 Arch MakeArch(int major, int minor, bool arch_specific, int smem) {
   Arch arch;
@@ -112,6 +108,20 @@ std::string DeviceArchHint(int cc_major, int cc_minor) {
 const std::vector<Arch>& SupportedArchs() {
   static const std::vector<Arch>* const kArchs = new std::vector<Arch>(BuildSupportedArchs());
   return *kArchs;
+}
+
+// Shared memory per SM (the CUDA guide's "shared memory capacity per SM");
+// each resident block also takes 1 KB reserved by the driver.
+int SmemPerSm(int max_smem_per_block) {
+  return max_smem_per_block + 1024;  // 164 / 100 / 228 KB
+}
+
+Arch WithSmemCap(Arch arch, int max_smem_per_block) {
+  if (max_smem_per_block > 0 && max_smem_per_block < arch.max_smem_per_block) {
+    arch.max_smem_per_block = max_smem_per_block;
+    arch.smem_per_sm = std::min(arch.smem_per_sm, SmemPerSm(max_smem_per_block));
+  }
+  return arch;
 }
 
 absl::StatusOr<Arch> ParseArch(std::string_view name) {

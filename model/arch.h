@@ -26,6 +26,17 @@ struct Arch {
   int sm_version() const { return major * 10 + minor; }
 };
 
+// Shared memory of an SM whose blocks may opt into max_smem_per_block bytes
+// (the arch table's relation: 164 / 100 / 228 KB).
+int SmemPerSm(int max_smem_per_block);
+
+// `arch` standing in for a part with at most max_smem_per_block per block
+// (kforge compile --max-smem-per-block: 101376 runs sm_120's 99 KB tilings
+// on an H200): both the per-block limit and the SM's capacity are that
+// part's, so tilings and resident-CTA counts are too. 0 or a larger value
+// leaves `arch` as it is.
+Arch WithSmemCap(Arch arch, int max_smem_per_block);
+
 // Parses "sm_90a", "90a", "sm_120a", ... Unknown or unsupported targets give
 // FailedPrecondition listing the supported ones.
 absl::StatusOr<Arch> ParseArch(std::string_view name);

@@ -54,10 +54,10 @@ TEST(CacheKeyTest, IsDeterministic) {
 // the recipe on purpose requires bumping kFormatVersion (so no old cache entry
 // is served under a new meaning) and then updating this literal. Adding a field
 // to AttentionSpec also changes it (by design: every field is hashed; the
-// last change: kv_scale_format, in format version 2).
+// last change: index_heads and index_head_dim, the DSA indexer's fields).
 TEST(CacheKeyTest, GoldenKey) {
   EXPECT_EQ(ComputeCacheKey(GoldenInputs()),
-            "d6423311b11847a5703044447754851584e3bf94594e98367d4167b41d9387b4");
+            "f640cb3123f4eace388ab2202ba417aea61bfbd2e2595f83ff0995fa23e3b92b");
 }
 
 TEST(CacheKeyTest, DefaultFormatVersionIsCurrent) {

@@ -2,6 +2,7 @@
 
 #include "compiler/codegen.h"
 #include "model/format.h"
+#include "model/indexer_spec.h"
 
 namespace kforge {
 
@@ -9,6 +10,7 @@ absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
                                            const v1::AttentionSpec& spec, std::string_view arch) {
   absl::StatusOr<CompilePlan> plan = compiler.Plan(spec, arch);
   if (!plan.ok()) return plan.status();
+  if (plan->spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) return IndexerHasNoManifest();
   v1::Manifest manifest;
   manifest.set_format_version(kFormatVersion);
   manifest.set_arch(plan->arch.name);

@@ -117,6 +117,21 @@ JSON
 expect_error "--kv-dtype fp8_ds_mla_v4 on a rope-64 preset" "rope_dim: got 64" \
   manifest --preset deepseek-v3.2 --kv-dtype fp8_ds_mla_v4 --arch sm_90a
 
+# The DSA indexer (issue 16): --kind dsa-indexer on a preset; its heads do
+# not shrink with --tp; no manifest yet (an error, not a crash).
+"$KFORGE" compile --preset glm-5 --tp 8 --kind dsa-indexer --arch sm_120a -o "$TMP/ix" \
+  >/dev/null || fail "compile --kind dsa-indexer failed"
+[[ -s "$TMP/ix/dsa_indexer_h32_d128_topk2048_pb64_sm120a.cubin" ]] ||
+  fail "missing the glm-5 indexer module: $(ls "$TMP/ix")"
+grep -q '"logits_entry": "dsa_indexer_logits"' "$TMP/ix/dsa_indexer_h32_d128_topk2048_pb64_sm120a.json" ||
+  fail "the indexer description has no launch"
+expect_error "--kind nonsense" "--kind: got \"nonsense\"" compile --preset glm-5 --kind nonsense \
+  --arch sm_90a -o "$TMP/x"
+expect_error "--kind dsa-indexer --kv-dtype" "kv_cache_dtype: got fp8_ds_mla" \
+  compile --preset glm-5 --kind dsa-indexer --kv-dtype fp8_ds_mla --arch sm_90a -o "$TMP/x"
+expect_error "manifest --kind dsa-indexer" "no manifest or runtime selection yet" \
+  manifest --preset deepseek-v3.2 --kind dsa-indexer --arch sm_90a
+
 # manifest / select (runtime selector, no server).
 "$KFORGE" manifest --preset glm-5 --tp 8 --arch sm_90a --sms 132 >"$TMP/manifest.json" ||
   fail "kforge manifest failed"

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "compiler/compiler.h"
 #include "compiler/indexer_codegen.h"
+#include "compiler/manifest.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/service.pb.h"
 #include "kforge/v1/spec.pb.h"
@@ -166,6 +167,13 @@ TEST(IndexerCodegenTest, PlanNamesTheModuleAndInstantiatesTheTraits) {
   capped.max_smem_per_block = 101376;
   EXPECT_EQ(compiler.Plan(other, "sm_90a", capped).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(IndexerCodegenTest, NoManifestYetIsAnErrorNotACrash) {
+  const KernelCompiler compiler;
+  absl::StatusOr<v1::Manifest> m =
+      BuildManifest(compiler, *IndexerSpecFromPreset("glm-5", 8), "sm_90a");
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented) << m.status();
 }
 
 TEST(IndexerCodegenTest, LaunchFollowsConfig) {

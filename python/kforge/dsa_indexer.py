@@ -58,24 +58,60 @@ def _torch():
     return torch
 
 
-def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError:
+class _Driver:
+    """The few CUDA driver calls this module makes, through ctypes on
+    libcuda (present wherever a GPU driver is), so loading a module needs
+    no Python package beyond torch."""
+
+    _ATTR_MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+    def __init__(self):
         try:
-            from cuda import cuda as driver  # cuda-python < 12.6
-        except ImportError as e:
-            raise KforgeError(f"loading kforge kernels needs cuda-python ({e})") from e
-    return driver
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise KforgeError(f"loading kforge kernels needs the CUDA driver ({e})") from e
+        vp, u = ctypes.c_void_p, ctypes.c_uint
+        self.lib.cuModuleLoadData.argtypes = [ctypes.POINTER(vp), ctypes.c_char_p]
+        self.lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
+        self.lib.cuFuncSetAttribute.argtypes = [vp, ctypes.c_int, ctypes.c_int]
+        self.lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+        self.lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+
+    def check(self, err, what):
+        if err != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(err, ctypes.byref(name))
+            raise KforgeError(f"{what} failed: {(name.value or b'?').decode()} ({err})")
+
+    def load(self, image, what):
+        module = ctypes.c_void_p()
+        self.check(self.lib.cuModuleLoadData(ctypes.byref(module), image), f"cuModuleLoadData({what})")
+        return module
+
+    def function(self, module, entry, smem, what):
+        f = ctypes.c_void_p()
+        self.check(self.lib.cuModuleGetFunction(ctypes.byref(f), module, entry.encode()),
+                   f"cuModuleGetFunction({what}, {entry})")
+        if smem > 48 * 1024:
+            self.check(self.lib.cuFuncSetAttribute(f, self._ATTR_MAX_DYNAMIC_SMEM, smem),
+                       f"cuFuncSetAttribute({entry}, {smem})")
+        return f
+
+    def launch(self, f, grid, block, smem, stream, params, what):
+        block_bytes = ctypes.create_string_buffer(params, len(params))
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(block_bytes))  # one by-value struct
+        self.check(self.lib.cuLaunchKernel(f, grid[0], grid[1], grid[2], block, 1, 1, smem,
+                                           ctypes.c_void_p(stream), args, None), what)
 
 
-def _check(cu, result, what):
-    err = result[0]
-    if err != cu.CUresult.CUDA_SUCCESS:
-        name = cu.cuGetErrorName(err)[1]
-        name = name.decode() if isinstance(name, bytes) else name
-        raise KforgeError(f"{what} failed: {name}")
-    return result[1] if len(result) == 2 else result[1:]
+_driver_instance = None
+
+
+def _driver():
+    global _driver_instance
+    if _driver_instance is None:
+        _driver_instance = _Driver()
+    return _driver_instance
 
 
 def read_description(cubin_path, json_path=None):
@@ -126,32 +162,16 @@ class DsaIndexer:
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # torch's context is current
             self._image = bytes(cubin)
-            self._library = _check(cu, cu.cuLibraryLoadData(self._image, None, None, 0, None,
-                                                            None, 0),
-                                   f"cuLibraryLoadData({self.module_name})")
-            self._logits = self._function(launch["logits_entry"],
-                                          int(launch["logits_smem_bytes"]))
-            self._topk = self._function(launch["topk_entry"], int(launch["topk_smem_bytes"]))
-
-    def _function(self, entry, smem):
-        cu = self._cu
-        kernel = _check(cu, cu.cuLibraryGetKernel(self._library, entry.encode()),
-                        f"cuLibraryGetKernel({self.module_name}, {entry})")
-        if smem > 48 * 1024:
-            dev = _check(cu, cu.cuDeviceGet(self.device.index), "cuDeviceGet")
-            _check(cu, cu.cuKernelSetAttribute(
-                cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem,
-                kernel, dev), f"cuKernelSetAttribute({entry})")
-        return _check(cu, cu.cuKernelGetFunction(kernel), f"cuKernelGetFunction({entry})")
+            self._module = cu.load(self._image, self.module_name)
+            self._logits = cu.function(self._module, launch["logits_entry"],
+                                       int(launch["logits_smem_bytes"]), self.module_name)
+            self._topk = cu.function(self._module, launch["topk_entry"],
+                                     int(launch["topk_smem_bytes"]), self.module_name)
 
     def _launch(self, function, grid, block, smem, params):
-        cu = self._cu
-        block_bytes = ctypes.create_string_buffer(params, len(params))
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(block_bytes))  # one by-value struct
         stream = self._torch.cuda.current_stream(self.device).cuda_stream
-        _check(cu, cu.cuLaunchKernel(function, *grid, block, 1, 1, smem, cu.CUstream(stream),
-                                     ctypes.addressof(args), 0),
-               f"cuLaunchKernel({self.module_name}, grid {grid})")
+        self._cu.launch(function, grid, block, smem, stream, params,
+                        f"cuLaunchKernel({self.module_name}, grid {grid})")
 
     # ------------------------------------------------------------ checks
 

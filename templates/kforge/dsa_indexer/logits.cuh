@@ -86,7 +86,11 @@ __device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
   const int len = CausalLength(p.context_lens[b], p.s_q, i);
   float* out = p.logits + static_cast<long long>(row) * p.logits_stride;
   const int end = min(first + kChunkKeys, p.max_context);
-  int pages = len > first ? (len - first + kPage - 1) / kPage : 0;
+  // Pages with a valid position below max_context (a caller's max_context
+  // below a context never makes the kernel read past the block table's
+  // ceil(max_context / 64) columns).
+  const int valid_end = min(len, end);
+  int pages = valid_end > first ? (valid_end - first + kPage - 1) / kPage : 0;
   pages = min(pages, kPagesPerCta);
 
   if (pages > 0) {

@@ -141,11 +141,4 @@ absl::StatusOr<v1::AttentionKind> ParseAttentionKind(std::string_view name) {
       "kind: got \"", AsAbsl(name), "\", supported sparse-mla, dsa-indexer (or the enum names)"));
 }
 
-absl::Status IndexerHasNoManifest() {
-  return absl::UnimplementedError(
-      "ATTENTION_KIND_DSA_INDEXER has no manifest or runtime selection yet: `kforge compile "
-      "--kind dsa-indexer` writes the module with its launch (KernelArtifact.indexer), which "
-      "python kforge.DsaIndexer loads");
-}
-
 }  // namespace kforge

@@ -47,11 +47,6 @@ absl::StatusOr<v1::AttentionSpec> IndexerSpecFromPreset(std::string_view name,
 // InvalidArgument listing the names otherwise.
 absl::StatusOr<v1::AttentionKind> ParseAttentionKind(std::string_view name);
 
-// Unimplemented: manifests, the selector and the decode plan cover sparse
-// MLA only; an indexer module is launched from its KernelArtifact.indexer
-// (`kforge compile --kind dsa-indexer`, python kforge.DsaIndexer).
-absl::Status IndexerHasNoManifest();
-
 }  // namespace kforge
 
 #endif  // KFORGE_MODEL_INDEXER_SPEC_H_

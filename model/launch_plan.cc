@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "model/artifact_check.h"
 #include "model/format.h"
-#include "model/indexer_spec.h"
 #include "model/launch.h"
 
 namespace kforge {
@@ -66,7 +65,6 @@ absl::StatusOr<v1::Manifest> ManifestForArtifact(const v1::KernelArtifact& artif
                                                      "written by `kforge compile` or a server"));
     }
   }
-  if (artifact.spec().kind() == v1::ATTENTION_KIND_DSA_INDEXER) return IndexerHasNoManifest();
   v1::Manifest manifest;
   manifest.set_format_version(kFormatVersion);
   manifest.set_arch(artifact.arch());

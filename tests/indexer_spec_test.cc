@@ -10,6 +10,7 @@
 #include "kforge/v1/service.pb.h"
 #include "kforge/v1/spec.pb.h"
 #include "model/indexer_spec.h"
+#include "model/selector.h"
 #include "model/spec.h"
 #include "templates/kforge/dsa_indexer/config.h"
 
@@ -169,11 +170,34 @@ TEST(IndexerCodegenTest, PlanNamesTheModuleAndInstantiatesTheTraits) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(IndexerCodegenTest, NoManifestYetIsAnErrorNotACrash) {
+// One variant carrying the indexer launch; the decode selector never
+// picks it (it names why), and does not divide by its empty tiling.
+TEST(IndexerCodegenTest, ManifestHasOneVariantTheSelectorNeverPicks) {
   const KernelCompiler compiler;
-  absl::StatusOr<v1::Manifest> m =
-      BuildManifest(compiler, *IndexerSpecFromPreset("glm-5", 8), "sm_90a");
-  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented) << m.status();
+  const v1::AttentionSpec spec = *IndexerSpecFromPreset("glm-5", 8);
+  absl::StatusOr<v1::Manifest> m = BuildManifest(compiler, spec, "sm_90a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->variants_size(), 1);
+  const v1::ManifestVariant& v = m->variants(0);
+  EXPECT_EQ(v.module_name(), "dsa_indexer_h32_d128_topk2048_pb64_sm90a");
+  EXPECT_EQ(v.main_entry(), kIndexerLogitsEntry);
+  EXPECT_EQ(v.combine_entry(), kIndexerTopkEntry);
+  EXPECT_EQ(v.indexer().logits_block_threads(), 64u);
+  EXPECT_EQ(v.key(), compiler.Plan(spec, "sm_90a")->key);
+  DeviceInfo device;
+  device.arch = "sm_90a";
+  device.sm_count = 132;
+  RuntimeShape shape;
+  shape.batch = 1;
+  shape.s_q = 1;
+  shape.num_q_heads = 32;
+  shape.topk = 2048;
+  shape.page_block_size = 64;
+  shape.kv_dtype = v1::KV_CACHE_DTYPE_BF16;
+  absl::StatusOr<Selection> sel = Select(*m, device, shape);
+  EXPECT_FALSE(sel.ok());
+  EXPECT_TRUE(absl::StrContains(sel.status().message(), "ATTENTION_KIND_DSA_INDEXER"))
+      << sel.status();
 }
 
 TEST(IndexerCodegenTest, LaunchFollowsConfig) {

@@ -85,7 +85,8 @@ class _Driver:
 
     def load(self, image, what):
         module = ctypes.c_void_p()
-        self.check(self.lib.cuModuleLoadData(ctypes.byref(module), image), f"cuModuleLoadData({what})")
+        self.check(self.lib.cuModuleLoadData(ctypes.byref(module), image),
+                   f"cuModuleLoadData({what})")
         return module
 
     def function(self, module, entry, smem, what):
@@ -127,12 +128,30 @@ def read_description(cubin_path, json_path=None):
         return description, f.read()
 
 
+def description_from_source(source, preset, arch, tp=1):
+    """(description dict, cubin bytes) of a preset's indexer module from a
+    kforge source (kforge.Client or kforge.Bundle): its manifest's one
+    variant, the kernel checked against it as every kforge kernel is."""
+    from kforge._proto import pb
+    from kforge.bundle import first_choice
+    manifest = source.get_manifest(preset=preset, tp=tp, arch=arch, kind="dsa-indexer")
+    artifact = source.get_kernel(first_choice(manifest), arch)
+    description = pb().json_format.MessageToDict(artifact, preserving_proto_field_name=True)
+    description.pop("cubin", None)
+    return description, bytes(artifact.cubin)
+
+
 class DsaIndexer:
     """One DSA indexer module loaded on one GPU."""
 
     @classmethod
     def from_files(cls, cubin_path, json_path=None, device=None):
         return cls(*read_description(cubin_path, json_path), device=device)
+
+    @classmethod
+    def from_source(cls, source, preset, arch, tp=1, device=None):
+        """A preset's indexer from a server or bundle (description_from_source)."""
+        return cls(*description_from_source(source, preset, arch, tp), device=device)
 
     def __init__(self, description, cubin, device=None):
         torch = self._torch = _torch()
@@ -157,7 +176,8 @@ class DsaIndexer:
         major, minor = torch.cuda.get_device_capability(self.device)
         want = self.arch.removeprefix("sm_").rstrip("a")
         if int(want) // 10 != major or int(want) % 10 > minor:
-            raise KforgeError(f"{self.module_name} is for {self.arch}; this GPU is sm_{major}{minor}")
+            raise KforgeError(
+                f"{self.module_name} is for {self.arch}; this GPU is sm_{major}{minor}")
         cu = self._cu = _driver()
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # torch's context is current

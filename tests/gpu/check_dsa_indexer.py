@@ -214,7 +214,8 @@ def run_case(ix, c, label, graph=False):
         tol = 1e-2 * r_abs + 1e-5 * row_max
         bad = (~masked) & ~(err <= tol)
         if bad.any():
-            fails.append(f"{label}: {int(bad.sum())} logits off (max err {float(err[bad].max()):.3g})")
+            fails.append(f"{label}: {int(bad.sum())} logits off "
+                         f"(max err {float(err[bad].max()):.3g})")
         rel = (err / (r_abs + 1e-5 * row_max)).masked_fill(masked, 0)
         worst = float(rel.max())
     fails += check_topk(logits[:, :c["max_context"]], idx, slots, c, k, label)
@@ -285,7 +286,8 @@ def torch_reference(q, weights, cache, block_table, ctx, max_context, k, s_q):
     pages = block_table[:, :(max_context + 63) // 64].long()
     raw = cache[pages]  # [B, P, 8448]
     vals = raw[..., :64 * 128].reshape(batch, -1, 128)[:, :max_context]
-    scales = raw[..., 64 * 128:].contiguous().view(torch.float32).reshape(batch, -1)[:, :max_context]
+    scales = raw[..., 64 * 128:].contiguous().view(torch.float32).reshape(batch, -1)
+    scales = scales[:, :max_context]
     kb = vals.view(torch.float8_e4m3fn).to(torch.bfloat16)
     qb = q.view(batch, s_q, -1, 128).to(torch.bfloat16)
     s = torch.einsum("bihd,bsd->bihs", qb, kb).float().relu_()

@@ -55,8 +55,8 @@ TEST(IndexerMatrixTest, IndexerNeedsAPreset) {
           "kinds": ["ATTENTION_KIND_DSA_INDEXER"]}], "archs": ["sm_90a"]})",
       "test");
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(m.status().message(),
-                                "models[0].kinds[0]: got ATTENTION_KIND_DSA_INDEXER"))
+  EXPECT_TRUE(
+      absl::StrContains(m.status().message(), "models[0].kinds[0]: got ATTENTION_KIND_DSA_INDEXER"))
       << m.status();
 }
 

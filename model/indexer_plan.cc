@@ -48,8 +48,8 @@ void CheckModule(const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch,
       launch.topk_params_bytes() != sizeof(dsa_indexer::TopkParams)) {
     p.Add("launch.logits_params_bytes / topk_params_bytes",
           absl::StrCat(launch.logits_params_bytes(), " / ", launch.topk_params_bytes()),
-          absl::StrCat(sizeof(dsa_indexer::LogitsParams), " / ",
-                       sizeof(dsa_indexer::TopkParams), " (this build's config.h)"));
+          absl::StrCat(sizeof(dsa_indexer::LogitsParams), " / ", sizeof(dsa_indexer::TopkParams),
+                       " (this build's config.h)"));
   }
 }
 
@@ -71,10 +71,12 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::LogitsParams>> PlanIndexerLogits
   CheckModule(spec, launch, p);
   CheckRows(a.batch, a.s_q, p);
   const int64_t heads = spec.index_heads();
-  for (const auto& [field, ptr] :
-       {std::pair<const char*, uint64_t>{"q", a.q}, {"weights", a.weights},
-        {"index_cache", a.index_cache}, {"block_table", a.block_table},
-        {"context_lens", a.context_lens}, {"logits", a.logits}}) {
+  for (const auto& [field, ptr] : {std::pair<const char*, uint64_t>{"q", a.q},
+                                   {"weights", a.weights},
+                                   {"index_cache", a.index_cache},
+                                   {"block_table", a.block_table},
+                                   {"context_lens", a.context_lens},
+                                   {"logits", a.logits}}) {
     p.NonNull(field, ptr);
   }
   // 16-byte copies of q rows and cache pages, 4-byte scalars elsewhere.
@@ -82,9 +84,10 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::LogitsParams>> PlanIndexerLogits
   p.Aligned("q_row_stride", static_cast<uint64_t>(a.q_row_stride), 16);
   p.Aligned("index_cache", a.index_cache, 16);
   p.Aligned("page_stride", static_cast<uint64_t>(a.page_stride), 16);
-  for (const auto& [field, ptr] :
-       {std::pair<const char*, uint64_t>{"weights", a.weights}, {"block_table", a.block_table},
-        {"context_lens", a.context_lens}, {"logits", a.logits}}) {
+  for (const auto& [field, ptr] : {std::pair<const char*, uint64_t>{"weights", a.weights},
+                                   {"block_table", a.block_table},
+                                   {"context_lens", a.context_lens},
+                                   {"logits", a.logits}}) {
     p.Aligned(field, ptr, 4);
   }
   p.AtLeast("q_row_stride", a.q_row_stride, heads * IndexKeyPage::kHeadDim);
@@ -128,26 +131,28 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> PlanIndexerTopk(
   Problems p;
   CheckModule(spec, launch, p);
   CheckRows(a.batch, a.s_q, p);
-  for (const auto& [field, ptr] :
-       {std::pair<const char*, uint64_t>{"logits", a.logits}, {"context_lens", a.context_lens},
-        {"indices", a.indices}}) {
+  for (const auto& [field, ptr] : {std::pair<const char*, uint64_t>{"logits", a.logits},
+                                   {"context_lens", a.context_lens},
+                                   {"indices", a.indices}}) {
     p.NonNull(field, ptr);
   }
-  for (const auto& [field, ptr] :
-       {std::pair<const char*, uint64_t>{"logits", a.logits}, {"context_lens", a.context_lens},
-        {"indices", a.indices}, {"block_table", a.block_table}, {"slots", a.slots}}) {
+  for (const auto& [field, ptr] : {std::pair<const char*, uint64_t>{"logits", a.logits},
+                                   {"context_lens", a.context_lens},
+                                   {"indices", a.indices},
+                                   {"block_table", a.block_table},
+                                   {"slots", a.slots}}) {
     p.Aligned(field, ptr, 4);
   }
   if ((a.block_table == 0) != (a.slots == 0)) {
-    p.Add("slots", a.slots == 0 ? "null" : "an address",
-          "both block_table and slots, or neither");
+    p.Add("slots", a.slots == 0 ? "null" : "an address", "both block_table and slots, or neither");
   }
   p.AtLeast("indices_stride", a.indices_stride, spec.topk());
   if (a.slots != 0) {
     p.AtLeast("slots_stride", a.slots_stride, spec.topk());
     p.AtLeast("slot_page_size", a.slot_page_size, 1);
   }
-  p.AtLeast("logits_stride", a.logits_stride, 1);
+  p.AtLeast("max_context", a.max_context, 1);
+  p.AtLeast("logits_stride", a.logits_stride, a.max_context);
   if (absl::Status s = p.ToStatus(); !s.ok()) return s;
 
   IndexerKernelLaunch<dsa_indexer::TopkParams> l;
@@ -168,6 +173,7 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> PlanIndexerTopk(
   k.batch = a.batch;
   k.s_q = a.s_q;
   k.slot_page_size = a.slot_page_size > 0 ? a.slot_page_size : 1;
+  k.max_context = a.max_context;
   return l;
 }
 

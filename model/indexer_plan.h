@@ -52,6 +52,7 @@ struct IndexerTopkArgs {
   int batch = 0;
   int s_q = 0;
   int slot_page_size = 0;  // >= 1 (64 for the sparse MLA cache)
+  int max_context = 0;     // >= 1: the logits' positions; longer rows are cut
 };
 
 // One kernel launch: entry, grid, block, dynamic shared memory and the

@@ -46,7 +46,8 @@ absl::StatusOr<std::unique_ptr<DsaIndexerModule>> DsaIndexerModule::Load(
         v1::AttentionKind_Name(artifact.spec().kind()), "); SparseMlaDecode loads attention"));
   }
   const v1::IndexerLaunch& launch = artifact.indexer();
-  if (absl::Status s = CheckEntry(artifact, launch.logits_entry(), sizeof(dsa_indexer::LogitsParams));
+  if (absl::Status s =
+          CheckEntry(artifact, launch.logits_entry(), sizeof(dsa_indexer::LogitsParams));
       !s.ok()) {
     return s;
   }
@@ -82,17 +83,17 @@ absl::StatusOr<std::unique_ptr<DsaIndexerModule>> DsaIndexerModule::Load(
   for (auto [entry, kernel, smem] :
        {std::tuple{&launch.logits_entry(), &m->logits_, launch.logits_smem_bytes()},
         std::tuple{&launch.topk_entry(), &m->topk_, launch.topk_smem_bytes()}}) {
-    if (absl::Status s = cu.Check(cu.LibraryGetKernel(kernel, m->library_, entry->c_str()),
-                                  absl::StrCat("cuLibraryGetKernel(", m->module_name_, ", ",
-                                               *entry, ")"));
+    if (absl::Status s =
+            cu.Check(cu.LibraryGetKernel(kernel, m->library_, entry->c_str()),
+                     absl::StrCat("cuLibraryGetKernel(", m->module_name_, ", ", *entry, ")"));
         !s.ok()) {
       return s;
     }
     if (smem > 48 * 1024) {  // above 48 KB a kernel opts in, per device
-      if (absl::Status s = cu.Check(
-              cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    static_cast<int>(smem), *kernel, device),
-              absl::StrCat("cuKernelSetAttribute(", *entry, ", ", smem, ")"));
+      if (absl::Status s =
+              cu.Check(cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                             static_cast<int>(smem), *kernel, device),
+                       absl::StrCat("cuKernelSetAttribute(", *entry, ", ", smem, ")"));
           !s.ok()) {
         return s;
       }
@@ -115,9 +116,9 @@ absl::Status DsaIndexerModule::Launch(CUkernel kernel, const IndexerKernelLaunch
       cu_.LaunchKernel(reinterpret_cast<CUfunction>(kernel), l.grid_x, l.grid_y, l.grid_z,
                        l.block_threads, 1, 1, l.dynamic_smem_bytes, stream, args, nullptr);
   if (r == CUDA_SUCCESS) return absl::OkStatus();
-  return cu_.Check(r, absl::StrFormat("cuLaunchKernel(%s, %s, grid (%u, %u, %u), block %u)",
-                                      module_name_, l.entry, l.grid_x, l.grid_y, l.grid_z,
-                                      l.block_threads));
+  return cu_.Check(
+      r, absl::StrFormat("cuLaunchKernel(%s, %s, grid (%u, %u, %u), block %u)", module_name_,
+                         l.entry, l.grid_x, l.grid_y, l.grid_z, l.block_threads));
 }
 
 absl::Status DsaIndexerModule::Logits(const IndexerLogitsArgs& args, CUstream stream) const {

@@ -43,8 +43,7 @@ class DsaIndexerModule {
  private:
   explicit DsaIndexerModule(const CudaDriver& cu) : cu_(cu) {}
   template <typename Params>
-  absl::Status Launch(CUkernel kernel, const IndexerKernelLaunch<Params>& l,
-                      CUstream stream) const;
+  absl::Status Launch(CUkernel kernel, const IndexerKernelLaunch<Params>& l, CUstream stream) const;
 
   const CudaDriver& cu_;
   v1::AttentionSpec spec_;

@@ -174,6 +174,7 @@ TEST_F(DsaIndexerGpu, LogitsAndTopkMatchTheReference) {
   ta.batch = batch;
   ta.s_q = s_q;
   ta.slot_page_size = 64;
+  ta.max_context = max_context;
   ASSERT_TRUE((*module)->Logits(la, nullptr).ok());
   ASSERT_TRUE((*module)->Topk(ta, nullptr).ok());
   ASSERT_EQ(cu_->CtxSynchronize(), CUDA_SUCCESS);
@@ -195,8 +196,8 @@ TEST_F(DsaIndexerGpu, LogitsAndTopkMatchTheReference) {
         const int page = table[b * pages_per_req + s / 64], row = s % 64;
         const uint8_t* key = &cache[page * IndexKeyPage::kBytes + row * 128];
         float scale;
-        std::memcpy(&scale, &cache[page * IndexKeyPage::kBytes + IndexKeyPage::kValueBytes + 4 * row],
-                    4);
+        std::memcpy(&scale,
+                    &cache[page * IndexKeyPage::kBytes + IndexKeyPage::kValueBytes + 4 * row], 4);
         double ref = 0, mag = 0;
         for (int h = 0; h < heads; ++h) {
           double dot = 0;

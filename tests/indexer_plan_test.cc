@@ -17,7 +17,7 @@ namespace {
 using dsa_indexer::LogitsParams;
 using dsa_indexer::TopkParams;
 
-// python/kforge/dsa_indexer.py packs "<6Q5q3i4x" and "<5Q4q3i4x".
+// python/kforge/dsa_indexer.py packs "<6Q5q3i4x" and "<5Q4q4i".
 static_assert(offsetof(LogitsParams, q_row_stride) == 48);
 static_assert(offsetof(LogitsParams, batch) == 88);
 static_assert(offsetof(LogitsParams, max_context) == 96);
@@ -25,6 +25,7 @@ static_assert(sizeof(LogitsParams) == 104);
 static_assert(offsetof(TopkParams, logits_stride) == 40);
 static_assert(offsetof(TopkParams, batch) == 72);
 static_assert(offsetof(TopkParams, slot_page_size) == 80);
+static_assert(offsetof(TopkParams, max_context) == 84);
 static_assert(sizeof(TopkParams) == 88);
 
 struct Module {
@@ -67,6 +68,7 @@ IndexerTopkArgs GoodTopk() {
   a.batch = 128;
   a.s_q = 2;
   a.slot_page_size = 64;
+  a.max_context = 32768;
   return a;
 }
 
@@ -95,6 +97,7 @@ TEST(IndexerPlanTest, TopkLaunchAndParams) {
   EXPECT_EQ(l->block_threads, 512u);
   EXPECT_EQ(reinterpret_cast<uint64_t>(l->params.slots), 0x90000u);
   EXPECT_EQ(l->params.slot_page_size, 64);
+  EXPECT_EQ(l->params.max_context, 32768);
   // No slots: both null.
   IndexerTopkArgs a = GoodTopk();
   a.block_table = 0;
@@ -152,6 +155,10 @@ TEST(IndexerPlanTest, TopkProblemsNameTheField) {
   a.indices_stride = 100;
   EXPECT_TRUE(absl::StrContains(PlanIndexerTopk(m.spec, m.launch, a).status().message(),
                                 "indices_stride: got 100, supported >= 2048"));
+  a = GoodTopk();
+  a.logits_stride = 1000;
+  EXPECT_TRUE(absl::StrContains(PlanIndexerTopk(m.spec, m.launch, a).status().message(),
+                                "logits_stride: got 1000, supported >= 32768"));
   a = GoodTopk();
   a.indices = 0;
   EXPECT_TRUE(absl::StrContains(PlanIndexerTopk(m.spec, m.launch, a).status().message(),

@@ -46,8 +46,8 @@ PAGE_BYTES = PAGE_TOKENS * (HEAD_DIM + 4)
 
 # config.h LogitsParams: 6 pointers, 5 long long, 3 int (+ pad to 8).
 _LOGITS_PARAMS = struct.Struct("<6Q5q3i4x")
-# config.h TopkParams: 5 pointers, 4 long long, 3 int (+ pad to 8).
-_TOPK_PARAMS = struct.Struct("<5Q4q3i4x")
+# config.h TopkParams: 5 pointers, 4 long long, 4 int.
+_TOPK_PARAMS = struct.Struct("<5Q4q4i")
 
 
 def _torch():
@@ -262,9 +262,10 @@ class DsaIndexer:
         return out
 
     def topk(self, logits, context_lens, s_q, indices=None, *, mla_block_table=None, slots=None,
-             slot_page_size=64):
-        """Top-k positions of each row's valid logits (int32 [rows, topk],
-        indices or a new tensor) and, with mla_block_table, their slots
+             slot_page_size=64, max_context=None):
+        """Top-k positions of each row's valid logits (positions below
+        max_context, default logits.shape[1]; int32 [rows, topk], indices
+        or a new tensor) and, with mla_block_table, their slots
         (slots or a new tensor; else None). Returns (indices, slots)."""
         torch = self._torch
         batch = context_lens.shape[0]
@@ -291,9 +292,14 @@ class DsaIndexer:
             table_ptr, table_stride = mla_block_table.data_ptr(), mla_block_table.stride(0)
             slots_ptr, slots_stride = slots.data_ptr(), slots.stride(0)
         self._expect(slot_page_size >= 1, "slot_page_size: >= 1")
+        if max_context is None:
+            max_context = logits.shape[1]
+        self._expect(1 <= max_context <= logits.shape[1],
+                     f"max_context: got {max_context}, supported 1..{logits.shape[1]}")
         params = _TOPK_PARAMS.pack(logits.data_ptr(), context_lens.data_ptr(), indices.data_ptr(),
                                    table_ptr, slots_ptr, logits.stride(0), indices.stride(0),
-                                   table_stride, slots_stride, batch, s_q, slot_page_size)
+                                   table_stride, slots_stride, batch, s_q, slot_page_size,
+                                   max_context)
         self._launch(self._topk, (rows, 1, 1), int(self.launch["topk_block_threads"]),
                      int(self.launch["topk_smem_bytes"]), params)
         return indices, slots
@@ -309,7 +315,7 @@ def dsa_indexer_topk(indexer, q, weights, index_cache, block_table, context_lens
     logits = indexer.logits(q, weights, index_cache, block_table, context_lens, max_context,
                             out=logits)
     return indexer.topk(logits, context_lens, s_q, indices, mla_block_table=mla_block_table,
-                        slots=slots, slot_page_size=slot_page_size)
+                        slots=slots, slot_page_size=slot_page_size, max_context=max_context)
 
 
 def quantize_index_keys(keys):

@@ -69,7 +69,8 @@ struct LogitsParams {
 struct TopkParams {
   const float* logits;      // fp32 [rows, logits_stride]; only positions
                             // [0, len_r) are read, len_r = the row's causal
-                            // length (min(L_b, L_b - s_q + i + 1), >= 0)
+                            // length (min(L_b, L_b - s_q + i + 1), >= 0),
+                            // at most max_context
   const int* context_lens;  // int32 [batch]; not null
   int* indices;             // int32 [rows, indices_stride]: the top-k
                             // positions, -1 after the valid ones; not null
@@ -85,6 +86,9 @@ struct TopkParams {
   int batch;
   int s_q;
   int slot_page_size;  // tokens per page of the slot cache (>= 1)
+  int max_context;     // positions [0, max_context) of a row exist; a row's
+                       // length is clamped to it (a caller's short bound
+                       // never makes the kernel read past the row)
 };
 
 // The launch of each kernel (one rule for the host and the device).

@@ -71,7 +71,7 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   const int b = row / p.s_q, i = row % p.s_q;
 
   ptx::WaitForPriorGrids();
-  const int len = CausalLength(p.context_lens[b], p.s_q, i);
+  const int len = min(CausalLength(p.context_lens[b], p.s_q, i), p.max_context);
   const float* logits = p.logits + static_cast<long long>(row) * p.logits_stride;
   const int n_keep = min(len, kK);
   const int n_sort = TopkSortSize(n_keep);

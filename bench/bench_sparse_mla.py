@@ -101,7 +101,8 @@ def main():
         spec = read_artifact(c).spec
         if spec.topk == 2048 and spec.s_q <= 1 and spec.kv_cache_dtype == want:
             mods[spec.num_q_heads] = c
-    D = 512 if args.kv_dtype in ("fp8_ds_mla_v4", "mxfp8_ds_mla_v41") else 576
+    from kforge import kv_records
+    D = kv_records.LATENT_WIDTH.get(args.kv_dtype, 576)
     kv = torch.randn(args.cache_slots, D, device="cuda", dtype=torch.float32).to(torch.bfloat16)
     cache, row_bytes = kv, D * 2
     if args.kv_dtype == "fp8_ds_mla":
@@ -109,8 +110,7 @@ def main():
         cache = kforge.quantize_fp8_ds_mla(kv, "arbitrary")
         row_bytes = cache.shape[-1]
     elif args.kv_dtype != "bf16":
-        from kforge.kv_records import quantize_kv_records
-        cache = quantize_kv_records(kv.view(-1, 64, D), args.kv_dtype)
+        cache = kv_records.quantize_kv_records(kv.view(-1, 64, D), args.kv_dtype)
         row_bytes = cache.shape[-1]
     lines = []
     header = ("| heads x batch | kforge best (us) | splits | kforge auto (us) | auto splits | "

@@ -7,6 +7,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 import torch  # noqa: E402
 import kforge  # noqa: E402
+from kforge import kv_records  # noqa: E402
 
 mod = kforge.Kernel.from_files(sys.argv[1])
 T, splits = int(sys.argv[2]), int(sys.argv[3])
@@ -15,10 +16,9 @@ d_v, d_qk, heads = spec.kv_lora_rank, spec.kv_lora_rank + spec.rope_dim, spec.nu
 kv = torch.randn(1 << 20, d_qk, device="cuda").to(torch.bfloat16)
 if spec.kv_cache_dtype == 2:  # fp8_ds_mla: 656-byte records of the same values
     kv = kforge.quantize_fp8_ds_mla(kv, "arbitrary")
-elif spec.kv_cache_dtype in (3, 4, 5):  # the issue-15 records (kforge.kv_records)
-    from kforge.kv_records import quantize_kv_records
-    name = {3: "fp8_ds_mla_v4", 4: "mxfp8_ds_mla_v41", 5: "nvfp4_ds_mla"}[spec.kv_cache_dtype]
-    kv = quantize_kv_records(kv.view(-1, 64, d_qk), name)
+elif kv_records.record_name(spec.kv_cache_dtype):  # the issue-15 records
+    kv = kv_records.quantize_kv_records(kv.view(-1, 64, d_qk),
+                                        kv_records.record_name(spec.kv_cache_dtype))
 q = torch.randn(T, heads, d_qk, device="cuda").to(torch.bfloat16)
 idx = torch.randint(0, 1 << 20, (T, spec.topk), device="cuda", dtype=torch.int32)
 out = torch.empty(T, heads, d_v, device="cuda", dtype=torch.bfloat16)

@@ -161,6 +161,16 @@ kforge::DecodeArgs ToDecodeArgs(const KforgeDecodeArgs& a) {
   d.out_token_stride = a.out_token_stride;
   d.out_head_stride = a.out_head_stride;
   d.softmax_scale = a.softmax_scale;
+  d.extra_kv = a.extra_kv;
+  d.extra_indices = a.extra_indices;
+  d.extra_topk_length = a.extra_topk_length;
+  d.extra_topk = a.extra_topk;
+  d.extra_page_block_size = a.extra_page_block_size;
+  d.extra_kv_dtype = ToDtype(a.extra_kv_dtype);
+  d.extra_num_kv_slots = a.extra_num_kv_slots;
+  d.extra_kv_page_stride = a.extra_kv_page_stride;
+  d.extra_kv_row_stride = a.extra_kv_row_stride;
+  d.extra_indices_stride = a.extra_indices_stride;
   return d;
 }
 
@@ -198,6 +208,9 @@ size_t kforge_offsetof(const char* struct_name, const char* field) {
     if (f == "lse_accum") return offsetof(DecodeParams, lse_accum);
     if (f == "topk_length") return offsetof(DecodeParams, topk_length);
     if (f == "sink") return offsetof(DecodeParams, sink);
+    if (f == "extra_kv") return offsetof(DecodeParams, extra_kv);
+    if (f == "extra_indices") return offsetof(DecodeParams, extra_indices);
+    if (f == "extra_topk_length") return offsetof(DecodeParams, extra_topk_length);
   } else if (s == "CombineParams") {
     if (f == "o_accum") return offsetof(CombineParams, o_accum);
     if (f == "lse_accum") return offsetof(CombineParams, lse_accum);

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 5
+#define KFORGE_CAPI_VERSION 6
 
 int32_t kforge_capi_version(void);
 
@@ -43,7 +43,8 @@ void kforge_free(void* p);
 
 /* offsetof a pointer field of a parameter block as this library was built:
  * struct "DecodeParams" (fields q, kv, indices, out, lse, o_accum,
- * lse_accum, topk_length, sink) or "CombineParams" (o_accum, lse_accum,
+ * lse_accum, topk_length, sink, extra_kv, extra_indices,
+ * extra_topk_length) or "CombineParams" (o_accum, lse_accum,
  * out, lse, sink). SIZE_MAX for any other name. With
  * kforge_decode_pointer_modulus, lets a binding reuse one
  * kforge_plan_decode result for other pointers. */
@@ -104,6 +105,19 @@ typedef struct KforgeDecodeArgs {
   int64_t out_token_stride;
   int64_t out_head_stride;
   double softmax_scale;
+  /* The extra KV cache (v6), for kernels built with one (spec extra_kv);
+   * all 0 otherwise. */
+  uint64_t extra_kv;
+  uint64_t extra_indices;
+  uint64_t extra_topk_length; /* 0: every token's extra_topk indices count */
+  int32_t extra_topk;
+  int32_t extra_page_block_size;
+  int32_t extra_kv_dtype;
+  int32_t extra_reserved; /* 0 */
+  int64_t extra_num_kv_slots;
+  int64_t extra_kv_page_stride;
+  int64_t extra_kv_row_stride;
+  int64_t extra_indices_stride;
 } KforgeDecodeArgs;
 
 /* ---- specs (model/spec.h) ---- */

@@ -36,29 +36,30 @@ const std::vector<TileConfig>& CandidatesFor(int head_tile) {
   return k64;  // 48 and 64
 }
 
-// The KV format of a spec (model/spec.h KvFormats: its device type in
-// templates/kforge/sparse_mla/kv_format.cuh and the sizes the host shares
-// with it). ValidateSpec admits only the table's dtypes.
-const KvFormatInfo& KvFormatOf(const v1::AttentionSpec& spec) {
-  const KvFormatInfo* kv = FindKvFormat(spec.kv_cache_dtype());
-  return kv != nullptr ? *kv : KvFormats().front();
-}
-
-// The instantiation unit's name of the format type; one that takes the
-// scale format gets it as its template argument (kScalePow2).
-std::string KvTypeName(const v1::AttentionSpec& spec) {
-  const KvFormatInfo& kv = KvFormatOf(spec);
+// The instantiation unit's name of the spec's KV format type (model/spec.h
+// KvFormats: a type of templates/kforge/sparse_mla/kv_format.cuh); one that
+// takes the scale format gets it as its template argument (kScalePow2).
+std::string KvTypeName(const KvFormatInfo& kv, v1::KvScaleFormat scale_format) {
   if (!kv.takes_scale_format) return kv.device_type;
   return absl::StrCat(kv.device_type,
-                      spec.kv_scale_format() == v1::KV_SCALE_FORMAT_POW2 ? "<true>" : "<false>");
+                      scale_format == v1::KV_SCALE_FORMAT_POW2 ? "<true>" : "<false>");
 }
 
-// Staged formats dequantise in the CTA (their Land), which costs the
-// small-batch path more than the bf16 gather does.
-bool StagedKv(const v1::AttentionSpec& spec) {
+// The staging bytes per token of the spec's pipeline (config.h
+// PipelineStagingBytes over its cache and its extra cache, if any).
+int StagingBytes(const v1::AttentionSpec& spec) {
   const int d_qk = static_cast<int>(spec.kv_lora_rank() + spec.rope_dim());
-  return KvFormatOf(spec).staging_bytes_per_token(d_qk) > 0;
+  const KvFormatInfo& kv = KvFormatOf(spec);
+  const KvFormatInfo* extra = ExtraKvFormatOf(spec);
+  return sparse_mla::PipelineStagingBytes(
+      kv.staging_bytes_per_token(d_qk), kv.bytes_per_token(d_qk),
+      extra != nullptr ? extra->staging_bytes_per_token(d_qk) : 0,
+      extra != nullptr ? extra->bytes_per_token(d_qk) : 0);
 }
+
+// Staged pipelines dequantise in the CTA (their Land), which costs the
+// small-batch path more than the bf16 gather does.
+bool StagedKv(const v1::AttentionSpec& spec) { return StagingBytes(spec) > 0; }
 
 // The kernel's compile-time shape for a spec and a tiling candidate: the
 // input of config.h's CheckDecodeTiling and MakeDecodeSmemLayout, the same
@@ -74,8 +75,7 @@ sparse_mla::DecodeShape ShapeOf(const v1::AttentionSpec& spec, int head_tile, in
   shape.stages = stages;
   shape.warps = warps;
   shape.wgmma = wgmma;
-  shape.kv_staging_bytes_per_token = KvFormatOf(spec).staging_bytes_per_token(
-      static_cast<int>(spec.kv_lora_rank() + spec.rope_dim()));
+  shape.kv_staging_bytes_per_token = StagingBytes(spec);
   return shape;
 }
 
@@ -125,6 +125,22 @@ const TileConfig kSmallBatchCandidates[] = {{64, 2, 4}, {32, 2, 4}};
 // 4-warp dequantisation is slower: 128 heads at batch 1, 64 heads up to 2).
 constexpr int kSmallBatchCtasBf16 = 32;
 constexpr int kSmallBatchCtasStaged = 8;  // measured with fp8_ds_mla
+
+// A cache dtype as a module name part; fp8_ds_mla names its scale
+// convention too: fp8_ds_mla_pow2 / _arbitrary.
+std::string DtypeTag(v1::KvCacheDtype dtype, v1::KvScaleFormat scale_format) {
+  std::string tag = KvDtypeName(dtype);
+  if (scale_format == v1::KV_SCALE_FORMAT_POW2) absl::StrAppend(&tag, "_pow2");
+  if (scale_format == v1::KV_SCALE_FORMAT_ARBITRARY) absl::StrAppend(&tag, "_arbitrary");
+  return tag;
+}
+
+// Key positions a split rule covers (config.h KeySpan) for a token tile.
+int64_t KeysOf(const v1::AttentionSpec& spec, uint32_t token_tile) {
+  return sparse_mla::KeySpan(static_cast<int>(spec.topk()),
+                             spec.has_extra_kv() ? static_cast<int>(spec.extra_kv().topk()) : 0,
+                             static_cast<int>(token_tile));
+}
 
 // The scale as a readable name part: the shortest decimal that reads back
 // as the same float (%.9g always does; shorter forms are tried first), with
@@ -269,7 +285,7 @@ bool ClusterFits(const v1::AttentionSpec& spec, const Arch& arch, const v1::Kern
                  int splits) {
   return (arch.major == 9 || arch.major == 10) &&
          sparse_mla::ClusterMergeFits(DecodeShapeFor(spec, tiling), splits) &&
-         spec.topk() >= static_cast<uint64_t>(splits) * tiling.token_tile();
+         KeysOf(spec, tiling.token_tile()) >= static_cast<int64_t>(splits) * tiling.token_tile();
 }
 
 }  // namespace
@@ -326,15 +342,17 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
 std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
   std::string arch_tag = arch.name;
   arch_tag.erase(std::remove(arch_tag.begin(), arch_tag.end(), '_'), arch_tag.end());
-  // fp8_ds_mla names its scale convention too: fp8_ds_mla_pow2 / _arbitrary.
-  std::string dtype = KvDtypeName(spec.kv_cache_dtype());
-  if (spec.kv_scale_format() == v1::KV_SCALE_FORMAT_POW2) absl::StrAppend(&dtype, "_pow2");
-  if (spec.kv_scale_format() == v1::KV_SCALE_FORMAT_ARBITRARY) {
-    absl::StrAppend(&dtype, "_arbitrary");
+  // An extra cache: "_x" + its topk, dtype and page size.
+  std::string extra;
+  if (spec.has_extra_kv()) {
+    const v1::ExtraKvCache& x = spec.extra_kv();
+    extra = absl::StrFormat("_xtopk%d_%s_pb%d", x.topk(),
+                            DtypeTag(x.kv_cache_dtype(), x.kv_scale_format()), x.page_block_size());
   }
-  return absl::StrFormat("sparse_mla_decode_h%d_d%dr%d_topk%d_%s_pb%d_sc%s%s_%s",
+  return absl::StrFormat("sparse_mla_decode_h%d_d%dr%d_topk%d_%s_pb%d%s_sc%s%s_%s",
                          spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(), spec.topk(),
-                         dtype, spec.page_block_size(), ScaleTag(spec.softmax_scale()),
+                         DtypeTag(spec.kv_cache_dtype(), spec.kv_scale_format()),
+                         spec.page_block_size(), extra, ScaleTag(spec.softmax_scale()),
                          spec.return_lse() ? "_lse" : "", arch_tag);
 }
 
@@ -350,9 +368,16 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
                   "#include \"kforge/sparse_mla/combine.cuh\"\n\n"
                   "namespace ks = kforge::sparse_mla;\n\n");
   auto traits = [&](const char* name, const v1::KernelTiling& t) {
+    // An extra cache: its topk, page size and format type follow.
+    std::string extra;
+    if (const KvFormatInfo* x = ExtraKvFormatOf(spec); x != nullptr) {
+      extra =
+          absl::StrFormat(", %d, %d, %s", spec.extra_kv().topk(), spec.extra_kv().page_block_size(),
+                          KvTypeName(*x, spec.extra_kv().kv_scale_format()));
+    }
     absl::StrAppendFormat(&src,
                           "struct %s : ks::DecodeTraits<%d, %d, %d, %d, %d, %d, %d, %d, %d, "
-                          "%d, %s, %s, %s> {\n"
+                          "%d, %s, %s, %s%s> {\n"
                           "  // softmax_scale %.9g times log2(e)\n"
                           "  static constexpr float kScaleLog2 = %af;\n"
                           "};\n\n",
@@ -360,7 +385,8 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
                           spec.topk(), t.head_tile(), t.heads_per_group(), t.token_tile(),
                           t.stages(), t.warps(), spec.page_block_size(),
                           spec.return_lse() ? "true" : "false", t.wgmma() ? "true" : "false",
-                          KvTypeName(spec).c_str(), spec.softmax_scale(), scale_log2);
+                          KvTypeName(KvFormatOf(spec), spec.kv_scale_format()), extra,
+                          spec.softmax_scale(), scale_log2);
   };
   auto main_entry = [&](const char* traits_name, const char* entry) {
     absl::StrAppendFormat(&src,

@@ -50,6 +50,57 @@ absl::Status CheckPositive(const DecodeArgs& a) {
   return absl::OkStatus();
 }
 
+// The extra cache's pointers and sizes: none without one in the spec;
+// with one, its pointers and the sizes compiled into the kernels.
+absl::Status CheckExtraModel(const DecodeArgs& a, const v1::AttentionSpec& spec) {
+  struct Pointer {
+    const char* name;
+    uint64_t value;
+  };
+  const Pointer pointers[] = {{"extra_kv", a.extra_kv},
+                              {"extra_indices", a.extra_indices},
+                              {"extra_topk_length", a.extra_topk_length}};
+  if (!spec.has_extra_kv()) {
+    for (const Pointer& p : pointers) {
+      if (p.value != 0) {
+        return Invalid(p.name,
+                       "given, but the kernels were built without an extra KV cache (ask "
+                       "kforge for a spec with extra_kv)");
+      }
+    }
+    return absl::OkStatus();
+  }
+  for (const Pointer& p : {pointers[0], pointers[1]}) {
+    if (p.value == 0) {
+      return Invalid(p.name,
+                     "null; the kernels were built with an extra KV cache (spec extra_kv), a "
+                     "device pointer is required");
+    }
+  }
+  const v1::ExtraKvCache& x = spec.extra_kv();
+  if (a.extra_kv_dtype != x.kv_cache_dtype()) {
+    return Invalid("extra_kv_dtype",
+                   absl::StrCat("got ", KvDtypeName(a.extra_kv_dtype),
+                                ", the kernels are built for ", KvDtypeName(x.kv_cache_dtype())));
+  }
+  struct Size {
+    const char* name;
+    int64_t got, built;
+  };
+  for (const Size& s :
+       {Size{"extra_topk", a.extra_topk, x.topk()},
+        Size{"extra_page_block_size", a.extra_page_block_size, x.page_block_size()}}) {
+    if (s.got != s.built) {
+      return Invalid(s.name, absl::StrCat("got ", s.got, ", the kernels are built for ", s.built));
+    }
+  }
+  if (a.extra_num_kv_slots < 1) {
+    return Invalid("extra_num_kv_slots",
+                   absl::StrCat("got ", a.extra_num_kv_slots, ", must be >= 1"));
+  }
+  return absl::OkStatus();
+}
+
 // Sizes compiled into the kernels must be the model's.
 absl::Status CheckModel(const DecodeArgs& a, const v1::AttentionSpec& spec) {
   if (a.kv_dtype != spec.kv_cache_dtype()) {
@@ -90,7 +141,7 @@ absl::Status CheckModel(const DecodeArgs& a, const v1::AttentionSpec& spec) {
                    "given, but the kernels were built without return_lse "
                    "(pass 0 or use a spec with return_lse)");
   }
-  return absl::OkStatus();
+  return CheckExtraModel(a, spec);
 }
 
 // a * b, or INT64_MAX when that overflows: a hostile stride then fails its
@@ -100,9 +151,68 @@ int64_t SaturatingMul(int64_t a, int64_t b) {
   return __builtin_mul_overflow(a, b, &product) ? INT64_MAX : product;
 }
 
+// One paged cache's arguments: the main one or the extra one.
+struct CacheArgs {
+  const char* name;        // "kv" or "extra_kv"
+  const char* row_name;    // its row stride's field
+  const char* page_name;   // its page stride's field
+  const char* block_name;  // its page size's field
+  uint64_t pointer;
+  int64_t row_stride;  // in the cache's elements
+  int64_t page_stride;
+  int page_block_size;
+  KvCacheLayout layout;
+};
+
+// A cache's strides step over whole records and pages, and keep every row
+// on a 16-byte boundary (cp.async gathers); a page-blocked cache
+// (config.h) has no row stride of its own: its data and scale rows sit at
+// offsets the format fixes, and the row stride is the record the engine's
+// [pages, page_block_size, record] view strides by.
+absl::Status CheckCache(const CacheArgs& c) {
+  const KvCacheLayout& kv = c.layout;
+  if (kv.page_blocked && c.row_stride != kv.row_bytes) {
+    return Invalid(c.row_name,
+                   absl::StrCat("got ", c.row_stride, ", must be ", kv.row_bytes,
+                                " (the record: a page-blocked cache's rows are not strided)"));
+  }
+  if (c.row_stride < kv.row_bytes / kv.element_bytes) {
+    return Invalid(c.row_name,
+                   absl::StrCat("got ", c.row_stride, ", must be >= ",
+                                kv.element_bytes == 2 ? "d_qk" : "the cache record's bytes", " = ",
+                                kv.row_bytes / kv.element_bytes, " (rows would overlap)"));
+  }
+  const int64_t page_min = SaturatingMul(c.page_block_size, c.row_stride);
+  if (c.page_stride < page_min) {
+    return Invalid(c.page_name,
+                   absl::StrCat("got ", c.page_stride, ", must be >= ", c.block_name, " * ",
+                                c.row_name, " = ", page_min, " (rows would overlap)"));
+  }
+  if (c.pointer % kQKvAlignBytes != 0) {
+    return Invalid(c.name,
+                   absl::StrFormat("0x%x is not %d-byte aligned", c.pointer, kQKvAlignBytes));
+  }
+  // A page-blocked cache's row stride is the record (584 for V4, not a
+  // multiple of 16) and addresses nothing; its rows' offsets are.
+  struct Stride {
+    const char* name;
+    int64_t elements;
+    int align;
+  };
+  for (const Stride& s : {Stride{c.page_name, c.page_stride, kQKvAlignBytes},
+                          Stride{c.row_name, c.row_stride, kv.page_blocked ? 1 : kQKvAlignBytes}}) {
+    if ((static_cast<uint64_t>(s.elements) * kv.element_bytes) % s.align == 0) continue;
+    return Invalid(s.name,
+                   absl::StrFormat("got %d elements, must be a multiple of %d (%d "
+                                   "bytes) so every row stays %d-byte aligned",
+                                   s.elements, s.align / kv.element_bytes, s.align, s.align));
+  }
+  return absl::OkStatus();
+}
+
 // Rows are head-inner ([token][head][dim], any padding): each stride must
 // step over at least the row or block below it, or rows would overlap.
-absl::Status CheckStrides(const DecodeArgs& a, const KvCacheLayout& kv) {
+absl::Status CheckStrides(const DecodeArgs& a, const v1::AttentionSpec& spec) {
   struct Stride {
     const char* name;
     int64_t value;
@@ -113,22 +223,27 @@ absl::Status CheckStrides(const DecodeArgs& a, const KvCacheLayout& kv) {
       {"q_head_stride", a.q_head_stride, a.d_qk, "d_qk"},
       {"q_token_stride", a.q_token_stride, SaturatingMul(a.num_q_heads, a.q_head_stride),
        "num_q_heads * q_head_stride"},
-      {"kv_row_stride", a.kv_row_stride, kv.row_bytes / kv.element_bytes,
-       kv.element_bytes == 2 ? "d_qk" : "the cache record's bytes"},
-      {"kv_page_stride", a.kv_page_stride, SaturatingMul(a.page_block_size, a.kv_row_stride),
-       "page_block_size * kv_row_stride"},
       {"indices_stride", a.indices_stride, a.topk, "topk"},
+      {"extra_indices_stride", spec.has_extra_kv() ? a.extra_indices_stride : 0,
+       spec.has_extra_kv() ? a.extra_topk : 0, "extra_topk"},
       {"out_head_stride", a.out_head_stride, a.d_v, "d_v"},
       {"out_token_stride", a.out_token_stride, SaturatingMul(a.num_q_heads, a.out_head_stride),
        "num_q_heads * out_head_stride"},
   };
-  // A page-blocked cache (config.h) has no row stride of its own: its data
-  // and scale rows sit at offsets the format fixes, and kv_row_stride is the
-  // record the engine's [pages, page_block_size, record] view strides by.
-  if (kv.page_blocked && a.kv_row_stride != kv.row_bytes) {
-    return Invalid("kv_row_stride",
-                   absl::StrCat("got ", a.kv_row_stride, ", must be ", kv.row_bytes,
-                                " (the record: a page-blocked cache's rows are not strided)"));
+  if (absl::Status s =
+          CheckCache({"kv", "kv_row_stride", "kv_page_stride", "page_block_size", a.kv,
+                      a.kv_row_stride, a.kv_page_stride, a.page_block_size, KvLayoutOf(spec)});
+      !s.ok()) {
+    return s;
+  }
+  if (spec.has_extra_kv()) {
+    if (absl::Status s =
+            CheckCache({"extra_kv", "extra_kv_row_stride", "extra_kv_page_stride",
+                        "extra_page_block_size", a.extra_kv, a.extra_kv_row_stride,
+                        a.extra_kv_page_stride, a.extra_page_block_size, ExtraKvLayoutOf(spec)});
+        !s.ok()) {
+      return s;
+    }
   }
   for (const Stride& s : strides) {
     if (s.value < s.minimum) {
@@ -139,34 +254,29 @@ absl::Status CheckStrides(const DecodeArgs& a, const KvCacheLayout& kv) {
   return absl::OkStatus();
 }
 
-absl::Status CheckAlignment(const DecodeArgs& a, const KvCacheLayout& kv) {
-  // Pointers in bytes; strides in elements: bf16 (2 bytes) for q and out,
-  // the cache's element for kv (2 bytes for bf16, 1 for the quantised records).
+absl::Status CheckAlignment(const DecodeArgs& a) {
+  // Pointers in bytes; strides in bf16 elements (q and out). The caches'
+  // are CheckCache's.
   struct Rule {
     const char* name;
     uint64_t bytes;
     int align;
     bool pointer;
-    int element_bytes = 2;
   };
-  auto stride = [](const char* name, int64_t elements, int align, int element_bytes = 2) {
-    return Rule{name, static_cast<uint64_t>(elements) * element_bytes, align, false, element_bytes};
+  auto stride = [](const char* name, int64_t elements, int align) {
+    return Rule{name, static_cast<uint64_t>(elements) * 2, align, false};
   };
   const Rule rules[] = {
       {"q", a.q, kQKvAlignBytes, true},
-      {"kv", a.kv, kQKvAlignBytes, true},
       {"out", a.out, kOutAlignBytes, true},
       {"indices", a.indices, kIndicesLseAlignBytes, true},
       {"lse", a.lse, kIndicesLseAlignBytes, true},
       {"topk_length", a.topk_length, kIndicesLseAlignBytes, true},
       {"sink", a.sink, kIndicesLseAlignBytes, true},
+      {"extra_indices", a.extra_indices, kIndicesLseAlignBytes, true},
+      {"extra_topk_length", a.extra_topk_length, kIndicesLseAlignBytes, true},
       stride("q_token_stride", a.q_token_stride, kQKvAlignBytes),
       stride("q_head_stride", a.q_head_stride, kQKvAlignBytes),
-      stride("kv_page_stride", a.kv_page_stride, kQKvAlignBytes, kv.element_bytes),
-      // A page-blocked cache's row stride is the record (584 for V4, not a
-      // multiple of 16) and addresses nothing; its rows' offsets are.
-      stride("kv_row_stride", a.kv_row_stride, kv.page_blocked ? 1 : kQKvAlignBytes,
-             kv.element_bytes),
       stride("out_token_stride", a.out_token_stride, kOutAlignBytes),
       stride("out_head_stride", a.out_head_stride, kOutAlignBytes),
   };
@@ -177,8 +287,7 @@ absl::Status CheckAlignment(const DecodeArgs& a, const KvCacheLayout& kv) {
     }
     return Invalid(r.name, absl::StrFormat("got %d elements, must be a multiple of %d (%d "
                                            "bytes) so every row stays %d-byte aligned",
-                                           r.bytes / r.element_bytes, r.align / r.element_bytes,
-                                           r.align, r.align));
+                                           r.bytes / 2, r.align / 2, r.align, r.align));
   }
   return absl::OkStatus();
 }
@@ -196,9 +305,8 @@ absl::StatusOr<RuntimeShape> ValidateDecodeArgs(const DecodeArgs& args,
   absl::Status s = CheckPointers(args);
   if (s.ok()) s = CheckPositive(args);
   if (s.ok()) s = CheckModel(args, spec);
-  const KvCacheLayout kv = KvLayoutOf(spec);
-  if (s.ok()) s = CheckStrides(args, kv);
-  if (s.ok()) s = CheckAlignment(args, kv);
+  if (s.ok()) s = CheckStrides(args, spec);
+  if (s.ok()) s = CheckAlignment(args);
   if (!s.ok()) return s;
   return RuntimeShape{args.batch, args.s_q,      args.num_q_heads,
                       args.topk,  args.kv_dtype, args.page_block_size};
@@ -215,6 +323,15 @@ DecodeParams MakeDecodeParams(const Selection& sel, const DecodeArgs& a, uint64_
   p.topk_length = reinterpret_cast<const int*>(a.topk_length);
   p.sink = reinterpret_cast<const float*>(a.sink);
   p.topk_length_tokens = a.topk_length_tokens > 1 ? a.topk_length_tokens : 1;
+  if (spec.has_extra_kv()) {
+    p.extra_kv = reinterpret_cast<const unsigned short*>(a.extra_kv);
+    p.extra_indices = reinterpret_cast<const int*>(a.extra_indices);
+    p.extra_topk_length = reinterpret_cast<const int*>(a.extra_topk_length);
+    p.extra_kv_page_stride = a.extra_kv_page_stride;
+    p.extra_kv_row_stride = a.extra_kv_row_stride;
+    p.extra_num_kv_slots = a.extra_num_kv_slots;
+    p.extra_indices_stride = a.extra_indices_stride;
+  }
   if (sel.needs_combine) {
     const uint64_t o_accum_bytes = static_cast<uint64_t>(sel.num_splits) * sel.num_tokens *
                                    spec.num_q_heads() * spec.kv_lora_rank() * sizeof(float);
@@ -289,11 +406,20 @@ absl::StatusOr<uint64_t> WorkspaceBytesFor(const v1::Manifest& manifest, const D
   return need;
 }
 
-KvCacheLayout KvLayoutOf(const v1::AttentionSpec& spec) {
+namespace {
+
+KvCacheLayout LayoutOf(const KvFormatInfo& kv, const v1::AttentionSpec& spec) {
   const int d_qk = static_cast<int>(spec.kv_lora_rank() + spec.rope_dim());
-  const KvFormatInfo* kv = FindKvFormat(spec.kv_cache_dtype());
-  if (kv == nullptr) kv = &KvFormats().front();  // never for a validated spec
-  return {kv->bytes_per_token(d_qk), kv->element_bytes, kv->page_blocked};
+  return {kv.bytes_per_token(d_qk), kv.element_bytes, kv.page_blocked};
+}
+
+}  // namespace
+
+KvCacheLayout KvLayoutOf(const v1::AttentionSpec& spec) { return LayoutOf(KvFormatOf(spec), spec); }
+
+KvCacheLayout ExtraKvLayoutOf(const v1::AttentionSpec& spec) {
+  const KvFormatInfo* kv = ExtraKvFormatOf(spec);
+  return LayoutOf(kv != nullptr ? *kv : KvFormatOf(spec), spec);
 }
 
 }  // namespace kforge

@@ -46,6 +46,16 @@ struct DecodeArgs {
   uint64_t sink = 0;         // fp32 [num_q_heads] attention sink logits
                              // (templates/kforge/sparse_mla/sink.cuh);
                              // 0 = none
+  // The extra KV cache, for kernels built with one (spec extra_kv; all 0
+  // otherwise): attended in the same softmax as the top-k tokens.
+  uint64_t extra_kv = 0;           // its paged cache, addressed as kv with the
+                                   // extra_* sizes and strides; not null
+  uint64_t extra_indices = 0;      // int32 [num_tokens, extra_topk], row
+                                   // stride extra_indices_stride; -1 or >=
+                                   // extra_num_kv_slots = no token; not null
+  uint64_t extra_topk_length = 0;  // int32 like topk_length (same
+                                   // topk_length_tokens), for extra_indices;
+                                   // 0 = all extra_topk count
 
   int batch = 0;               // requests
   int s_q = 0;                 // query tokens per request (1, or 2..4 with MTP)
@@ -58,6 +68,11 @@ struct DecodeArgs {
                                // 0) one per token, s_q one per request
   int64_t num_kv_slots = 0;    // num_pages * page_block_size
   v1::KvCacheDtype kv_dtype = v1::KV_CACHE_DTYPE_BF16;
+  // The extra cache's (must equal the spec's extra_kv; unused without one).
+  int extra_topk = 0;
+  int extra_page_block_size = 0;
+  int64_t extra_num_kv_slots = 0;
+  v1::KvCacheDtype extra_kv_dtype = v1::KV_CACHE_DTYPE_UNSPECIFIED;
 
   int64_t q_token_stride = 0;
   int64_t q_head_stride = 0;
@@ -66,6 +81,9 @@ struct DecodeArgs {
   int64_t indices_stride = 0;  // between query tokens
   int64_t out_token_stride = 0;
   int64_t out_head_stride = 0;
+  int64_t extra_kv_page_stride = 0;
+  int64_t extra_kv_row_stride = 0;
+  int64_t extra_indices_stride = 0;  // between query tokens
 
   // Must equal the model's (it is compiled into the kernel): relative
   // difference <= kSoftmaxScaleTolerance.
@@ -105,6 +123,8 @@ struct KvCacheLayout {
   bool page_blocked;  // data rows, then scale rows, per page (kv_row_stride = row_bytes)
 };
 KvCacheLayout KvLayoutOf(const v1::AttentionSpec& spec);
+// The same for the spec's extra cache (extra_kv), which must be set.
+KvCacheLayout ExtraKvLayoutOf(const v1::AttentionSpec& spec);
 
 // Checks `args` against the model the manifest was built for (every variant
 // shares heads, d_qk, d_v, topk, page size, dtype, scale, return_lse)

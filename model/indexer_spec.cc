@@ -69,6 +69,7 @@ absl::Status ValidateIndexerSpec(const v1::AttentionSpec& spec) {
                  "unset (ATTENTION_KIND_DSA_INDEXER: the weights carry the scales)");
   }
   if (spec.return_lse()) problems.Add("return_lse", "true", kUnsetForIndexer);
+  if (spec.has_extra_kv()) problems.Add("extra_kv", "set", kUnsetForIndexer);
   if (spec.kv_scale_format() != v1::KV_SCALE_FORMAT_UNSPECIFIED) {
     problems.Add("kv_scale_format", v1::KvScaleFormat_Name(spec.kv_scale_format()),
                  kUnsetForIndexer);

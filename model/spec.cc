@@ -98,6 +98,43 @@ class CollectErrors : public google::protobuf::io::ErrorCollector {
   std::vector<std::string> errors_;
 };
 
+// A cache's dtype and scale format (the spec's, or its extra_kv's: field
+// names start with `prefix`) against the KvFormats table and the spec's
+// geometry.
+void CheckKvDtype(Problems& problems, absl::string_view prefix, v1::KvCacheDtype dtype,
+                  v1::KvScaleFormat scale_format, const v1::AttentionSpec& spec) {
+  const KvFormatInfo* kv = FindKvFormat(dtype);
+  if (kv == nullptr) {
+    std::vector<std::string> names;
+    for (const KvFormatInfo& f : KvFormats()) names.push_back(v1::KvCacheDtype_Name(f.dtype));
+    problems.Add(absl::StrCat(prefix, "kv_cache_dtype"), DtypeName(dtype),
+                 absl::StrJoin(names, ", "));
+    return;
+  }
+  // A quantised record exists for one geometry (config.h): other latent
+  // widths have no such record in any engine.
+  const int rank = static_cast<int>(spec.kv_lora_rank());
+  const int rope = static_cast<int>(spec.rope_dim());
+  if (kv->supports != nullptr && !kv->supports(rank, rope)) {
+    // Name the field that is off: the rope when the rank has a record.
+    const bool rank_ok = kv->supports(rank, 0) || kv->supports(rank, kRopeDim);
+    problems.Add(rank_ok ? "rope_dim" : "kv_lora_rank", rank_ok ? rope : rank,
+                 absl::StrCat(kv->geometry, " with ", prefix, "kv_cache_dtype ", kv->name));
+  }
+  const std::string field = absl::StrCat(prefix, "kv_scale_format");
+  if (kv->takes_scale_format) {
+    if (scale_format != v1::KV_SCALE_FORMAT_POW2 && scale_format != v1::KV_SCALE_FORMAT_ARBITRARY) {
+      problems.Add(field, ScaleFormatName(scale_format),
+                   absl::StrCat("KV_SCALE_FORMAT_POW2 or KV_SCALE_FORMAT_ARBITRARY (required with ",
+                                prefix, "kv_cache_dtype ", kv->name, ")"));
+    }
+  } else if (scale_format != v1::KV_SCALE_FORMAT_UNSPECIFIED) {
+    problems.Add(field, ScaleFormatName(scale_format),
+                 absl::StrCat("unset (", prefix, "kv_cache_dtype ", kv->name,
+                              " takes none: its scales, if any, are part of the record)"));
+  }
+}
+
 absl::StatusOr<v1::AttentionSpec> ParseJson(std::string_view text) {
   if (absl::Status s = CheckNoDuplicateJsonKeys(text, /*proto_names=*/true); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid JSON spec: ", s.message()));
@@ -158,36 +195,7 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
   if (spec.s_q() > kMaxSq) {
     problems.Add("s_q", spec.s_q(), absl::StrCat("0 (not given) or 1..", kMaxSq));
   }
-  if (const KvFormatInfo* kv = FindKvFormat(spec.kv_cache_dtype()); kv == nullptr) {
-    std::vector<std::string> names;
-    for (const KvFormatInfo& f : KvFormats()) names.push_back(v1::KvCacheDtype_Name(f.dtype));
-    problems.Add("kv_cache_dtype", DtypeName(spec.kv_cache_dtype()), absl::StrJoin(names, ", "));
-  } else {
-    // A quantised record exists for one geometry (config.h): other latent
-    // widths have no such record in any engine.
-    const int rank = static_cast<int>(spec.kv_lora_rank());
-    const int rope = static_cast<int>(spec.rope_dim());
-    if (kv->supports != nullptr && !kv->supports(rank, rope)) {
-      // Name the field that is off: the rope when the rank has a record.
-      const bool rank_ok = kv->supports(rank, 0) || kv->supports(rank, kRopeDim);
-      problems.Add(rank_ok ? "rope_dim" : "kv_lora_rank", rank_ok ? rope : rank,
-                   absl::StrCat(kv->geometry, " with kv_cache_dtype ", kv->name));
-    }
-    if (kv->takes_scale_format) {
-      if (spec.kv_scale_format() != v1::KV_SCALE_FORMAT_POW2 &&
-          spec.kv_scale_format() != v1::KV_SCALE_FORMAT_ARBITRARY) {
-        problems.Add(
-            "kv_scale_format", ScaleFormatName(spec.kv_scale_format()),
-            absl::StrCat("KV_SCALE_FORMAT_POW2 or KV_SCALE_FORMAT_ARBITRARY (required with "
-                         "kv_cache_dtype ",
-                         kv->name, ")"));
-      }
-    } else if (spec.kv_scale_format() != v1::KV_SCALE_FORMAT_UNSPECIFIED) {
-      problems.Add("kv_scale_format", ScaleFormatName(spec.kv_scale_format()),
-                   absl::StrCat("unset (kv_cache_dtype ", kv->name,
-                                " takes none: its scales, if any, are part of the record)"));
-    }
-  }
+  CheckKvDtype(problems, "", spec.kv_cache_dtype(), spec.kv_scale_format(), spec);
   if (spec.page_block_size() < 1 || spec.page_block_size() > kMaxPageBlockSize) {
     problems.Add("page_block_size", spec.page_block_size(), absl::StrCat("1..", kMaxPageBlockSize));
   }
@@ -202,6 +210,17 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
                                  std::numeric_limits<float>::max() / kLog2e));
   }
   // return_lse: both values are supported.
+  if (spec.has_extra_kv()) {
+    const v1::ExtraKvCache& x = spec.extra_kv();
+    CheckKvDtype(problems, "extra_kv.", x.kv_cache_dtype(), x.kv_scale_format(), spec);
+    if (x.topk() < 1 || x.topk() > kMaxTopk) {
+      problems.Add("extra_kv.topk", x.topk(), absl::StrCat("1..", kMaxTopk));
+    }
+    if (x.page_block_size() < 1 || x.page_block_size() > kMaxPageBlockSize) {
+      problems.Add("extra_kv.page_block_size", x.page_block_size(),
+                   absl::StrCat("1..", kMaxPageBlockSize));
+    }
+  }
   // The indexer's fields (model/indexer_spec.h) are not this kernel's.
   if (spec.index_heads() != 0) {
     problems.Add("index_heads", spec.index_heads(), "unset (ATTENTION_KIND_DSA_INDEXER only)");
@@ -383,6 +402,17 @@ const KvFormatInfo* FindKvFormat(v1::KvCacheDtype dtype) {
     if (f.dtype == dtype) return &f;
   }
   return nullptr;
+}
+
+const KvFormatInfo& KvFormatOf(const v1::AttentionSpec& spec) {
+  const KvFormatInfo* kv = FindKvFormat(spec.kv_cache_dtype());
+  return kv != nullptr ? *kv : KvFormats().front();
+}
+
+const KvFormatInfo* ExtraKvFormatOf(const v1::AttentionSpec& spec) {
+  if (!spec.has_extra_kv()) return nullptr;
+  const KvFormatInfo* kv = FindKvFormat(spec.extra_kv().kv_cache_dtype());
+  return kv != nullptr ? kv : &KvFormats().front();
 }
 
 std::string KvDtypeName(v1::KvCacheDtype dtype) {

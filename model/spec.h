@@ -52,6 +52,14 @@ const std::vector<KvFormatInfo>& KvFormats();
 // The row of `dtype`, or null for a dtype kforge does not build.
 const KvFormatInfo* FindKvFormat(v1::KvCacheDtype dtype);
 
+// The row of a spec's cache dtype; bf16's for a dtype kforge does not build
+// (which ValidateSpec refuses first).
+const KvFormatInfo& KvFormatOf(const v1::AttentionSpec& spec);
+
+// The row of a spec's extra cache dtype (extra_kv); null for a spec
+// without an extra cache, bf16's for a dtype kforge does not build.
+const KvFormatInfo* ExtraKvFormatOf(const v1::AttentionSpec& spec);
+
 // The one spelling of a KV cache dtype wherever kforge prints one (module
 // names, manifests, selections, matrices, flags): KvFormats()'s names
 // ("bf16", "fp8_ds_mla", ...); the enum name (or number) for any other value.

@@ -462,6 +462,43 @@ TEST(CodegenSource, NewRecordsNameTheirFormatType) {
   }
 }
 
+// An extra cache (spec extra_kv): its topk, page size and format type
+// follow the main cache's in the traits and the module name; the pipeline
+// stages when either cache does, with rows that hold either record.
+TEST(CodegenSource, ExtraCacheNamesItsFormatTopkAndPageSize) {
+  v1::AttentionSpec spec = Fp8Spec(16, 64, v1::KV_SCALE_FORMAT_ARBITRARY);
+  spec.set_topk(1000);
+  v1::ExtraKvCache* x = spec.mutable_extra_kv();
+  x->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
+  x->set_topk(100);
+  x->set_page_block_size(16);
+  ASSERT_TRUE(ValidateSpec(spec).ok()) << ValidateSpec(spec);
+  const std::string src = SourceFor(spec, ArchNamed("sm_120a"));
+  EXPECT_NE(src.find("ks::KvFp8DsMla<false>, 100, 16, ks::KvBf16>"), std::string::npos) << src;
+  EXPECT_EQ(ModuleName(spec, ArchNamed("sm_120a")),
+            "sparse_mla_decode_h16_d512r64_topk1000_fp8_ds_mla_arbitrary_pb64_xtopk100_bf16_"
+            "pb16_sc0p0625_lse_sm120a");
+  // The bf16 rows of the extra cache are staged too: 1152 bytes a row.
+  absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, ArchNamed("sm_120a"));
+  ASSERT_TRUE(tiling.ok()) << tiling.status();
+  EXPECT_EQ(DecodeShapeFor(spec, *tiling).kv_staging_bytes_per_token, 1152);
+  x->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  x->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+  EXPECT_NE(SourceFor(spec, ArchNamed("sm_90a")).find(", 100, 16, ks::KvFp8DsMla<true>>"),
+            std::string::npos);
+  EXPECT_EQ(DecodeShapeFor(spec, *tiling).kv_staging_bytes_per_token, 656);
+  // Two bf16 caches: the direct pipeline.
+  v1::AttentionSpec both = Preset("glm-5", 8);
+  *both.mutable_extra_kv() = *x;
+  both.mutable_extra_kv()->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
+  both.mutable_extra_kv()->clear_kv_scale_format();
+  EXPECT_EQ(DecodeShapeFor(both, *tiling).kv_staging_bytes_per_token, 0);
+  // Without one the traits end at the format (the golden units above are
+  // unchanged by the field).
+  EXPECT_NE(SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a")).find("ks::KvBf16> {"),
+            std::string::npos);
+}
+
 TEST(KvFp8DsMlaSizes, RecordLayout) {
   using S = sparse_mla::KvFp8DsMlaSizes;
   EXPECT_EQ(S::BytesPerToken(576), 656);

@@ -465,6 +465,89 @@ TEST(ValidateDecodeArgs, PageBlockedCachesTakeTheRecordAsRowStride) {
   }
 }
 
+// glm-5 TP8 with an extra cache: V3.2-style fp8_ds_mla records (pow2),
+// 128 extra indices per token, pages of 16.
+v1::AttentionSpec Glm5Tp8WithExtraCache() {
+  v1::AttentionSpec spec = Glm5Tp8();
+  v1::ExtraKvCache* x = spec.mutable_extra_kv();
+  x->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  x->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+  x->set_topk(128);
+  x->set_page_block_size(16);
+  EXPECT_TRUE(ValidateSpec(spec).ok()) << ValidateSpec(spec);
+  return spec;
+}
+
+DecodeArgs ValidArgsWithExtraCache(int batch = 4) {
+  DecodeArgs a = ValidArgs(batch);
+  a.extra_kv = 0x60000000;
+  a.extra_indices = 0x68000000;
+  a.extra_topk = 128;
+  a.extra_page_block_size = 16;
+  a.extra_num_kv_slots = 50 * 16;
+  a.extra_kv_dtype = v1::KV_CACHE_DTYPE_FP8_DS_MLA;
+  a.extra_kv_row_stride = 656;
+  a.extra_kv_page_stride = 16 * 656 + 64;
+  a.extra_indices_stride = 136;
+  return a;
+}
+
+TEST(ValidateDecodeArgs, ExtraCacheArgsAreCheckedAgainstItsSpec) {
+  const v1::Manifest with = ManifestFor(Glm5Tp8WithExtraCache(), "sm_90a");
+  EXPECT_TRUE(ValidateDecodeArgs(ValidArgsWithExtraCache(), with).ok())
+      << ValidateDecodeArgs(ValidArgsWithExtraCache(), with).status();
+  struct Case {
+    std::function<void(DecodeArgs&)> change;
+    const char* message_start;
+  };
+  const Case cases[] = {
+      {[](DecodeArgs& a) { a.extra_kv = 0; }, "extra_kv: null; the kernels were built with"},
+      {[](DecodeArgs& a) { a.extra_indices = 0; }, "extra_indices: null"},
+      {[](DecodeArgs& a) { a.extra_kv_dtype = v1::KV_CACHE_DTYPE_BF16; },
+       "extra_kv_dtype: got bf16, the kernels are built for fp8_ds_mla"},
+      {[](DecodeArgs& a) { a.extra_topk = 64; },
+       "extra_topk: got 64, the kernels are built for 128"},
+      {[](DecodeArgs& a) { a.extra_page_block_size = 64; },
+       "extra_page_block_size: got 64, the kernels are built for 16"},
+      {[](DecodeArgs& a) { a.extra_num_kv_slots = 0; }, "extra_num_kv_slots: got 0"},
+      {[](DecodeArgs& a) { a.extra_kv_row_stride = 600; },
+       "extra_kv_row_stride: got 600, must be >= the cache record's bytes = 656"},
+      {[](DecodeArgs& a) {
+         a.extra_kv_row_stride = 664;
+         a.extra_kv_page_stride = 16 * 672;
+       },
+       "extra_kv_row_stride: got 664 elements, must be a multiple of 16"},
+      {[](DecodeArgs& a) { a.extra_kv_page_stride = 15 * 656; },
+       "extra_kv_page_stride: got 9840, must be >= extra_page_block_size * "
+       "extra_kv_row_stride = 10496"},
+      {[](DecodeArgs& a) { a.extra_kv = 0x60000008; }, "extra_kv: 0x60000008 is not 16-byte"},
+      {[](DecodeArgs& a) { a.extra_indices = 0x68000002; }, "extra_indices: 0x68000002 is not"},
+      {[](DecodeArgs& a) { a.extra_topk_length = 0x6c000001; },
+       "extra_topk_length: 0x6c000001 is not"},
+      {[](DecodeArgs& a) { a.extra_indices_stride = 127; },
+       "extra_indices_stride: got 127, must be >= extra_topk = 128"},
+  };
+  for (const Case& c : cases) {
+    DecodeArgs a = ValidArgsWithExtraCache();
+    c.change(a);
+    const absl::Status s = ValidateDecodeArgs(a, with).status();
+    EXPECT_TRUE(absl::StartsWith(s.message(), c.message_start))
+        << "want \"" << c.message_start << "\", got " << s;
+  }
+  // Kernels built without an extra cache refuse one, naming the field.
+  const v1::Manifest without = ManifestFor(Glm5Tp8(), "sm_90a");
+  for (auto set : {+[](DecodeArgs& a) { a.extra_kv = 0x60000000; },
+                   +[](DecodeArgs& a) { a.extra_indices = 0x68000000; },
+                   +[](DecodeArgs& a) { a.extra_topk_length = 0x6c000000; }}) {
+    DecodeArgs a = ValidArgs();
+    set(a);
+    const absl::Status s = ValidateDecodeArgs(a, without).status();
+    EXPECT_TRUE(absl::StrContains(s.message(),
+                                  "given, but the kernels were built without an extra KV cache"))
+        << s;
+  }
+}
+
 TEST(ValidateDecodeArgs, EmptyManifestIsFailedPrecondition) {
   EXPECT_EQ(ValidateDecodeArgs(ValidArgs(), v1::Manifest()).status().code(),
             absl::StatusCode::kFailedPrecondition);
@@ -529,6 +612,57 @@ TEST(MakeDecodeParams, ClusterLaunchHasNoWorkspaceOrCombine) {
   EXPECT_TRUE(plan.cluster());
   EXPECT_EQ(plan.main_entry(), kClusterEntry);
   EXPECT_EQ(plan.grid_y(), static_cast<uint32_t>(sparse_mla::kClusterSplits));
+}
+
+TEST(MakeDecodeParams, ExtraCacheFieldsAndTheKeySpanSplit) {
+  const v1::Manifest m = ManifestFor(Glm5Tp8WithExtraCache(), "sm_90a");
+  DecodeArgs args = ValidArgsWithExtraCache(64);
+  args.extra_topk_length = 0x6c000000;
+  absl::StatusOr<Selection> sel = PlanOnH200(m, args, 3);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  const sparse_mla::DecodeParams p = MakeDecodeParams(*sel, args, 0x70000000);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(p.extra_kv), args.extra_kv);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(p.extra_indices), args.extra_indices);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(p.extra_topk_length), args.extra_topk_length);
+  EXPECT_EQ(p.extra_kv_page_stride, args.extra_kv_page_stride);
+  EXPECT_EQ(p.extra_kv_row_stride, args.extra_kv_row_stride);
+  EXPECT_EQ(p.extra_num_kv_slots, args.extra_num_kv_slots);
+  EXPECT_EQ(p.extra_indices_stride, args.extra_indices_stride);
+  // Three splits cover the 2048 top-k keys and the 128 extra ones, whole
+  // tiles each: KeySpan(2048, 128, tile).
+  const int tile = static_cast<int>(sel->launch->split_granularity_tokens());
+  const int keys = sparse_mla::KeySpan(2048, 128, tile);
+  EXPECT_EQ(keys, 2048 + 128);  // 2048 is whole tiles already
+  EXPECT_GE(3 * p.tokens_per_split, keys);
+  EXPECT_EQ(p.tokens_per_split % tile, 0);
+  EXPECT_LT(2 * p.tokens_per_split, keys);
+  // The most splits: one tile each over the span.
+  EXPECT_EQ(MaxSplits(m.variants(0).spec(), m.variants(0).launch()),
+            (keys + static_cast<int>(m.variants(0).launch().split_granularity_tokens()) - 1) /
+                static_cast<int>(m.variants(0).launch().split_granularity_tokens()));
+  // Without one, the extra fields stay null.
+  const v1::Manifest plain = ManifestFor(Glm5Tp8(), "sm_90a");
+  absl::StatusOr<Selection> plain_sel = PlanOnH200(plain, ValidArgs(64));
+  ASSERT_TRUE(plain_sel.ok()) << plain_sel.status();
+  const sparse_mla::DecodeParams q = MakeDecodeParams(*plain_sel, ValidArgs(64), 0);
+  EXPECT_EQ(q.extra_kv, nullptr);
+  EXPECT_EQ(q.extra_indices, nullptr);
+  EXPECT_EQ(q.extra_num_kv_slots, 0);
+}
+
+TEST(KeySpan, PadsTheTopkListToWholeTilesOnlyBeforeAnExtraList) {
+  EXPECT_EQ(sparse_mla::KeySpan(2048, 0, 64), 2048);
+  EXPECT_EQ(sparse_mla::KeySpan(63, 0, 64), 63);
+  EXPECT_EQ(sparse_mla::MainKeySpan(63, 1, 64), 64);
+  EXPECT_EQ(sparse_mla::KeySpan(63, 1, 64), 65);
+  EXPECT_EQ(sparse_mla::KeySpan(1000, 100, 32), 1024 + 100);
+  // Staging rows of a pipeline: direct (0) only when every cache is.
+  EXPECT_EQ(sparse_mla::PipelineStagingBytes(0, 1152, 0, 0), 0);
+  EXPECT_EQ(sparse_mla::PipelineStagingBytes(0, 1152, 0, 1152), 0);
+  EXPECT_EQ(sparse_mla::PipelineStagingBytes(656, 656, 0, 0), 656);
+  EXPECT_EQ(sparse_mla::PipelineStagingBytes(656, 656, 0, 1152), 1152);
+  EXPECT_EQ(sparse_mla::PipelineStagingBytes(0, 1152, 352, 352), 1152);
+  EXPECT_EQ(sparse_mla::PipelineStagingBytes(592, 584, 352, 352), 592);
 }
 
 TEST(MakeDecodeParams, SplitLaunchUsesTheWorkspaceLayout) {

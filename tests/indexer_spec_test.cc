@@ -85,6 +85,9 @@ TEST(IndexerSpecTest, NamesEachBadFieldWithItsRange) {
   spec = GoodSpec();
   spec.set_softmax_scale(0.5f);
   ExpectProblem(spec, "softmax_scale: got 0.5, supported unset");
+  spec = GoodSpec();
+  spec.mutable_extra_kv()->set_topk(128);
+  ExpectProblem(spec, "extra_kv: got set, supported unset");
 }
 
 TEST(IndexerSpecTest, SparseMlaSpecsMayNotCarryIndexerFields) {

@@ -54,10 +54,11 @@ TEST(CacheKeyTest, IsDeterministic) {
 // the recipe on purpose requires bumping kFormatVersion (so no old cache entry
 // is served under a new meaning) and then updating this literal. Adding a field
 // to AttentionSpec also changes it (by design: every field is hashed; the
-// last change: index_heads and index_head_dim, the DSA indexer's fields).
+// last change: extra_kv, the extra KV cache, and the DSA indexer's index_heads
+// and index_head_dim).
 TEST(CacheKeyTest, GoldenKey) {
   EXPECT_EQ(ComputeCacheKey(GoldenInputs()),
-            "f640cb3123f4eace388ab2202ba417aea61bfbd2e2595f83ff0995fa23e3b92b");
+            "d39e76b85f3e76c54b15c393d22c0ec0b7e111bdb64997985dc624b6f8739335");
 }
 
 TEST(CacheKeyTest, DefaultFormatVersionIsCurrent) {
@@ -106,7 +107,12 @@ v1::AttentionSpec Mutated(const v1::AttentionSpec& spec, const FieldDescriptor* 
       r.SetString(&out, field, r.GetString(out, field) + "x");
       break;
     case FieldDescriptor::CPPTYPE_MESSAGE:
-      ADD_FAILURE() << "extend Mutated() for message field " << field->name();
+      if (field->name() != "extra_kv") {
+        ADD_FAILURE() << "extend Mutated() for message field " << field->name();
+        break;
+      }
+      // Present when absent; else its topk moved.
+      out.mutable_extra_kv()->set_topk(out.extra_kv().topk() + 1);
       break;
   }
   return out;
@@ -162,6 +168,9 @@ TEST(CacheKeyTest, PresenceOfOptionalFieldsChangesTheKey) {
       case FieldDescriptor::CPPTYPE_INT32:
         zero.spec.GetReflection()->SetInt32(&zero.spec, field, 0);
         break;
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        zero.spec.GetReflection()->MutableMessage(&zero.spec, field);  // present, all default
+        break;
       default:
         ADD_FAILURE() << "extend this test for optional field " << field->name();
         continue;
@@ -169,7 +178,7 @@ TEST(CacheKeyTest, PresenceOfOptionalFieldsChangesTheKey) {
     ASSERT_TRUE(zero.spec.GetReflection()->HasField(zero.spec, field));
     EXPECT_NE(ComputeCacheKey(unset), ComputeCacheKey(zero)) << field->name();
   }
-  EXPECT_GE(optional_fields, 1);  // rope_dim
+  EXPECT_GE(optional_fields, 2);  // rope_dim, extra_kv
 }
 
 TEST(CacheKeyTest, NegativeZeroScaleIsADifferentKey) {

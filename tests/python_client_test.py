@@ -1064,10 +1064,14 @@ def info(name, shape, strides=None, dtype="bfloat16", device=("cuda", 0), ptr=1 
 
 # templates/kforge/sparse_mla/config.h DecodeParams / CombineParams.
 DECODE_PARAMS = (("q", "kv", "indices", "out", "lse", "o_accum", "lse_accum", "topk_length",
-                  "sink", "q_token_stride", "q_head_stride", "kv_page_stride", "kv_row_stride",
-                  "num_kv_slots", "indices_stride", "out_token_stride", "out_head_stride",
-                  "num_tokens", "num_splits", "tokens_per_split", "topk_length_tokens"),
-                 "<9Q8q4i")
+                  "sink", "extra_kv", "extra_indices", "extra_topk_length", "q_token_stride",
+                  "q_head_stride", "kv_page_stride", "kv_row_stride", "num_kv_slots",
+                  "indices_stride", "out_token_stride", "out_head_stride",
+                  "extra_kv_page_stride", "extra_kv_row_stride", "extra_num_kv_slots",
+                  "extra_indices_stride", "num_tokens", "num_splits", "tokens_per_split",
+                  "topk_length_tokens"),
+                 "<12Q12q4i")
+DECODE_POINTERS = 12  # the pointer fields, first
 COMBINE_PARAMS = (("o_accum", "lse_accum", "out", "lse", "sink", "out_token_stride",
                    "out_head_stride", "num_tokens", "num_splits", "column_slices", "reserved"),
                   "<5Q2q4i")
@@ -1405,6 +1409,120 @@ class FakeTensor:
         return t
 
 
+class ExtraCachePlanTest(unittest.TestCase):
+    """A spec with an extra KV cache (extra_kv): the tensor mapping fills
+    the extra DecodeArgs, PlanDecode checks them, and PlanCache writes the
+    extra pointers on a hit as PlanDecode would."""
+
+    SCALE = 0.0625
+
+    @classmethod
+    def setUpClass(cls):
+        from kforge import launch
+        cls.launch = launch
+        spec = {"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 8,
+                "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048,
+                "kv_cache_dtype": "KV_CACHE_DTYPE_BF16", "page_block_size": 64,
+                "softmax_scale": cls.SCALE, "return_lse": True,
+                "extra_kv": {"kv_cache_dtype": "KV_CACHE_DTYPE_FP8_DS_MLA",
+                             "kv_scale_format": "KV_SCALE_FORMAT_POW2", "topk": 128,
+                             "page_block_size": 16}}
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(spec, f)
+        try:
+            r = run_kforge("manifest", "--spec", f.name, "--arch", ARCH)
+        finally:
+            os.unlink(f.name)
+        if r.returncode != 0:
+            raise AssertionError(f"kforge manifest failed: {r.stderr}")
+        cls.manifest = json_format.Parse(r.stdout, service_pb2.Manifest())
+        cls.spec = cls.manifest.variants[0].spec
+        cls.device = Device(ARCH, 132)
+        cls.extra_row_bytes = ops.extra_kv_row_bytes_for(cls.spec)
+
+    def make_args(self, q, kv, idx, out, lse, topk_length, sink, scale, extra):
+        return ops.call_args(q, kv, idx, out, lse, scale, 1, None, 0, topk_length=topk_length,
+                             sink=sink, extra=extra, extra_kv_dtype=2,
+                             extra_row_bytes=self.extra_row_bytes)
+
+    def call(self, batch=4, base=1 << 36, x_rows=656, x_topk=128, x_length=None):
+        q = FakeTensor((batch, 1, 8, 576), base)
+        kv = FakeTensor((40, 64, 576), base + (1 << 32))
+        idx = FakeTensor((batch, 1, 2048), base + (2 << 32), I32)
+        out = FakeTensor((batch, 1, 8, 512), base + (3 << 32))
+        lse = FakeTensor((batch, 1, 8), base + (4 << 32), FP32)
+        x_kv = FakeTensor((30, 16, x_rows), base + (7 << 32), U8,
+                          strides=(16 * x_rows + 64, x_rows, 1))
+        x_idx = FakeTensor((batch, 1, x_topk), base + (8 << 32), I32)
+        x_len = FakeTensor(x_length, base + (9 << 32), I32) if x_length else None
+        return [q, kv, idx, out, lse, None, None], (x_kv, x_idx, x_len)
+
+    def test_record_size_of_the_extra_format(self):
+        self.assertEqual(self.extra_row_bytes, 656)
+        self.assertIsNone(ops.extra_kv_row_bytes_for(cli_manifest("glm-5", 8, ARCH, 1)
+                                                     .variants[0].spec))
+
+    def test_the_mapping_fills_the_extra_fields_and_plan_decode_takes_them(self):
+        tensors, extra = self.call(x_length=(4,))
+        args = self.make_args(*tensors, self.SCALE, extra)
+        self.assertEqual(args.extra_kv, extra[0].data_ptr())
+        self.assertEqual(args.extra_indices, extra[1].data_ptr())
+        self.assertEqual(args.extra_topk_length, extra[2].data_ptr())
+        self.assertEqual((args.extra_topk, args.extra_page_block_size, args.extra_num_kv_slots),
+                         (128, 16, 30 * 16))
+        self.assertEqual((args.extra_kv_row_stride, args.extra_kv_page_stride),
+                         (656, 16 * 656 + 64))
+        self.assertEqual(args.extra_indices_stride, 128)
+        self.assertEqual(args.extra_kv_dtype, 2)
+        plan_decode(self.manifest, self.device, args, 1 << 40)
+        # Without the extra cache PlanDecode names the missing pointer.
+        with self.assertRaisesRegex(ValueError, "extra_kv: null"):
+            plan_decode(self.manifest, self.device, self.make_args(*tensors, self.SCALE, None))
+
+    def test_bad_extra_tensors_are_named(self):
+        tensors, (x_kv, x_idx, x_len) = self.call()
+        cases = (
+            ((x_kv.at(dtype=BF16), x_idx, None), TypeError, "extra_kv_cache"),
+            ((x_kv.at(shape=(30, 16, 600), strides=(16 * 600, 600, 1)), x_idx, None), ValueError,
+             "extra_kv_cache: records of 600 bytes"),
+            ((x_kv, x_idx.at(shape=(3, 1, 128)), None), ValueError, "extra_indices"),
+            ((x_kv, x_idx.at(dtype=FP32), None), TypeError, "extra_indices"),
+            ((x_kv, x_idx, FakeTensor((5,), 1 << 40, I32)), ValueError, "extra_topk_length"),
+        )
+        for extra, error, text in cases:
+            with self.subTest(text=text):
+                with self.assertRaisesRegex(error, text):
+                    self.make_args(*tensors, self.SCALE, extra)
+        # A topk_length per request and an extra_topk_length per token
+        # cannot share DecodeArgs.topk_length_tokens.
+        q = FakeTensor((4, 2, 8, 576), 1 << 36)
+        idx = FakeTensor((4, 2, 2048), 3 << 36, I32)
+        out = FakeTensor((4, 2, 8, 512), 4 << 36)
+        x_idx2 = FakeTensor((4, 2, 128), 5 << 36, I32)
+        with self.assertRaisesRegex(ValueError, "both per token or both per request"):
+            self.make_args(q, tensors[1], idx, out, None, FakeTensor((4,), 6 << 36, I32), None,
+                           self.SCALE, (x_kv, x_idx2, FakeTensor((4, 2), 7 << 36, I32)))
+
+    def test_hits_write_the_extra_pointers(self):
+        cache = self.launch.PlanCache(self.manifest, self.device, self.make_args)
+        tensors, extra = self.call(batch=64, x_length=(64,))
+        plan, pointers = cache.lookup(*tensors, self.SCALE, extra)
+        for shift in (512, 1 << 20, 3 << 30):
+            moved = [t.at(t.data_ptr() + shift) if t else None for t in tensors]
+            x_moved = tuple(t.at(t.data_ptr() + 2 * shift) for t in extra)
+            again, pointers = cache.lookup(*moved, self.SCALE, x_moved)
+            self.assertIs(again, plan)
+            self.assertEqual(cache.misses, 1)
+            workspace = 1 << 41 if plan.workspace_bytes else 0
+            plan.bind(pointers, workspace)
+            want = plan_decode(self.manifest, self.device,
+                               self.make_args(*moved, self.SCALE, x_moved), workspace)
+            self.assertEqual(plan.blocks(), (want.main_params, want.combine_params))
+        # No extra_topk_length: another signature.
+        cache.lookup(*tensors, self.SCALE, extra[:2] + (None,))
+        self.assertEqual(cache.misses, 2)
+
+
 class PlanCacheTest(unittest.TestCase):
     """kforge.launch.PlanCache as SparseMlaDecoder uses it (same make_args),
     on tensor metadata: a cached plan serves only calls whose every checked
@@ -1421,9 +1539,9 @@ class PlanCacheTest(unittest.TestCase):
         cls.rng = random.Random(11)
 
     def cache(self):
-        def make_args(q, kv, idx, out, lse, topk_length, sink, scale):
+        def make_args(q, kv, idx, out, lse, topk_length, sink, scale, extra):
             return ops.call_args(q, kv, idx, out, lse, scale, 1, None, 0,
-                                 topk_length=topk_length, sink=sink)
+                                 topk_length=topk_length, sink=sink, extra=extra)
         return self.launch.PlanCache(self.manifest, self.device, make_args)
 
     def call(self, batch=32, lse=True, base=1 << 36, s_q=1, topk_length=None, sink=False):
@@ -1629,17 +1747,18 @@ class PlanCacheTest(unittest.TestCase):
         self.check_hit(cache, self.call(32), 1)
 
     def test_offsets_and_modulus_from_the_library(self):
-        # templates/kforge/sparse_mla/config.h: nine pointers first in
+        # templates/kforge/sparse_mla/config.h: twelve pointers first in
         # DecodeParams, five in CombineParams.
-        self.assertEqual([_capi.offsetof("DecodeParams", f) for f in DECODE_PARAMS[0][:9]],
-                         list(range(0, 72, 8)))
+        self.assertEqual([_capi.offsetof("DecodeParams", f)
+                          for f in DECODE_PARAMS[0][:DECODE_POINTERS]],
+                         list(range(0, 8 * DECODE_POINTERS, 8)))
         self.assertEqual([_capi.offsetof("CombineParams", f) for f in COMBINE_PARAMS[0][:5]],
                          [0, 8, 16, 24, 32])
         self.assertEqual(param_sizes(), (struct.calcsize(DECODE_PARAMS[1]),
                                          struct.calcsize(COMBINE_PARAMS[1])))
         # Every pointer field of a block is one kforge.launch writes.
         self.assertEqual(sorted(f for f, _ in self.launch._MAIN_FIELDS),
-                         sorted(DECODE_PARAMS[0][:9]))
+                         sorted(DECODE_PARAMS[0][:DECODE_POINTERS]))
         self.assertEqual(sorted(f for f, _ in self.launch._COMBINE_FIELDS),
                          sorted(COMBINE_PARAMS[0][:5]))
         self.assertEqual(ctypes.sizeof(_capi.DecodeArgs), _capi.lib().kforge_sizeof(

@@ -68,6 +68,13 @@ TEST_P(ValidateSpecTest, Field) {
 }
 
 using S = v1::AttentionSpec;
+
+void SetExtra(S& s, v1::KvCacheDtype dtype, uint32_t topk, uint32_t page_block_size) {
+  v1::ExtraKvCache* x = s.mutable_extra_kv();
+  x->set_kv_cache_dtype(dtype);
+  x->set_topk(topk);
+  x->set_page_block_size(page_block_size);
+}
 const float kNan = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
 
@@ -200,7 +207,51 @@ INSTANTIATE_TEST_SUITE_P(
         FieldCase{"ScaleNegInf", "softmax_scale", "-inf", [](S& s) { s.set_softmax_scale(-kInf); }},
         // return_lse
         FieldCase{"LseFalse", "", "", [](S& s) { s.set_return_lse(false); }},
-        FieldCase{"LseTrue", "", "", [](S& s) { s.set_return_lse(true); }}),
+        FieldCase{"LseTrue", "", "", [](S& s) { s.set_return_lse(true); }},
+        // extra_kv: a second cache of its own format, page size and topk.
+        FieldCase{"ExtraBf16", "", "", [](S& s) { SetExtra(s, v1::KV_CACHE_DTYPE_BF16, 128, 64); }},
+        FieldCase{"ExtraFp8OfItsOwnScales", "", "",
+                  [](S& s) {
+                    SetExtra(s, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 1, 16);
+                    s.mutable_extra_kv()->set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
+                  }},
+        FieldCase{"ExtraNvfp4BesideFp8", "", "",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+                    s.set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+                    SetExtra(s, v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, 16384, 4096);
+                  }},
+        FieldCase{"ExtraV4BesideV4", "", "",
+                  [](S& s) {
+                    s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4);
+                    s.set_rope_dim(0);
+                    SetExtra(s, v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, 128, 64);
+                  }},
+        FieldCase{"ExtraEmpty", "extra_kv.kv_cache_dtype", "KV_CACHE_DTYPE_UNSPECIFIED",
+                  [](S& s) {
+                    SetExtra(s, v1::KV_CACHE_DTYPE_UNSPECIFIED, 1, 1);
+                  }},
+        FieldCase{"ExtraTopk0", "extra_kv.topk", "0",
+                  [](S& s) { SetExtra(s, v1::KV_CACHE_DTYPE_BF16, 0, 64); }},
+        FieldCase{"ExtraTopk16385", "extra_kv.topk", "16385",
+                  [](S& s) { SetExtra(s, v1::KV_CACHE_DTYPE_BF16, 16385, 64); }},
+        FieldCase{"ExtraPage0", "extra_kv.page_block_size", "0",
+                  [](S& s) { SetExtra(s, v1::KV_CACHE_DTYPE_BF16, 8, 0); }},
+        FieldCase{"ExtraPage4097", "extra_kv.page_block_size", "4097",
+                  [](S& s) { SetExtra(s, v1::KV_CACHE_DTYPE_BF16, 8, 4097); }},
+        FieldCase{"ExtraFp8WithoutScaleFormat", "extra_kv.kv_scale_format",
+                  "KV_SCALE_FORMAT_UNSPECIFIED",
+                  [](S& s) { SetExtra(s, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 8, 64); }},
+        FieldCase{"ExtraBf16WithScaleFormat", "extra_kv.kv_scale_format", "KV_SCALE_FORMAT_POW2",
+                  [](S& s) {
+                    SetExtra(s, v1::KV_CACHE_DTYPE_BF16, 8, 64);
+                    s.mutable_extra_kv()->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+                  }},
+        // The extra cache has the spec's geometry: a V4 record needs rope 0.
+        FieldCase{"ExtraV4WithRope", "rope_dim", "64",
+                  [](S& s) { SetExtra(s, v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, 8, 64); }},
+        FieldCase{"ExtraDtypeOutOfRange", "extra_kv.kv_cache_dtype", "9",
+                  [](S& s) { SetExtra(s, static_cast<v1::KvCacheDtype>(9), 8, 64); }}),
     [](const ::testing::TestParamInfo<FieldCase>& info) { return info.param.name; });
 
 // The one table of KV formats: each row's name parses back to it, prints

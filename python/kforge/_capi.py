@@ -24,7 +24,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 5  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 6  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -57,7 +57,15 @@ class DecodeArgs(ctypes.Structure):
                 [(name, ctypes.c_int64) for name in
                  ("num_kv_slots", "q_token_stride", "q_head_stride", "kv_page_stride",
                   "kv_row_stride", "indices_stride", "out_token_stride", "out_head_stride")] +
-                [("softmax_scale", ctypes.c_double)])
+                [("softmax_scale", ctypes.c_double)] +
+                # The extra KV cache (spec extra_kv); all 0 without one.
+                [(name, ctypes.c_uint64) for name in
+                 ("extra_kv", "extra_indices", "extra_topk_length")] +
+                [(name, ctypes.c_int32) for name in
+                 ("extra_topk", "extra_page_block_size", "extra_kv_dtype", "extra_reserved")] +
+                [(name, ctypes.c_int64) for name in
+                 ("extra_num_kv_slots", "extra_kv_page_stride", "extra_kv_row_stride",
+                  "extra_indices_stride")])
 
 
 # (name, argument types) of every function; each returns int32 except where

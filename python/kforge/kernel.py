@@ -17,7 +17,7 @@ from kforge import _capi
 from kforge._proto import pb
 from kforge.errors import KforgeError
 from kforge.ops import (LoadedKernel, _torch, check_decode_inputs, cuda_device, decode_args,
-                        kv_row_bytes_for, tensor_info)
+                        extra_kv_row_bytes_for, kv_row_bytes_for, tensor_info)
 from kforge.plan import Device, ManifestRef, Shape, plan_decode, select
 
 
@@ -93,29 +93,39 @@ class Kernel:
                 if need else None)
 
     def plan(self, q, kv, indices, out, lse=None, num_splits=None, workspace=None, *,
-             topk_length=None, sink=None):
+             topk_length=None, sink=None, extra_kv_cache=None, extra_indices=None,
+             extra_topk_length=None):
         """The Selection PlanDecode makes for these tensors (q [tokens,
         heads, d_qk] or [batch, s_q, heads, d_qk]; kv paged 3-/4-dim or
         [num_slots, d_qk]; indices and out to match; lse contiguous or
-        None; topk_length and sink as SparseMlaDecoder takes them, or
-        None), for a workspace tensor (or device address) when it splits."""
+        None; topk_length, sink and the extra cache's tensors as
+        SparseMlaDecoder takes them, or None), for a workspace tensor (or
+        device address) when it splits."""
         dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv", kv),
                                    tensor_info("indices", indices),
                                    page_block_size=self.spec.page_block_size,
                                    kv_row_bytes=self._kv_row_bytes)
+        extra = None
+        if extra_kv_cache is not None or extra_indices is not None:
+            extra = (extra_kv_cache, extra_indices, extra_topk_length)
         args = decode_args(q, kv, indices, dims, out, lse, self.spec.softmax_scale,
                            self.spec.kv_cache_dtype, kv_name="kv", topk_length=topk_length,
-                           sink=sink)
+                           sink=sink, extra=extra,
+                           extra_kv_dtype=(int(self.spec.extra_kv.kv_cache_dtype)
+                                           if self.spec.HasField("extra_kv") else 0),
+                           extra_row_bytes=extra_kv_row_bytes_for(self.spec))
         ws = workspace.data_ptr() if hasattr(workspace, "data_ptr") else int(workspace or 0)
         return plan_decode(self._manifest, self._device(num_splits), args, ws)
 
     def __call__(self, q, kv, indices, out, lse=None, num_splits=None, workspace=None, *,
-                 topk_length=None, sink=None):
+                 topk_length=None, sink=None, extra_kv_cache=None, extra_indices=None,
+                 extra_topk_length=None):
         """Launches on torch's current stream; a workspace is allocated
         from torch's caching allocator when none is given and the launch
         splits. Returns the Selection launched."""
         torch = self._torch
-        opts = dict(topk_length=topk_length, sink=sink)
+        opts = dict(topk_length=topk_length, sink=sink, extra_kv_cache=extra_kv_cache,
+                    extra_indices=extra_indices, extra_topk_length=extra_topk_length)
         sel = self.plan(q, kv, indices, out, lse, num_splits, workspace, **opts)
         if sel.needs_combine and workspace is None:
             workspace = torch.empty(sel.workspace_bytes, dtype=torch.uint8, device=self.device)

@@ -72,6 +72,18 @@ _E2M1_BOUNDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, 
                 (3.5, True), (5.0, False))
 
 
+def record_name(kv_cache_dtype):
+    """This module's name for a KvCacheDtype value ("fp8_ds_mla_v4", ...),
+    from the enum's own name in spec.proto (KV_CACHE_DTYPE_FP8_DS_MLA_V4);
+    None for bf16, fp8_ds_mla and any other dtype."""
+    from kforge._proto import pb
+    enum = pb().spec_pb2.KvCacheDtype
+    if int(kv_cache_dtype) not in enum.values():
+        return None
+    name = enum.Name(int(kv_cache_dtype)).lower().removeprefix("kv_cache_dtype_")
+    return name if name in RECORD_BYTES else None
+
+
 def _torch():
     import torch  # an engine dependency, not the package's
     return torch

@@ -27,14 +27,14 @@ from kforge.errors import KforgeError
 from kforge.plan import plan_decode
 
 # A call's pointers, in the order every tuple of pointers here has them
-# (DecodeArgs' field names; lse, topk_length and sink 0 when absent); index
-# 7 is the workspace.
-POINTERS = ("q", "kv", "indices", "out", "lse", "topk_length", "sink")
+# (DecodeArgs' field names; each from lse on 0 when absent); the index
+# after the last is the workspace.
+POINTERS = ("q", "kv", "indices", "out", "lse", "topk_length", "sink", "extra_kv",
+            "extra_indices", "extra_topk_length")
 _WORKSPACE = len(POINTERS)
 # Each pointer field of the parameter blocks and what it holds.
-_MAIN_FIELDS = (("q", 0), ("kv", 1), ("indices", 2), ("out", 3), ("lse", 4),
-                ("topk_length", 5), ("sink", 6),
-                ("o_accum", _WORKSPACE), ("lse_accum", _WORKSPACE))
+_MAIN_FIELDS = tuple((name, i) for i, name in enumerate(POINTERS)) + (
+    ("o_accum", _WORKSPACE), ("lse_accum", _WORKSPACE))
 _COMBINE_FIELDS = (("o_accum", _WORKSPACE), ("lse_accum", _WORKSPACE), ("out", 3), ("lse", 4),
                    ("sink", 6))
 _WORD = struct.Struct("=Q")
@@ -119,9 +119,8 @@ class BoundPlan:
         self.lock = threading.Lock()
 
     def bind(self, pointers, workspace=0):
-        """Writes pointers (q, kv, indices, out, lse, topk_length, sink;
-        each of the last three 0 when absent) and the workspace address
-        into both blocks."""
+        """Writes pointers (POINTERS' order; each from lse on 0 when
+        absent) and the workspace address into both blocks."""
         values = (*pointers, workspace)
         self.main.write(values)
         if self.combine is not None:
@@ -140,13 +139,22 @@ def _launch_fields(plan):
     return copy
 
 
+def _optional_key(t, m):
+    """(key, pointer) of an optional tensor of a call (None: absent)."""
+    if t is None:
+        return None, 0
+    p = t.data_ptr()
+    return (t.shape, t.stride(), t.dtype, t.device, p % m if p else -1), p
+
+
 class PlanCache:
     """Plans of one decoder (manifest, device) by call signature.
 
-    make_args(q, kv, indices, out, lse, topk_length, sink, scale) ->
+    make_args(q, kv, indices, out, lse, topk_length, sink, scale, extra) ->
     kforge._capi.DecodeArgs maps a call's tensors (lse, topk_length and
-    sink may be None; raising TypeError / ValueError for what the mapping
-    cannot express); kernel_for(variant) -> the loaded kernel a
+    sink may be None; extra None or (extra_kv, extra_indices,
+    extra_topk_length or None); raising TypeError / ValueError for what the
+    mapping cannot express); kernel_for(variant) -> the loaded kernel a
     plan launches (stored as plan.kernel), or None."""
 
     def __init__(self, manifest, device, make_args, kernel_for=None, max_plans=4096):
@@ -163,42 +171,36 @@ class PlanCache:
     def __len__(self):
         return len(self._plans)
 
-    def lookup(self, q, kv, indices, out, lse, topk_length, sink, scale):
+    def lookup(self, q, kv, indices, out, lse, topk_length, sink, scale, extra=None):
         """(BoundPlan, pointers) for one call (lse, topk_length, sink may
-        be None); scale a float. Plans (and checks) the call with
-        PlanDecode when its signature is new."""
+        be None; extra as make_args takes it); scale a float. Plans (and
+        checks) the call with PlanDecode when its signature is new."""
         m = self.modulus
         qp, kp, ip, op = q.data_ptr(), kv.data_ptr(), indices.data_ptr(), out.data_ptr()
-        if lse is None:
-            lp, lse_key = 0, None
+        lse_key, lp = _optional_key(lse, m)
+        topk_key, tp = _optional_key(topk_length, m)
+        sink_key, sp = _optional_key(sink, m)
+        if extra is None:
+            extra_key, xp = None, (0, 0, 0)
         else:
-            lp = lse.data_ptr()
-            lse_key = (lse.shape, lse.stride(), lse.dtype, lse.device, lp % m if lp else -1)
-        if topk_length is None:
-            tp, topk_key = 0, None
-        else:
-            tp = topk_length.data_ptr()
-            topk_key = (topk_length.shape, topk_length.stride(), topk_length.dtype,
-                        topk_length.device, tp % m if tp else -1)
-        if sink is None:
-            sp, sink_key = 0, None
-        else:
-            sp = sink.data_ptr()
-            sink_key = (sink.shape, sink.stride(), sink.dtype, sink.device, sp % m if sp else -1)
+            keys = [_optional_key(t, m) for t in extra]
+            extra_key = tuple(k for k, _ in keys)
+            xp = tuple(p for _, p in keys)
         key = (q.shape, q.stride(), q.dtype, q.device, qp % m if qp else -1,
                kv.shape, kv.stride(), kv.dtype, kv.device, kp % m if kp else -1,
                indices.shape, indices.stride(), indices.dtype, indices.device,
                ip % m if ip else -1,
                out.shape, out.stride(), out.dtype, out.device, op % m if op else -1,
-               lse_key, topk_key, sink_key, scale)
-        pointers = (qp, kp, ip, op, lp, tp, sp)
+               lse_key, topk_key, sink_key, extra_key, scale)
+        pointers = (qp, kp, ip, op, lp, tp, sp, *xp)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plan(key, q, kv, indices, out, lse, topk_length, sink, scale, pointers)
+            plan = self._plan(key, q, kv, indices, out, lse, topk_length, sink, scale, extra,
+                              pointers)
         return plan, pointers
 
-    def _plan(self, key, q, kv, indices, out, lse, topk_length, sink, scale, pointers):
-        args = self._make_args(q, kv, indices, out, lse, topk_length, sink, scale)
+    def _plan(self, key, q, kv, indices, out, lse, topk_length, sink, scale, extra, pointers):
+        args = self._make_args(q, kv, indices, out, lse, topk_length, sink, scale, extra)
         if tuple(getattr(args, name) for name in POINTERS) != pointers:
             raise KforgeError("make_args put other pointers in DecodeArgs than the tensors'")
         sel = plan_decode(self._manifest, self._device, args, 0)
@@ -212,7 +214,7 @@ class PlanCache:
         if self._kernel_for is not None:
             kernel = self._kernel_for(sel.variant)
             if self.note_kernel(kernel):
-                return self._plan(key, q, kv, indices, out, lse, topk_length, sink, scale,
+                return self._plan(key, q, kv, indices, out, lse, topk_length, sink, scale, extra,
                                   pointers)
             plan.kernel = kernel
         with self._lock:

@@ -162,6 +162,44 @@ def _check_device(infos):
                              f"{first.name} on cuda:{first.device[1]}; all must be on one GPU")
 
 
+def _cache_layout(kv, page_block_size):
+    """(page_block_size, row stride, page stride, slots) of a paged cache
+    [num_pages, page_block_size, (1,) row] or [num_slots, row] (with
+    page_block_size given)."""
+    if len(kv.shape) == 2:
+        if page_block_size is None:
+            raise ValueError(f"{kv.name}: a 2-dim cache [num_slots, d_qk] needs the page size")
+        row = kv.strides[0]
+        return page_block_size, row, row * page_block_size, kv.shape[0]
+    return kv.shape[1], kv.strides[1], kv.strides[0], kv.shape[0] * kv.shape[1]
+
+
+def _check_cache(kv, d_qk, kv_row_bytes):
+    """A cache's dtype, dims and row width: bf16 rows of d_qk, or uint8
+    records of kv_row_bytes (a quantised format's)."""
+    if kv_row_bytes is not None:
+        _check_dtype(kv, "uint8")
+    elif kv.dtype == "uint8":
+        raise TypeError(f"{kv.name}: a uint8 (quantised record) cache needs a decoder built "
+                        "for its format (SparseMlaDecoder(..., kv_dtype='fp8_ds_mla'), or "
+                        "'fp8_ds_mla_v4', 'mxfp8_ds_mla_v41', 'nvfp4_ds_mla', or a spec with "
+                        "that kv_cache_dtype)")
+    else:
+        _check_dtype(kv, "bfloat16")
+    _check_ndim(kv, (2, 3, 4), "[num_pages, page_block_size, d_qk] or "
+                               "[num_pages, page_block_size, 1, d_qk]")
+    if len(kv.shape) == 4 and kv.shape[2] != 1:
+        raise ValueError(f"{kv.name}: a 4-dim cache is [num_pages, page_block_size, 1, d_qk] "
+                         f"(one latent KV head), got shape {list(kv.shape)}")
+    if kv_row_bytes is not None:
+        if kv.shape[-1] != kv_row_bytes:
+            raise ValueError(f"{kv.name}: records of {kv.shape[-1]} bytes, the spec's "
+                             f"record is {kv_row_bytes}")
+    elif kv.shape[-1] != d_qk:
+        raise ValueError(f"{kv.name}: rows of {kv.shape[-1]} values, q has d_qk {d_qk}")
+    _check_last_dim(kv)
+
+
 def check_decode_inputs(q, kv, indices, page_block_size=None, kv_row_bytes=None):
     """DecodeDims of (q, kv_cache, indices) given as TensorInfo. q is
     [batch, s_q, heads, d_qk] (or [tokens, heads, d_qk]); kv_cache
@@ -173,50 +211,49 @@ def check_decode_inputs(q, kv, indices, page_block_size=None, kv_row_bytes=None)
     layout this mapping cannot express; everything else is PlanDecode's to
     judge."""
     _check_dtype(q, "bfloat16")
-    if kv_row_bytes is not None:
-        _check_dtype(kv, "uint8")
-    elif kv.dtype == "uint8":
-        raise TypeError(f"{kv.name}: a uint8 (quantised record) cache needs a decoder built "
-                        "for its format (SparseMlaDecoder(..., kv_dtype='fp8_ds_mla'), or "
-                        "'fp8_ds_mla_v4', 'mxfp8_ds_mla_v41', 'nvfp4_ds_mla', or a spec with "
-                        "that kv_cache_dtype)")
-    else:
-        _check_dtype(kv, "bfloat16")
     _check_dtype(indices, "int32")
     _check_device([q, kv, indices])
     _check_ndim(q, (3, 4), "[batch, s_q, heads, d_qk]")
-    _check_ndim(kv, (2, 3, 4), "[num_pages, page_block_size, d_qk] or "
-                               "[num_pages, page_block_size, 1, d_qk]")
     _check_ndim(indices, (len(q.shape) - 1,), "[batch, s_q, topk]")
     (batch, s_q), q_token = _tokens(q, 4)
     heads, d_qk = q.shape[-2:]
-    if len(kv.shape) == 4 and kv.shape[2] != 1:
-        raise ValueError(f"{kv.name}: a 4-dim cache is [num_pages, page_block_size, 1, d_qk] "
-                         f"(one latent KV head), got shape {list(kv.shape)}")
-    if kv_row_bytes is not None:
-        if kv.shape[-1] != kv_row_bytes:
-            raise ValueError(f"{kv.name}: records of {kv.shape[-1]} bytes, the spec's "
-                             f"record is {kv_row_bytes}")
-    elif kv.shape[-1] != d_qk:
-        raise ValueError(f"{kv.name}: rows of {kv.shape[-1]} values, {q.name} has d_qk {d_qk}")
-    idx_tokens, idx_stride = _tokens(indices, 3)
-    if idx_tokens != (batch, s_q):
-        raise ValueError(f"{indices.name}: shape {list(indices.shape)} does not start with "
-                         f"{q.name}'s [batch, s_q] = {[batch, s_q]}")
-    for info in (q, kv, indices):
-        _check_last_dim(info)
-    if len(kv.shape) == 2:
-        if page_block_size is None:
-            raise ValueError(f"{kv.name}: a 2-dim cache [num_slots, d_qk] needs the page size")
-        pbs, row = page_block_size, kv.strides[0]
-        slots, page = kv.shape[0], row * page_block_size
-    else:
-        pbs, row, page = kv.shape[1], kv.strides[1], kv.strides[0]
-        slots = kv.shape[0] * kv.shape[1]
+    _check_cache(kv, d_qk, kv_row_bytes)
+    idx_stride = _check_indices(indices, q, batch, s_q)
+    _check_last_dim(q)
+    pbs, row, page, slots = _cache_layout(kv, page_block_size)
     return DecodeDims(batch=batch, s_q=s_q, heads=heads, d_qk=d_qk, topk=indices.shape[-1],
                       num_kv_slots=slots, page_block_size=pbs, device=q.device,
                       q_token_stride=q_token, q_head_stride=q.strides[-2],
                       kv_page_stride=page, kv_row_stride=row, indices_token_stride=idx_stride)
+
+
+def _check_indices(indices, q, batch, s_q):
+    """The token stride of an int32 index tensor [batch, s_q, n] (or
+    [tokens, n]) of q's tokens."""
+    idx_tokens, idx_stride = _tokens(indices, 3)
+    if idx_tokens != (batch, s_q):
+        raise ValueError(f"{indices.name}: shape {list(indices.shape)} does not start with "
+                         f"{q.name}'s [batch, s_q] = {[batch, s_q]}")
+    _check_last_dim(indices)
+    return idx_stride
+
+
+def check_extra_inputs(q, extra_kv, extra_indices, dims, kv_row_bytes=None):
+    """The extra cache's DecodeArgs fields (a dict, pointers but
+    extra_topk_length included) for TensorInfos extra_kv (a paged cache as
+    check_decode_inputs takes kv, of the decoder's extra format:
+    kv_row_bytes for a quantised one) and extra_indices ([batch, s_q,
+    extra_topk] int32, slots of the extra cache) beside q's `dims`."""
+    _check_dtype(extra_indices, "int32")
+    _check_device([q, extra_kv, extra_indices])
+    _check_ndim(extra_indices, (len(q.shape) - 1,), "[batch, s_q, extra_topk]")
+    _check_cache(extra_kv, dims.d_qk, kv_row_bytes)
+    stride = _check_indices(extra_indices, q, dims.batch, dims.s_q)
+    pbs, row, page, slots = _cache_layout(extra_kv, None)
+    return dict(extra_kv=extra_kv.data_ptr, extra_indices=extra_indices.data_ptr,
+                extra_topk=extra_indices.shape[-1], extra_page_block_size=pbs,
+                extra_num_kv_slots=slots, extra_kv_page_stride=page, extra_kv_row_stride=row,
+                extra_indices_stride=stride)
 
 
 def _device_name(device):
@@ -533,11 +570,15 @@ def cuda_device(torch, device):
 
 
 def decode_args(q, kv, indices, dims, out, lse, softmax_scale, kv_dtype, kv_name="kv_cache",
-                *, topk_length=None, sink=None):
+                *, topk_length=None, sink=None, extra=None, extra_kv_dtype=0,
+                extra_row_bytes=None):
     """The C DecodeArgs for these tensors (checked by check_decode_inputs
     into `dims`); out, lse, topk_length and sink (each of the last three
-    may be None) are checked against dims here. Every rule about them
-    beyond tensor metadata is PlanDecode's, in C++."""
+    may be None) are checked against dims here, and so is `extra`: None, or
+    (extra_kv_cache, extra_indices, extra_topk_length or None) for a
+    decoder built with an extra cache of extra_kv_dtype (extra_row_bytes
+    for a quantised one). Every rule about them beyond tensor metadata is
+    PlanDecode's, in C++."""
     out_info = tensor_info("out", out)
     out_strides = check_out(out_info, dims)
     lse_ptr = topk_length_ptr = sink_ptr = topk_length_tokens = 0
@@ -550,25 +591,61 @@ def decode_args(q, kv, indices, dims, out, lse, softmax_scale, kv_dtype, kv_name
     if sink is not None:
         check_sink(tensor_info("sink", sink), dims)
         sink_ptr = sink.data_ptr()
-    return make_decode_args(tensor_info("q", q), tensor_info(kv_name, kv),
+    extra_fields = {}
+    if extra is not None:
+        x_kv, x_indices, x_length = extra
+        extra_fields = check_extra_inputs(tensor_info("q", q),
+                                          tensor_info("extra_kv_cache", x_kv),
+                                          tensor_info("extra_indices", x_indices), dims,
+                                          extra_row_bytes)
+        extra_fields["extra_kv_dtype"] = extra_kv_dtype
+        if x_length is not None:
+            tokens = check_topk_length(tensor_info("extra_topk_length", x_length), dims)
+            # One topk_length_tokens serves both lists (DecodeArgs).
+            if topk_length_tokens and tokens != topk_length_tokens:
+                raise ValueError("extra_topk_length: one length per request and topk_length one "
+                                 "per query token (or the other way round); give both per "
+                                 "token or both per request")
+            topk_length_tokens = tokens
+            extra_fields["extra_topk_length"] = x_length.data_ptr()
+    args = make_decode_args(tensor_info("q", q), tensor_info(kv_name, kv),
                             tensor_info("indices", indices), dims, out_info, out_strides,
                             lse_ptr, softmax_scale, kv_dtype, topk_length_ptr, sink_ptr,
                             topk_length_tokens)
+    for name, value in extra_fields.items():
+        setattr(args, name, value)
+    return args
+
+
+def extra_kv_row_bytes_for(spec):
+    """kv_row_bytes_for of a spec's extra cache (spec.extra_kv), None for a
+    bf16 one or a spec without one."""
+    if not spec.HasField("extra_kv"):
+        return None
+    cache = type(spec)()
+    cache.CopyFrom(spec)
+    cache.ClearField("extra_kv")
+    cache.kv_cache_dtype = spec.extra_kv.kv_cache_dtype
+    cache.kv_scale_format = spec.extra_kv.kv_scale_format
+    return kv_row_bytes_for(cache)
 
 
 def call_args(q, kv_cache, indices, out, lse, softmax_scale, kv_dtype, kv_row_bytes,
-              device_index, *, topk_length=None, sink=None):
+              device_index, *, topk_length=None, sink=None, extra=None, extra_kv_dtype=0,
+              extra_row_bytes=None):
     """DecodeArgs of a decoder's call (its PlanCache's make_args, run once
     per call signature): the tensor mapping's checks here, the rest
     PlanDecode's. kv_row_bytes as kv_row_bytes_for gives it; device_index
-    the decoder's GPU; topk_length and sink optional (None)."""
+    the decoder's GPU; topk_length, sink and extra optional (None; extra
+    as decode_args takes it)."""
     dims = check_decode_inputs(tensor_info("q", q), tensor_info("kv_cache", kv_cache),
                                tensor_info("indices", indices), kv_row_bytes=kv_row_bytes)
     if dims.device != ("cuda", device_index):
         raise ValueError(f"q is on {dims.device[0]}:{dims.device[1]}, this decoder on "
                          f"cuda:{device_index}")
     return decode_args(q, kv_cache, indices, dims, out, lse, softmax_scale, kv_dtype,
-                       topk_length=topk_length, sink=sink)
+                       topk_length=topk_length, sink=sink, extra=extra,
+                       extra_kv_dtype=extra_kv_dtype, extra_row_bytes=extra_row_bytes)
 
 
 class SparseMlaDecoder:
@@ -597,6 +674,9 @@ class SparseMlaDecoder:
         self._device = Device(self.arch, self.sm_count).c_struct()
         self.spec = first_choice(self.manifest).spec
         self._kv_row_bytes = kv_row_bytes_for(self.spec)
+        self._extra_row_bytes = extra_kv_row_bytes_for(self.spec)
+        self._extra_kv_dtype = (int(self.spec.extra_kv.kv_cache_dtype)
+                                if self.spec.HasField("extra_kv") else 0)
         self._kernels = {}
         self._lock = threading.Lock()
         # Plain values for the per-call path (and for torch.compile to read).
@@ -640,20 +720,29 @@ class SparseMlaDecoder:
                 kernel = self._kernels.setdefault(variant.key, kernel)
         return kernel
 
-    def _decode_args(self, q, kv_cache, indices, out, lse, topk_length, sink, scale):
+    def _decode_args(self, q, kv_cache, indices, out, lse, topk_length, sink, scale,
+                     extra=None):
         return call_args(q, kv_cache, indices, out, lse, scale, self.spec.kv_cache_dtype,
-                         self._kv_row_bytes, self._index, topk_length=topk_length, sink=sink)
+                         self._kv_row_bytes, self._index, topk_length=topk_length, sink=sink,
+                         extra=extra, extra_kv_dtype=self._extra_kv_dtype,
+                         extra_row_bytes=self._extra_row_bytes)
 
     def __call__(self, q, kv_cache, indices, softmax_scale=None, *, return_lse=False, out=None,
-                 topk_length=None, sink=None):
+                 topk_length=None, sink=None, extra_kv_cache=None, extra_indices=None,
+                 extra_topk_length=None):
         """out [batch, s_q, heads, d_v] bf16, or (out, lse [batch, s_q,
         heads] fp32) with return_lse. softmax_scale, when given, must be the
         kernel's (1e-6 relative, as PlanDecode checks). topk_length (int32
         [batch, s_q], [batch * s_q] or [batch]) and sink (fp32 [heads]):
-        see the module docstring."""
+        see the module docstring. A decoder whose spec has an extra cache
+        (extra_kv) takes extra_kv_cache (paged like kv_cache, in the extra
+        format) and extra_indices ([batch, s_q, extra_topk] int32, its
+        slots), and optionally extra_topk_length (as topk_length); they
+        join the top-k tokens in one softmax."""
         if self._compiling():
             return self._traced_call(q, kv_cache, indices, softmax_scale, return_lse, out,
-                                     topk_length, sink)
+                                     topk_length, sink, extra_kv_cache, extra_indices,
+                                     extra_topk_length)
         if out is None:
             out = self._torch.empty(q.shape[:-1] + self._d_v, dtype=self._bf16,
                                     device=self.device)
@@ -661,17 +750,26 @@ class SparseMlaDecoder:
                if return_lse else None)
         self.run(q, kv_cache, indices, out, lse,
                  self._scale if softmax_scale is None else float(softmax_scale),
-                 topk_length=topk_length, sink=sink)
+                 topk_length=topk_length, sink=sink, extra_kv_cache=extra_kv_cache,
+                 extra_indices=extra_indices, extra_topk_length=extra_topk_length)
         return (out, lse) if return_lse else out
 
     def run(self, q, kv_cache, indices, out, lse, softmax_scale, *, topk_length=None,
-            sink=None):
+            sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_length=None):
         """Launches one call into out (and lse, or None) on torch's current
-        stream; softmax_scale a float; topk_length and sink optional
-        inputs (None: absent). The split-K workspace comes from torch's
-        caching allocator on that stream. Returns the BoundPlan."""
+        stream; softmax_scale a float; topk_length, sink and the extra
+        cache's tensors optional inputs (None: absent). The split-K
+        workspace comes from torch's caching allocator on that stream.
+        Returns the BoundPlan."""
+        extra = None
+        if extra_kv_cache is not None or extra_indices is not None or \
+                extra_topk_length is not None:
+            if extra_kv_cache is None or extra_indices is None:
+                raise ValueError("an extra KV cache needs both extra_kv_cache and "
+                                 "extra_indices")
+            extra = (extra_kv_cache, extra_indices, extra_topk_length)
         plan, pointers = self._plans.lookup(q, kv_cache, indices, out, lse, topk_length, sink,
-                                            softmax_scale)
+                                            softmax_scale, extra)
         workspace = 0
         if plan.workspace_bytes:
             ws = self._torch.empty(plan.workspace_bytes, dtype=self._u8, device=self.device)
@@ -691,7 +789,7 @@ class SparseMlaDecoder:
         return plan
 
     def _traced_call(self, q, kv_cache, indices, softmax_scale, return_lse, out, topk_length,
-                     sink):
+                     sink, extra_kv_cache, extra_indices, extra_topk_length):
         """The call as torch.compile traces it: allocations and the custom
         op, which runs self.run."""
         torch = self._torch
@@ -701,6 +799,7 @@ class SparseMlaDecoder:
                if return_lse else None)
         scale = self._scale if softmax_scale is None else float(softmax_scale)
         torch.ops.kforge.sparse_mla_decode(q, kv_cache, indices, out, lse, topk_length, sink,
+                                           extra_kv_cache, extra_indices, extra_topk_length,
                                            scale, self._op_id)
         return (out, lse) if return_lse else out
 

@@ -4,10 +4,12 @@ torch.compile traces a decode call as one node of its graph:
     kforge::sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices,
                               Tensor(a!) out, Tensor(b!)? lse,
                               Tensor? topk_length, Tensor? sink,
+                              Tensor? extra_kv_cache, Tensor? extra_indices,
+                              Tensor? extra_topk_length,
                               float softmax_scale, int decoder) -> ()
 
-It writes out (and lse, when given), reads topk_length and sink when given
-(SparseMlaDecoder's optional inputs), and returns nothing; `decoder` names a
+It writes out (and lse, when given), reads topk_length, sink and the extra
+cache's tensors when given (SparseMlaDecoder's optional inputs), and returns nothing; `decoder` names a
 SparseMlaDecoder of this process (each registers itself when built, and is
 forgotten when collected). Its
 fake (meta) implementation writes nothing and allocates nothing, which is
@@ -41,18 +43,22 @@ def _define(torch):
 
     def sparse_mla_decode(q: Tensor, kv_cache: Tensor, indices: Tensor, out: Tensor,
                           lse: Optional[Tensor], topk_length: Optional[Tensor],
-                          sink: Optional[Tensor], softmax_scale: float, decoder: int) -> None:
+                          sink: Optional[Tensor], extra_kv_cache: Optional[Tensor],
+                          extra_indices: Optional[Tensor], extra_topk_length: Optional[Tensor],
+                          softmax_scale: float, decoder: int) -> None:
         try:
             target = _decoders[decoder]
         except KeyError:
             raise KforgeError(f"{OP}: no SparseMlaDecoder {decoder} in this process") from None
         target.run(q, kv_cache, indices, out, lse, softmax_scale, topk_length=topk_length,
-                   sink=sink)
+                   sink=sink, extra_kv_cache=extra_kv_cache, extra_indices=extra_indices,
+                   extra_topk_length=extra_topk_length)
 
     op = torch.library.custom_op(OP, mutates_args=("out", "lse"))(sparse_mla_decode)
 
     @op.register_fake
-    def _(q, kv_cache, indices, out, lse, topk_length, sink, softmax_scale, decoder):
+    def _(q, kv_cache, indices, out, lse, topk_length, sink, extra_kv_cache, extra_indices,
+          extra_topk_length, softmax_scale, decoder):
         return None
 
 

@@ -16,7 +16,11 @@ topk and negative (clamped by the kernel) and the indices past a token's
 length pointed at real slots (they must not count); an attention sink per
 head (random around the lse, +1e4: out 0, -1e4 and -inf: no effect); and
 both together. The reference: out = out_attn / (1 + exp(sink - lse)), lse
-the attention's own.
+the attention's own. A module built with an extra KV cache (spec extra_kv)
+gets one of its own format and page size, its own indices (with repeats and
+the same kinds of invalid ones, all -1 for the empty token) and, with
+topk_length, its own extra_topk_length; the reference attends both lists in
+one softmax.
 
 Bars: bf16 output relative error <= 1e-2, lse relative error <= 1e-4, no NaN,
 every output element written. Prints one table row per case and exits 1 on
@@ -33,7 +37,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
 
-def reference(q, kv_rows, idx, valid, scale, d_v):
+def reference(q, kv_rows, idx, valid, scale, d_v):  # idx unused (valid says)
     """fp64 sparse attention. q [T,H,D], kv_rows [T,K,D], valid [T,K]."""
     import torch
     s = torch.einsum("thd,tkd->thk", q, kv_rows) * scale
@@ -59,13 +63,16 @@ def make_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude):
     the spec's scale convention; uint8 records, a page gap of 64 bytes."""
     import torch
     import kforge
-    if spec.kv_cache_dtype in RECORDS:
+    from kforge import kv_records
+    if kv_records.record_name(spec.kv_cache_dtype):
         return make_record_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude)
     if spec.kv_cache_dtype != FP8_DS_MLA:
         gap = 64 if paged_gap else 0  # elements between pages (keeps 16 B alignment)
         page_stride = pbs * D + gap
-        storage = torch.randn(num_pages * page_stride, generator=gen, device="cuda",
-                              dtype=torch.float32).to(torch.bfloat16)
+        # Times `magnitude` too: beside a quantised cache (an extra cache of
+        # another format) the logits stay O(1) for every magnitude tried.
+        storage = (torch.randn(num_pages * page_stride, generator=gen, device="cuda",
+                               dtype=torch.float32) * magnitude).to(torch.bfloat16)
         kv = storage.as_strided((num_pages, pbs, D), (page_stride, D, 1))
         return kv, kv.double()
     values = torch.randn(num_pages, pbs, D, generator=gen, device="cuda",
@@ -84,10 +91,6 @@ def make_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude):
     return kv, kforge.dequantize_fp8_ds_mla(kv).float().to(torch.bfloat16).double()
 
 
-# The issue-15 records (kforge.kv_records): KvCacheDtype value -> name.
-RECORDS = {3: "fp8_ds_mla_v4", 4: "mxfp8_ds_mla_v41", 5: "nvfp4_ds_mla"}
-
-
 def make_record_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude):
     """A V4 / V4.1 / nvfp4 cache: random values times `magnitude` with an
     all-zero scale group, quantized (kforge.kv_records), pages 64 bytes
@@ -98,7 +101,7 @@ def make_record_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude):
     rounded once from fp32 to bf16)."""
     import torch
     from kforge import kv_records
-    name = RECORDS[spec.kv_cache_dtype]
+    name = kv_records.record_name(spec.kv_cache_dtype)
     values = torch.randn(num_pages, pbs, D, generator=gen, device="cuda",
                          dtype=torch.float32) * magnitude
     values[0, 0, :64] = 0  # a zero group / block
@@ -119,11 +122,68 @@ def make_record_cache(spec, num_pages, pbs, D, paged_gap, gen, magnitude):
     return kv, kv_records.bf16_dequantize_kv_records(kv, name)
 
 
-def launch(mod, q, kv, idx, out, lse, num_splits, topk_length=None, sink=None):
+def launch(mod, q, kv, idx, out, lse, num_splits, topk_length=None, sink=None, extra=None):
     """mod(q, kv, idx, out, lse, num_splits=...) with the optional
-    topk_length and sink (kforge.Kernel's call)."""
+    topk_length and sink (kforge.Kernel's call) and the extra cache's
+    (extra_kv_cache, extra_indices, extra_topk_length) or None."""
+    x_kv, x_idx, x_len = extra if extra is not None else (None, None, None)
     return mod(q, kv, idx, out, lse, num_splits=num_splits, topk_length=topk_length,
-               sink=sink)
+               sink=sink, extra_kv_cache=x_kv, extra_indices=x_idx, extra_topk_length=x_len)
+
+
+def extra_cache_spec(spec):
+    """A spec whose cache is `spec`'s extra cache (make_cache's input)."""
+    x = type(spec)()
+    x.CopyFrom(spec)
+    x.ClearField("extra_kv")
+    x.kv_cache_dtype = spec.extra_kv.kv_cache_dtype
+    x.kv_scale_format = spec.extra_kv.kv_scale_format
+    x.page_block_size = spec.extra_kv.page_block_size
+    return x
+
+
+def random_indices(torch, gen, T, K, num_slots, unique):
+    """[T, K] int32 slots: unique per token (or with repeats), ~10% -1,
+    ~3% past the cache, ~2% other negatives (INT_MIN in column 0)."""
+    if unique:
+        idx = torch.stack([torch.randperm(num_slots, generator=gen, device="cuda")[:K]
+                           for _ in range(T)]).to(torch.int32)
+    else:
+        idx = torch.randint(0, num_slots, (T, K), generator=gen, device="cuda",
+                            dtype=torch.int32)
+    drop = torch.rand(T, K, generator=gen, device="cuda") < 0.1
+    idx = torch.where(drop, torch.full_like(idx, -1), idx)
+    oob = torch.rand(T, K, generator=gen, device="cuda") < 0.03
+    idx = torch.where(oob, torch.full_like(idx, num_slots + 5), idx)
+    # Negative slots other than -1, down to INT_MIN, mean "no token" too.
+    neg = torch.rand(T, K, generator=gen, device="cuda") < 0.02
+    idx = torch.where(neg, torch.full_like(idx, -7), idx)
+    idx[:, :1] = torch.where(idx[:, :1] == -7, torch.full_like(idx[:, :1], -2**31), idx[:, :1])
+    return idx
+
+
+def cut_at_lengths(torch, gen, idx, valid, topk_length, batch, s_q, num_slots):
+    """(lengths tensor as the kernel takes it, idx, valid) for a list of
+    K indices per token cut at random lengths (specials included), one per
+    token ("token") or per request ("request"); past a token's length the
+    indices point at real slots (read, they would count)."""
+    T, K = idx.shape
+    n = batch if topk_length == "request" else T
+    lengths = torch.randint(0, K + 1, (n,), generator=gen, device="cuda", dtype=torch.int64)
+    lengths = place_specials(torch, gen, lengths, topk_length_specials(K), max(1, n // 2))
+    tensor = lengths.to(torch.int32)
+    if topk_length == "token" and (batch + s_q) % 2:
+        tensor = tensor.view(batch, s_q)  # [batch, s_q], else [batch * s_q]
+    per_token = lengths if topk_length == "token" else lengths.repeat_interleave(s_q)
+    counted = torch.arange(K, device="cuda")[None, :] < per_token.clamp(0, K)[:, None]
+    real = torch.randint(0, num_slots, (T, K), generator=gen, device="cuda", dtype=torch.int32)
+    return tensor, torch.where(counted, idx, real), valid & counted
+
+
+def gather_rows(torch, kv_values, idx, valid, pbs):
+    """fp64 rows [T, K, D] of the valid slots, zero elsewhere."""
+    safe = torch.where(valid, idx, torch.zeros_like(idx)).long()
+    return kv_values[safe // pbs, safe % pbs] * valid[..., None]
 
 
 # topk_length values placed at random entries: a row with nothing, one
@@ -170,41 +230,37 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0, topk_l
     q = (torch.randn(T, H, D, generator=gen, device="cuda", dtype=torch.float32) /
          magnitude).to(torch.bfloat16)
     # Unique random slots per token, then knock some out.
-    idx = torch.stack([torch.randperm(num_slots, generator=gen, device="cuda")[:K]
-                       for _ in range(T)]).to(torch.int32)
-    drop = torch.rand(T, K, generator=gen, device="cuda") < 0.1
-    idx = torch.where(drop, torch.full_like(idx, -1), idx)
-    oob = torch.rand(T, K, generator=gen, device="cuda") < 0.03
-    idx = torch.where(oob, torch.full_like(idx, num_slots + 5), idx)
-    # Negative slots other than -1, down to INT_MIN, mean "no token" too.
-    neg = torch.rand(T, K, generator=gen, device="cuda") < 0.02
-    idx = torch.where(neg, torch.full_like(idx, -7), idx)
-    idx[:, :1] = torch.where(idx[:, :1] == -7, torch.full_like(idx[:, :1], -2**31), idx[:, :1])
+    idx = random_indices(torch, gen, T, K, num_slots, unique=True)
     if T > 1:
         idx[T // 2].fill_(-1)  # a token with nothing to attend to
     valid = (idx >= 0) & (idx < num_slots)
     tl_tensor = None
     if topk_length is not None:
-        n = batch if topk_length == "request" else T
-        lengths = torch.randint(0, K + 1, (n,), generator=gen, device="cuda", dtype=torch.int64)
-        lengths = place_specials(torch, gen, lengths, topk_length_specials(K), max(1, n // 2))
-        tl_tensor = lengths.to(torch.int32)
-        if topk_length == "token" and (batch + s_q) % 2:
-            tl_tensor = tl_tensor.view(batch, s_q)  # [batch, s_q], else [batch * s_q]
-        per_token = lengths if topk_length == "token" else lengths.repeat_interleave(s_q)
-        counted = (torch.arange(K, device="cuda")[None, :] <
-                   per_token.clamp(0, K)[:, None])
-        # Past a token's length, real slots: read, they would count.
-        real = torch.randint(0, num_slots, (T, K), generator=gen, device="cuda",
-                             dtype=torch.int32)
-        idx = torch.where(counted, idx, real)
-        valid = valid & counted
-
-    safe = torch.where(valid, idx, torch.zeros_like(idx)).long()
-    page, off = safe // pbs, safe % pbs
-    rows = kv_values[page, off]  # [T, K, D], fp64
-    rows = rows * valid[..., None]
-    ref_out, ref_lse = reference(q.double(), rows, idx, valid, spec.softmax_scale, Dv)
+        tl_tensor, idx, valid = cut_at_lengths(torch, gen, idx, valid, topk_length, batch, s_q,
+                                               num_slots)
+    rows = gather_rows(torch, kv_values, idx, valid, pbs)
+    # The extra cache (spec extra_kv): its own format, page size and
+    # indices (with repeats), and its own lengths beside topk_length; its
+    # rows join the top-k ones in the one softmax.
+    extra = None
+    if spec.HasField("extra_kv"):
+        xspec = extra_cache_spec(spec)
+        XK, xpbs = spec.extra_kv.topk, spec.extra_kv.page_block_size
+        x_pages = max(4, math.ceil(2 * (XK + 64) / xpbs))
+        x_slots = x_pages * xpbs
+        x_view, x_values = make_cache(xspec, x_pages, xpbs, D, paged_gap, gen, magnitude)
+        x_idx = random_indices(torch, gen, T, XK, x_slots, unique=False)
+        if T > 1:
+            x_idx[T // 2].fill_(-1)
+        x_valid = (x_idx >= 0) & (x_idx < x_slots)
+        x_tl = None
+        if topk_length is not None:
+            x_tl, x_idx, x_valid = cut_at_lengths(torch, gen, x_idx, x_valid, topk_length, batch,
+                                                  s_q, x_slots)
+        rows = torch.cat([rows, gather_rows(torch, x_values, x_idx, x_valid, xpbs)], dim=1)
+        valid = torch.cat([valid, x_valid], dim=1)
+        extra = (x_view, x_idx, x_tl)
+    ref_out, ref_lse = reference(q.double(), rows, None, valid, spec.softmax_scale, Dv)
     del rows
     sink_tensor, big_sink = None, None
     if sink:
@@ -233,8 +289,10 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0, topk_l
     if tl_tensor is not None:
         call = (q.view(batch, s_q, H, D), idx.view(batch, s_q, K), out.view(batch, s_q, H, Dv),
                 lse.view(batch, s_q, H))
+        if extra is not None:
+            extra = (extra[0], extra[1].view(batch, s_q, -1), extra[2])
     sel = launch(mod, call[0], kv_view, call[1], call[2], call[3] if spec.return_lse else None,
-                 forced, tl_tensor, sink_tensor)
+                 forced, tl_tensor, sink_tensor, extra)
     torch.cuda.synchronize()
     assert sel.num_splits == splits, (sel.num_splits, splits)
     assert forced is None or not sel.plan.cluster, "a forced split count took the cluster entry"
@@ -266,7 +324,8 @@ def run_case(mod, batch, s_q, splits_mode, gen, paged_gap, magnitude=1.0, topk_l
     return dict(T=T, splits=splits, err=err, lse_err=lerr, lse_abs=labs, nan=nan,
                 empty_ok=empty_ok,
                 sink_ok=sink_ok, ok=ok, small_batch=bool(sel.plan.small_batch),
-                cluster=bool(sel.plan.cluster), topk_length=topk_length, sink=bool(sink))
+                cluster=bool(sel.plan.cluster), topk_length=topk_length, sink=bool(sink),
+                extra=extra is not None)
 
 
 # The optional inputs' cases, at small batches (the path each takes is the
@@ -286,7 +345,7 @@ SPLIT_MODES = (("1", False), ("auto", True), ("max", False))
 def case_tag(r):
     """The optional inputs of a result row, for the table."""
     tags = ([f"len/{r['topk_length']}"] if r.get("topk_length") else []) + (
-        ["sink"] if r.get("sink") else [])
+        ["sink"] if r.get("sink") else []) + (["extra-kv"] if r.get("extra") else [])
     return " ".join(tags)
 
 
@@ -310,6 +369,7 @@ def main():
         print("SKIP: no CUDA GPU")
         return 0
     import kforge
+    from kforge import kv_records
     gen = torch.Generator(device="cuda")
     gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
     rows, failures = [], 0
@@ -320,7 +380,8 @@ def main():
         def label(t):
             return f"h{t.head_tile}n{t.token_tile}w{t.warps}"
         # One kernel serves every s_q (MTP 1, 2, 4): batch * s_q query tokens.
-        fp8 = mod.spec.kv_cache_dtype == FP8_DS_MLA or mod.spec.kv_cache_dtype in RECORDS
+        fp8 = any(d == FP8_DS_MLA or kv_records.record_name(d) is not None
+                  for d in (mod.spec.kv_cache_dtype, mod.spec.extra_kv.kv_cache_dtype))
         cases = [(int(x), s, None, False) for x in args.batches.split(",") for s in (1, 2, 4)]
         runs = [(b, s_q, mode, gap, i, topk_length, sink)
                 for i, (b, s_q, topk_length, sink) in enumerate(cases)
@@ -357,11 +418,13 @@ def main():
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)
-    extra = [r for r in rows if r["topk_length"] or r["sink"]]
-    if extra:
-        print(f"topk_length / sink cases: {len(extra)}, worst out rel err "
-              f"{max(r['err'] for r in extra):.2e}, worst lse abs err "
-              f"{max(r['lse_abs'] for r in extra):.2e}")
+    for name, pick in (("topk_length / sink", lambda r: r["topk_length"] or r["sink"]),
+                       ("extra KV cache", lambda r: r["extra"])):
+        some = [r for r in rows if pick(r)]
+        if some:
+            print(f"{name} cases: {len(some)}, worst out rel err "
+                  f"{max(r['err'] for r in some):.2e}, worst lse abs err "
+                  f"{max(r['lse_abs'] for r in some):.2e}")
     print(f"{len(rows) - failures} passed, {failures} failed")
     return 1 if failures else 0
 

@@ -84,7 +84,8 @@ def check_case(torch, kforge, reference, gen, decoder, batch, results):
         tl, sink = optional_inputs(torch, gen, batch, spec)
         for extra in ((None, None), (tl, sink)):
             torch.library.opcheck(torch.ops.kforge.sparse_mla_decode.default,
-                                  (q, kv, idx, out, lse, *extra, scale, decoder._op_id),
+                                  (q, kv, idx, out, lse, *extra, None, None, None, scale,
+                                   decoder._op_id),
                                   test_utils=("test_schema", "test_faketensor"))
     except Exception as e:  # opcheck raises OpCheckError with the reason
         problems.append(f"{type(e).__name__}: {e}")
@@ -240,6 +241,99 @@ def check_case(torch, kforge, reference, gen, decoder, batch, results):
     record("plan cache", problems)
 
 
+def extra_cache_case(torch, kforge, reference, gen, source, batch, results):
+    """A spec with an extra KV cache (GLM-5 TP8, bf16, 128 extra indices,
+    pages of 16): opcheck with the three extra tensors, compiled
+    (fullgraph, one graph) equals eager, eager matches the fp64 reference
+    of the top-k and the extra rows in one softmax, and extra_topk_length
+    0 everywhere equals the call without the extra list's rows."""
+    import e2e_python
+    base = kforge.SparseMlaDecoder(source, preset="glm-5", tp=8).spec
+    spec = type(base)()
+    spec.CopyFrom(base)
+    spec.extra_kv.kv_cache_dtype = spec.kv_cache_dtype
+    spec.extra_kv.topk = 128
+    spec.extra_kv.page_block_size = 16
+    decoder = kforge.SparseMlaDecoder(source, spec=spec)
+    decoder.prefetch()
+    name = f"extra cache batch {batch}"
+    problems = []
+
+    def inputs():
+        q, kv, idx = fresh(torch, gen, batch, spec)
+        x_spec = type(spec)()
+        x_spec.CopyFrom(spec)
+        x_spec.topk, x_spec.page_block_size = 128, 16
+        _, x_kv, x_idx = e2e_python.make_inputs(torch, gen, batch, spec.num_q_heads, x_spec,
+                                                four_dim=False)
+        return q, kv, idx, x_kv, x_idx
+
+    def fn(q, kv, idx, x_kv, x_idx, x_len):
+        return decoder(q, kv, idx, return_lse=True, extra_kv_cache=x_kv, extra_indices=x_idx,
+                       extra_topk_length=x_len)
+
+    try:
+        q, kv, idx, x_kv, x_idx = inputs()
+        out = torch.empty(batch, 1, spec.num_q_heads, spec.kv_lora_rank, device="cuda",
+                          dtype=torch.bfloat16)
+        lse = torch.empty(batch, 1, spec.num_q_heads, device="cuda", dtype=torch.float32)
+        x_len = torch.full((batch,), 100, dtype=torch.int32, device="cuda")
+        torch.library.opcheck(torch.ops.kforge.sparse_mla_decode.default,
+                              (q, kv, idx, out, lse, None, None, x_kv, x_idx, x_len,
+                               float(spec.softmax_scale), decoder._op_id),
+                              test_utils=("test_schema", "test_faketensor"))
+        torch._dynamo.reset()
+        explain = torch._dynamo.explain(fn)(q, kv, idx, x_kv, x_idx, None)
+        if explain.graph_break_count or explain.graph_count != 1:
+            problems.append(f"{explain.graph_count} graphs, {explain.graph_break_count} breaks")
+        compiled = torch.compile(fn, fullgraph=True)
+        for _ in range(2):
+            q, kv, idx, x_kv, x_idx = inputs()
+            want_out, want_lse = fn(q, kv, idx, x_kv, x_idx, None)
+            got_out, got_lse = compiled(q, kv, idx, x_kv, x_idx, None)
+            torch.cuda.synchronize()
+            if not torch.equal(got_out, want_out) or not torch.equal(got_lse, want_lse):
+                problems.append("compiled differs from eager")
+            # The reference: both lists' rows in one softmax (one flat
+            # slot space: the extra cache's slots after the main ones).
+            pbs, x_pbs = spec.page_block_size, 16
+            t = batch
+            flat, x_flat = idx.reshape(t, -1), x_idx.reshape(t, -1)
+            slots = kv.shape[0] * pbs
+            x_slots = x_kv.shape[0] * x_pbs
+            valid = torch.cat([(flat >= 0) & (flat < slots), (x_flat >= 0) & (x_flat < x_slots)],
+                              dim=1)
+            safe = torch.where(flat >= 0, flat, torch.zeros_like(flat)).long().clamp_max(
+                slots - 1)
+            x_safe = torch.where(x_flat >= 0, x_flat, torch.zeros_like(x_flat)).long().clamp_max(
+                x_slots - 1)
+            rows = torch.cat([kv[safe // pbs, safe % pbs], x_kv[x_safe // x_pbs, x_safe % x_pbs]],
+                             dim=1).double() * valid[..., None]
+            ref_out, ref_lse = reference(q.reshape(t, spec.num_q_heads, -1).double(), rows, None,
+                                         valid, spec.softmax_scale, spec.kv_lora_rank)
+            o = want_out.reshape(ref_out.shape).double()
+            err = float((o - ref_out).abs().max() / ref_out.abs().max().clamp_min(1e-30))
+            if err > e2e_python.OUT_BAR:
+                problems.append(f"out off the reference by {err:.2e}")
+            fin = torch.isfinite(ref_lse)
+            l = want_lse.reshape(ref_lse.shape).double()
+            if not torch.equal(torch.isfinite(l), fin) or (
+                    fin.any() and float((l[fin] - ref_lse[fin]).abs().max()) > 1e-3):
+                problems.append("lse off the reference")
+            # Extra lengths of 0: only the top-k list counts.
+            zero = torch.zeros(batch, dtype=torch.int32, device="cuda")
+            cut_out, cut_lse = fn(q, kv, idx, x_kv, x_idx, zero)
+            none_out, none_lse = fn(q, kv, idx, x_kv, torch.full_like(x_idx, -1), None)
+            torch.cuda.synchronize()
+            if not torch.equal(cut_out, none_out) or not torch.equal(cut_lse, none_lse):
+                problems.append("extra_topk_length 0 differs from an all -1 extra list")
+    except Exception as e:
+        problems.append(f"{type(e).__name__}: {e}")
+    results.append((name, problems))
+    print(f"{name:22s} {'extra cache':14s} {'FAIL: ' + '; '.join(problems) if problems else 'ok'}",
+          flush=True)
+
+
 def checks(torch, source, gen, reference):
     import kforge
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, source {source!r}")
@@ -249,6 +343,9 @@ def checks(torch, source, gen, reference):
         decoder.prefetch()
         for batch in batches:
             check_case(torch, kforge, reference, gen, decoder, batch, results)
+    if not isinstance(source, kforge.Bundle):  # a bundle holds only the presets' kernels
+        for batch in (1, 32):
+            extra_cache_case(torch, kforge, reference, gen, source, batch, results)
     return [p for _, p in results]
 
 

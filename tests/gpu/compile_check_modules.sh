@@ -75,6 +75,32 @@ done
 jobs+=("$(write_spec 64 2048 0.0625 true 64 "" 64 256) sm_90a 0")
 jobs+=("$(write_spec 16 1152 0.0625 true 64 "" 64 448) sm_90a 0")
 jobs+=("$(write_spec 128 2048 0.0625 true 64 "" 0 384) sm_90a 0")
+# The extra KV cache (spec extra_kv, issue 15): a second cache of its own
+# format, page size and top-k in the same softmax. DeepSeek-V4's shape (V4
+# records in both, 64 heads, topk 512 + 128) on sm_90a (wgmma) and the
+# 99 KB pipeline; mixed formats (an fp8_ds_mla cache beside a bf16 one,
+# whose rows then go through the staging buffer, and nvfp4 beside
+# fp8_ds_mla), odd top-k values that leave a partial tile before the extra
+# list, pages of 16; both bf16 (the direct pipeline) at 128 heads.
+write_extra_spec() {  # name heads topk main-dtype-json rope extra-json
+  local f="$specs/x_$1.json"
+  cat >"$f" <<JSON
+{"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": $2, "kv_lora_rank": 512,
+ "rope_dim": $5, "topk": $3, $4, "page_block_size": 64, "softmax_scale": 0.0441941738,
+ "return_lse": true, "extra_kv": {$6}}
+JSON
+  echo "$f"
+}
+v4='"kv_cache_dtype": "KV_CACHE_DTYPE_FP8_DS_MLA_V4"'
+jobs+=("$(write_extra_spec v4_64 64 512 "$v4" 0 "$v4, \"topk\": 128, \"page_block_size\": 64") sm_90a 0")
+jobs+=("$(write_extra_spec v4_64s 64 512 "$v4" 0 "$v4, \"topk\": 128, \"page_block_size\": 64") sm_90a 101376")
+jobs+=("$(write_extra_spec v4_16 16 1000 "$v4" 0 "$v4, \"topk\": 72, \"page_block_size\": 16") sm_90a 0")
+fp8='"kv_cache_dtype": "KV_CACHE_DTYPE_FP8_DS_MLA", "kv_scale_format": "KV_SCALE_FORMAT_ARBITRARY"'
+bf16='"kv_cache_dtype": "KV_CACHE_DTYPE_BF16"'
+jobs+=("$(write_extra_spec fp8_bf16 16 1000 "$fp8" 64 "$bf16, \"topk\": 100, \"page_block_size\": 16") sm_90a 0")
+jobs+=("$(write_extra_spec bf16_fp8 64 2048 "$bf16" 64 "$fp8, \"topk\": 63, \"page_block_size\": 64") sm_90a 101376")
+jobs+=("$(write_extra_spec nvfp4_fp8 8 63 '"kv_cache_dtype": "KV_CACHE_DTYPE_NVFP4_DS_MLA"' 64 "$fp8, \"topk\": 256, \"page_block_size\": 64") sm_90a 0")
+jobs+=("$(write_extra_spec bf16_bf16 128 2048 "$bf16" 64 "$bf16, \"topk\": 64, \"page_block_size\": 64") sm_90a 0")
 # NVRTC is thread-safe but each compile is single-threaded: one per core.
 printf '%s\n' "${jobs[@]}" | xargs -P "$(nproc)" -L 1 bash -c '
   extra=(); [ "$3" != 0 ] && extra=(--max-smem-per-block "$3") || true

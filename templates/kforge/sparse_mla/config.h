@@ -40,6 +40,15 @@ struct DecodeParams {
                              // (sink.cuh); null: none. Read where O is final
                              // (num_splits == 1, cluster entries), else by
                              // the combine
+  // The extra KV cache (spec extra_kv: DeepSeek-V4's sliding-window tokens
+  // beside the top-k ones), attended in the same softmax; its format, top-k
+  // and page size are the spec's extra_kv, compiled in. Null / 0 in a kernel
+  // built without one (never read there); not null in one built with one.
+  const unsigned short* extra_kv;  // addressed as kv, with the extra strides
+  const int* extra_indices;        // int32 [num_tokens, extra topk]; -1 or
+                                   // >= extra_num_kv_slots: no token
+  const int* extra_topk_length;    // like topk_length (same
+                                   // topk_length_tokens), for extra_indices
   long long q_token_stride;
   long long q_head_stride;
   long long kv_page_stride;
@@ -48,9 +57,14 @@ struct DecodeParams {
   long long indices_stride;  // between query tokens
   long long out_token_stride;
   long long out_head_stride;
+  long long extra_kv_page_stride;
+  long long extra_kv_row_stride;
+  long long extra_num_kv_slots;
+  long long extra_indices_stride;
   int num_tokens;          // batch * s_q
   int num_splits;          // >= 1; grid.y
-  int tokens_per_split;    // multiple of the token tile
+  int tokens_per_split;    // multiple of the token tile; splits cover the
+                           // key positions [0, KeySpan) (below)
   int topk_length_tokens;  // query tokens per topk_length entry: 1 (one per
                            // token) or s_q (one per request); >= 1
 };
@@ -71,6 +85,18 @@ struct CombineParams {
                       // column_slices / kCombineWarps)
   int reserved;       // keeps the block a multiple of 8 bytes
 };
+
+// The key positions a query token's splits cover: its topk indices, then,
+// with an extra cache, its extra_topk ones from position
+// MainKeySpan = topk rounded up to whole token tiles, so every tile reads
+// one cache (one format). The launch rule (model/launch.cc) splits this
+// range; the kernel maps positions back (DecodeWork).
+KFORGE_HD constexpr int MainKeySpan(int topk, int extra_topk, int token_tile) {
+  return extra_topk > 0 ? (topk + token_tile - 1) / token_tile * token_tile : topk;
+}
+KFORGE_HD constexpr int KeySpan(int topk, int extra_topk, int token_tile) {
+  return MainKeySpan(topk, extra_topk, token_tile) + extra_topk;
+}
 
 // Threads that gather one KV row together: 8 x 16 B = 128 contiguous bytes
 // per row per warp instruction (every d_qk is a multiple of 64 elements, so
@@ -214,6 +240,23 @@ struct KvNvfp4DsMlaSizes {
   KFORGE_HD static constexpr int ScaleByte(int s) { return kScalesOffset + 8 * (s & 3) + (s >> 2); }
 };
 
+// The staging bytes per token of a pipeline that gathers a cache of format
+// (staging, record) and, with an extra cache (x_record > 0), one of format
+// (x_staging, x_record); staging and record are a format's
+// StagingBytesPerToken and BytesPerToken. 0 (a direct pipeline) when every
+// cache is direct; else each staged row holds either cache's record, a
+// direct format's (bf16) rounded to whole 16-byte chunks and copied into
+// the tile by its Land.
+KFORGE_HD constexpr int StagedRowBytes(int staging, int record) {
+  return staging > 0 ? staging : (record + 15) / 16 * 16;
+}
+KFORGE_HD constexpr int PipelineStagingBytes(int staging, int record, int x_staging, int x_record) {
+  if (staging == 0 && (x_record == 0 || x_staging == 0)) return 0;
+  const int a = StagedRowBytes(staging, record);
+  const int b = x_record > 0 ? StagedRowBytes(x_staging, x_record) : 0;
+  return a > b ? a : b;
+}
+
 // ---------------------------------------------------------------------------
 // Tiling: the compile-time shape of the main kernel, its validity rule and
 // the quantities derived from it. DecodeTraits (decode_traits.cuh) asserts
@@ -230,7 +273,7 @@ struct DecodeShape {
   int stages;                      // KV pipeline depth
   int warps;                       // warps per CTA
   bool wgmma;                      // S = Q K^T with sm_90a wgmma instead of mma.sync
-  int kv_staging_bytes_per_token;  // the KV format's StagingBytesPerToken(d_qk);
+  int kv_staging_bytes_per_token;  // PipelineStagingBytes of the KV formats;
                                    // > 0: a staged pipeline (below)
 };
 

@@ -9,7 +9,8 @@
 //   LoadQ              Q tile to smem, resident        (decode_phases.cuh)
 //   per KV tile of kTokenTile tokens, kStages-deep cp.async pipeline:
 //     GatherKvTile     top-k indices -> rows of the bf16 KV tile through the
-//                      KV format T::Kv (LoadRow, then Land)  (kv_format.cuh)
+//                      KV format T::Kv, or T::ExtraKv for the extra
+//                      cache's tiles (LoadRow, then Land)  (kv_format.cuh)
 //     QkPhase<T>       S = Q K^T: mma.sync, or wgmma on sm_90a   (qk.cuh)
 //     MaskScaleRowMax  invalid tokens -> -inf, scale, row max across warps
 //     OnlineSoftmaxToP running max/sum, P to smem as bf16
@@ -92,7 +93,7 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
     ptx::CpAsyncWait<kAhead - 1>();
     PublishSmem<T>();
     const int stage = t % T::kStages;  // validity flags; bf16 tile if direct
-    T::Kv::template Land<T>(sm, r);
+    LandKvTile<T>(w, t, sm, r);
     const ptx::u32 k_tile = sm.kv_addr + (T::kStaged ? 0 : stage * T::kTileBytes);
 
     float s[T::kSM][T::kSN][4];

@@ -22,6 +22,16 @@ struct Choose<false, A, B> {
   using type = B;
 };
 
+// IsSame<A, B>::value (std::is_same, likewise out of NVRTC's reach).
+template <class A, class B>
+struct IsSame {
+  static constexpr bool value = false;
+};
+template <class A>
+struct IsSame<A, A> {
+  static constexpr bool value = true;
+};
+
 // Instantiated by DecodeTraits only to report a rejected tiling: the
 // compiler's "during instantiation of AssertTilingOk<...>" note names the
 // TilingError (see CheckDecodeTiling in config.h).
@@ -34,11 +44,18 @@ struct AssertTilingOk {
 };
 
 // KvFormat_: a KV cache format type (kv_format.cuh), e.g. KvBf16.
+// kExtraTopk_ > 0: the kernel also attends an extra cache (spec extra_kv) of
+// format ExtraKvFormat_ with kExtraPageBlock_ tokens per page,
+// kExtraTopk_ indices per query token, in the same softmax.
 template <int kNumHeads_, int kDv_, int kRope_, int kTopk_, int kHeadTile_, int kHeadsPerGroup_,
           int kTokenTile_, int kStages_, int kWarps_, int kPageBlock_, bool kReturnLse_,
-          bool kWgmma_, class KvFormat_>
+          bool kWgmma_, class KvFormat_, int kExtraTopk_ = 0, int kExtraPageBlock_ = 1,
+          class ExtraKvFormat_ = KvFormat_>
 struct DecodeTraits {
   using Kv = KvFormat_;
+  using ExtraKv = ExtraKvFormat_;
+  static constexpr int kExtraTopk = kExtraTopk_;
+  static constexpr int kExtraPageBlock = kExtraPageBlock_;
   static constexpr int kNumHeads = kNumHeads_;
   static constexpr int kDv = kDv_;
   static constexpr int kRope = kRope_;
@@ -53,18 +70,26 @@ struct DecodeTraits {
   // S = Q K^T with sm_90a warpgroup MMA (wgmma) instead of mma.sync.
   static constexpr bool kWgmma = kWgmma_;
 
-  static constexpr DecodeShape kShape = {kDv,
-                                         kRope,
-                                         kHeadTile,
-                                         kHeadsPerGroup,
-                                         kTokenTile,
-                                         kStages,
-                                         kWarps,
-                                         kWgmma,
-                                         Kv::StagingBytesPerToken(kDv + kRope)};
+  static constexpr DecodeShape kShape = {
+      kDv,
+      kRope,
+      kHeadTile,
+      kHeadsPerGroup,
+      kTokenTile,
+      kStages,
+      kWarps,
+      kWgmma,
+      PipelineStagingBytes(Kv::StagingBytesPerToken(kDv + kRope), Kv::BytesPerToken(kDv + kRope),
+                           ExtraKv::StagingBytesPerToken(kDv + kRope),
+                           kExtraTopk > 0 ? ExtraKv::BytesPerToken(kDv + kRope) : 0)};
   static_assert(AssertTilingOk<CheckDecodeTiling(kShape)>::value, "");
   static_assert(kNumHeads >= 1 && kNumHeads <= 128, "1..128 heads");
-  static_assert(kPageBlock >= 1, "page block size");
+  static_assert(kPageBlock >= 1 && kExtraPageBlock >= 1, "page block size");
+  static_assert(kExtraTopk >= 0, "extra topk");
+  // Key positions: [0, kMainSpan) the topk indices (padded to whole tiles
+  // when an extra cache follows), then [kMainSpan, kKeys) the extra ones.
+  static constexpr int kMainSpan = MainKeySpan(kTopk, kExtraTopk, kTokenTile);
+  static constexpr int kKeys = KeySpan(kTopk, kExtraTopk, kTokenTile);
 
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kNumGroups = (kNumHeads + kHeadsPerGroup - 1) / kHeadsPerGroup;
@@ -80,7 +105,7 @@ struct DecodeTraits {
   static constexpr int kTileBytes = kTokenTile * kDqk * 2;
   // Staged formats: one bf16 tile and one staging buffer (StagedPipeline).
   static constexpr bool kStaged = StagedPipeline(kShape);
-  static constexpr int kStagingBytesPerToken = Kv::StagingBytesPerToken(kDqk);
+  static constexpr int kStagingBytesPerToken = kShape.kv_staging_bytes_per_token;
   static constexpr int kStagingBytes = kTokenTile * kStagingBytesPerToken;
   // S = Q K^T warp layout: kWarpsM x kWarpsN warps, each (kSM * 16) x
   // (kSN * 8) of S.
@@ -145,22 +170,36 @@ __device__ __forceinline__ DecodeSmem CarveDecodeSmem(unsigned char* smem) {
 }
 
 // What this CTA computes: one query token, one head group, one split of the
-// top-k list.
+// key positions [0, T::kKeys): its tiles are first those of the top-k list
+// (positions [begin, main_end)), then, with an extra cache, those of the
+// extra list (positions [extra_begin, extra_end), extra index pos -
+// T::kMainSpan). Every tile reads one cache.
 struct DecodeWork {
   int split;
   int token;
-  int head0;           // first head of the group
-  int heads_here;      // real heads of the group (the last may be short)
-  int begin;           // top-k positions [begin, end) of this split, end
-  int end;             // clamped to the token's topk_length
-  int num_tiles;       // KV tiles of kTokenTile positions
-  const int* idx_row;  // this token's top-k indices
+  int head0;                 // first head of the group
+  int heads_here;            // real heads of the group (the last may be short)
+  int begin;                 // key positions [begin, main_end) of this split in
+  int main_end;              // the top-k list, cut at the token's topk_length
+  int extra_begin;           // ... and [extra_begin, extra_end) in the extra
+  int extra_end;             // list (empty without an extra cache)
+  int main_tiles;            // KV tiles of kTokenTile positions: main_tiles of
+  int num_tiles;             // the top-k list, then the extra list's
+  const int* idx_row;        // this token's top-k indices
+  const int* extra_idx_row;  // this token's extra indices (extra cache only)
 };
 
-// KV tiles of kTokenTile positions covering top-k positions [begin, end).
+// KV tiles of kTokenTile positions covering key positions [begin, end).
 template <class T>
 __device__ __forceinline__ int TilesOf(int begin, int end) {
   return end > begin ? (end - begin + T::kTokenTile - 1) / T::kTokenTile : 0;
+}
+
+template <class T>
+__device__ __forceinline__ void CountTiles(DecodeWork& w) {
+  w.main_tiles = TilesOf<T>(w.begin, w.main_end);
+  w.num_tiles = w.main_tiles;
+  if constexpr (T::kExtraTopk > 0) w.num_tiles += TilesOf<T>(w.extra_begin, w.extra_end);
 }
 
 template <class T>
@@ -172,23 +211,47 @@ __device__ __forceinline__ DecodeWork MakeDecodeWork(const DecodeParams& p) {
   w.head0 = group * T::kHeadsPerGroup;
   w.heads_here = min(T::kHeadsPerGroup, T::kNumHeads - w.head0);
   w.begin = w.split * p.tokens_per_split;
-  w.end = min(T::kTopk, w.begin + p.tokens_per_split);
-  w.num_tiles = TilesOf<T>(w.begin, w.end);
+  const int end = min(T::kKeys, w.begin + p.tokens_per_split);
+  w.main_end = min(T::kTopk, end);
   w.idx_row = p.indices + w.token * p.indices_stride;
+  w.extra_begin = max(w.begin, T::kMainSpan);
+  w.extra_end = end;
+  w.extra_idx_row = nullptr;
+  if constexpr (T::kExtraTopk > 0)
+    w.extra_idx_row = p.extra_indices + w.token * p.extra_indices_stride;
+  CountTiles<T>(w);
   return w;
 }
 
-// Cuts the split at the token's topk_length when the call passes one. It
-// reads global memory: call it after ptx::WaitForPriorGrids (the engine's
-// kernel before this one may have written the lengths); MakeDecodeWork,
-// parameters only, runs before the wait, overlapping the previous kernel.
+// A token's list length from a topk_length-style array (null: all of
+// `topk`), clamped to 0..topk.
+template <class T>
+__device__ __forceinline__ int ListLength(const DecodeParams& p, const int* lengths, int token,
+                                          int topk) {
+  if (lengths == nullptr) return topk;
+  return min(max(__ldg(lengths + token / max(1, p.topk_length_tokens)), 0), topk);
+}
+
+// Cuts the split at the token's topk_length (and extra_topk_length) when
+// the call passes them. It reads global memory: call it after
+// ptx::WaitForPriorGrids (the engine's kernel before this one may have
+// written the lengths); MakeDecodeWork, parameters only, runs before the
+// wait, overlapping the previous kernel.
 template <class T>
 __device__ __forceinline__ void ApplyTopkLength(const DecodeParams& p, DecodeWork& w) {
-  if (p.topk_length == nullptr) return;
-  const int len =
-      min(max(__ldg(p.topk_length + w.token / max(1, p.topk_length_tokens)), 0), T::kTopk);
-  w.end = min(w.end, len);
-  w.num_tiles = TilesOf<T>(w.begin, w.end);
+  bool cut = false;
+  if (p.topk_length != nullptr) {
+    w.main_end = min(w.main_end, ListLength<T>(p, p.topk_length, w.token, T::kTopk));
+    cut = true;
+  }
+  if constexpr (T::kExtraTopk > 0) {
+    if (p.extra_topk_length != nullptr) {
+      w.extra_end = min(w.extra_end, T::kMainSpan + ListLength<T>(p, p.extra_topk_length, w.token,
+                                                                  T::kExtraTopk));
+      cut = true;
+    }
+  }
+  if (cut) CountTiles<T>(w);
 }
 
 // This thread's roles in the phases.

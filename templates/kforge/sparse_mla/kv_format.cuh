@@ -12,20 +12,25 @@
 // A format type F provides (all static; T is the DecodeTraits type):
 //   F::Elem             element type the cache is addressed in; the runtime
 //                       passes DecodeParams::kv, kv_page_stride and
-//                       kv_row_stride in units of Elem.
+//                       kv_row_stride (and the extra cache's) in units of
+//                       Elem.
 //   F::BytesPerToken(d_qk), F::StagingBytesPerToken(d_qk)
 //                       through F's base struct in config.h (the host sizes
 //                       shared memory from the same constants). Staging 0
 //                       makes a direct format (`kStages` bf16 tiles), > 0 a
 //                       staged one (one bf16 tile and one staging buffer of
 //                       kStagingBytesPerToken per row; StagedPipeline).
-//   F::LoadRow<T>(p, slot, ok, sm, stage, row, sub)
+//   F::LoadRow<T, kPageBlock>(v, slot, ok, sm, stage, row, sub)
 //                       called by the kThreadsPerRow threads of one tile row
 //                       (sub = 0..7) for every row of a tile, inside that
-//                       tile's cp.async group. ok: 0 <= slot < num_kv_slots.
+//                       tile's cp.async group, for the cache `v` (a KvView:
+//                       the main cache or the extra one, kPageBlock tokens
+//                       per page). ok: 0 <= slot < v.num_slots.
 //                       May issue only asynchronous copies (cp.async): a
 //                       direct format into bf16 tile `stage`, a staged one
-//                       into the staging buffer (sm.kv_staging_addr). The
+//                       into the staging buffer (sm.kv_staging_addr); in a
+//                       staged pipeline (T::kStaged: the other cache is
+//                       staged) a direct format stages its row too. The
 //                       validity flag of the row is written by the caller
 //                       (GatherKvTile).
 //   F::Land<T>(sm, r)
@@ -37,7 +42,8 @@
 //                       must come out all zero) and ends with
 //                       PublishSmem<T>() (qk.cuh); after it returns the
 //                       staging buffer takes the next tile. A direct format
-//                       does nothing.
+//                       does nothing, or in a staged pipeline copies its
+//                       staged rows into the tile.
 //
 // Formats: KvBf16 (direct: gathers straight into the tile, Land is empty)
 // and the staged ones, whose Land dequantises: KvFp8DsMla (656-byte records
@@ -58,30 +64,85 @@
 namespace kforge {
 namespace sparse_mla {
 
+// One KV cache as LoadRow addresses it: DecodeParams' main cache or its
+// extra one (strides in the format's Elem).
+struct KvView {
+  const void* base;
+  long long page_stride;
+  long long row_stride;
+  long long num_slots;
+};
+
+__device__ __forceinline__ KvView MainKv(const DecodeParams& p) {
+  return {p.kv, p.kv_page_stride, p.kv_row_stride, p.num_kv_slots};
+}
+
+__device__ __forceinline__ KvView ExtraKv(const DecodeParams& p) {
+  return {p.extra_kv, p.extra_kv_page_stride, p.extra_kv_row_stride, p.extra_num_kv_slots};
+}
+
+// The first element of slot `slot`'s record in cache v (a format stored
+// token by token); the cache's base for an invalid slot (`ok` false), whose
+// copies read nothing.
+template <class Elem, int kPageBlock>
+__device__ __forceinline__ const Elem* RowOf(const KvView& v, int slot, bool ok) {
+  const Elem* src = reinterpret_cast<const Elem*>(v.base);
+  if (ok) src += (slot / kPageBlock) * v.page_stride + (slot % kPageBlock) * v.row_stride;
+  return src;
+}
+
+template <class T, class F, int kPageBlock>
+__device__ __forceinline__ void StageRecord(const KvView& v, int slot, bool ok,
+                                            const DecodeSmem& sm, int row, int sub);
+
+template <class T, int kChunks>
+__device__ __forceinline__ void CopyBf16Chunks(const DecodeSmem& sm, const ThreadRoles& r,
+                                               int staged_offset, int first_chunk);
+
 // bf16 cache (1152 B/token for d_qk 576): each row is copied as is, in 16 B
-// cp.async chunks; invalid slots are zero-filled by the copy itself.
+// cp.async chunks; invalid slots are zero-filled by the copy itself. In a
+// staged pipeline (the other cache is quantised) the row is staged whole
+// and Land copies it into the tile.
 struct KvBf16 : KvBf16Sizes {
   using Elem = unsigned short;
 
-  template <class T>
-  __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
+  template <class T, int kPageBlock>
+  __device__ __forceinline__ static void LoadRow(const KvView& v, int slot, bool ok,
                                                  const DecodeSmem& sm, int stage, int row,
                                                  int sub) {
     static_assert(sizeof(Elem) * T::kDqk == BytesPerToken(T::kDqk),
                   "a bf16 cache row is the d_qk-wide latent row itself");
-    const Elem* src = reinterpret_cast<const Elem*>(p.kv);
-    if (ok) {
-      src += (slot / T::kPageBlock) * p.kv_page_stride + (slot % T::kPageBlock) * p.kv_row_stride;
-    }
-    const ptx::u32 dst = sm.kv_addr + stage * T::kTileBytes + row * 128 + ((sub ^ (row & 7)) << 4);
+    if constexpr (T::kStaged) {
+      StageRecord<T, KvBf16, kPageBlock>(v, slot, ok, sm, row, sub);
+    } else {
+      const Elem* src = RowOf<Elem, kPageBlock>(v, slot, ok);
+      const ptx::u32 dst =
+          sm.kv_addr + stage * T::kTileBytes + row * 128 + ((sub ^ (row & 7)) << 4);
 #pragma unroll
-    for (int j = 0; j < T::kBlocks; ++j) {
-      ptx::CpAsync16(dst + j * T::kKvBlockBytes, src + (8 * j + sub) * 8, ok ? 16 : 0);
+      for (int j = 0; j < T::kBlocks; ++j) {
+        ptx::CpAsync16(dst + j * T::kKvBlockBytes, src + (8 * j + sub) * 8, ok ? 16 : 0);
+      }
     }
   }
 
   template <class T>
-  __device__ __forceinline__ static void Land(const DecodeSmem&, const ThreadRoles&) {}
+  __device__ __forceinline__ static void Land(const DecodeSmem& sm, const ThreadRoles& r) {
+    if constexpr (T::kStaged) {
+      // Whole rows of 16-byte chunks, a rolled loop: unrolled beside the
+      // other cache's conversion it spilled (16 heads, fp8_ds_mla + bf16).
+      constexpr int kItems = T::kTokenTile * (T::kDqk / 8);
+#pragma unroll 1
+      for (int i = r.warp * 32 + r.lane; i < kItems; i += T::kThreads) {
+        const int row = i / (T::kDqk / 8), chunk = i % (T::kDqk / 8);
+        ptx::u32 w[4];
+        ptx::LdShared128(sm.kv_staging_addr + row * T::kStagingBytesPerToken + 16 * chunk, w);
+        ptx::StShared128(sm.kv_addr + (chunk >> 3) * T::kKvBlockBytes + row * 128 +
+                             (((chunk & 7) ^ (row & 7)) << 4),
+                         w[0], w[1], w[2], w[3]);
+      }
+      PublishSmem<T>();
+    }
+  }
 };
 
 // ---------------------------------------------------------------------------
@@ -194,21 +255,19 @@ __device__ __forceinline__ void CopyBf16Chunks(const DecodeSmem& sm, const Threa
   });
 }
 
-// LoadRow of a format stored one record per token: copies the whole
+// LoadRow of a format F stored one record per token: copies the whole
 // record (whole 16-byte chunks) into staging row `row`; an invalid slot
 // copies zeros.
-template <class T>
-__device__ __forceinline__ void StageRecord(const DecodeParams& p, int slot, bool ok,
+template <class T, class F, int kPageBlock>
+__device__ __forceinline__ void StageRecord(const KvView& v, int slot, bool ok,
                                             const DecodeSmem& sm, int row, int sub) {
-  static_assert(!T::Kv::kPageBlocked && T::kStaged &&
-                    T::kStagingBytesPerToken == T::Kv::BytesPerToken(T::kDqk) &&
-                    T::kStagingBytesPerToken % 16 == 0,
-                "whole records of whole 16-byte chunks are staged");
-  constexpr int kChunks = T::kStagingBytesPerToken / 16;
-  const unsigned char* src = reinterpret_cast<const unsigned char*>(p.kv);
-  if (ok) {
-    src += (slot / T::kPageBlock) * p.kv_page_stride + (slot % T::kPageBlock) * p.kv_row_stride;
-  }
+  constexpr int kRecord = F::BytesPerToken(T::kDqk);
+  static_assert(
+      !F::kPageBlocked && T::kStaged && T::kStagingBytesPerToken >= kRecord && kRecord % 16 == 0,
+      "whole records of whole 16-byte chunks are staged");
+  constexpr int kChunks = kRecord / 16;
+  const unsigned char* src =
+      reinterpret_cast<const unsigned char*>(RowOf<typename F::Elem, kPageBlock>(v, slot, ok));
   const ptx::u32 bytes = ok ? 16 : 0;
   const ptx::u32 staged = sm.kv_staging_addr + row * T::kStagingBytesPerToken;
 #pragma unroll
@@ -220,27 +279,26 @@ __device__ __forceinline__ void StageRecord(const DecodeParams& p, int slot, boo
   }
 }
 
-// LoadRow of a page-blocked format (config.h): the token's data row to
+// LoadRow of a page-blocked format F (config.h): the token's data row to
 // staging offset 0 and its scale row right after it (kDataBytes); an
 // invalid slot copies zeros (so its scales are ue8m0 0 and its values 0).
-template <class T>
-__device__ __forceinline__ void StagePageBlockedRecord(const DecodeParams& p, int slot, bool ok,
+template <class T, class F, int kPageBlock>
+__device__ __forceinline__ void StagePageBlockedRecord(const KvView& v, int slot, bool ok,
                                                        const DecodeSmem& sm, int row, int sub) {
-  using F = typename T::Kv;
   static_assert(F::kPageBlocked && T::kStaged && F::kDataBytes % 16 == 0 &&
                     (F::kScaleBytes == 8 || F::kScaleBytes == 16) &&
                     T::kStagingBytesPerToken >= F::kDataBytes + F::kScaleBytes,
                 "a page-blocked record: whole 16-byte data chunks and one 8- or 16-byte scale row");
   constexpr int kDataChunks = F::kDataBytes / 16;
   constexpr int kCopies = kDataChunks + 1;  // the data chunks, then the scale row
-  const unsigned char* page = reinterpret_cast<const unsigned char*>(p.kv);
+  const unsigned char* page = reinterpret_cast<const unsigned char*>(v.base);
   int i = 0;
   if (ok) {
-    page += (slot / T::kPageBlock) * p.kv_page_stride;
-    i = slot % T::kPageBlock;
+    page += (slot / kPageBlock) * v.page_stride;
+    i = slot % kPageBlock;
   }
   const unsigned char* data = page + i * F::kDataBytes;
-  const unsigned char* scales = page + T::kPageBlock * F::kDataBytes + i * F::kScaleBytes;
+  const unsigned char* scales = page + kPageBlock * F::kDataBytes + i * F::kScaleBytes;
   const ptx::u32 staged = sm.kv_staging_addr + row * T::kStagingBytesPerToken;
 #pragma unroll
   for (int j = 0; j < (kCopies + kThreadsPerRow - 1) / kThreadsPerRow; ++j) {
@@ -271,11 +329,11 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
   using Elem = unsigned char;
   static constexpr bool kPow2Scales = kScalePow2;
 
-  template <class T>
-  __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
+  template <class T, int kPageBlock>
+  __device__ __forceinline__ static void LoadRow(const KvView& v, int slot, bool ok,
                                                  const DecodeSmem& sm, int, int row, int sub) {
     static_assert(Supports(T::kDv, T::kRope), "fp8_ds_mla: kv_lora_rank 512, rope_dim 0 or 64");
-    StageRecord<T>(p, slot, ok, sm, row, sub);
+    StageRecord<T, KvFp8DsMla, kPageBlock>(v, slot, ok, sm, row, sub);
   }
 
   template <class T>
@@ -304,12 +362,12 @@ template <class S>
 struct KvUe8m0PageBlocked : S {
   using Elem = unsigned char;
 
-  template <class T>
-  __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
+  template <class T, int kPageBlock>
+  __device__ __forceinline__ static void LoadRow(const KvView& v, int slot, bool ok,
                                                  const DecodeSmem& sm, int, int row, int sub) {
     static_assert(S::Supports(T::kDv, T::kRope),
                   "a V4 / V4.1 record: kv_lora_rank 512, rope_dim 0");
-    StagePageBlockedRecord<T>(p, slot, ok, sm, row, sub);
+    StagePageBlockedRecord<T, KvUe8m0PageBlocked, kPageBlock>(v, slot, ok, sm, row, sub);
   }
 
   template <class T>
@@ -340,11 +398,11 @@ using KvMxfp8DsMlaV41 = KvUe8m0PageBlocked<KvMxfp8DsMlaV41Sizes>;
 struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
   using Elem = unsigned char;
 
-  template <class T>
-  __device__ __forceinline__ static void LoadRow(const DecodeParams& p, int slot, bool ok,
+  template <class T, int kPageBlock>
+  __device__ __forceinline__ static void LoadRow(const KvView& v, int slot, bool ok,
                                                  const DecodeSmem& sm, int, int row, int sub) {
     static_assert(Supports(T::kDv, T::kRope), "nvfp4_ds_mla: kv_lora_rank 512, rope_dim 64");
-    StageRecord<T>(p, slot, ok, sm, row, sub);
+    StageRecord<T, KvNvfp4DsMla, kPageBlock>(v, slot, ok, sm, row, sub);
   }
 
   template <class T>
@@ -370,39 +428,71 @@ struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
   }
 };
 
-// The top-k slots of one KV tile that this thread gathers (rows row0 +
-// pass * kRowsPerPass), loaded one tile ahead so the index latency is not on
-// the gather's path. -1 past the split or the tile range.
+// The slots of one KV tile that this thread gathers (rows row0 + pass *
+// kRowsPerPass), loaded one tile ahead so the index latency is not on the
+// gather's path, and which cache the tile reads (DecodeWork: the split's
+// top-k tiles, then its extra ones). -1 past the split or the list's length.
 template <class T>
 struct TileSlots {
   int slot[T::kTokenTile / T::kRowsPerPass];
+  bool extra;
 
   __device__ __forceinline__ void Load(const DecodeWork& w, const ThreadRoles& r, int tile) {
-    const int base = w.begin + tile * T::kTokenTile;
+    extra = T::kExtraTopk > 0 && tile >= w.main_tiles;
+    const int base = extra ? w.extra_begin + (tile - w.main_tiles) * T::kTokenTile
+                           : w.begin + tile * T::kTokenTile;
+    const int end = extra ? w.extra_end : w.main_end;
+    // Extra position pos is extra index pos - kMainSpan.
+    const int* row = extra ? w.extra_idx_row : w.idx_row;
+    const int first = extra ? T::kMainSpan : 0;
 #pragma unroll
     for (int pass = 0; pass < T::kTokenTile / T::kRowsPerPass; ++pass) {
       const int pos = base + r.row0 + pass * T::kRowsPerPass;
-      slot[pass] = tile < w.num_tiles && pos < w.end ? __ldg(w.idx_row + pos) : -1;
+      slot[pass] = tile < w.num_tiles && pos < end ? __ldg(row + (pos - first)) : -1;
     }
   }
 };
 
 // Issues the copies of the KV tile whose slots are `s` into pipeline stage
-// `stage` (direct formats: its bf16 tile; staged: the staging buffer) and
-// records which rows are real tokens: an index of -1, one >= num_kv_slots,
-// or a position past the split is no token.
+// `stage` (direct formats: its bf16 tile; staged: the staging buffer) from
+// the tile's cache, and records which rows are real tokens: an index of -1,
+// one >= the cache's slot count, or a position past the split is no token.
 template <class T>
 __device__ __forceinline__ void GatherKvTile(const DecodeParams& p, const TileSlots<T>& s,
                                              const DecodeSmem& sm, const ThreadRoles& r,
                                              int stage) {
+  const bool extra = T::kExtraTopk > 0 && s.extra;
+  const KvView v = extra ? ExtraKv(p) : MainKv(p);
 #pragma unroll
   for (int pass = 0; pass < T::kTokenTile / T::kRowsPerPass; ++pass) {
     const int row = r.row0 + pass * T::kRowsPerPass;
     const int slot = s.slot[pass];
-    const bool ok = slot >= 0 && slot < p.num_kv_slots;
-    T::Kv::template LoadRow<T>(p, slot, ok, sm, stage, row, r.sub);
+    const bool ok = slot >= 0 && slot < v.num_slots;
+    if constexpr (T::kExtraTopk > 0) {
+      if (extra) {
+        T::ExtraKv::template LoadRow<T, T::kExtraPageBlock>(v, slot, ok, sm, stage, row, r.sub);
+      } else {
+        T::Kv::template LoadRow<T, T::kPageBlock>(v, slot, ok, sm, stage, row, r.sub);
+      }
+    } else {
+      T::Kv::template LoadRow<T, T::kPageBlock>(v, slot, ok, sm, stage, row, r.sub);
+    }
     if (r.sub == 0) sm.valid[stage * T::kTokenTile + row] = ok;
   }
+}
+
+// Lands tile t of the work item (KV format Land of the cache it reads).
+template <class T>
+__device__ __forceinline__ void LandKvTile(const DecodeWork& w, int t, const DecodeSmem& sm,
+                                           const ThreadRoles& r) {
+  // Two caches of one format land alike: one copy of the conversion.
+  if constexpr (T::kExtraTopk > 0 && !IsSame<typename T::Kv, typename T::ExtraKv>::value) {
+    if (t >= w.main_tiles) {
+      T::ExtraKv::template Land<T>(sm, r);
+      return;
+    }
+  }
+  T::Kv::template Land<T>(sm, r);
 }
 
 }  // namespace sparse_mla

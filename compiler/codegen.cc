@@ -249,7 +249,7 @@ int DecodeSmemBytesFor(const v1::AttentionSpec& spec, const v1::KernelTiling& ti
 }
 
 v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
-                              const Arch& arch) {
+                              const Arch& arch, EntryOccupancy occupancy) {
   v1::LaunchRule rule;
   rule.set_block_threads(tiling.warps() * 32);
   rule.set_dynamic_smem_bytes(DecodeSmemBytesFor(spec, tiling));
@@ -258,18 +258,22 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
   rule.set_workspace_bytes_per_split_token(static_cast<uint64_t>(spec.num_q_heads()) *
                                            (spec.kv_lora_rank() + 1) * sizeof(float));
   const int per_block = static_cast<int>(rule.dynamic_smem_bytes()) + Arch::kReservedSmemPerBlock;
-  // Resident CTAs: as many as shared memory holds, and as the register file
-  // holds at the registers a thread may take. The entries are built with
-  // __launch_bounds__(threads, 1), which lets a thread use up to 255 (256 as
-  // allocated), and the rule is made before the compile reports the count:
-  // 8 warps of those fill the 64K registers of an SM on every supported arch.
-  // (The smaller staging rows of the V4 / nvfp4 records let three 4-warp
-  // CTAs fit in shared memory where their 208 registers allow two; three
-  // made the split rule pick 3 splits at 16 x 128 on the H200, 152 us
-  // against 113 at 2: BENCH.md 2026-12-02.)
-  constexpr int kWarpsPerSmAtMaxRegisters = 65536 / (256 * 32);
-  const int by_registers =
-      std::max(1, kWarpsPerSmAtMaxRegisters / static_cast<int>(tiling.warps()));
+  // Resident CTAs: as many as shared memory holds, up to the warps per SM
+  // the entries are compiled for. GenerateSource builds them with
+  // __launch_bounds__(threads, ctas_per_sm), so the compiler keeps each
+  // thread within 64K / (ctas_per_sm * threads) registers and the count is
+  // the register file's too (the rule is made before the compile reports
+  // the registers, so it must not rely on them).
+  //  - Throughput entries (main and its cluster entry): up to 12 warps,
+  //    168 registers a thread. Only the 16-head 4-warp tiles of the smaller
+  //    records (V4, V4.1, nvfp4: ~70 KB) get three CTAs from it on the 227
+  //    KB parts, with no spill (CompileMatrix); 16 x 128 on the H200: V4
+  //    112 -> 100 us, V4.1 108 -> 98, nvfp4 120 -> 114 (BENCH.md
+  //    2026-12-02). Every other tiling's count is shared memory's, as before.
+  //  - Latency entries (the small-batch path): 8 warps, 255 registers,
+  //    which its 16 x 64 x 4-warp tiling needs (at 168 it spilled).
+  const int warps_per_sm = occupancy == EntryOccupancy::kThroughput ? 12 : 8;
+  const int by_registers = std::max(1, warps_per_sm / static_cast<int>(tiling.warps()));
   rule.set_ctas_per_sm(std::max(1, std::min(arch.smem_per_sm / per_block, by_registers)));
   rule.set_min_tiles_per_split(
       std::max(1, kMinKeysPerSplit / static_cast<int>(tiling.token_tile())));
@@ -316,7 +320,7 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
     return path;
   }
   path.set_entry(kSmallBatchEntry);
-  *path.mutable_launch() = MakeLaunchRule(spec, tiling, arch);
+  *path.mutable_launch() = MakeLaunchRule(spec, tiling, arch, EntryOccupancy::kLatency);
   // A staged format with one head group (<= 16 heads): one 64-key tile per
   // split is fastest for fp8_ds_mla (BENCH.md 2026-12-02: 8 x 1 13.8 us at 32 splits, 15.8 at
   // 16; 16 x 1 14.9 vs 17.0). bf16 keeps two (8 x 1 even, 8 x 4 12.1 us at
@@ -357,7 +361,8 @@ std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
 }
 
 std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
-                           const v1::SmallBatchPath& small, const v1::ClusterPath& cluster) {
+                           const v1::LaunchRule& launch, const v1::SmallBatchPath& small,
+                           const v1::ClusterPath& cluster) {
   // softmax_scale * log2(e), rounded once to float; %a prints it exactly.
   const float scale_log2 =
       static_cast<float>(static_cast<double>(spec.softmax_scale()) * 1.4426950408889634);
@@ -388,31 +393,40 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
                           KvTypeName(KvFormatOf(spec), spec.kv_scale_format()), extra,
                           spec.softmax_scale(), scale_log2);
   };
-  auto main_entry = [&](const char* traits_name, const char* entry) {
+  // Each entry's minimum resident CTAs is its launch rule's ctas_per_sm
+  // (MakeLaunchRule), which bounds its registers.
+  auto min_blocks = [](const v1::LaunchRule& rule) {
+    return std::max<uint32_t>(1, rule.ctas_per_sm());
+  };
+  auto main_entry = [&](const char* traits_name, const char* entry, uint32_t blocks) {
     absl::StrAppendFormat(&src,
-                          "extern \"C\" __global__ void __launch_bounds__(%s::kThreads, 1)\n"
+                          "extern \"C\" __global__ void __launch_bounds__(%s::kThreads, %d)\n"
                           "%s(const ks::DecodeParams p) {\n"
                           "  ks::DecodeMain<%s>(p);\n"
                           "}\n\n",
-                          traits_name, entry, traits_name);
+                          traits_name, blocks, entry, traits_name);
   };
   traits("Traits", tiling);
   const bool with_small = !small.entry().empty();
   if (with_small) traits("SmallBatchTraits", small.tiling());
-  auto cluster_entry = [&](const char* traits_name, const char* entry, uint32_t splits) {
+  auto cluster_entry = [&](const char* traits_name, const char* entry, uint32_t splits,
+                           uint32_t blocks) {
     absl::StrAppendFormat(&src,
                           "extern \"C\" __global__ void __cluster_dims__(1, %d, 1)\n"
-                          "__launch_bounds__(%s::kThreads, 1)\n"
+                          "__launch_bounds__(%s::kThreads, %d)\n"
                           "%s(const ks::DecodeParams p) {\n"
                           "  ks::DecodeMain<%s, %d>(p);\n"
                           "}\n\n",
-                          splits, traits_name, entry, traits_name, splits);
+                          splits, traits_name, blocks, entry, traits_name, splits);
   };
-  main_entry("Traits", kMainEntry);
-  if (!cluster.entry().empty()) cluster_entry("Traits", kMainClusterEntry, cluster.splits());
-  if (with_small) main_entry("SmallBatchTraits", kSmallBatchEntry);
+  main_entry("Traits", kMainEntry, min_blocks(launch));
+  if (!cluster.entry().empty()) {
+    cluster_entry("Traits", kMainClusterEntry, cluster.splits(), min_blocks(launch));
+  }
+  if (with_small) main_entry("SmallBatchTraits", kSmallBatchEntry, min_blocks(small.launch()));
   if (with_small && !small.cluster_entry().empty()) {
-    cluster_entry("SmallBatchTraits", kClusterEntry, small.cluster_splits());
+    cluster_entry("SmallBatchTraits", kClusterEntry, small.cluster_splits(),
+                  min_blocks(small.launch()));
   }
   absl::StrAppendFormat(&src,
                         "extern \"C\" __global__ void __launch_bounds__(ks::kCombineWarps * 32)\n"

@@ -55,10 +55,17 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
 v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arch,
                                   const v1::KernelTiling& main);
 
+// What an entry is compiled for: many resident CTAs (throughput: the main
+// kernel and its cluster entry) or registers (latency: the small-batch
+// path). MakeLaunchRule says how.
+enum class EntryOccupancy { kThroughput, kLatency };
+
 // How to launch a module built with `tiling` (see LaunchRule in
-// artifact.proto).
+// artifact.proto); its ctas_per_sm is also the entries' __launch_bounds__
+// minimum (GenerateSource).
 v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
-                              const Arch& arch);
+                              const Arch& arch,
+                              EntryOccupancy occupancy = EntryOccupancy::kThroughput);
 
 // Readable, deterministic name built from every kernel-changing parameter,
 // e.g. sparse_mla_decode_h8_d512r64_topk2048_bf16_pb64_sc0p0625_lse_sm120a.
@@ -68,8 +75,11 @@ std::string ModuleName(const v1::AttentionSpec& spec, const Arch& arch);
 // the spec's validated numbers, and the two extern "C" entry points; plus a
 // second traits struct and the small-batch entry when small.entry is set.
 // With cluster.entry set, the throughput tiling's cluster entry too.
+// `launch` is the main tiling's rule (MakeLaunchRule): its ctas_per_sm is
+// the throughput entries' __launch_bounds__ minimum, small.launch()'s the
+// small-batch entries'.
 std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
-                           const v1::SmallBatchPath& small = {},
+                           const v1::LaunchRule& launch, const v1::SmallBatchPath& small = {},
                            const v1::ClusterPath& cluster = {});
 
 // The main kernel's compile-time shape for a spec and a tiling: the input of

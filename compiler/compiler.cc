@@ -93,7 +93,9 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
     plan.small_batch.clear_cluster_splits();
     plan.cluster.Clear();
   }
-  plan.source = GenerateSource(plan.spec, plan.tiling, plan.small_batch, plan.cluster);
+  plan.source =
+      GenerateSource(plan.spec, plan.tiling, MakeLaunchRule(plan.spec, plan.tiling, plan.arch),
+                     plan.small_batch, plan.cluster);
   plan.options = BaseNvrtcOptions(plan.arch.name);
 
   KeyInputs key;

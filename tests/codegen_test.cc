@@ -94,7 +94,8 @@ std::string SourceFor(const v1::AttentionSpec& spec, const Arch& arch) {
   absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, arch);
   EXPECT_TRUE(tiling.ok()) << tiling.status();
   if (!tiling.ok()) return "";
-  return GenerateSource(spec, *tiling, ChooseSmallBatchPath(spec, arch, *tiling));
+  return GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, arch),
+                        ChooseSmallBatchPath(spec, arch, *tiling));
 }
 
 TEST(CodegenGolden, DeepseekTp1Sm90a) {
@@ -129,7 +130,8 @@ TEST(CodegenSource, SmallBatchEntryBesideAThroughputTiling) {
     EXPECT_NE(path.tiling().head_tile(), tiling->head_tile());
     EXPECT_EQ(path.launch().block_threads(), path.tiling().warps() * 32);
     EXPECT_GE(path.max_tokens(), 1u);
-    const std::string src = GenerateSource(spec, *tiling, path);
+    const std::string src =
+        GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, ArchNamed(arch)), path);
     EXPECT_NE(src.find(absl::StrCat(kSmallBatchEntry, "(const ks::DecodeParams p)")),
               std::string::npos);
     EXPECT_NE(src.find("ks::DecodeMain<SmallBatchTraits>(p)"), std::string::npos);
@@ -194,7 +196,7 @@ TEST(CodegenSource, OnlyNumbersVaryWithTheSpec) {
       // The throughput kernel alone (the small-batch one repeats its shape).
       absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, arch);
       ASSERT_TRUE(tiling.ok()) << tiling.status();
-      const std::string src = GenerateSource(spec, *tiling);
+      const std::string src = GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, arch));
       for (char c : src) {
         ASSERT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f))
             << "non-printable byte " << static_cast<int>(c) << " on " << arch.name;
@@ -418,12 +420,41 @@ TEST(MakeLaunchRule, CtasPerSmStayWithinTheRegisterFile) {
         const std::string where = absl::StrCat(arch.name, " ", kv.name, " heads=", heads);
         absl::StatusOr<v1::KernelTiling> t = ChooseTiling(spec, arch);
         ASSERT_TRUE(t.ok()) << where << ": " << t.status();
+        // Throughput entries: up to 12 warps (168 registers a thread);
+        // the small-batch path's: up to 8 (255).
         const v1::LaunchRule rule = MakeLaunchRule(spec, *t, arch);
         EXPECT_GE(rule.ctas_per_sm(), 1u) << where;
-        EXPECT_LE(rule.ctas_per_sm() * t->warps(), 8u) << where;
+        EXPECT_LE(rule.ctas_per_sm() * t->warps(), 12u) << where;
+        const v1::SmallBatchPath small = ChooseSmallBatchPath(spec, arch, *t);
+        if (!small.entry().empty()) {
+          EXPECT_LE(small.launch().ctas_per_sm() * small.tiling().warps(), 8u) << where;
+        }
+        // The entries are compiled for exactly those counts.
+        const std::string src =
+            GenerateSource(spec, *t, rule, small, ChooseMainCluster(spec, arch, *t));
+        EXPECT_NE(
+            src.find(absl::StrCat("__launch_bounds__(Traits::kThreads, ", rule.ctas_per_sm(), ")")),
+            std::string::npos)
+            << where;
+        if (!small.entry().empty()) {
+          EXPECT_NE(src.find(absl::StrCat("__launch_bounds__(SmallBatchTraits::kThreads, ",
+                                          small.launch().ctas_per_sm(), ")")),
+                    std::string::npos)
+              << where;
+        }
       }
     }
   }
+  // Where shared memory holds three 16-head CTAs of 4 warps (the V4 record
+  // on the 227 KB parts), the throughput entries take them.
+  v1::AttentionSpec v4 = SpecWith(16, 512, 0);
+  v4.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4);
+  absl::StatusOr<v1::KernelTiling> t = ChooseTiling(v4, ArchNamed("sm_90a"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->warps(), 4u);
+  EXPECT_EQ(MakeLaunchRule(v4, *t, ArchNamed("sm_90a")).ctas_per_sm(), 3u);
+  EXPECT_EQ(MakeLaunchRule(v4, *t, ArchNamed("sm_90a"), EntryOccupancy::kLatency).ctas_per_sm(),
+            2u);
 }
 
 TEST(KvRecordSizes, NewRecordLayouts) {

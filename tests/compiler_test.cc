@@ -218,7 +218,7 @@ TEST(KernelCompilerPlan, PlanCarriesTheNormalizedSpecAndCodegenOutputs) {
   absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, *arch);
   ASSERT_TRUE(tiling.ok());
   EXPECT_TRUE(MessageDifferencer::Equals(plan.tiling, *tiling));
-  EXPECT_EQ(plan.source, GenerateSource(spec, *tiling));
+  EXPECT_EQ(plan.source, GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, *arch)));
   EXPECT_EQ(plan.module_name, ModuleName(spec, *arch));
   EXPECT_FALSE(plan.options.empty());
 }

@@ -3,6 +3,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "model/indexer_spec.h"
 #include "model/spec.h"
 
 namespace kforge::cli {
@@ -16,6 +17,9 @@ const std::vector<FlagSpec>& KernelChoiceFlags() {
        "KV cache dtype: bf16, fp8_ds_mla, fp8_ds_mla_v4, mxfp8_ds_mla_v41 or nvfp4_ds_mla "
        "(fp8_ds_mla: a preset brings its scale format, a spec file must set kv_scale_format; "
        "the V4 records need kv_lora_rank 512 with rope_dim 0)"},
+      {"kind", "KIND",
+       "which kernel of the preset: sparse-mla (the attention) or dsa-indexer (its DSA "
+       "lightning indexer: logits + top-k); default sparse-mla"},
   };
   return kFlags;
 }
@@ -35,6 +39,16 @@ absl::StatusOr<v1::KernelSelector> SelectorFromArgs(const ParsedArgs& args) {
     }
     kv_dtype = *d;
   }
+  absl::StatusOr<v1::AttentionKind> kind =
+      args.Has("kind") ? ParseAttentionKind(args.Get("kind"))
+                       : absl::StatusOr<v1::AttentionKind>(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
+  if (!kind.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kind: ", absl::StripPrefix(kind.status().message(), "kind: ")));
+  }
+  if (args.Has("spec") && args.Has("kind")) {
+    return absl::InvalidArgumentError("--kind names a preset's kernel; a spec file has its own");
+  }
   if (args.Has("spec")) {
     absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(args.Get("spec"));
     if (!spec.ok()) return spec.status();
@@ -45,6 +59,8 @@ absl::StatusOr<v1::KernelSelector> SelectorFromArgs(const ParsedArgs& args) {
     return selector;
   }
   selector.mutable_preset()->set_kv_cache_dtype(kv_dtype);
+  // Sparse MLA stays unset, so its selectors are the bytes they always were.
+  if (*kind == v1::ATTENTION_KIND_DSA_INDEXER) selector.mutable_preset()->set_kind(*kind);
   absl::StatusOr<long long> tp = ParseIntFlag("tp", args.Get("tp"));
   if (!tp.ok()) return tp.status();
   if (*tp > 0xffffffffLL) return absl::InvalidArgumentError("--tp: too large");

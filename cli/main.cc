@@ -158,10 +158,12 @@ int Compile(const std::vector<std::string>& argv) {
     for (const auto& k : artifact->cubin_info().kernels()) {
       if (k.name() == artifact->main_entry()) main_k = &k;
     }
-    std::cout << absl::StrFormat(
-        "%s.cubin  %s  %zu bytes  %d regs  %d B smem  %.2f s\n", base, artifact->arch(),
-        artifact->cubin().size(), main_k ? main_k->registers() : 0,
-        artifact->launch().dynamic_smem_bytes(), artifact->compile_seconds());
+    std::cout << absl::StrFormat("%s.cubin  %s  %zu bytes  %d regs  %d B smem  %.2f s\n", base,
+                                 artifact->arch(), artifact->cubin().size(),
+                                 main_k ? main_k->registers() : 0,
+                                 artifact->has_indexer() ? artifact->indexer().logits_smem_bytes()
+                                                         : artifact->launch().dynamic_smem_bytes(),
+                                 artifact->compile_seconds());
   }
   return failures == 0 ? 0 : 1;
 }

@@ -119,6 +119,11 @@ int Select(const std::vector<std::string>& argv) {
   v1::AttentionSpec spec;
   absl::StatusOr<v1::Manifest> manifest = ManifestFromArgs(*args, &spec);
   if (!manifest.ok()) return Fail(manifest.status());
+  if (spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
+    return Fail(absl::InvalidArgumentError(
+        "select: ATTENTION_KIND_DSA_INDEXER has no runtime selection; its manifest's one "
+        "variant carries the launch (kforge manifest --kind dsa-indexer)"));
+  }
   DeviceInfo device;
   device.arch = args->Has("device-arch") ? args->Get("device-arch") : args->Get("arch");
   absl::StatusOr<int> sms = IntFlag(*args, "sms", 0);

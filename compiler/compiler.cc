@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/codegen.h"
+#include "compiler/indexer_codegen.h"
 #include "compiler/key.h"
 #include "compiler/nvrtc.h"
 #include "google/protobuf/util/json_util.h"
@@ -21,6 +22,31 @@ std::string KforgeVersion() { return KFORGE_VERSION; }
 std::string CompilerVersion() {
   return absl::StrCat("kforge ", KFORGE_VERSION, " / nvrtc ", NvrtcVersion());
 }
+
+namespace {
+
+// Plan's indexer half (ATTENTION_KIND_DSA_INDEXER): no tiling to choose,
+// the module name, instantiation unit and key.
+absl::StatusOr<CompilePlan> PlanIndexer(CompilePlan plan, const PlanOptions& options) {
+  if (options.max_smem_per_block > 0 || !options.tiling.empty()) {
+    return absl::InvalidArgumentError(
+        "max_smem_per_block and tiling: supported only for ATTENTION_KIND_SPARSE_MLA_DECODE "
+        "(the indexer's kernels have one shape)");
+  }
+  plan.module_name = IndexerModuleName(plan.spec, plan.arch);
+  plan.source = GenerateIndexerSource(plan.spec);
+  plan.options = BaseNvrtcOptions(plan.arch.name);
+  KeyInputs key;
+  key.spec = plan.spec;
+  key.template_digest = TemplateDigest();
+  key.nvrtc_version = NvrtcBuildIdentity();
+  key.options = plan.options;
+  key.arch = plan.arch.name;
+  plan.key = ComputeCacheKey(key);
+  return plan;
+}
+
+}  // namespace
 
 absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
                                                  std::string_view arch,
@@ -38,6 +64,7 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
                      ", supported 0 (the arch's own limit) or a positive byte count"));
   }
   plan.arch = WithSmemCap(plan.arch, options.max_smem_per_block);
+  if (plan.spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) return PlanIndexer(plan, options);
   absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(plan.spec, plan.arch, options.tiling);
   if (!tiling.ok()) return tiling.status();
   plan.tiling = *std::move(tiling);
@@ -101,7 +128,9 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
                                             ", asked for ", plan.arch.name,
                                             "; refusing to serve it"));
   }
+  const bool indexer = plan.spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER;
   std::vector<std::string> entries = {kMainEntry, kCombineEntry};
+  if (indexer) entries = {kIndexerLogitsEntry, kIndexerTopkEntry};
   for (const std::string* entry : OptionalMainEntries(plan.small_batch, plan.cluster)) {
     entries.push_back(*entry);
   }
@@ -120,7 +149,7 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   artifact.set_arch(plan.arch.name);
   *artifact.mutable_spec() = plan.spec;
   *artifact.mutable_tiling() = plan.tiling;
-  *artifact.mutable_launch() = MakeLaunchRule(plan.spec, plan.tiling, plan.arch);
+  if (!indexer) *artifact.mutable_launch() = MakeLaunchRule(plan.spec, plan.tiling, plan.arch);
   artifact.set_main_entry(kMainEntry);
   artifact.set_combine_entry(kCombineEntry);
   if (!plan.small_batch.entry().empty()) *artifact.mutable_small_batch() = plan.small_batch;
@@ -133,6 +162,15 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   artifact.set_params_bytes(sizeof(sparse_mla::DecodeParams));
   artifact.set_combine_params_bytes(sizeof(sparse_mla::CombineParams));
   artifact.set_cubin(std::move(compiled->cubin));
+  if (indexer) {
+    // The indexer has no tiling or split rule: its launch is IndexerLaunch.
+    artifact.clear_tiling();
+    *artifact.mutable_indexer() = MakeIndexerLaunch(plan.spec);
+    artifact.set_main_entry(kIndexerLogitsEntry);
+    artifact.set_combine_entry(kIndexerTopkEntry);
+    artifact.set_params_bytes(artifact.indexer().logits_params_bytes());
+    artifact.set_combine_params_bytes(artifact.indexer().topk_params_bytes());
+  }
   return artifact;
 }
 

@@ -1,6 +1,7 @@
 #include "compiler/manifest.h"
 
 #include "compiler/codegen.h"
+#include "compiler/indexer_codegen.h"
 #include "model/format.h"
 
 namespace kforge {
@@ -16,6 +17,14 @@ absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
   v->set_module_name(plan->module_name);
   v->set_key(plan->key);
   *v->mutable_spec() = plan->spec;
+  if (plan->spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
+    // One variant, no selection: the launch is the indexer's own.
+    *v->mutable_indexer() = MakeIndexerLaunch(plan->spec);
+    v->set_main_entry(kIndexerLogitsEntry);
+    v->set_combine_entry(kIndexerTopkEntry);
+    manifest.add_choice_order(0);
+    return manifest;
+  }
   *v->mutable_tiling() = plan->tiling;
   *v->mutable_launch() = MakeLaunchRule(plan->spec, plan->tiling, plan->arch);
   v->set_main_entry(kMainEntry);

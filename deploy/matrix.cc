@@ -24,6 +24,7 @@
 #include "kforge/v1/spec.pb.h"
 #include "model/arch.h"
 #include "model/format.h"
+#include "model/indexer_spec.h"
 #include "model/spec.h"
 
 namespace kforge {
@@ -303,7 +304,21 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
   const std::string name = model.has_preset()     ? model.preset()
                            : model.name().empty() ? path
                                                   : model.name();
-  for (const TpSpec& tp : *tp_specs) {
+  bool attention = model.kinds().empty();
+  bool indexer = false;
+  for (int i = 0; i < model.kinds_size(); ++i) {
+    if (model.kinds(i) == v1::ATTENTION_KIND_SPARSE_MLA_DECODE) {
+      attention = true;
+    } else if (model.kinds(i) == v1::ATTENTION_KIND_DSA_INDEXER && model.has_preset()) {
+      indexer = true;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ".kinds[", i, "]: got ", v1::AttentionKind_Name(model.kinds(i)),
+          ", supported ATTENTION_KIND_SPARSE_MLA_DECODE, or ATTENTION_KIND_DSA_INDEXER for a "
+          "preset"));
+    }
+  }
+  for (const TpSpec& tp : attention ? *tp_specs : std::vector<TpSpec>{}) {
     for (int dtype : *dtypes) {
       MatrixJob job;
       job.model = name;
@@ -315,6 +330,18 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
         job.label = absl::StrCat(name, " tp", tp.tp, " ", KvDtypeName(job.kv_dtype), " ", arch);
         expansion.Add(job);
       }
+    }
+  }
+  if (indexer) {
+    absl::StatusOr<v1::AttentionSpec> spec = IndexerSpecFromPreset(model.preset(), 1);
+    if (!spec.ok()) return AtPath(absl::StrCat(path, ".kinds"), spec.status());
+    for (const std::string& arch : *archs) {
+      MatrixJob job;
+      job.model = name;
+      job.spec = *spec;
+      job.arch = arch;
+      job.label = absl::StrCat(name, " dsa-indexer ", arch);
+      expansion.Add(job);
     }
   }
   return absl::OkStatus();

@@ -12,6 +12,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "model/arch.h"
 #include "model/cubin.h"
+#include "templates/kforge/dsa_indexer/config.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
@@ -95,15 +96,19 @@ absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::st
   const std::string canonical_arch = CanonicalArchName(arch);
   // The parameter blocks this runtime fills are the host's structs; a kernel
   // built from other templates would read them at the wrong offsets.
+  const bool indexer = variant.spec().kind() == v1::ATTENTION_KIND_DSA_INDEXER;
+  const size_t params_bytes =
+      indexer ? sizeof(dsa_indexer::LogitsParams) : sizeof(sparse_mla::DecodeParams);
+  const size_t combine_params_bytes =
+      indexer ? sizeof(dsa_indexer::TopkParams) : sizeof(sparse_mla::CombineParams);
   const Expectation checks[] = {
       {"key", variant.key(), artifact.key()},
       {"module_name", variant.module_name(), artifact.module_name()},
       {"arch", canonical_arch, artifact.arch()},
       {"main_entry", variant.main_entry(), artifact.main_entry()},
       {"combine_entry", variant.combine_entry(), artifact.combine_entry()},
-      {"params_bytes", absl::StrCat(sizeof(sparse_mla::DecodeParams)),
-       absl::StrCat(artifact.params_bytes())},
-      {"combine_params_bytes", absl::StrCat(sizeof(sparse_mla::CombineParams)),
+      {"params_bytes", absl::StrCat(params_bytes), absl::StrCat(artifact.params_bytes())},
+      {"combine_params_bytes", absl::StrCat(combine_params_bytes),
        absl::StrCat(artifact.combine_params_bytes())},
   };
   for (const Expectation& c : checks) {
@@ -118,7 +123,8 @@ absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::st
                     {"tiling", {&variant.tiling(), &artifact.tiling()}},
                     {"launch", {&variant.launch(), &artifact.launch()}},
                     {"small_batch", {&variant.small_batch(), &artifact.small_batch()}},
-                    {"cluster", {&variant.cluster(), &artifact.cluster()}}};
+                    {"cluster", {&variant.cluster(), &artifact.cluster()}},
+                    {"indexer", {&variant.indexer(), &artifact.indexer()}}};
   for (const auto& [field, pair] : messages) {
     if (!google::protobuf::util::MessageDifferencer::Equals(*pair.first, *pair.second)) {
       return Mismatch(variant, field, pair.first->ShortDebugString(),
@@ -148,6 +154,7 @@ v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact) {
   variant.set_combine_entry(artifact.combine_entry());
   if (artifact.has_small_batch()) *variant.mutable_small_batch() = artifact.small_batch();
   if (artifact.has_cluster()) *variant.mutable_cluster() = artifact.cluster();
+  if (artifact.has_indexer()) *variant.mutable_indexer() = artifact.indexer();
   return variant;
 }
 

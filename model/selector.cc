@@ -85,6 +85,10 @@ std::vector<std::string> Missing(const std::string& manifest_arch, const v1::Att
   if (manifest_arch != device_arch) {
     missing.push_back(absl::StrFormat("arch %s (is %s)", device_arch, manifest_arch));
   }
+  if (s.kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
+    // Launched from the variant's indexer launch, never selected for decode.
+    missing.push_back("kind sparse MLA decode (is ATTENTION_KIND_DSA_INDEXER)");
+  }
   num("heads", shape.num_q_heads, s.num_q_heads());
   if (shape.kv_dtype != s.kv_cache_dtype()) {
     missing.push_back(absl::StrFormat("dtype=%s (supports %s)", KvDtypeName(shape.kv_dtype),

@@ -26,6 +26,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "kforge/v1/spec.pb.h"
 #include "model/format.h"
+#include "model/indexer_spec.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
@@ -166,9 +167,11 @@ absl::StatusOr<v1::AttentionSpec> ParseTextProto(std::string_view text) {
 }  // namespace
 
 absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
+  if (spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) return ValidateIndexerSpec(spec);
   Problems problems;
   if (spec.kind() != v1::ATTENTION_KIND_SPARSE_MLA_DECODE) {
-    problems.Add("kind", KindName(spec.kind()), "ATTENTION_KIND_SPARSE_MLA_DECODE");
+    problems.Add("kind", KindName(spec.kind()),
+                 "ATTENTION_KIND_SPARSE_MLA_DECODE or ATTENTION_KIND_DSA_INDEXER");
   }
   if (spec.num_q_heads() < 1 || spec.num_q_heads() > kMaxQHeads) {
     problems.Add("num_q_heads", spec.num_q_heads(), absl::StrCat("1..", kMaxQHeads));
@@ -218,10 +221,19 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
                    absl::StrCat("1..", kMaxPageBlockSize));
     }
   }
+  // The indexer's fields (model/indexer_spec.h) are not this kernel's.
+  if (spec.index_heads() != 0) {
+    problems.Add("index_heads", spec.index_heads(), "unset (ATTENTION_KIND_DSA_INDEXER only)");
+  }
+  if (spec.index_head_dim() != 0) {
+    problems.Add("index_head_dim", spec.index_head_dim(),
+                 "unset (ATTENTION_KIND_DSA_INDEXER only)");
+  }
   return problems.ToStatus();
 }
 
 absl::StatusOr<v1::AttentionSpec> NormalizeSpec(const v1::AttentionSpec& spec) {
+  if (spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) return NormalizeIndexerSpec(spec);
   if (absl::Status status = ValidateSpec(spec); !status.ok()) return status;
   v1::AttentionSpec normalized = spec;
   // A spec decoded from the wire may carry fields from a newer schema; they
@@ -281,6 +293,15 @@ absl::StatusOr<v1::AttentionSpec> SpecOfSelector(const v1::KernelSelector& selec
     case v1::KernelSelector::kSpec:
       return selector.spec();
     case v1::KernelSelector::kPreset:
+      if (selector.preset().kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
+        if (selector.preset().kv_cache_dtype() != v1::KV_CACHE_DTYPE_UNSPECIFIED) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "kv_cache_dtype: got ", KvDtypeName(selector.preset().kv_cache_dtype()),
+              ", supported unset (ATTENTION_KIND_DSA_INDEXER: the index-key cache is fp8)"));
+        }
+        return IndexerSpecFromPreset(selector.preset().name(),
+                                     int64_t{selector.preset().tensor_parallel()});
+      }
       return SpecFromPreset(selector.preset().name(), int64_t{selector.preset().tensor_parallel()},
                             selector.preset().kv_cache_dtype());
     default:

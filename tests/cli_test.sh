@@ -117,6 +117,28 @@ JSON
 expect_error "--kv-dtype fp8_ds_mla_v4 on a rope-64 preset" "rope_dim: got 64" \
   manifest --preset deepseek-v3.2 --kv-dtype fp8_ds_mla_v4 --arch sm_90a
 
+# The DSA indexer (issue 16): --kind dsa-indexer on a preset; its heads do
+# not shrink with --tp; its manifest is one variant with the indexer launch,
+# which the decode selector never picks.
+"$KFORGE" compile --preset glm-5 --tp 8 --kind dsa-indexer --arch sm_120a -o "$TMP/ix" \
+  >/dev/null || fail "compile --kind dsa-indexer failed"
+[[ -s "$TMP/ix/dsa_indexer_h32_d128_topk2048_pb64_sm120a.cubin" ]] ||
+  fail "missing the glm-5 indexer module: $(ls "$TMP/ix")"
+grep -q '"logits_entry": "dsa_indexer_logits"' "$TMP/ix/dsa_indexer_h32_d128_topk2048_pb64_sm120a.json" ||
+  fail "the indexer description has no launch"
+expect_error "--kind nonsense" "--kind: got \"nonsense\"" compile --preset glm-5 --kind nonsense \
+  --arch sm_90a -o "$TMP/x"
+expect_error "--kind dsa-indexer --kv-dtype" "kv_cache_dtype: got fp8_ds_mla" \
+  compile --preset glm-5 --kind dsa-indexer --kv-dtype fp8_ds_mla --arch sm_90a -o "$TMP/x"
+"$KFORGE" manifest --preset deepseek-v3.2 --tp 8 --kind dsa-indexer --arch sm_90a \
+  >"$TMP/ix_manifest.json" || fail "manifest --kind dsa-indexer failed"
+grep -q '"module_name": "dsa_indexer_h64_d128_topk2048_pb64_sm90a"' "$TMP/ix_manifest.json" ||
+  fail "the deepseek-v3.2 indexer manifest does not name its 64-head module"
+grep -q '"topk_entry": "dsa_indexer_topk"' "$TMP/ix_manifest.json" ||
+  fail "the indexer manifest has no launch"
+expect_error "select --kind dsa-indexer" "ATTENTION_KIND_DSA_INDEXER" \
+  select --preset glm-5 --kind dsa-indexer --arch sm_90a --sms 132 --batch 1 --s-q 1
+
 # manifest / select (runtime selector, no server).
 "$KFORGE" manifest --preset glm-5 --tp 8 --arch sm_90a --sms 132 >"$TMP/manifest.json" ||
   fail "kforge manifest failed"
@@ -567,6 +589,11 @@ done
 [[ -n "$ADDR" ]] || fail "serve --log-format json: no start event: $(cat "$JSON_LOG")"
 expect_ok "get from a JSON-logging server" get --server "$ADDR" --preset glm-5 --tp 8 \
   --arch sm_80 -o "$TMP/json_get"
+# The DSA indexer through a server: manifest, kernel, artifact check.
+expect_ok "get --kind dsa-indexer from a server" get --server "$ADDR" --preset glm-5 --tp 8 \
+  --kind dsa-indexer --arch sm_80 -o "$TMP/json_get_ix"
+[[ -s "$TMP/json_get_ix/dsa_indexer_h32_d128_topk2048_pb64_sm80.cubin" ]] ||
+  fail "get --kind dsa-indexer wrote no module: $(ls "$TMP/json_get_ix")"
 kill -TERM "$JSON_PID"
 wait "$JSON_PID" || fail "serve --log-format json exited non-zero"
 # Every line one JSON object with ts, level and event; the compile says

@@ -54,10 +54,11 @@ TEST(CacheKeyTest, IsDeterministic) {
 // the recipe on purpose requires bumping kFormatVersion (so no old cache entry
 // is served under a new meaning) and then updating this literal. Adding a field
 // to AttentionSpec also changes it (by design: every field is hashed; the
-// last change: extra_kv, the extra KV cache).
+// last change: extra_kv, the extra KV cache, and the DSA indexer's index_heads
+// and index_head_dim).
 TEST(CacheKeyTest, GoldenKey) {
   EXPECT_EQ(ComputeCacheKey(GoldenInputs()),
-            "0d0a9f7a317666856f6c1c8c520d78ff0f038b58f6540425350e2e4b8a2d541f");
+            "d39e76b85f3e76c54b15c393d22c0ec0b7e111bdb64997985dc624b6f8739335");
 }
 
 TEST(CacheKeyTest, DefaultFormatVersionIsCurrent) {

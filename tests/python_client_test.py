@@ -386,6 +386,23 @@ class RealServerTest(unittest.TestCase):
             # The parameter blocks PlanDecode fills are the compiled kernel's.
             self.assertEqual((art.params_bytes, art.combine_params_bytes), param_sizes())
 
+    def test_dsa_indexer_from_the_server(self):
+        # kind="dsa-indexer" on a preset: the indexer's manifest and module,
+        # checked like every kernel; its heads do not shrink with tp.
+        from kforge.dsa_indexer import description_from_source
+        description, cubin = description_from_source(self.client, "glm-5", ARCH, tp=8)
+        self.assertEqual(description["module_name"],
+                         f"dsa_indexer_h32_d128_topk2048_pb64_{ARCH.replace('_', '')}")
+        self.assertEqual(description["spec"]["kind"], "ATTENTION_KIND_DSA_INDEXER")
+        self.assertEqual(description["indexer"]["logits_entry"], "dsa_indexer_logits")
+        self.assertEqual(int(description["indexer"]["logits_params_bytes"]),
+                         kforge.dsa_indexer._LOGITS_PARAMS.size)
+        self.assertEqual(int(description["indexer"]["topk_params_bytes"]),
+                         kforge.dsa_indexer._TOPK_PARAMS.size)
+        self.assertGreater(len(cubin), 1000)
+        with self.assertRaises(ValueError):
+            self.client.get_manifest(preset="glm-5", arch=ARCH, kind="indexer")
+
     def test_second_requests_make_no_rpc(self):
         before = self.client.rpc_calls
         self.assertEqual(self.client.get_manifest(preset="glm-5", tp=8, arch=ARCH), self.manifest)

@@ -17,6 +17,7 @@ what is missing.
 """
 
 from kforge.bundle import Bundle, verify_bundle
+from kforge.dsa_indexer import DsaIndexer, dsa_indexer_topk
 from kforge.client import Client
 from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument, KforgeNotFound,
                            KforgeRpcError, KforgeUnavailable)
@@ -27,7 +28,8 @@ from kforge.ops import (SparseMlaDecoder, configure, default_source, kv_row_byte
 from kforge.plan import Device, Selection, Shape, plan_decode, select, workspace_bytes_for
 from kforge.spec import PRESETS, spec_from_preset
 
-__all__ = ["Bundle", "Client", "Device", "Kernel", "dequantize_fp8_ds_mla", "kv_row_bytes_for",
+__all__ = ["Bundle", "Client", "Device", "DsaIndexer", "Kernel", "dequantize_fp8_ds_mla",
+           "dsa_indexer_topk", "kv_row_bytes_for",
            "quantize_fp8_ds_mla", "KforgeBadAnswer", "KforgeError",
            "KforgeInvalidArgument", "KforgeNotFound", "KforgeRpcError", "KforgeUnavailable",
            "PRESETS", "Selection", "Shape", "SparseMlaDecoder", "configure", "default_source",

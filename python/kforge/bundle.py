@@ -57,10 +57,10 @@ class Bundle(KernelSource):
     def __repr__(self):
         return f"Bundle({self.dir!r})"
 
-    def get_manifest(self, preset=None, tp=None, spec=None, arch=None, kv_dtype=None):
+    def get_manifest(self, preset=None, tp=None, spec=None, arch=None, kv_dtype=None, kind=None):
         if arch is None:
             raise ValueError("arch= is required (e.g. arch='sm_90a')")
-        sel = selector(preset=preset, tp=tp, spec=spec, kv_dtype=kv_dtype)
+        sel = selector(preset=preset, tp=tp, spec=spec, kv_dtype=kv_dtype, kind=kind)
         with self._lock:
             return self._source.get_manifest(sel, arch)
 

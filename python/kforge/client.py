@@ -178,12 +178,12 @@ class Client(KernelSource):
             return KforgeNotFound(message)
         return KforgeRpcError(message, code, details)
 
-    def get_manifest(self, preset=None, tp=None, spec=None, arch=None, kv_dtype=None):
+    def get_manifest(self, preset=None, tp=None, spec=None, arch=None, kv_dtype=None, kind=None):
         """The selection manifest for a preset and tensor-parallel degree, or
         for a spec, on `arch` (the split count is the selector's, per device)."""
         if arch is None:
             raise ValueError("arch= is required (e.g. arch='sm_90a')")
-        sel = selector(preset=preset, tp=tp, spec=spec, kv_dtype=kv_dtype)
+        sel = selector(preset=preset, tp=tp, spec=spec, kv_dtype=kv_dtype, kind=kind)
         key = (sel.SerializeToString(deterministic=True), canonical_arch(arch))
         with self._lock:
             manifest = self._manifests.get(key)

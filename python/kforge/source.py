@@ -13,7 +13,7 @@ class KernelSource:
     """get_manifest(preset=, tp= | spec=, arch=) and get_kernel(variant,
     arch); implemented by Client (a server) and Bundle (a directory)."""
 
-    def get_manifest(self, preset=None, tp=None, spec=None, arch=None, kv_dtype=None):
+    def get_manifest(self, preset=None, tp=None, spec=None, arch=None, kv_dtype=None, kind=None):
         raise NotImplementedError
 
     def get_kernel(self, variant, arch):

@@ -98,9 +98,14 @@ class _Presets(collections.abc.Mapping):
 PRESETS = _Presets()
 
 
-def selector(preset=None, tp=None, spec=None, kv_dtype=None):
-    """The KernelSelector for a preset (+ tensor-parallel degree and KV
-    cache dtype, bf16 by default) or a spec."""
+# --kind's names (model/indexer_spec.h ParseAttentionKind) as enum values.
+KINDS = {"sparse-mla": 1, "dsa-indexer": 2}
+
+
+def selector(preset=None, tp=None, spec=None, kv_dtype=None, kind=None):
+    """The KernelSelector for a preset (+ tensor-parallel degree, KV cache
+    dtype, bf16 by default, and kind: "sparse-mla", the default, or
+    "dsa-indexer", the preset's DSA indexer) or a spec."""
     if (preset is None) == (spec is None):
         raise ValueError("give either preset= (with tp=) or spec=, not both or neither")
     if spec is not None and tp is not None:
@@ -116,6 +121,12 @@ def selector(preset=None, tp=None, spec=None, kv_dtype=None):
         sel.preset.name = preset
         sel.preset.tensor_parallel = 1 if tp is None else tp
         sel.preset.kv_cache_dtype = kv_dtype_value(kv_dtype)
+        if kind is not None and kind != "sparse-mla":
+            if kind not in KINDS:
+                raise ValueError(f"kind: got {kind!r}, supported {', '.join(KINDS)}")
+            sel.preset.kind = KINDS[kind]
+    if spec is not None and kind is not None:
+        raise ValueError("kind= goes with preset=; a spec already fixes its kind")
     return sel
 
 

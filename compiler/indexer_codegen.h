@@ -1,0 +1,30 @@
+#ifndef KFORGE_COMPILER_INDEXER_CODEGEN_H_
+#define KFORGE_COMPILER_INDEXER_CODEGEN_H_
+
+#include <string>
+
+#include "kforge/v1/artifact.pb.h"
+#include "kforge/v1/spec.pb.h"
+#include "model/arch.h"
+
+namespace kforge {
+
+// Entry points of every DSA indexer module (extern "C").
+inline constexpr char kIndexerLogitsEntry[] = "dsa_indexer_logits";
+inline constexpr char kIndexerTopkEntry[] = "dsa_indexer_topk";
+
+// Readable, deterministic name from every kernel-changing parameter of a
+// valid indexer spec, e.g. dsa_indexer_h32_d128_topk2048_pb64_sm120a.
+std::string IndexerModuleName(const v1::AttentionSpec& spec, const Arch& arch);
+
+// The instantiation unit: one IndexerTraits with the spec's numbers and the
+// two extern "C" entries (templates/kforge/dsa_indexer/).
+std::string GenerateIndexerSource(const v1::AttentionSpec& spec);
+
+// The launch of both kernels (config.h's rules), entries and parameter
+// block sizes included.
+v1::IndexerLaunch MakeIndexerLaunch(const v1::AttentionSpec& spec);
+
+}  // namespace kforge
+
+#endif  // KFORGE_COMPILER_INDEXER_CODEGEN_H_

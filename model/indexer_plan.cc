@@ -1,0 +1,180 @@
+#include "model/indexer_plan.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace kforge {
+namespace {
+
+using dsa_indexer::IndexKeyPage;
+
+// Grid y and z hold at most 65535 blocks.
+constexpr int64_t kMaxGridY = 65535;
+
+class Problems {
+ public:
+  template <typename T>
+  void Add(absl::string_view field, const T& got, absl::string_view supported) {
+    items_.push_back(absl::StrCat(field, ": got ", got, ", supported ", supported));
+  }
+  void NonNull(absl::string_view field, uint64_t ptr) {
+    if (ptr == 0) Add(field, "null", "a device address");
+  }
+  void Aligned(absl::string_view field, uint64_t value, int alignment) {
+    if (value % alignment != 0) Add(field, value, absl::StrCat("a multiple of ", alignment));
+  }
+  void AtLeast(absl::string_view field, int64_t value, int64_t min) {
+    if (value < min) Add(field, value, absl::StrCat(">= ", min));
+  }
+  absl::Status ToStatus() const {
+    if (items_.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(items_, "; "));
+  }
+
+ private:
+  std::vector<std::string> items_;
+};
+
+// The module itself: an indexer spec and the launch its compile recorded.
+void CheckModule(const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch, Problems& p) {
+  if (spec.kind() != v1::ATTENTION_KIND_DSA_INDEXER) {
+    p.Add("spec.kind", v1::AttentionKind_Name(spec.kind()), "ATTENTION_KIND_DSA_INDEXER");
+  }
+  if (launch.logits_params_bytes() != sizeof(dsa_indexer::LogitsParams) ||
+      launch.topk_params_bytes() != sizeof(dsa_indexer::TopkParams)) {
+    p.Add("launch.logits_params_bytes / topk_params_bytes",
+          absl::StrCat(launch.logits_params_bytes(), " / ", launch.topk_params_bytes()),
+          absl::StrCat(sizeof(dsa_indexer::LogitsParams), " / ", sizeof(dsa_indexer::TopkParams),
+                       " (this build's config.h)"));
+  }
+}
+
+void CheckRows(int batch, int s_q, Problems& p) {
+  if (batch < 1) p.Add("batch", batch, ">= 1");
+  if (s_q < 1 || s_q > dsa_indexer::kMaxSq) {
+    p.Add("s_q", s_q, absl::StrCat("1..", dsa_indexer::kMaxSq));
+  }
+  if (batch >= 1 && s_q >= 1 && int64_t{batch} * s_q > kMaxGridY) {
+    p.Add("batch * s_q", int64_t{batch} * s_q, absl::StrCat("1..", kMaxGridY));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<IndexerKernelLaunch<dsa_indexer::LogitsParams>> PlanIndexerLogits(
+    const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch, const IndexerLogitsArgs& a) {
+  Problems p;
+  CheckModule(spec, launch, p);
+  CheckRows(a.batch, a.s_q, p);
+  const int64_t heads = spec.index_heads();
+  for (const auto& [field, ptr] : {std::pair<const char*, uint64_t>{"q", a.q},
+                                   {"weights", a.weights},
+                                   {"index_cache", a.index_cache},
+                                   {"block_table", a.block_table},
+                                   {"context_lens", a.context_lens},
+                                   {"logits", a.logits}}) {
+    p.NonNull(field, ptr);
+  }
+  // 16-byte copies of q rows and cache pages, 4-byte scalars elsewhere.
+  p.Aligned("q", a.q, 16);
+  p.Aligned("q_row_stride", static_cast<uint64_t>(a.q_row_stride), 16);
+  p.Aligned("index_cache", a.index_cache, 16);
+  p.Aligned("page_stride", static_cast<uint64_t>(a.page_stride), 16);
+  for (const auto& [field, ptr] : {std::pair<const char*, uint64_t>{"weights", a.weights},
+                                   {"block_table", a.block_table},
+                                   {"context_lens", a.context_lens},
+                                   {"logits", a.logits}}) {
+    p.Aligned(field, ptr, 4);
+  }
+  p.AtLeast("q_row_stride", a.q_row_stride, heads * IndexKeyPage::kHeadDim);
+  p.AtLeast("weights_row_stride", a.weights_row_stride, heads);
+  p.AtLeast("page_stride", a.page_stride, IndexKeyPage::kBytes);
+  p.AtLeast("max_context", a.max_context, 1);
+  p.AtLeast("block_table_cols", a.block_table_cols,
+            (int64_t{a.max_context} + IndexKeyPage::kPageTokens - 1) / IndexKeyPage::kPageTokens);
+  p.AtLeast("block_table_stride", a.block_table_stride, a.block_table_cols);
+  p.AtLeast("logits_cols", a.logits_cols, a.max_context);
+  p.AtLeast("logits_stride", a.logits_stride, a.logits_cols);
+  if (absl::Status s = p.ToStatus(); !s.ok()) return s;
+
+  IndexerKernelLaunch<dsa_indexer::LogitsParams> l;
+  l.entry = launch.logits_entry();
+  const int64_t per_cta = launch.logits_keys_per_cta();
+  l.grid_x = static_cast<uint32_t>((a.max_context + per_cta - 1) / per_cta);
+  l.grid_y = static_cast<uint32_t>(a.batch * a.s_q);
+  l.block_threads = launch.logits_block_threads();
+  l.dynamic_smem_bytes = launch.logits_smem_bytes();
+  dsa_indexer::LogitsParams& k = l.params;
+  k.q = reinterpret_cast<const unsigned char*>(a.q);
+  k.weights = reinterpret_cast<const float*>(a.weights);
+  k.kv = reinterpret_cast<const unsigned char*>(a.index_cache);
+  k.block_table = reinterpret_cast<const int*>(a.block_table);
+  k.context_lens = reinterpret_cast<const int*>(a.context_lens);
+  k.logits = reinterpret_cast<float*>(a.logits);
+  k.q_row_stride = a.q_row_stride;
+  k.weights_row_stride = a.weights_row_stride;
+  k.page_stride = a.page_stride;
+  k.block_table_stride = a.block_table_stride;
+  k.logits_stride = a.logits_stride;
+  k.batch = a.batch;
+  k.s_q = a.s_q;
+  k.max_context = a.max_context;
+  return l;
+}
+
+absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> PlanIndexerTopk(
+    const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch, const IndexerTopkArgs& a) {
+  Problems p;
+  CheckModule(spec, launch, p);
+  CheckRows(a.batch, a.s_q, p);
+  for (const auto& [field, ptr] : {std::pair<const char*, uint64_t>{"logits", a.logits},
+                                   {"context_lens", a.context_lens},
+                                   {"indices", a.indices}}) {
+    p.NonNull(field, ptr);
+  }
+  for (const auto& [field, ptr] : {std::pair<const char*, uint64_t>{"logits", a.logits},
+                                   {"context_lens", a.context_lens},
+                                   {"indices", a.indices},
+                                   {"block_table", a.block_table},
+                                   {"slots", a.slots}}) {
+    p.Aligned(field, ptr, 4);
+  }
+  if ((a.block_table == 0) != (a.slots == 0)) {
+    p.Add("slots", a.slots == 0 ? "null" : "an address", "both block_table and slots, or neither");
+  }
+  p.AtLeast("indices_stride", a.indices_stride, spec.topk());
+  if (a.slots != 0) {
+    p.AtLeast("slots_stride", a.slots_stride, spec.topk());
+    p.AtLeast("slot_page_size", a.slot_page_size, 1);
+  }
+  p.AtLeast("max_context", a.max_context, 1);
+  p.AtLeast("logits_stride", a.logits_stride, a.max_context);
+  if (absl::Status s = p.ToStatus(); !s.ok()) return s;
+
+  IndexerKernelLaunch<dsa_indexer::TopkParams> l;
+  l.entry = launch.topk_entry();
+  l.grid_x = static_cast<uint32_t>(a.batch * a.s_q);
+  l.block_threads = launch.topk_block_threads();
+  l.dynamic_smem_bytes = launch.topk_smem_bytes();
+  dsa_indexer::TopkParams& k = l.params;
+  k.logits = reinterpret_cast<const float*>(a.logits);
+  k.context_lens = reinterpret_cast<const int*>(a.context_lens);
+  k.indices = reinterpret_cast<int*>(a.indices);
+  k.block_table = reinterpret_cast<const int*>(a.block_table);
+  k.slots = reinterpret_cast<int*>(a.slots);
+  k.logits_stride = a.logits_stride;
+  k.indices_stride = a.indices_stride;
+  k.block_table_stride = a.block_table_stride;
+  k.slots_stride = a.slots_stride;
+  k.batch = a.batch;
+  k.s_q = a.s_q;
+  k.slot_page_size = a.slot_page_size > 0 ? a.slot_page_size : 1;
+  k.max_context = a.max_context;
+  return l;
+}
+
+}  // namespace kforge

@@ -1,0 +1,346 @@
+"""The DSA lightning indexer (ATTENTION_KIND_DSA_INDEXER) on PyTorch tensors:
+fp8 MQA logits over a paged index-key cache, the top-k positions per query
+row and their cache slots, from a module `kforge compile --kind
+dsa-indexer` wrote (<module>.cubin + <module>.json).
+
+    ix = kforge.DsaIndexer.from_files("out/dsa_indexer_h64_d128_topk2048_pb64_sm90a.cubin")
+    indices, slots = kforge.dsa_indexer_topk(ix, q, weights, index_cache, block_table,
+                                             context_lens, max_context=32768,
+                                             mla_block_table=block_table)
+
+The computation and the page layout are docs/DESIGN.md's ("The DSA lightning
+indexer"); the parameter blocks are templates/kforge/dsa_indexer/config.h's
+LogitsParams / TopkParams, packed here field by field and checked against
+the sizes the compiler recorded in the module's description. Launches are
+enqueued on torch's current stream with no host synchronisation and no
+allocation when the outputs are given, so a call can be captured in a CUDA
+graph (max_context is the caller's, never read from context_lens).
+
+Tensors (rows = batch * s_q; row b * s_q + i is request b's query i, at
+position context_lens[b] - s_q + i):
+  q            [rows, H, 128] or [batch, s_q, H, 128], torch.float8_e4m3fn or
+               uint8; heads and values contiguous
+  weights      [rows, H] or [batch, s_q, H] fp32, last dim contiguous
+  index_cache  [num_pages, ...] uint8 (or any 1-byte dtype): each page 64 *
+               132 contiguous bytes, 64 x 128 e4m3 keys then 64 fp32 scales
+  block_table  [batch, max_pages] int32, last dim contiguous
+  context_lens [batch] int32 contiguous
+  logits       [rows, >= max_context] fp32 (written for [0, max_context),
+               -inf where masked)
+  indices      [rows, topk] int32: positions, descending by logit, ties by
+               the smaller position, -1 after the valid ones
+  slots        [rows, topk] int32: mla_block_table[b, pos // slot_page_size]
+               * slot_page_size + pos % slot_page_size, -1 kept
+"""
+
+import ctypes
+import json
+import os
+import struct
+
+from kforge.errors import KforgeError
+
+PAGE_TOKENS = 64
+HEAD_DIM = 128
+PAGE_BYTES = PAGE_TOKENS * (HEAD_DIM + 4)
+
+# config.h LogitsParams: 6 pointers, 5 long long, 3 int (+ pad to 8).
+_LOGITS_PARAMS = struct.Struct("<6Q5q3i4x")
+# config.h TopkParams: 5 pointers, 4 long long, 4 int.
+_TOPK_PARAMS = struct.Struct("<5Q4q4i")
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise KforgeError(f"kforge.dsa_indexer needs PyTorch ({e})") from e
+    return torch
+
+
+class _Driver:
+    """The few CUDA driver calls this module makes, through ctypes on
+    libcuda (present wherever a GPU driver is), so loading a module needs
+    no Python package beyond torch."""
+
+    _ATTR_MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+    def __init__(self):
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise KforgeError(f"loading kforge kernels needs the CUDA driver ({e})") from e
+        vp, u = ctypes.c_void_p, ctypes.c_uint
+        self.lib.cuModuleLoadData.argtypes = [ctypes.POINTER(vp), ctypes.c_char_p]
+        self.lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
+        self.lib.cuFuncSetAttribute.argtypes = [vp, ctypes.c_int, ctypes.c_int]
+        self.lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+        self.lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+
+    def check(self, err, what):
+        if err != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(err, ctypes.byref(name))
+            raise KforgeError(f"{what} failed: {(name.value or b'?').decode()} ({err})")
+
+    def load(self, image, what):
+        module = ctypes.c_void_p()
+        self.check(self.lib.cuModuleLoadData(ctypes.byref(module), image),
+                   f"cuModuleLoadData({what})")
+        return module
+
+    def function(self, module, entry, smem, what):
+        f = ctypes.c_void_p()
+        self.check(self.lib.cuModuleGetFunction(ctypes.byref(f), module, entry.encode()),
+                   f"cuModuleGetFunction({what}, {entry})")
+        if smem > 48 * 1024:
+            self.check(self.lib.cuFuncSetAttribute(f, self._ATTR_MAX_DYNAMIC_SMEM, smem),
+                       f"cuFuncSetAttribute({entry}, {smem})")
+        return f
+
+    def launch(self, f, grid, block, smem, stream, params, what):
+        block_bytes = ctypes.create_string_buffer(params, len(params))
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(block_bytes))  # one by-value struct
+        self.check(self.lib.cuLaunchKernel(f, grid[0], grid[1], grid[2], block, 1, 1, smem,
+                                           ctypes.c_void_p(stream), args, None), what)
+
+
+_driver_instance = None
+
+
+def _driver():
+    global _driver_instance
+    if _driver_instance is None:
+        _driver_instance = _Driver()
+    return _driver_instance
+
+
+def read_description(cubin_path, json_path=None):
+    """(description dict, cubin bytes) of a module `kforge compile` wrote."""
+    if json_path is None:
+        json_path = os.path.splitext(cubin_path)[0] + ".json"
+    try:
+        with open(json_path, encoding="utf-8") as f:
+            description = json.load(f)
+    except (OSError, ValueError) as e:
+        raise KforgeError(f"{json_path}: not a kforge compile description ({e})") from None
+    with open(cubin_path, "rb") as f:
+        return description, f.read()
+
+
+def description_from_source(source, preset, arch, tp=1):
+    """(description dict, cubin bytes) of a preset's indexer module from a
+    kforge source (kforge.Client or kforge.Bundle): its manifest's one
+    variant, the kernel checked against it as every kforge kernel is."""
+    from kforge._proto import pb
+    from kforge.bundle import first_choice
+    manifest = source.get_manifest(preset=preset, tp=tp, arch=arch, kind="dsa-indexer")
+    artifact = source.get_kernel(first_choice(manifest), arch)
+    description = pb().json_format.MessageToDict(artifact, preserving_proto_field_name=True)
+    description.pop("cubin", None)
+    return description, bytes(artifact.cubin)
+
+
+class DsaIndexer:
+    """One DSA indexer module loaded on one GPU."""
+
+    @classmethod
+    def from_files(cls, cubin_path, json_path=None, device=None):
+        return cls(*read_description(cubin_path, json_path), device=device)
+
+    @classmethod
+    def from_source(cls, source, preset, arch, tp=1, device=None):
+        """A preset's indexer from a server or bundle (description_from_source)."""
+        return cls(*description_from_source(source, preset, arch, tp), device=device)
+
+    def __init__(self, description, cubin, device=None):
+        torch = self._torch = _torch()
+        spec = description.get("spec", {})
+        if spec.get("kind") != "ATTENTION_KIND_DSA_INDEXER":
+            raise KforgeError(f"{description.get('module_name')}: not a DSA indexer module "
+                              f"(kind {spec.get('kind')})")
+        launch = description["indexer"]
+        for name, packer in (("logits_params_bytes", _LOGITS_PARAMS),
+                             ("topk_params_bytes", _TOPK_PARAMS)):
+            if int(launch[name]) != packer.size:
+                raise KforgeError(f"{description['module_name']}: {name} {launch[name]}, this "
+                                  f"package packs {packer.size} (config.h changed?)")
+        self.description = description
+        self.module_name = description["module_name"]
+        self.arch = description["arch"]
+        self.heads = int(spec["index_heads"])
+        self.topk_k = int(spec["topk"])
+        self.launch = launch
+        self.device = (torch.device("cuda", torch.cuda.current_device()) if device is None
+                       else torch.device(device))
+        major, minor = torch.cuda.get_device_capability(self.device)
+        want = self.arch.removeprefix("sm_").rstrip("a")
+        if int(want) // 10 != major or int(want) % 10 > minor:
+            raise KforgeError(
+                f"{self.module_name} is for {self.arch}; this GPU is sm_{major}{minor}")
+        cu = self._cu = _driver()
+        with torch.cuda.device(self.device):
+            torch.zeros(1, device=self.device)  # torch's context is current
+            self._image = bytes(cubin)
+            self._module = cu.load(self._image, self.module_name)
+            self._logits = cu.function(self._module, launch["logits_entry"],
+                                       int(launch["logits_smem_bytes"]), self.module_name)
+            self._topk = cu.function(self._module, launch["topk_entry"],
+                                     int(launch["topk_smem_bytes"]), self.module_name)
+
+    def _launch(self, function, grid, block, smem, params):
+        stream = self._torch.cuda.current_stream(self.device).cuda_stream
+        self._cu.launch(function, grid, block, smem, stream, params,
+                        f"cuLaunchKernel({self.module_name}, grid {grid})")
+
+    # ------------------------------------------------------------ checks
+
+    def _expect(self, cond, message):
+        if not cond:
+            raise ValueError(message)
+
+    def _rows(self, q, weights, context_lens):
+        torch = self._torch
+        self._expect(q.device == self.device, f"q: on {q.device}, the module is on {self.device}")
+        self._expect(q.element_size() == 1, f"q: dtype {q.dtype}, expected float8_e4m3fn / uint8")
+        if q.dim() == 4:
+            batch, s_q = q.shape[0], q.shape[1]
+            self._expect(q.stride(0) == s_q * q.stride(1), "q: batch and s_q must merge")
+            q = q.flatten(0, 1)
+        else:
+            self._expect(q.dim() == 3, f"q: {q.dim()} dims, expected 3 or 4")
+            batch = context_lens.shape[0]
+            self._expect(batch > 0 and q.shape[0] % batch == 0,
+                         f"q: {q.shape[0]} rows, not a multiple of batch {batch}")
+            s_q = q.shape[0] // batch
+        self._expect(tuple(q.shape[1:]) == (self.heads, HEAD_DIM),
+                     f"q: {tuple(q.shape)}, expected [rows, {self.heads}, {HEAD_DIM}]")
+        self._expect(q.stride(2) == 1 and q.stride(1) == HEAD_DIM and q.stride(0) % 16 == 0,
+                     "q: heads and values must be contiguous, rows 16-byte aligned")
+        self._expect(q.data_ptr() % 16 == 0, "q: not 16-byte aligned")
+        self._expect(1 <= s_q <= 4, f"s_q: got {s_q}, supported 1..4")
+        self._expect(context_lens.dtype == torch.int32 and context_lens.is_contiguous()
+                     and tuple(context_lens.shape) == (batch,),
+                     f"context_lens: expected int32 [{batch}] contiguous")
+        w = weights.flatten(0, 1) if weights.dim() == 3 else weights
+        self._expect(w.dtype == torch.float32 and tuple(w.shape) == (q.shape[0], self.heads)
+                     and w.stride(1) == 1,
+                     f"weights: expected fp32 [{q.shape[0]}, {self.heads}], last dim contiguous")
+        return q, w, batch, s_q
+
+    # ------------------------------------------------------------ kernels
+
+    def logits(self, q, weights, index_cache, block_table, context_lens, max_context, out=None):
+        """Writes fp32 logits [rows, max_context] (out, or a new tensor) and
+        returns it."""
+        torch = self._torch
+        q, w, batch, s_q = self._rows(q, weights, context_lens)
+        rows = q.shape[0]
+        self._expect(index_cache.element_size() == 1 and index_cache.dim() >= 1 and
+                     index_cache[0].numel() == PAGE_BYTES and index_cache[0].is_contiguous() and
+                     index_cache.stride(0) % 16 == 0 and index_cache.data_ptr() % 16 == 0,
+                     f"index_cache: pages of {PAGE_BYTES} contiguous bytes, 16-byte aligned")
+        self._expect(block_table.dtype == torch.int32 and block_table.dim() == 2 and
+                     block_table.shape[0] == batch and block_table.stride(1) == 1,
+                     f"block_table: expected int32 [{batch}, pages], last dim contiguous")
+        self._expect(max_context >= 1 and block_table.shape[1] * PAGE_TOKENS >= max_context,
+                     f"max_context {max_context}: block_table covers "
+                     f"{block_table.shape[1] * PAGE_TOKENS} positions")
+        if out is None:
+            out = torch.empty(rows, max_context, dtype=torch.float32, device=self.device)
+        self._expect(out.dtype == torch.float32 and out.dim() == 2 and out.shape[0] == rows and
+                     out.shape[1] >= max_context and out.stride(1) == 1,
+                     f"logits: expected fp32 [{rows}, >= {max_context}], last dim contiguous")
+        params = _LOGITS_PARAMS.pack(
+            q.data_ptr(), w.data_ptr(), index_cache.data_ptr(), block_table.data_ptr(),
+            context_lens.data_ptr(), out.data_ptr(), q.stride(0), w.stride(0),
+            index_cache.stride(0), block_table.stride(0), out.stride(0), batch, s_q, max_context)
+        per_cta = int(self.launch["logits_keys_per_cta"])
+        grid = ((max_context + per_cta - 1) // per_cta, rows, 1)
+        self._launch(self._logits, grid, int(self.launch["logits_block_threads"]),
+                     int(self.launch["logits_smem_bytes"]), params)
+        return out
+
+    def topk(self, logits, context_lens, s_q, indices=None, *, mla_block_table=None, slots=None,
+             slot_page_size=64, max_context=None):
+        """Top-k positions of each row's valid logits (positions below
+        max_context, default logits.shape[1]; int32 [rows, topk], indices
+        or a new tensor) and, with mla_block_table, their slots
+        (slots or a new tensor; else None). Returns (indices, slots)."""
+        torch = self._torch
+        batch = context_lens.shape[0]
+        rows = batch * s_q
+        self._expect(context_lens.dtype == torch.int32 and context_lens.is_contiguous(),
+                     "context_lens: int32 contiguous")
+        self._expect(logits.dtype == torch.float32 and logits.dim() == 2 and
+                     logits.shape[0] == rows and logits.stride(1) == 1,
+                     f"logits: expected fp32 [{rows}, positions], last dim contiguous")
+        k = self.topk_k
+        if indices is None:
+            indices = torch.empty(rows, k, dtype=torch.int32, device=self.device)
+        self._expect(indices.dtype == torch.int32 and tuple(indices.shape) == (rows, k) and
+                     indices.stride(1) == 1, f"indices: expected int32 [{rows}, {k}]")
+        table_ptr = table_stride = slots_ptr = slots_stride = 0
+        if mla_block_table is not None:
+            self._expect(mla_block_table.dtype == torch.int32 and mla_block_table.dim() == 2 and
+                         mla_block_table.shape[0] == batch and mla_block_table.stride(1) == 1,
+                         f"mla_block_table: expected int32 [{batch}, pages]")
+            if slots is None:
+                slots = torch.empty(rows, k, dtype=torch.int32, device=self.device)
+            self._expect(slots.dtype == torch.int32 and tuple(slots.shape) == (rows, k) and
+                         slots.stride(1) == 1, f"slots: expected int32 [{rows}, {k}]")
+            table_ptr, table_stride = mla_block_table.data_ptr(), mla_block_table.stride(0)
+            slots_ptr, slots_stride = slots.data_ptr(), slots.stride(0)
+        self._expect(slot_page_size >= 1, "slot_page_size: >= 1")
+        if max_context is None:
+            max_context = logits.shape[1]
+        self._expect(1 <= max_context <= logits.shape[1],
+                     f"max_context: got {max_context}, supported 1..{logits.shape[1]}")
+        params = _TOPK_PARAMS.pack(logits.data_ptr(), context_lens.data_ptr(), indices.data_ptr(),
+                                   table_ptr, slots_ptr, logits.stride(0), indices.stride(0),
+                                   table_stride, slots_stride, batch, s_q, slot_page_size,
+                                   max_context)
+        self._launch(self._topk, (rows, 1, 1), int(self.launch["topk_block_threads"]),
+                     int(self.launch["topk_smem_bytes"]), params)
+        return indices, slots
+
+
+def dsa_indexer_topk(indexer, q, weights, index_cache, block_table, context_lens, *,
+                     max_context, mla_block_table=None, slot_page_size=64, logits=None,
+                     indices=None, slots=None):
+    """Logits then top-k on torch's current stream (CUDA-graph safe: no
+    sync; allocates only the outputs not given). Returns (indices, slots);
+    slots is None without mla_block_table."""
+    s_q = q.shape[1] if q.dim() == 4 else q.shape[0] // context_lens.shape[0]
+    logits = indexer.logits(q, weights, index_cache, block_table, context_lens, max_context,
+                            out=logits)
+    return indexer.topk(logits, context_lens, s_q, indices, mla_block_table=mla_block_table,
+                        slots=slots, slot_page_size=slot_page_size, max_context=max_context)
+
+
+def quantize_index_keys(keys):
+    """keys [tokens, 128] float -> (e4m3 values uint8 [tokens, 128], fp32
+    scales [tokens]) as the models' writers do: scale = max(amax, 1e-4) /
+    448 per token (docs/DESIGN.md)."""
+    torch = _torch()
+    k = keys.float()
+    scale = k.abs().amax(dim=-1).clamp(min=1e-4) / 448.0
+    values = (k / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    return values, scale
+
+
+def write_index_pages(values, scales, num_pages, page_of_position):
+    """A cache uint8 [num_pages, 64 * 132] holding token p's key at page
+    page_of_position[p // 64], row p % 64 (values [tokens, 128] uint8,
+    scales [tokens] fp32); other bytes zero."""
+    torch = _torch()
+    cache = torch.zeros(num_pages, PAGE_BYTES, dtype=torch.uint8, device=values.device)
+    tokens = values.shape[0]
+    pos = torch.arange(tokens, device=values.device)
+    page = page_of_position[pos // PAGE_TOKENS].long()
+    row = pos % PAGE_TOKENS
+    vals = cache[:, :PAGE_TOKENS * HEAD_DIM].view(num_pages, PAGE_TOKENS, HEAD_DIM)
+    vals[page, row] = values
+    sc = cache[:, PAGE_TOKENS * HEAD_DIM:].view(torch.float32)
+    sc[page, row] = scales.float()
+    return cache

@@ -1,0 +1,59 @@
+#ifndef KFORGE_RUNTIME_DSA_INDEXER_H_
+#define KFORGE_RUNTIME_DSA_INDEXER_H_
+
+// The DSA lightning indexer for a C++ engine: one indexer module
+// (ATTENTION_KIND_DSA_INDEXER, from `kforge compile --kind dsa-indexer`, a
+// server or a bundle) loaded with the Driver API, and its two kernels
+// launched on the caller's stream with the plans model/indexer_plan.h makes.
+// Launches never synchronize or allocate, so they can be captured in a CUDA
+// graph.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cuda.h"
+#include "kforge/v1/artifact.pb.h"
+#include "model/indexer_plan.h"
+#include "runtime/cuda_driver.h"
+
+namespace kforge {
+
+class DsaIndexerModule {
+ public:
+  // Checks the artifact (an indexer module, parameter blocks of this
+  // build's config.h, the device's compute capability against its arch),
+  // then loads the cubin as a context-independent library and finds both
+  // entries.
+  static absl::StatusOr<std::unique_ptr<DsaIndexerModule>> Load(const v1::KernelArtifact& artifact,
+                                                                CUdevice device);
+  ~DsaIndexerModule();  // cuLibraryUnload
+  DsaIndexerModule(const DsaIndexerModule&) = delete;
+  DsaIndexerModule& operator=(const DsaIndexerModule&) = delete;
+
+  // Enqueue the logits kernel / the top-k kernel on `stream`; argument
+  // errors are PlanIndexerLogits's / PlanIndexerTopk's.
+  absl::Status Logits(const IndexerLogitsArgs& args, CUstream stream) const;
+  absl::Status Topk(const IndexerTopkArgs& args, CUstream stream) const;
+
+  const v1::AttentionSpec& spec() const { return spec_; }
+  const std::string& module_name() const { return module_name_; }
+
+ private:
+  explicit DsaIndexerModule(const CudaDriver& cu) : cu_(cu) {}
+  template <typename Params>
+  absl::Status Launch(CUkernel kernel, const IndexerKernelLaunch<Params>& l, CUstream stream) const;
+
+  const CudaDriver& cu_;
+  v1::AttentionSpec spec_;
+  v1::IndexerLaunch launch_;
+  std::string module_name_;
+  CUlibrary library_ = nullptr;
+  CUkernel logits_ = nullptr;
+  CUkernel topk_ = nullptr;
+};
+
+}  // namespace kforge
+
+#endif  // KFORGE_RUNTIME_DSA_INDEXER_H_

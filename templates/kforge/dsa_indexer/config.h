@@ -1,0 +1,123 @@
+// Shared by the host (codegen, Python's parameter blocks through their
+// sizes) and the device templates of the DSA lightning indexer: the two
+// parameter blocks, the index-key page layout and the limits, each written
+// once. Plain C++ with fundamental types only, so it compiles under NVRTC
+// with no toolkit headers and byte-for-byte identically on the host.
+//
+// The computation (docs/DESIGN.md, "The DSA lightning indexer"): for query
+// row r = b * s_q + i of request b (context length L_b, position
+// p = L_b - s_q + i) and every cached position s <= p,
+//   logit[r, s] = sum_{j < H} w[r, j] * max(0, q8[r, j] . k8[s]) * scale[s]
+// then the top-k positions of each row by logit (descending, ties by the
+// smaller position, -1 padding) and, optionally, their cache slots.
+#ifndef KFORGE_DSA_INDEXER_CONFIG_H_
+#define KFORGE_DSA_INDEXER_CONFIG_H_
+
+#ifndef KFORGE_HD
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define KFORGE_HD __host__ __device__
+#else
+#define KFORGE_HD
+#endif
+#endif
+
+namespace kforge {
+namespace dsa_indexer {
+
+// The index-key cache page (vLLM's indexer cache, DeepGEMM's
+// fp8_paged_mqa_logits input): kPageTokens keys of kHeadDim e4m3 bytes,
+// token-major, then their kPageTokens fp32 scales. 132 bytes per token.
+struct IndexKeyPage {
+  static constexpr int kPageTokens = 64;
+  static constexpr int kHeadDim = 128;
+  static constexpr int kValueBytes = kPageTokens * kHeadDim;  // scales start here
+  static constexpr int kBytes = kPageTokens * (kHeadDim + 4);
+};
+
+// Limits of the template family (what the kernels are written for).
+constexpr int kMaxIndexHeads = 128;  // 8 warps of 16 head rows
+constexpr int kMaxTopk = 4096;       // the top-k kernel sorts k in shared memory
+constexpr int kMaxSq = 4;            // plain decode plus up to 3 MTP tokens
+
+// Parameter block of the logits kernel (dsa_indexer_logits), passed by
+// value. Strides are in elements of the pointed-to type. Device pointers.
+struct LogitsParams {
+  const unsigned char* q;   // e4m3 [rows, index_heads, 128], row = b * s_q + i;
+                            // heads contiguous (128 bytes each); not null
+  const float* weights;     // fp32 [rows, index_heads], q's scale and the
+                            // model's H^-0.5 D^-0.5 folded in; not null
+  const unsigned char* kv;  // pages of IndexKeyPage::kBytes, page_stride apart;
+                            // not null
+  const int* block_table;   // int32 [batch, block_table_stride]: page of
+                            // positions [64 n, 64 n + 64) of request b at
+                            // [b, n]; only pages below the context are read
+  const int* context_lens;  // int32 [batch], L_b >= 0 (the current tokens
+                            // included); not null
+  float* logits;            // fp32 [rows, logits_stride]; positions
+                            // [0, max_context) written, -inf where masked
+  long long q_row_stride;   // bytes between query rows (>= index_heads * 128)
+  long long weights_row_stride;
+  long long page_stride;  // bytes between pages (>= IndexKeyPage::kBytes)
+  long long block_table_stride;
+  long long logits_stride;  // floats between rows (>= max_context)
+  int batch;
+  int s_q;          // query rows per request, 1..kMaxSq
+  int max_context;  // >= every L_b; grid.x covers it
+};
+
+// Parameter block of the top-k kernel (dsa_indexer_topk), passed by value.
+struct TopkParams {
+  const float* logits;      // fp32 [rows, logits_stride]; only positions
+                            // [0, len_r) are read, len_r = the row's causal
+                            // length (min(L_b, L_b - s_q + i + 1), >= 0),
+                            // at most max_context
+  const int* context_lens;  // int32 [batch]; not null
+  int* indices;             // int32 [rows, indices_stride]: the top-k
+                            // positions, -1 after the valid ones; not null
+  const int* block_table;   // int32 [batch, block_table_stride] of the cache
+                            // the slots address (sparse MLA's); null: no slots
+  int* slots;               // int32 [rows, slots_stride]: block_table[b, pos /
+                            // slot_page_size] * slot_page_size + pos %
+                            // slot_page_size, -1 kept; null: not written
+  long long logits_stride;
+  long long indices_stride;
+  long long block_table_stride;
+  long long slots_stride;
+  int batch;
+  int s_q;
+  int slot_page_size;  // tokens per page of the slot cache (>= 1)
+  int max_context;     // positions [0, max_context) of a row exist; a row's
+                       // length is clamped to it (a caller's short bound
+                       // never makes the kernel read past the row)
+};
+
+// The launch of each kernel (one rule for the host and the device).
+// Logits: grid (ceil(max_context / (64 * kPagesPerCta)), rows), block
+// LogitsThreads(heads). Top-k: grid (rows), block kTopkThreads.
+KFORGE_HD constexpr int HeadRowTiles(int heads) { return (heads + 15) / 16; }
+KFORGE_HD constexpr int LogitsThreads(int heads) { return 32 * HeadRowTiles(heads); }
+constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in registers)
+constexpr int kLogitsStages = 2;
+constexpr int kTopkThreads = 512;
+
+// Shared memory of the logits kernel: kLogitsStages pages and one float per
+// (warp, key) for the cross-warp sum.
+KFORGE_HD constexpr int LogitsSmemBytes(int heads) {
+  return kLogitsStages * IndexKeyPage::kBytes + HeadRowTiles(heads) * IndexKeyPage::kPageTokens * 4;
+}
+
+// Shared memory of the top-k kernel for k: the sort buffer of k (rounded
+// up to a power of two) 64-bit keys, the 256-bin histogram, 64 counters.
+KFORGE_HD constexpr int TopkSortSize(int topk) {
+  int n = 1;
+  while (n < topk) n *= 2;
+  return n;
+}
+KFORGE_HD constexpr int TopkSmemBytes(int topk) {
+  return TopkSortSize(topk) * 8 + 256 * 4 + 64 * 4;
+}
+
+}  // namespace dsa_indexer
+}  // namespace kforge
+
+#endif  // KFORGE_DSA_INDEXER_CONFIG_H_

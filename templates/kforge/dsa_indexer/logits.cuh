@@ -1,0 +1,195 @@
+// Paged fp8 MQA logits of the DSA lightning indexer, decode (config.h,
+// LogitsParams; docs/DESIGN.md "The DSA lightning indexer").
+//
+// One CTA = one query row x kPagesPerCta key pages. Warp w holds head rows
+// [16 w, 16 w + 16) of the row's Q as m16n8k16 A fragments (f16, converted
+// once from e4m3) for the whole CTA; each page is copied whole into shared
+// memory (cp.async, double-buffered), every warp computes its 16 heads x
+// 64 keys with mma.sync (keys converted e4m3 -> f16 per fragment), applies
+// relu and its heads' weights and sums its rows; the warps' sums meet in
+// shared memory, where the per-key scale and the causal mask finish them.
+// e4m3 is exact in f16, products accumulate in fp32: mma.sync m16n8k16 f16
+// exists on every arch sm_80..sm_121a.
+//
+// The K dimension (128 values) is read in a permuted order, the same for Q
+// and K, so each thread takes 16 contiguous bytes per load: k-step 4 g + m
+// (g in 0..1, m in 0..3) of thread t (lane % 4) covers bytes
+// 64 g + 16 t + 4 m .. + 3, whose first two go to the fragment's k pair
+// (2t, 2t+1) and the last two to (2t+8, 2t+9). A dot product is a sum, so
+// any permutation applied to both operands gives the same result.
+#ifndef KFORGE_DSA_INDEXER_LOGITS_CUH_
+#define KFORGE_DSA_INDEXER_LOGITS_CUH_
+
+#include "kforge/common/fp8.cuh"
+#include "kforge/common/ptx.cuh"
+#include "kforge/dsa_indexer/config.h"
+#include "kforge/dsa_indexer/traits.cuh"
+
+namespace kforge {
+namespace dsa_indexer {
+
+using u32 = unsigned int;
+
+// D = A * B + D, m16n8k16, f16 inputs, fp32 accumulators (every arch >= sm_80).
+__device__ __forceinline__ void MmaF16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes of read-only global memory (16-byte aligned) as four words.
+__device__ __forceinline__ void LdGlobal128(const void* p, u32 (&v)[4]) {
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+               : "l"(p));
+}
+
+// The 16-byte chunk c (0..7) of key row `key` in a staged page: odd rows
+// swap their halves, so the 8 lanes of one 128-bit load phase (keys g and
+// g + 1, threads t 0..3, one chunk group) hit all 32 banks once, and the 8
+// lanes of a copy phase still write one whole row.
+__device__ __forceinline__ int SwizzledChunk(int key, int c) { return c ^ ((key & 1) << 2); }
+
+// The causal length of query row r: positions [0, len) are valid.
+__device__ __forceinline__ int CausalLength(int context_len, int s_q, int i) {
+  const int len = context_len - s_q + i + 1;
+  return len < 0 ? 0 : (len > context_len ? context_len : len);
+}
+
+template <class T>
+__device__ __forceinline__ void LoadPage(const LogitsParams& p, int page, u32 smem_stage) {
+  const unsigned char* src = p.kv + static_cast<long long>(page) * p.page_stride;
+  constexpr int kValueChunks = IndexKeyPage::kValueBytes / 16;
+  constexpr int kChunks = IndexKeyPage::kBytes / 16;
+  for (int ci = threadIdx.x; ci < kChunks; ci += T::kThreads) {
+    int dst = ci;
+    if (ci < kValueChunks) dst = (ci & ~7) | SwizzledChunk(ci >> 3, ci & 7);
+    ptx::CpAsync16(smem_stage + dst * 16, src + ci * 16, 16);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kPage = T::kPage;
+  constexpr int kChunkKeys = kPage * kPagesPerCta;
+  float* red = reinterpret_cast<float*>(smem + kLogitsStages * IndexKeyPage::kBytes);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row = blockIdx.y;
+  const int b = row / p.s_q, i = row % p.s_q;
+  const int first = blockIdx.x * kChunkKeys;  // first position of the CTA
+
+  ptx::WaitForPriorGrids();
+  const int len = CausalLength(p.context_lens[b], p.s_q, i);
+  float* out = p.logits + static_cast<long long>(row) * p.logits_stride;
+  const int end = min(first + kChunkKeys, p.max_context);
+  // Pages with a valid position below max_context (a caller's max_context
+  // below a context never makes the kernel read past the block table's
+  // ceil(max_context / 64) columns).
+  const int valid_end = min(len, end);
+  int pages = valid_end > first ? (valid_end - first + kPage - 1) / kPage : 0;
+  pages = min(pages, kPagesPerCta);
+
+  if (pages > 0) {
+    const int* table = p.block_table + static_cast<long long>(b) * p.block_table_stride;
+    const int first_page = first / kPage;
+    const u32 smem_base = ptx::SmemAddr(smem);
+    LoadPage<T>(p, table[first_page], smem_base);
+    ptx::CpAsyncCommit();
+
+    // Q fragments of head rows h0 = 16 warp + g and h0 + 8; padded heads
+    // are zero (and weigh 0).
+    u32 a[8][4];
+    float w_lo = 0.f, w_hi = 0.f;
+    {
+      const int h0 = warp * 16 + g, h1 = h0 + 8;
+      const unsigned char* q = p.q + static_cast<long long>(row) * p.q_row_stride;
+      const float* wr = p.weights + static_cast<long long>(row) * p.weights_row_stride;
+      if (h0 < T::kHeads) w_lo = wr[h0];
+      if (h1 < T::kHeads) w_hi = wr[h1];
+#pragma unroll
+      for (int grp = 0; grp < 2; ++grp) {
+        u32 lw[4] = {0, 0, 0, 0}, hw[4] = {0, 0, 0, 0};
+        if (h0 < T::kHeads) LdGlobal128(q + h0 * T::kHeadDim + 64 * grp + 16 * t, lw);
+        if (h1 < T::kHeads) LdGlobal128(q + h1 * T::kHeadDim + 64 * grp + 16 * t, hw);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          fp8::E4m3x4ToHalf2(lw[m], a[grp * 4 + m][0], a[grp * 4 + m][2]);
+          fp8::E4m3x4ToHalf2(hw[m], a[grp * 4 + m][1], a[grp * 4 + m][3]);
+        }
+      }
+    }
+    // Both operands carry the conversion's factor (1, or 2^-8 each where
+    // the arch converts in software).
+    constexpr float kUnscale = fp8::kE4m3HalfFactor * fp8::kE4m3HalfFactor;
+
+    for (int pi = 0; pi < pages; ++pi) {
+      const int stage = pi % kLogitsStages;
+      if (pi + 1 < pages) {
+        LoadPage<T>(p, table[first_page + pi + 1],
+                    smem_base + ((pi + 1) % kLogitsStages) * IndexKeyPage::kBytes);
+      }
+      ptx::CpAsyncCommit();
+      ptx::CpAsyncWait<1>();
+      __syncthreads();
+
+      const u32 stage_addr = smem_base + stage * IndexKeyPage::kBytes;
+      // Per n-tile of 8 keys: 16 heads x 8 keys on the tensor cores, then
+      // relu, the heads' weights and the sum over this warp's 16 head rows
+      // (lanes of one t hold the same two keys), so only one tile's
+      // accumulators are live beside the Q fragments.
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const int key = nt * 8 + g;
+#pragma unroll
+        for (int grp = 0; grp < 2; ++grp) {
+          u32 v[4];
+          ptx::LdShared128(stage_addr + key * T::kHeadDim + SwizzledChunk(key, grp * 4 + t) * 16,
+                           v);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            u32 b0, b1;
+            fp8::E4m3x4ToHalf2(v[m], b0, b1);
+            MmaF16(acc, a[grp * 4 + m], b0, b1);
+          }
+        }
+        float s0 = w_lo * fmaxf(acc[0], 0.f) + w_hi * fmaxf(acc[2], 0.f);
+        float s1 = w_lo * fmaxf(acc[1], 0.f) + w_hi * fmaxf(acc[3], 0.f);
+#pragma unroll
+        for (int off = 4; off < 32; off *= 2) {
+          s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+          s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+        }
+        if (g == 0) {
+          *reinterpret_cast<float2*>(red + warp * kPage + nt * 8 + 2 * t) = make_float2(s0, s1);
+        }
+      }
+      __syncthreads();
+      const float* scales = reinterpret_cast<const float*>(smem + stage * IndexKeyPage::kBytes +
+                                                           IndexKeyPage::kValueBytes);
+      const int page_first = first + pi * kPage;
+      for (int k = threadIdx.x; k < kPage; k += T::kThreads) {
+        const int s = page_first + k;
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < T::kWarps; ++w) sum += red[w * kPage + k];
+        if (s < end) out[s] = s < len ? sum * kUnscale * scales[k] : -__int_as_float(0x7f800000);
+      }
+      __syncthreads();
+    }
+  }
+  // Positions of the CTA past the row's causal length.
+  for (int s = first + pages * kPage + threadIdx.x; s < end; s += T::kThreads) {
+    out[s] = -__int_as_float(0x7f800000);
+  }
+  ptx::AllowDependentLaunch();
+}
+
+}  // namespace dsa_indexer
+}  // namespace kforge
+
+#endif  // KFORGE_DSA_INDEXER_LOGITS_CUH_

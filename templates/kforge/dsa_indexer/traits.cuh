@@ -1,0 +1,41 @@
+// Every compile-time number of one DSA indexer module, derived from the
+// spec's index heads and top-k (config.h holds the rules the host shares).
+#ifndef KFORGE_DSA_INDEXER_TRAITS_CUH_
+#define KFORGE_DSA_INDEXER_TRAITS_CUH_
+
+#include "kforge/dsa_indexer/config.h"
+
+namespace kforge {
+namespace dsa_indexer {
+
+template <int kHeads_, int kTopk_>
+struct IndexerTraits {
+  static constexpr int kHeads = kHeads_;
+  static constexpr int kTopk = kTopk_;
+  static constexpr int kHeadDim = IndexKeyPage::kHeadDim;
+  static constexpr int kPage = IndexKeyPage::kPageTokens;
+  // Logits: one warp per 16 head rows (the m16n8k16 M), each keeping its Q
+  // fragments in registers for the CTA's kPagesPerCta pages.
+  static constexpr int kWarps = HeadRowTiles(kHeads);
+  static constexpr int kThreads = LogitsThreads(kHeads);
+  static constexpr int kSmemBytes = LogitsSmemBytes(kHeads);
+  // Top-k: the sort buffer holds k keys rounded up to a power of two.
+  static constexpr int kTopkThreads = dsa_indexer::kTopkThreads;
+  static constexpr int kTopkSort = TopkSortSize(kTopk);
+  static constexpr int kTopkSmemBytes = TopkSmemBytes(kTopk);
+
+  static_assert(kHeads >= 1 && kHeads <= kMaxIndexHeads, "index heads: 1..128");
+  static_assert(kTopk >= 1 && kTopk <= kMaxTopk, "top-k: 1..4096");
+  // The fragment layout below reads a key row as 8 chunks of 16 bytes: 2
+  // groups of 4 k-steps of 16 values.
+  static_assert(kHeadDim == 128, "the index head dim is 128");
+  static_assert(kPage == 64, "a page holds 64 keys: 8 n-tiles of 8");
+  static_assert(kTopkThreads % 32 == 0 && kTopkThreads >= 256,
+                "the top-k bin scan needs one thread per histogram bin");
+  static_assert(kTopkSmemBytes <= 48 * 1024, "the top-k kernel runs without a smem opt-in");
+};
+
+}  // namespace dsa_indexer
+}  // namespace kforge
+
+#endif  // KFORGE_DSA_INDEXER_TRAITS_CUH_

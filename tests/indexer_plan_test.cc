@@ -1,0 +1,169 @@
+// The DSA indexer's call plan: argument checks with their messages, the
+// launches from the module's recorded launch, the parameter blocks, and the
+// byte layout python/kforge/dsa_indexer.py packs.
+#include <cstddef>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "compiler/indexer_codegen.h"
+#include "gtest/gtest.h"
+#include "model/indexer_plan.h"
+#include "model/indexer_spec.h"
+#include "templates/kforge/dsa_indexer/config.h"
+
+namespace kforge {
+namespace {
+
+using dsa_indexer::LogitsParams;
+using dsa_indexer::TopkParams;
+
+// python/kforge/dsa_indexer.py packs "<6Q5q3i4x" and "<5Q4q4i".
+static_assert(offsetof(LogitsParams, q_row_stride) == 48);
+static_assert(offsetof(LogitsParams, batch) == 88);
+static_assert(offsetof(LogitsParams, max_context) == 96);
+static_assert(sizeof(LogitsParams) == 104);
+static_assert(offsetof(TopkParams, logits_stride) == 40);
+static_assert(offsetof(TopkParams, batch) == 72);
+static_assert(offsetof(TopkParams, slot_page_size) == 80);
+static_assert(offsetof(TopkParams, max_context) == 84);
+static_assert(sizeof(TopkParams) == 88);
+
+struct Module {
+  v1::AttentionSpec spec = *IndexerSpecFromPreset("deepseek-v3.2", 1);
+  v1::IndexerLaunch launch = MakeIndexerLaunch(spec);
+};
+
+IndexerLogitsArgs GoodLogits() {
+  IndexerLogitsArgs a;
+  a.q = 0x10000;
+  a.weights = 0x20000;
+  a.index_cache = 0x30000;
+  a.block_table = 0x40000;
+  a.context_lens = 0x50000;
+  a.logits = 0x60000;
+  a.q_row_stride = 64 * 128;
+  a.weights_row_stride = 64;
+  a.page_stride = 64 * 132;
+  a.block_table_cols = 513;
+  a.block_table_stride = 513;
+  a.max_context = 32768;
+  a.logits_cols = 32768;
+  a.logits_stride = 32772;
+  a.batch = 128;
+  a.s_q = 2;
+  return a;
+}
+
+IndexerTopkArgs GoodTopk() {
+  IndexerTopkArgs a;
+  a.logits = 0x60000;
+  a.context_lens = 0x50000;
+  a.indices = 0x70000;
+  a.block_table = 0x80000;
+  a.slots = 0x90000;
+  a.logits_stride = 32772;
+  a.indices_stride = 2048;
+  a.block_table_stride = 600;
+  a.slots_stride = 2048;
+  a.batch = 128;
+  a.s_q = 2;
+  a.slot_page_size = 64;
+  a.max_context = 32768;
+  return a;
+}
+
+TEST(IndexerPlanTest, LogitsLaunchAndParams) {
+  const Module m;
+  absl::StatusOr<IndexerKernelLaunch<LogitsParams>> l =
+      PlanIndexerLogits(m.spec, m.launch, GoodLogits());
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->entry, kIndexerLogitsEntry);
+  EXPECT_EQ(l->grid_x, 32768u / 256);
+  EXPECT_EQ(l->grid_y, 256u);  // 128 requests x 2 rows
+  EXPECT_EQ(l->block_threads, 128u);
+  EXPECT_EQ(l->dynamic_smem_bytes, m.launch.logits_smem_bytes());
+  EXPECT_EQ(reinterpret_cast<uint64_t>(l->params.kv), 0x30000u);
+  EXPECT_EQ(l->params.logits_stride, 32772);
+  EXPECT_EQ(l->params.s_q, 2);
+  EXPECT_EQ(l->params.max_context, 32768);
+}
+
+TEST(IndexerPlanTest, TopkLaunchAndParams) {
+  const Module m;
+  absl::StatusOr<IndexerKernelLaunch<TopkParams>> l = PlanIndexerTopk(m.spec, m.launch, GoodTopk());
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->entry, kIndexerTopkEntry);
+  EXPECT_EQ(l->grid_x, 256u);
+  EXPECT_EQ(l->block_threads, 512u);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(l->params.slots), 0x90000u);
+  EXPECT_EQ(l->params.slot_page_size, 64);
+  EXPECT_EQ(l->params.max_context, 32768);
+  // No slots: both null.
+  IndexerTopkArgs a = GoodTopk();
+  a.block_table = 0;
+  a.slots = 0;
+  EXPECT_TRUE(PlanIndexerTopk(m.spec, m.launch, a).ok());
+}
+
+void ExpectLogitsProblem(const IndexerLogitsArgs& a, const std::string& text) {
+  const Module m;
+  absl::Status s = PlanIndexerLogits(m.spec, m.launch, a).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << text;
+  EXPECT_TRUE(absl::StrContains(s.message(), text)) << s << " lacks " << text;
+}
+
+TEST(IndexerPlanTest, LogitsProblemsNameTheField) {
+  IndexerLogitsArgs a = GoodLogits();
+  a.s_q = 5;
+  ExpectLogitsProblem(a, "s_q: got 5, supported 1..4");
+  a = GoodLogits();
+  a.q = 0;
+  ExpectLogitsProblem(a, "q: got null, supported a device address");
+  a = GoodLogits();
+  a.q += 8;
+  ExpectLogitsProblem(a, "supported a multiple of 16");
+  a = GoodLogits();
+  a.q_row_stride = 32 * 128;
+  ExpectLogitsProblem(a, "q_row_stride: got 4096, supported >= 8192");
+  a = GoodLogits();
+  a.page_stride = 64 * 128;
+  ExpectLogitsProblem(a, "page_stride: got 8192, supported >= 8448");
+  a = GoodLogits();
+  a.block_table_cols = 100;
+  ExpectLogitsProblem(a, "block_table_cols: got 100, supported >= 512");
+  a = GoodLogits();
+  a.logits_cols = 1000;
+  ExpectLogitsProblem(a, "logits_cols: got 1000, supported >= 32768");
+  a = GoodLogits();
+  a.batch = 40000;
+  ExpectLogitsProblem(a, "batch * s_q: got 80000, supported 1..65535");
+  // A sparse MLA module is not an indexer.
+  const Module m;
+  v1::AttentionSpec other = m.spec;
+  other.set_kind(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
+  EXPECT_TRUE(absl::StrContains(PlanIndexerLogits(other, m.launch, GoodLogits()).status().message(),
+                                "spec.kind: got ATTENTION_KIND_SPARSE_MLA_DECODE"));
+}
+
+TEST(IndexerPlanTest, TopkProblemsNameTheField) {
+  const Module m;
+  IndexerTopkArgs a = GoodTopk();
+  a.slots = 0;
+  EXPECT_TRUE(absl::StrContains(PlanIndexerTopk(m.spec, m.launch, a).status().message(),
+                                "both block_table and slots, or neither"));
+  a = GoodTopk();
+  a.indices_stride = 100;
+  EXPECT_TRUE(absl::StrContains(PlanIndexerTopk(m.spec, m.launch, a).status().message(),
+                                "indices_stride: got 100, supported >= 2048"));
+  a = GoodTopk();
+  a.logits_stride = 1000;
+  EXPECT_TRUE(absl::StrContains(PlanIndexerTopk(m.spec, m.launch, a).status().message(),
+                                "logits_stride: got 1000, supported >= 32768"));
+  a = GoodTopk();
+  a.indices = 0;
+  EXPECT_TRUE(absl::StrContains(PlanIndexerTopk(m.spec, m.launch, a).status().message(),
+                                "indices: got null"));
+}
+
+}  // namespace
+}  // namespace kforge

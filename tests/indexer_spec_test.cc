@@ -1,0 +1,218 @@
+// The DSA indexer kind: validation messages, presets, selectors and the
+// generated instantiation unit (no NVRTC: indexer_compile_test compiles).
+#include <string>
+
+#include "absl/strings/match.h"
+#include "compiler/compiler.h"
+#include "compiler/indexer_codegen.h"
+#include "compiler/manifest.h"
+#include "gtest/gtest.h"
+#include "kforge/v1/service.pb.h"
+#include "kforge/v1/spec.pb.h"
+#include "model/indexer_spec.h"
+#include "model/selector.h"
+#include "model/spec.h"
+#include "templates/kforge/dsa_indexer/config.h"
+
+namespace kforge {
+namespace {
+
+v1::AttentionSpec GoodSpec() {
+  v1::AttentionSpec spec;
+  spec.set_kind(v1::ATTENTION_KIND_DSA_INDEXER);
+  spec.set_index_heads(64);
+  spec.set_index_head_dim(128);
+  spec.set_topk(2048);
+  spec.set_page_block_size(64);
+  return spec;
+}
+
+void ExpectProblem(const v1::AttentionSpec& spec, const std::string& text) {
+  const absl::Status status = ValidateSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << text;
+  EXPECT_TRUE(absl::StrContains(status.message(), text)) << status << " lacks " << text;
+  EXPECT_EQ(NormalizeSpec(spec).status(), status);
+}
+
+TEST(IndexerSpecTest, AcceptsTheModelsShapesAndClearsSq) {
+  v1::AttentionSpec spec = GoodSpec();
+  spec.set_s_q(4);
+  ASSERT_TRUE(ValidateSpec(spec).ok()) << ValidateSpec(spec);
+  absl::StatusOr<v1::AttentionSpec> n = NormalizeSpec(spec);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n->s_q(), 0u);
+  EXPECT_FALSE(n->has_rope_dim());  // the sparse MLA normalization is not applied
+  for (int topk : {1, 2048, 4096}) {
+    spec.set_topk(topk);
+    EXPECT_TRUE(ValidateSpec(spec).ok()) << topk;
+  }
+  for (int heads : {1, 32, 64, 100, 128}) {
+    spec.set_index_heads(heads);
+    EXPECT_TRUE(ValidateSpec(spec).ok()) << heads;
+  }
+}
+
+TEST(IndexerSpecTest, NamesEachBadFieldWithItsRange) {
+  v1::AttentionSpec spec = GoodSpec();
+  spec.set_topk(0);
+  ExpectProblem(spec, "topk: got 0, supported 1..4096");
+  spec.set_topk(4097);
+  ExpectProblem(spec, "topk: got 4097, supported 1..4096");
+  spec = GoodSpec();
+  spec.set_index_heads(0);
+  ExpectProblem(spec, "index_heads: got 0, supported 1..128");
+  spec.set_index_heads(129);
+  ExpectProblem(spec, "index_heads: got 129, supported 1..128");
+  spec = GoodSpec();
+  spec.set_index_head_dim(64);
+  ExpectProblem(spec, "index_head_dim: got 64, supported 128");
+  spec = GoodSpec();
+  spec.set_page_block_size(32);
+  ExpectProblem(spec, "page_block_size: got 32, supported 64");
+  spec = GoodSpec();
+  spec.set_s_q(5);
+  ExpectProblem(spec, "s_q: got 5, supported 0 (not given) or 1..4");
+  // The sparse MLA fields belong to the other kernel.
+  spec = GoodSpec();
+  spec.set_num_q_heads(8);
+  ExpectProblem(spec, "num_q_heads: got 8, supported unset");
+  spec = GoodSpec();
+  spec.set_rope_dim(64);
+  ExpectProblem(spec, "rope_dim: got 64, supported unset");
+  spec = GoodSpec();
+  spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
+  ExpectProblem(spec, "kv_cache_dtype: got bf16, supported unset");
+  spec = GoodSpec();
+  spec.set_softmax_scale(0.5f);
+  ExpectProblem(spec, "softmax_scale: got 0.5, supported unset");
+  spec = GoodSpec();
+  spec.mutable_extra_kv()->set_topk(128);
+  ExpectProblem(spec, "extra_kv: got set, supported unset");
+}
+
+TEST(IndexerSpecTest, SparseMlaSpecsMayNotCarryIndexerFields) {
+  absl::StatusOr<v1::AttentionSpec> mla = SpecFromPreset("glm-5", 8);
+  ASSERT_TRUE(mla.ok());
+  v1::AttentionSpec spec = *mla;
+  spec.set_index_heads(32);
+  EXPECT_TRUE(
+      absl::StrContains(ValidateSpec(spec).message(), "index_heads: got 32, supported unset"))
+      << ValidateSpec(spec);
+  spec.set_kind(static_cast<v1::AttentionKind>(7));
+  EXPECT_TRUE(absl::StrContains(ValidateSpec(spec).message(),
+                                "kind: got 7, supported ATTENTION_KIND_SPARSE_MLA_DECODE or "
+                                "ATTENTION_KIND_DSA_INDEXER"))
+      << ValidateSpec(spec);
+}
+
+TEST(IndexerSpecTest, PresetsKeepTheirHeadsAtEveryTensorParallelDegree) {
+  for (int tp : {1, 2, 8}) {
+    absl::StatusOr<v1::AttentionSpec> glm = IndexerSpecFromPreset("glm-5", tp);
+    ASSERT_TRUE(glm.ok()) << glm.status();
+    EXPECT_EQ(glm->index_heads(), 32u);
+    EXPECT_EQ(glm->index_head_dim(), 128u);
+    EXPECT_EQ(glm->topk(), 2048u);
+    EXPECT_EQ(glm->page_block_size(), 64u);
+    absl::StatusOr<v1::AttentionSpec> ds = IndexerSpecFromPreset("deepseek-v3.2", tp);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    EXPECT_EQ(ds->index_heads(), 64u);
+  }
+  EXPECT_TRUE(absl::StrContains(IndexerSpecFromPreset("glm-5", 3).status().message(),
+                                "tensor_parallel: got 3, supported a divisor of 64"));
+  EXPECT_TRUE(absl::StrContains(IndexerSpecFromPreset("llama", 1).status().message(),
+                                "preset: got \"llama\", supported deepseek-v3.2, glm-5"));
+}
+
+TEST(IndexerSpecTest, SelectorWithTheIndexerKindResolvesToTheIndexerSpec) {
+  v1::KernelSelector selector;
+  selector.mutable_preset()->set_name("glm-5");
+  selector.mutable_preset()->set_tensor_parallel(8);
+  selector.mutable_preset()->set_kind(v1::ATTENTION_KIND_DSA_INDEXER);
+  absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(selector);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->kind(), v1::ATTENTION_KIND_DSA_INDEXER);
+  EXPECT_EQ(spec->index_heads(), 32u);
+  selector.mutable_preset()->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  EXPECT_TRUE(absl::StrContains(SpecOfSelector(selector).status().message(),
+                                "kv_cache_dtype: got fp8_ds_mla, supported unset"));
+  // Without a kind, the attention preset as before.
+  selector.mutable_preset()->clear_kind();
+  selector.mutable_preset()->clear_kv_cache_dtype();
+  spec = SpecOfSelector(selector);
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->kind(), v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
+}
+
+TEST(IndexerSpecTest, ParsesKindNames) {
+  EXPECT_EQ(*ParseAttentionKind("dsa-indexer"), v1::ATTENTION_KIND_DSA_INDEXER);
+  EXPECT_EQ(*ParseAttentionKind("ATTENTION_KIND_DSA_INDEXER"), v1::ATTENTION_KIND_DSA_INDEXER);
+  EXPECT_EQ(*ParseAttentionKind("sparse-mla"), v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
+  EXPECT_TRUE(absl::StrContains(ParseAttentionKind("mla").status().message(),
+                                "kind: got \"mla\", supported sparse-mla, dsa-indexer"));
+}
+
+TEST(IndexerCodegenTest, PlanNamesTheModuleAndInstantiatesTheTraits) {
+  const KernelCompiler compiler;
+  absl::StatusOr<CompilePlan> plan = compiler.Plan(*IndexerSpecFromPreset("glm-5", 8), "sm_120a");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->module_name, "dsa_indexer_h32_d128_topk2048_pb64_sm120a");
+  EXPECT_TRUE(absl::StrContains(plan->source, "kdi::IndexerTraits<32, 2048>")) << plan->source;
+  EXPECT_TRUE(absl::StrContains(plan->source, "dsa_indexer_logits(const kdi::LogitsParams p)"));
+  EXPECT_TRUE(absl::StrContains(plan->source, "dsa_indexer_topk(const kdi::TopkParams p)"));
+  // Another top-k, another key and module.
+  v1::AttentionSpec other = *IndexerSpecFromPreset("glm-5", 8);
+  other.set_topk(1024);
+  absl::StatusOr<CompilePlan> plan2 = compiler.Plan(other, "sm_120a");
+  ASSERT_TRUE(plan2.ok());
+  EXPECT_NE(plan2->key, plan->key);
+  EXPECT_NE(plan2->module_name, plan->module_name);
+  // The sparse MLA plan knobs do not apply.
+  PlanOptions capped;
+  capped.max_smem_per_block = 101376;
+  EXPECT_EQ(compiler.Plan(other, "sm_90a", capped).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// One variant carrying the indexer launch; the decode selector never
+// picks it (it names why), and does not divide by its empty tiling.
+TEST(IndexerCodegenTest, ManifestHasOneVariantTheSelectorNeverPicks) {
+  const KernelCompiler compiler;
+  const v1::AttentionSpec spec = *IndexerSpecFromPreset("glm-5", 8);
+  absl::StatusOr<v1::Manifest> m = BuildManifest(compiler, spec, "sm_90a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->variants_size(), 1);
+  const v1::ManifestVariant& v = m->variants(0);
+  EXPECT_EQ(v.module_name(), "dsa_indexer_h32_d128_topk2048_pb64_sm90a");
+  EXPECT_EQ(v.main_entry(), kIndexerLogitsEntry);
+  EXPECT_EQ(v.combine_entry(), kIndexerTopkEntry);
+  EXPECT_EQ(v.indexer().logits_block_threads(), 64u);
+  EXPECT_EQ(v.key(), compiler.Plan(spec, "sm_90a")->key);
+  DeviceInfo device;
+  device.arch = "sm_90a";
+  device.sm_count = 132;
+  RuntimeShape shape;
+  shape.batch = 1;
+  shape.s_q = 1;
+  shape.num_q_heads = 32;
+  shape.topk = 2048;
+  shape.page_block_size = 64;
+  shape.kv_dtype = v1::KV_CACHE_DTYPE_BF16;
+  absl::StatusOr<Selection> sel = Select(*m, device, shape);
+  EXPECT_FALSE(sel.ok());
+  EXPECT_TRUE(absl::StrContains(sel.status().message(), "ATTENTION_KIND_DSA_INDEXER"))
+      << sel.status();
+}
+
+TEST(IndexerCodegenTest, LaunchFollowsConfig) {
+  const v1::IndexerLaunch l = MakeIndexerLaunch(*IndexerSpecFromPreset("deepseek-v3.2", 1));
+  EXPECT_EQ(l.logits_block_threads(), 128u);  // 4 warps of 16 heads
+  EXPECT_EQ(l.logits_keys_per_cta(), 256u);
+  EXPECT_EQ(l.logits_smem_bytes(),
+            static_cast<uint32_t>(2 * dsa_indexer::IndexKeyPage::kBytes + 4 * 64 * 4));
+  EXPECT_EQ(l.topk_smem_bytes(), static_cast<uint32_t>(2048 * 8 + 1024 + 256));
+  EXPECT_EQ(l.logits_params_bytes(), sizeof(dsa_indexer::LogitsParams));
+  EXPECT_EQ(dsa_indexer::IndexKeyPage::kBytes, 64 * 132);
+}
+
+}  // namespace
+}  // namespace kforge

@@ -99,6 +99,13 @@ KFORGE_HD constexpr int LogitsThreads(int heads) { return 32 * HeadRowTiles(head
 constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in registers)
 constexpr int kLogitsStages = 2;
 constexpr int kTopkThreads = 512;
+// Logits each top-k thread loads at once in a pass over a row (their loads
+// in flight together: one at a time, a pass was a chain of L2 round trips,
+// 265 us for the top-k of one 131072-position row on the H200).
+constexpr int kTopkUnroll = 8;
+// Shared counters of the top-k kernel: one per (unrolled load, warp) for
+// the collect pass's position-order ranks, then three scalars.
+constexpr int kTopkCounters = kTopkUnroll * (kTopkThreads / 32) + 3;
 
 // Shared memory of the logits kernel: kLogitsStages pages and one float per
 // (warp, key) for the cross-warp sum.
@@ -107,14 +114,15 @@ KFORGE_HD constexpr int LogitsSmemBytes(int heads) {
 }
 
 // Shared memory of the top-k kernel for k: the sort buffer of k (rounded
-// up to a power of two) 64-bit keys, the 256-bin histogram, 64 counters.
+// up to a power of two) 64-bit keys, the 256-bin histogram, kTopkCounters
+// counters.
 KFORGE_HD constexpr int TopkSortSize(int topk) {
   int n = 1;
   while (n < topk) n *= 2;
   return n;
 }
 KFORGE_HD constexpr int TopkSmemBytes(int topk) {
-  return TopkSortSize(topk) * 8 + 256 * 4 + 64 * 4;
+  return TopkSortSize(topk) * 8 + 256 * 4 + kTopkCounters * 4;
 }
 
 }  // namespace dsa_indexer

@@ -62,10 +62,11 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   constexpr int kWarpsT = T::kTopkThreads / 32;
   unsigned long long* words = reinterpret_cast<unsigned long long*>(smem);
   int* hist = reinterpret_cast<int*>(smem + T::kTopkSort * 8);
-  int* counters = hist + 256;  // [0, kWarpsT): per-warp counts; then scalars
-  int& sel_bin = counters[kWarpsT];
-  int& sel_rem = counters[kWarpsT + 1];
-  int& gt_count = counters[kWarpsT + 2];
+  constexpr int kU = kTopkUnroll;
+  int* counters = hist + 256;  // [0, kU * kWarpsT): per-(load, warp) counts; then scalars
+  int& sel_bin = counters[kU * kWarpsT];
+  int& sel_rem = counters[kU * kWarpsT + 1];
+  int& gt_count = counters[kU * kWarpsT + 2];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row = blockIdx.x;
   const int b = row / p.s_q, i = row % p.s_q;
@@ -88,9 +89,20 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int j = tid; j < 256; j += T::kTopkThreads) hist[j] = 0;
       __syncthreads();
-      for (int s = tid; s < len; s += T::kTopkThreads) {
-        const u32 key = OrderedKey(logits[s]);
-        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+      for (int base = tid; base < len; base += kU * T::kTopkThreads) {
+        float v[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int s = base + u * T::kTopkThreads;
+          v[u] = s < len ? logits[s] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const u32 key = OrderedKey(v[u]);
+          if (base + u * T::kTopkThreads < len && (key & mask) == prefix) {
+            atomicAdd(&hist[(key >> shift) & 255], 1);
+          }
+        }
       }
       __syncthreads();
       // Thread j < 256 takes bin 255 - j: an inclusive scan over j counts
@@ -126,27 +138,42 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
     // equal to it in position order after them.
     if (tid == 0) gt_count = 0;
     __syncthreads();
+    // kU loads per thread per round: position base + u * threads + tid, so
+    // position order is (u, warp, lane) and a key's rank among the equal
+    // ones is the counts of the (u, warp) before it.
     int eq_base = 0;
-    for (int base = 0; base < len; base += T::kTopkThreads) {
-      const int s = base + tid;
-      u32 key = 0;
-      if (s < len) key = OrderedKey(logits[s]);
-      const bool in = s < len;
-      if (in && key > prefix) words[atomicAdd(&gt_count, 1)] = SortWord(key, s);
-      const bool eq = in && key == prefix;
-      const u32 ballot = __ballot_sync(0xffffffffu, eq);
-      if (lane == 0) counters[warp] = __popc(ballot);
-      __syncthreads();
-      int before = eq_base, total = 0;
-      for (int w = 0; w < kWarpsT; ++w) {
-        const int n = counters[w];
-        if (w < warp) before += n;
-        total += n;
+    for (int base = 0; base < len; base += kU * T::kTopkThreads) {
+      u32 key[kU];
+      u32 ballot[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int s = base + u * T::kTopkThreads + tid;
+        key[u] = s < len ? OrderedKey(logits[s]) : 0u;
       }
-      const int rank = before + __popc(ballot & ((1u << lane) - 1u));
-      if (eq && rank < rem) words[kK - rem + rank] = SortWord(key, s);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int s = base + u * T::kTopkThreads + tid;
+        const bool in = s < len;
+        if (in && key[u] > prefix) words[atomicAdd(&gt_count, 1)] = SortWord(key[u], s);
+        ballot[u] = __ballot_sync(0xffffffffu, in && key[u] == prefix);
+        if (lane == 0) counters[u * kWarpsT + warp] = __popc(ballot[u]);
+      }
+      __syncthreads();
+      int total = 0;
+      for (int c = 0; c < kU * kWarpsT; ++c) total += counters[c];
+      int before = eq_base;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int s = base + u * T::kTopkThreads + tid;
+        if (s < len && key[u] == prefix) {
+          int rank = before + __popc(ballot[u] & ((1u << lane) - 1u));
+          for (int w = 0; w < warp; ++w) rank += counters[u * kWarpsT + w];
+          if (rank < rem) words[kK - rem + rank] = SortWord(key[u], s);
+        }
+        for (int w = 0; w < kWarpsT; ++w) before += counters[u * kWarpsT + w];
+      }
       eq_base += total;
-      __syncthreads();  // counters are rewritten by the next block of positions
+      __syncthreads();  // counters are rewritten by the next round
     }
     for (int s = kK + tid; s < n_sort; s += T::kTopkThreads) words[s] = 0ull;
   }

@@ -25,6 +25,7 @@
 #include "model/arch.h"
 #include "model/artifact_check.h"
 #include "model/decode_plan.h"
+#include "model/indexer_plan.h"
 #include "model/launch_plan.h"
 #include "model/selector.h"
 #include "model/spec.h"
@@ -188,6 +189,8 @@ size_t kforge_sizeof(const char* struct_name) {
   if (name == "KforgeDecodeArgs") return sizeof(KforgeDecodeArgs);
   if (name == "DecodeParams") return sizeof(kforge::sparse_mla::DecodeParams);
   if (name == "CombineParams") return sizeof(kforge::sparse_mla::CombineParams);
+  if (name == "KforgeIndexerLogitsArgs") return sizeof(KforgeIndexerLogitsArgs);
+  if (name == "KforgeIndexerTopkArgs") return sizeof(KforgeIndexerTopkArgs);
   return 0;
 }
 
@@ -343,6 +346,99 @@ int32_t kforge_plan_decode(const uint8_t* manifest, size_t manifest_size,
         kforge::PlanDecode(m, *d, ToDecodeArgs(*args), workspace);
     if (!launch.ok()) return launch.status();
     return Output(kforge::ToLaunchPlan(*launch), plan, plan_size, "plan");
+  });
+}
+
+}  // extern "C"
+
+namespace {
+
+// An indexer launch as the LaunchPlan the bindings read (entry, grid,
+// block, shared memory, the parameter block's bytes).
+template <typename Params>
+kforge::v1::LaunchPlan IndexerLaunchPlan(const kforge::IndexerKernelLaunch<Params>& l) {
+  kforge::v1::LaunchPlan plan;
+  plan.set_main_entry(l.entry);
+  plan.set_grid_x(l.grid_x);
+  plan.set_grid_y(l.grid_y);
+  plan.set_grid_z(l.grid_z);
+  plan.set_block_threads(l.block_threads);
+  plan.set_dynamic_smem_bytes(l.dynamic_smem_bytes);
+  plan.set_main_params(&l.params, sizeof(l.params));
+  return plan;
+}
+
+// Parses the module's spec and IndexerLaunch, then `plan` -> a LaunchPlan.
+template <typename Plan>
+absl::Status PlanIndexer(const uint8_t* spec, size_t spec_size, const uint8_t* launch,
+                         size_t launch_size, uint8_t** out, size_t* out_size, Plan plan) {
+  kforge::v1::AttentionSpec s;
+  if (absl::Status p = Parse(spec, spec_size, &s, "spec"); !p.ok()) return p;
+  kforge::v1::IndexerLaunch l;
+  if (absl::Status p = Parse(launch, launch_size, &l, "launch"); !p.ok()) return p;
+  auto planned = plan(s, l);
+  if (!planned.ok()) return planned.status();
+  return Output(IndexerLaunchPlan(*planned), out, out_size, "plan");
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t kforge_plan_indexer_logits(const uint8_t* spec, size_t spec_size, const uint8_t* launch,
+                                   size_t launch_size, const KforgeIndexerLogitsArgs* args,
+                                   uint8_t** plan, size_t* plan_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (args == nullptr) return Null("args");
+    const KforgeIndexerLogitsArgs& a = *args;
+    kforge::IndexerLogitsArgs d;
+    d.q = a.q;
+    d.weights = a.weights;
+    d.index_cache = a.index_cache;
+    d.block_table = a.block_table;
+    d.context_lens = a.context_lens;
+    d.logits = a.logits;
+    d.q_row_stride = a.q_row_stride;
+    d.weights_row_stride = a.weights_row_stride;
+    d.page_stride = a.page_stride;
+    d.block_table_stride = a.block_table_stride;
+    d.block_table_cols = a.block_table_cols;
+    d.logits_stride = a.logits_stride;
+    d.logits_cols = a.logits_cols;
+    d.batch = a.batch;
+    d.s_q = a.s_q;
+    d.max_context = a.max_context;
+    return PlanIndexer(spec, spec_size, launch, launch_size, plan, plan_size,
+                       [&](const kforge::v1::AttentionSpec& s, const kforge::v1::IndexerLaunch& l) {
+                         return kforge::PlanIndexerLogits(s, l, d);
+                       });
+  });
+}
+
+int32_t kforge_plan_indexer_topk(const uint8_t* spec, size_t spec_size, const uint8_t* launch,
+                                 size_t launch_size, const KforgeIndexerTopkArgs* args,
+                                 uint8_t** plan, size_t* plan_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (args == nullptr) return Null("args");
+    const KforgeIndexerTopkArgs& a = *args;
+    kforge::IndexerTopkArgs d;
+    d.logits = a.logits;
+    d.context_lens = a.context_lens;
+    d.indices = a.indices;
+    d.block_table = a.block_table;
+    d.slots = a.slots;
+    d.logits_stride = a.logits_stride;
+    d.indices_stride = a.indices_stride;
+    d.block_table_stride = a.block_table_stride;
+    d.slots_stride = a.slots_stride;
+    d.batch = a.batch;
+    d.s_q = a.s_q;
+    d.slot_page_size = a.slot_page_size;
+    d.max_context = a.max_context;
+    return PlanIndexer(spec, spec_size, launch, launch_size, plan, plan_size,
+                       [&](const kforge::v1::AttentionSpec& s, const kforge::v1::IndexerLaunch& l) {
+                         return kforge::PlanIndexerTopk(s, l, d);
+                       });
   });
 }
 

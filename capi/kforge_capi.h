@@ -30,13 +30,14 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 6
+#define KFORGE_CAPI_VERSION 7
 
 int32_t kforge_capi_version(void);
 
 /* sizeof of a struct as this library was built, for bindings to check
  * their mirrors: "KforgeDevice", "KforgeShape", "KforgeDecodeArgs",
- * "DecodeParams", "CombineParams". 0 for any other name. */
+ * "DecodeParams", "CombineParams", "KforgeIndexerLogitsArgs",
+ * "KforgeIndexerTopkArgs". 0 for any other name. */
 size_t kforge_sizeof(const char* struct_name);
 
 void kforge_free(void* p);
@@ -233,6 +234,57 @@ int32_t kforge_read_token_file(const char* path, const char* what, char** token,
 /* VerifyBundle: *problems problems, listed in *report one per line as
  * "<path>\t<message>" (empty when the bundle is good). */
 int32_t kforge_verify_bundle(const char* dir, int32_t* problems, char** report, char** error);
+
+/* ---- the DSA indexer (model/indexer_plan.h) ---- */
+
+/* IndexerLogitsArgs, field for field (see there). */
+typedef struct KforgeIndexerLogitsArgs {
+  uint64_t q;
+  uint64_t weights;
+  uint64_t index_cache;
+  uint64_t block_table;
+  uint64_t context_lens;
+  uint64_t logits;
+  int64_t q_row_stride;
+  int64_t weights_row_stride;
+  int64_t page_stride;
+  int64_t block_table_stride;
+  int64_t block_table_cols;
+  int64_t logits_stride;
+  int64_t logits_cols;
+  int32_t batch;
+  int32_t s_q;
+  int32_t max_context;
+  int32_t reserved; /* 0 */
+} KforgeIndexerLogitsArgs;
+
+/* IndexerTopkArgs, field for field. */
+typedef struct KforgeIndexerTopkArgs {
+  uint64_t logits;
+  uint64_t context_lens;
+  uint64_t indices;
+  uint64_t block_table; /* 0: no slots */
+  uint64_t slots;       /* 0 exactly when block_table is 0 */
+  int64_t logits_stride;
+  int64_t indices_stride;
+  int64_t block_table_stride;
+  int64_t slots_stride;
+  int32_t batch;
+  int32_t s_q;
+  int32_t slot_page_size;
+  int32_t max_context;
+} KforgeIndexerTopkArgs;
+
+/* PlanIndexerLogits / PlanIndexerTopk for a module's spec and its
+ * IndexerLaunch (serialized kforge.v1 messages): the launch as a
+ * serialized LaunchPlan (main_entry, grid_x/y/z, block_threads,
+ * dynamic_smem_bytes, main_params = the parameter block). */
+int32_t kforge_plan_indexer_logits(const uint8_t* spec, size_t spec_size, const uint8_t* launch,
+                                   size_t launch_size, const KforgeIndexerLogitsArgs* args,
+                                   uint8_t** plan, size_t* plan_size, char** error);
+int32_t kforge_plan_indexer_topk(const uint8_t* spec, size_t spec_size, const uint8_t* launch,
+                                 size_t launch_size, const KforgeIndexerTopkArgs* args,
+                                 uint8_t** plan, size_t* plan_size, char** error);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -43,7 +43,7 @@ from kforge.kernel import read_artifact  # noqa: E402
 from kforge.plan import Device, Shape, plan_decode, select  # noqa: E402
 from kforge.spec import arch_for_capability, check_arch_runs, infer_latent_dims  # noqa: E402
 from kforge.testing import start_server, stop_server  # noqa: E402
-from kforge.v1 import artifact_pb2, service_pb2  # noqa: E402
+from kforge.v1 import artifact_pb2, service_pb2, spec_pb2  # noqa: E402
 
 ARCH = "sm_90a"
 SERVICE = "kforge.v1.KernelService"
@@ -395,11 +395,38 @@ class RealServerTest(unittest.TestCase):
                          f"dsa_indexer_h32_d128_topk2048_pb64_{ARCH.replace('_', '')}")
         self.assertEqual(description["spec"]["kind"], "ATTENTION_KIND_DSA_INDEXER")
         self.assertEqual(description["indexer"]["logits_entry"], "dsa_indexer_logits")
-        self.assertEqual(int(description["indexer"]["logits_params_bytes"]),
-                         kforge.dsa_indexer._LOGITS_PARAMS.size)
-        self.assertEqual(int(description["indexer"]["topk_params_bytes"]),
-                         kforge.dsa_indexer._TOPK_PARAMS.size)
         self.assertGreater(len(cubin), 1000)
+        # The launches are the C++ plan's (kforge._capi.plan_indexer), with
+        # the parameter blocks the module was compiled for.
+        from google.protobuf import json_format
+        from kforge import _capi
+        spec = json_format.ParseDict(description["spec"], spec_pb2.AttentionSpec(),
+                                     ignore_unknown_fields=True).SerializeToString()
+        launch = json_format.ParseDict(description["indexer"], artifact_pb2.IndexerLaunch(),
+                                       ignore_unknown_fields=True).SerializeToString()
+        rows, heads, context = 6, 32, 5000
+        args = _capi.IndexerLogitsArgs(
+            q=1 << 32, weights=2 << 32, index_cache=3 << 32, block_table=4 << 32,
+            context_lens=5 << 32, logits=6 << 32, q_row_stride=heads * 128,
+            weights_row_stride=heads, page_stride=64 * 132, block_table_stride=80,
+            block_table_cols=80, logits_stride=context, logits_cols=context, batch=3, s_q=2,
+            max_context=context)
+        plan = _capi.plan_indexer("logits", spec, launch, args)
+        self.assertEqual(plan.main_entry, "dsa_indexer_logits")
+        self.assertEqual(len(plan.main_params), int(description["indexer"]["logits_params_bytes"]))
+        self.assertEqual(plan.grid_y, rows)
+        args.s_q = 5
+        with self.assertRaisesRegex(ValueError, "s_q: got 5"):
+            _capi.plan_indexer("logits", spec, launch, args)
+        topk = _capi.IndexerTopkArgs(logits=6 << 32, context_lens=5 << 32, indices=7 << 32,
+                                     logits_stride=context, indices_stride=2048, batch=3, s_q=2,
+                                     slot_page_size=64, max_context=context)
+        plan = _capi.plan_indexer("topk", spec, launch, topk)
+        self.assertEqual(len(plan.main_params), int(description["indexer"]["topk_params_bytes"]))
+        self.assertEqual(plan.grid_x, rows)
+        topk.indices_stride = 100
+        with self.assertRaisesRegex(ValueError, "indices_stride"):
+            _capi.plan_indexer("topk", spec, launch, topk)
         with self.assertRaises(ValueError):
             self.client.get_manifest(preset="glm-5", arch=ARCH, kind="indexer")
 

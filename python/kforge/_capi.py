@@ -24,7 +24,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 6  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 7  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -68,6 +68,28 @@ class DecodeArgs(ctypes.Structure):
                   "extra_indices_stride")])
 
 
+class IndexerLogitsArgs(ctypes.Structure):
+    """KforgeIndexerLogitsArgs (model/indexer_plan.h IndexerLogitsArgs):
+    device addresses, strides in elements (bytes for q and the cache)."""
+    _fields_ = ([(name, ctypes.c_uint64) for name in
+                 ("q", "weights", "index_cache", "block_table", "context_lens", "logits")] +
+                [(name, ctypes.c_int64) for name in
+                 ("q_row_stride", "weights_row_stride", "page_stride", "block_table_stride",
+                  "block_table_cols", "logits_stride", "logits_cols")] +
+                [(name, ctypes.c_int32) for name in
+                 ("batch", "s_q", "max_context", "reserved")])
+
+
+class IndexerTopkArgs(ctypes.Structure):
+    """KforgeIndexerTopkArgs (model/indexer_plan.h IndexerTopkArgs)."""
+    _fields_ = ([(name, ctypes.c_uint64) for name in
+                 ("logits", "context_lens", "indices", "block_table", "slots")] +
+                [(name, ctypes.c_int64) for name in
+                 ("logits_stride", "indices_stride", "block_table_stride", "slots_stride")] +
+                [(name, ctypes.c_int32) for name in
+                 ("batch", "s_q", "slot_page_size", "max_context")])
+
+
 # (name, argument types) of every function; each returns int32 except where
 # _RESTYPES says otherwise.
 _ERR = ctypes.POINTER(ctypes.c_char_p)
@@ -93,6 +115,10 @@ _SIGNATURES = {
                       *_OUT, _STR_OUT],
     "kforge_plan_decode": [_c_bytes, ctypes.c_size_t, ctypes.POINTER(Device),
                            ctypes.POINTER(DecodeArgs), ctypes.c_uint64, *_OUT, _STR_OUT],
+    "kforge_plan_indexer_logits": [_c_bytes, ctypes.c_size_t, _c_bytes, ctypes.c_size_t,
+                                   ctypes.POINTER(IndexerLogitsArgs), *_OUT, _STR_OUT],
+    "kforge_plan_indexer_topk": [_c_bytes, ctypes.c_size_t, _c_bytes, ctypes.c_size_t,
+                                 ctypes.POINTER(IndexerTopkArgs), *_OUT, _STR_OUT],
     "kforge_kv_layout": [_c_bytes, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int32),
                          ctypes.POINTER(ctypes.c_int32), _STR_OUT],
     "kforge_workspace_bytes_for": [_c_bytes, ctypes.c_size_t, ctypes.POINTER(Device),
@@ -163,7 +189,7 @@ def lib():
         if version != CAPI_VERSION:
             raise KforgeError(f"{path}: C ABI version {version}, this package binds version "
                               f"{CAPI_VERSION}; rebuild kforge_capi from the same tree")
-        for struct in (Device, Shape, DecodeArgs):
+        for struct in (Device, Shape, DecodeArgs, IndexerLogitsArgs, IndexerTopkArgs):
             name = "Kforge" + struct.__name__
             if handle.kforge_sizeof(name.encode()) != ctypes.sizeof(struct):
                 raise KforgeError(f"{path}: {name} is {handle.kforge_sizeof(name.encode())} "
@@ -318,6 +344,16 @@ def plan_decode(manifest_bytes, dev, args, workspace):
     return parse(pb().artifact_pb2.LaunchPlan,
                  call("plan_decode", *buffer(manifest_bytes), ctypes.byref(dev),
                       ctypes.byref(args), int(workspace), bytes_out=True))
+
+
+def plan_indexer(kind, spec_bytes, launch_bytes, args):
+    """PlanIndexerLogits (kind "logits", args an IndexerLogitsArgs) or
+    PlanIndexerTopk ("topk", IndexerTopkArgs) for a module's serialized
+    spec and IndexerLaunch: a LaunchPlan (main_entry, grid, block, shared
+    memory, main_params = the parameter block)."""
+    return parse(pb().artifact_pb2.LaunchPlan,
+                 call(f"plan_indexer_{kind}", *buffer(spec_bytes), *buffer(launch_bytes),
+                      ctypes.byref(args), bytes_out=True))
 
 
 def kv_layout(spec_bytes):

@@ -9,9 +9,11 @@ dsa-indexer` wrote (<module>.cubin + <module>.json).
                                              mla_block_table=block_table)
 
 The computation and the page layout are docs/DESIGN.md's ("The DSA lightning
-indexer"); the parameter blocks are templates/kforge/dsa_indexer/config.h's
-LogitsParams / TopkParams, packed here field by field and checked against
-the sizes the compiler recorded in the module's description. Launches are
+indexer"). What is Python's own here is reading torch tensor metadata into
+the C structs model/indexer_plan.h checks (dtype, device and layout, which
+those structs do not carry) and the launch; the argument checks, grids and
+parameter blocks are the C++ PlanIndexerLogits / PlanIndexerTopk's, through
+the C ABI (kforge._capi.plan_indexer). Launches are
 enqueued on torch's current stream with no host synchronisation and no
 allocation when the outputs are given, so a call can be captured in a CUDA
 graph (max_context is the caller's, never read from context_lens).
@@ -36,18 +38,14 @@ position context_lens[b] - s_q + i):
 import ctypes
 import json
 import os
-import struct
 
+from kforge import _capi
 from kforge.errors import KforgeError
 
 PAGE_TOKENS = 64
 HEAD_DIM = 128
 PAGE_BYTES = PAGE_TOKENS * (HEAD_DIM + 4)
 
-# config.h LogitsParams: 6 pointers, 5 long long, 3 int (+ pad to 8).
-_LOGITS_PARAMS = struct.Struct("<6Q5q3i4x")
-# config.h TopkParams: 5 pointers, 4 long long, 4 int.
-_TOPK_PARAMS = struct.Struct("<5Q4q4i")
 
 
 def _torch():
@@ -160,11 +158,14 @@ class DsaIndexer:
             raise KforgeError(f"{description.get('module_name')}: not a DSA indexer module "
                               f"(kind {spec.get('kind')})")
         launch = description["indexer"]
-        for name, packer in (("logits_params_bytes", _LOGITS_PARAMS),
-                             ("topk_params_bytes", _TOPK_PARAMS)):
-            if int(launch[name]) != packer.size:
-                raise KforgeError(f"{description['module_name']}: {name} {launch[name]}, this "
-                                  f"package packs {packer.size} (config.h changed?)")
+        # The module's spec and launch as the C++ plan reads them.
+        from google.protobuf import json_format
+        from kforge._proto import pb
+        self._spec_bytes = json_format.ParseDict(
+            spec, pb().spec_pb2.AttentionSpec(), ignore_unknown_fields=True).SerializeToString()
+        self._launch_bytes = json_format.ParseDict(
+            launch, pb().artifact_pb2.IndexerLaunch(),
+            ignore_unknown_fields=True).SerializeToString()
         self.description = description
         self.module_name = description["module_name"]
         self.arch = description["arch"]
@@ -188,10 +189,15 @@ class DsaIndexer:
             self._topk = cu.function(self._module, launch["topk_entry"],
                                      int(launch["topk_smem_bytes"]), self.module_name)
 
-    def _launch(self, function, grid, block, smem, params):
+    def _launch(self, function, kind, args):
+        """Plans one kernel (PlanIndexerLogits / PlanIndexerTopk: raises
+        KforgeInvalidArgument, a ValueError, naming the field) and launches
+        it on torch's current stream."""
+        plan = _capi.plan_indexer(kind, self._spec_bytes, self._launch_bytes, args)
+        grid = (plan.grid_x, plan.grid_y, plan.grid_z)
         stream = self._torch.cuda.current_stream(self.device).cuda_stream
-        self._cu.launch(function, grid, block, smem, stream, params,
-                        f"cuLaunchKernel({self.module_name}, grid {grid})")
+        self._cu.launch(function, grid, plan.block_threads, plan.dynamic_smem_bytes, stream,
+                        plan.main_params, f"cuLaunchKernel({self.module_name}, grid {grid})")
 
     # ------------------------------------------------------------ checks
 
@@ -251,14 +257,14 @@ class DsaIndexer:
         self._expect(out.dtype == torch.float32 and out.dim() == 2 and out.shape[0] == rows and
                      out.shape[1] >= max_context and out.stride(1) == 1,
                      f"logits: expected fp32 [{rows}, >= {max_context}], last dim contiguous")
-        params = _LOGITS_PARAMS.pack(
-            q.data_ptr(), w.data_ptr(), index_cache.data_ptr(), block_table.data_ptr(),
-            context_lens.data_ptr(), out.data_ptr(), q.stride(0), w.stride(0),
-            index_cache.stride(0), block_table.stride(0), out.stride(0), batch, s_q, max_context)
-        per_cta = int(self.launch["logits_keys_per_cta"])
-        grid = ((max_context + per_cta - 1) // per_cta, rows, 1)
-        self._launch(self._logits, grid, int(self.launch["logits_block_threads"]),
-                     int(self.launch["logits_smem_bytes"]), params)
+        args = _capi.IndexerLogitsArgs(
+            q=q.data_ptr(), weights=w.data_ptr(), index_cache=index_cache.data_ptr(),
+            block_table=block_table.data_ptr(), context_lens=context_lens.data_ptr(),
+            logits=out.data_ptr(), q_row_stride=q.stride(0), weights_row_stride=w.stride(0),
+            page_stride=index_cache.stride(0), block_table_stride=block_table.stride(0),
+            block_table_cols=block_table.shape[1], logits_stride=out.stride(0),
+            logits_cols=out.shape[1], batch=batch, s_q=s_q, max_context=max_context)
+        self._launch(self._logits, "logits", args)
         return out
 
     def topk(self, logits, context_lens, s_q, indices=None, *, mla_block_table=None, slots=None,
@@ -296,12 +302,13 @@ class DsaIndexer:
             max_context = logits.shape[1]
         self._expect(1 <= max_context <= logits.shape[1],
                      f"max_context: got {max_context}, supported 1..{logits.shape[1]}")
-        params = _TOPK_PARAMS.pack(logits.data_ptr(), context_lens.data_ptr(), indices.data_ptr(),
-                                   table_ptr, slots_ptr, logits.stride(0), indices.stride(0),
-                                   table_stride, slots_stride, batch, s_q, slot_page_size,
-                                   max_context)
-        self._launch(self._topk, (rows, 1, 1), int(self.launch["topk_block_threads"]),
-                     int(self.launch["topk_smem_bytes"]), params)
+        args = _capi.IndexerTopkArgs(
+            logits=logits.data_ptr(), context_lens=context_lens.data_ptr(),
+            indices=indices.data_ptr(), block_table=table_ptr, slots=slots_ptr,
+            logits_stride=logits.stride(0), indices_stride=indices.stride(0),
+            block_table_stride=table_stride, slots_stride=slots_stride, batch=batch, s_q=s_q,
+            slot_page_size=slot_page_size, max_context=max_context)
+        self._launch(self._topk, "topk", args)
         return indices, slots
 
 

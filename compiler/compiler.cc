@@ -25,6 +25,18 @@ std::string CompilerVersion() {
 
 namespace {
 
+// The key inputs every plan shares: its normalized spec, the templates,
+// the compiler, its options and the arch (the caller adds the rest).
+KeyInputs PlanKeyInputs(const CompilePlan& plan) {
+  KeyInputs key;
+  key.spec = plan.spec;
+  key.template_digest = TemplateDigest();
+  key.nvrtc_version = NvrtcBuildIdentity();
+  key.options = plan.options;
+  key.arch = plan.arch.name;
+  return key;
+}
+
 // Plan's indexer half (ATTENTION_KIND_DSA_INDEXER): no tiling to choose,
 // the module name, instantiation unit and key.
 absl::StatusOr<CompilePlan> PlanIndexer(CompilePlan plan, const PlanOptions& options) {
@@ -36,13 +48,7 @@ absl::StatusOr<CompilePlan> PlanIndexer(CompilePlan plan, const PlanOptions& opt
   plan.module_name = IndexerModuleName(plan.spec, plan.arch);
   plan.source = GenerateIndexerSource(plan.spec);
   plan.options = BaseNvrtcOptions(plan.arch.name);
-  KeyInputs key;
-  key.spec = plan.spec;
-  key.template_digest = TemplateDigest();
-  key.nvrtc_version = NvrtcBuildIdentity();
-  key.options = plan.options;
-  key.arch = plan.arch.name;
-  plan.key = ComputeCacheKey(key);
+  plan.key = ComputeCacheKey(PlanKeyInputs(plan));
   return plan;
 }
 
@@ -95,12 +101,7 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
                      plan.small_batch, plan.cluster);
   plan.options = BaseNvrtcOptions(plan.arch.name);
 
-  KeyInputs key;
-  key.spec = plan.spec;
-  key.template_digest = TemplateDigest();
-  key.nvrtc_version = NvrtcBuildIdentity();
-  key.options = plan.options;
-  key.arch = plan.arch.name;
+  KeyInputs key = PlanKeyInputs(plan);
   key.max_smem_per_block = options.max_smem_per_block;
   if (!t.empty()) {
     key.tiling_request = absl::StrCat(t.head_tile, ",", t.token_tile, ",", t.stages, ",", t.warps);

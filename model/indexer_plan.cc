@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "model/problems.h"
 
 namespace kforge {
 namespace {
@@ -14,30 +15,6 @@ using dsa_indexer::IndexKeyPage;
 
 // Grid y and z hold at most 65535 blocks.
 constexpr int64_t kMaxGridY = 65535;
-
-class Problems {
- public:
-  template <typename T>
-  void Add(absl::string_view field, const T& got, absl::string_view supported) {
-    items_.push_back(absl::StrCat(field, ": got ", got, ", supported ", supported));
-  }
-  void NonNull(absl::string_view field, uint64_t ptr) {
-    if (ptr == 0) Add(field, "null", "a device address");
-  }
-  void Aligned(absl::string_view field, uint64_t value, int alignment) {
-    if (value % alignment != 0) Add(field, value, absl::StrCat("a multiple of ", alignment));
-  }
-  void AtLeast(absl::string_view field, int64_t value, int64_t min) {
-    if (value < min) Add(field, value, absl::StrCat(">= ", min));
-  }
-  absl::Status ToStatus() const {
-    if (items_.empty()) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrJoin(items_, "; "));
-  }
-
- private:
-  std::vector<std::string> items_;
-};
 
 // The module itself: an indexer spec and the launch its compile recorded.
 void CheckModule(const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch, Problems& p) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "base/absl_compat.h"
 #include "kforge/v1/spec.pb.h"
+#include "model/problems.h"
 #include "model/spec.h"
 #include "templates/kforge/dsa_indexer/config.h"
 
@@ -16,22 +17,6 @@ namespace kforge {
 namespace {
 
 using dsa_indexer::IndexKeyPage;
-
-// "field: got X, supported Y" problems, joined in field-number order.
-class Problems {
- public:
-  template <typename T>
-  void Add(absl::string_view field, const T& got, absl::string_view supported) {
-    items_.push_back(absl::StrCat(field, ": got ", got, ", supported ", supported));
-  }
-  absl::Status ToStatus() const {
-    if (items_.empty()) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrJoin(items_, "; "));
-  }
-
- private:
-  std::vector<std::string> items_;
-};
 
 constexpr char kUnsetForIndexer[] = "unset (ATTENTION_KIND_DSA_INDEXER)";
 

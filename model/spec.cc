@@ -27,6 +27,7 @@
 #include "kforge/v1/spec.pb.h"
 #include "model/format.h"
 #include "model/indexer_spec.h"
+#include "model/problems.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
@@ -62,22 +63,6 @@ std::string DtypeName(int value) {
 }
 
 constexpr double kLog2e = 1.4426950408889634;
-
-// Collects "field: got X, supported Y" problems in field-number order.
-class Problems {
- public:
-  template <typename T>
-  void Add(absl::string_view field, const T& got, absl::string_view supported) {
-    items_.push_back(absl::StrCat(field, ": got ", got, ", supported ", supported));
-  }
-  absl::Status ToStatus() const {
-    if (items_.empty()) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrJoin(items_, "; "));
-  }
-
- private:
-  std::vector<std::string> items_;
-};
 
 // Text-format parse errors with their 1-based line and column.
 class CollectErrors : public google::protobuf::io::ErrorCollector {

@@ -177,9 +177,10 @@ class PlanCache:
         checks) the call with PlanDecode when its signature is new."""
         m = self.modulus
         qp, kp, ip, op = q.data_ptr(), kv.data_ptr(), indices.data_ptr(), out.data_ptr()
-        lse_key, lp = _optional_key(lse, m)
-        topk_key, tp = _optional_key(topk_length, m)
-        sink_key, sp = _optional_key(sink, m)
+        # Absent inputs (the common call) cost no function call.
+        lse_key, lp = (None, 0) if lse is None else _optional_key(lse, m)
+        topk_key, tp = (None, 0) if topk_length is None else _optional_key(topk_length, m)
+        sink_key, sp = (None, 0) if sink is None else _optional_key(sink, m)
         if extra is None:
             extra_key, xp = None, (0, 0, 0)
         else:

@@ -28,23 +28,7 @@
 namespace kforge {
 namespace dsa_indexer {
 
-using u32 = unsigned int;
-
-// D = A * B + D, m16n8k16, f16 inputs, fp32 accumulators (every arch >= sm_80).
-__device__ __forceinline__ void MmaF16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 16 bytes of read-only global memory (16-byte aligned) as four words.
-__device__ __forceinline__ void LdGlobal128(const void* p, u32 (&v)[4]) {
-  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-               : "l"(p));
-}
+using ptx::u32;
 
 // The 16-byte chunk c (0..7) of key row `key` in a staged page: odd rows
 // swap their halves, so the 8 lanes of one 128-bit load phase (keys g and
@@ -113,8 +97,8 @@ __device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
 #pragma unroll
       for (int grp = 0; grp < 2; ++grp) {
         u32 lw[4] = {0, 0, 0, 0}, hw[4] = {0, 0, 0, 0};
-        if (h0 < T::kHeads) LdGlobal128(q + h0 * T::kHeadDim + 64 * grp + 16 * t, lw);
-        if (h1 < T::kHeads) LdGlobal128(q + h1 * T::kHeadDim + 64 * grp + 16 * t, hw);
+        if (h0 < T::kHeads) ptx::LdGlobal128(q + h0 * T::kHeadDim + 64 * grp + 16 * t, lw);
+        if (h1 < T::kHeads) ptx::LdGlobal128(q + h1 * T::kHeadDim + 64 * grp + 16 * t, hw);
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
           fp8::E4m3x4ToHalf2(lw[m], a[grp * 4 + m][0], a[grp * 4 + m][2]);
@@ -154,7 +138,7 @@ __device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
           for (int m = 0; m < 4; ++m) {
             u32 b0, b1;
             fp8::E4m3x4ToHalf2(v[m], b0, b1);
-            MmaF16(acc, a[grp * 4 + m], b0, b1);
+            ptx::MmaF16(acc, a[grp * 4 + m], b0, b1);
           }
         }
         float s0 = w_lo * fmaxf(acc[0], 0.f) + w_hi * fmaxf(acc[2], 0.f);

@@ -225,7 +225,6 @@ __device__ __forceinline__ DecodeWork MakeDecodeWork(const DecodeParams& p) {
 
 // A token's list length from a topk_length-style array (null: all of
 // `topk`), clamped to 0..topk.
-template <class T>
 __device__ __forceinline__ int ListLength(const DecodeParams& p, const int* lengths, int token,
                                           int topk) {
   if (lengths == nullptr) return topk;
@@ -241,13 +240,13 @@ template <class T>
 __device__ __forceinline__ void ApplyTopkLength(const DecodeParams& p, DecodeWork& w) {
   bool cut = false;
   if (p.topk_length != nullptr) {
-    w.main_end = min(w.main_end, ListLength<T>(p, p.topk_length, w.token, T::kTopk));
+    w.main_end = min(w.main_end, ListLength(p, p.topk_length, w.token, T::kTopk));
     cut = true;
   }
   if constexpr (T::kExtraTopk > 0) {
     if (p.extra_topk_length != nullptr) {
-      w.extra_end = min(w.extra_end, T::kMainSpan + ListLength<T>(p, p.extra_topk_length, w.token,
-                                                                  T::kExtraTopk));
+      w.extra_end = min(w.extra_end,
+                        T::kMainSpan + ListLength(p, p.extra_topk_length, w.token, T::kExtraTopk));
       cut = true;
     }
   }

@@ -95,10 +95,6 @@ template <class T, class F, int kPageBlock>
 __device__ __forceinline__ void StageRecord(const KvView& v, int slot, bool ok,
                                             const DecodeSmem& sm, int row, int sub);
 
-template <class T, int kChunks>
-__device__ __forceinline__ void CopyBf16Chunks(const DecodeSmem& sm, const ThreadRoles& r,
-                                               int staged_offset, int first_chunk);
-
 // bf16 cache (1152 B/token for d_qk 576): each row is copied as is, in 16 B
 // cp.async chunks; invalid slots are zero-filled by the copy itself. In a
 // staged pipeline (the other cache is quantised) the row is staged whole

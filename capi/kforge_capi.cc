@@ -442,19 +442,41 @@ int32_t kforge_plan_indexer_topk(const uint8_t* spec, size_t spec_size, const ui
   });
 }
 
-int32_t kforge_kv_layout(const uint8_t* spec, size_t spec_size, int32_t* row_bytes,
-                         int32_t* element_bytes, char** error) {
+}  // extern "C"
+
+namespace {
+
+// kforge_kv_layout / kforge_extra_kv_layout: `layout_of` of a valid spec.
+int32_t KvLayoutCall(const uint8_t* spec, size_t spec_size, int32_t* row_bytes,
+                     int32_t* element_bytes, char** error, bool extra) {
   return Call(error, [&]() -> absl::Status {
     kforge::v1::AttentionSpec s;
     if (absl::Status p = Parse(spec, spec_size, &s, "spec"); !p.ok()) return p;
     if (row_bytes == nullptr) return Null("row_bytes");
     if (element_bytes == nullptr) return Null("element_bytes");
     if (absl::Status v = kforge::ValidateSpec(s); !v.ok()) return v;
-    const kforge::KvCacheLayout layout = kforge::KvLayoutOf(s);
+    if (extra && !s.has_extra_kv()) {
+      return absl::InvalidArgumentError("extra_kv: unset; the spec has no extra KV cache");
+    }
+    const kforge::KvCacheLayout layout = extra ? kforge::ExtraKvLayoutOf(s) : kforge::KvLayoutOf(s);
     *row_bytes = layout.row_bytes;
     *element_bytes = layout.element_bytes;
     return absl::OkStatus();
   });
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t kforge_kv_layout(const uint8_t* spec, size_t spec_size, int32_t* row_bytes,
+                         int32_t* element_bytes, char** error) {
+  return KvLayoutCall(spec, spec_size, row_bytes, element_bytes, error, false);
+}
+
+int32_t kforge_extra_kv_layout(const uint8_t* spec, size_t spec_size, int32_t* row_bytes,
+                               int32_t* element_bytes, char** error) {
+  return KvLayoutCall(spec, spec_size, row_bytes, element_bytes, error, true);
 }
 
 int32_t kforge_workspace_bytes_for(const uint8_t* manifest, size_t manifest_size,

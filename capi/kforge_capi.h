@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 7
+#define KFORGE_CAPI_VERSION 8
 
 int32_t kforge_capi_version(void);
 
@@ -168,6 +168,10 @@ int32_t kforge_plan_decode(const uint8_t* manifest, size_t manifest_size,
  * kv_row_stride equal to row_bytes. */
 int32_t kforge_kv_layout(const uint8_t* spec, size_t spec_size, int32_t* row_bytes,
                          int32_t* element_bytes, char** error);
+/* ExtraKvLayoutOf: the same for the spec's extra cache (extra_kv);
+ * INVALID_ARGUMENT for a spec without one. */
+int32_t kforge_extra_kv_layout(const uint8_t* spec, size_t spec_size, int32_t* row_bytes,
+                               int32_t* element_bytes, char** error);
 /* WorkspaceBytesFor. */
 int32_t kforge_workspace_bytes_for(const uint8_t* manifest, size_t manifest_size,
                                    const KforgeDevice* device, int32_t max_tokens, uint64_t* bytes,

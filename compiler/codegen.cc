@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "model/launch.h"
 #include "model/spec.h"
 #include "templates/kforge/sparse_mla/config.h"
 
@@ -133,13 +134,6 @@ std::string DtypeTag(v1::KvCacheDtype dtype, v1::KvScaleFormat scale_format) {
   if (scale_format == v1::KV_SCALE_FORMAT_POW2) absl::StrAppend(&tag, "_pow2");
   if (scale_format == v1::KV_SCALE_FORMAT_ARBITRARY) absl::StrAppend(&tag, "_arbitrary");
   return tag;
-}
-
-// Key positions a split rule covers (config.h KeySpan) for a token tile.
-int64_t KeysOf(const v1::AttentionSpec& spec, uint32_t token_tile) {
-  return sparse_mla::KeySpan(static_cast<int>(spec.topk()),
-                             spec.has_extra_kv() ? static_cast<int>(spec.extra_kv().topk()) : 0,
-                             static_cast<int>(token_tile));
 }
 
 // The scale as a readable name part: the shortest decimal that reads back
@@ -289,7 +283,7 @@ bool ClusterFits(const v1::AttentionSpec& spec, const Arch& arch, const v1::Kern
                  int splits) {
   return (arch.major == 9 || arch.major == 10) &&
          sparse_mla::ClusterMergeFits(DecodeShapeFor(spec, tiling), splits) &&
-         KeysOf(spec, tiling.token_tile()) >= static_cast<int64_t>(splits) * tiling.token_tile();
+         KeySpanOf(spec, tiling.token_tile()) >= static_cast<int64_t>(splits) * tiling.token_tile();
 }
 
 }  // namespace

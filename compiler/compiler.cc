@@ -96,9 +96,8 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
     plan.small_batch.clear_cluster_splits();
     plan.cluster.Clear();
   }
-  plan.source =
-      GenerateSource(plan.spec, plan.tiling, MakeLaunchRule(plan.spec, plan.tiling, plan.arch),
-                     plan.small_batch, plan.cluster);
+  plan.launch = MakeLaunchRule(plan.spec, plan.tiling, plan.arch);
+  plan.source = GenerateSource(plan.spec, plan.tiling, plan.launch, plan.small_batch, plan.cluster);
   plan.options = BaseNvrtcOptions(plan.arch.name);
 
   KeyInputs key = PlanKeyInputs(plan);
@@ -150,7 +149,7 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   artifact.set_arch(plan.arch.name);
   *artifact.mutable_spec() = plan.spec;
   *artifact.mutable_tiling() = plan.tiling;
-  if (!indexer) *artifact.mutable_launch() = MakeLaunchRule(plan.spec, plan.tiling, plan.arch);
+  if (!indexer) *artifact.mutable_launch() = plan.launch;
   artifact.set_main_entry(kMainEntry);
   artifact.set_combine_entry(kCombineEntry);
   if (!plan.small_batch.entry().empty()) *artifact.mutable_small_batch() = plan.small_batch;

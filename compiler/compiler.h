@@ -19,6 +19,8 @@ struct CompilePlan {
   v1::AttentionSpec spec;  // normalized
   Arch arch;
   v1::KernelTiling tiling;
+  v1::LaunchRule launch;           // the tiling's (MakeLaunchRule): the unit's
+                                   // launch bounds, the artifact's and manifest's rule
   v1::SmallBatchPath small_batch;  // entry empty: none
   v1::ClusterPath cluster;         // the throughput tiling's; entry empty: none
   std::string module_name;

@@ -26,7 +26,7 @@ absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
     return manifest;
   }
   *v->mutable_tiling() = plan->tiling;
-  *v->mutable_launch() = MakeLaunchRule(plan->spec, plan->tiling, plan->arch);
+  *v->mutable_launch() = plan->launch;
   v->set_main_entry(kMainEntry);
   v->set_combine_entry(kCombineEntry);
   if (!plan->small_batch.entry().empty()) *v->mutable_small_batch() = plan->small_batch;

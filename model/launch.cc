@@ -9,23 +9,20 @@ namespace {
 
 long long CeilDiv(long long a, long long b) { return (a + b - 1) / b; }
 
-// The key positions the splits cover (config.h KeySpan): the topk indices,
-// then an extra cache's, from a whole tile on. The granularity is the token
-// tile of the rule's entry.
-long long KeysOf(const v1::AttentionSpec& spec, long long granularity) {
+}  // namespace
+
+long long KeySpanOf(const v1::AttentionSpec& spec, long long token_tile) {
   return sparse_mla::KeySpan(static_cast<int>(spec.topk()),
                              spec.has_extra_kv() ? static_cast<int>(spec.extra_kv().topk()) : 0,
-                             static_cast<int>(granularity));
+                             static_cast<int>(token_tile));
 }
-
-}  // namespace
 
 int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
               const v1::LaunchRule& rule, int num_tokens, int sm_count) {
   const long long granularity = std::max<long long>(1, rule.split_granularity_tokens());
   const long long ctas = std::max<long long>(1, tiling.num_head_groups()) * std::max(1, num_tokens);
   const long long fit = static_cast<long long>(std::max(0, sm_count)) * rule.ctas_per_sm() / ctas;
-  const long long tiles = CeilDiv(KeysOf(spec, granularity), granularity);
+  const long long tiles = CeilDiv(KeySpanOf(spec, granularity), granularity);
   const long long max_splits =
       std::max<long long>(1, CeilDiv(tiles, std::max<long long>(1, rule.min_tiles_per_split())));
   return static_cast<int>(std::clamp<long long>(fit, 1, max_splits));
@@ -33,13 +30,14 @@ int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
 
 int TokensPerSplit(const v1::AttentionSpec& spec, const v1::LaunchRule& rule, int num_splits) {
   const long long granularity = std::max<long long>(1, rule.split_granularity_tokens());
-  const long long per_split = CeilDiv(KeysOf(spec, granularity), std::max(1, num_splits));
+  const long long per_split = CeilDiv(KeySpanOf(spec, granularity), std::max(1, num_splits));
   return static_cast<int>(CeilDiv(per_split, granularity) * granularity);
 }
 
 int MaxSplits(const v1::AttentionSpec& spec, const v1::LaunchRule& rule) {
   const long long granularity = std::max<long long>(1, rule.split_granularity_tokens());
-  return static_cast<int>(std::max<long long>(1, CeilDiv(KeysOf(spec, granularity), granularity)));
+  return static_cast<int>(
+      std::max<long long>(1, CeilDiv(KeySpanOf(spec, granularity), granularity)));
 }
 
 }  // namespace kforge

@@ -18,10 +18,11 @@ namespace kforge {
 int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
               const v1::LaunchRule& rule, int num_tokens, int sm_count);
 
-// The range split is the key positions of config.h's KeySpan: topk, or
-// with an extra cache (spec extra_kv) topk rounded up to whole token tiles
-// plus the extra topk.
-//
+// The key positions a token's splits cover for tiles of `token_tile` keys
+// (config.h KeySpan): topk, or with an extra cache (spec extra_kv) topk
+// rounded up to whole tiles plus the extra topk. The rules below split it.
+long long KeySpanOf(const v1::AttentionSpec& spec, long long token_tile);
+
 // Keys of the top-k range per split: ceil(topk / num_splits) rounded up to
 // the rule's granularity (the token tile), as the main kernel's grid.y
 // blocks expect.

@@ -1485,9 +1485,13 @@ class ExtraCachePlanTest(unittest.TestCase):
         return [q, kv, idx, out, lse, None, None], (x_kv, x_idx, x_len)
 
     def test_record_size_of_the_extra_format(self):
+        # The C++ ExtraKvLayoutOf, through the C ABI.
         self.assertEqual(self.extra_row_bytes, 656)
-        self.assertIsNone(ops.extra_kv_row_bytes_for(cli_manifest("glm-5", 8, ARCH, 1)
-                                                     .variants[0].spec))
+        plain = cli_manifest("glm-5", 8, ARCH, 1).variants[0].spec
+        self.assertIsNone(ops.extra_kv_row_bytes_for(plain))
+        from kforge import _capi
+        with self.assertRaisesRegex(ValueError, "extra_kv: unset"):
+            _capi.kv_layout(plain.SerializeToString(), extra=True)
 
     def test_the_mapping_fills_the_extra_fields_and_plan_decode_takes_them(self):
         tensors, extra = self.call(x_length=(4,))

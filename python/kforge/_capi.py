@@ -24,7 +24,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 7  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 8  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -121,6 +121,8 @@ _SIGNATURES = {
                                  ctypes.POINTER(IndexerTopkArgs), *_OUT, _STR_OUT],
     "kforge_kv_layout": [_c_bytes, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int32),
                          ctypes.POINTER(ctypes.c_int32), _STR_OUT],
+    "kforge_extra_kv_layout": [_c_bytes, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int32),
+                               ctypes.POINTER(ctypes.c_int32), _STR_OUT],
     "kforge_workspace_bytes_for": [_c_bytes, ctypes.c_size_t, ctypes.POINTER(Device),
                                    ctypes.c_int32, ctypes.POINTER(ctypes.c_uint64), _STR_OUT],
     "kforge_check_artifact": [_c_bytes, ctypes.c_size_t, ctypes.c_char_p, _c_bytes,
@@ -356,11 +358,13 @@ def plan_indexer(kind, spec_bytes, launch_bytes, args):
                       ctypes.byref(args), bytes_out=True))
 
 
-def kv_layout(spec_bytes):
-    """KvLayoutOf: (bytes of one token's cache record, bytes per element
-    the cache's strides count)."""
+def kv_layout(spec_bytes, extra=False):
+    """KvLayoutOf (or, with extra, ExtraKvLayoutOf: the spec's extra cache):
+    (bytes of one token's cache record, bytes per element the cache's
+    strides count)."""
     row, elem = ctypes.c_int32(0), ctypes.c_int32(0)
-    call("kv_layout", *buffer(spec_bytes), ctypes.byref(row), ctypes.byref(elem))
+    call("extra_kv_layout" if extra else "kv_layout", *buffer(spec_bytes), ctypes.byref(row),
+         ctypes.byref(elem))
     return row.value, elem.value
 
 

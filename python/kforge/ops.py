@@ -551,11 +551,13 @@ class LoadedKernel:
                   f"cuLaunchKernel({self.name}, grid {grid}, block {block})")
 
 
-def kv_row_bytes_for(spec):
+def kv_row_bytes_for(spec, extra=False):
     """The uint8 record size of a quantised spec's cache (KvLayoutOf: 656
     for fp8_ds_mla, 584 / 528 / 352 for fp8_ds_mla_v4 / mxfp8_ds_mla_v41 /
-    nvfp4_ds_mla), None for a bf16 cache."""
-    row_bytes, element_bytes = _capi.kv_layout(spec.SerializeToString(deterministic=True))
+    nvfp4_ds_mla), None for a bf16 cache; with extra, of its extra cache
+    (ExtraKvLayoutOf)."""
+    row_bytes, element_bytes = _capi.kv_layout(spec.SerializeToString(deterministic=True),
+                                               extra=extra)
     return row_bytes if element_bytes == 1 else None
 
 
@@ -620,14 +622,7 @@ def decode_args(q, kv, indices, dims, out, lse, softmax_scale, kv_dtype, kv_name
 def extra_kv_row_bytes_for(spec):
     """kv_row_bytes_for of a spec's extra cache (spec.extra_kv), None for a
     bf16 one or a spec without one."""
-    if not spec.HasField("extra_kv"):
-        return None
-    cache = type(spec)()
-    cache.CopyFrom(spec)
-    cache.ClearField("extra_kv")
-    cache.kv_cache_dtype = spec.extra_kv.kv_cache_dtype
-    cache.kv_scale_format = spec.extra_kv.kv_scale_format
-    return kv_row_bytes_for(cache)
+    return kv_row_bytes_for(spec, extra=True) if spec.HasField("extra_kv") else None
 
 
 def call_args(q, kv_cache, indices, out, lse, softmax_scale, kv_dtype, kv_row_bytes,

@@ -408,6 +408,8 @@ int32_t kforge_plan_indexer_logits(const uint8_t* spec, size_t spec_size, const 
     d.batch = a.batch;
     d.s_q = a.s_q;
     d.max_context = a.max_context;
+    d.rows = a.rows;
+    d.query_start = a.query_start;
     return PlanIndexer(spec, spec_size, launch, launch_size, plan, plan_size,
                        [&](const kforge::v1::AttentionSpec& s, const kforge::v1::IndexerLaunch& l) {
                          return kforge::PlanIndexerLogits(s, l, d);
@@ -435,6 +437,8 @@ int32_t kforge_plan_indexer_topk(const uint8_t* spec, size_t spec_size, const ui
     d.s_q = a.s_q;
     d.slot_page_size = a.slot_page_size;
     d.max_context = a.max_context;
+    d.query_start = a.query_start;
+    d.rows = a.rows;
     return PlanIndexer(spec, spec_size, launch, launch_size, plan, plan_size,
                        [&](const kforge::v1::AttentionSpec& s, const kforge::v1::IndexerLaunch& l) {
                          return kforge::PlanIndexerTopk(s, l, d);

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 8
+#define KFORGE_CAPI_VERSION 9
 
 int32_t kforge_capi_version(void);
 
@@ -259,7 +259,8 @@ typedef struct KforgeIndexerLogitsArgs {
   int32_t batch;
   int32_t s_q;
   int32_t max_context;
-  int32_t reserved; /* 0 */
+  int32_t rows;         /* prefill's query rows; 0 or batch * s_q in decode */
+  uint64_t query_start; /* prefill: int32 [batch + 1]; 0: decode */
 } KforgeIndexerLogitsArgs;
 
 /* IndexerTopkArgs, field for field. */
@@ -277,6 +278,9 @@ typedef struct KforgeIndexerTopkArgs {
   int32_t s_q;
   int32_t slot_page_size;
   int32_t max_context;
+  uint64_t query_start; /* as KforgeIndexerLogitsArgs' */
+  int32_t rows;
+  int32_t reserved; /* 0 */
 } KforgeIndexerTopkArgs;
 
 /* PlanIndexerLogits / PlanIndexerTopk for a module's spec and its

@@ -30,14 +30,31 @@ void CheckModule(const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch,
   }
 }
 
-void CheckRows(int batch, int s_q, Problems& p) {
-  if (batch < 1) p.Add("batch", batch, ">= 1");
-  if (s_q < 1 || s_q > dsa_indexer::kMaxSq) {
-    p.Add("s_q", s_q, absl::StrCat("1..", dsa_indexer::kMaxSq));
+// The query rows of a decode step (s_q per request) or a prefill chunk
+// (query_start's ragged rows); returns how many, which is the grid's row
+// dimension (at most kMaxGridY: the logits kernel's grid.y).
+template <class Args>
+int64_t CheckRows(const Args& a, Problems& p) {
+  if (a.batch < 1) p.Add("batch", a.batch, ">= 1");
+  if (a.query_start != 0) {
+    p.Aligned("query_start", a.query_start, 4);
+    if (a.s_q != 0) {
+      p.Add("s_q", a.s_q, "0 with query_start (prefill: the rows per request are query_start's)");
+    }
+    if (a.rows < 1 || a.rows > kMaxGridY) p.Add("rows", a.rows, absl::StrCat("1..", kMaxGridY));
+    return a.rows;
   }
-  if (batch >= 1 && s_q >= 1 && int64_t{batch} * s_q > kMaxGridY) {
-    p.Add("batch * s_q", int64_t{batch} * s_q, absl::StrCat("1..", kMaxGridY));
+  if (a.s_q < 1 || a.s_q > dsa_indexer::kMaxSq) {
+    p.Add("s_q", a.s_q, absl::StrCat("1..", dsa_indexer::kMaxSq, " (or query_start for prefill)"));
   }
+  const int64_t rows = int64_t{a.batch} * a.s_q;
+  if (a.batch >= 1 && a.s_q >= 1 && rows > kMaxGridY) {
+    p.Add("batch * s_q", rows, absl::StrCat("1..", kMaxGridY));
+  }
+  if (a.rows != 0 && a.rows != rows) {
+    p.Add("rows", a.rows, absl::StrCat("0 or batch * s_q = ", rows, " without query_start"));
+  }
+  return rows;
 }
 
 }  // namespace
@@ -46,7 +63,7 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::LogitsParams>> PlanIndexerLogits
     const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch, const IndexerLogitsArgs& a) {
   Problems p;
   CheckModule(spec, launch, p);
-  CheckRows(a.batch, a.s_q, p);
+  const int64_t rows = CheckRows(a, p);
   const int64_t heads = spec.index_heads();
   for (const auto& [field, ptr] : {std::pair<const char*, uint64_t>{"q", a.q},
                                    {"weights", a.weights},
@@ -82,7 +99,7 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::LogitsParams>> PlanIndexerLogits
   l.entry = launch.logits_entry();
   const int64_t per_cta = launch.logits_keys_per_cta();
   l.grid_x = static_cast<uint32_t>((a.max_context + per_cta - 1) / per_cta);
-  l.grid_y = static_cast<uint32_t>(a.batch * a.s_q);
+  l.grid_y = static_cast<uint32_t>(rows);
   l.block_threads = launch.logits_block_threads();
   l.dynamic_smem_bytes = launch.logits_smem_bytes();
   dsa_indexer::LogitsParams& k = l.params;
@@ -97,8 +114,10 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::LogitsParams>> PlanIndexerLogits
   k.page_stride = a.page_stride;
   k.block_table_stride = a.block_table_stride;
   k.logits_stride = a.logits_stride;
+  k.query_start = reinterpret_cast<const int*>(a.query_start);
   k.batch = a.batch;
   k.s_q = a.s_q;
+  k.rows = static_cast<int>(rows);
   k.max_context = a.max_context;
   return l;
 }
@@ -107,7 +126,7 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> PlanIndexerTopk(
     const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch, const IndexerTopkArgs& a) {
   Problems p;
   CheckModule(spec, launch, p);
-  CheckRows(a.batch, a.s_q, p);
+  const int64_t rows = CheckRows(a, p);
   for (const auto& [field, ptr] : {std::pair<const char*, uint64_t>{"logits", a.logits},
                                    {"context_lens", a.context_lens},
                                    {"indices", a.indices}}) {
@@ -134,7 +153,7 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> PlanIndexerTopk(
 
   IndexerKernelLaunch<dsa_indexer::TopkParams> l;
   l.entry = launch.topk_entry();
-  l.grid_x = static_cast<uint32_t>(a.batch * a.s_q);
+  l.grid_x = static_cast<uint32_t>(rows);
   l.block_threads = launch.topk_block_threads();
   l.dynamic_smem_bytes = launch.topk_smem_bytes();
   dsa_indexer::TopkParams& k = l.params;
@@ -147,8 +166,10 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> PlanIndexerTopk(
   k.indices_stride = a.indices_stride;
   k.block_table_stride = a.block_table_stride;
   k.slots_stride = a.slots_stride;
+  k.query_start = reinterpret_cast<const int*>(a.query_start);
   k.batch = a.batch;
   k.s_q = a.s_q;
+  k.rows = static_cast<int>(rows);
   k.slot_page_size = a.slot_page_size > 0 ? a.slot_page_size : 1;
   k.max_context = a.max_context;
   return l;

@@ -16,9 +16,13 @@
 
 namespace kforge {
 
-// Logits of one decode step. Query rows are request-major: row = b * s_q +
-// i, at position context_lens[b] - s_q + i. Pointers are device addresses;
-// strides in elements of the pointed-to type (bytes for q and the cache).
+// Logits of one step. Query rows are request-major. Decode (query_start
+// 0): s_q rows per request, row = b * s_q + i at position context_lens[b] -
+// s_q + i. Prefill (query_start set, s_q 0): request b's rows are
+// [query_start[b], query_start[b + 1]) of `rows`, row query_start[b] + i at
+// position context_lens[b] - n_b + i (ragged: any n_b; a row no request
+// holds gets no valid position). Pointers are device addresses; strides in
+// elements of the pointed-to type (bytes for q and the cache).
 struct IndexerLogitsArgs {
   uint64_t q = 0;             // e4m3 [rows, index_heads, 128], heads contiguous
   uint64_t weights = 0;       // fp32 [rows, index_heads]
@@ -33,8 +37,10 @@ struct IndexerLogitsArgs {
   int64_t block_table_cols = 0;
   int64_t logits_stride = 0;
   int64_t logits_cols = 0;
+  uint64_t query_start = 0;  // prefill: int32 [batch + 1]; 0: decode
   int batch = 0;
-  int s_q = 0;
+  int s_q = 0;          // decode: 1..4; prefill: 0
+  int rows = 0;         // prefill: the query rows (1..65535); decode: 0 or batch * s_q
   int max_context = 0;  // >= every context length (the caller's bound, never read)
 };
 
@@ -49,8 +55,10 @@ struct IndexerTopkArgs {
   int64_t indices_stride = 0;
   int64_t block_table_stride = 0;
   int64_t slots_stride = 0;
+  uint64_t query_start = 0;  // prefill's rows per request, as IndexerLogitsArgs'
   int batch = 0;
   int s_q = 0;
+  int rows = 0;
   int slot_page_size = 0;  // >= 1 (64 for the sparse MLA cache)
   int max_context = 0;     // >= 1: the logits' positions; longer rows are cut
 };

@@ -107,9 +107,14 @@ class DsaIndexerGpu : public ::testing::Test {
   CUdevice device_ = 0;
   CUcontext ctx_ = nullptr;
   std::vector<CUdeviceptr> allocations_;
+
+ public:
+  void RunAndCheck(bool prefill);
 };
 
-TEST_F(DsaIndexerGpu, LogitsAndTopkMatchTheReference) {
+// Decode (s_q 2 rows per request) or prefill (query_start's ragged rows:
+// 1, 2 and 3 rows for the three requests), the same 6 query rows.
+void DsaIndexerGpu::RunAndCheck(bool prefill) {
   int major = 0, minor = 0;
   cu_->DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_);
   cu_->DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_);
@@ -162,6 +167,19 @@ TEST_F(DsaIndexerGpu, LogitsAndTopkMatchTheReference) {
   la.batch = batch;
   la.s_q = s_q;
   la.max_context = max_context;
+  // Request b's rows and the causal length of each row.
+  const std::vector<int> query_start = {0, 1, 3, 6};
+  std::vector<std::pair<int, int>> row_len;
+  for (int b = 0; b < batch; ++b) {
+    const int n = prefill ? query_start[b + 1] - query_start[b] : s_q;
+    for (int i = 0; i < n; ++i) row_len.push_back({b, std::clamp(lens[b] - n + i + 1, 0, lens[b])});
+  }
+  ASSERT_EQ(static_cast<int>(row_len.size()), rows);
+  if (prefill) {
+    la.query_start = Upload(query_start);
+    la.s_q = 0;
+    la.rows = rows;
+  }
   IndexerTopkArgs ta;
   ta.logits = la.logits;
   ta.context_lens = la.context_lens;
@@ -175,6 +193,9 @@ TEST_F(DsaIndexerGpu, LogitsAndTopkMatchTheReference) {
   ta.s_q = s_q;
   ta.slot_page_size = 64;
   ta.max_context = max_context;
+  ta.query_start = la.query_start;
+  ta.s_q = la.s_q;
+  ta.rows = la.rows;
   ASSERT_TRUE((*module)->Logits(la, nullptr).ok());
   ASSERT_TRUE((*module)->Topk(ta, nullptr).ok());
   ASSERT_EQ(cu_->CtxSynchronize(), CUDA_SUCCESS);
@@ -182,10 +203,9 @@ TEST_F(DsaIndexerGpu, LogitsAndTopkMatchTheReference) {
   const std::vector<int> idx = Download<int>(ta.indices, rows * k);
   const std::vector<int> slots = Download<int>(ta.slots, rows * k);
 
-  for (int b = 0; b < batch; ++b) {
-    for (int i = 0; i < s_q; ++i) {
-      const int r = b * s_q + i;
-      const int len = std::clamp(lens[b] - s_q + i + 1, 0, lens[b]);
+  for (int r = 0; r < rows; ++r) {
+    {
+      const auto [b, len] = row_len[r];
       SCOPED_TRACE(absl::StrCat("row ", r, " len ", len));
       for (int s = 0; s < max_context; ++s) {
         const float got = logits[r * max_context + s];
@@ -236,6 +256,10 @@ TEST_F(DsaIndexerGpu, LogitsAndTopkMatchTheReference) {
     }
   }
 }
+
+TEST_F(DsaIndexerGpu, LogitsAndTopkMatchTheReference) { RunAndCheck(false); }
+
+TEST_F(DsaIndexerGpu, PrefillRowsMatchTheReference) { RunAndCheck(true); }
 
 }  // namespace
 }  // namespace kforge

@@ -17,16 +17,20 @@ namespace {
 using dsa_indexer::LogitsParams;
 using dsa_indexer::TopkParams;
 
-// python/kforge/dsa_indexer.py packs "<6Q5q3i4x" and "<5Q4q4i".
+// The parameter blocks are plain structs the device reads by value; their
+// layout is fixed here so a change to config.h is a decision, not an
+// accident (a compiled module records the sizes it was built with).
 static_assert(offsetof(LogitsParams, q_row_stride) == 48);
-static_assert(offsetof(LogitsParams, batch) == 88);
-static_assert(offsetof(LogitsParams, max_context) == 96);
-static_assert(sizeof(LogitsParams) == 104);
+static_assert(offsetof(LogitsParams, query_start) == 88);
+static_assert(offsetof(LogitsParams, batch) == 96);
+static_assert(offsetof(LogitsParams, max_context) == 108);
+static_assert(sizeof(LogitsParams) == 112);
 static_assert(offsetof(TopkParams, logits_stride) == 40);
-static_assert(offsetof(TopkParams, batch) == 72);
-static_assert(offsetof(TopkParams, slot_page_size) == 80);
-static_assert(offsetof(TopkParams, max_context) == 84);
-static_assert(sizeof(TopkParams) == 88);
+static_assert(offsetof(TopkParams, query_start) == 72);
+static_assert(offsetof(TopkParams, batch) == 80);
+static_assert(offsetof(TopkParams, slot_page_size) == 92);
+static_assert(offsetof(TopkParams, max_context) == 96);
+static_assert(sizeof(TopkParams) == 104);
 
 struct Module {
   v1::AttentionSpec spec = *IndexerSpecFromPreset("deepseek-v3.2", 1);
@@ -143,6 +147,64 @@ TEST(IndexerPlanTest, LogitsProblemsNameTheField) {
   other.set_kind(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
   EXPECT_TRUE(absl::StrContains(PlanIndexerLogits(other, m.launch, GoodLogits()).status().message(),
                                 "spec.kind: got ATTENTION_KIND_SPARSE_MLA_DECODE"));
+}
+
+// Prefill: query_start's ragged rows, `rows` of them, s_q 0.
+TEST(IndexerPlanTest, PrefillLaunchesOneRowPerQueryToken) {
+  const Module m;
+  IndexerLogitsArgs a = GoodLogits();
+  a.query_start = 0xA0000;
+  a.s_q = 0;
+  a.rows = 3000;
+  absl::StatusOr<IndexerKernelLaunch<LogitsParams>> l = PlanIndexerLogits(m.spec, m.launch, a);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->grid_y, 3000u);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(l->params.query_start), 0xA0000u);
+  EXPECT_EQ(l->params.rows, 3000);
+  EXPECT_EQ(l->params.s_q, 0);
+  IndexerTopkArgs t = GoodTopk();
+  t.query_start = 0xA0000;
+  t.s_q = 0;
+  t.rows = 3000;
+  absl::StatusOr<IndexerKernelLaunch<TopkParams>> k = PlanIndexerTopk(m.spec, m.launch, t);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->grid_x, 3000u);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(k->params.query_start), 0xA0000u);
+  EXPECT_EQ(k->params.rows, 3000);
+  // Decode carries no row map, and its rows are batch * s_q.
+  l = PlanIndexerLogits(m.spec, m.launch, GoodLogits());
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->params.query_start, nullptr);
+  EXPECT_EQ(l->params.rows, 256);
+}
+
+TEST(IndexerPlanTest, PrefillProblemsNameTheField) {
+  IndexerLogitsArgs a = GoodLogits();
+  a.query_start = 0xA0000;
+  a.s_q = 2;
+  a.rows = 10;
+  ExpectLogitsProblem(a, "s_q: got 2, supported 0 with query_start");
+  a.s_q = 0;
+  a.rows = 0;
+  ExpectLogitsProblem(a, "rows: got 0, supported 1..65535");
+  a.rows = 70000;
+  ExpectLogitsProblem(a, "rows: got 70000, supported 1..65535");
+  a.rows = 10;
+  a.query_start = 0xA0002;
+  ExpectLogitsProblem(a, "query_start: got 655362, supported a multiple of 4");
+  // Decode: rows, when given, must be batch * s_q.
+  a = GoodLogits();
+  a.rows = 7;
+  ExpectLogitsProblem(a, "rows: got 7, supported 0 or batch * s_q = 256");
+  a = GoodLogits();
+  a.s_q = 0;
+  ExpectLogitsProblem(a, "s_q: got 0, supported 1..4 (or query_start for prefill)");
+  const Module m;
+  IndexerTopkArgs t = GoodTopk();
+  t.query_start = 0xA0000;
+  t.rows = 5;
+  EXPECT_TRUE(absl::StrContains(PlanIndexerTopk(m.spec, m.launch, t).status().message(),
+                                "s_q: got 2, supported 0 with query_start"));
 }
 
 TEST(IndexerPlanTest, TopkProblemsNameTheField) {

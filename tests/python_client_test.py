@@ -427,6 +427,15 @@ class RealServerTest(unittest.TestCase):
         topk.indices_stride = 100
         with self.assertRaisesRegex(ValueError, "indices_stride"):
             _capi.plan_indexer("topk", spec, launch, topk)
+        # Prefill through the same structs: query_start's rows, s_q 0.
+        args.s_q, args.rows, args.query_start = 0, 777, 8 << 32
+        plan = _capi.plan_indexer("logits", spec, launch, args)
+        self.assertEqual(plan.grid_y, 777)
+        topk.indices_stride, topk.s_q, topk.rows, topk.query_start = 2048, 0, 777, 8 << 32
+        self.assertEqual(_capi.plan_indexer("topk", spec, launch, topk).grid_x, 777)
+        topk.s_q = 1
+        with self.assertRaisesRegex(ValueError, "s_q: got 1, supported 0 with query_start"):
+            _capi.plan_indexer("topk", spec, launch, topk)
         with self.assertRaises(ValueError):
             self.client.get_manifest(preset="glm-5", arch=ARCH, kind="indexer")
 

@@ -24,7 +24,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 8  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 9  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -77,7 +77,8 @@ class IndexerLogitsArgs(ctypes.Structure):
                  ("q_row_stride", "weights_row_stride", "page_stride", "block_table_stride",
                   "block_table_cols", "logits_stride", "logits_cols")] +
                 [(name, ctypes.c_int32) for name in
-                 ("batch", "s_q", "max_context", "reserved")])
+                 ("batch", "s_q", "max_context", "rows")] +
+                [("query_start", ctypes.c_uint64)])
 
 
 class IndexerTopkArgs(ctypes.Structure):
@@ -87,7 +88,9 @@ class IndexerTopkArgs(ctypes.Structure):
                 [(name, ctypes.c_int64) for name in
                  ("logits_stride", "indices_stride", "block_table_stride", "slots_stride")] +
                 [(name, ctypes.c_int32) for name in
-                 ("batch", "s_q", "slot_page_size", "max_context")])
+                 ("batch", "s_q", "slot_page_size", "max_context")] +
+                [("query_start", ctypes.c_uint64)] +
+                [(name, ctypes.c_int32) for name in ("rows", "reserved")])
 
 
 # (name, argument types) of every function; each returns int32 except where

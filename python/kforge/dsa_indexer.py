@@ -18,10 +18,17 @@ enqueued on torch's current stream with no host synchronisation and no
 allocation when the outputs are given, so a call can be captured in a CUDA
 graph (max_context is the caller's, never read from context_lens).
 
-Tensors (rows = batch * s_q; row b * s_q + i is request b's query i, at
-position context_lens[b] - s_q + i):
-  q            [rows, H, 128] or [batch, s_q, H, 128], torch.float8_e4m3fn or
-               uint8; heads and values contiguous
+Tensors. Decode: rows = batch * s_q; row b * s_q + i is request b's query
+i, at position context_lens[b] - s_q + i. Prefill (query_start given):
+request b's n_b = query_start[b + 1] - query_start[b] query rows (any
+number, ragged) are rows query_start[b] + i, at positions context_lens[b]
+- n_b + i, each attending positions up to its own (causal); a row no
+request holds gets no valid position (-inf logits, -1 indices).
+  q            [rows, H, 128] or (decode) [batch, s_q, H, 128],
+               torch.float8_e4m3fn or uint8; heads and values contiguous
+  query_start  prefill: [batch + 1] int32 contiguous, non-decreasing (the
+               cumulative query lengths, vLLM's query_start_loc); rows
+               at most 65535 per call
   weights      [rows, H] or [batch, s_q, H] fp32, last dim contiguous
   index_cache  [num_pages, ...] uint8 (or any 1-byte dtype): each page 64 *
                132 contiguous bytes, 64 x 128 e4m3 keys then 64 fp32 scales
@@ -205,11 +212,25 @@ class DsaIndexer:
         if not cond:
             raise ValueError(message)
 
-    def _rows(self, q, weights, context_lens):
+    def _query_start(self, query_start, batch):
+        """The prefill row map's address (0 for decode)."""
+        if query_start is None:
+            return 0
+        torch = self._torch
+        self._expect(query_start.dtype == torch.int32 and query_start.is_contiguous() and
+                     tuple(query_start.shape) == (batch + 1,) and
+                     query_start.device == self.device,
+                     f"query_start: expected int32 [{batch + 1}] contiguous on {self.device}")
+        return query_start.data_ptr()
+
+    def _rows(self, q, weights, context_lens, prefill=False):
         torch = self._torch
         self._expect(q.device == self.device, f"q: on {q.device}, the module is on {self.device}")
         self._expect(q.element_size() == 1, f"q: dtype {q.dtype}, expected float8_e4m3fn / uint8")
-        if q.dim() == 4:
+        if prefill:
+            self._expect(q.dim() == 3, f"q: {q.dim()} dims, expected [rows, H, 128] in prefill")
+            batch, s_q = context_lens.shape[0], 0
+        elif q.dim() == 4:
             batch, s_q = q.shape[0], q.shape[1]
             self._expect(q.stride(0) == s_q * q.stride(1), "q: batch and s_q must merge")
             q = q.flatten(0, 1)
@@ -224,7 +245,8 @@ class DsaIndexer:
         self._expect(q.stride(2) == 1 and q.stride(1) == HEAD_DIM and q.stride(0) % 16 == 0,
                      "q: heads and values must be contiguous, rows 16-byte aligned")
         self._expect(q.data_ptr() % 16 == 0, "q: not 16-byte aligned")
-        self._expect(1 <= s_q <= 4, f"s_q: got {s_q}, supported 1..4")
+        self._expect(prefill or 1 <= s_q <= 4,
+                     f"s_q: got {s_q}, supported 1..4 (query_start= for prefill)")
         self._expect(context_lens.dtype == torch.int32 and context_lens.is_contiguous()
                      and tuple(context_lens.shape) == (batch,),
                      f"context_lens: expected int32 [{batch}] contiguous")
@@ -236,11 +258,13 @@ class DsaIndexer:
 
     # ------------------------------------------------------------ kernels
 
-    def logits(self, q, weights, index_cache, block_table, context_lens, max_context, out=None):
+    def logits(self, q, weights, index_cache, block_table, context_lens, max_context, out=None,
+               *, query_start=None):
         """Writes fp32 logits [rows, max_context] (out, or a new tensor) and
-        returns it."""
+        returns it. query_start: prefill's ragged rows (module notes)."""
         torch = self._torch
-        q, w, batch, s_q = self._rows(q, weights, context_lens)
+        q, w, batch, s_q = self._rows(q, weights, context_lens, prefill=query_start is not None)
+        qs_ptr = self._query_start(query_start, batch)
         rows = q.shape[0]
         self._expect(index_cache.element_size() == 1 and index_cache.dim() >= 1 and
                      index_cache[0].numel() == PAGE_BYTES and index_cache[0].is_contiguous() and
@@ -263,19 +287,27 @@ class DsaIndexer:
             logits=out.data_ptr(), q_row_stride=q.stride(0), weights_row_stride=w.stride(0),
             page_stride=index_cache.stride(0), block_table_stride=block_table.stride(0),
             block_table_cols=block_table.shape[1], logits_stride=out.stride(0),
-            logits_cols=out.shape[1], batch=batch, s_q=s_q, max_context=max_context)
+            logits_cols=out.shape[1], batch=batch, s_q=s_q, max_context=max_context,
+            rows=rows if qs_ptr else 0, query_start=qs_ptr)
         self._launch(self._logits, "logits", args)
         return out
 
     def topk(self, logits, context_lens, s_q, indices=None, *, mla_block_table=None, slots=None,
-             slot_page_size=64, max_context=None):
+             slot_page_size=64, max_context=None, query_start=None):
         """Top-k positions of each row's valid logits (positions below
         max_context, default logits.shape[1]; int32 [rows, topk], indices
         or a new tensor) and, with mla_block_table, their slots
-        (slots or a new tensor; else None). Returns (indices, slots)."""
+        (slots or a new tensor; else None). Returns (indices, slots).
+        Prefill: query_start (module notes) and s_q None or 0; the rows are
+        logits'."""
         torch = self._torch
         batch = context_lens.shape[0]
-        rows = batch * s_q
+        qs_ptr = self._query_start(query_start, batch)
+        if qs_ptr:
+            self._expect(not s_q, f"s_q: got {s_q}; with query_start pass None or 0")
+            s_q, rows = 0, logits.shape[0] if logits.dim() == 2 else -1
+        else:
+            rows = batch * s_q
         self._expect(context_lens.dtype == torch.int32 and context_lens.is_contiguous(),
                      "context_lens: int32 contiguous")
         self._expect(logits.dtype == torch.float32 and logits.dim() == 2 and
@@ -307,22 +339,28 @@ class DsaIndexer:
             indices=indices.data_ptr(), block_table=table_ptr, slots=slots_ptr,
             logits_stride=logits.stride(0), indices_stride=indices.stride(0),
             block_table_stride=table_stride, slots_stride=slots_stride, batch=batch, s_q=s_q,
-            slot_page_size=slot_page_size, max_context=max_context)
+            slot_page_size=slot_page_size, max_context=max_context, query_start=qs_ptr,
+            rows=rows if qs_ptr else 0)
         self._launch(self._topk, "topk", args)
         return indices, slots
 
 
 def dsa_indexer_topk(indexer, q, weights, index_cache, block_table, context_lens, *,
                      max_context, mla_block_table=None, slot_page_size=64, logits=None,
-                     indices=None, slots=None):
+                     indices=None, slots=None, query_start=None):
     """Logits then top-k on torch's current stream (CUDA-graph safe: no
     sync; allocates only the outputs not given). Returns (indices, slots);
-    slots is None without mla_block_table."""
-    s_q = q.shape[1] if q.dim() == 4 else q.shape[0] // context_lens.shape[0]
+    slots is None without mla_block_table. query_start: prefill's ragged
+    rows (module notes)."""
+    if query_start is not None:
+        s_q = 0
+    else:
+        s_q = q.shape[1] if q.dim() == 4 else q.shape[0] // max(1, context_lens.shape[0])
     logits = indexer.logits(q, weights, index_cache, block_table, context_lens, max_context,
-                            out=logits)
+                            out=logits, query_start=query_start)
     return indexer.topk(logits, context_lens, s_q, indices, mla_block_table=mla_block_table,
-                        slots=slots, slot_page_size=slot_page_size, max_context=max_context)
+                        slots=slots, slot_page_size=slot_page_size, max_context=max_context,
+                        query_start=query_start)
 
 
 def quantize_index_keys(keys):

@@ -20,7 +20,10 @@ Checks, per module for this GPU's arch and per case:
   slots    block_table_mla[b, pos // 64] * 64 + pos % 64, -1 kept
 Cases: s_q 1..4 (the causal edge), contexts of length 1, shorter than k,
 exactly k, longer than k, a partial last page, shuffled page tables, heads
-padded to 16 (a module with another head count), a CUDA-graph replay.
+padded to 16 (a module with another head count), a CUDA-graph replay;
+prefill (query_start): ragged rows per request, a whole prompt's causal
+edge, rows no request holds, more rows than context, a decreasing
+query_start, a graph replay.
 
 Without a GPU (or torch / cuda-python) it prints SKIP and exits 0.
 """
@@ -60,8 +63,36 @@ def arch_tag():
     return f"sm{major}{minor}" + ("a" if major >= 9 else "")
 
 
-def make_case(heads, batch, s_q, lens, seed, dev, max_context=None, shuffle=True):
-    """Random inputs for `lens` (context lengths per request)."""
+def row_map(batch, s_q, lens, query_start=None, rows=None):
+    """(request, valid positions) of every query row, as the kernels locate
+    rows (LocateRow in templates/kforge/dsa_indexer/logits.cuh): decode, s_q
+    rows per request; prefill, the first request b whose rows end past the
+    row (query_start[b + 1] > row), empty unless query_start[b] <= row."""
+    def causal(L, n, i):
+        return min(L, max(0, L - n + i + 1))
+    if query_start is None:
+        return [(b, causal(lens[b], s_q, i)) for b in range(batch) for i in range(s_q)]
+    out = []
+    for r in range(rows):
+        lo, hi = 0, batch
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if query_start[mid + 1] <= r:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo >= batch or r < query_start[lo] or query_start[lo + 1] - query_start[lo] <= 0:
+            out.append((-1, 0))
+        else:
+            n = query_start[lo + 1] - query_start[lo]
+            out.append((lo, causal(lens[lo], n, r - query_start[lo])))
+    return out
+
+
+def make_case(heads, batch, s_q, lens, seed, dev, max_context=None, shuffle=True,
+              query_start=None, rows=None):
+    """Random inputs for `lens` (context lengths per request); prefill when
+    query_start (a list of batch + 1 ints) and rows are given."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     max_len = max(lens)
     if max_context is None:
@@ -87,7 +118,8 @@ def make_case(heads, batch, s_q, lens, seed, dev, max_context=None, shuffle=True
             vals[:hi - lo] = values[lo:hi]
             sc = cache[page, 64 * 128:].view(torch.float32)
             sc[:hi - lo] = scales[lo:hi]
-    rows = batch * s_q
+    if query_start is None:
+        rows = batch * s_q
     q = (torch.randn(rows, heads, 128, generator=g) * 2).to(torch.float8_e4m3fn)
     weights = torch.randn(rows, heads, generator=g) * 0.1
     ctx = torch.tensor(lens, dtype=torch.int32)
@@ -96,25 +128,23 @@ def make_case(heads, batch, s_q, lens, seed, dev, max_context=None, shuffle=True
     return dict(q=q.to(dev), weights=weights.to(dev), cache=cache.to(dev),
                 block_table=block_table.to(dev), context_lens=ctx.to(dev),
                 mla_table=mla_table.to(dev), max_context=max_context, s_q=s_q, batch=batch,
-                values=values_all, scales=scales_all, lens=lens)
+                values=values_all, scales=scales_all, lens=lens, rows=rows,
+                row_map=row_map(batch, s_q, lens, query_start, rows),
+                query_start=(None if query_start is None else
+                             torch.tensor(query_start, dtype=torch.int32).to(dev)))
 
 
 def reference_logits(c):
     """fp64 [rows, max_context], -inf where masked."""
     q = c["q"].cpu().float().double()
     w = c["weights"].cpu().double()
-    out = torch.full((c["batch"] * c["s_q"], c["max_context"]), NEG_INF, dtype=torch.float64)
-    for b in range(c["batch"]):
-        k = c["values"][b].view(torch.float8_e4m3fn).float().double()  # [L, 128]
-        scale = c["scales"][b].double()
-        L = c["lens"][b]
-        for i in range(c["s_q"]):
-            r = b * c["s_q"] + i
-            n = min(L, max(0, L - c["s_q"] + i + 1))
-            if n == 0:
-                continue
-            dots = torch.relu(q[r] @ k[:n].T)  # [H, n]
-            out[r, :n] = (w[r][:, None] * dots).sum(0) * scale[:n]
+    out = torch.full((c["rows"], c["max_context"]), NEG_INF, dtype=torch.float64)
+    keys = [v.view(torch.float8_e4m3fn).float().double() for v in c["values"]]  # [L, 128]
+    for r, (b, n) in enumerate(c["row_map"]):
+        if n == 0:
+            continue
+        dots = torch.relu(q[r] @ keys[b][:n].T)  # [H, n]
+        out[r, :n] = (w[r][:, None] * dots).sum(0) * c["scales"][b][:n].double()
     return out
 
 
@@ -125,52 +155,48 @@ def check_topk(got_logits, idx, slots, c, k, label):
     idx = idx.cpu()
     slots = slots.cpu() if slots is not None else None
     table = c["mla_table"].cpu()
-    for b in range(c["batch"]):
-        L = c["lens"][b]
-        for i in range(c["s_q"]):
-            r = b * c["s_q"] + i
-            n = min(L, max(0, L - c["s_q"] + i + 1))
-            m = min(n, k)
-            row = idx[r]
-            if (row[m:] != -1).any():
-                fails.append(f"{label} row {r}: not -1 after {m}")
-            pos = row[:m].long()
-            if m and ((pos < 0).any() or (pos >= n).any()):
-                fails.append(f"{label} row {r}: positions outside [0, {n})")
-                continue
-            if len(set(pos.tolist())) != m:
-                fails.append(f"{label} row {r}: repeated positions")
-                continue
-            if m == 0:
-                continue
-            vals = lg[r, pos]
-            dv = vals[1:] - vals[:-1]
-            if (dv > 0).any():
-                fails.append(f"{label} row {r}: logits not descending")
-            ties = dv == 0
-            if ((pos[1:] <= pos[:-1]) & ties).any():
-                fails.append(f"{label} row {r}: ties not in increasing position")
-            valid = lg[r, :n]
-            ref_vals, _ = torch.topk(valid, m)
-            kth = ref_vals[-1]
-            above = (valid > kth).nonzero().flatten()
-            if not set(above.tolist()) <= set(pos.tolist()) or (vals < kth).any():
-                fails.append(f"{label} row {r}: set differs from torch.topk beyond ties")
-            tie_pos = (valid == kth).nonzero().flatten()
-            need = m - above.numel()
-            chosen_ties = sorted(p for p in pos.tolist() if valid[p] == kth)
-            if chosen_ties != tie_pos[:need].tolist():
-                fails.append(f"{label} row {r}: boundary ties not the smallest positions")
-            if slots is not None:
-                want = table[b, pos // 64] * 64 + pos % 64
-                if (slots[r, :m] != want.to(torch.int32)).any() or (slots[r, m:] != -1).any():
-                    fails.append(f"{label} row {r}: slots wrong")
+    for r, (b, n) in enumerate(c["row_map"]):
+        m = min(n, k)
+        row = idx[r]
+        if (row[m:] != -1).any():
+            fails.append(f"{label} row {r}: not -1 after {m}")
+        pos = row[:m].long()
+        if m and ((pos < 0).any() or (pos >= n).any()):
+            fails.append(f"{label} row {r}: positions outside [0, {n})")
+            continue
+        if len(set(pos.tolist())) != m:
+            fails.append(f"{label} row {r}: repeated positions")
+            continue
+        if m == 0:
+            continue
+        vals = lg[r, pos]
+        dv = vals[1:] - vals[:-1]
+        if (dv > 0).any():
+            fails.append(f"{label} row {r}: logits not descending")
+        ties = dv == 0
+        if ((pos[1:] <= pos[:-1]) & ties).any():
+            fails.append(f"{label} row {r}: ties not in increasing position")
+        valid = lg[r, :n]
+        ref_vals, _ = torch.topk(valid, m)
+        kth = ref_vals[-1]
+        above = (valid > kth).nonzero().flatten()
+        if not set(above.tolist()) <= set(pos.tolist()) or (vals < kth).any():
+            fails.append(f"{label} row {r}: set differs from torch.topk beyond ties")
+        tie_pos = (valid == kth).nonzero().flatten()
+        need = m - above.numel()
+        chosen_ties = sorted(p for p in pos.tolist() if valid[p] == kth)
+        if chosen_ties != tie_pos[:need].tolist():
+            fails.append(f"{label} row {r}: boundary ties not the smallest positions")
+        if slots is not None:
+            want = table[b, pos // 64] * 64 + pos % 64
+            if (slots[r, :m] != want.to(torch.int32)).any() or (slots[r, m:] != -1).any():
+                fails.append(f"{label} row {r}: slots wrong")
     return fails
 
 
 def run_case(ix, c, label, graph=False):
     dev = ix.device
-    rows = c["batch"] * c["s_q"]
+    rows = c["rows"]
     k = ix.topk_k
     logits = torch.full((rows, c["max_context"] + 5), float("nan"), device=dev)
     idx = torch.full((rows, k), 0x7eadbeef, dtype=torch.int32, device=dev)
@@ -180,7 +206,7 @@ def run_case(ix, c, label, graph=False):
         kdi.dsa_indexer_topk(ix, c["q"], c["weights"], c["cache"], c["block_table"],
                              c["context_lens"], max_context=c["max_context"],
                              mla_block_table=c["mla_table"], logits=logits, indices=idx,
-                             slots=slots)
+                             slots=slots, query_start=c["query_start"])
 
     if graph:
         s = torch.cuda.Stream()
@@ -266,6 +292,26 @@ def check(modules, seed):
         print(f"{'FAIL' if fails else 'ok  '} {ix.module_name} ties: max rel err {worst:.2e}")
         for f in fails[:8]:
             print("   ", f)
+        # Prefill: ragged query rows per request (query_start), each row
+        # causal at its own position: a one-token request, a whole prompt
+        # (rows == context), a long chunk; then rows no request holds
+        # (before query_start[0], an empty request, past the last), more
+        # rows than context, and a decreasing query_start.
+        prefill = [
+            ("prefill", [50, 7, k + 900], [0, 1, 8, 308], 308),
+            ("prefill_gaps", [5, k + 52, 9, 4], [2, 2, 10, 10, 20], 23),
+            ("prefill_bad_qs", [300, 70, 40], [0, 9, 4, 12], 12),
+        ]
+        for n, (name, lens, qs, rows) in enumerate(prefill):
+            c = make_case(h, len(lens), 0, lens, seed + 50 + n, dev, query_start=qs, rows=rows)
+            label = f"{ix.module_name} {name}"
+            fails, worst = run_case(ix, c, label, graph=name == "prefill")
+            total += 1
+            failed += bool(fails)
+            print(f"{'FAIL' if fails else 'ok  '} {label}: lens {lens} query_start {qs} rows "
+                  f"{rows} max rel err {worst:.2e}")
+            for f in fails[:8]:
+                print("   ", f)
         c = make_case(h, 3, 2, [k + 50, 17, 1000], seed + 7, dev)
         fails, worst = run_case(ix, c, f"{ix.module_name} graph", graph=True)
         total += 1

@@ -5,8 +5,10 @@
 // with no toolkit headers and byte-for-byte identically on the host.
 //
 // The computation (docs/DESIGN.md, "The DSA lightning indexer"): for query
-// row r = b * s_q + i of request b (context length L_b, position
-// p = L_b - s_q + i) and every cached position s <= p,
+// row r of request b (context length L_b; decode: r = b * s_q + i at
+// position p = L_b - s_q + i; prefill: the request's n_b rows from
+// query_start[b], row query_start[b] + i at p = L_b - n_b + i) and every
+// cached position s <= p,
 //   logit[r, s] = sum_{j < H} w[r, j] * max(0, q8[r, j] . k8[s]) * scale[s]
 // then the top-k positions of each row by logit (descending, ties by the
 // smaller position, -1 padding) and, optionally, their cache slots.
@@ -60,8 +62,13 @@ struct LogitsParams {
   long long page_stride;  // bytes between pages (>= IndexKeyPage::kBytes)
   long long block_table_stride;
   long long logits_stride;  // floats between rows (>= max_context)
+  const int* query_start;   // prefill: int32 [batch + 1], request b's query
+                            // rows [query_start[b], query_start[b + 1]) at
+                            // positions L_b - n_b + i (n_b rows; any number);
+                            // null: decode, s_q rows per request (LocateRow)
   int batch;
-  int s_q;          // query rows per request, 1..kMaxSq
+  int s_q;          // decode: query rows per request, 1..kMaxSq; prefill: 0
+  int rows;         // query rows: batch * s_q, or prefill's total; grid.y
   int max_context;  // >= every L_b; grid.x covers it
 };
 
@@ -83,8 +90,10 @@ struct TopkParams {
   long long indices_stride;
   long long block_table_stride;
   long long slots_stride;
+  const int* query_start;  // prefill's rows per request, as LogitsParams'
   int batch;
   int s_q;
+  int rows;            // grid.x
   int slot_page_size;  // tokens per page of the slot cache (>= 1)
   int max_context;     // positions [0, max_context) of a row exist; a row's
                        // length is clamped to it (a caller's short bound
@@ -97,6 +106,13 @@ struct TopkParams {
 KFORGE_HD constexpr int HeadRowTiles(int heads) { return (heads + 15) / 16; }
 KFORGE_HD constexpr int LogitsThreads(int heads) { return 32 * HeadRowTiles(heads); }
 constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in registers)
+// Logits CTAs resident per SM, the entry's __launch_bounds__ minimum: 1024
+// threads, so 64 registers a thread (the kernel is a stream of small CTAs;
+// at 72 registers, 7 of 128 threads fit and the 128 x 32768 logits took 6%
+// longer on the H200).
+KFORGE_HD constexpr int LogitsMinBlocks(int heads) {
+  return 1024 / LogitsThreads(heads) > 0 ? 1024 / LogitsThreads(heads) : 1;
+}
 constexpr int kLogitsStages = 2;
 constexpr int kTopkThreads = 512;
 // Logits each top-k thread loads at once in a pass over a row (their loads

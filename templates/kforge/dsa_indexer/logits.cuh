@@ -1,5 +1,5 @@
-// Paged fp8 MQA logits of the DSA lightning indexer, decode (config.h,
-// LogitsParams; docs/DESIGN.md "The DSA lightning indexer").
+// Paged fp8 MQA logits of the DSA lightning indexer, decode and prefill
+// (config.h, LogitsParams; docs/DESIGN.md "The DSA lightning indexer").
 //
 // One CTA = one query row x kPagesPerCta key pages. Warp w holds head rows
 // [16 w, 16 w + 16) of the row's Q as m16n8k16 A fragments (f16, converted
@@ -42,6 +42,38 @@ __device__ __forceinline__ int CausalLength(int context_len, int s_q, int i) {
   return len < 0 ? 0 : (len > context_len ? context_len : len);
 }
 
+// A query row's request and causal length (positions [0, len) valid).
+struct QueryRow {
+  int b;    // request; -1 when no request holds the row
+  int len;  // 0 for such a row
+};
+
+// Decode (p.query_start null): row = b * s_q + i. Prefill: the request b
+// with query_start[b] <= row < query_start[b + 1] (a binary search; any
+// contents stay in bounds: a row no request holds, as with a decreasing
+// query_start, is empty). Reads global memory: after WaitForPriorGrids.
+template <class P>
+__device__ __forceinline__ QueryRow LocateRow(const P& p, int row) {
+  if (p.query_start == nullptr) {
+    const int b = row / p.s_q, i = row % p.s_q;
+    return {b, CausalLength(p.context_lens[b], p.s_q, i)};
+  }
+  int lo = 0, hi = p.batch;  // the first b whose rows end past `row`
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (p.query_start[mid + 1] <= row) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo >= p.batch) return {-1, 0};
+  const int start = p.query_start[lo];
+  const int n = p.query_start[lo + 1] - start;
+  if (row < start || n <= 0) return {-1, 0};
+  return {lo, CausalLength(p.context_lens[lo], n, row - start)};
+}
+
 template <class T>
 __device__ __forceinline__ void LoadPage(const LogitsParams& p, int page, u32 smem_stage) {
   const unsigned char* src = p.kv + static_cast<long long>(page) * p.page_stride;
@@ -63,11 +95,11 @@ __device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int row = blockIdx.y;
-  const int b = row / p.s_q, i = row % p.s_q;
   const int first = blockIdx.x * kChunkKeys;  // first position of the CTA
 
   ptx::WaitForPriorGrids();
-  const int len = CausalLength(p.context_lens[b], p.s_q, i);
+  const QueryRow qr = LocateRow(p, row);
+  const int b = qr.b, len = qr.len;
   float* out = p.logits + static_cast<long long>(row) * p.logits_stride;
   const int end = min(first + kChunkKeys, p.max_context);
   // Pages with a valid position below max_context (a caller's max_context

@@ -55,24 +55,177 @@ __device__ __forceinline__ void SortDescending(unsigned long long* w, int n) {
   }
 }
 
+// The top-k kernel's shared memory: the sort buffer, the 256-bin histogram
+// and the counters (config.h, TopkSmemBytes).
+template <class T>
+struct TopkSmem {
+  unsigned long long* words;  // [kTopkSort] sort words
+  int* hist;                  // [256]
+  int* counters;              // [kTopkUnroll * warps] per-(load, warp) counts, then 3 scalars
+  __device__ int& sel_bin() const { return counters[kTopkUnroll * (T::kTopkThreads / 32)]; }
+  __device__ int& sel_rem() const { return counters[kTopkUnroll * (T::kTopkThreads / 32) + 1]; }
+  __device__ int& gt_count() const { return counters[kTopkUnroll * (T::kTopkThreads / 32) + 2]; }
+};
+
+// Logits [s, s + kV) of the row as floats (0 past len: never counted).
+template <int kV>
+__device__ __forceinline__ void LoadLogits(const float* logits, int s, int len, float (&v)[kV]) {
+  if constexpr (kV == 4) {
+    if (s + 3 < len) {
+      const float4 f = *reinterpret_cast<const float4*>(logits + s);
+      v[0] = f.x;
+      v[1] = f.y;
+      v[2] = f.z;
+      v[3] = f.w;
+      return;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kV; ++e) v[e] = s + e < len ? logits[s + e] : 0.f;
+}
+
+// The kK largest keys of a row longer than kK into words[0, kK): radix
+// select of four 8-bit digits over the row (one 256-bin histogram per
+// pass), then a collection pass: keys above the k-th anywhere in
+// [0, kK - rem), the `rem` keys equal to it with the smallest positions
+// after them. Each thread loads kV consecutive logits at once (4: 16-byte
+// loads of a 16-byte aligned row; 1 otherwise), kTopkUnroll of those in
+// flight: a pass over a long row is a chain of L2 round trips, so the bytes
+// in flight set its time. Position order within a round of kU * threads *
+// kV positions is (load u, thread, element e).
+template <class T, int kV>
+__device__ __forceinline__ void SelectLargest(const float* logits, int len, const TopkSmem<T>& sm) {
+  constexpr int kK = T::kTopk;
+  constexpr int kU = kTopkUnroll;
+  constexpr int kThreads = T::kTopkThreads;
+  constexpr int kWarpsT = kThreads / 32;
+  constexpr int kStep = kU * kThreads * kV;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  u32 prefix = 0, mask = 0;
+  int rem = kK;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int j = tid; j < 256; j += kThreads) sm.hist[j] = 0;
+    __syncthreads();
+    for (int r0 = 0; r0 < len; r0 += kStep) {
+      float v[kU][kV];
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        LoadLogits<kV>(logits, r0 + (u * kThreads + tid) * kV, len, v[u]);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          const u32 key = OrderedKey(v[u][e]);
+          if (r0 + (u * kThreads + tid) * kV + e < len && (key & mask) == prefix) {
+            atomicAdd(&sm.hist[(key >> shift) & 255], 1);
+          }
+        }
+      }
+    }
+    __syncthreads();
+    // Thread j < 256 takes bin 255 - j: an inclusive scan over j counts
+    // the keys in bins >= 255 - j; the selected bin is where it first
+    // reaches rem.
+    int c = 0, incl = 0;
+    if (tid < 256) {
+      c = sm.hist[255 - tid];
+      incl = c;
+#pragma unroll
+      for (int off = 1; off < 32; off *= 2) {
+        const int x = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += x;
+      }
+      if (lane == 31) sm.counters[warp] = incl;
+    }
+    __syncthreads();
+    if (tid < 256) {
+      for (int w = 0; w < warp; ++w) incl += sm.counters[w];
+      const int excl = incl - c;
+      if (excl < rem && incl >= rem) {
+        sm.sel_bin() = 255 - tid;
+        sm.sel_rem() = rem - excl;
+      }
+    }
+    __syncthreads();
+    prefix |= static_cast<u32>(sm.sel_bin()) << shift;
+    mask |= 255u << shift;
+    rem = sm.sel_rem();
+    __syncthreads();  // sel_* and counters are rewritten by the next pass
+  }
+  // Collect. A key equal to the threshold ranks, among the equal ones, by
+  // the counts of the rounds, (u, warp)s, lanes and elements before it.
+  if (tid == 0) sm.gt_count() = 0;
+  __syncthreads();
+  int eq_base = 0;
+  for (int r0 = 0; r0 < len; r0 += kStep) {
+    u32 key[kU][kV];
+    int excl[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      float v[kV];
+      LoadLogits<kV>(logits, r0 + (u * kThreads + tid) * kV, len, v);
+#pragma unroll
+      for (int e = 0; e < kV; ++e) key[u][e] = OrderedKey(v[e]);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      int c = 0;
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        const int s = r0 + (u * kThreads + tid) * kV + e;
+        if (s < len && key[u][e] > prefix) {
+          sm.words[atomicAdd(&sm.gt_count(), 1)] = SortWord(key[u][e], s);
+        }
+        c += s < len && key[u][e] == prefix;
+      }
+      int incl = c;
+#pragma unroll
+      for (int off = 1; off < 32; off *= 2) {
+        const int x = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += x;
+      }
+      excl[u] = incl - c;
+      if (lane == 31) sm.counters[u * kWarpsT + warp] = incl;
+    }
+    __syncthreads();
+    int total = 0;
+    for (int c = 0; c < kU * kWarpsT; ++c) total += sm.counters[c];
+    int before = eq_base;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      int rank = before + excl[u];
+      for (int w = 0; w < warp; ++w) rank += sm.counters[u * kWarpsT + w];
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        const int s = r0 + (u * kThreads + tid) * kV + e;
+        if (s < len && key[u][e] == prefix) {
+          if (rank < rem) sm.words[kK - rem + rank] = SortWord(key[u][e], s);
+          ++rank;
+        }
+      }
+      for (int w = 0; w < kWarpsT; ++w) before += sm.counters[u * kWarpsT + w];
+    }
+    eq_base += total;
+    __syncthreads();  // counters are rewritten by the next round
+  }
+}
+
 template <class T>
 __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kK = T::kTopk;
-  constexpr int kWarpsT = T::kTopkThreads / 32;
-  unsigned long long* words = reinterpret_cast<unsigned long long*>(smem);
-  int* hist = reinterpret_cast<int*>(smem + T::kTopkSort * 8);
-  constexpr int kU = kTopkUnroll;
-  int* counters = hist + 256;  // [0, kU * kWarpsT): per-(load, warp) counts; then scalars
-  int& sel_bin = counters[kU * kWarpsT];
-  int& sel_rem = counters[kU * kWarpsT + 1];
-  int& gt_count = counters[kU * kWarpsT + 2];
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  TopkSmem<T> sm;
+  sm.words = reinterpret_cast<unsigned long long*>(smem);
+  sm.hist = reinterpret_cast<int*>(smem + T::kTopkSort * 8);
+  sm.counters = sm.hist + 256;
+  unsigned long long* words = sm.words;
+  const int tid = threadIdx.x;
   const int row = blockIdx.x;
-  const int b = row / p.s_q, i = row % p.s_q;
 
   ptx::WaitForPriorGrids();
-  const int len = min(CausalLength(p.context_lens[b], p.s_q, i), p.max_context);
+  const QueryRow qr = LocateRow(p, row);
+  const int b = qr.b;
+  const int len = min(qr.len, p.max_context);
   const float* logits = p.logits + static_cast<long long>(row) * p.logits_stride;
   const int n_keep = min(len, kK);
   const int n_sort = TopkSortSize(n_keep);
@@ -82,98 +235,10 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
       words[s] = s < len ? SortWord(OrderedKey(logits[s]), s) : 0ull;
     }
   } else {
-    // Radix select: after the passes, the k-th largest key is `prefix`,
-    // and `rem` of the keys equal to it belong to the top k.
-    u32 prefix = 0, mask = 0;
-    int rem = kK;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int j = tid; j < 256; j += T::kTopkThreads) hist[j] = 0;
-      __syncthreads();
-      for (int base = tid; base < len; base += kU * T::kTopkThreads) {
-        float v[kU];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int s = base + u * T::kTopkThreads;
-          v[u] = s < len ? logits[s] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const u32 key = OrderedKey(v[u]);
-          if (base + u * T::kTopkThreads < len && (key & mask) == prefix) {
-            atomicAdd(&hist[(key >> shift) & 255], 1);
-          }
-        }
-      }
-      __syncthreads();
-      // Thread j < 256 takes bin 255 - j: an inclusive scan over j counts
-      // the keys in bins >= 255 - j; the selected bin is where it first
-      // reaches rem.
-      int c = 0, incl = 0;
-      if (tid < 256) {
-        c = hist[255 - tid];
-        incl = c;
-#pragma unroll
-        for (int off = 1; off < 32; off *= 2) {
-          const int v = __shfl_up_sync(0xffffffffu, incl, off);
-          if (lane >= off) incl += v;
-        }
-        if (lane == 31) counters[warp] = incl;
-      }
-      __syncthreads();
-      if (tid < 256) {
-        for (int w = 0; w < warp; ++w) incl += counters[w];
-        const int excl = incl - c;
-        if (excl < rem && incl >= rem) {
-          sel_bin = 255 - tid;
-          sel_rem = rem - excl;
-        }
-      }
-      __syncthreads();
-      prefix |= static_cast<u32>(sel_bin) << shift;
-      mask |= 255u << shift;
-      rem = sel_rem;
-      __syncthreads();  // sel_* and counters are rewritten by the next pass
-    }
-    // Collect: keys above the threshold anywhere in [0, kK - rem), keys
-    // equal to it in position order after them.
-    if (tid == 0) gt_count = 0;
-    __syncthreads();
-    // kU loads per thread per round: position base + u * threads + tid, so
-    // position order is (u, warp, lane) and a key's rank among the equal
-    // ones is the counts of the (u, warp) before it.
-    int eq_base = 0;
-    for (int base = 0; base < len; base += kU * T::kTopkThreads) {
-      u32 key[kU];
-      u32 ballot[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int s = base + u * T::kTopkThreads + tid;
-        key[u] = s < len ? OrderedKey(logits[s]) : 0u;
-      }
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int s = base + u * T::kTopkThreads + tid;
-        const bool in = s < len;
-        if (in && key[u] > prefix) words[atomicAdd(&gt_count, 1)] = SortWord(key[u], s);
-        ballot[u] = __ballot_sync(0xffffffffu, in && key[u] == prefix);
-        if (lane == 0) counters[u * kWarpsT + warp] = __popc(ballot[u]);
-      }
-      __syncthreads();
-      int total = 0;
-      for (int c = 0; c < kU * kWarpsT; ++c) total += counters[c];
-      int before = eq_base;
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int s = base + u * T::kTopkThreads + tid;
-        if (s < len && key[u] == prefix) {
-          int rank = before + __popc(ballot[u] & ((1u << lane) - 1u));
-          for (int w = 0; w < warp; ++w) rank += counters[u * kWarpsT + w];
-          if (rank < rem) words[kK - rem + rank] = SortWord(key[u], s);
-        }
-        for (int w = 0; w < kWarpsT; ++w) before += counters[u * kWarpsT + w];
-      }
-      eq_base += total;
-      __syncthreads();  // counters are rewritten by the next round
+    if ((reinterpret_cast<unsigned long long>(logits) & 15) == 0) {
+      SelectLargest<T, 4>(logits, len, sm);
+    } else {
+      SelectLargest<T, 1>(logits, len, sm);
     }
     for (int s = kK + tid; s < n_sort; s += T::kTopkThreads) words[s] = 0ull;
   }
@@ -183,7 +248,7 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   int* indices = p.indices + static_cast<long long>(row) * p.indices_stride;
   int* slots =
       p.slots != nullptr ? p.slots + static_cast<long long>(row) * p.slots_stride : nullptr;
-  const int* table = p.block_table != nullptr
+  const int* table = p.block_table != nullptr && b >= 0
                          ? p.block_table + static_cast<long long>(b) * p.block_table_stride
                          : nullptr;
   for (int j = tid; j < kK; j += T::kTopkThreads) {

@@ -18,6 +18,7 @@ struct IndexerTraits {
   // fragments in registers for the CTA's kPagesPerCta pages.
   static constexpr int kWarps = HeadRowTiles(kHeads);
   static constexpr int kThreads = LogitsThreads(kHeads);
+  static constexpr int kLogitsMinBlocks = LogitsMinBlocks(kHeads);
   static constexpr int kSmemBytes = LogitsSmemBytes(kHeads);
   // Top-k: the sort buffer holds k keys rounded up to a power of two.
   static constexpr int kTopkThreads = dsa_indexer::kTopkThreads;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Runs one sparse MLA case a few times, for a profiler (ncu) to attach to.
-usage: profile_one.py MODULE.cubin BATCH NUM_SPLITS"""
+usage: profile_one.py MODULE.cubin BATCH NUM_SPLITS|auto"""
 import os
 import sys
 
@@ -10,7 +10,8 @@ import kforge  # noqa: E402
 from kforge import kv_records  # noqa: E402
 
 mod = kforge.Kernel.from_files(sys.argv[1])
-T, splits = int(sys.argv[2]), int(sys.argv[3])
+T = int(sys.argv[2])
+splits = None if sys.argv[3] == "auto" else int(sys.argv[3])
 spec = mod.spec
 d_v, d_qk, heads = spec.kv_lora_rank, spec.kv_lora_rank + spec.rope_dim, spec.num_q_heads
 kv = torch.randn(1 << 20, d_qk, device="cuda").to(torch.bfloat16)

@@ -131,8 +131,9 @@ constexpr int kSmallBatchCtasStaged = 8;  // measured with fp8_ds_mla
 // convention too: fp8_ds_mla_pow2 / _arbitrary.
 std::string DtypeTag(v1::KvCacheDtype dtype, v1::KvScaleFormat scale_format) {
   std::string tag = KvDtypeName(dtype);
-  if (scale_format == v1::KV_SCALE_FORMAT_POW2) absl::StrAppend(&tag, "_pow2");
-  if (scale_format == v1::KV_SCALE_FORMAT_ARBITRARY) absl::StrAppend(&tag, "_arbitrary");
+  if (scale_format != v1::KV_SCALE_FORMAT_UNSPECIFIED) {
+    absl::StrAppend(&tag, "_", KvScaleFormatName(scale_format));
+  }
   return tag;
 }
 

@@ -38,52 +38,8 @@ namespace {
 using google::protobuf::RepeatedField;
 using google::protobuf::Value;
 
-// JSON keys whose values are KvCacheDtype names (both spellings protobuf's
-// JSON mapping accepts).
-bool IsDtypeKey(const std::string& key) {
-  return key == "kv_dtypes" || key == "kvDtypes" || key == "kv_cache_dtype" ||
-         key == "kvCacheDtype";
-}
-
-// A dtype name as protobuf's JSON parser knows it: short names ("bf16")
-// become enum names; an unknown name is an error naming `path`.
-absl::Status ExpandDtypeName(Value& value, const std::string& path) {
-  absl::StatusOr<v1::KvCacheDtype> dtype = ParseKvDtype(value.string_value());
-  if (!dtype.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", dtype.status().message()));
-  }
-  value.set_string_value(v1::KvCacheDtype_Name(*dtype));
-  return absl::OkStatus();
-}
-
-// Walks the JSON tree and rewrites the strings under dtype keys.
-absl::Status ExpandShortDtypeNames(Value& value, const std::string& path, bool under_dtype_key) {
-  switch (value.kind_case()) {
-    case Value::kStringValue:
-      return under_dtype_key ? ExpandDtypeName(value, path) : absl::OkStatus();
-    case Value::kListValue: {
-      auto& values = *value.mutable_list_value()->mutable_values();
-      for (int i = 0; i < values.size(); ++i) {
-        absl::Status s =
-            ExpandShortDtypeNames(values[i], absl::StrCat(path, "[", i, "]"), under_dtype_key);
-        if (!s.ok()) return s;
-      }
-      return absl::OkStatus();
-    }
-    case Value::kStructValue:
-      for (auto& field : *value.mutable_struct_value()->mutable_fields()) {
-        absl::Status s = ExpandShortDtypeNames(
-            field.second, path.empty() ? field.first : absl::StrCat(path, ".", field.first),
-            IsDtypeKey(field.first));
-        if (!s.ok()) return s;
-      }
-      return absl::OkStatus();
-    default:
-      return absl::OkStatus();
-  }
-}
-
-// JSON -> any-JSON tree -> short names expanded -> DeploymentMatrix. The
+// JSON -> any-JSON tree -> short names expanded (ExpandKvEnumNames: kv_dtypes,
+// and a spec model's kv_cache_dtype and kv_scale_format) -> DeploymentMatrix. The
 // detour through google.protobuf.Value costs one extra parse of a small file
 // and keeps the message's enum fields typed.
 absl::StatusOr<v1::DeploymentMatrix> ParseJson(std::string_view text) {
@@ -97,7 +53,9 @@ absl::StatusOr<v1::DeploymentMatrix> ParseJson(std::string_view text) {
     return absl::InvalidArgumentError(
         absl::StrCat("invalid JSON: ", std::string(status.message())));
   }
-  if (absl::Status s = ExpandShortDtypeNames(tree, "", false); !s.ok()) return s;
+  if (absl::Status s = ExpandKvEnumNames(*v1::DeploymentMatrix::descriptor(), tree); !s.ok()) {
+    return s;
+  }
   std::string json;
   // Printing a Value that was just parsed cannot fail.
   (void)google::protobuf::util::MessageToJsonString(tree, &json);

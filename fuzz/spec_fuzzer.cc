@@ -1,14 +1,14 @@
 // Spec parsing: JSON and text-proto AttentionSpec (`--spec FILE`), validation
-// and normalization, and KV dtype names (ParseSpec, NormalizeSpec,
-// ParseKvDtype in model/spec.h).
+// and normalization, and KV dtype and scale-format names (ParseSpec,
+// NormalizeSpec, ParseKvDtype, ParseKvScaleFormat in model/spec.h).
 //
 // Properties beyond "no crash, no UB, no leak":
 //   - a spec that parses reads back equal from its own JSON and text-format
 //     printing (kforge writes specs as JSON into artifact descriptions and
 //     manifests, which users feed back as --spec);
 //   - NormalizeSpec is idempotent and keeps a spec valid;
-//   - a dtype name that parses prints (KvDtypeName) as a name that parses to
-//     the same dtype.
+//   - a dtype or scale-format name that parses prints (KvDtypeName,
+//     KvScaleFormatName) as a name that parses to the same value.
 
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +46,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         kforge::ParseKvDtype(kforge::KvDtypeName(*dtype));
     Check(again.ok() && *again == *dtype,
           absl::StrCat("kv dtype ", kforge::KvDtypeName(*dtype), " does not read back"));
+  }
+
+  if (absl::StatusOr<kforge::v1::KvScaleFormat> format = kforge::ParseKvScaleFormat(text);
+      format.ok()) {
+    absl::StatusOr<kforge::v1::KvScaleFormat> again =
+        kforge::ParseKvScaleFormat(kforge::KvScaleFormatName(*format));
+    Check(again.ok() && *again == *format,
+          absl::StrCat("kv scale format ", kforge::KvScaleFormatName(*format),
+                       " does not read back"));
   }
 
   absl::StatusOr<kforge::v1::AttentionSpec> spec = kforge::ParseSpec(text);

@@ -1,6 +1,7 @@
 #include "model/spec.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -9,19 +10,25 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "base/absl_compat.h"
 #include "base/io.h"
 #include "base/json_keys.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "kforge/v1/spec.pb.h"
@@ -120,15 +127,133 @@ void CheckKvDtype(Problems& problems, absl::string_view prefix, v1::KvCacheDtype
   }
 }
 
+// "<what>: got \"<name>\", supported <names>"; the name escaped, as it may
+// be any bytes a file holds.
+std::string UnknownName(absl::string_view what, absl::string_view name, absl::string_view names) {
+  return absl::StrCat(what, ": got \"", absl::CHexEscape(name), "\", supported ", names);
+}
+
+std::string KvDtypeNames() {
+  std::vector<absl::string_view> names;
+  for (const KvFormatInfo& f : KvFormats()) names.push_back(f.name);
+  return absl::StrCat(absl::StrJoin(names, ", "), " (or the KV_CACHE_DTYPE_* names)");
+}
+
+// The scale formats that have a short name: every value of the enum but
+// UNSPECIFIED, in the enum's order.
+std::vector<v1::KvScaleFormat> NamedScaleFormats() {
+  std::vector<v1::KvScaleFormat> formats;
+  const google::protobuf::EnumDescriptor* type = v1::KvScaleFormat_descriptor();
+  for (int i = 0; i < type->value_count(); ++i) {
+    const auto format = static_cast<v1::KvScaleFormat>(type->value(i)->number());
+    if (format != v1::KV_SCALE_FORMAT_UNSPECIFIED) formats.push_back(format);
+  }
+  return formats;
+}
+
+std::string KvScaleFormatNames() {
+  std::vector<std::string> names;
+  for (v1::KvScaleFormat f : NamedScaleFormats()) names.push_back(KvScaleFormatName(f));
+  return absl::StrCat(absl::StrJoin(names, ", "), " (or the KV_SCALE_FORMAT_* names)");
+}
+
+// The enums whose fields spec files and matrices may spell short.
+bool TakesShortNames(const google::protobuf::EnumDescriptor* type) {
+  return type == v1::KvCacheDtype_descriptor() || type == v1::KvScaleFormat_descriptor();
+}
+
+// The enum name protobuf's parsers take for `name`, written in the field
+// at `path` of enum `type` (one that TakesShortNames): `name` itself when
+// it is one of the enum's names (UNSPECIFIED too: validation names that).
+absl::StatusOr<std::string> EnumValueName(const google::protobuf::EnumDescriptor& type,
+                                          const std::string& name, absl::string_view path) {
+  if (type.FindValueByName(name) != nullptr) return name;
+  if (&type == v1::KvCacheDtype_descriptor()) {
+    absl::StatusOr<v1::KvCacheDtype> dtype = ParseKvDtype(name);
+    if (dtype.ok()) return v1::KvCacheDtype_Name(*dtype);
+    return absl::InvalidArgumentError(UnknownName(path, name, KvDtypeNames()));
+  }
+  absl::StatusOr<v1::KvScaleFormat> format = ParseKvScaleFormat(name);
+  if (format.ok()) return v1::KvScaleFormat_Name(*format);
+  return absl::InvalidArgumentError(UnknownName(path, name, KvScaleFormatNames()));
+}
+
+std::string FieldPath(absl::string_view parent, absl::string_view field) {
+  return parent.empty() ? std::string(field) : absl::StrCat(parent, ".", field);
+}
+
+// The field a JSON key names, in either spelling protobuf's JSON parser
+// takes (the proto name or the lowerCamelCase JSON name); null for none.
+const google::protobuf::FieldDescriptor* FieldOfJsonKey(const google::protobuf::Descriptor& message,
+                                                        const std::string& key) {
+  for (int i = 0; i < message.field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = message.field(i);
+    if (key == field->name() || key == field->json_name()) return field;
+  }
+  return nullptr;
+}
+
+absl::Status ExpandJsonMessage(const google::protobuf::Descriptor& message,
+                               google::protobuf::Value& value, const std::string& path);
+
+// One JSON value of `field` (an element, for a repeated field).
+absl::Status ExpandJsonValue(const google::protobuf::FieldDescriptor& field,
+                             google::protobuf::Value& value, const std::string& path) {
+  if (field.message_type() != nullptr) return ExpandJsonMessage(*field.message_type(), value, path);
+  if (!TakesShortNames(field.enum_type()) ||
+      value.kind_case() != google::protobuf::Value::kStringValue) {
+    return absl::OkStatus();  // numbers and wrong types are the parser's to judge
+  }
+  absl::StatusOr<std::string> name = EnumValueName(*field.enum_type(), value.string_value(), path);
+  if (!name.ok()) return name.status();
+  value.set_string_value(*std::move(name));
+  return absl::OkStatus();
+}
+
+absl::Status ExpandJsonMessage(const google::protobuf::Descriptor& message,
+                               google::protobuf::Value& value, const std::string& path) {
+  if (value.kind_case() != google::protobuf::Value::kStructValue) return absl::OkStatus();
+  for (auto& [key, item] : *value.mutable_struct_value()->mutable_fields()) {
+    const google::protobuf::FieldDescriptor* field = FieldOfJsonKey(message, key);
+    if (field == nullptr || field->is_map()) continue;
+    const std::string at = FieldPath(path, key);
+    if (field->is_repeated() && item.kind_case() == google::protobuf::Value::kListValue) {
+      auto& items = *item.mutable_list_value()->mutable_values();
+      for (int i = 0; i < items.size(); ++i) {
+        absl::Status s = ExpandJsonValue(*field, items[i], absl::StrCat(at, "[", i, "]"));
+        if (!s.ok()) return s;
+      }
+    } else if (absl::Status s = ExpandJsonValue(*field, item, at); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// JSON -> any-JSON tree -> short names expanded (ExpandKvEnumNames) ->
+// AttentionSpec. The detour through google.protobuf.Value costs one extra
+// parse of a small file and keeps the enum fields typed.
 absl::StatusOr<v1::AttentionSpec> ParseJson(std::string_view text) {
   if (absl::Status s = CheckNoDuplicateJsonKeys(text, /*proto_names=*/true); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid JSON spec: ", s.message()));
   }
+  google::protobuf::Value tree;
+  auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(text.data(), text.size()), &tree);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid JSON spec: ", std::string(status.message())));
+  }
+  if (absl::Status s = ExpandKvEnumNames(*v1::AttentionSpec::descriptor(), tree); !s.ok()) {
+    return s;
+  }
+  std::string json;
+  // Printing a Value that was just parsed cannot fail.
+  (void)google::protobuf::util::MessageToJsonString(tree, &json);
   v1::AttentionSpec spec;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
-  auto status = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(text.data(), text.size()), &spec, options);
+  status = google::protobuf::util::JsonStringToMessage(json, &spec, options);
   if (!status.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("invalid JSON spec: ", std::string(status.message())));
@@ -136,14 +261,108 @@ absl::StatusOr<v1::AttentionSpec> ParseJson(std::string_view text) {
   return spec;
 }
 
+// io::Tokenizer's columns count a tab as reaching the next multiple of 8
+// (its ColumnNumber documentation; the constant is private).
+constexpr int kTokenizerTabWidth = 8;
+
+// The byte offset of a tokenizer position (0-based line and column).
+size_t ByteOffset(std::string_view text, const std::vector<size_t>& line_starts, int line,
+                  int column) {
+  size_t i = line_starts[line];
+  for (int col = 0; col < column && i < text.size(); ++i) {
+    col = text[i] == '\t' ? col + kTokenizerTabWidth - col % kTokenizerTabWidth : col + 1;
+  }
+  return i;
+}
+
+class IgnoreErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int, google::protobuf::io::ColumnNumber, const std::string&) override {}
+};
+
+// Text proto's counterpart of ExpandKvEnumNames: `text` with every value
+// of a KvCacheDtype or KvScaleFormat field (the spec's or extra_kv's)
+// that is a short name, as an identifier or a string, replaced by its enum
+// name. Tokenized as TextFormat's parser does, following the nesting of
+// AttentionSpec's messages; syntax errors are left for that parser.
+absl::StatusOr<std::string> ExpandTextProtoKvEnumNames(std::string_view text) {
+  using google::protobuf::io::Tokenizer;
+  std::vector<size_t> line_starts = {0};
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\n') line_starts.push_back(i + 1);
+  }
+  google::protobuf::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
+  IgnoreErrors errors;
+  Tokenizer tokenizer(&input, &errors);
+  // TextFormat::Parser's settings.
+  tokenizer.set_allow_f_after_float(true);
+  tokenizer.set_comment_style(Tokenizer::SH_COMMENT_STYLE);
+  tokenizer.set_require_space_after_number(false);
+  tokenizer.set_allow_multiline_strings(true);
+  struct Scope {
+    const google::protobuf::Descriptor* message;  // null inside a field it does not have
+    std::string path;
+  };
+  std::vector<Scope> scopes = {{v1::AttentionSpec::descriptor(), ""}};
+  struct Replacement {
+    size_t begin;
+    size_t size;
+    std::string name;
+  };
+  std::vector<Replacement> replacements;
+  const google::protobuf::FieldDescriptor* field = nullptr;  // named by the last identifier
+  bool value_next = false;                                   // field, then ':'
+  while (tokenizer.Next()) {
+    const Tokenizer::Token& token = tokenizer.current();
+    const bool is_name =
+        token.type == Tokenizer::TYPE_IDENTIFIER || token.type == Tokenizer::TYPE_STRING;
+    if (value_next && is_name && TakesShortNames(field->enum_type())) {
+      std::string value = token.text;
+      if (token.type == Tokenizer::TYPE_STRING) Tokenizer::ParseString(token.text, &value);
+      absl::StatusOr<std::string> name =
+          EnumValueName(*field->enum_type(), value, FieldPath(scopes.back().path, field->name()));
+      if (!name.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "line ", token.line + 1, " column ", token.column + 1, ": ", name.status().message()));
+      }
+      if (*name != token.text) {
+        replacements.push_back({ByteOffset(text, line_starts, token.line, token.column),
+                                token.text.size(), *std::move(name)});
+      }
+    } else if (!value_next && token.type == Tokenizer::TYPE_IDENTIFIER) {
+      field = scopes.back().message == nullptr ? nullptr
+                                               : scopes.back().message->FindFieldByName(token.text);
+      if (field != nullptr) continue;
+    } else if (field != nullptr && token.text == ":") {
+      value_next = true;
+      continue;
+    } else if (token.text == "{" || token.text == "<") {
+      const bool known = field != nullptr && field->message_type() != nullptr;
+      scopes.push_back({known ? field->message_type() : nullptr,
+                        known ? FieldPath(scopes.back().path, field->name()) : ""});
+    } else if ((token.text == "}" || token.text == ">") && scopes.size() > 1) {
+      scopes.pop_back();
+    }
+    field = nullptr;
+    value_next = false;
+  }
+  std::string out(text);
+  for (auto r = replacements.rbegin(); r != replacements.rend(); ++r) {
+    out.replace(r->begin, r->size, r->name);
+  }
+  return out;
+}
+
 absl::StatusOr<v1::AttentionSpec> ParseTextProto(std::string_view text) {
+  absl::StatusOr<std::string> expanded = ExpandTextProtoKvEnumNames(text);
+  if (!expanded.ok()) return expanded.status();
   v1::AttentionSpec spec;
   CollectErrors errors;
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
   parser.AllowUnknownField(false);
   parser.AllowUnknownExtension(false);
-  if (!parser.ParseFromString(std::string(text), &spec)) {
+  if (!parser.ParseFromString(*expanded, &spec)) {
     return absl::InvalidArgumentError(absl::StrCat("invalid text-proto spec: ", errors.Joined()));
   }
   return spec;
@@ -415,11 +634,32 @@ absl::StatusOr<v1::KvCacheDtype> ParseKvDtype(std::string_view name) {
       dtype != v1::KV_CACHE_DTYPE_UNSPECIFIED) {
     return dtype;
   }
-  std::vector<absl::string_view> names;
-  for (const KvFormatInfo& f : KvFormats()) names.push_back(f.name);
-  return absl::InvalidArgumentError(absl::StrCat("kv dtype: got \"", AsAbsl(name), "\", supported ",
-                                                 absl::StrJoin(names, ", "),
-                                                 " (or the KV_CACHE_DTYPE_* names)"));
+  return absl::InvalidArgumentError(UnknownName("kv dtype", AsAbsl(name), KvDtypeNames()));
+}
+
+std::string KvScaleFormatName(v1::KvScaleFormat format) {
+  const std::string& name = v1::KvScaleFormat_Name(format);
+  if (format == v1::KV_SCALE_FORMAT_UNSPECIFIED || name.empty()) return ScaleFormatName(format);
+  return absl::AsciiStrToLower(absl::StripPrefix(name, "KV_SCALE_FORMAT_"));
+}
+
+absl::StatusOr<v1::KvScaleFormat> ParseKvScaleFormat(std::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(AsAbsl(name));
+  for (v1::KvScaleFormat format : NamedScaleFormats()) {
+    if (lower == KvScaleFormatName(format)) return format;
+  }
+  v1::KvScaleFormat format;
+  if (v1::KvScaleFormat_Parse(std::string(name), &format) &&
+      format != v1::KV_SCALE_FORMAT_UNSPECIFIED) {
+    return format;
+  }
+  return absl::InvalidArgumentError(
+      UnknownName("kv scale format", AsAbsl(name), KvScaleFormatNames()));
+}
+
+absl::Status ExpandKvEnumNames(const google::protobuf::Descriptor& message,
+                               google::protobuf::Value& tree) {
+  return ExpandJsonMessage(message, tree, "");
 }
 
 }  // namespace kforge

@@ -8,6 +8,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/struct.pb.h"
 #include "kforge/v1/service.pb.h"
 #include "kforge/v1/spec.pb.h"
 
@@ -66,9 +68,30 @@ const KvFormatInfo* ExtraKvFormatOf(const v1::AttentionSpec& spec);
 std::string KvDtypeName(v1::KvCacheDtype dtype);
 
 // Parses a KV cache dtype: a KvFormats() name (any case), or the enum's
-// own names (KV_CACHE_DTYPE_BF16, ...), which spec files in protobuf JSON
-// and text format use. InvalidArgument listing the names otherwise.
+// own names (KV_CACHE_DTYPE_BF16, ...). InvalidArgument listing the names
+// otherwise.
 absl::StatusOr<v1::KvCacheDtype> ParseKvDtype(std::string_view name);
+
+// The short spelling of a KV scale format: the enum's name without
+// KV_SCALE_FORMAT_, in lower case ("pow2", "arbitrary"); the enum name (or
+// number) for UNSPECIFIED and values the enum does not name.
+std::string KvScaleFormatName(v1::KvScaleFormat format);
+
+// Parses a KV scale format: a short name (any case) or the enum's own
+// names (KV_SCALE_FORMAT_POW2, ...). InvalidArgument listing them otherwise.
+absl::StatusOr<v1::KvScaleFormat> ParseKvScaleFormat(std::string_view name);
+
+// Spec files and matrices spell a KvCacheDtype or KvScaleFormat field
+// either way ParseKvDtype / ParseKvScaleFormat take; protobuf's parsers
+// take the enum names only. Rewrites `tree`, the JSON of a `message`
+// (AttentionSpec, DeploymentMatrix, ...), so that every string in such a
+// field, at any depth (extra_kv, models[].spec) and under either spelling
+// of the key, is its enum name. Keys `message` does not have and values of
+// other types are left for protobuf's parser to refuse. A name that is
+// neither is InvalidArgument naming the field's path as written
+// ("models[0].spec.extra_kv.kv_cache_dtype"), the value and the names.
+absl::Status ExpandKvEnumNames(const google::protobuf::Descriptor& message,
+                               google::protobuf::Value& tree);
 
 struct PresetInfo {
   std::string name;
@@ -108,7 +131,10 @@ v1::AttentionSpec SpecWithKvDtype(const v1::AttentionSpec& spec, v1::KvCacheDtyp
                                   v1::KvScaleFormat default_scale_format);
 
 // Parses a spec given as JSON or as text proto (chosen by content: a leading
-// '{' means JSON). Unknown fields are errors. Does not validate.
+// '{' means JSON). Unknown fields are errors. kv_cache_dtype and
+// kv_scale_format (the spec's and extra_kv's) take the short names too
+// ("fp8_ds_mla", "pow2": ExpandKvEnumNames), as JSON strings, and in text
+// proto as identifiers or strings. Does not validate.
 absl::StatusOr<v1::AttentionSpec> ParseSpec(std::string_view text);
 
 // Reads and parses a spec file; errors name the file.

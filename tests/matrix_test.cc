@@ -155,6 +155,35 @@ TEST(MatrixTest, TheNewRecordsExpandForAPresetOfTheirGeometry) {
   }
 }
 
+// A spec model takes the spec files' short names (model/spec.h
+// ExpandKvEnumNames) in its spec, its extra_kv and kv_dtypes.
+TEST(MatrixTest, SpecModelsTakeShortKvNames) {
+  const std::vector<MatrixJob> jobs = Expand(R"({"models": [{"name": "v4-like", "tp": [2],
+      "kv_dtypes": ["FP8_DS_MLA_V4", "mxfp8_ds_mla_v41"],
+      "spec": {"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+               "kv_lora_rank": 512, "rope_dim": 0, "topk": 512, "page_block_size": 64,
+               "softmax_scale": 0.0441941738, "kvCacheDtype": "bf16",
+               "extra_kv": {"kv_cache_dtype": "fp8_ds_mla", "kvScaleFormat": "Pow2",
+                            "topk": 128, "page_block_size": 64}}}],
+      "archs": ["sm_90a"]})");
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(Labels(jobs), (std::vector<std::string>{"v4-like tp2 fp8_ds_mla_v4 sm_90a",
+                                                    "v4-like tp2 mxfp8_ds_mla_v41 sm_90a"}));
+  for (const MatrixJob& job : jobs) {
+    EXPECT_EQ(job.spec.num_q_heads(), 32u);
+    EXPECT_EQ(job.spec.extra_kv().kv_cache_dtype(), v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+    EXPECT_EQ(job.spec.extra_kv().kv_scale_format(), v1::KV_SCALE_FORMAT_POW2);
+  }
+  // The spec's own dtype and scale format, short, when kv_dtypes is absent.
+  const std::vector<MatrixJob> own = Expand(R"({"models": [{"spec": {
+      "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 8, "kv_lora_rank": 512,
+      "rope_dim": 64, "topk": 2048, "page_block_size": 64, "softmax_scale": 0.0625,
+      "kv_cache_dtype": "fp8_ds_mla", "kv_scale_format": "arbitrary"}}], "archs": ["sm_120a"]})");
+  ASSERT_EQ(own.size(), 1u);
+  EXPECT_EQ(own[0].kv_dtype, v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  EXPECT_EQ(own[0].spec.kv_scale_format(), v1::KV_SCALE_FORMAT_ARBITRARY);
+}
+
 struct BadMatrix {
   const char* json;
   std::vector<const char*> message_parts;  // each must appear
@@ -179,7 +208,25 @@ TEST(MatrixTest, EachBadFieldIsNamedWithItsValue) {
           "kv_dtypes": ["bf16", "fp8_ds_mla"]}], "archs": ["sm_90a"]})",
        {"m.json: models[0].kv_dtypes[1]", "kv_scale_format", "required with kv_cache_dtype"}},
       {R"({"models": [{"preset": "glm-5", "kv_dtypes": ["fp4"]}], "archs": ["sm_90a"]})",
-       {"m.json: models[0].kv_dtypes[0]", "\"fp4\"", "bf16, fp8_ds_mla"}},
+       {"m.json: models[0].kv_dtypes[0]: got \"fp4\"", "bf16, fp8_ds_mla"}},
+      {R"({"models": [{"preset": "glm-5", "kv_dtypes": ["bf16", ""]}], "archs": ["sm_90a"]})",
+       {"m.json: models[0].kv_dtypes[1]: got \"\"", "nvfp4_ds_mla"}},
+      {R"({"models": [{"preset": "glm-5", "kv_dtypes": [true]}], "archs": ["sm_90a"]})",
+       {"m.json: not a deployment matrix"}},
+      {R"({"models": [{"preset": "glm-5", "kv_dtypes": [99]}], "archs": ["sm_90a"]})",
+       {"m.json: models[0].kv_dtypes[0]", "kv_cache_dtype: got 99"}},
+      {R"({"models": [{"spec": {
+          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+          "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048, "kv_cache_dtype": "fp8_ds_mla",
+          "kv_scale_format": "pow3", "page_block_size": 64, "softmax_scale": 0.0625}}],
+          "archs": ["sm_90a"]})",
+       {"m.json: models[0].spec.kv_scale_format: got \"pow3\"", "pow2, arbitrary"}},
+      {R"({"models": [{"spec": {
+          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+          "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048, "page_block_size": 64,
+          "softmax_scale": 0.0625, "extraKv": {"kvCacheDtype": "fp8_ds_mla_v5"}}}],
+          "archs": ["sm_90a"]})",
+       {"m.json: models[0].spec.extraKv.kvCacheDtype: got \"fp8_ds_mla_v5\"", "fp8_ds_mla_v4"}},
       {R"({"models": [{"preset": "glm-5", "s_q": [1, 5]}], "archs": ["sm_90a"]})",
        {"m.json: models[0].s_q[1]", "got 5", "1..4"}},
       {R"({"models": [{"preset": "glm-5"}], "archs": ["sm_90a", "sm_70"]})",

@@ -588,6 +588,181 @@ TEST(ParseSpecTest, TextProtoErrorHasLineAndColumn) {
   EXPECT_TRUE(Contains(parsed.status().message(), "line 2 column"));
 }
 
+// Spec files take the short names the CLI takes (--kv-dtype), in any
+// case, beside the enum names: each KvFormats() row and each scale format,
+// in JSON (either key spelling) and text proto (identifier or string),
+// for the spec's own cache and for extra_kv.
+TEST(ParseSpecTest, ShortKvNamesInJsonAndTextProto) {
+  for (const KvFormatInfo& f : KvFormats()) {
+    for (const std::string& name :
+         {std::string(f.name), absl::AsciiStrToUpper(f.name), v1::KvCacheDtype_Name(f.dtype)}) {
+      SCOPED_TRACE(name);
+      for (const std::string& text :
+           {absl::StrCat(R"({"kv_cache_dtype": ")", name, R"("})"),
+            absl::StrCat(R"({"kvCacheDtype": ")", name, R"("})"),
+            absl::StrCat(R"({"extra_kv": {"kv_cache_dtype": ")", name, R"("}})"),
+            absl::StrCat(R"({"extraKv": {"kvCacheDtype": ")", name, R"("}})"),
+            absl::StrCat("kv_cache_dtype: ", name), absl::StrCat("kv_cache_dtype: \"", name, "\""),
+            absl::StrCat("extra_kv { kv_cache_dtype: ", name, " }"),
+            absl::StrCat("extra_kv: < kv_cache_dtype: '", name, "' >")}) {
+        absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(text);
+        ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+        const v1::KvCacheDtype got =
+            parsed->has_extra_kv() ? parsed->extra_kv().kv_cache_dtype() : parsed->kv_cache_dtype();
+        EXPECT_EQ(got, f.dtype) << text;
+      }
+    }
+  }
+  for (const auto& [name, format] : {std::pair{"pow2", v1::KV_SCALE_FORMAT_POW2},
+                                     std::pair{"Arbitrary", v1::KV_SCALE_FORMAT_ARBITRARY},
+                                     std::pair{"KV_SCALE_FORMAT_POW2", v1::KV_SCALE_FORMAT_POW2}}) {
+    SCOPED_TRACE(name);
+    for (const std::string& text :
+         {absl::StrCat(R"({"kvScaleFormat": ")", name, R"("})"),
+          absl::StrCat(R"({"extra_kv": {"kv_scale_format": ")", name, R"("}})"),
+          absl::StrCat("kv_scale_format: ", name),
+          absl::StrCat("extra_kv { kv_scale_format: \"", name, "\" }")}) {
+      absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(text);
+      ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+      EXPECT_EQ(
+          parsed->has_extra_kv() ? parsed->extra_kv().kv_scale_format() : parsed->kv_scale_format(),
+          format)
+          << text;
+    }
+  }
+}
+
+// A whole DeepSeek-V4-shaped spec written with short names is the spec
+// written with enum names; in text proto the names are replaced in place
+// (several on a line, after tabs and comments), so every other field
+// keeps its value.
+TEST(ParseSpecTest, ShortNamesGiveTheSpecOfTheEnumNames) {
+  v1::AttentionSpec want;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"(kind: ATTENTION_KIND_SPARSE_MLA_DECODE num_q_heads: 64 kv_lora_rank: 512 rope_dim: 0
+         topk: 512 kv_cache_dtype: KV_CACHE_DTYPE_FP8_DS_MLA_V4 page_block_size: 64
+         softmax_scale: 0.0441941738 return_lse: true
+         extra_kv { kv_cache_dtype: KV_CACHE_DTYPE_FP8_DS_MLA kv_scale_format: KV_SCALE_FORMAT_POW2
+                    topk: 128 page_block_size: 64 })",
+      &want));
+  for (const char* text : {
+           R"({"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64, "kv_lora_rank": 512,
+               "rope_dim": 0, "topk": 512, "kv_cache_dtype": "fp8_ds_mla_v4",
+               "page_block_size": 64, "softmax_scale": 0.0441941738, "return_lse": true,
+               "extraKv": {"kvCacheDtype": "fp8_ds_mla", "kvScaleFormat": "pow2", "topk": 128,
+                           "pageBlockSize": 64}})",
+           "kind: ATTENTION_KIND_SPARSE_MLA_DECODE num_q_heads: 64 kv_lora_rank: 512 rope_dim: 0\n"
+           "# kv_cache_dtype: bf16 (a comment: not a field)\n"
+           "topk: 512 kv_cache_dtype:\tfp8_ds_mla_v4\tpage_block_size: 64\n"
+           "softmax_scale: 0.0441941738 return_lse: true\n"
+           "extra_kv {\tkv_cache_dtype: \"fp8_ds_mla\"; kv_scale_format: pow2 topk: 128\n"
+           "  page_block_size: 64 }\n"}) {
+    absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(text);
+    ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+    EXPECT_TRUE(MessageDifferencer::Equals(*parsed, want)) << parsed->ShortDebugString() << "\n"
+                                                           << text;
+    EXPECT_TRUE(ValidateSpec(*parsed).ok()) << ValidateSpec(*parsed);
+  }
+}
+
+struct BadName {
+  const char* text;
+  std::vector<const char*> message_parts;  // each must appear
+};
+
+// A name that is neither spelling, an empty one, or the other enum's name
+// is an error naming the field path, the value and every accepted name;
+// a value of the wrong type is protobuf's error. Nothing else is accepted.
+TEST(ParseSpecTest, BadKvNamesAreNamedWithWhatIsAccepted) {
+  const char* dtypes =
+      "supported bf16, fp8_ds_mla, fp8_ds_mla_v4, mxfp8_ds_mla_v41, nvfp4_ds_mla "
+      "(or the KV_CACHE_DTYPE_* names)";
+  const char* scales = "supported pow2, arbitrary (or the KV_SCALE_FORMAT_* names)";
+  const std::vector<BadName> cases = {
+      {R"({"kv_cache_dtype": "fp4"})", {"kv_cache_dtype: got \"fp4\", ", dtypes}},
+      {R"({"kv_cache_dtype": ""})", {"kv_cache_dtype: got \"\", ", dtypes}},
+      {R"({"kv_cache_dtype": "pow2"})", {"kv_cache_dtype: got \"pow2\", ", dtypes}},
+      {R"({"kv_cache_dtype": " bf16"})", {"kv_cache_dtype: got \" bf16\""}},
+      {R"({"kv_cache_dtype": "bf\u0001"})", {"kv_cache_dtype: got \"bf\\x01\""}},
+      {R"({"kv_scale_format": "pow3"})", {"kv_scale_format: got \"pow3\", ", scales}},
+      {R"({"kv_scale_format": "bf16"})", {"kv_scale_format: got \"bf16\", ", scales}},
+      {R"({"kv_scale_format": "KV_SCALE_FORMAT_pow2"})", {"got \"KV_SCALE_FORMAT_pow2\""}},
+      {R"({"extra_kv": {"topk": 128, "kv_cache_dtype": "fp8"}})",
+       {"extra_kv.kv_cache_dtype: got \"fp8\", ", dtypes}},
+      {R"({"extraKv": {"kvScaleFormat": ""}})", {"extraKv.kvScaleFormat: got \"\", ", scales}},
+      {"num_q_heads: 8\nkv_cache_dtype: fp4\n",
+       {"line 2 column 17: kv_cache_dtype: got \"fp4\"", dtypes}},
+      {"kv_cache_dtype: \"\"", {"line 1 column 17: kv_cache_dtype: got \"\"", dtypes}},
+      {"extra_kv {\n  topk: 1\n  kv_scale_format: 'pow 2' }",
+       {"line 3 column 20: extra_kv.kv_scale_format: got \"pow 2\"", scales}},
+      {"extra_kv < kv_cache_dtype: Fp4 >", {"extra_kv.kv_cache_dtype: got \"Fp4\"", dtypes}},
+      // Wrong types: protobuf's parsers refuse them.
+      {R"({"kv_cache_dtype": true})", {"invalid JSON spec", "kv_cache_dtype"}},
+      {R"({"kv_cache_dtype": ["bf16"]})", {"invalid JSON spec"}},
+      {R"({"kv_cache_dtype": {"bf16": 1}})", {"invalid JSON spec"}},
+      {R"({"kv_cache_dtype": 1.5})", {"invalid JSON spec"}},
+      {R"({"extra_kv": "fp8_ds_mla"})", {"invalid JSON spec"}},
+      {"kv_cache_dtype: 1.5", {"invalid text-proto spec", "line 1"}},
+      {"kv_cache_dtype { }", {"invalid text-proto spec"}},
+      {"kv_cache_dtype: [bf16]", {"invalid text-proto spec"}},
+      // Short names belong to the KV fields only.
+      {R"({"kind": "sparse_mla_decode"})", {"invalid JSON spec", "kind"}},
+      {"kind: bf16", {"invalid text-proto spec", "bf16"}},
+  };
+  for (const BadName& c : cases) {
+    SCOPED_TRACE(c.text);
+    absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(c.text);
+    ASSERT_FALSE(parsed.ok()) << parsed->ShortDebugString();
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    for (const char* part : c.message_parts) {
+      EXPECT_TRUE(Contains(parsed.status().message(), part)) << parsed.status();
+    }
+  }
+}
+
+// Enum numbers parse as protobuf reads them: proto3 enums are open, so an
+// out-of-range number is kept, and validation names it.
+TEST(ParseSpecTest, EnumNumbersOutOfRangeAreRefusedByValidation) {
+  for (const char* text : {R"({"kv_cache_dtype": 99})", "kv_cache_dtype: 99",
+                           R"({"kv_cache_dtype": -1})", "kv_cache_dtype: -1"}) {
+    SCOPED_TRACE(text);
+    absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(text);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    v1::AttentionSpec spec = GoodSpec();
+    spec.set_kv_cache_dtype(parsed->kv_cache_dtype());
+    const absl::Status status = ValidateSpec(spec);
+    ASSERT_FALSE(status.ok());
+    EXPECT_TRUE(Contains(status.message(), absl::StrCat("kv_cache_dtype: got ",
+                                                        static_cast<int>(spec.kv_cache_dtype()))))
+        << status;
+  }
+  absl::StatusOr<v1::AttentionSpec> numbered = ParseSpec(R"({"kv_cache_dtype": 3})");
+  ASSERT_TRUE(numbered.ok()) << numbered.status();
+  EXPECT_EQ(numbered->kv_cache_dtype(), v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4);
+}
+
+TEST(KvScaleFormatNameTest, ShortNamesReadBackAndOthersPrintAsTheEnum) {
+  EXPECT_EQ(KvScaleFormatName(v1::KV_SCALE_FORMAT_POW2), "pow2");
+  EXPECT_EQ(KvScaleFormatName(v1::KV_SCALE_FORMAT_ARBITRARY), "arbitrary");
+  EXPECT_EQ(KvScaleFormatName(v1::KV_SCALE_FORMAT_UNSPECIFIED), "KV_SCALE_FORMAT_UNSPECIFIED");
+  EXPECT_EQ(KvScaleFormatName(static_cast<v1::KvScaleFormat>(7)), "7");
+  for (v1::KvScaleFormat format : {v1::KV_SCALE_FORMAT_POW2, v1::KV_SCALE_FORMAT_ARBITRARY}) {
+    for (const std::string& name :
+         {KvScaleFormatName(format), absl::AsciiStrToUpper(KvScaleFormatName(format)),
+          v1::KvScaleFormat_Name(format)}) {
+      absl::StatusOr<v1::KvScaleFormat> parsed = ParseKvScaleFormat(name);
+      ASSERT_TRUE(parsed.ok()) << parsed.status();
+      EXPECT_EQ(*parsed, format) << name;
+    }
+  }
+  for (const char* bad : {"", "KV_SCALE_FORMAT_UNSPECIFIED", "unspecified", "7", "pow2 "}) {
+    absl::StatusOr<v1::KvScaleFormat> parsed = ParseKvScaleFormat(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_TRUE(Contains(parsed.status().message(), "kv scale format: got")) << parsed.status();
+    EXPECT_TRUE(Contains(parsed.status().message(), "pow2, arbitrary")) << parsed.status();
+  }
+}
+
 class LoadSpecFileTest : public ::testing::Test {
  protected:
   void SetUp() override {

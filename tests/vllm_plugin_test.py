@@ -9,8 +9,14 @@ scripts/test_vllm_plugin.sh.
   - importing kforge_vllm and kforge_vllm.core imports no vLLM;
   - KFORGE_VLLM_TAKE_OVER's values;
   - core.attention_spec: GLM-5 TP8 and DeepSeek-V3.2 shapes, bf16 and
-    fp8_ds_mla (arbitrary scales, as vLLM writes them), and the errors for
-    a cache dtype or a shape kforge does not build, naming the field;
+    fp8_ds_mla (arbitrary scales, as vLLM writes them), NoPE models (head
+    size 512: 512-wide bf16 rows, or vLLM's 656-byte fp8_ds_mla records
+    read as 512 + 64), and the errors for a cache dtype or a shape kforge
+    does not build, naming the field;
+  - core.page_view: kforge's slot numbering over the view it makes of a
+    layer's cache is vLLM's (block * block_stride_rows + offset) for
+    layers laid out apart and for blocks interleaved with other layers';
+    caches it cannot view are refused by name;
   - the matrix the backend logs at start, fed to `kforge prebuild`, gives a
     bundle that serves exactly the spec the backend asks for (the scale's
     float32 value included), so a prebuilt engine compiles nothing.
@@ -125,6 +131,67 @@ def _():
             assert spec.kv_scale_format == (2 if kv == 2 else 0)  # arbitrary: vLLM's amax/448
             assert not spec.return_lse
             assert kforge.kv_row_bytes_for(spec) == {1: None, 2: 656, 5: 352}[kv]
+
+
+@check("attention_spec of NoPE models (head size 512)")
+def _():
+    nope = dict(GLM5_TP8, rope_dim=0)
+    bf16 = core.attention_spec(cache_dtype="auto", **nope)
+    assert (bf16.kv_lora_rank, bf16.rope_dim, bf16.kv_cache_dtype) == (512, 0, 1), bf16
+    assert bf16.HasField("rope_dim")  # NoPE on purpose, as kforge requires
+    # vLLM writes a NoPE model's fp8_ds_mla records at 656 bytes with the
+    # RoPE slot zero: a 512 + 64 spec reads them (the core pads q).
+    fp8 = core.attention_spec(cache_dtype="fp8_ds_mla", **nope)
+    assert (fp8.rope_dim, fp8.kv_cache_dtype, fp8.kv_scale_format) == (64, 2, 2), fp8
+    assert kforge.kv_row_bytes_for(fp8) == 656
+    # vLLM has no NoPE nvfp4_ds_mla record; kforge's needs the rope too.
+    try:
+        core.attention_spec(cache_dtype="nvfp4_ds_mla", **nope)
+    except core.UnsupportedConfig as e:
+        assert "rope_dim: got 0" in str(e), str(e)
+    else:
+        raise AssertionError("a NoPE nvfp4_ds_mla spec was accepted")
+
+
+def vllm_address(block_stride, row, block, offset):
+    """Where vLLM's slot block * block_stride_rows + offset lives, in
+    elements from the layer's first row (sparse_utils.flat_kv_row_view)."""
+    return (block * (block_stride // row) + offset) * row
+
+
+@check("page_view numbers slots as vLLM does")
+def _():
+    for row in (576, 512, 656, 352):  # bf16 rows (elements) and records (bytes)
+        page = 64 * row
+        # Layers apart; blocks interleaved with 2 or 3 layers' pages.
+        for block_stride in (page, 2 * page, 3 * page):
+            num_blocks = 7
+            shape, strides = core.page_view((num_blocks, 64, row), (block_stride, row, 1), 64)
+            assert shape[1:] == (64, row) and strides[1:] == (row, 1), (shape, strides)
+            for block in range(num_blocks):
+                for offset in (0, 1, 63):
+                    slot = block * (block_stride // row) + offset
+                    page_index, in_page = divmod(slot, 64)
+                    assert page_index < shape[0], (slot, shape)
+                    assert page_index * strides[0] + in_page * strides[1] == \
+                        vllm_address(block_stride, row, block, offset), (row, block_stride, slot)
+            # The view ends with the layer's last block.
+            assert (shape[0] - 1) * strides[0] == (num_blocks - 1) * block_stride
+    bad = (
+        (((4, 32, 576), (32 * 576, 576, 1)), "[num_blocks, 64, row]"),
+        (((4, 64, 576, 1), (64 * 576, 576, 1, 1)), "[num_blocks, 64, row]"),
+        (((4, 64, 576), (64 * 576 + 576, 576, 1)), "whole number of 64-row pages"),
+        (((4, 64, 576), (64 * 608, 608, 1)), "contiguous rows"),
+        (((4, 64, 576), (64 * 576, 576, 2)), "contiguous rows"),
+        (((0, 64, 576), (64 * 576, 576, 1)), "strides"),
+    )
+    for (shape, strides), want in bad:
+        try:
+            core.page_view(shape, strides, 64)
+        except ValueError as e:
+            assert want in str(e) and "kv_cache" in str(e), (want, str(e))
+        else:
+            raise AssertionError(f"viewed {shape} {strides}")
 
 
 @check("attention_spec errors name what is unsupported")

@@ -6,7 +6,10 @@ for, the per-batch metadata, and forward_mqa.
 
 Every query token (decode, MTP, prefill) goes through forward_mqa, one row
 per token with its own top-k: the impl declares no dense-MHA prefill, so
-vLLM's MLA layer hands it the whole batch.
+vLLM's MLA layer hands it the whole batch. forward_mqa is vLLM's own
+(SparseMLACommonImpl): it turns the indexer's positions into slots and
+counts the valid ones per token, and hands both to _forward_mqa_kernel,
+which is kforge's.
 """
 
 import json
@@ -99,10 +102,10 @@ class KforgeSparseMlaBackend(AttentionBackend):
 
     @classmethod
     def get_supported_head_sizes(cls):
-        # kv_lora_rank 512 + rope 64, the shape of every DSA model. kforge
-        # builds NoPE (512 + 0) too, but vLLM 0.33 sizes every fp8_ds_mla
-        # record at 656 bytes while kforge's NoPE record is 528.
-        return [576]
+        # kv_lora_rank 512 + rope 64 (DeepSeek-V3.2, GLM-5), and 512 + 0 for
+        # NoPE models (bf16 rows of 512, or fp8_ds_mla records of 656 with
+        # the RoPE slot zero, as vLLM writes them: core.FP8_DS_MLA_ROPE_DIM).
+        return [576, 512]
 
     @classmethod
     def is_mla(cls):
@@ -110,6 +113,11 @@ class KforgeSparseMlaBackend(AttentionBackend):
 
     @classmethod
     def is_sparse(cls):
+        return True
+
+    @classmethod
+    def supports_sink(cls):
+        # A per-head sink logit the MLA layer passes the impl as `sinks`.
         return True
 
     @classmethod
@@ -135,6 +143,10 @@ class KforgeSparseMlaBackend(AttentionBackend):
             if vllm_config.model_config is None:
                 return None
             heads, rank, rope, topk = _model_dims(vllm_config)
+            if head_size != rank + rope:
+                raise core.UnsupportedConfig(
+                    f"head_size: got {head_size}, the model's kv_lora_rank + "
+                    f"qk_rope_head_dim is {rank} + {rope}")
             # The scale is the layer's, known at impl construction; any
             # positive value checks the rest of the shape here.
             core.attention_spec(num_heads=heads, kv_lora_rank=rank, rope_dim=rope, topk=topk,
@@ -146,11 +158,12 @@ class KforgeSparseMlaBackend(AttentionBackend):
 
 
 class KforgeSparseMlaImpl(SparseMLACommonImpl[KforgeSparseMlaMetadata]):
-    """forward_mqa on kforge: the indexer's top-k positions -> cache slots
-    (core.topk_to_slots), then kforge's kernel for every query token. The
-    kernels are fetched and loaded here, at model construction, from the
-    source kforge is configured with (KFORGE_SERVER or KFORGE_BUNDLE), so
-    no decode step and no CUDA-graph capture waits on one."""
+    """kforge's kernel for every query token, behind vLLM's forward_mqa
+    (which converts the indexer's top-k positions to cache slots and counts
+    the valid ones). The kernels are fetched and loaded here, at model
+    construction, from the source kforge is configured with (KFORGE_SERVER
+    or KFORGE_BUNDLE), so no decode step and no CUDA-graph capture waits on
+    one."""
 
     supports_dense_mha_prefill = False
     supports_dcp = False
@@ -166,6 +179,13 @@ class KforgeSparseMlaImpl(SparseMLACommonImpl[KforgeSparseMlaMetadata]):
             raise NotImplementedError("kforge's sparse MLA backend serves decoder "
                                       f"self-attention only, got {attn_type}")
         topk_indices_buffer = mla_args.pop("topk_indices_buffer", None)
+        # An attention sink per head: what vLLM's MLA layer forwards as the
+        # impl keyword `sinks` (as its ROCm sparse-MLA impl takes it).
+        self.sinks = mla_args.pop("sinks", None)
+        if self.sinks is not None and (self.sinks.dtype != torch.float32 or
+                                       tuple(self.sinks.shape) != (num_heads,)):
+            raise ValueError(f"sinks: expected float32 [{num_heads}] (one per head on this "
+                             f"rank), got {self.sinks.dtype} {list(self.sinks.shape)}")
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes,
                          sliding_window, kv_cache_dtype, logits_soft_cap, attn_type,
                          kv_sharing_target_layer_name, indexer=indexer,
@@ -179,20 +199,23 @@ class KforgeSparseMlaImpl(SparseMLACommonImpl[KforgeSparseMlaMetadata]):
         # The query stays bf16: kforge's kernels dequantize the cache only.
         self.supports_quant_query_input = False
         vllm_config = get_current_vllm_config()
-        topk = int(vllm_config.model_config.hf_text_config.index_topk)
+        # Top-k: the buffer's width, every column of which vLLM's conversion
+        # reads and counts (the indexer's index_topk, or more for a model
+        # whose buffer holds a kpool tail).
         self.core = _core_for(core.attention_spec(
             num_heads=num_heads, kv_lora_rank=self.kv_lora_rank,
-            rope_dim=self.qk_rope_head_dim, topk=topk, page_size=PAGE_SIZE,
-            softmax_scale=self.scale, cache_dtype=kv_cache_dtype),
+            rope_dim=self.qk_rope_head_dim, topk=int(self.topk_indices_buffer.shape[-1]),
+            page_size=PAGE_SIZE, softmax_scale=self.scale, cache_dtype=kv_cache_dtype),
             vllm_config.parallel_config.tensor_parallel_size,
-            getattr(vllm_config.model_config, "model", "vllm"))
+            getattr(vllm_config.model_config, "model", "vllm"),
+            core.kforge_kv_dtype(kv_cache_dtype))
 
-    def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer: AttentionLayer):
-        num_tokens = q[0].shape[0] if isinstance(q, tuple) else q.shape[0]
-        slots = self.core.slots(self.topk_indices_buffer[:num_tokens],
-                                attn_metadata.req_id_per_token[:num_tokens],
-                                attn_metadata.block_table)
-        return self.core(q, kv_c_and_k_pe_cache, slots), None
+    def _forward_mqa_kernel(self, q, kv_cache, topk_indices, valid_counts, *,
+                            layer: AttentionLayer, block_size, is_decode):
+        # topk_indices: vLLM's slots (block * block_stride_rows + offset, the
+        # valid ones first), valid_counts: how many are valid per token.
+        return self.core(q, kv_cache, topk_indices, topk_length=valid_counts,
+                         sink=self.sinks), None
 
 
 # One core per distinct spec in the process: a model's layers share one
@@ -200,7 +223,7 @@ class KforgeSparseMlaImpl(SparseMLACommonImpl[KforgeSparseMlaMetadata]):
 _cores = {}
 
 
-def _core_for(spec, tp, model_name):
+def _core_for(spec, tp, model_name, kv_dtype):
     key = spec.SerializeToString(deterministic=True)
     found = _cores.get(key)
     if found is None:
@@ -208,9 +231,8 @@ def _core_for(spec, tp, model_name):
         count = found.prefetch()
         logger.info("kforge: %d kernel(s) loaded for %d heads, topk %d, kv %s, scale %r; "
                     "prebuild them (kforge prebuild MATRIX --out DIR, or kforge warm) with "
-                    "MATRIX = %s", count, spec.num_q_heads, spec.topk,
-                    "fp8_ds_mla" if spec.kv_cache_dtype == kforge_spec.KV_CACHE_DTYPE_FP8_DS_MLA
-                    else "bf16", spec.softmax_scale,
+                    "MATRIX = %s", count, spec.num_q_heads, spec.topk, kv_dtype,
+                    spec.softmax_scale,
                     json.dumps(core.prebuild_matrix(spec, tp, found.decoder.arch,
                                                     name=str(model_name))))
     return found

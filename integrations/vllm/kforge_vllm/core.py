@@ -2,22 +2,31 @@
 attention output out. Imports no vLLM, so it is tested where vLLM cannot be
 installed (the GPU host: tests/check_core_gpu.py).
 
-vLLM's layouts, as its sparse-MLA backends receive them:
+vLLM's layouts, as its sparse-MLA backends receive them (vLLM 0.33,
+SparseMLACommonImpl.forward_mqa -> _forward_mqa_kernel):
   q            [tokens, heads, kv_lora_rank + rope_dim] bf16, or the pair
                (q_latent [tokens, heads, kv_lora_rank], q_rope [tokens,
                heads, rope_dim]) the MLA layer hands forward_mqa
   kv_cache     [num_blocks, block_size, row] per layer: row = kv_lora_rank +
                rope_dim bf16 values, or an fp8_ds_mla record of 656 uint8
-               bytes, or an nvfp4_ds_mla record of 352; the block stride may exceed block_size rows (vLLM
-               interleaves other layers' pages), kforge reads it as given
-  topk         [tokens, >= topk] int32: the indexer's top-k token positions
-               within each token's request, -1 = none
-  req_id_per_token [tokens] int32 and block_table [requests, max_blocks]
-               int32 (the metadata builder's)
+               bytes (a NoPE model's too: its RoPE slot is written as zeros),
+               or an nvfp4_ds_mla record of 352; the block stride may exceed
+               block_size rows (vLLM interleaves other layers' pages)
+  topk_indices [tokens, width] int32 physical slots, as vLLM's conversion
+               (sparse_utils.triton_convert_req_index_to_global_index)
+               numbers them: block * block_stride_rows + offset, the block
+               stride counted in rows (flat_kv_row_view), -1 = none, the
+               valid ones compacted to the front
+  valid_counts [tokens] int32: how many of a token's slots are valid
+               (FlashMLA's topk_length, kforge's topk_length)
+  sinks        [heads] fp32, an attention-sink logit per head, as vLLM's
+               MLA layer hands an impl the `sinks` keyword (natural log,
+               the units of the scaled logits)
 
 Every rule about the kernel (which specs it builds, selection, launch,
 argument checks) is the kforge package's; this module only maps vLLM's
-vocabulary onto a kforge spec and the top-k positions onto cache slots.
+vocabulary onto a kforge spec and vLLM's slot numbering onto kforge's
+pages.
 """
 
 import kforge
@@ -32,6 +41,14 @@ KV_CACHE_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "fp8_ds_mla": "fp8_ds_mla
 # tile's scale as amax / 448, a float that is not a power of two, for every
 # model; kforge's pow2 kernels would misread it.
 VLLM_FP8_SCALE_FORMAT = "arbitrary"
+
+# An fp8_ds_mla record always holds 64 RoPE values (656 bytes), a NoPE
+# model's too: vLLM 0.33 sizes the record at 656 bytes whatever the head
+# size (MLAAttention.get_kv_cache_spec), writes its RoPE slot as zeros and
+# pads q with zeros to match (FlashMLASparseImpl.q_head_size,
+# FP8_DS_MLA_ROPE_DIM). kforge reads it the same way: a 512 + 64 spec, q
+# padded (q_rope . 0 = 0).
+FP8_DS_MLA_ROPE_DIM = 64
 
 
 class UnsupportedConfig(ValueError):
@@ -52,11 +69,16 @@ def kforge_kv_dtype(cache_dtype):
 def attention_spec(*, num_heads, kv_lora_rank, rope_dim, topk, page_size, softmax_scale,
                    cache_dtype):
     """The kforge AttentionSpec of one vLLM sparse-MLA layer: heads on this
-    rank, the model's latent and rope widths, the indexer's top-k, vLLM's
-    block size and the model's softmax scale. No lse: vLLM asks for it only
-    under decode context parallelism, which this backend declines.
-    UnsupportedConfig naming every field kforge cannot build."""
+    rank, the model's latent and rope widths (rope 0: a NoPE model, head
+    size 512), the width of the top-k buffer (vLLM converts and counts every
+    column of it), vLLM's block size and the model's softmax scale. A NoPE
+    model's fp8_ds_mla cache is read as 512 + 64 (FP8_DS_MLA_ROPE_DIM). No
+    lse: vLLM asks for it only under decode context parallelism, which this
+    backend declines. UnsupportedConfig naming every field kforge cannot
+    build."""
     kv_dtype = kforge_kv_dtype(cache_dtype)
+    if kv_dtype == "fp8_ds_mla" and int(rope_dim) == 0:
+        rope_dim = FP8_DS_MLA_ROPE_DIM
     spec = kforge_spec.make_spec(
         num_q_heads=int(num_heads), kv_lora_rank=int(kv_lora_rank), rope_dim=int(rope_dim),
         topk=int(topk), s_q=0, page_block_size=int(page_size),
@@ -86,21 +108,35 @@ def prebuild_matrix(spec, tp, arch, name="vllm"):
             "archs": [arch]}
 
 
-def topk_to_slots(topk, req_id_per_token, block_table, page_size):
-    """Cache slots [tokens, topk] int32 (block * page_size + offset; -1
-    where the position is -1 or past the block table's width) of the
-    indexer's positions `topk` [tokens, topk] through each token's
-    request's row of `block_table`. Torch ops only, with no host sync: safe
-    inside a captured CUDA graph."""
-    import torch
-    pos = topk.clamp(min=0)
-    column = torch.div(pos, page_size, rounding_mode="floor")
-    valid = (topk >= 0) & (column < block_table.shape[1])
-    column = column.clamp_(max=block_table.shape[1] - 1)  # in bounds; masked below
-    rows = req_id_per_token.to(torch.long).unsqueeze(1).expand_as(column)
-    blocks = block_table[rows, column.to(torch.long)]
-    slots = blocks * page_size + pos.remainder(page_size)
-    return torch.where(valid, slots, torch.full_like(slots, -1)).to(torch.int32)
+def page_view(shape, strides, page_size):
+    """(shape, strides) of kforge's pages over a vLLM layer cache of
+    `shape` [num_blocks, block_size, row] and `strides` (in elements):
+    [num_rows / page_size, page_size, row] contiguous pages from the layer's
+    first row, so that kforge's slot (page * page_size + offset) is vLLM's
+    (block * block_stride_rows + offset, block_stride_rows = strides[0] /
+    row: sparse_utils.flat_kv_row_view). The view spans the rows between a
+    layer's blocks too (other layers' pages, never indexed). Needs whole
+    pages: blocks page_size rows long and a whole number of pages apart,
+    as the backend asks vLLM to lay them out (customize_spec); ValueError
+    otherwise."""
+    shape, strides = tuple(shape), tuple(strides)
+    if len(shape) != 3 or shape[1] != page_size:
+        raise ValueError(f"kv_cache: expected [num_blocks, {page_size}, row] (the block size "
+                         f"this backend was built for), got shape {list(shape)}")
+    num_blocks, _, row = shape
+    if num_blocks < 1 or strides[2] != 1 or strides[1] != row or \
+            strides[0] <= 0 or strides[0] % (page_size * row) != 0:
+        raise ValueError(f"kv_cache: expected contiguous rows and blocks a whole number of "
+                         f"{page_size}-row pages apart, got strides {list(strides)} for shape "
+                         f"{list(shape)}")
+    pages_per_block = strides[0] // (page_size * row)
+    return ((num_blocks - 1) * pages_per_block + 1, page_size, row), (page_size * row, row, 1)
+
+
+def flat_pages(kv_cache, page_size):
+    """The layer cache as kforge's pages (page_view): a view, no copy."""
+    shape, strides = page_view(kv_cache.shape, kv_cache.stride(), page_size)
+    return kv_cache.as_strided(shape, strides)
 
 
 class SparseMlaCore:
@@ -114,6 +150,7 @@ class SparseMlaCore:
         self.page_size = int(spec.page_block_size)
         self.topk = int(spec.topk)
         self.kv_lora_rank = int(spec.kv_lora_rank)
+        self.d_qk = self.kv_lora_rank + int(spec.rope_dim)
         self.decoder = kforge.SparseMlaDecoder(source=source, spec=spec, device=device)
 
     def prefetch(self):
@@ -121,24 +158,25 @@ class SparseMlaCore:
         graph capture); returns how many."""
         return self.decoder.prefetch()
 
-    def slots(self, topk, req_id_per_token, block_table):
-        """topk_to_slots over the first `topk` columns (vLLM's buffer may be
-        wider, padded)."""
-        return topk_to_slots(topk[:, :self.topk], req_id_per_token, block_table, self.page_size)
-
-    def __call__(self, q, kv_cache, slots, out=None):
+    def __call__(self, q, kv_cache, slots, out=None, *, topk_length=None, sink=None):
         """out [tokens, heads, kv_lora_rank] bf16 for q (a tensor or vLLM's
-        (latent, rope) pair), the layer's paged cache and slots [tokens,
-        topk] int32 (slots()). Launches on torch's current stream."""
+        (latent, rope) pair; narrower than the spec's d_qk, a NoPE q on a
+        512 + 64 fp8_ds_mla cache, it is padded with zeros), the layer's
+        paged cache, and vLLM's slots [tokens, >= topk] int32 of it (the
+        first topk columns are read; flat_pages says how they number the
+        cache). topk_length [tokens] int32 (vLLM's valid counts: only each
+        token's first topk_length slots count) and sink [heads] fp32 are
+        optional, None when vLLM gives none. Launches on torch's current
+        stream."""
         import torch
         if isinstance(q, (tuple, list)):
             q = torch.cat(tuple(q), dim=-1)
-        if kv_cache.dim() != 3 or kv_cache.shape[1] != self.page_size:
-            raise ValueError(f"kv_cache: expected [num_blocks, {self.page_size}, row] (the "
-                             f"block size this backend was built for), got shape "
-                             f"{list(kv_cache.shape)}")
+        if q.shape[-1] < self.d_qk:
+            q = torch.nn.functional.pad(q, (0, self.d_qk - q.shape[-1]))
+        pages = flat_pages(kv_cache, self.page_size)
         if out is None:
             out = q.new_empty((q.shape[0], q.shape[1], self.kv_lora_rank))
         if q.shape[0] == 0:
             return out
-        return self.decoder(q, kv_cache, slots, out=out)
+        return self.decoder(q, pages, slots[:, :self.topk], out=out, topk_length=topk_length,
+                            sink=sink)

@@ -9,20 +9,29 @@ scripts/test_vllm_plugin.sh in a venv holding vLLM, kforge and kforge-vllm.
     DeepSeek-V3.2-shaped model configs (read from config.json files by
     vLLM's ModelConfig) with --attention-backend CUSTOM, and on device
     capability (12, 0) with the take-over, and not without it;
+  - NoPE models (head size 512) resolve to the backend, a head size that
+    is not the model's kv_lora_rank + qk_rope_head_dim does not;
   - configurations kforge cannot serve are declined with the reason;
   - the metadata builder, run on vLLM's BlockTable and
     CommonAttentionMetadata for a batch of decode, MTP and prefill
-    requests, gives the slots a reference computes;
+    requests, maps each token's own position to the slot its KV goes to;
   - the impl, built with the arguments vLLM's MLA layer passes, makes the
-    spec from them (heads per rank, scale, ranks, top-k), shares one core
-    across layers, and its forward_mqa gives the reference attention (the
-    kernel call itself replaced by fp64 on the CPU);
-  - the KV cache vLLM's allocator lays out for the backend's spec is what
-    kforge's decode accepts (row bytes, page size, strides).
+    spec from them (heads per rank, scale, ranks, top-k buffer width),
+    shares one core across layers, and vLLM's forward_mqa on it gives the
+    reference attention over a block-interleaved cache, with vLLM's valid
+    counts as kforge's topk_length and the layer's `sinks` as kforge's
+    sink (the kernel call itself replaced by fp64 on the CPU); a NoPE
+    layer's q reaches kforge zero-padded to the 656-byte fp8_ds_mla
+    record's 576 columns;
+  - the KV cache vLLM's allocator lays out for the backend's spec, viewed
+    as the core views it (core.flat_pages), is what kforge's decode
+    accepts (row bytes, page size, strides).
 
-vLLM's Triton kernels do not run without a GPU driver, so the two the
-metadata path calls are given their answers: the token -> request map and
-the slot mapping (the slots the tokens' own KV goes to). vLLM's CUDA
+vLLM's Triton kernels do not run without a GPU driver, so the ones the
+metadata and forward paths call are given their answers: the token ->
+request map, the slot mapping (the slots the tokens' own KV goes to), and
+the top-k conversion (a per-element reference of vLLM's, documented in
+sparse_utils.triton_convert_req_index_to_global_index). vLLM's CUDA
 platform module needs libcuda.so.1 to import; the script points at the
 toolkit's stub. Usage:
   python -m unittest -v test_vllm_plugin   (from this directory)
@@ -96,7 +105,7 @@ def selector_config(kv_cache_dtype, head_size=576):
                                    use_sparse=True)
 
 
-def select(cfg, backend, capability, kv_cache_dtype):
+def select(cfg, backend, capability, kv_cache_dtype, head_size=576):
     """The backend class path vLLM's CUDA platform picks on a device of
     `capability` for the current model (backend None: automatic)."""
     from vllm.config import set_current_vllm_config
@@ -106,8 +115,8 @@ def select(cfg, backend, capability, kv_cache_dtype):
             mock.patch.object(CudaPlatform, "get_device_capability",
                               return_value=DeviceCapability(*capability)):
         heads = cfg.model_config.get_num_attention_heads(cfg.parallel_config)
-        return CudaPlatform.get_attn_backend_cls(backend, selector_config(kv_cache_dtype),
-                                                 num_heads=heads)
+        return CudaPlatform.get_attn_backend_cls(
+            backend, selector_config(kv_cache_dtype, head_size), num_heads=heads)
 
 
 class PluginLoadingTest(unittest.TestCase):
@@ -174,9 +183,13 @@ class BackendInterfaceTest(unittest.TestCase):
         self.assertTrue(B.is_mla() and B.is_sparse())
         self.assertFalse(B.supports_dcp() or B.supports_pcp())
         self.assertIs(builder._cudagraph_support, AttentionCGSupport.UNIFORM_BATCH)
-        # The impl runs every token through forward_mqa (kforge prefill).
+        self.assertTrue(B.supports_sink())
+        self.assertEqual(B.get_supported_head_sizes(), [576, 512])
+        # The impl runs every token through forward_mqa (kforge prefill),
+        # vLLM's own, which hands kforge slots and valid counts.
         self.assertFalse(impl.supports_dense_mha_prefill)
-        self.assertIsNot(impl.forward_mqa, SparseMLACommonImpl.forward_mqa)
+        self.assertIs(impl.forward_mqa, SparseMLACommonImpl.forward_mqa)
+        self.assertIsNot(impl._forward_mqa_kernel, SparseMLACommonImpl._forward_mqa_kernel)
 
 
 class SelectionTest(unittest.TestCase):
@@ -225,6 +238,15 @@ class SelectionTest(unittest.TestCase):
                 picked = None
             self.assertNotEqual(picked, BACKEND)
 
+    def test_nope_models_resolve_to_kforge(self):
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+        from kforge_vllm import BACKEND
+        nope = vllm_config(dict(DEEPSEEK_V32, qk_rope_head_dim=0), "nope")
+        for kv in ("auto", "bfloat16", "fp8_ds_mla"):
+            with self.subTest(kv=kv):
+                self.assertEqual(select(nope, AttentionBackendEnum.CUSTOM, (9, 0), kv, 512),
+                                 BACKEND)
+
     def test_unsupported_configurations_are_declined_with_the_reason(self):
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
         custom = AttentionBackendEnum.CUSTOM
@@ -235,7 +257,12 @@ class SelectionTest(unittest.TestCase):
                          "heads256"), "auto", 576, "num_q_heads: got 256, supported 1..128"),
             (vllm_config(dict(DEEPSEEK_V32, index_topk=20000), "topk20000"), "auto", 576,
              "topk: got 20000"),
-            (self.dsv32, "auto", 512, "head_size not supported"),  # NoPE
+            # A 512 head on a model with rope is not a NoPE model.
+            (self.dsv32, "auto", 512, "head_size: got 512, the model's kv_lora_rank + "
+                                      "qk_rope_head_dim is 512 + 64"),
+            (self.dsv32, "auto", 320, "head_size not supported"),
+            (vllm_config(dict(DEEPSEEK_V32, qk_rope_head_dim=0), "nope-nvfp4"), "nvfp4_ds_mla",
+             512, "rope_dim: got 0"),
         )
         for cfg, kv, head_size, reason in cases:
             from vllm.config import set_current_vllm_config
@@ -262,18 +289,30 @@ def no_pinned_memory():
         yield
 
 
-def reference_slots(topk, query_lens, block_rows, page):
-    """Slot of every (token, k) by the definition: the token's request's
-    block for position // page, times page, plus position % page."""
-    out, token = [], 0
-    for req, q_len in enumerate(query_lens):
-        for _ in range(q_len):
-            row = []
-            for pos in topk[token].tolist():
-                row.append(-1 if pos < 0 else block_rows[req][pos // page] * page + pos % page)
-            out.append(row)
-            token += 1
-    return torch.tensor(out, dtype=torch.int32)
+def vllm_conversion(topk, req_id_per_token, block_table, block_size, block_stride_rows):
+    """vLLM's top-k conversion with valid counts, per element on the CPU
+    (its Triton kernel, sparse_utils.triton_convert_req_index_to_global_index
+    with return_valid_counts, as documented there): slot = block_table[req,
+    pos // block_size] * block_stride_rows + pos % block_size, none for -1
+    or a block past the table; the valid slots compacted to the front in
+    order, -1 after; and their count per token (int32)."""
+    rows, counts = [], []
+    width = block_table.shape[1]
+    for t, req in enumerate(req_id_per_token.tolist()):
+        valid = [int(block_table[req, p // block_size]) * block_stride_rows + p % block_size
+                 for p in topk[t].tolist() if p >= 0 and p // block_size < width]
+        counts.append(len(valid))
+        rows.append(valid + [-1] * (topk.shape[1] - len(valid)))
+    return torch.tensor(rows, dtype=torch.int32), torch.tensor(counts, dtype=torch.int32)
+
+
+def convert_on_cpu(impl, logical, attn_metadata, *, block_stride_rows, return_valid_counts):
+    """Stands in for SparseMLACommonImpl._convert_logical_to_physical_topk
+    (vLLM's index group runs the Triton kernel on a side stream)."""
+    assert return_valid_counts
+    return vllm_conversion(logical, attn_metadata.req_id_per_token[:logical.shape[0]],
+                           attn_metadata.block_table, attn_metadata.block_size,
+                           block_stride_rows)
 
 
 def build_metadata(cfg, query_lens, seq_lens, block_rows):
@@ -332,8 +371,7 @@ def build_metadata(cfg, query_lens, seq_lens, block_rows):
 class MetadataTest(unittest.TestCase):
     """The builder on vLLM's own objects (build_metadata)."""
 
-    def test_slots_match_the_reference_for_decode_mtp_and_prefill(self):
-        from kforge_vllm import core
+    def test_each_tokens_own_position_maps_to_its_kv_slot(self):
         cfg = vllm_config(DEEPSEEK_V32, "dsv32-md")
         gen = torch.Generator().manual_seed(1)
         # Requests, decodes first as vLLM orders them: two decodes, a
@@ -351,23 +389,14 @@ class MetadataTest(unittest.TestCase):
         for t, pos in enumerate(positions.tolist()):
             n = min(pos + 1, 2048)
             topk[t, :n] = torch.randperm(pos + 1, generator=gen)[:n].to(torch.int32)
-        want = reference_slots(topk, query_lens, block_rows, 64)
-        # A position past the block table's width is no token (as vLLM's
-        # own conversion reads it).
-        topk[-1, -1] = md.block_table.shape[1] * 64 + 5
-        want[-1, -1] = -1
-        slots = core.topk_to_slots(topk, md.req_id_per_token, md.block_table, 64)
-        self.assertEqual(slots.dtype, torch.int32)
-        self.assertTrue(torch.equal(slots, want))
+        slots, counts = vllm_conversion(topk, md.req_id_per_token[:num_tokens],
+                                        md.block_table, 64, 64)
+        self.assertTrue(torch.equal(counts, (topk >= 0).sum(1).to(torch.int32)))
         # Each token's own position maps to the slot its KV is written to.
         own = torch.tensor([row.index(p) for row, p in
                             zip(topk.tolist(), positions.tolist())])
         self.assertTrue(torch.equal(slots[torch.arange(num_tokens), own].long(),
                                     md.slot_mapping[:num_tokens].long()))
-        # A buffer wider than topk (vLLM pads it) reads the first topk columns.
-        wide = torch.cat([topk, torch.full((num_tokens, 64), 7, dtype=torch.int32)], 1)
-        self.assertTrue(torch.equal(
-            core.topk_to_slots(wide[:, :2048], md.req_id_per_token, md.block_table, 64), want))
 
     def test_mtp_batches_are_uniform_decodes(self):
         """With k speculative tokens a verification batch (1 + k tokens per
@@ -385,67 +414,93 @@ class MetadataTest(unittest.TestCase):
                               md.decode_max_query_len), (3, 0, 3 * q, q), f"k={k}")
 
 
-class ReferenceCore(plugin_core.SparseMlaCore):
-    """Stands in for kforge_vllm.core.SparseMlaCore where there is no GPU:
-    its slot translation, and fp64 attention in place of the kernel
-    (check_core_gpu.py checks the kernel against the same reference)."""
+class ReferenceDecoder:
+    """Stands in for kforge.SparseMlaDecoder where there is no GPU: records
+    each call and computes it in fp64 on the CPU for a bf16 cache, with
+    kforge's rules (check_core_gpu.py checks the kernel against the same
+    math): slots of the pages it is handed, only each token's first
+    topk_length count, the sink scales out by 1 / (1 + exp(sink - lse))."""
 
     made = []
 
-    def __init__(self, spec, device=None, source=None):
-        self.spec, self.page_size, self.topk = spec, spec.page_block_size, spec.topk
-        self.kv_lora_rank = spec.kv_lora_rank
-        self.decoder = types.SimpleNamespace(arch="sm_120a")
-        ReferenceCore.made.append(spec)
+    def __init__(self, source=None, spec=None, device=None):
+        self.spec, self.arch, self.calls = spec, "sm_120a", []
+        ReferenceDecoder.made.append(self)
 
     def prefetch(self):
         return 1
 
-    def __call__(self, q, kv_cache, slots, out=None):
-        q = torch.cat(q, -1) if isinstance(q, tuple) else q
-        rows = kv_cache.reshape(-1, kv_cache.shape[-1]).double()
-        valid = slots >= 0
+    def __call__(self, q, pages, slots, out=None, topk_length=None, sink=None):
+        self.calls.append(dict(q=q, pages=pages, slots=slots, topk_length=topk_length, sink=sink))
+        if pages.dtype != torch.bfloat16:
+            return out.zero_()
+        rows = pages.reshape(-1, pages.shape[-1]).double()
+        valid = (slots >= 0) & (slots < rows.shape[0])
+        if topk_length is not None:
+            valid &= torch.arange(slots.shape[1])[None, :] < topk_length[:, None].long()
         kv = rows[torch.where(valid, slots, 0).long()] * valid[..., None]
         s = torch.einsum("thd,tkd->thk", q.double(), kv) * self.spec.softmax_scale
-        p = torch.softmax(s.masked_fill(~valid[:, None, :], float("-inf")), -1).nan_to_num(0.0)
-        return torch.einsum("thk,tkd->thd", p, kv[..., :self.kv_lora_rank]).bfloat16()
+        s = s.masked_fill(~valid[:, None, :], float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        o = torch.einsum("thk,tkd->thd", torch.softmax(s, -1).nan_to_num(0.0),
+                         kv[..., :self.spec.kv_lora_rank])
+        if sink is not None:
+            o = o / (1 + torch.exp(sink.double()[None, :] - lse))[..., None]
+        return out.copy_(o)
+
+
+def reference_attention(q, keys, scale, rank, sink):
+    """Attention of one token: q [heads, d], keys [n, d] (fp64), with a sink
+    per head joining the softmax's denominator."""
+    s = q @ keys.T * scale
+    o = torch.softmax(s, -1) @ keys[:, :rank]
+    return o / (1 + torch.exp(sink - torch.logsumexp(s, -1)))[:, None]
 
 
 class ImplTest(unittest.TestCase):
     """KforgeSparseMlaImpl built the way vLLM's MLA layer builds it (the
-    same keyword arguments) and its forward_mqa on a metadata batch."""
+    same keyword arguments) and vLLM's forward_mqa on it."""
 
-    def make_impl(self, cfg, topk_buffer, scale, kv_cache_dtype="auto"):
+    def make_impl(self, cfg, topk_buffer, scale, kv_cache_dtype="auto", **extra):
         from vllm.config import set_current_vllm_config
         from kforge_vllm.backend import KforgeSparseMlaBackend
-        from kforge_vllm import backend
         text = cfg.model_config.hf_text_config
         heads = cfg.model_config.get_num_attention_heads(cfg.parallel_config)
         with set_current_vllm_config(cfg), \
-                mock.patch.object(backend.core, "SparseMlaCore", ReferenceCore), \
+                mock.patch.object(plugin_core.kforge, "SparseMlaDecoder", ReferenceDecoder), \
                 mock.patch("vllm.model_executor.layers.attention.sparse_mla_attention."
                            "get_tensor_model_parallel_world_size",
                            return_value=cfg.parallel_config.tensor_parallel_size):
             return KforgeSparseMlaBackend.get_impl_cls()(
-                num_heads=heads, head_size=576, scale=scale, num_kv_heads=1, alibi_slopes=None,
+                num_heads=heads, head_size=text.kv_lora_rank + text.qk_rope_head_dim,
+                scale=scale, num_kv_heads=1, alibi_slopes=None,
                 sliding_window=None, kv_cache_dtype=kv_cache_dtype, logits_soft_cap=None,
                 attn_type="decoder", kv_sharing_target_layer_name=None,
                 q_lora_rank=text.q_lora_rank, kv_lora_rank=text.kv_lora_rank,
                 qk_nope_head_dim=text.qk_nope_head_dim, qk_rope_head_dim=text.qk_rope_head_dim,
                 qk_head_dim=text.qk_nope_head_dim + text.qk_rope_head_dim,
                 v_head_dim=text.v_head_dim, kv_b_proj=None, indexer=None,
-                topk_indices_buffer=topk_buffer)
+                topk_indices_buffer=topk_buffer, **extra)
+
+    def forward(self, impl, q, kv, md):
+        from vllm.model_executor.layers.attention.sparse_mla_attention import (
+            SparseMLACommonImpl)
+        with mock.patch.object(SparseMLACommonImpl, "_convert_logical_to_physical_topk",
+                               convert_on_cpu):
+            return impl.forward_mqa(q, kv, md, layer=None)
 
     def test_spec_from_vllms_arguments_and_forward(self):
         from kforge_vllm import backend
         cfg = vllm_config(GLM5, "glm5-impl", tp=8)
-        tokens, width = 6, 2048 + 16  # vLLM's buffer may be wider than top-k
-        buffer = torch.full((64, width), -1, dtype=torch.int32)
+        gen = torch.Generator().manual_seed(2)
+        tokens = 6
+        buffer = torch.full((64, 2048), -1, dtype=torch.int32)
+        sinks = torch.randn(8, generator=gen)
         backend._cores.clear()
-        ReferenceCore.made.clear()
-        impls = [self.make_impl(cfg, buffer, 0.0625) for _ in range(2)]  # two layers
-        self.assertEqual(len(ReferenceCore.made), 1, "layers of one shape share one core")
-        spec = ReferenceCore.made[0]
+        ReferenceDecoder.made.clear()
+        impls = [self.make_impl(cfg, buffer, 0.0625, sinks=sinks) for _ in range(2)]  # 2 layers
+        self.assertEqual(len(ReferenceDecoder.made), 1, "layers of one shape share one core")
+        spec = ReferenceDecoder.made[0].spec
         self.assertEqual((spec.num_q_heads, spec.kv_lora_rank, spec.rope_dim, spec.topk,
                           spec.page_block_size, spec.kv_cache_dtype, spec.return_lse),
                          (8, 512, 64, 2048, 64, 1, False))
@@ -455,19 +510,52 @@ class ImplTest(unittest.TestCase):
         query_lens, seq_lens = [1, 1, 4], [70, 130, 200]
         rows = [[5, 9], [2, 0, 7], [1, 3, 4, 6]]
         _, md, positions = build_metadata(cfg, query_lens, seq_lens, rows)
-        gen = torch.Generator().manual_seed(2)
         for t, pos in enumerate(positions.tolist()):
             buffer[t, :pos + 1] = torch.randperm(pos + 1, generator=gen).to(torch.int32)
-        buffer[:, 2048:] = 3  # padding columns: never read
-        kv = torch.randn(10, 64, 576, generator=gen).bfloat16()
+        buffer[0, 3] = -1  # a hole: vLLM's conversion compacts past it
+        # This layer's 10 blocks, each followed by 2 other layers' pages
+        # (vLLM's block-interleaved layout), which hold NaN.
+        storage = torch.full((10 * 3 * 64 * 576,), float("nan")).bfloat16()
+        kv = storage.as_strided((10, 64, 576), (3 * 64 * 576, 576, 1), 64 * 576)
+        kv.copy_(torch.randn(10, 64, 576, generator=gen))
         q_latent = torch.randn(tokens, 8, 512, generator=gen).bfloat16()
         q_rope = torch.randn(tokens, 8, 64, generator=gen).bfloat16()
-        out, lse = impls[1].forward_mqa((q_latent, q_rope), kv, md, layer=None)
+        out, lse = self.forward(impls[1], (q_latent, q_rope), kv, md)
         self.assertIsNone(lse)
         self.assertEqual(tuple(out.shape), (tokens, 8, 512))
-        slots = reference_slots(buffer[:tokens, :2048], query_lens, rows, 64)
-        want = ReferenceCore(spec)(torch.cat([q_latent, q_rope], -1), kv, slots)
-        self.assertTrue(torch.equal(out, want))
+        call = ReferenceDecoder.made[0].calls[-1]
+        self.assertIs(call["sink"], sinks)
+        self.assertTrue(torch.equal(call["topk_length"], (buffer[:tokens] >= 0).sum(1).int()))
+        # The reference reads each position's row through the block table,
+        # not through any slot numbering.
+        req = [r for r, n in enumerate(query_lens) for _ in range(n)]
+        q = torch.cat([q_latent, q_rope], -1).double()
+        for t in range(tokens):
+            pos = [p for p in buffer[t].tolist() if p >= 0]
+            keys = torch.stack([kv[rows[req[t]][p // 64], p % 64] for p in pos]).double()
+            want = reference_attention(q[t], keys, 0.0625, 512, sinks.double())
+            torch.testing.assert_close(out[t].double(), want, rtol=1e-2, atol=1e-2)
+
+    def test_nope_q_reaches_kforge_padded_for_vllms_fp8_records(self):
+        from kforge_vllm import backend
+        cfg = vllm_config(dict(GLM5, qk_rope_head_dim=0), "glm5-nope", tp=8)
+        buffer = torch.full((64, 2048), -1, dtype=torch.int32)
+        backend._cores.clear()
+        ReferenceDecoder.made.clear()
+        impl = self.make_impl(cfg, buffer, 0.0625, "fp8_ds_mla")
+        decoder = ReferenceDecoder.made[0]
+        self.assertEqual((decoder.spec.kv_lora_rank, decoder.spec.rope_dim,
+                          decoder.spec.kv_cache_dtype), (512, 64, 2))
+        _, md, positions = build_metadata(cfg, [1, 1], [10, 70], [[3], [1, 2]])
+        for t, pos in enumerate(positions.tolist()):
+            buffer[t, :pos + 1] = torch.arange(pos + 1, dtype=torch.int32)
+        kv = torch.zeros(4, 64, 656, dtype=torch.uint8)  # vLLM's records, RoPE slot zero
+        q_latent = torch.randn(2, 8, 512).bfloat16()
+        self.forward(impl, (q_latent, q_latent[..., :0]), kv, md)
+        q = decoder.calls[-1]["q"]
+        self.assertEqual(tuple(q.shape), (2, 8, 576))
+        self.assertTrue(torch.equal(q[..., :512], q_latent))
+        self.assertFalse(q[..., 512:].any())
 
     def test_declines_what_it_cannot_serve(self):
         cfg = vllm_config(GLM5, "glm5-impl2", tp=8)
@@ -475,19 +563,22 @@ class ImplTest(unittest.TestCase):
             self.make_impl(cfg, None, 0.0625)
         with self.assertRaisesRegex(ValueError, "kv_cache_dtype: got 'fp8'"):
             self.make_impl(cfg, torch.zeros(4, 2048, dtype=torch.int32), 0.0625, "fp8")
+        with self.assertRaisesRegex(ValueError, r"sinks: expected float32 \[8\]"):
+            self.make_impl(cfg, torch.zeros(4, 2048, dtype=torch.int32), 0.0625,
+                           sinks=torch.zeros(8, dtype=torch.bfloat16))
 
 
 class KvCacheTest(unittest.TestCase):
-    """The cache vLLM's allocator lays out for the backend's spec, as the
-    MLA layer sees it, is one kforge's decode accepts."""
+    """The cache vLLM's allocator lays out for the backend's spec, viewed as
+    the core views it (core.flat_pages), is one kforge's decode accepts."""
 
-    def layer_views(self, cache_dtype, num_layers=3, num_blocks=16):
+    def layer_views(self, cache_dtype, head_size, num_layers=3, num_blocks=16):
         from vllm.v1.kv_cache_interface import (KVCacheConfig, KVCacheGroupSpec, KVCacheLayout,
                                                 KVCacheTensor, MLAAttentionSpec)
         from vllm.v1.worker.utils import allocate_kv_cache, customize_attention_spec
         from kforge_vllm.backend import KforgeSparseMlaBackend
         fp8 = cache_dtype == "fp8_ds_mla"
-        spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576,
+        spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=head_size,
                                 dtype=torch.uint8 if fp8 else torch.bfloat16,
                                 cache_dtype_str=cache_dtype,
                                 state_content_bytes=656 if fp8 else None)
@@ -511,38 +602,47 @@ class KvCacheTest(unittest.TestCase):
             views[layout_name] = [caches[n].squeeze(1) for n in names]  # as the layer does
         return spec, views
 
-    def check(self, cache_dtype, kforge_kv_dtype):
+    def check(self, cache_dtype, rope_dim, kforge_kv_dtype):
         import kforge
         from kforge import ops
         from kforge_vllm import core
-        spec, views = self.layer_views(cache_dtype)
-        kspec = core.attention_spec(num_heads=8, kv_lora_rank=512, rope_dim=64, topk=2048,
+        spec, views = self.layer_views(cache_dtype, 512 + rope_dim)
+        kspec = core.attention_spec(num_heads=8, kv_lora_rank=512, rope_dim=rope_dim, topk=2048,
                                     page_size=64, softmax_scale=0.0625, cache_dtype=cache_dtype)
         row_bytes = kforge.kv_row_bytes_for(kspec)
+        d_qk = 512 + kspec.rope_dim
         self.assertEqual(kforge_kv_dtype, "fp8_ds_mla" if row_bytes else "bf16")
         for layout, caches in views.items():
             for kv in caches:
                 self.assertEqual(kv.dim(), 3, layout)
                 self.assertEqual(kv.shape[1], 64, layout)
-                self.assertEqual(kv.shape[2], row_bytes or 576, layout)
+                self.assertEqual(kv.shape[2], row_bytes or d_qk, layout)
                 self.assertEqual(kv.dtype, torch.uint8 if row_bytes else torch.bfloat16)
-                q = ops.TensorInfo("q", (4, 8, 576), (8 * 576, 576, 1), "bfloat16",
+                pages = core.flat_pages(kv, 64)
+                self.assertEqual(pages.data_ptr(), kv.data_ptr(), layout)
+                q = ops.TensorInfo("q", (4, 8, d_qk), (8 * d_qk, d_qk, 1), "bfloat16",
                                    ("cuda", 0), 0, 2)
                 idx = ops.TensorInfo("indices", (4, 2048), (2048, 1), "int32", ("cuda", 0), 0, 4)
-                info = ops.tensor_info("kv_cache", kv)._replace(device=("cuda", 0))
+                info = ops.tensor_info("kv_cache", pages)._replace(device=("cuda", 0))
                 dims = ops.check_decode_inputs(q, info, idx, kv_row_bytes=row_bytes)
                 self.assertEqual(dims.page_block_size, 64)
-                self.assertEqual(dims.kv_page_stride, kv.stride(0))
-                self.assertEqual(dims.num_kv_slots, kv.shape[0] * 64)
+                self.assertEqual(dims.kv_page_stride, 64 * kv.shape[2])
+                # Every slot of vLLM's numbering of the layer's last block.
+                last = (kv.shape[0] - 1) * (kv.stride(0) // kv.shape[2]) + 63
+                self.assertEqual(dims.num_kv_slots, last + 1, layout)
                 # Rows start 16-byte aligned (kforge's cp.async gathers).
                 self.assertEqual(kv.stride(0) * kv.element_size() % 16, 0)
                 self.assertEqual(kv.stride(1) * kv.element_size() % 16, 0)
 
     def test_bf16(self):
-        self.check("auto", "bf16")
+        self.check("auto", 64, "bf16")
 
     def test_fp8_ds_mla(self):
-        self.check("fp8_ds_mla", "fp8_ds_mla")
+        self.check("fp8_ds_mla", 64, "fp8_ds_mla")
+
+    def test_nope_bf16_and_fp8_ds_mla(self):
+        self.check("auto", 0, "bf16")
+        self.check("fp8_ds_mla", 0, "fp8_ds_mla")
 
 
 if __name__ == "__main__":

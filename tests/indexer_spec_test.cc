@@ -210,7 +210,7 @@ TEST(IndexerCodegenTest, LaunchFollowsConfig) {
   EXPECT_EQ(l.logits_smem_bytes(),
             static_cast<uint32_t>(2 * dsa_indexer::IndexKeyPage::kBytes + 4 * 64 * 4));
   EXPECT_EQ(l.topk_smem_bytes(),
-            static_cast<uint32_t>(2048 * 8 + 1024 + dsa_indexer::kTopkCounters * 4));
+            static_cast<uint32_t>(2048 * 8 + 2048 * 4 + dsa_indexer::kTopkCounters * 4));
   EXPECT_EQ(l.logits_params_bytes(), sizeof(dsa_indexer::LogitsParams));
   EXPECT_EQ(dsa_indexer::IndexKeyPage::kBytes, 64 * 132);
 }

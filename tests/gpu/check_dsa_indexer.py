@@ -251,6 +251,15 @@ def run_case(ix, c, label, graph=False):
 def check(modules, seed):
     dev = torch.device("cuda")
     total = failed = 0
+
+    def record(label, fails, worst, what=""):
+        nonlocal total, failed
+        total += 1
+        failed += bool(fails)
+        print(f"{'FAIL' if fails else 'ok  '} {label}: {what}max rel err {worst:.2e}")
+        for f in fails[:8]:
+            print("   ", f)
+
     for path in modules:
         ix = kdi.DsaIndexer.from_files(path)
         k, h = ix.topk_k, ix.heads
@@ -267,13 +276,7 @@ def check(modules, seed):
         for n, (name, batch, s_q, lens) in enumerate(cases):
             c = make_case(h, batch, s_q, lens, seed + n, dev)
             label = f"{ix.module_name} {name}"
-            fails, worst = run_case(ix, c, label)
-            total += 1
-            failed += bool(fails)
-            print(f"{'FAIL' if fails else 'ok  '} {label}: batch {batch} s_q {s_q} lens {lens} "
-                  f"max rel err {worst:.2e}")
-            for f in fails[:8]:
-                print("   ", f)
+            record(label, *run_case(ix, c, label), f"batch {batch} s_q {s_q} lens {lens} ")
         # Ties: a tied cache (every key equal) makes every logit of a row equal.
         c = make_case(h, 2, 2, [k + 300, 90], seed + 99, dev)
         for b in range(2):
@@ -286,12 +289,7 @@ def check(modules, seed):
                 cache[page, :64 * 128].view(64, 128)[:] = c["values"][b][0]
                 cache[page, 64 * 128:].view(torch.float32)[:] = c["scales"][b][0]
         c["cache"] = cache.to(dev)
-        fails, worst = run_case(ix, c, f"{ix.module_name} ties")
-        total += 1
-        failed += bool(fails)
-        print(f"{'FAIL' if fails else 'ok  '} {ix.module_name} ties: max rel err {worst:.2e}")
-        for f in fails[:8]:
-            print("   ", f)
+        record(f"{ix.module_name} ties", *run_case(ix, c, f"{ix.module_name} ties"))
         # Prefill: ragged query rows per request (query_start), each row
         # causal at its own position: a one-token request, a whole prompt
         # (rows == context), a long chunk; then rows no request holds
@@ -305,21 +303,11 @@ def check(modules, seed):
         for n, (name, lens, qs, rows) in enumerate(prefill):
             c = make_case(h, len(lens), 0, lens, seed + 50 + n, dev, query_start=qs, rows=rows)
             label = f"{ix.module_name} {name}"
-            fails, worst = run_case(ix, c, label, graph=name == "prefill")
-            total += 1
-            failed += bool(fails)
-            print(f"{'FAIL' if fails else 'ok  '} {label}: lens {lens} query_start {qs} rows "
-                  f"{rows} max rel err {worst:.2e}")
-            for f in fails[:8]:
-                print("   ", f)
+            record(label, *run_case(ix, c, label, graph=name == "prefill"),
+                   f"lens {lens} query_start {qs} rows {rows} ")
         c = make_case(h, 3, 2, [k + 50, 17, 1000], seed + 7, dev)
-        fails, worst = run_case(ix, c, f"{ix.module_name} graph", graph=True)
-        total += 1
-        failed += bool(fails)
-        print(f"{'FAIL' if fails else 'ok  '} {ix.module_name} cuda graph replay: "
-              f"max rel err {worst:.2e}")
-        for f in fails[:8]:
-            print("   ", f)
+        label = f"{ix.module_name} cuda graph replay"
+        record(label, *run_case(ix, c, label, graph=True))
     print(f"check: {total - failed}/{total} passed")
     return failed == 0
 

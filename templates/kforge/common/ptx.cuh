@@ -108,6 +108,19 @@ __device__ __forceinline__ void MmaF16(float (&d)[4], const u32 (&a)[4], u32 b0,
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+// D = A * B + D, m16n8k32, e4m3 inputs, fp32 accumulators (sm_89 and
+// newer). Fragments as MmaF16's with 4 one-byte k values per register:
+// a0 / a2 row g, k 4t..4t+3 / 16+4t..; a1 / a3 row g + 8; b0 / b1 column g.
+__device__ __forceinline__ void MmaE4m3(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
 // Two floats to packed bf16x2 (round to nearest even); lo in the low half.
 __device__ __forceinline__ u32 PackBf16x2(float lo, float hi) {
   u32 r;

@@ -129,8 +129,10 @@ KFORGE_HD constexpr int LogitsSmemBytes(int heads) {
   return kLogitsStages * IndexKeyPage::kBytes + HeadRowTiles(heads) * IndexKeyPage::kPageTokens * 4;
 }
 
+// Bins of the top-k radix histogram: digits of 11 bits (then 10).
+constexpr int kTopkBins = 2048;
 // Shared memory of the top-k kernel for k: the sort buffer of k (rounded
-// up to a power of two) 64-bit keys, the 256-bin histogram, kTopkCounters
+// up to a power of two) 64-bit keys, the kTopkBins histogram, kTopkCounters
 // counters.
 KFORGE_HD constexpr int TopkSortSize(int topk) {
   int n = 1;
@@ -138,7 +140,7 @@ KFORGE_HD constexpr int TopkSortSize(int topk) {
   return n;
 }
 KFORGE_HD constexpr int TopkSmemBytes(int topk) {
-  return TopkSortSize(topk) * 8 + 256 * 4 + kTopkCounters * 4;
+  return TopkSortSize(topk) * 8 + kTopkBins * 4 + kTopkCounters * 4;
 }
 
 }  // namespace dsa_indexer

@@ -86,6 +86,42 @@ __device__ __forceinline__ void LoadPage(const LogitsParams& p, int page, u32 sm
   }
 }
 
+// The warp's 16 head rows x 8 keys of n-tile nt (an m16n8 C fragment: c[0],
+// c[1] row g, keys 2t, 2t + 1; c[2], c[3] row g + 8) through relu, the
+// heads' weights and the sum over the 16 rows (lanes of one t hold the same
+// two keys), into red[warp][nt * 8 + 2t ..].
+__device__ __forceinline__ void SumHeads(const float (&c)[4], float w_lo, float w_hi, float* red,
+                                         int warp, int nt, int g, int t) {
+  float s0 = w_lo * fmaxf(c[0], 0.f) + w_hi * fmaxf(c[2], 0.f);
+  float s1 = w_lo * fmaxf(c[1], 0.f) + w_hi * fmaxf(c[3], 0.f);
+#pragma unroll
+  for (int off = 4; off < 32; off *= 2) {
+    s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+  }
+  if (g == 0) {
+    *reinterpret_cast<float2*>(red + warp * IndexKeyPage::kPageTokens + nt * 8 + 2 * t) =
+        make_float2(s0, s1);
+  }
+}
+
+// e4m3 tensor-core MMA (mma.sync m16n8k32) where the arch runs it natively,
+// sm_89 and sm_120a / sm_121a: the staged page and Q are the operands as
+// they are, with half the MMAs of the f16 path and no conversions. The k
+// order is permuted as for f16: step 2 g + m of thread t reads bytes 64 g +
+// 16 t + 8 m .. + 7, the first four its k 4t..4t+3 and the last four
+// 16+4t.. sm_90a and sm_100a accept the instruction but have no such MMA
+// (ptxas expands it, and the entry spilled at 64 registers), so they keep
+// f16. KFORGE_INDEXER_FP8_MMA (0 / 1) overrides the choice: the H200 runs
+// the e4m3 path that way to check its fragment layout.
+#if defined(KFORGE_INDEXER_FP8_MMA)
+constexpr bool kFp8Mma = KFORGE_INDEXER_FP8_MMA;
+#elif defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
+constexpr bool kFp8Mma = true;
+#else
+constexpr bool kFp8Mma = false;
+#endif
+
 template <class T>
 __device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -117,8 +153,9 @@ __device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
     ptx::CpAsyncCommit();
 
     // Q fragments of head rows h0 = 16 warp + g and h0 + 8; padded heads
-    // are zero (and weigh 0).
-    u32 a[8][4];
+    // are zero (and weigh 0). kFp8Mma: 4 k32 steps of e4m3 as they are;
+    // else 8 k16 steps converted to f16.
+    u32 a[kFp8Mma ? 4 : 8][4];
     float w_lo = 0.f, w_hi = 0.f;
     {
       const int h0 = warp * 16 + g, h1 = h0 + 8;
@@ -131,16 +168,26 @@ __device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
         u32 lw[4] = {0, 0, 0, 0}, hw[4] = {0, 0, 0, 0};
         if (h0 < T::kHeads) ptx::LdGlobal128(q + h0 * T::kHeadDim + 64 * grp + 16 * t, lw);
         if (h1 < T::kHeads) ptx::LdGlobal128(q + h1 * T::kHeadDim + 64 * grp + 16 * t, hw);
+        if constexpr (kFp8Mma) {
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          fp8::E4m3x4ToHalf2(lw[m], a[grp * 4 + m][0], a[grp * 4 + m][2]);
-          fp8::E4m3x4ToHalf2(hw[m], a[grp * 4 + m][1], a[grp * 4 + m][3]);
+          for (int m = 0; m < 2; ++m) {
+            a[grp * 2 + m][0] = lw[2 * m];
+            a[grp * 2 + m][1] = hw[2 * m];
+            a[grp * 2 + m][2] = lw[2 * m + 1];
+            a[grp * 2 + m][3] = hw[2 * m + 1];
+          }
+        } else {
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            fp8::E4m3x4ToHalf2(lw[m], a[grp * 4 + m][0], a[grp * 4 + m][2]);
+            fp8::E4m3x4ToHalf2(hw[m], a[grp * 4 + m][1], a[grp * 4 + m][3]);
+          }
         }
       }
     }
     // Both operands carry the conversion's factor (1, or 2^-8 each where
-    // the arch converts in software).
-    constexpr float kUnscale = fp8::kE4m3HalfFactor * fp8::kE4m3HalfFactor;
+    // the arch converts in software; none is converted on the fp8 path).
+    constexpr float kUnscale = kFp8Mma ? 1.f : fp8::kE4m3HalfFactor * fp8::kE4m3HalfFactor;
 
     for (int pi = 0; pi < pages; ++pi) {
       const int stage = pi % kLogitsStages;
@@ -153,35 +200,35 @@ __device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
       __syncthreads();
 
       const u32 stage_addr = smem_base + stage * IndexKeyPage::kBytes;
-      // Per n-tile of 8 keys: 16 heads x 8 keys on the tensor cores, then
-      // relu, the heads' weights and the sum over this warp's 16 head rows
-      // (lanes of one t hold the same two keys), so only one tile's
-      // accumulators are live beside the Q fragments.
+      {
+        // Per n-tile of 8 keys: 16 heads x 8 keys on the tensor cores, then
+        // relu, the heads' weights and the sum over this warp's 16 head rows
+        // (lanes of one t hold the same two keys), so only one tile's
+        // accumulators are live beside the Q fragments.
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        const int key = nt * 8 + g;
+        for (int nt = 0; nt < 8; ++nt) {
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
+          const int key = nt * 8 + g;
 #pragma unroll
-        for (int grp = 0; grp < 2; ++grp) {
-          u32 v[4];
-          ptx::LdShared128(stage_addr + key * T::kHeadDim + SwizzledChunk(key, grp * 4 + t) * 16,
-                           v);
+          for (int grp = 0; grp < 2; ++grp) {
+            u32 v[4];
+            ptx::LdShared128(stage_addr + key * T::kHeadDim + SwizzledChunk(key, grp * 4 + t) * 16,
+                             v);
+            if constexpr (kFp8Mma) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            u32 b0, b1;
-            fp8::E4m3x4ToHalf2(v[m], b0, b1);
-            ptx::MmaF16(acc, a[grp * 4 + m], b0, b1);
+              for (int m = 0; m < 2; ++m) ptx::MmaE4m3(acc, a[grp * 2 + m], v[2 * m], v[2 * m + 1]);
+#endif
+            } else {
+#pragma unroll
+              for (int m = 0; m < 4; ++m) {
+                u32 b0, b1;
+                fp8::E4m3x4ToHalf2(v[m], b0, b1);
+                ptx::MmaF16(acc, a[grp * 4 + m], b0, b1);
+              }
+            }
           }
-        }
-        float s0 = w_lo * fmaxf(acc[0], 0.f) + w_hi * fmaxf(acc[2], 0.f);
-        float s1 = w_lo * fmaxf(acc[1], 0.f) + w_hi * fmaxf(acc[3], 0.f);
-#pragma unroll
-        for (int off = 4; off < 32; off *= 2) {
-          s0 += __shfl_xor_sync(0xffffffffu, s0, off);
-          s1 += __shfl_xor_sync(0xffffffffu, s1, off);
-        }
-        if (g == 0) {
-          *reinterpret_cast<float2*>(red + warp * kPage + nt * 8 + 2 * t) = make_float2(s0, s1);
+          SumHeads(acc, w_lo, w_hi, red, warp, nt, g, t);
         }
       }
       __syncthreads();

@@ -4,8 +4,8 @@
 // One CTA = one query row. Each logit becomes an order-preserving 32-bit
 // key (larger float, larger key). Rows of at most k valid positions skip
 // the selection. Longer rows find the k-th largest key with a radix select
-// of four 8-bit digits (one 256-bin shared-memory histogram per pass over
-// the row's logits), then one more pass collects every key above the
+// of 11-, 11- and 10-bit digits (one 2048-bin shared-memory histogram per
+// pass over the row's logits), then one more pass collects every key above the
 // threshold and, of the keys equal to it, the ones with the smallest
 // positions (a block-wide scan in position order, so the choice is
 // deterministic). The survivors are sorted in shared memory by (key
@@ -55,12 +55,12 @@ __device__ __forceinline__ void SortDescending(unsigned long long* w, int n) {
   }
 }
 
-// The top-k kernel's shared memory: the sort buffer, the 256-bin histogram
+// The top-k kernel's shared memory: the sort buffer, the histogram
 // and the counters (config.h, TopkSmemBytes).
 template <class T>
 struct TopkSmem {
   unsigned long long* words;  // [kTopkSort] sort words
-  int* hist;                  // [256]
+  int* hist;                  // [kTopkBins]
   int* counters;              // [kTopkUnroll * warps] per-(load, warp) counts, then 3 scalars
   __device__ int& sel_bin() const { return counters[kTopkUnroll * (T::kTopkThreads / 32)]; }
   __device__ int& sel_rem() const { return counters[kTopkUnroll * (T::kTopkThreads / 32) + 1]; }
@@ -85,13 +85,12 @@ __device__ __forceinline__ void LoadLogits(const float* logits, int s, int len, 
 }
 
 // The kK largest keys of a row longer than kK into words[0, kK): radix
-// select of four 8-bit digits over the row (one 256-bin histogram per
+// select of three digits over the row (one kTopkBins-bin histogram per
 // pass), then a collection pass: keys above the k-th anywhere in
 // [0, kK - rem), the `rem` keys equal to it with the smallest positions
 // after them. Each thread loads kV consecutive logits at once (4: 16-byte
 // loads of a 16-byte aligned row; 1 otherwise), kTopkUnroll of those in
-// flight: a pass over a long row is a chain of L2 round trips, so the bytes
-// in flight set its time. Position order within a round of kU * threads *
+// flight. Position order within a round of kU * threads *
 // kV positions is (load u, thread, element e).
 template <class T, int kV>
 __device__ __forceinline__ void SelectLargest(const float* logits, int len, const TopkSmem<T>& sm) {
@@ -103,8 +102,15 @@ __device__ __forceinline__ void SelectLargest(const float* logits, int len, cons
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   u32 prefix = 0, mask = 0;
   int rem = kK;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int j = tid; j < 256; j += kThreads) sm.hist[j] = 0;
+  // Digits of 11, 11 and 10 bits from the top. The first holds the sign,
+  // the exponent and 3 mantissa bits: 8-bit digits (sign and exponent only)
+  // put nearly every logit of a row in a few bins, whose shared-memory
+  // atomics then serialise.
+  constexpr int kPer = kTopkBins / kThreads;  // bins each thread scans
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+    const u32 digit = pass == 2 ? 1023u : 2047u;
+    for (int j = tid; j < kTopkBins; j += kThreads) sm.hist[j] = 0;
     __syncthreads();
     for (int r0 = 0; r0 < len; r0 += kStep) {
       float v[kU][kV];
@@ -117,38 +123,45 @@ __device__ __forceinline__ void SelectLargest(const float* logits, int len, cons
         for (int e = 0; e < kV; ++e) {
           const u32 key = OrderedKey(v[u][e]);
           if (r0 + (u * kThreads + tid) * kV + e < len && (key & mask) == prefix) {
-            atomicAdd(&sm.hist[(key >> shift) & 255], 1);
+            atomicAdd(&sm.hist[(key >> shift) & digit], 1);
           }
         }
       }
     }
     __syncthreads();
-    // Thread j < 256 takes bin 255 - j: an inclusive scan over j counts
-    // the keys in bins >= 255 - j; the selected bin is where it first
-    // reaches rem.
-    int c = 0, incl = 0;
-    if (tid < 256) {
-      c = sm.hist[255 - tid];
-      incl = c;
+    // Thread t scans bins kTopkBins - 1 - (kPer t + j), j < kPer (largest
+    // first): a block-wide inclusive scan of the counts finds the bin where
+    // the count of larger keys first reaches rem.
+    int c[kPer];
+    int local = 0;
 #pragma unroll
-      for (int off = 1; off < 32; off *= 2) {
-        const int x = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += x;
-      }
-      if (lane == 31) sm.counters[warp] = incl;
+    for (int j = 0; j < kPer; ++j) {
+      c[j] = sm.hist[kTopkBins - 1 - (kPer * tid + j)];
+      local += c[j];
     }
+    int incl = local;
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const int x = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += x;
+    }
+    if (lane == 31) sm.counters[warp] = incl;
     __syncthreads();
-    if (tid < 256) {
-      for (int w = 0; w < warp; ++w) incl += sm.counters[w];
-      const int excl = incl - c;
-      if (excl < rem && incl >= rem) {
-        sm.sel_bin() = 255 - tid;
-        sm.sel_rem() = rem - excl;
+    for (int w = 0; w < warp; ++w) incl += sm.counters[w];
+    if (incl - local < rem && incl >= rem) {
+      int run = incl - local;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (run < rem && run + c[j] >= rem) {
+          sm.sel_bin() = kTopkBins - 1 - (kPer * tid + j);
+          sm.sel_rem() = rem - run;
+        }
+        run += c[j];
       }
     }
     __syncthreads();
     prefix |= static_cast<u32>(sm.sel_bin()) << shift;
-    mask |= 255u << shift;
+    mask |= digit << shift;
     rem = sm.sel_rem();
     __syncthreads();  // sel_* and counters are rewritten by the next pass
   }
@@ -217,7 +230,7 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   TopkSmem<T> sm;
   sm.words = reinterpret_cast<unsigned long long*>(smem);
   sm.hist = reinterpret_cast<int*>(smem + T::kTopkSort * 8);
-  sm.counters = sm.hist + 256;
+  sm.counters = sm.hist + kTopkBins;
   unsigned long long* words = sm.words;
   const int tid = threadIdx.x;
   const int row = blockIdx.x;

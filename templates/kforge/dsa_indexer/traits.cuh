@@ -31,8 +31,8 @@ struct IndexerTraits {
   // groups of 4 k-steps of 16 values.
   static_assert(kHeadDim == 128, "the index head dim is 128");
   static_assert(kPage == 64, "a page holds 64 keys: 8 n-tiles of 8");
-  static_assert(kTopkThreads % 32 == 0 && kTopkThreads >= 256,
-                "the top-k bin scan needs one thread per histogram bin");
+  static_assert(kTopkThreads % 32 == 0 && kTopkBins % kTopkThreads == 0,
+                "the top-k bin scan gives each thread whole bins");
   static_assert(kTopkSmemBytes <= 48 * 1024, "the top-k kernel runs without a smem opt-in");
 };
 

@@ -873,6 +873,47 @@ TEST(ReferenceDecode, TopkLengthCutsTheListAndTheSinkOnlyScalesOut) {
   EXPECT_EQ(ref.out[2 * 512 + 3], 0.0);
 }
 
+// The extra cache's rows join the top-k rows in one softmax: with every
+// score 0, token 0's weights are uniform over both lists' valid entries.
+TEST(ReferenceDecode, ExtraCacheJoinsTheSoftmaxAndHasItsOwnLength) {
+  v1::AttentionSpec spec = SmallSpec();
+  v1::ExtraKvCache* x = spec.mutable_extra_kv();
+  x->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
+  x->set_topk(4);
+  x->set_page_block_size(16);
+  HostDecodeProblem p = MakeRandomDecodeProblem(spec, {.batch = 2, .topk_length = 1});
+  const DecodeArgs& a = p.args;
+  ASSERT_EQ(a.extra_topk, 4);
+  ASSERT_EQ(a.extra_num_kv_slots, 16);
+  ASSERT_EQ(p.extra_indices.size(), 2u * 4);
+  std::fill(p.q.begin(), p.q.end(), 0);
+  const std::vector<int32_t> main_list = {3, 40, -1, 7, 9, 11, 13, 15};
+  const std::vector<int32_t> extra_list = {5, 99, 5, -1};  // 99: past the extra cache
+  for (int t = 0; t < 2; ++t) {
+    std::copy(main_list.begin(), main_list.end(), p.indices.begin() + t * a.indices_stride);
+    std::copy(extra_list.begin(), extra_list.end(),
+              p.extra_indices.begin() + t * a.extra_indices_stride);
+  }
+  p.topk_length = {3, 0};        // token 0: {3, 40}; token 1: none
+  p.extra_topk_length = {4, 1};  // token 0: {5, 5}; token 1: {5}
+  p.sink.clear();
+  const DecodeReference ref = ReferenceDecode(p);
+  auto v = [&](int64_t slot, int d) {
+    return static_cast<double>(
+        Bf16ToFloat(p.kv[slot / 64 * a.kv_page_stride + slot % 64 * a.kv_row_stride + d]));
+  };
+  auto xv = [&](int64_t slot, int d) {
+    return static_cast<double>(Bf16ToFloat(
+        p.extra_kv[slot / 16 * a.extra_kv_page_stride + slot % 16 * a.extra_kv_row_stride + d]));
+  };
+  EXPECT_NEAR(ref.lse[0], std::log(4.0), 1e-12);  // 3, 40, 5, 5
+  EXPECT_NEAR(ref.lse[2], 0.0, 1e-12);            // token 1: 5 alone
+  for (int d : {0, 300, 511}) {
+    EXPECT_NEAR(ref.out[d], (v(3, d) + v(40, d) + 2 * xv(5, d)) / 4, 1e-12) << d;
+    EXPECT_NEAR(ref.out[2 * 512 + d], xv(5, d), 1e-12) << d;
+  }
+}
+
 // The reference rounded to what a perfect kernel would write.
 void RoundReference(const HostDecodeProblem& p, const DecodeReference& ref,
                     std::vector<uint16_t>* out, std::vector<float>* lse) {
@@ -1030,6 +1071,27 @@ TEST_F(SparseMlaDecodeGpu, HonoursTopkLengthAndSink) {
   ASSERT_EQ(splits_seen_.size(), 4u);
   EXPECT_GT(splits_seen_[0], 1);
   EXPECT_EQ(splits_seen_[1], 1);
+}
+
+// A second (extra) KV cache in the same softmax (spec extra_kv): bf16 with
+// its own page size and top-k, with and without lengths and a sink,
+// through split + combine (few tokens) and one split (many).
+TEST_F(SparseMlaDecodeGpu, AttendsTheExtraCacheInTheSameSoftmax) {
+  v1::AttentionSpec spec = SmallSpec();
+  v1::ExtraKvCache* x = spec.mutable_extra_kv();
+  x->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
+  x->set_topk(128);
+  x->set_page_block_size(32);
+  ASSERT_NO_FATAL_FAILURE(StartDecode(spec));
+  SparseMlaDecode& d = *decode_;
+  RunAndCheck(d, spec, {.batch = 2, .seed = 21}, true, stream_);
+  RunAndCheck(d, spec, {.batch = 2, .row_padding = 8, .seed = 22, .topk_length = 1, .sink = true},
+              true, stream_);
+  RunAndCheck(d, spec, {.batch = 200, .seed = 23, .topk_length = 1}, true, stream_);
+  spec.set_s_q(2);
+  RunAndCheck(d, spec, {.batch = 3, .s_q = 2, .seed = 24, .topk_length = 2}, false, stream_);
+  ASSERT_EQ(splits_seen_.size(), 4u);
+  EXPECT_GT(splits_seen_[0], 1);
 }
 
 // What an engine does before serving: prefetch, reserve, capture a decode

@@ -122,6 +122,39 @@ HostDecodeProblem MakeRandomDecodeProblem(const v1::AttentionSpec& spec,
     const int32_t edges[] = {0, a.topk, a.topk + 1, -3};
     for (int64_t i = 0; i < n && i < 4; ++i) p.topk_length[i] = edges[i];
   }
+  if (spec.has_extra_kv()) {
+    const v1::ExtraKvCache& x = spec.extra_kv();
+    a.extra_topk = static_cast<int>(x.topk());
+    a.extra_page_block_size = static_cast<int>(x.page_block_size());
+    a.extra_kv_dtype = x.kv_cache_dtype();
+    a.extra_kv_row_stride = a.d_qk + pad;
+    a.extra_kv_page_stride = a.extra_page_block_size * a.extra_kv_row_stride + pad;
+    a.extra_indices_stride = a.extra_topk + pad;
+    p.extra_num_pages = (2 * a.extra_topk + a.extra_page_block_size - 1) / a.extra_page_block_size;
+    a.extra_num_kv_slots = static_cast<int64_t>(p.extra_num_pages) * a.extra_page_block_size;
+    p.extra_kv.assign(static_cast<size_t>(p.extra_num_pages * a.extra_kv_page_stride), padding);
+    for (int64_t s = 0; s < a.extra_num_kv_slots; ++s) {
+      FillRow(rng,
+              &p.extra_kv[s / a.extra_page_block_size * a.extra_kv_page_stride +
+                          s % a.extra_page_block_size * a.extra_kv_row_stride],
+              a.d_qk);
+    }
+    p.extra_indices.assign(static_cast<size_t>(tokens * a.extra_indices_stride), 0);
+    for (int64_t t = 0; t < tokens; ++t) {
+      FillIndices(rng, a.extra_num_kv_slots, &p.extra_indices[t * a.extra_indices_stride],
+                  a.extra_topk);
+    }
+    if (o.topk_length != 0) {
+      std::uniform_int_distribution<int32_t> len(0, a.extra_topk);
+      p.extra_topk_length.resize(p.topk_length.size());
+      for (int32_t& l : p.extra_topk_length) l = len(rng);
+      // The main list's edges meet other extra lengths: full, 0, -1, past.
+      const int32_t edges[] = {a.extra_topk, 0, -1, a.extra_topk + 5};
+      for (size_t i = 0; i < p.extra_topk_length.size() && i < 4; ++i) {
+        p.extra_topk_length[i] = edges[i];
+      }
+    }
+  }
   if (o.sink) {
     std::normal_distribution<float> logit(4.f, 3.f);
     p.sink.resize(static_cast<size_t>(a.num_q_heads));
@@ -152,6 +185,19 @@ DecodeReference ReferenceDecode(const HostDecodeProblem& p) {
       if (slot < 0 || slot >= a.num_kv_slots) continue;
       rows.push_back(&p.kv[slot / a.page_block_size * a.kv_page_stride +
                            slot % a.page_block_size * a.kv_row_stride]);
+    }
+    if (!p.extra_kv.empty()) {
+      int extra_length = a.extra_topk;
+      if (!p.extra_topk_length.empty()) {
+        extra_length =
+            std::clamp(p.extra_topk_length[t / std::max(1, a.topk_length_tokens)], 0, a.extra_topk);
+      }
+      for (int i = 0; i < extra_length; ++i) {
+        const int64_t slot = p.extra_indices[t * a.extra_indices_stride + i];
+        if (slot < 0 || slot >= a.extra_num_kv_slots) continue;
+        rows.push_back(&p.extra_kv[slot / a.extra_page_block_size * a.extra_kv_page_stride +
+                                   slot % a.extra_page_block_size * a.extra_kv_row_stride]);
+      }
     }
     if (rows.empty()) continue;
     for (int h = 0; h < a.num_q_heads; ++h) {
@@ -266,6 +312,16 @@ absl::StatusOr<std::unique_ptr<DeviceDecodeProblem>> DeviceDecodeProblem::Upload
   }
   if (!p.sink.empty()) {
     tensors.push_back({&d->args_.sink, p.sink.data(), p.sink.size() * sizeof(float)});
+  }
+  if (!p.extra_kv.empty()) {
+    tensors.push_back(
+        {&d->args_.extra_kv, p.extra_kv.data(), p.extra_kv.size() * sizeof(uint16_t)});
+    tensors.push_back({&d->args_.extra_indices, p.extra_indices.data(),
+                       p.extra_indices.size() * sizeof(int32_t)});
+  }
+  if (!p.extra_topk_length.empty()) {
+    tensors.push_back({&d->args_.extra_topk_length, p.extra_topk_length.data(),
+                       p.extra_topk_length.size() * sizeof(int32_t)});
   }
   for (const Tensor& t : tensors) {
     absl::StatusOr<CUdeviceptr> ptr =

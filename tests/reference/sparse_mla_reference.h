@@ -36,6 +36,13 @@ struct HostDecodeProblem {
   // logit per head.
   std::vector<int32_t> topk_length;
   std::vector<float> sink;
+  // The extra cache (spec extra_kv, bf16 like kv; empty: none), laid out as
+  // args' extra_* fields say, its indices and (with topk_length) its
+  // lengths, one per args.topk_length_tokens query tokens.
+  int extra_num_pages = 0;
+  std::vector<uint16_t> extra_kv;
+  std::vector<int32_t> extra_indices;
+  std::vector<int32_t> extra_topk_length;
   size_t out_elements() const;  // bf16 elements `out` spans
   size_t lse_elements() const;  // num_tokens * num_q_heads
 };
@@ -60,7 +67,9 @@ struct RandomProblemOptions {
 // q and kv uniform in [-1, 1] (as bf16), indices uniform over the cache's
 // slots with about 1 in 16 set to -1, 1 in 32 past the end (also "no token")
 // and 1 in 16 repeating an earlier index of the same row. Sizes, page size
-// and scale come from `spec` (a variant of the model's manifest).
+// and scale come from `spec` (a variant of the model's manifest). A spec
+// with extra_kv gets an extra cache, indices (and lengths) drawn the same
+// way with its own top-k and page size. bf16 caches only (both).
 HostDecodeProblem MakeRandomDecodeProblem(const v1::AttentionSpec& spec,
                                           const RandomProblemOptions& options);
 
@@ -74,7 +83,8 @@ struct DecodeReference {
 
 // softmax(scale * q.k) over the valid indices of each query token (a
 // repeated index counts each time it appears, as in the kernels; with
-// topk_length only the first clamp(length, 0, topk) positions), out =
+// topk_length only the first clamp(length, 0, topk) positions), and those
+// of its extra indices in the same softmax (cut at extra_topk_length), out =
 // p . v with v the first d_v columns of each KV row, lse in natural log.
 // A sink scales out by 1 / (1 + exp(sink - lse)) and leaves lse alone.
 DecodeReference ReferenceDecode(const HostDecodeProblem& problem);

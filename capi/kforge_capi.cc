@@ -248,6 +248,17 @@ int32_t kforge_parse_kv_dtype(const char* name, int32_t* kv_dtype, char** error)
   });
 }
 
+int32_t kforge_parse_kv_scale_format(const char* name, int32_t* kv_scale_format, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (name == nullptr) return Null("name");
+    if (kv_scale_format == nullptr) return Null("kv_scale_format");
+    absl::StatusOr<kforge::v1::KvScaleFormat> f = kforge::ParseKvScaleFormat(name);
+    if (!f.ok()) return f.status();
+    *kv_scale_format = static_cast<int32_t>(*f);
+    return absl::OkStatus();
+  });
+}
+
 int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error) {
   return Call(error, [&]() -> absl::Status {
     kforge::v1::AttentionSpec s;

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 9
+#define KFORGE_CAPI_VERSION 10
 
 int32_t kforge_capi_version(void);
 
@@ -129,6 +129,9 @@ int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, int32
 /* ParseKvDtype: a KV cache dtype name ("bf16", "fp8_ds_mla", ...; any
  * case; or a KV_CACHE_DTYPE_* name) -> its kforge.v1.KvCacheDtype value. */
 int32_t kforge_parse_kv_dtype(const char* name, int32_t* kv_dtype, char** error);
+/* ParseKvScaleFormat: "pow2" / "arbitrary" (any case; or a
+ * KV_SCALE_FORMAT_* name) -> its kforge.v1.KvScaleFormat value. */
+int32_t kforge_parse_kv_scale_format(const char* name, int32_t* kv_scale_format, char** error);
 /* ValidateSpec. */
 int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error);
 /* NormalizeSpec (validates first). */

@@ -1237,6 +1237,13 @@ class OpsChecksTest(unittest.TestCase):
         self.assertEqual(sel.preset.kv_cache_dtype, 2)
         with self.assertRaises(kforge.KforgeInvalidArgument):
             kforge.spec_from_preset("glm-5", 8, kv_dtype="fp4")
+        # Scale-format names are the C++ parser's (one list, model/spec.cc).
+        value = kforge.spec.kv_scale_format_value
+        self.assertEqual([value(n) for n in ("pow2", "ARBITRARY", "KV_SCALE_FORMAT_POW2", None, 2)],
+                         [1, 2, 1, 0, 2])
+        for bad in ("pow3", ""):
+            with self.assertRaisesRegex(kforge.KforgeInvalidArgument, "pow2"):
+                value(bad)
 
     def test_spec_from_inputs(self):
         dims = ops.check_decode_inputs(*self.inputs(s_q=2))

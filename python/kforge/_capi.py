@@ -24,7 +24,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 9  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 10  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -107,6 +107,7 @@ _SIGNATURES = {
     "kforge_spec_from_preset": [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32, *_OUT,
                                 _STR_OUT],
     "kforge_parse_kv_dtype": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _STR_OUT],
+    "kforge_parse_kv_scale_format": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _STR_OUT],
     "kforge_validate_spec": [_c_bytes, ctypes.c_size_t, _STR_OUT],
     "kforge_normalize_spec": [_c_bytes, ctypes.c_size_t, *_OUT, _STR_OUT],
     "kforge_parse_spec": [ctypes.c_char_p, ctypes.c_size_t, *_OUT, _STR_OUT],
@@ -305,6 +306,14 @@ def parse_kv_dtype(name):
     ...; any case; or a KV_CACHE_DTYPE_* name)."""
     out = ctypes.c_int32(0)
     call("parse_kv_dtype", str(name).encode(), ctypes.byref(out))
+    return out.value
+
+
+def parse_kv_scale_format(name):
+    """ParseKvScaleFormat: a KvScaleFormat value from "pow2" / "arbitrary"
+    (any case; or a KV_SCALE_FORMAT_* name)."""
+    out = ctypes.c_int32(0)
+    call("parse_kv_scale_format", str(name).encode(), ctypes.byref(out))
     return out.value
 
 

@@ -52,16 +52,13 @@ def kv_dtype_value(kv_dtype):
 
 
 def kv_scale_format_value(kv_scale_format):
-    """A KvScaleFormat value from "pow2" / "arbitrary", an enum value, or
-    None (unspecified: a bf16 cache has no scales)."""
+    """A KvScaleFormat value from "pow2" / "arbitrary" (the C++ parser in
+    model/spec.h reads it), an enum value, or None (unspecified: a bf16
+    cache has no scales)."""
     if kv_scale_format is None:
         return 0
     if isinstance(kv_scale_format, str):
-        names = {"pow2": KV_SCALE_FORMAT_POW2, "arbitrary": KV_SCALE_FORMAT_ARBITRARY}
-        if kv_scale_format.lower() not in names:
-            raise KforgeInvalidArgument(f"kv_scale_format: got {kv_scale_format!r}, supported "
-                                        "pow2, arbitrary")
-        return names[kv_scale_format.lower()]
+        return _capi.parse_kv_scale_format(kv_scale_format)
     return int(kv_scale_format)
 
 

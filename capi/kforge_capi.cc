@@ -175,6 +175,21 @@ kforge::DecodeArgs ToDecodeArgs(const KforgeDecodeArgs& a) {
   return d;
 }
 
+// A C ABI parser of an enum name (model/spec.h's ParseKvDtype and the like):
+// the value into *out.
+template <class Enum>
+int32_t ParseEnumName(const char* name, int32_t* out, const char* out_field,
+                      absl::StatusOr<Enum> (*parse)(std::string_view), char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (name == nullptr) return Null("name");
+    if (out == nullptr) return Null(out_field);
+    absl::StatusOr<Enum> value = parse(name);
+    if (!value.ok()) return value.status();
+    *out = static_cast<int32_t>(*value);
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -238,25 +253,11 @@ int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, int32
 }
 
 int32_t kforge_parse_kv_dtype(const char* name, int32_t* kv_dtype, char** error) {
-  return Call(error, [&]() -> absl::Status {
-    if (name == nullptr) return Null("name");
-    if (kv_dtype == nullptr) return Null("kv_dtype");
-    absl::StatusOr<kforge::v1::KvCacheDtype> d = kforge::ParseKvDtype(name);
-    if (!d.ok()) return d.status();
-    *kv_dtype = static_cast<int32_t>(*d);
-    return absl::OkStatus();
-  });
+  return ParseEnumName(name, kv_dtype, "kv_dtype", kforge::ParseKvDtype, error);
 }
 
 int32_t kforge_parse_kv_scale_format(const char* name, int32_t* kv_scale_format, char** error) {
-  return Call(error, [&]() -> absl::Status {
-    if (name == nullptr) return Null("name");
-    if (kv_scale_format == nullptr) return Null("kv_scale_format");
-    absl::StatusOr<kforge::v1::KvScaleFormat> f = kforge::ParseKvScaleFormat(name);
-    if (!f.ok()) return f.status();
-    *kv_scale_format = static_cast<int32_t>(*f);
-    return absl::OkStatus();
-  });
+  return ParseEnumName(name, kv_scale_format, "kv_scale_format", kforge::ParseKvScaleFormat, error);
 }
 
 int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error) {

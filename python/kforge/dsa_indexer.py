@@ -245,8 +245,6 @@ class DsaIndexer:
         self._expect(q.stride(2) == 1 and q.stride(1) == HEAD_DIM and q.stride(0) % 16 == 0,
                      "q: heads and values must be contiguous, rows 16-byte aligned")
         self._expect(q.data_ptr() % 16 == 0, "q: not 16-byte aligned")
-        self._expect(prefill or 1 <= s_q <= 4,
-                     f"s_q: got {s_q}, supported 1..4 (query_start= for prefill)")
         self._expect(context_lens.dtype == torch.int32 and context_lens.is_contiguous()
                      and tuple(context_lens.shape) == (batch,),
                      f"context_lens: expected int32 [{batch}] contiguous")

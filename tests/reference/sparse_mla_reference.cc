@@ -23,6 +23,48 @@ void FillRow(std::mt19937_64& rng, uint16_t* row, int n) {
   for (int i = 0; i < n; ++i) row[i] = FloatToBf16(uniform(rng));
 }
 
+// A paged bf16 cache as the args describe one (main or extra).
+struct CacheLayout {
+  int page_block;
+  int64_t page_stride, row_stride, num_slots;
+  int64_t Offset(int64_t slot) const {
+    return slot / page_block * page_stride + slot % page_block * row_stride;
+  }
+};
+
+// `pages` pages of padding with every slot's first n values random.
+std::vector<uint16_t> RandomCache(std::mt19937_64& rng, const CacheLayout& c, int64_t pages, int n,
+                                  uint16_t padding) {
+  std::vector<uint16_t> cache(static_cast<size_t>(pages * c.page_stride), padding);
+  for (int64_t s = 0; s < c.num_slots; ++s) FillRow(rng, &cache[c.Offset(s)], n);
+  return cache;
+}
+
+// Appends the rows of the first `length` entries of `indices` that name a
+// slot of the cache (-1 and past-the-end entries are no token).
+void AddRows(const std::vector<uint16_t>& cache, const CacheLayout& c, const int32_t* indices,
+             int length, std::vector<const uint16_t*>* rows) {
+  for (int i = 0; i < length; ++i) {
+    const int64_t slot = indices[i];
+    if (slot >= 0 && slot < c.num_slots) rows->push_back(&cache[c.Offset(slot)]);
+  }
+}
+
+// Query token t's list length: `lengths` (one per `per` tokens) clamped to
+// 0..topk, or topk without lengths.
+int ListLength(const std::vector<int32_t>& lengths, int64_t t, int per, int topk) {
+  return lengths.empty() ? topk : std::clamp(lengths[t / std::max(1, per)], 0, topk);
+}
+
+CacheLayout MainCache(const DecodeArgs& a) {
+  return {a.page_block_size, a.kv_page_stride, a.kv_row_stride, a.num_kv_slots};
+}
+
+CacheLayout ExtraCache(const DecodeArgs& a) {
+  return {a.extra_page_block_size, a.extra_kv_page_stride, a.extra_kv_row_stride,
+          a.extra_num_kv_slots};
+}
+
 // One query token's indices: uniform slots, some -1, some past the end,
 // some repeats of an earlier entry of the row.
 void FillIndices(std::mt19937_64& rng, int64_t num_slots, int32_t* row, int topk) {
@@ -101,13 +143,7 @@ HostDecodeProblem MakeRandomDecodeProblem(const v1::AttentionSpec& spec,
       FillRow(rng, &p.q[t * a.q_token_stride + h * a.q_head_stride], a.d_qk);
     }
   }
-  p.kv.assign(static_cast<size_t>(p.num_pages * a.kv_page_stride), padding);
-  for (int64_t s = 0; s < a.num_kv_slots; ++s) {
-    FillRow(
-        rng,
-        &p.kv[s / a.page_block_size * a.kv_page_stride + s % a.page_block_size * a.kv_row_stride],
-        a.d_qk);
-  }
+  p.kv = RandomCache(rng, MainCache(a), p.num_pages, a.d_qk, padding);
   // Padding indices name valid slots, so reading them changes the result.
   p.indices.assign(static_cast<size_t>(tokens * a.indices_stride), 0);
   for (int64_t t = 0; t < tokens; ++t) {
@@ -132,13 +168,7 @@ HostDecodeProblem MakeRandomDecodeProblem(const v1::AttentionSpec& spec,
     a.extra_indices_stride = a.extra_topk + pad;
     p.extra_num_pages = (2 * a.extra_topk + a.extra_page_block_size - 1) / a.extra_page_block_size;
     a.extra_num_kv_slots = static_cast<int64_t>(p.extra_num_pages) * a.extra_page_block_size;
-    p.extra_kv.assign(static_cast<size_t>(p.extra_num_pages * a.extra_kv_page_stride), padding);
-    for (int64_t s = 0; s < a.extra_num_kv_slots; ++s) {
-      FillRow(rng,
-              &p.extra_kv[s / a.extra_page_block_size * a.extra_kv_page_stride +
-                          s % a.extra_page_block_size * a.extra_kv_row_stride],
-              a.d_qk);
-    }
+    p.extra_kv = RandomCache(rng, ExtraCache(a), p.extra_num_pages, a.d_qk, padding);
     p.extra_indices.assign(static_cast<size_t>(tokens * a.extra_indices_stride), 0);
     for (int64_t t = 0; t < tokens; ++t) {
       FillIndices(rng, a.extra_num_kv_slots, &p.extra_indices[t * a.extra_indices_stride],
@@ -176,28 +206,11 @@ DecodeReference ReferenceDecode(const HostDecodeProblem& p) {
   std::vector<double> scores;
   for (int64_t t = 0; t < tokens; ++t) {
     rows.clear();
-    int length = a.topk;
-    if (!p.topk_length.empty()) {
-      length = std::clamp(p.topk_length[t / std::max(1, a.topk_length_tokens)], 0, a.topk);
-    }
-    for (int i = 0; i < length; ++i) {
-      const int64_t slot = p.indices[t * a.indices_stride + i];
-      if (slot < 0 || slot >= a.num_kv_slots) continue;
-      rows.push_back(&p.kv[slot / a.page_block_size * a.kv_page_stride +
-                           slot % a.page_block_size * a.kv_row_stride]);
-    }
+    AddRows(p.kv, MainCache(a), &p.indices[t * a.indices_stride],
+            ListLength(p.topk_length, t, a.topk_length_tokens, a.topk), &rows);
     if (!p.extra_kv.empty()) {
-      int extra_length = a.extra_topk;
-      if (!p.extra_topk_length.empty()) {
-        extra_length =
-            std::clamp(p.extra_topk_length[t / std::max(1, a.topk_length_tokens)], 0, a.extra_topk);
-      }
-      for (int i = 0; i < extra_length; ++i) {
-        const int64_t slot = p.extra_indices[t * a.extra_indices_stride + i];
-        if (slot < 0 || slot >= a.extra_num_kv_slots) continue;
-        rows.push_back(&p.extra_kv[slot / a.extra_page_block_size * a.extra_kv_page_stride +
-                                   slot % a.extra_page_block_size * a.extra_kv_row_stride]);
-      }
+      AddRows(p.extra_kv, ExtraCache(a), &p.extra_indices[t * a.extra_indices_stride],
+              ListLength(p.extra_topk_length, t, a.topk_length_tokens, a.extra_topk), &rows);
     }
     if (rows.empty()) continue;
     for (int h = 0; h < a.num_q_heads; ++h) {

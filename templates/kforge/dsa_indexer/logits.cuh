@@ -115,6 +115,9 @@ __device__ __forceinline__ void SumHeads(const float (&c)[4], float w_lo, float 
 // f16. KFORGE_INDEXER_FP8_MMA (0 / 1) overrides the choice: the H200 runs
 // the e4m3 path that way to check its fragment layout.
 #if defined(KFORGE_INDEXER_FP8_MMA)
+#if KFORGE_INDEXER_FP8_MMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#error "KFORGE_INDEXER_FP8_MMA: e4m3 mma.sync needs sm_89 or newer"
+#endif
 constexpr bool kFp8Mma = KFORGE_INDEXER_FP8_MMA;
 #elif defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
 constexpr bool kFp8Mma = true;
@@ -200,36 +203,34 @@ __device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
       __syncthreads();
 
       const u32 stage_addr = smem_base + stage * IndexKeyPage::kBytes;
-      {
-        // Per n-tile of 8 keys: 16 heads x 8 keys on the tensor cores, then
-        // relu, the heads' weights and the sum over this warp's 16 head rows
-        // (lanes of one t hold the same two keys), so only one tile's
-        // accumulators are live beside the Q fragments.
+      // Per n-tile of 8 keys: 16 heads x 8 keys on the tensor cores, then
+      // relu, the heads' weights and the sum over this warp's 16 head rows
+      // (lanes of one t hold the same two keys), so only one tile's
+      // accumulators are live beside the Q fragments.
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
-          const int key = nt * 8 + g;
+      for (int nt = 0; nt < 8; ++nt) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const int key = nt * 8 + g;
 #pragma unroll
-          for (int grp = 0; grp < 2; ++grp) {
-            u32 v[4];
-            ptx::LdShared128(stage_addr + key * T::kHeadDim + SwizzledChunk(key, grp * 4 + t) * 16,
-                             v);
-            if constexpr (kFp8Mma) {
+        for (int grp = 0; grp < 2; ++grp) {
+          u32 v[4];
+          ptx::LdShared128(stage_addr + key * T::kHeadDim + SwizzledChunk(key, grp * 4 + t) * 16,
+                           v);
+          if constexpr (kFp8Mma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #pragma unroll
-              for (int m = 0; m < 2; ++m) ptx::MmaE4m3(acc, a[grp * 2 + m], v[2 * m], v[2 * m + 1]);
+            for (int m = 0; m < 2; ++m) ptx::MmaE4m3(acc, a[grp * 2 + m], v[2 * m], v[2 * m + 1]);
 #endif
-            } else {
+          } else {
 #pragma unroll
-              for (int m = 0; m < 4; ++m) {
-                u32 b0, b1;
-                fp8::E4m3x4ToHalf2(v[m], b0, b1);
-                ptx::MmaF16(acc, a[grp * 4 + m], b0, b1);
-              }
+            for (int m = 0; m < 4; ++m) {
+              u32 b0, b1;
+              fp8::E4m3x4ToHalf2(v[m], b0, b1);
+              ptx::MmaF16(acc, a[grp * 4 + m], b0, b1);
             }
           }
-          SumHeads(acc, w_lo, w_hi, red, warp, nt, g, t);
         }
+        SumHeads(acc, w_lo, w_hi, red, warp, nt, g, t);
       }
       __syncthreads();
       const float* scales = reinterpret_cast<const float*>(smem + stage * IndexKeyPage::kBytes +

@@ -67,6 +67,16 @@ struct TopkSmem {
   __device__ int& gt_count() const { return counters[kTopkUnroll * (T::kTopkThreads / 32) + 2]; }
 };
 
+// Inclusive sum of x over lanes 0..lane of the warp.
+__device__ __forceinline__ int WarpInclusiveSum(int x, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, x, off);
+    if (lane >= off) x += y;
+  }
+  return x;
+}
+
 // Logits [s, s + kV) of the row as floats (0 past len: never counted).
 template <int kV>
 __device__ __forceinline__ void LoadLogits(const float* logits, int s, int len, float (&v)[kV]) {
@@ -139,12 +149,7 @@ __device__ __forceinline__ void SelectLargest(const float* logits, int len, cons
       c[j] = sm.hist[kTopkBins - 1 - (kPer * tid + j)];
       local += c[j];
     }
-    int incl = local;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const int x = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += x;
-    }
+    int incl = WarpInclusiveSum(local, lane);
     if (lane == 31) sm.counters[warp] = incl;
     __syncthreads();
     for (int w = 0; w < warp; ++w) incl += sm.counters[w];
@@ -191,12 +196,7 @@ __device__ __forceinline__ void SelectLargest(const float* logits, int len, cons
         }
         c += s < len && key[u][e] == prefix;
       }
-      int incl = c;
-#pragma unroll
-      for (int off = 1; off < 32; off *= 2) {
-        const int x = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += x;
-      }
+      const int incl = WarpInclusiveSum(c, lane);
       excl[u] = incl - c;
       if (lane == 31) sm.counters[u * kWarpsT + warp] = incl;
     }

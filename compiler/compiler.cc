@@ -46,7 +46,7 @@ absl::StatusOr<CompilePlan> PlanIndexer(CompilePlan plan, const PlanOptions& opt
         "(the indexer's kernels have one shape)");
   }
   plan.module_name = IndexerModuleName(plan.spec, plan.arch);
-  plan.source = GenerateIndexerSource(plan.spec);
+  plan.source = GenerateIndexerSource(plan.spec, plan.arch);
   plan.options = BaseNvrtcOptions(plan.arch.name);
   plan.key = ComputeCacheKey(PlanKeyInputs(plan));
   return plan;
@@ -130,7 +130,10 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   }
   const bool indexer = plan.spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER;
   std::vector<std::string> entries = {kMainEntry, kCombineEntry};
-  if (indexer) entries = {kIndexerLogitsEntry, kIndexerTopkEntry};
+  if (indexer) {
+    entries = {kIndexerLogitsEntry, kIndexerTopkEntry};
+    if (IndexerHasTopkCluster(plan.arch)) entries.push_back(kIndexerTopkClusterEntry);
+  }
   for (const std::string* entry : OptionalMainEntries(plan.small_batch, plan.cluster)) {
     entries.push_back(*entry);
   }
@@ -165,7 +168,7 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   if (indexer) {
     // The indexer has no tiling or split rule: its launch is IndexerLaunch.
     artifact.clear_tiling();
-    *artifact.mutable_indexer() = MakeIndexerLaunch(plan.spec);
+    *artifact.mutable_indexer() = MakeIndexerLaunch(plan.spec, plan.arch);
     artifact.set_main_entry(kIndexerLogitsEntry);
     artifact.set_combine_entry(kIndexerTopkEntry);
     artifact.set_params_bytes(artifact.indexer().logits_params_bytes());

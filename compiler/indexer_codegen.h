@@ -12,18 +12,25 @@ namespace kforge {
 // Entry points of every DSA indexer module (extern "C").
 inline constexpr char kIndexerLogitsEntry[] = "dsa_indexer_logits";
 inline constexpr char kIndexerTopkEntry[] = "dsa_indexer_topk";
+// sm_90+ only: the top-k over a cluster of CTAs per row (config.h).
+inline constexpr char kIndexerTopkClusterEntry[] = "dsa_indexer_topk_cluster";
+
+// Whether `arch` runs thread-block clusters (sm_90 and later), so its
+// modules carry the top-k cluster entry.
+bool IndexerHasTopkCluster(const Arch& arch);
 
 // Readable, deterministic name from every kernel-changing parameter of a
 // valid indexer spec, e.g. dsa_indexer_h32_d128_topk2048_pb64_sm120a.
 std::string IndexerModuleName(const v1::AttentionSpec& spec, const Arch& arch);
 
 // The instantiation unit: one IndexerTraits with the spec's numbers and the
-// two extern "C" entries (templates/kforge/dsa_indexer/).
-std::string GenerateIndexerSource(const v1::AttentionSpec& spec);
+// extern "C" entries (templates/kforge/dsa_indexer/): logits, top-k, and
+// the top-k cluster entry where `arch` has clusters.
+std::string GenerateIndexerSource(const v1::AttentionSpec& spec, const Arch& arch);
 
 // The launch of both kernels (config.h's rules), entries and parameter
 // block sizes included.
-v1::IndexerLaunch MakeIndexerLaunch(const v1::AttentionSpec& spec);
+v1::IndexerLaunch MakeIndexerLaunch(const v1::AttentionSpec& spec, const Arch& arch);
 
 }  // namespace kforge
 

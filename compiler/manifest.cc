@@ -19,7 +19,7 @@ absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
   *v->mutable_spec() = plan->spec;
   if (plan->spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
     // One variant, no selection: the launch is the indexer's own.
-    *v->mutable_indexer() = MakeIndexerLaunch(plan->spec);
+    *v->mutable_indexer() = MakeIndexerLaunch(plan->spec, plan->arch);
     v->set_main_entry(kIndexerLogitsEntry);
     v->set_combine_entry(kIndexerTopkEntry);
     manifest.add_choice_order(0);

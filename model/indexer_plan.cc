@@ -28,6 +28,22 @@ void CheckModule(const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch,
           absl::StrCat(sizeof(dsa_indexer::LogitsParams), " / ", sizeof(dsa_indexer::TopkParams),
                        " (this build's config.h)"));
   }
+  // The kernels stride by the block and split rows by the cluster size they
+  // were compiled with: a launch that says otherwise is not this build's.
+  if (launch.topk_block_threads() != dsa_indexer::kTopkThreads) {
+    p.Add("launch.topk_block_threads", launch.topk_block_threads(),
+          absl::StrCat(dsa_indexer::kTopkThreads, " (this build's config.h)"));
+  }
+  if (launch.has_topk_cluster()) {
+    const v1::IndexerTopkCluster& c = launch.topk_cluster();
+    if (c.entry().empty() || c.ctas() != dsa_indexer::kTopkClusterCtas ||
+        c.smem_bytes() != static_cast<uint32_t>(dsa_indexer::TopkClusterSmemBytes(spec.topk()))) {
+      p.Add("launch.topk_cluster", absl::StrCat(c.ctas(), " CTAs, ", c.smem_bytes(), " bytes"),
+            absl::StrCat("an entry, ", dsa_indexer::kTopkClusterCtas, " CTAs, ",
+                         dsa_indexer::TopkClusterSmemBytes(spec.topk()),
+                         " bytes (this build's config.h)"));
+    }
+  }
 }
 
 // The query rows of a decode step (s_q per request) or a prefill chunk
@@ -156,6 +172,13 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> PlanIndexerTopk(
   l.grid_x = static_cast<uint32_t>(rows);
   l.block_threads = launch.topk_block_threads();
   l.dynamic_smem_bytes = launch.topk_smem_bytes();
+  // Few rows: a cluster of CTAs per row (config.h's launch rule).
+  if (launch.has_topk_cluster() && rows <= launch.topk_cluster().max_rows()) {
+    const v1::IndexerTopkCluster& c = launch.topk_cluster();
+    l.entry = c.entry();
+    l.grid_x = static_cast<uint32_t>(rows * c.ctas());
+    l.dynamic_smem_bytes = c.smem_bytes();
+  }
   dsa_indexer::TopkParams& k = l.params;
   k.logits = reinterpret_cast<const float*>(a.logits);
   k.context_lens = reinterpret_cast<const int*>(a.context_lens);

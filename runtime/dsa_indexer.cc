@@ -82,7 +82,10 @@ absl::StatusOr<std::unique_ptr<DsaIndexerModule>> DsaIndexerModule::Load(
   }
   for (auto [entry, kernel, smem] :
        {std::tuple{&launch.logits_entry(), &m->logits_, launch.logits_smem_bytes()},
-        std::tuple{&launch.topk_entry(), &m->topk_, launch.topk_smem_bytes()}}) {
+        std::tuple{&launch.topk_entry(), &m->topk_, launch.topk_smem_bytes()},
+        std::tuple{&launch.topk_cluster().entry(), &m->topk_cluster_,
+                   launch.topk_cluster().smem_bytes()}}) {
+    if (entry->empty() && kernel == &m->topk_cluster_) continue;  // before sm_90
     if (absl::Status s =
             cu.Check(cu.LibraryGetKernel(kernel, m->library_, entry->c_str()),
                      absl::StrCat("cuLibraryGetKernel(", m->module_name_, ", ", *entry, ")"));
@@ -132,7 +135,7 @@ absl::Status DsaIndexerModule::Topk(const IndexerTopkArgs& args, CUstream stream
   absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> l =
       PlanIndexerTopk(spec_, launch_, args);
   if (!l.ok()) return l.status();
-  return Launch(topk_, *l, stream);
+  return Launch(l->entry == launch_.topk_entry() ? topk_ : topk_cluster_, *l, stream);
 }
 
 }  // namespace kforge

@@ -24,8 +24,8 @@ class DsaIndexerModule {
  public:
   // Checks the artifact (an indexer module, parameter blocks of this
   // build's config.h, the device's compute capability against its arch),
-  // then loads the cubin as a context-independent library and finds both
-  // entries.
+  // then loads the cubin as a context-independent library and finds its
+  // entries (logits, top-k, and the top-k cluster entry where it has one).
   static absl::StatusOr<std::unique_ptr<DsaIndexerModule>> Load(const v1::KernelArtifact& artifact,
                                                                 CUdevice device);
   ~DsaIndexerModule();  // cuLibraryUnload
@@ -52,6 +52,7 @@ class DsaIndexerModule {
   CUlibrary library_ = nullptr;
   CUkernel logits_ = nullptr;
   CUkernel topk_ = nullptr;
+  CUkernel topk_cluster_ = nullptr;  // null: the module has no cluster entry
 };
 
 }  // namespace kforge

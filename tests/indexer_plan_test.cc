@@ -14,7 +14,11 @@
 namespace kforge {
 namespace {
 
+using dsa_indexer::kTopkClusterCtas;
+using dsa_indexer::kTopkClusterMaxRows;
+using dsa_indexer::kTopkThreads;
 using dsa_indexer::LogitsParams;
+using dsa_indexer::TopkClusterSmemBytes;
 using dsa_indexer::TopkParams;
 
 // The parameter blocks are plain structs the device reads by value; their
@@ -34,7 +38,7 @@ static_assert(sizeof(TopkParams) == 104);
 
 struct Module {
   v1::AttentionSpec spec = *IndexerSpecFromPreset("deepseek-v3.2", 1);
-  v1::IndexerLaunch launch = MakeIndexerLaunch(spec);
+  v1::IndexerLaunch launch = MakeIndexerLaunch(spec, *ParseArch("sm_90a"));
 };
 
 IndexerLogitsArgs GoodLogits() {
@@ -107,6 +111,47 @@ TEST(IndexerPlanTest, TopkLaunchAndParams) {
   a.block_table = 0;
   a.slots = 0;
   EXPECT_TRUE(PlanIndexerTopk(m.spec, m.launch, a).ok());
+}
+
+// Few rows take the cluster entry (sm_90+): kTopkClusterCtas CTAs per row.
+TEST(IndexerPlanTest, FewRowsTakeTheTopkClusterEntry) {
+  const Module m;
+  IndexerTopkArgs a = GoodTopk();
+  a.batch = kTopkClusterMaxRows / 2;  // s_q 2: exactly kTopkClusterMaxRows rows
+  absl::StatusOr<IndexerKernelLaunch<TopkParams>> l = PlanIndexerTopk(m.spec, m.launch, a);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->entry, kIndexerTopkClusterEntry);
+  EXPECT_EQ(l->grid_x, static_cast<uint32_t>(kTopkClusterMaxRows * kTopkClusterCtas));
+  EXPECT_EQ(l->block_threads, static_cast<uint32_t>(kTopkThreads));
+  EXPECT_EQ(l->dynamic_smem_bytes, static_cast<uint32_t>(TopkClusterSmemBytes(2048)));
+  EXPECT_EQ(l->params.rows, kTopkClusterMaxRows);
+  a.batch += 1;  // one CTA per row above
+  l = PlanIndexerTopk(m.spec, m.launch, a);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->entry, kIndexerTopkEntry);
+  EXPECT_EQ(l->grid_x, static_cast<uint32_t>(kTopkClusterMaxRows + 2));
+  // Before sm_90 there is no cluster entry: one CTA per row always.
+  const v1::IndexerLaunch sm89 = MakeIndexerLaunch(m.spec, *ParseArch("sm_89"));
+  EXPECT_FALSE(sm89.has_topk_cluster());
+  a.batch = 1;
+  l = PlanIndexerTopk(m.spec, sm89, a);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->entry, kIndexerTopkEntry);
+  EXPECT_EQ(l->grid_x, 2u);
+}
+
+// A launch whose cluster or block differs from this build's config.h (an
+// old or forged manifest) is refused: the kernel splits rows by the cluster
+// size and strides by the block it was compiled with.
+TEST(IndexerPlanTest, ALaunchNotOfThisBuildIsRefused) {
+  Module m;
+  m.launch.mutable_topk_cluster()->set_ctas(16);
+  absl::Status s = PlanIndexerTopk(m.spec, m.launch, GoodTopk()).status();
+  EXPECT_TRUE(absl::StrContains(s.message(), "launch.topk_cluster: got 16 CTAs")) << s;
+  m = Module();
+  m.launch.set_topk_block_threads(256);
+  s = PlanIndexerTopk(m.spec, m.launch, GoodTopk()).status();
+  EXPECT_TRUE(absl::StrContains(s.message(), "launch.topk_block_threads: got 256")) << s;
 }
 
 void ExpectLogitsProblem(const IndexerLogitsArgs& a, const std::string& text) {

@@ -191,20 +191,30 @@ class DsaIndexer:
             torch.zeros(1, device=self.device)  # torch's context is current
             self._image = bytes(cubin)
             self._module = cu.load(self._image, self.module_name)
-            self._logits = cu.function(self._module, launch["logits_entry"],
-                                       int(launch["logits_smem_bytes"]), self.module_name)
-            self._topk = cu.function(self._module, launch["topk_entry"],
-                                     int(launch["topk_smem_bytes"]), self.module_name)
+            # Every entry the plans may name (the top-k cluster entry on
+            # sm_90+), by name.
+            entries = [(launch["logits_entry"], launch["logits_smem_bytes"]),
+                       (launch["topk_entry"], launch["topk_smem_bytes"])]
+            cluster = launch.get("topk_cluster")
+            if cluster:
+                entries.append((cluster["entry"], cluster["smem_bytes"]))
+            self._functions = {e: cu.function(self._module, e, int(smem), self.module_name)
+                               for e, smem in entries}
 
-    def _launch(self, function, kind, args):
+    def _launch(self, kind, args):
         """Plans one kernel (PlanIndexerLogits / PlanIndexerTopk: raises
         KforgeInvalidArgument, a ValueError, naming the field) and launches
         it on torch's current stream."""
         plan = _capi.plan_indexer(kind, self._spec_bytes, self._launch_bytes, args)
         grid = (plan.grid_x, plan.grid_y, plan.grid_z)
         stream = self._torch.cuda.current_stream(self.device).cuda_stream
+        function = self._functions.get(plan.main_entry)
+        if function is None:
+            raise KforgeError(f"{self.module_name}: the plan names {plan.main_entry!r}, which "
+                              f"the module description does not list")
         self._cu.launch(function, grid, plan.block_threads, plan.dynamic_smem_bytes, stream,
-                        plan.main_params, f"cuLaunchKernel({self.module_name}, grid {grid})")
+                        plan.main_params, f"cuLaunchKernel({self.module_name}, {plan.main_entry}, "
+                        f"grid {grid})")
 
     # ------------------------------------------------------------ checks
 
@@ -287,7 +297,7 @@ class DsaIndexer:
             block_table_cols=block_table.shape[1], logits_stride=out.stride(0),
             logits_cols=out.shape[1], batch=batch, s_q=s_q, max_context=max_context,
             rows=rows if qs_ptr else 0, query_start=qs_ptr)
-        self._launch(self._logits, "logits", args)
+        self._launch("logits", args)
         return out
 
     def topk(self, logits, context_lens, s_q, indices=None, *, mla_block_table=None, slots=None,
@@ -339,7 +349,7 @@ class DsaIndexer:
             block_table_stride=table_stride, slots_stride=slots_stride, batch=batch, s_q=s_q,
             slot_page_size=slot_page_size, max_context=max_context, query_start=qs_ptr,
             rows=rows if qs_ptr else 0)
-        self._launch(self._topk, "topk", args)
+        self._launch("topk", args)
         return indices, slots
 
 

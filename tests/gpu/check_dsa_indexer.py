@@ -23,12 +23,17 @@ exactly k, longer than k, a partial last page, shuffled page tables, heads
 padded to 16 (a module with another head count), a CUDA-graph replay;
 prefill (query_start): ragged rows per request, a whole prompt's causal
 edge, rows no request holds, more rows than context, a decreasing
-query_start, a graph replay.
+query_start, a graph replay; top-k on logits written directly: winners all
+in the first or the last part of a cluster's row, all equal, few values,
++-inf blocks, denormals, huge values, odd strides, more rows than the
+cluster entry takes. Modules with the top-k cluster entry (sm_90+) run
+every case three times: as shipped, the cluster entry forced on, and off.
 
 Without a GPU (or torch / cuda-python) it prints SKIP and exits 0.
 """
 
 import argparse
+import copy
 import glob
 import os
 import statistics
@@ -248,6 +253,68 @@ def run_case(ix, c, label, graph=False):
     return fails, worst
 
 
+def variants(path):
+    """The module as shipped and, where it has the top-k cluster entry, with
+    the launch rule's row bound moved so every case takes the cluster entry,
+    then none does (the plan picks by rows: both paths see every case)."""
+    ix = kdi.DsaIndexer.from_files(path)
+    out = [("", ix)]
+    if ix.description["indexer"].get("topk_cluster"):
+        for tag, rows in ((" [cluster]", 65535), (" [one CTA]", 0)):
+            d = copy.deepcopy(ix.description)
+            d["indexer"]["topk_cluster"]["max_rows"] = rows
+            out.append((tag, kdi.DsaIndexer(d, ix._image)))
+    return out
+
+
+def topk_direct_cases(k, seed):
+    """(name, rows of logits as lists of tensors) for the top-k alone."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    n = 8 * k + 3  # every part of an 8-CTA cluster, an odd length
+    blocks = torch.randn(n, generator=g)
+    blocks[n // 3:n // 2] = NEG_INF
+    blocks[5:9] = float("inf")
+    patterns = [
+        torch.arange(n, dtype=torch.float32),  # every winner in the last part
+        -torch.arange(n, dtype=torch.float32),  # in the first
+        torch.full((n,), 0.25),  # all equal: the k smallest positions
+        torch.randint(0, 5, (n,), generator=g).float(),  # ties across parts
+        torch.randn(n, generator=g),
+        blocks,
+        torch.randn(n, generator=g) * 1e-40,  # denormals
+        torch.randn(n, generator=g) * 1e37,
+        torch.randn(k + 1, generator=g),
+        torch.randn(k, generator=g),
+        torch.randn(5, generator=g),
+        torch.randn(131072, generator=g),
+    ]
+    many = [torch.randint(0, 50, (3 * k + 7,), generator=g).float() for _ in range(40)]
+    return [("topk patterns", patterns), ("topk 40 rows", many)]
+
+
+def run_topk_direct(ix, rows, label, stride_pad):
+    """Top-k (with slots) of `rows` written into a logits tensor whose
+    row stride is the longest row + stride_pad (odd: unaligned rows)."""
+    dev = ix.device
+    k = ix.topk_k
+    lens = [len(r) for r in rows]
+    width = max(lens) + stride_pad
+    logits = torch.full((len(rows), width), float("nan"))
+    for i, r in enumerate(rows):
+        logits[i, :len(r)] = r
+    logits = logits.to(dev)
+    ctx = torch.tensor(lens, dtype=torch.int32, device=dev)
+    pages = (width + 63) // 64
+    table = torch.randperm(len(rows) * pages * 3)[:len(rows) * pages].view(
+        len(rows), pages).to(torch.int32).to(dev)
+    idx = torch.full((len(rows), k), 0x7eadbeef, dtype=torch.int32, device=dev)
+    slots = torch.full_like(idx, 0x7eadbeef)
+    ix.topk(logits, ctx, 1, idx, mla_block_table=table, slots=slots, max_context=max(lens))
+    torch.cuda.synchronize()
+    c = dict(row_map=[(b, n) for b, n in enumerate(lens)], mla_table=table)
+    return check_topk(logits, idx, slots, c, k, label)
+
+
 def check(modules, seed):
     dev = torch.device("cuda")
     total = failed = 0
@@ -260,9 +327,13 @@ def check(modules, seed):
         for f in fails[:8]:
             print("   ", f)
 
-    for path in modules:
-        ix = kdi.DsaIndexer.from_files(path)
+    for path, (tag, ix) in ((p, v) for p in modules for v in variants(p)):
         k, h = ix.topk_k, ix.heads
+        name = ix.module_name + tag
+        for n, (what, rows) in enumerate(topk_direct_cases(k, seed + 200)):
+            for pad in (1, 4):
+                label = f"{name} {what} (stride +{pad})"
+                record(label, run_topk_direct(ix, rows, label, pad), 0.0, f"{len(rows)} rows ")
         cases = [
             ("len1", 3, 1, [1, 1, 1]),
             ("short", 2, 1, [min(k - 1, 100) or 1, 37]),
@@ -275,7 +346,7 @@ def check(modules, seed):
         ]
         for n, (name, batch, s_q, lens) in enumerate(cases):
             c = make_case(h, batch, s_q, lens, seed + n, dev)
-            label = f"{ix.module_name} {name}"
+            label = f"{name} {name}"
             record(label, *run_case(ix, c, label), f"batch {batch} s_q {s_q} lens {lens} ")
         # Ties: a tied cache (every key equal) makes every logit of a row equal.
         c = make_case(h, 2, 2, [k + 300, 90], seed + 99, dev)
@@ -289,7 +360,7 @@ def check(modules, seed):
                 cache[page, :64 * 128].view(64, 128)[:] = c["values"][b][0]
                 cache[page, 64 * 128:].view(torch.float32)[:] = c["scales"][b][0]
         c["cache"] = cache.to(dev)
-        record(f"{ix.module_name} ties", *run_case(ix, c, f"{ix.module_name} ties"))
+        record(f"{name} ties", *run_case(ix, c, f"{name} ties"))
         # Prefill: ragged query rows per request (query_start), each row
         # causal at its own position: a one-token request, a whole prompt
         # (rows == context), a long chunk; then rows no request holds
@@ -302,11 +373,11 @@ def check(modules, seed):
         ]
         for n, (name, lens, qs, rows) in enumerate(prefill):
             c = make_case(h, len(lens), 0, lens, seed + 50 + n, dev, query_start=qs, rows=rows)
-            label = f"{ix.module_name} {name}"
+            label = f"{name} {name}"
             record(label, *run_case(ix, c, label, graph=name == "prefill"),
                    f"lens {lens} query_start {qs} rows {rows} ")
         c = make_case(h, 3, 2, [k + 50, 17, 1000], seed + 7, dev)
-        label = f"{ix.module_name} cuda graph replay"
+        label = f"{name} cuda graph replay"
         record(label, *run_case(ix, c, label, graph=True))
     print(f"check: {total - failed}/{total} passed")
     return failed == 0
@@ -390,6 +461,44 @@ def bench_one(ix, batch, ctx_len, label, reps=20):
           f"{floor_us:.1f} | {t_ref:.1f} | {t_ref / t_both:.1f}x | {same:.3f} |")
 
 
+def graph_time(fn, reps=20):
+    """Median us of CUDA-graph replays of fn, each between two events."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000)
+    return statistics.median(times)
+
+
+def bench_topk_paths(path):
+    """The top-k alone on random logits, one CTA per row against the cluster
+    entry, over rows: the numbers behind config.h's kTopkClusterMaxRows."""
+    vs = variants(path)
+    if len(vs) == 1:
+        return
+    print("| top-k rows x context | one CTA per row us | cluster us |")
+    print("|---|---|---|")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for ctx_len in (32768, 131072):
+        for rows in (1, 2, 4, 8, 16, 32, 64, 128):
+            logits = torch.randn(rows, ctx_len, device="cuda", generator=gen)
+            ctx = torch.full((rows,), ctx_len, dtype=torch.int32, device="cuda")
+            idx = torch.empty(rows, vs[0][1].topk_k, dtype=torch.int32, device="cuda")
+            t = {tag: graph_time(lambda ix=ix: ix.topk(logits, ctx, 1, idx)) for tag, ix in vs[1:]}
+            print(f"| {rows} x {ctx_len} | {t[' [one CTA]']:.1f} | {t[' [cluster]']:.1f} |")
+
+
 def bench(modules):
     print("| module | batch x context | logits us | top-k us | both us | HBM floor us (4.8 TB/s)"
           " | torch us | speedup | top-k overlap with torch (bf16) |")
@@ -397,11 +506,15 @@ def bench(modules):
     for path in modules:
         ix = kdi.DsaIndexer.from_files(path)
         name = os.path.basename(path)
-        if ix.heads not in (32, 64):
+        if ix.heads not in (32, 64) or ix.topk_k != 2048:
             continue  # the models' shapes only
         if ix.heads == 64:
             bench_one(ix, 128, 32768, name)
         bench_one(ix, 1, 131072, name)
+    for path in modules:
+        ix = kdi.DsaIndexer.from_files(path)
+        if ix.heads == 64 and ix.topk_k == 2048:
+            bench_topk_paths(path)
 
 
 def main():

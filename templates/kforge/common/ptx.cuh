@@ -345,6 +345,44 @@ __device__ __forceinline__ float2 LdCluster2(u32 addr) {
   return v;
 }
 
+// 32-bit loads, stores and adds, and 64-bit stores, at MapShared
+// addresses (the adds are atomic cluster-wide).
+__device__ __forceinline__ u32 LdClusterU32(u32 addr) {
+  u32 v = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+#else
+  __trap();
+#endif
+  return v;
+}
+__device__ __forceinline__ void StClusterU32(u32 addr, u32 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void StClusterU64(u32 addr, unsigned long long v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.u64 [%0], %1;\n" ::"r"(addr), "l"(v) : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ u32 AtomAddClusterU32(u32 addr, u32 v) {
+  u32 old = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "r"(addr), "r"(v)
+               : "memory");
+#else
+  __trap();
+#endif
+  return old;
+}
+
 __device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
 
 }  // namespace ptx

@@ -102,7 +102,9 @@ struct TopkParams {
 
 // The launch of each kernel (one rule for the host and the device).
 // Logits: grid (ceil(max_context / (64 * kPagesPerCta)), rows), block
-// LogitsThreads(heads). Top-k: grid (rows), block kTopkThreads.
+// LogitsThreads(heads). Top-k: grid (rows), block kTopkThreads; or, on
+// sm_90+ for at most kTopkClusterMaxRows rows, the cluster entry: grid
+// (rows * kTopkClusterCtas) in clusters of kTopkClusterCtas along x.
 KFORGE_HD constexpr int HeadRowTiles(int heads) { return (heads + 15) / 16; }
 KFORGE_HD constexpr int LogitsThreads(int heads) { return 32 * HeadRowTiles(heads); }
 constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in registers)
@@ -119,9 +121,19 @@ constexpr int kTopkThreads = 512;
 // in flight together: one at a time, a pass was a chain of L2 round trips,
 // 265 us for the top-k of one 131072-position row on the H200).
 constexpr int kTopkUnroll = 8;
+// CTAs of a top-k row in the cluster entry (the portable cluster size, so
+// every sm_90+ part runs it without an opt-in), and the most rows it takes:
+// one CTA per row already fills the GPU above that (BENCH.md, "Top-k over
+// a cluster per row").
+constexpr int kTopkClusterCtas = 8;
+constexpr int kTopkClusterMaxRows = 32;
 // Shared counters of the top-k kernel: one per (unrolled load, warp) for
 // the collect pass's position-order ranks, then three scalars.
-constexpr int kTopkCounters = kTopkUnroll * (kTopkThreads / 32) + 3;
+constexpr int kTopkCounters = kTopkUnroll * (kTopkThreads / 32) + 5;
+// Sort words of the top digit's boundary bin a top-k CTA keeps in shared
+// memory for the later digits (a CTA holding more reads its part of the
+// row again for each).
+constexpr int kTopkCandidates = 4096;
 
 // Shared memory of the logits kernel: kLogitsStages pages and one float per
 // (warp, key) for the cross-warp sum.
@@ -132,15 +144,19 @@ KFORGE_HD constexpr int LogitsSmemBytes(int heads) {
 // Bins of the top-k radix histogram: digits of 11 bits (then 10).
 constexpr int kTopkBins = 2048;
 // Shared memory of the top-k kernel for k: the sort buffer of k (rounded
-// up to a power of two) 64-bit keys, the kTopkBins histogram, kTopkCounters
-// counters.
+// up to a power of two, at least 4) 64-bit words, kTopkCandidates more, the kTopkBins
+// histogram, kTopkCounters counters.
 KFORGE_HD constexpr int TopkSortSize(int topk) {
-  int n = 1;
+  int n = 4;  // the sort holds at least 4 words a thread
   while (n < topk) n *= 2;
   return n;
 }
 KFORGE_HD constexpr int TopkSmemBytes(int topk) {
-  return TopkSortSize(topk) * 8 + kTopkBins * 4 + kTopkCounters * 4;
+  return (TopkSortSize(topk) + kTopkCandidates) * 8 + kTopkBins * 4 + kTopkCounters * 4;
+}
+// The cluster entry's: one more kTopkBins histogram, the cluster's sums.
+KFORGE_HD constexpr int TopkClusterSmemBytes(int topk) {
+  return TopkSmemBytes(topk) + kTopkBins * 4;
 }
 
 }  // namespace dsa_indexer

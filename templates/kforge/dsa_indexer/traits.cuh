@@ -24,6 +24,10 @@ struct IndexerTraits {
   static constexpr int kTopkThreads = dsa_indexer::kTopkThreads;
   static constexpr int kTopkSort = TopkSortSize(kTopk);
   static constexpr int kTopkSmemBytes = TopkSmemBytes(kTopk);
+  // Sort words each top-k thread holds (at least 4: the sort's in-thread
+  // steps are written for strides 1, 2 and 4).
+  static constexpr int kTopkSortPerThread =
+      kTopkSort / kTopkThreads > 4 ? kTopkSort / kTopkThreads : 4;
 
   static_assert(kHeads >= 1 && kHeads <= kMaxIndexHeads, "index heads: 1..128");
   static_assert(kTopk >= 1 && kTopk <= kMaxTopk, "top-k: 1..4096");
@@ -33,7 +37,12 @@ struct IndexerTraits {
   static_assert(kPage == 64, "a page holds 64 keys: 8 n-tiles of 8");
   static_assert(kTopkThreads % 32 == 0 && kTopkBins % kTopkThreads == 0,
                 "the top-k bin scan gives each thread whole bins");
-  static_assert(kTopkSmemBytes <= 48 * 1024, "the top-k kernel runs without a smem opt-in");
+  // The 99 KB parts (sm_86/89, sm_120/121) run both top-k entries.
+  static_assert(TopkClusterSmemBytes(kTopk) <= 99 * 1024, "top-k shared memory fits 99 KB");
+  static_assert(kTopkSortPerThread <= 8 && kTopkSortPerThread * kTopkThreads >= kTopkSort,
+                "the sort holds every word in registers, at most 8 a thread");
+  static_assert(kTopkBins % kTopkClusterCtas == 0 && kTopkBins / kTopkClusterCtas >= 1,
+                "each CTA of a top-k cluster sums whole bins");
 };
 
 }  // namespace dsa_indexer

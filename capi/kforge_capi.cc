@@ -377,6 +377,7 @@ kforge::v1::LaunchPlan IndexerLaunchPlan(const kforge::IndexerKernelLaunch<Param
   plan.set_block_threads(l.block_threads);
   plan.set_dynamic_smem_bytes(l.dynamic_smem_bytes);
   plan.set_main_params(&l.params, sizeof(l.params));
+  plan.set_programmatic(l.programmatic);
   return plan;
 }
 

@@ -64,6 +64,7 @@ v1::IndexerLaunch MakeIndexerLaunch(const v1::AttentionSpec& spec, const Arch& a
   launch.set_topk_smem_bytes(di::TopkSmemBytes(topk));
   launch.set_logits_params_bytes(sizeof(di::LogitsParams));
   launch.set_topk_params_bytes(sizeof(di::TopkParams));
+  launch.set_programmatic(LaunchesProgrammatically(arch));
   if (IndexerHasTopkCluster(arch)) {
     v1::IndexerTopkCluster* c = launch.mutable_topk_cluster();
     c->set_entry(kIndexerTopkClusterEntry);

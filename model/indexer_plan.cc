@@ -118,6 +118,7 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::LogitsParams>> PlanIndexerLogits
   l.grid_y = static_cast<uint32_t>(rows);
   l.block_threads = launch.logits_block_threads();
   l.dynamic_smem_bytes = launch.logits_smem_bytes();
+  l.programmatic = launch.programmatic();
   dsa_indexer::LogitsParams& k = l.params;
   k.q = reinterpret_cast<const unsigned char*>(a.q);
   k.weights = reinterpret_cast<const float*>(a.weights);
@@ -172,6 +173,7 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> PlanIndexerTopk(
   l.grid_x = static_cast<uint32_t>(rows);
   l.block_threads = launch.topk_block_threads();
   l.dynamic_smem_bytes = launch.topk_smem_bytes();
+  l.programmatic = launch.programmatic();
   // Few rows: a cluster of CTAs per row (config.h's launch rule).
   if (launch.has_topk_cluster() && rows <= launch.topk_cluster().max_rows()) {
     const v1::IndexerTopkCluster& c = launch.topk_cluster();

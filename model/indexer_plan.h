@@ -71,6 +71,9 @@ struct IndexerKernelLaunch {
   uint32_t grid_x = 1, grid_y = 1, grid_z = 1;
   uint32_t block_threads = 0;
   uint32_t dynamic_smem_bytes = 0;
+  // cuLaunchKernelEx with programmatic stream serialization (sm_90+, the
+  // module's IndexerLaunch.programmatic).
+  bool programmatic = false;
   Params params{};
 };
 

@@ -199,34 +199,37 @@ CudaKernelModule::~CudaKernelModule() {
   if (library_ != nullptr) (void)cu_.LibraryUnload(library_);
 }
 
+CUresult LaunchWithDims(const CudaDriver& cu, CUkernel kernel, void** args, const LaunchDims& d,
+                        CUstream stream) {
+  if (!d.programmatic) {
+    // A CUkernel passed as a CUfunction launches in the stream's context
+    // (CUDA 12.0+), so one library serves every context.
+    return cu.LaunchKernel(reinterpret_cast<CUfunction>(kernel), d.grid_x, d.grid_y, d.grid_z,
+                           d.block_threads, 1, 1, d.dynamic_smem_bytes, stream, args, nullptr);
+  }
+  CUlaunchAttribute attribute{};
+  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attribute.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = d.grid_x;
+  config.gridDimY = d.grid_y;
+  config.gridDimZ = d.grid_z;
+  config.blockDimX = d.block_threads;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = d.dynamic_smem_bytes;
+  config.hStream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cu.LaunchKernelEx(&config, reinterpret_cast<CUfunction>(kernel), args, nullptr);
+}
+
 absl::Status CudaKernelModule::Launch(CUkernel kernel, std::string_view entry, void* params,
                                       const LaunchDims& d, CUstream stream) const {
   void* args[] = {params};
-  const std::string_view how = d.programmatic ? "cuLaunchKernelEx" : "cuLaunchKernel";
-  CUresult result;
-  if (d.programmatic) {
-    CUlaunchAttribute attribute{};
-    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attribute.value.programmaticStreamSerializationAllowed = 1;
-    CUlaunchConfig config{};
-    config.gridDimX = d.grid_x;
-    config.gridDimY = d.grid_y;
-    config.gridDimZ = d.grid_z;
-    config.blockDimX = d.block_threads;
-    config.blockDimY = 1;
-    config.blockDimZ = 1;
-    config.sharedMemBytes = d.dynamic_smem_bytes;
-    config.hStream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    result = cu_.LaunchKernelEx(&config, reinterpret_cast<CUfunction>(kernel), args, nullptr);
-  } else {
-    // A CUkernel passed as a CUfunction launches in the stream's context
-    // (CUDA 12.0+), so one library serves every context.
-    result = cu_.LaunchKernel(reinterpret_cast<CUfunction>(kernel), d.grid_x, d.grid_y, d.grid_z,
-                              d.block_threads, 1, 1, d.dynamic_smem_bytes, stream, args, nullptr);
-  }
+  const CUresult result = LaunchWithDims(cu_, kernel, args, d, stream);
   if (result == CUDA_SUCCESS) return absl::OkStatus();  // no message to format per launch
+  const std::string_view how = d.programmatic ? "cuLaunchKernelEx" : "cuLaunchKernel";
   return cu_.Check(result, absl::StrFormat("%s(%s, %s, grid (%u, %u, %u), block %u, smem %u)", how,
                                            module_name_, entry, d.grid_x, d.grid_y, d.grid_z,
                                            d.block_threads, d.dynamic_smem_bytes));

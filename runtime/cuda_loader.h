@@ -39,6 +39,12 @@ struct LaunchDims {
   bool programmatic = false;
 };
 
+// Launches `kernel` (a CUkernel of a loaded library, in the stream's
+// context) with its by-value parameter array; cuLaunchKernelEx with
+// programmatic stream serialization where d.programmatic.
+CUresult LaunchWithDims(const CudaDriver& cu, CUkernel kernel, void** args, const LaunchDims& d,
+                        CUstream stream);
+
 // One artifact's cubin loaded as a context-independent CUlibrary: usable in
 // every context of the process, on the device it was checked for. The
 // driver keeps its own copy of the cubin. Thread-safe after Load.

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/arch.h"
+#include "runtime/cuda_loader.h"
 
 namespace kforge {
 namespace {
@@ -114,13 +115,18 @@ absl::Status DsaIndexerModule::Launch(CUkernel kernel, const IndexerKernelLaunch
                                       CUstream stream) const {
   // cuLaunchKernel copies the parameter block; the const_cast never writes.
   void* args[] = {const_cast<Params*>(&l.params)};
-  // A CUkernel passed as a CUfunction launches in the stream's context.
-  const CUresult r =
-      cu_.LaunchKernel(reinterpret_cast<CUfunction>(kernel), l.grid_x, l.grid_y, l.grid_z,
-                       l.block_threads, 1, 1, l.dynamic_smem_bytes, stream, args, nullptr);
+  LaunchDims d;
+  d.grid_x = l.grid_x;
+  d.grid_y = l.grid_y;
+  d.grid_z = l.grid_z;
+  d.block_threads = l.block_threads;
+  d.dynamic_smem_bytes = l.dynamic_smem_bytes;
+  d.programmatic = l.programmatic;
+  const CUresult r = LaunchWithDims(cu_, kernel, args, d, stream);
   if (r == CUDA_SUCCESS) return absl::OkStatus();
   return cu_.Check(
-      r, absl::StrFormat("cuLaunchKernel(%s, %s, grid (%u, %u, %u), block %u)", module_name_,
+      r, absl::StrFormat("%s(%s, %s, grid (%u, %u, %u), block %u)",
+                         l.programmatic ? "cuLaunchKernelEx" : "cuLaunchKernel", module_name_,
                          l.entry, l.grid_x, l.grid_y, l.grid_z, l.block_threads));
 }
 

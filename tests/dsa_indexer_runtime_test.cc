@@ -227,8 +227,9 @@ void DsaIndexerGpu::RunAndCheck(bool prefill) {
         }
         ASSERT_NEAR(got, ref, 1e-2 * std::abs(ref) + 1e-5 * mag) << s;
       }
-      // Top-k: the valid prefix in order (logit descending, ties by
-      // position), every logit above the k-th in, -1 after, slots.
+      // Top-k: the valid prefix in increasing position order, every logit
+      // above the k-th in, of those equal to it the smallest positions, -1
+      // after, slots.
       const int m = std::min(len, k);
       std::set<int> chosen;
       for (int j = 0; j < k; ++j) {
@@ -241,16 +242,17 @@ void DsaIndexerGpu::RunAndCheck(bool prefill) {
         ASSERT_TRUE(pos >= 0 && pos < len) << j << ": " << pos;
         ASSERT_TRUE(chosen.insert(pos).second) << "repeated " << pos;
         ASSERT_EQ(slots[r * k + j], table[b * pages_per_req + pos / 64] * 64 + pos % 64);
-        if (j > 0) {
-          const int prev = idx[r * k + j - 1];
-          const float a = logits[r * max_context + prev], c = logits[r * max_context + pos];
-          ASSERT_TRUE(a > c || (a == c && prev < pos)) << j;
-        }
+        if (j > 0) ASSERT_LT(idx[r * k + j - 1], pos) << j;
       }
       if (m > 0) {
-        const float kth = logits[r * max_context + idx[r * k + m - 1]];
+        float kth = logits[r * max_context + *chosen.begin()];
+        for (int pos : chosen) kth = std::min(kth, logits[r * max_context + pos]);
+        int ties_skipped = 0;  // tied positions not chosen, so far
         for (int s = 0; s < len; ++s) {
-          if (logits[r * max_context + s] > kth) ASSERT_TRUE(chosen.count(s)) << s;
+          const float v = logits[r * max_context + s];
+          if (v > kth) ASSERT_TRUE(chosen.count(s)) << s;
+          if (v == kth && !chosen.count(s)) ++ties_skipped;
+          if (v == kth && chosen.count(s)) ASSERT_EQ(ties_skipped, 0) << "tie at " << s;
         }
       }
     }

@@ -125,7 +125,8 @@ TEST(IndexerPlanTest, FewRowsTakeTheTopkClusterEntry) {
   EXPECT_EQ(l->block_threads, static_cast<uint32_t>(kTopkThreads));
   EXPECT_EQ(l->dynamic_smem_bytes, static_cast<uint32_t>(TopkClusterSmemBytes(2048)));
   EXPECT_EQ(l->params.rows, kTopkClusterMaxRows);
-  a.batch += 1;  // one CTA per row above
+  EXPECT_TRUE(l->programmatic);  // sm_90+: scheduled while the logits finish
+  a.batch += 1;                  // one CTA per row above
   l = PlanIndexerTopk(m.spec, m.launch, a);
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->entry, kIndexerTopkEntry);
@@ -138,6 +139,9 @@ TEST(IndexerPlanTest, FewRowsTakeTheTopkClusterEntry) {
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->entry, kIndexerTopkEntry);
   EXPECT_EQ(l->grid_x, 2u);
+  EXPECT_FALSE(l->programmatic);
+  EXPECT_FALSE(PlanIndexerLogits(m.spec, sm89, GoodLogits())->programmatic);
+  EXPECT_TRUE(PlanIndexerLogits(m.spec, m.launch, GoodLogits())->programmatic);
 }
 
 // A launch whose cluster or block differs from this build's config.h (an

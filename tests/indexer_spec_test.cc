@@ -210,14 +210,15 @@ TEST(IndexerCodegenTest, LaunchFollowsConfig) {
   EXPECT_EQ(l.logits_keys_per_cta(), 256u);
   EXPECT_EQ(l.logits_smem_bytes(),
             static_cast<uint32_t>(2 * dsa_indexer::IndexKeyPage::kBytes + 4 * 64 * 4));
-  EXPECT_EQ(l.topk_smem_bytes(), static_cast<uint32_t>((2048 + dsa_indexer::kTopkCandidates) * 8 +
-                                                       2048 * 4 + dsa_indexer::kTopkCounters * 4));
+  EXPECT_EQ(l.topk_smem_bytes(), static_cast<uint32_t>(dsa_indexer::kTopkCandidates * 8 + 2048 * 4 +
+                                                       dsa_indexer::kTopkCounters * 4));
   EXPECT_EQ(l.logits_params_bytes(), sizeof(dsa_indexer::LogitsParams));
   EXPECT_EQ(dsa_indexer::IndexKeyPage::kBytes, 64 * 132);
   // sm_90+: the top-k cluster entry, one more histogram of shared memory.
   EXPECT_EQ(l.topk_cluster().entry(), kIndexerTopkClusterEntry);
   EXPECT_EQ(l.topk_cluster().ctas(), static_cast<uint32_t>(dsa_indexer::kTopkClusterCtas));
-  EXPECT_EQ(l.topk_cluster().smem_bytes(), l.topk_smem_bytes() + 2048 * 4);
+  EXPECT_EQ(l.topk_cluster().smem_bytes(),
+            l.topk_smem_bytes() + 2048 * 4 + dsa_indexer::kTopkClusterCtas * 4);
   EXPECT_EQ(l.topk_cluster().max_rows(), static_cast<uint32_t>(dsa_indexer::kTopkClusterMaxRows));
   // Before sm_90: none, and no cluster entry in the source.
   const v1::AttentionSpec spec = *IndexerSpecFromPreset("glm-5", 8);

@@ -423,7 +423,12 @@ class RealServerTest(unittest.TestCase):
                                      slot_page_size=64, max_context=context)
         plan = _capi.plan_indexer("topk", spec, launch, topk)
         self.assertEqual(len(plan.main_params), int(description["indexer"]["topk_params_bytes"]))
-        self.assertEqual(plan.grid_x, rows)
+        # Few rows on sm_90+: the cluster entry, its CTAs per row, launched
+        # programmatically; the module description names the entry.
+        cluster = description["indexer"]["topk_cluster"]
+        self.assertEqual(plan.main_entry, cluster["entry"])
+        self.assertEqual(plan.grid_x, rows * cluster["ctas"])
+        self.assertTrue(plan.programmatic)
         topk.indices_stride = 100
         with self.assertRaisesRegex(ValueError, "indices_stride"):
             _capi.plan_indexer("topk", spec, launch, topk)
@@ -432,7 +437,8 @@ class RealServerTest(unittest.TestCase):
         plan = _capi.plan_indexer("logits", spec, launch, args)
         self.assertEqual(plan.grid_y, 777)
         topk.indices_stride, topk.s_q, topk.rows, topk.query_start = 2048, 0, 777, 8 << 32
-        self.assertEqual(_capi.plan_indexer("topk", spec, launch, topk).grid_x, 777)
+        plan = _capi.plan_indexer("topk", spec, launch, topk)
+        self.assertEqual((plan.main_entry, plan.grid_x), ("dsa_indexer_topk", 777))
         topk.s_q = 1
         with self.assertRaisesRegex(ValueError, "s_q: got 1, supported 0 with query_start"):
             _capi.plan_indexer("topk", spec, launch, topk)

@@ -36,8 +36,9 @@ request holds gets no valid position (-inf logits, -1 indices).
   context_lens [batch] int32 contiguous
   logits       [rows, >= max_context] fp32 (written for [0, max_context),
                -inf where masked)
-  indices      [rows, topk] int32: positions, descending by logit, ties by
-               the smaller position, -1 after the valid ones
+  indices      [rows, topk] int32: the positions of the top-k logits in
+               increasing position order (of logits equal to the k-th,
+               the smallest positions), -1 after the valid ones
   slots        [rows, topk] int32: mla_block_table[b, pos // slot_page_size]
                * slot_page_size + pos % slot_page_size, -1 kept
 """
@@ -63,12 +64,29 @@ def _torch():
     return torch
 
 
+class _LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute (cuda.h): an id, padding to 8 bytes, a 64-byte
+    value union (programmaticStreamSerializationAllowed is its first int)."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("value_rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuda.h)."""
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
+                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
 class _Driver:
     """The few CUDA driver calls this module makes, through ctypes on
     libcuda (present wherever a GPU driver is), so loading a module needs
     no Python package beyond torch."""
 
     _ATTR_MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    _LAUNCH_PROGRAMMATIC = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
     def __init__(self):
         try:
@@ -80,6 +98,7 @@ class _Driver:
         self.lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
         self.lib.cuFuncSetAttribute.argtypes = [vp, ctypes.c_int, ctypes.c_int]
         self.lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+        self.lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), vp, vp, vp]
         self.lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
 
     def check(self, err, what):
@@ -103,11 +122,21 @@ class _Driver:
                        f"cuFuncSetAttribute({entry}, {smem})")
         return f
 
-    def launch(self, f, grid, block, smem, stream, params, what):
+    def launch(self, f, grid, block, smem, stream, params, what, programmatic=False):
+        """cuLaunchKernel, or with programmatic stream serialization
+        cuLaunchKernelEx (the kernel is scheduled while the one before it in
+        the stream finishes; it waits for it in ptx::WaitForPriorGrids)."""
         block_bytes = ctypes.create_string_buffer(params, len(params))
         args = (ctypes.c_void_p * 1)(ctypes.addressof(block_bytes))  # one by-value struct
-        self.check(self.lib.cuLaunchKernel(f, grid[0], grid[1], grid[2], block, 1, 1, smem,
-                                           ctypes.c_void_p(stream), args, None), what)
+        if not programmatic:
+            self.check(self.lib.cuLaunchKernel(f, grid[0], grid[1], grid[2], block, 1, 1, smem,
+                                               ctypes.c_void_p(stream), args, None), what)
+            return
+        attr = _LaunchAttribute(id=self._LAUNCH_PROGRAMMATIC, value=1)
+        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, smem,
+                               ctypes.c_void_p(stream), ctypes.pointer(attr), 1)
+        self.check(self.lib.cuLaunchKernelEx(ctypes.byref(config), f, args, None),
+                   what.replace("cuLaunchKernel(", "cuLaunchKernelEx(", 1))
 
 
 _driver_instance = None
@@ -214,7 +243,7 @@ class DsaIndexer:
                               f"the module description does not list")
         self._cu.launch(function, grid, plan.block_threads, plan.dynamic_smem_bytes, stream,
                         plan.main_params, f"cuLaunchKernel({self.module_name}, {plan.main_entry}, "
-                        f"grid {grid})")
+                        f"grid {grid})", plan.programmatic)
 
     # ------------------------------------------------------------ checks
 

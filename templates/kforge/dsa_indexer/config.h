@@ -38,7 +38,7 @@ struct IndexKeyPage {
 
 // Limits of the template family (what the kernels are written for).
 constexpr int kMaxIndexHeads = 128;  // 8 warps of 16 head rows
-constexpr int kMaxTopk = 4096;       // the top-k kernel sorts k in shared memory
+constexpr int kMaxTopk = 4096;       // the engines' largest (2048) with room
 constexpr int kMaxSq = 4;            // plain decode plus up to 3 MTP tokens
 
 // Parameter block of the logits kernel (dsa_indexer_logits), passed by
@@ -143,20 +143,16 @@ KFORGE_HD constexpr int LogitsSmemBytes(int heads) {
 
 // Bins of the top-k radix histogram: digits of 11 bits (then 10).
 constexpr int kTopkBins = 2048;
-// Shared memory of the top-k kernel for k: the sort buffer of k (rounded
-// up to a power of two, at least 4) 64-bit words, kTopkCandidates more, the kTopkBins
-// histogram, kTopkCounters counters.
-KFORGE_HD constexpr int TopkSortSize(int topk) {
-  int n = 4;  // the sort holds at least 4 words a thread
-  while (n < topk) n *= 2;
-  return n;
+// Shared memory of the top-k kernel: kTopkCandidates 64-bit candidate
+// words, the kTopkBins histogram, kTopkCounters counters (the same for
+// every k: the survivors go straight to global memory).
+KFORGE_HD constexpr int TopkSmemBytes(int /*topk*/) {
+  return kTopkCandidates * 8 + kTopkBins * 4 + kTopkCounters * 4;
 }
-KFORGE_HD constexpr int TopkSmemBytes(int topk) {
-  return (TopkSortSize(topk) + kTopkCandidates) * 8 + kTopkBins * 4 + kTopkCounters * 4;
-}
-// The cluster entry's: one more kTopkBins histogram, the cluster's sums.
+// The cluster entry's: one more kTopkBins histogram, the cluster's sums,
+// and a count per CTA of the cluster.
 KFORGE_HD constexpr int TopkClusterSmemBytes(int topk) {
-  return TopkSmemBytes(topk) + kTopkBins * 4;
+  return TopkSmemBytes(topk) + kTopkBins * 4 + kTopkClusterCtas * 4;
 }
 
 }  // namespace dsa_indexer

@@ -20,14 +20,9 @@ struct IndexerTraits {
   static constexpr int kThreads = LogitsThreads(kHeads);
   static constexpr int kLogitsMinBlocks = LogitsMinBlocks(kHeads);
   static constexpr int kSmemBytes = LogitsSmemBytes(kHeads);
-  // Top-k: the sort buffer holds k keys rounded up to a power of two.
+  // Top-k.
   static constexpr int kTopkThreads = dsa_indexer::kTopkThreads;
-  static constexpr int kTopkSort = TopkSortSize(kTopk);
   static constexpr int kTopkSmemBytes = TopkSmemBytes(kTopk);
-  // Sort words each top-k thread holds (at least 4: the sort's in-thread
-  // steps are written for strides 1, 2 and 4).
-  static constexpr int kTopkSortPerThread =
-      kTopkSort / kTopkThreads > 4 ? kTopkSort / kTopkThreads : 4;
 
   static_assert(kHeads >= 1 && kHeads <= kMaxIndexHeads, "index heads: 1..128");
   static_assert(kTopk >= 1 && kTopk <= kMaxTopk, "top-k: 1..4096");
@@ -39,8 +34,8 @@ struct IndexerTraits {
                 "the top-k bin scan gives each thread whole bins");
   // The 99 KB parts (sm_86/89, sm_120/121) run both top-k entries.
   static_assert(TopkClusterSmemBytes(kTopk) <= 99 * 1024, "top-k shared memory fits 99 KB");
-  static_assert(kTopkSortPerThread <= 8 && kTopkSortPerThread * kTopkThreads >= kTopkSort,
-                "the sort holds every word in registers, at most 8 a thread");
+  static_assert(kTopkUnroll * kTopkThreads * 4 <= (1 << 14),
+                "a top-k round's counts fit the 16-bit fields WriteSurvivors packs");
   static_assert(kTopkBins % kTopkClusterCtas == 0 && kTopkBins / kTopkClusterCtas >= 1,
                 "each CTA of a top-k cluster sums whole bins");
 };

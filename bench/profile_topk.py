@@ -22,7 +22,8 @@ contexts = [int(c) for c in sys.argv[3].split(",")]
 path = sys.argv[4] if len(sys.argv) > 4 and not sys.argv[4].startswith("--") else None
 d = copy.deepcopy(ix.description)
 if path is not None and d["indexer"].get("topk_cluster"):
-    d["indexer"]["topk_cluster"]["max_rows"] = 65535 if path == "cluster" else 0
+    rows_bound = 65535 if path == "cluster" else 0
+    d["indexer"]["topk_cluster"].update(max_rows=rows_bound, short_rows=rows_bound)
 if "--no-pdl" in sys.argv:
     d["indexer"]["programmatic"] = False
 ix = kdi.DsaIndexer(d, ix._image)

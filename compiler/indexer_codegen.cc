@@ -71,6 +71,8 @@ v1::IndexerLaunch MakeIndexerLaunch(const v1::AttentionSpec& spec, const Arch& a
     c->set_ctas(di::kTopkClusterCtas);
     c->set_smem_bytes(di::TopkClusterSmemBytes(topk));
     c->set_max_rows(di::kTopkClusterMaxRows);
+    c->set_short_rows(di::kTopkClusterShortRows);
+    c->set_long_context(di::kTopkClusterLongContext);
   }
   return launch;
 }

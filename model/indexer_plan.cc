@@ -175,8 +175,10 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> PlanIndexerTopk(
   l.dynamic_smem_bytes = launch.topk_smem_bytes();
   l.programmatic = launch.programmatic();
   // Few rows: a cluster of CTAs per row (config.h's launch rule).
-  if (launch.has_topk_cluster() && rows <= launch.topk_cluster().max_rows()) {
-    const v1::IndexerTopkCluster& c = launch.topk_cluster();
+  const v1::IndexerTopkCluster& c = launch.topk_cluster();
+  if (launch.has_topk_cluster() &&
+      (rows <= c.short_rows() ||
+       (rows <= c.max_rows() && static_cast<uint32_t>(a.max_context) >= c.long_context()))) {
     l.entry = c.entry();
     l.grid_x = static_cast<uint32_t>(rows * c.ctas());
     l.dynamic_smem_bytes = c.smem_bytes();

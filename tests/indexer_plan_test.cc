@@ -15,7 +15,9 @@ namespace kforge {
 namespace {
 
 using dsa_indexer::kTopkClusterCtas;
+using dsa_indexer::kTopkClusterLongContext;
 using dsa_indexer::kTopkClusterMaxRows;
+using dsa_indexer::kTopkClusterShortRows;
 using dsa_indexer::kTopkThreads;
 using dsa_indexer::LogitsParams;
 using dsa_indexer::TopkClusterSmemBytes;
@@ -113,12 +115,23 @@ TEST(IndexerPlanTest, TopkLaunchAndParams) {
   EXPECT_TRUE(PlanIndexerTopk(m.spec, m.launch, a).ok());
 }
 
-// Few rows take the cluster entry (sm_90+): kTopkClusterCtas CTAs per row.
+// Few rows take the cluster entry (sm_90+): kTopkClusterCtas CTAs per row;
+// up to kTopkClusterShortRows rows of any length, up to kTopkClusterMaxRows
+// of a long context.
 TEST(IndexerPlanTest, FewRowsTakeTheTopkClusterEntry) {
   const Module m;
-  IndexerTopkArgs a = GoodTopk();
-  a.batch = kTopkClusterMaxRows / 2;  // s_q 2: exactly kTopkClusterMaxRows rows
+  IndexerTopkArgs a = GoodTopk();       // max_context 32768
+  a.batch = kTopkClusterShortRows / 2;  // s_q 2
   absl::StatusOr<IndexerKernelLaunch<TopkParams>> l = PlanIndexerTopk(m.spec, m.launch, a);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->entry, kIndexerTopkClusterEntry);
+  a.batch += 1;  // short rows past kTopkClusterShortRows: one CTA each
+  l = PlanIndexerTopk(m.spec, m.launch, a);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->entry, kIndexerTopkEntry);
+  a.max_context = a.logits_stride = kTopkClusterLongContext;
+  a.batch = kTopkClusterMaxRows / 2;  // long rows: up to kTopkClusterMaxRows
+  l = PlanIndexerTopk(m.spec, m.launch, a);
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->entry, kIndexerTopkClusterEntry);
   EXPECT_EQ(l->grid_x, static_cast<uint32_t>(kTopkClusterMaxRows * kTopkClusterCtas));

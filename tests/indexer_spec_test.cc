@@ -220,6 +220,10 @@ TEST(IndexerCodegenTest, LaunchFollowsConfig) {
   EXPECT_EQ(l.topk_cluster().smem_bytes(),
             l.topk_smem_bytes() + 2048 * 4 + dsa_indexer::kTopkClusterCtas * 4);
   EXPECT_EQ(l.topk_cluster().max_rows(), static_cast<uint32_t>(dsa_indexer::kTopkClusterMaxRows));
+  EXPECT_EQ(l.topk_cluster().short_rows(),
+            static_cast<uint32_t>(dsa_indexer::kTopkClusterShortRows));
+  EXPECT_EQ(l.topk_cluster().long_context(),
+            static_cast<uint32_t>(dsa_indexer::kTopkClusterLongContext));
   // Before sm_90: none, and no cluster entry in the source.
   const v1::AttentionSpec spec = *IndexerSpecFromPreset("glm-5", 8);
   EXPECT_FALSE(MakeIndexerLaunch(spec, *ParseArch("sm_80")).has_topk_cluster());

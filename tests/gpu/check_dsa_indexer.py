@@ -260,7 +260,7 @@ def variants(path):
     if ix.description["indexer"].get("topk_cluster"):
         for tag, rows in ((" [cluster]", 65535), (" [one CTA]", 0)):
             d = copy.deepcopy(ix.description)
-            d["indexer"]["topk_cluster"]["max_rows"] = rows
+            d["indexer"]["topk_cluster"].update(max_rows=rows, short_rows=rows)
             out.append((tag, kdi.DsaIndexer(d, ix._image)))
     return out
 
@@ -450,7 +450,7 @@ def bench_one(ix, batch, ctx_len, label, reps=20):
 
 def bench_topk_paths(path):
     """The top-k alone on random logits, one CTA per row against the cluster
-    entry, over rows: the numbers behind config.h's kTopkClusterMaxRows."""
+    entry, over rows: the numbers behind config.h's kTopkCluster* bounds."""
     vs = variants(path)
     if len(vs) == 1:
         return

@@ -103,8 +103,9 @@ struct TopkParams {
 // The launch of each kernel (one rule for the host and the device).
 // Logits: grid (ceil(max_context / (64 * kPagesPerCta)), rows), block
 // LogitsThreads(heads). Top-k: grid (rows), block kTopkThreads; or, on
-// sm_90+ for at most kTopkClusterMaxRows rows, the cluster entry: grid
-// (rows * kTopkClusterCtas) in clusters of kTopkClusterCtas along x.
+// sm_90+ for few rows (kTopkClusterShortRows, or kTopkClusterMaxRows of a
+// long context), the cluster entry: grid (rows * kTopkClusterCtas) in
+// clusters of kTopkClusterCtas along x.
 KFORGE_HD constexpr int HeadRowTiles(int heads) { return (heads + 15) / 16; }
 KFORGE_HD constexpr int LogitsThreads(int heads) { return 32 * HeadRowTiles(heads); }
 constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in registers)
@@ -122,11 +123,17 @@ constexpr int kTopkThreads = 512;
 // 265 us for the top-k of one 131072-position row on the H200).
 constexpr int kTopkUnroll = 8;
 // CTAs of a top-k row in the cluster entry (the portable cluster size, so
-// every sm_90+ part runs it without an opt-in), and the most rows it takes:
-// one CTA per row already fills the GPU above that (BENCH.md, "Top-k over
-// a cluster per row").
+// every sm_90+ part runs it without an opt-in), and the rows it takes: up
+// to kTopkClusterShortRows whatever their length, up to kTopkClusterMaxRows
+// when max_context is at least kTopkClusterLongContext. Past 8 rows the
+// clusters no longer run at once, and one CTA per row wins on short rows
+// (H200, BENCH.md "Top-k over a cluster per row": 16 x 32768 one CTA 28-29
+// us, cluster 40-44; 16 x 131072 one CTA 88-97, cluster 44-48; 32 x 131072
+// 89-97 against 69-71).
 constexpr int kTopkClusterCtas = 8;
+constexpr int kTopkClusterShortRows = 8;
 constexpr int kTopkClusterMaxRows = 32;
+constexpr int kTopkClusterLongContext = 65536;
 // Shared counters of the top-k kernel: one per (unrolled load, warp) for
 // the collect pass's position-order ranks, then three scalars.
 constexpr int kTopkCounters = kTopkUnroll * (kTopkThreads / 32) + 5;

@@ -20,6 +20,9 @@ std::string IndexerModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
 
 bool IndexerHasTopkCluster(const Arch& arch) { return arch.major >= 9; }
 
+// The logits entry runs on warpgroup MMA where the arch has it: sm_90a only.
+bool IndexerLogitsWgmma(const Arch& arch) { return arch.arch_specific && arch.major == 9; }
+
 std::string GenerateIndexerSource(const v1::AttentionSpec& spec, const Arch& arch) {
   std::string src;
   absl::StrAppendFormat(&src,
@@ -27,7 +30,7 @@ std::string GenerateIndexerSource(const v1::AttentionSpec& spec, const Arch& arc
                         "#include \"kforge/dsa_indexer/logits.cuh\"\n"
                         "#include \"kforge/dsa_indexer/topk.cuh\"\n\n"
                         "namespace kdi = kforge::dsa_indexer;\n\n"
-                        "using Traits = kdi::IndexerTraits<%d, %d>;\n\n"
+                        "using Traits = kdi::IndexerTraits<%d, %d, %s>;\n\n"
                         "extern \"C\" __global__ void __launch_bounds__(Traits::kThreads, "
                         "Traits::kLogitsMinBlocks)\n"
                         "%s(const kdi::LogitsParams p) {\n"
@@ -37,7 +40,9 @@ std::string GenerateIndexerSource(const v1::AttentionSpec& spec, const Arch& arc
                         "%s(const kdi::TopkParams p) {\n"
                         "  kdi::TopkMain<Traits>(p);\n"
                         "}\n",
-                        spec.index_heads(), spec.topk(), kIndexerLogitsEntry, kIndexerTopkEntry);
+                        spec.index_heads(), spec.topk(),
+                        IndexerLogitsWgmma(arch) ? "true" : "false", kIndexerLogitsEntry,
+                        kIndexerTopkEntry);
   if (IndexerHasTopkCluster(arch)) {
     absl::StrAppendFormat(&src,
                           "\nextern \"C\" __global__ void "
@@ -56,9 +61,10 @@ v1::IndexerLaunch MakeIndexerLaunch(const v1::AttentionSpec& spec, const Arch& a
   const int topk = static_cast<int>(spec.topk());
   v1::IndexerLaunch launch;
   launch.set_logits_entry(kIndexerLogitsEntry);
-  launch.set_logits_block_threads(di::LogitsThreads(heads));
-  launch.set_logits_smem_bytes(di::LogitsSmemBytes(heads));
-  launch.set_logits_keys_per_cta(di::IndexKeyPage::kPageTokens * di::kPagesPerCta);
+  const bool wgmma = IndexerLogitsWgmma(arch);
+  launch.set_logits_block_threads(di::LogitsThreads(heads, wgmma));
+  launch.set_logits_smem_bytes(di::LogitsSmemBytes(heads, wgmma));
+  launch.set_logits_keys_per_cta(di::IndexKeyPage::kPageTokens * di::LogitsPagesPerCta(wgmma));
   launch.set_topk_entry(kIndexerTopkEntry);
   launch.set_topk_block_threads(di::kTopkThreads);
   launch.set_topk_smem_bytes(di::TopkSmemBytes(topk));

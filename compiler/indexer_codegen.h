@@ -18,6 +18,8 @@ inline constexpr char kIndexerTopkClusterEntry[] = "dsa_indexer_topk_cluster";
 // Whether `arch` runs thread-block clusters (sm_90 and later), so its
 // modules carry the top-k cluster entry.
 bool IndexerHasTopkCluster(const Arch& arch);
+// Whether the logits entry uses warpgroup MMA (sm_90a).
+bool IndexerLogitsWgmma(const Arch& arch);
 
 // Readable, deterministic name from every kernel-changing parameter of a
 // valid indexer spec, e.g. dsa_indexer_h32_d128_topk2048_pb64_sm120a.

@@ -88,9 +88,9 @@ TEST(IndexerPlanTest, LogitsLaunchAndParams) {
       PlanIndexerLogits(m.spec, m.launch, GoodLogits());
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->entry, kIndexerLogitsEntry);
-  EXPECT_EQ(l->grid_x, 32768u / 256);
+  EXPECT_EQ(l->grid_x, 32768u / m.launch.logits_keys_per_cta());
   EXPECT_EQ(l->grid_y, 256u);  // 128 requests x 2 rows
-  EXPECT_EQ(l->block_threads, 128u);
+  EXPECT_EQ(l->block_threads, m.launch.logits_block_threads());
   EXPECT_EQ(l->dynamic_smem_bytes, m.launch.logits_smem_bytes());
   EXPECT_EQ(reinterpret_cast<uint64_t>(l->params.kv), 0x30000u);
   EXPECT_EQ(l->params.logits_stride, 32772);

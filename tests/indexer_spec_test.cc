@@ -156,7 +156,8 @@ TEST(IndexerCodegenTest, PlanNamesTheModuleAndInstantiatesTheTraits) {
   absl::StatusOr<CompilePlan> plan = compiler.Plan(*IndexerSpecFromPreset("glm-5", 8), "sm_120a");
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->module_name, "dsa_indexer_h32_d128_topk2048_pb64_sm120a");
-  EXPECT_TRUE(absl::StrContains(plan->source, "kdi::IndexerTraits<32, 2048>")) << plan->source;
+  EXPECT_TRUE(absl::StrContains(plan->source, "kdi::IndexerTraits<32, 2048, false>"))
+      << plan->source;
   EXPECT_TRUE(absl::StrContains(plan->source, "dsa_indexer_logits(const kdi::LogitsParams p)"));
   EXPECT_TRUE(absl::StrContains(plan->source, "dsa_indexer_topk(const kdi::TopkParams p)"));
   // Another top-k, another key and module.
@@ -185,7 +186,7 @@ TEST(IndexerCodegenTest, ManifestHasOneVariantTheSelectorNeverPicks) {
   EXPECT_EQ(v.module_name(), "dsa_indexer_h32_d128_topk2048_pb64_sm90a");
   EXPECT_EQ(v.main_entry(), kIndexerLogitsEntry);
   EXPECT_EQ(v.combine_entry(), kIndexerTopkEntry);
-  EXPECT_EQ(v.indexer().logits_block_threads(), 64u);
+  EXPECT_EQ(v.indexer().logits_block_threads(), 256u);  // sm_90a: two warpgroups
   EXPECT_EQ(v.key(), compiler.Plan(spec, "sm_90a")->key);
   DeviceInfo device;
   device.arch = "sm_90a";
@@ -231,6 +232,31 @@ TEST(IndexerCodegenTest, LaunchFollowsConfig) {
                                  kIndexerTopkClusterEntry));
   EXPECT_TRUE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch("sm_90a")),
                                 kIndexerTopkClusterEntry));
+}
+
+TEST(IndexerCodegenTest, Sm90aLogitsRunOnWarpgroupMma) {
+  const v1::AttentionSpec spec = *IndexerSpecFromPreset("deepseek-v3.2", 1);
+  const v1::IndexerLaunch l = MakeIndexerLaunch(spec, *ParseArch("sm_90a"));
+  EXPECT_EQ(l.logits_block_threads(), 128u * dsa_indexer::kLogitsWgmmaWarpgroups);
+  EXPECT_EQ(l.logits_keys_per_cta(), 64u * dsa_indexer::kLogitsWgmmaPagesPerCta);
+  // Q as f16 (64 heads x 256 bytes), 64 weights, the CTA's page ids.
+  EXPECT_EQ(l.logits_smem_bytes(),
+            static_cast<uint32_t>(64 * 256 + 64 * 4 + dsa_indexer::kLogitsWgmmaPagesPerCta * 4));
+  EXPECT_TRUE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch("sm_90a")),
+                                "kdi::IndexerTraits<64, 2048, true>"));
+  // Not sm_90 (no wgmma without the arch-specific target), nor sm_100a.
+  for (const char* arch : {"sm_90", "sm_100a"}) {
+    EXPECT_TRUE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch(arch)),
+                                  "kdi::IndexerTraits<64, 2048, false>"))
+        << arch;
+    EXPECT_EQ(MakeIndexerLaunch(spec, *ParseArch(arch)).logits_block_threads(), 128u) << arch;
+  }
+  // Head counts round up to a wgmma width.
+  EXPECT_EQ(dsa_indexer::LogitsWgmmaN(1), 16);
+  EXPECT_EQ(dsa_indexer::LogitsWgmmaN(20), 32);
+  EXPECT_EQ(dsa_indexer::LogitsWgmmaN(64), 64);
+  EXPECT_EQ(dsa_indexer::LogitsWgmmaN(65), 128);
+  EXPECT_EQ(dsa_indexer::LogitsWgmmaN(128), 128);
 }
 
 }  // namespace

@@ -101,20 +101,43 @@ struct TopkParams {
 };
 
 // The launch of each kernel (one rule for the host and the device).
-// Logits: grid (ceil(max_context / (64 * kPagesPerCta)), rows), block
-// LogitsThreads(heads). Top-k: grid (rows), block kTopkThreads; or, on
-// sm_90+ for few rows (kTopkClusterShortRows, or kTopkClusterMaxRows of a
-// long context), the cluster entry: grid (rows * kTopkClusterCtas) in
-// clusters of kTopkClusterCtas along x.
+// Logits: grid (ceil(max_context / (64 * LogitsPagesPerCta(wgmma))), rows),
+// block LogitsThreads(heads, wgmma), wgmma on sm_90a only. Top-k: grid
+// (rows), block kTopkThreads; or, on sm_90+ for few rows
+// (kTopkClusterShortRows, or kTopkClusterMaxRows of a long context), the
+// cluster entry: grid (rows * kTopkClusterCtas) in clusters of
+// kTopkClusterCtas along x.
+//
+// mma.sync logits (every arch but sm_90a): one warp per 16 head rows, Q in
+// registers, kPagesPerCta pages per CTA.
 KFORGE_HD constexpr int HeadRowTiles(int heads) { return (heads + 15) / 16; }
-KFORGE_HD constexpr int LogitsThreads(int heads) { return 32 * HeadRowTiles(heads); }
 constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in registers)
 // Logits CTAs resident per SM, the entry's __launch_bounds__ minimum: 1024
 // threads, so 64 registers a thread (the kernel is a stream of small CTAs;
 // at 72 registers, 7 of 128 threads fit and the 128 x 32768 logits took 6%
 // longer on the H200).
-KFORGE_HD constexpr int LogitsMinBlocks(int heads) {
-  return 1024 / LogitsThreads(heads) > 0 ? 1024 / LogitsThreads(heads) : 1;
+//
+// wgmma logits (sm_90a): kLogitsWgmmaWarpgroups warpgroups, each taking
+// every other page of the CTA's kLogitsWgmmaPagesPerCta: a page's 64 keys
+// are the A operand (e4m3 -> f16 in registers, loaded kLogitsWgmmaLookahead
+// pages ahead), Q the B operand (f16 in shared memory, N = the heads
+// rounded up to a wgmma width). Two CTAs per SM while N <= 64 (128
+// registers a thread), else one.
+constexpr int kLogitsWgmmaWarpgroups = 2;
+constexpr int kLogitsWgmmaPagesPerCta = 16;
+constexpr int kLogitsWgmmaLookahead = 2;
+KFORGE_HD constexpr int LogitsWgmmaN(int heads) {
+  return heads <= 16 ? 16 : (heads <= 32 ? 32 : (heads <= 64 ? 64 : 128));
+}
+KFORGE_HD constexpr int LogitsThreads(int heads, bool wgmma) {
+  return wgmma ? 128 * kLogitsWgmmaWarpgroups : 32 * HeadRowTiles(heads);
+}
+KFORGE_HD constexpr int LogitsPagesPerCta(bool wgmma) {
+  return wgmma ? kLogitsWgmmaPagesPerCta : kPagesPerCta;
+}
+KFORGE_HD constexpr int LogitsMinBlocks(int heads, bool wgmma) {
+  return wgmma ? (LogitsWgmmaN(heads) <= 64 ? 2 : 1)
+               : (1024 / LogitsThreads(heads, false) > 0 ? 1024 / LogitsThreads(heads, false) : 1);
 }
 constexpr int kLogitsStages = 2;
 constexpr int kTopkThreads = 512;
@@ -142,10 +165,14 @@ constexpr int kTopkCounters = kTopkUnroll * (kTopkThreads / 32) + 5;
 // row again for each).
 constexpr int kTopkCandidates = 4096;
 
-// Shared memory of the logits kernel: kLogitsStages pages and one float per
-// (warp, key) for the cross-warp sum.
-KFORGE_HD constexpr int LogitsSmemBytes(int heads) {
-  return kLogitsStages * IndexKeyPage::kBytes + HeadRowTiles(heads) * IndexKeyPage::kPageTokens * 4;
+// Shared memory of the logits kernel. mma.sync: kLogitsStages pages and
+// one float per (warp, key) for the cross-warp sum. wgmma: Q as f16 (two
+// 64-column blocks of N rows x 128 bytes, 1024-byte aligned: the start of
+// dynamic shared memory), N weights, the CTA's page ids.
+KFORGE_HD constexpr int LogitsSmemBytes(int heads, bool wgmma) {
+  return wgmma ? LogitsWgmmaN(heads) * (2 * 128 + 4) + kLogitsWgmmaPagesPerCta * 4
+               : kLogitsStages * IndexKeyPage::kBytes +
+                     HeadRowTiles(heads) * IndexKeyPage::kPageTokens * 4;
 }
 
 // Bins of the top-k radix histogram: digits of 11 bits (then 10).

@@ -1,7 +1,8 @@
 // Paged fp8 MQA logits of the DSA lightning indexer, decode and prefill
 // (config.h, LogitsParams; docs/DESIGN.md "The DSA lightning indexer").
+// Two paths: LogitsWgmma (sm_90a, below) and LogitsMma (every other arch).
 //
-// One CTA = one query row x kPagesPerCta key pages. Warp w holds head rows
+// LogitsMma: one CTA = one query row x kPagesPerCta key pages. Warp w holds head rows
 // [16 w, 16 w + 16) of the row's Q as m16n8k16 A fragments (f16, converted
 // once from e4m3) for the whole CTA; each page is copied whole into shared
 // memory (cp.async, double-buffered), every warp computes its 16 heads x
@@ -126,10 +127,10 @@ constexpr bool kFp8Mma = false;
 #endif
 
 template <class T>
-__device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+__device__ __forceinline__ void LogitsMma(const LogitsParams& p) {
+  extern __shared__ __align__(1024) unsigned char smem[];
   constexpr int kPage = T::kPage;
-  constexpr int kChunkKeys = kPage * kPagesPerCta;
+  constexpr int kChunkKeys = kPage * T::kPagesPerCta;
   float* red = reinterpret_cast<float*>(smem + kLogitsStages * IndexKeyPage::kBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -146,7 +147,7 @@ __device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
   // ceil(max_context / 64) columns).
   const int valid_end = min(len, end);
   int pages = valid_end > first ? (valid_end - first + kPage - 1) / kPage : 0;
-  pages = min(pages, kPagesPerCta);
+  pages = min(pages, T::kPagesPerCta);
 
   if (pages > 0) {
     const int* table = p.block_table + static_cast<long long>(b) * p.block_table_stride;
@@ -251,6 +252,181 @@ __device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
     out[s] = -__int_as_float(0x7f800000);
   }
   ptx::AllowDependentLaunch();
+}
+
+// ---- sm_90a: warpgroup MMA, the keys as A from registers ----
+
+// Q chunk c (16 bytes, 0..7) of head n as f16 into the B tile at q16 (two
+// 64-column blocks of kN rows x 128 bytes, 16-byte chunk j of row n at j ^
+// (n & 7)), in the permuted k order the A fragments read the keys in: byte
+// 64 G + 16 t + 4 m + 2 h + e of a row (c = 4 G + t) is k 64 G + 16 m + 8 h
+// + 2 t + e, so that k-step 4 G + m of thread t takes the four bytes 4 m ..
+// 4 m + 3 of its 16-byte chunk G as its (2t, 2t + 1) and (2t + 8, 2t + 9).
+template <int kN>
+__device__ __forceinline__ void StoreQChunk(u32 q16, int n, int c, const u32 (&w)[4]) {
+  const u32 row = q16 + (c >> 2) * (kN * 128) + n * 128 + 4 * (c & 3);
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    u32 lo, hi;
+    fp8::E4m3x4ToHalf2(w[m], lo, hi);
+    ptx::StShared32(row + (((2 * m) ^ (n & 7)) << 4), lo);
+    ptx::StShared32(row + (((2 * m + 1) ^ (n & 7)) << 4), hi);
+  }
+}
+
+// One page's key bytes a thread of a warpgroup holds: rows r0 = 16 w + g
+// and r0 + 8 of the page (w its warp in the warpgroup), chunks t and 4 + t
+// of each (the A fragments of all 8 k-steps), and the two rows' scales.
+struct KeyRows {
+  u32 v[2][2][4];  // [row r0 / r0 + 8][chunk group G][word]
+  float scale[2];
+};
+
+__device__ __forceinline__ void LoadKeyRows(const LogitsParams& p, int page, int r0, int t,
+                                            KeyRows& k) {
+  const unsigned char* base = p.kv + static_cast<long long>(page) * p.page_stride;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = r0 + 8 * rr;
+#pragma unroll
+    for (int grp = 0; grp < 2; ++grp) {
+      ptx::LdGlobal128(base + r * IndexKeyPage::kHeadDim + 64 * grp + 16 * t, k.v[rr][grp]);
+    }
+    k.scale[rr] = ptx::LdGlobalF32(base + IndexKeyPage::kValueBytes + 4 * r);
+  }
+}
+
+// One page of one warpgroup: its 64 keys x kN heads (8 k16 steps), relu,
+// the heads' weights and the sum over heads (each thread's 2 x kN / 4
+// values, then the 4 lanes of a key row), the key's scale and the mask.
+// Once the keys are A fragments, k takes page `next` (if has_next), so its
+// loads run during this page's MMAs and the other buffer's page.
+template <class T>
+__device__ __forceinline__ void WgmmaPage(const LogitsParams& p, KeyRows& k, bool has_next,
+                                          int next, u32 q16, const float* w_s, float* out,
+                                          int page_first, int r0, int t, int len, int end) {
+  constexpr int kN = T::kWgmmaN;
+  u32 a[8][4];
+#pragma unroll
+  for (int grp = 0; grp < 2; ++grp)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      fp8::E4m3x4ToHalf2(k.v[0][grp][m], a[4 * grp + m][0], a[4 * grp + m][2]);
+      fp8::E4m3x4ToHalf2(k.v[1][grp][m], a[4 * grp + m][1], a[4 * grp + m][3]);
+    }
+  const float scale = t == 0 ? k.scale[0] : k.scale[1];
+  if (has_next) LoadKeyRows(p, next, r0, t, k);
+  float acc[kN / 8][4];
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      acc[j][e] = 0.f;
+      ptx::FenceOperand(acc[j][e]);
+    }
+  ptx::WgmmaFence();
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    ptx::WgmmaF16Rs<kN>(acc, a[ks],
+                        ptx::SmemDescSw128(q16 + (ks >> 2) * (kN * 128) + (ks & 3) * 32), ks > 0);
+  }
+  ptx::WgmmaCommit();
+  ptx::WgmmaWait0();
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ptx::FenceOperand(acc[j][e]);
+  float s[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+    const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * t);
+    s[0] += w.x * fmaxf(acc[j][0], 0.f) + w.y * fmaxf(acc[j][1], 0.f);
+    s[1] += w.x * fmaxf(acc[j][2], 0.f) + w.y * fmaxf(acc[j][3], 0.f);
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    s[rr] += __shfl_xor_sync(0xffffffffu, s[rr], 1);
+    s[rr] += __shfl_xor_sync(0xffffffffu, s[rr], 2);
+  }
+  // Lane t 0 writes row r0, lane t 1 row r0 + 8.
+  if (t < 2) {
+    constexpr float kUnscale = fp8::kE4m3HalfFactor * fp8::kE4m3HalfFactor;
+    const int pos = page_first + r0 + 8 * t;
+    const float v = (t == 0 ? s[0] : s[1]) * scale;
+    if (pos < end) out[pos] = pos < len ? v * kUnscale : -__int_as_float(0x7f800000);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  constexpr int kN = T::kWgmmaN;
+  constexpr int kPage = T::kPage;
+  constexpr int kChunkKeys = kPage * T::kPagesPerCta;
+  constexpr int kGroups = kLogitsWgmmaWarpgroups;
+  static_assert(kLogitsWgmmaLookahead == 2, "the page loop below keeps two pages in flight");
+  float* w_s = reinterpret_cast<float*>(smem + 2 * kN * 128);
+  int* pages_s = reinterpret_cast<int*>(w_s + kN);
+  const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int t = lane % 4, r0 = warp * 16 + lane / 4;
+  const int row = blockIdx.y;
+  const int first = blockIdx.x * kChunkKeys;
+
+  ptx::WaitForPriorGrids();
+  const QueryRow qr = LocateRow(p, row);
+  const int len = qr.len;
+  float* out = p.logits + static_cast<long long>(row) * p.logits_stride;
+  const int end = min(first + kChunkKeys, p.max_context);
+  const int valid_end = min(len, end);
+  int pages = valid_end > first ? (valid_end - first + kPage - 1) / kPage : 0;
+  pages = min(pages, T::kPagesPerCta);
+
+  if (pages > 0) {
+    const u32 q16 = ptx::SmemAddr(smem);
+    if ((q16 & 1023) != 0) __trap();  // the swizzle is on address bits
+    const unsigned char* q = p.q + static_cast<long long>(row) * p.q_row_stride;
+    for (int ci = threadIdx.x; ci < kN * 8; ci += T::kThreads) {
+      u32 w[4] = {0, 0, 0, 0};  // padded heads are zero and weigh 0
+      if ((ci >> 3) < T::kHeads) ptx::LdGlobal128(q + (ci >> 3) * T::kHeadDim + (ci & 7) * 16, w);
+      StoreQChunk<kN>(q16, ci >> 3, ci & 7, w);
+    }
+    const float* wr = p.weights + static_cast<long long>(row) * p.weights_row_stride;
+    for (int n = threadIdx.x; n < kN; n += T::kThreads) w_s[n] = n < T::kHeads ? wr[n] : 0.f;
+    const int* table = p.block_table + static_cast<long long>(qr.b) * p.block_table_stride;
+    for (int i = threadIdx.x; i < pages; i += T::kThreads) pages_s[i] = table[first / kPage + i];
+    ptx::FenceProxyAsync();  // st.shared writes, then wgmma reads
+    __syncthreads();
+
+    // This warpgroup's pages: group, group + kGroups, ...; two in flight.
+    KeyRows k0, k1;
+    int pi = group;
+    if (pi < pages) LoadKeyRows(p, pages_s[pi], r0, t, k0);
+    if (pi + kGroups < pages) LoadKeyRows(p, pages_s[pi + kGroups], r0, t, k1);
+    for (; pi < pages; pi += 2 * kGroups) {
+      const bool h0 = pi + 2 * kGroups < pages;
+      WgmmaPage<T>(p, k0, h0, h0 ? pages_s[pi + 2 * kGroups] : 0, q16, w_s, out, first + pi * kPage,
+                   r0, t, len, end);
+      if (pi + kGroups >= pages) break;
+      const bool h1 = pi + 3 * kGroups < pages;
+      WgmmaPage<T>(p, k1, h1, h1 ? pages_s[pi + 3 * kGroups] : 0, q16, w_s, out,
+                   first + (pi + kGroups) * kPage, r0, t, len, end);
+    }
+  }
+  // Positions of the CTA past the row's causal length.
+  for (int s = first + pages * kPage + threadIdx.x; s < end; s += T::kThreads) {
+    out[s] = -__int_as_float(0x7f800000);
+  }
+  ptx::AllowDependentLaunch();
+}
+
+// The entry's body: wgmma where the traits say so (sm_90a), else mma.sync.
+template <class T>
+__device__ __forceinline__ void LogitsMain(const LogitsParams& p) {
+  if constexpr (T::kWgmma) {
+    LogitsWgmma<T>(p);
+  } else {
+    LogitsMma<T>(p);
+  }
 }
 
 }  // namespace dsa_indexer

@@ -8,18 +8,22 @@
 namespace kforge {
 namespace dsa_indexer {
 
-template <int kHeads_, int kTopk_>
+template <int kHeads_, int kTopk_, bool kWgmma_ = false>
 struct IndexerTraits {
   static constexpr int kHeads = kHeads_;
   static constexpr int kTopk = kTopk_;
   static constexpr int kHeadDim = IndexKeyPage::kHeadDim;
   static constexpr int kPage = IndexKeyPage::kPageTokens;
-  // Logits: one warp per 16 head rows (the m16n8k16 M), each keeping its Q
-  // fragments in registers for the CTA's kPagesPerCta pages.
+  // Logits. mma.sync: one warp per 16 head rows (the m16n8k16 M), each
+  // keeping its Q fragments in registers for the CTA's pages. wgmma
+  // (sm_90a): warpgroups of 64 keys x kWgmmaN heads (config.h).
+  static constexpr bool kWgmma = kWgmma_;
   static constexpr int kWarps = HeadRowTiles(kHeads);
-  static constexpr int kThreads = LogitsThreads(kHeads);
-  static constexpr int kLogitsMinBlocks = LogitsMinBlocks(kHeads);
-  static constexpr int kSmemBytes = LogitsSmemBytes(kHeads);
+  static constexpr int kWgmmaN = LogitsWgmmaN(kHeads);
+  static constexpr int kThreads = LogitsThreads(kHeads, kWgmma);
+  static constexpr int kPagesPerCta = LogitsPagesPerCta(kWgmma);
+  static constexpr int kLogitsMinBlocks = LogitsMinBlocks(kHeads, kWgmma);
+  static constexpr int kSmemBytes = LogitsSmemBytes(kHeads, kWgmma);
   // Top-k.
   static constexpr int kTopkThreads = dsa_indexer::kTopkThreads;
   static constexpr int kTopkSmemBytes = TopkSmemBytes(kTopk);

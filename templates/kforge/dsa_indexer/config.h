@@ -121,8 +121,8 @@ constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in reg
 // every other page of the CTA's kLogitsWgmmaPagesPerCta: a page's 64 keys
 // are the A operand (e4m3 -> f16 in registers, loaded kLogitsWgmmaLookahead
 // pages ahead), Q the B operand (f16 in shared memory, N = the heads
-// rounded up to a wgmma width). Two CTAs per SM while N <= 64 (128
-// registers a thread), else one.
+// rounded up to a wgmma width). 512 threads per SM while N <= 64 (128
+// registers a thread), else 256.
 constexpr int kLogitsWgmmaWarpgroups = 2;
 constexpr int kLogitsWgmmaPagesPerCta = 16;
 constexpr int kLogitsWgmmaLookahead = 2;
@@ -136,7 +136,9 @@ KFORGE_HD constexpr int LogitsPagesPerCta(bool wgmma) {
   return wgmma ? kLogitsWgmmaPagesPerCta : kPagesPerCta;
 }
 KFORGE_HD constexpr int LogitsMinBlocks(int heads, bool wgmma) {
-  return wgmma ? (LogitsWgmmaN(heads) <= 64 ? 2 : 1)
+  return wgmma ? ((LogitsWgmmaN(heads) <= 64 ? 512 : 256) / LogitsThreads(heads, true) > 0
+                      ? (LogitsWgmmaN(heads) <= 64 ? 512 : 256) / LogitsThreads(heads, true)
+                      : 1)
                : (1024 / LogitsThreads(heads, false) > 0 ? 1024 / LogitsThreads(heads, false) : 1);
 }
 constexpr int kLogitsStages = 2;

@@ -373,15 +373,41 @@ __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
   const int first = blockIdx.x * kChunkKeys;
 
   ptx::WaitForPriorGrids();
+  const int end = min(first + kChunkKeys, p.max_context);
+  // Decode knows the request without a load (row / s_q), so this
+  // warpgroup's first two page ids are read beside context_lens: columns
+  // below ceil(max_context / 64), inside the table (the plan checks its
+  // columns), used only where the context reaches them. Prefill reads them
+  // after LocateRow. Either way the first key loads go out before Q is
+  // staged.
+  int first_ids[2] = {0, 0};
+  const bool decode = p.query_start == nullptr;
+  if (decode) {
+    const int* table = p.block_table + static_cast<long long>(row / p.s_q) * p.block_table_stride;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int pi = group + i * kGroups;
+      if (first + pi * kPage < end) first_ids[i] = table[first / kPage + pi];
+    }
+  }
   const QueryRow qr = LocateRow(p, row);
   const int len = qr.len;
   float* out = p.logits + static_cast<long long>(row) * p.logits_stride;
-  const int end = min(first + kChunkKeys, p.max_context);
   const int valid_end = min(len, end);
   int pages = valid_end > first ? (valid_end - first + kPage - 1) / kPage : 0;
   pages = min(pages, T::kPagesPerCta);
 
   if (pages > 0) {
+    const int* table = p.block_table + static_cast<long long>(qr.b) * p.block_table_stride;
+    KeyRows k0, k1;
+    const int pi0 = group;
+    if (pi0 < pages) {
+      LoadKeyRows(p, decode ? first_ids[0] : table[first / kPage + pi0], r0, t, k0);
+    }
+    if (pi0 + kGroups < pages) {
+      LoadKeyRows(p, decode ? first_ids[1] : table[first / kPage + pi0 + kGroups], r0, t, k1);
+    }
+
     const u32 q16 = ptx::SmemAddr(smem);
     if ((q16 & 1023) != 0) __trap();  // the swizzle is on address bits
     const unsigned char* q = p.q + static_cast<long long>(row) * p.q_row_stride;
@@ -392,17 +418,12 @@ __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
     }
     const float* wr = p.weights + static_cast<long long>(row) * p.weights_row_stride;
     for (int n = threadIdx.x; n < kN; n += T::kThreads) w_s[n] = n < T::kHeads ? wr[n] : 0.f;
-    const int* table = p.block_table + static_cast<long long>(qr.b) * p.block_table_stride;
     for (int i = threadIdx.x; i < pages; i += T::kThreads) pages_s[i] = table[first / kPage + i];
     ptx::FenceProxyAsync();  // st.shared writes, then wgmma reads
     __syncthreads();
 
     // This warpgroup's pages: group, group + kGroups, ...; two in flight.
-    KeyRows k0, k1;
-    int pi = group;
-    if (pi < pages) LoadKeyRows(p, pages_s[pi], r0, t, k0);
-    if (pi + kGroups < pages) LoadKeyRows(p, pages_s[pi + kGroups], r0, t, k1);
-    for (; pi < pages; pi += 2 * kGroups) {
+    for (int pi = pi0; pi < pages; pi += 2 * kGroups) {
       const bool h0 = pi + 2 * kGroups < pages;
       WgmmaPage<T>(p, k0, h0, h0 ? pages_s[pi + 2 * kGroups] : 0, q16, w_s, out, first + pi * kPage,
                    r0, t, len, end);

@@ -166,7 +166,7 @@ namespace {
 void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTiling* tiling) {
   sparse_mla::DecodeShape shape = DecodeShapeFor(spec, *tiling);
   shape.wgmma = true;
-  tiling->set_wgmma(arch.arch_specific && arch.major == 9 && sparse_mla::WgmmaCovers(shape) &&
+  tiling->set_wgmma(HasWgmma(arch) && sparse_mla::WgmmaCovers(shape) &&
                     sparse_mla::CheckDecodeTiling(shape) == sparse_mla::TilingError::kOk &&
                     sparse_mla::MakeDecodeSmemLayout(shape).bytes <= arch.max_smem_per_block);
   const int heads = static_cast<int>(spec.num_q_heads());

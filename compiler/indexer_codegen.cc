@@ -20,8 +20,8 @@ std::string IndexerModuleName(const v1::AttentionSpec& spec, const Arch& arch) {
 
 bool IndexerHasTopkCluster(const Arch& arch) { return arch.major >= 9; }
 
-// The logits entry runs on warpgroup MMA where the arch has it: sm_90a only.
-bool IndexerLogitsWgmma(const Arch& arch) { return arch.arch_specific && arch.major == 9; }
+// The logits entry runs on warpgroup MMA where the arch has it.
+bool IndexerLogitsWgmma(const Arch& arch) { return HasWgmma(arch); }
 
 std::string GenerateIndexerSource(const v1::AttentionSpec& spec, const Arch& arch) {
   std::string src;

@@ -53,6 +53,10 @@ std::string CanonicalArchName(std::string_view name);
 // read it.
 inline bool LaunchesProgrammatically(const Arch& arch) { return arch.major >= 9; }
 
+// Whether the arch has warpgroup MMA (wgmma): sm_90a only (sm_90 lacks the
+// arch-specific target, sm_100a has tcgen05 instead).
+inline bool HasWgmma(const Arch& arch) { return arch.arch_specific && arch.major == 9; }
+
 // Every target kforge builds for, in ascending order.
 const std::vector<Arch>& SupportedArchs();
 

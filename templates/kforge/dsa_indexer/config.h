@@ -119,13 +119,11 @@ constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in reg
 //
 // wgmma logits (sm_90a): kLogitsWgmmaWarpgroups warpgroups, each taking
 // every other page of the CTA's kLogitsWgmmaPagesPerCta: a page's 64 keys
-// are the A operand (e4m3 -> f16 in registers, loaded kLogitsWgmmaLookahead
-// pages ahead), Q the B operand (f16 in shared memory, N = the heads
-// rounded up to a wgmma width). 512 threads per SM while N <= 64 (128
+// are the A operand (e4m3 -> f16 in registers, loaded two pages ahead), Q the B operand (f16 in
+// shared memory, N = the heads rounded up to a wgmma width). 512 threads per SM while N <= 64 (128
 // registers a thread), else 256.
 constexpr int kLogitsWgmmaWarpgroups = 2;
 constexpr int kLogitsWgmmaPagesPerCta = 16;
-constexpr int kLogitsWgmmaLookahead = 2;
 KFORGE_HD constexpr int LogitsWgmmaN(int heads) {
   return heads <= 16 ? 16 : (heads <= 32 ? 32 : (heads <= 64 ? 64 : 128));
 }

@@ -364,7 +364,6 @@ __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
   constexpr int kPage = T::kPage;
   constexpr int kChunkKeys = kPage * T::kPagesPerCta;
   constexpr int kGroups = kLogitsWgmmaWarpgroups;
-  static_assert(kLogitsWgmmaLookahead == 2, "the page loop below keeps two pages in flight");
   float* w_s = reinterpret_cast<float*>(smem + 2 * kN * 128);
   int* pages_s = reinterpret_cast<int*>(w_s + kN);
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;

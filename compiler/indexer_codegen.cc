@@ -65,6 +65,10 @@ v1::IndexerLaunch MakeIndexerLaunch(const v1::AttentionSpec& spec, const Arch& a
   launch.set_logits_block_threads(di::LogitsThreads(heads, wgmma));
   launch.set_logits_smem_bytes(di::LogitsSmemBytes(heads, wgmma));
   launch.set_logits_keys_per_cta(di::IndexKeyPage::kPageTokens * di::LogitsPagesPerCta(wgmma));
+  if (wgmma) {
+    launch.set_logits_min_keys_per_cta(di::IndexKeyPage::kPageTokens *
+                                       di::kLogitsWgmmaMinPagesPerCta);
+  }
   launch.set_topk_entry(kIndexerTopkEntry);
   launch.set_topk_block_threads(di::kTopkThreads);
   launch.set_topk_smem_bytes(di::TopkSmemBytes(topk));

@@ -34,6 +34,20 @@ void CheckModule(const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch,
     p.Add("launch.topk_block_threads", launch.topk_block_threads(),
           absl::StrCat(dsa_indexer::kTopkThreads, " (this build's config.h)"));
   }
+  // The logits chunk: whole pages of one of this build's two kernels (the
+  // wgmma one sizes its page list by kLogitsWgmmaPagesPerCta).
+  const uint32_t page = dsa_indexer::IndexKeyPage::kPageTokens;
+  const uint32_t keys = launch.logits_keys_per_cta(), min_keys = launch.logits_min_keys_per_cta();
+  const bool fixed = min_keys == 0 && keys == page * dsa_indexer::LogitsPagesPerCta(false);
+  const bool from_grid = keys == page * dsa_indexer::LogitsPagesPerCta(true) &&
+                         min_keys == page * dsa_indexer::kLogitsWgmmaMinPagesPerCta;
+  if (!fixed && !from_grid) {
+    p.Add("launch.logits_keys_per_cta / logits_min_keys_per_cta",
+          absl::StrCat(keys, " / ", min_keys),
+          absl::StrCat(page * dsa_indexer::LogitsPagesPerCta(false), " / 0 or ",
+                       page * dsa_indexer::LogitsPagesPerCta(true), " / ",
+                       page * dsa_indexer::kLogitsWgmmaMinPagesPerCta, " (this build's config.h)"));
+  }
   if (launch.has_topk_cluster()) {
     const v1::IndexerTopkCluster& c = launch.topk_cluster();
     if (c.entry().empty() || c.ctas() != dsa_indexer::kTopkClusterCtas ||
@@ -113,8 +127,19 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::LogitsParams>> PlanIndexerLogits
 
   IndexerKernelLaunch<dsa_indexer::LogitsParams> l;
   l.entry = launch.logits_entry();
-  const int64_t per_cta = launch.logits_keys_per_cta();
-  l.grid_x = static_cast<uint32_t>((a.max_context + per_cta - 1) / per_cta);
+  // The chunk: the module's, or (a kernel that takes it from its grid)
+  // halved down to the least it allows while the grid is under
+  // kLogitsTargetCtas CTAs (config.h).
+  int64_t pages_per_cta = launch.logits_keys_per_cta() / dsa_indexer::IndexKeyPage::kPageTokens;
+  const int64_t min_pages =
+      launch.logits_min_keys_per_cta() / dsa_indexer::IndexKeyPage::kPageTokens;
+  while (min_pages > 0 && pages_per_cta / 2 >= min_pages &&
+         rows * dsa_indexer::LogitsGridX(a.max_context, static_cast<int>(pages_per_cta)) <
+             dsa_indexer::kLogitsTargetCtas) {
+    pages_per_cta /= 2;
+  }
+  l.grid_x = static_cast<uint32_t>(
+      dsa_indexer::LogitsGridX(a.max_context, static_cast<int>(pages_per_cta)));
   l.grid_y = static_cast<uint32_t>(rows);
   l.block_threads = launch.logits_block_threads();
   l.dynamic_smem_bytes = launch.logits_smem_bytes();

@@ -186,7 +186,7 @@ TEST(IndexerCodegenTest, ManifestHasOneVariantTheSelectorNeverPicks) {
   EXPECT_EQ(v.module_name(), "dsa_indexer_h32_d128_topk2048_pb64_sm90a");
   EXPECT_EQ(v.main_entry(), kIndexerLogitsEntry);
   EXPECT_EQ(v.combine_entry(), kIndexerTopkEntry);
-  EXPECT_EQ(v.indexer().logits_block_threads(), 256u);  // sm_90a: two warpgroups
+  EXPECT_EQ(v.indexer().logits_block_threads(), 128u * dsa_indexer::kLogitsWgmmaWarpgroups);
   EXPECT_EQ(v.key(), compiler.Plan(spec, "sm_90a")->key);
   DeviceInfo device;
   device.arch = "sm_90a";
@@ -239,6 +239,7 @@ TEST(IndexerCodegenTest, Sm90aLogitsRunOnWarpgroupMma) {
   const v1::IndexerLaunch l = MakeIndexerLaunch(spec, *ParseArch("sm_90a"));
   EXPECT_EQ(l.logits_block_threads(), 128u * dsa_indexer::kLogitsWgmmaWarpgroups);
   EXPECT_EQ(l.logits_keys_per_cta(), 64u * dsa_indexer::kLogitsWgmmaPagesPerCta);
+  EXPECT_EQ(l.logits_min_keys_per_cta(), 64u * dsa_indexer::kLogitsWgmmaMinPagesPerCta);
   // Q as f16 (64 heads x 256 bytes), 64 weights, the CTA's page ids.
   EXPECT_EQ(l.logits_smem_bytes(),
             static_cast<uint32_t>(64 * 256 + 64 * 4 + dsa_indexer::kLogitsWgmmaPagesPerCta * 4));
@@ -250,6 +251,7 @@ TEST(IndexerCodegenTest, Sm90aLogitsRunOnWarpgroupMma) {
                                   "kdi::IndexerTraits<64, 2048, false>"))
         << arch;
     EXPECT_EQ(MakeIndexerLaunch(spec, *ParseArch(arch)).logits_block_threads(), 128u) << arch;
+    EXPECT_EQ(MakeIndexerLaunch(spec, *ParseArch(arch)).logits_min_keys_per_cta(), 0u) << arch;
   }
   // Head counts round up to a wgmma width.
   EXPECT_EQ(dsa_indexer::LogitsWgmmaN(1), 16);

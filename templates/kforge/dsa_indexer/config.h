@@ -118,12 +118,22 @@ constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in reg
 // longer on the H200).
 //
 // wgmma logits (sm_90a): kLogitsWgmmaWarpgroups warpgroups, each taking
-// every other page of the CTA's kLogitsWgmmaPagesPerCta: a page's 64 keys
-// are the A operand (e4m3 -> f16 in registers, loaded two pages ahead), Q the B operand (f16 in
-// shared memory, N = the heads rounded up to a wgmma width). 512 threads per SM while N <= 64 (128
+// every kLogitsWgmmaWarpgroups-th page of the CTA's chunk: a page's 64 keys
+// are the A operand (e4m3 -> f16 in registers, loaded two pages ahead), Q
+// the B operand (f16 in shared memory, N = the heads rounded up to a wgmma
+// width). 512 threads per SM while N <= 64 (128
 // registers a thread), else 256.
-constexpr int kLogitsWgmmaWarpgroups = 2;
+constexpr int kLogitsWgmmaWarpgroups = 1;
 constexpr int kLogitsWgmmaPagesPerCta = 16;
+// The wgmma kernel takes ceil(ceil(max_context / 64) / gridDim.x) pages a
+// CTA (at most kLogitsWgmmaPagesPerCta). The plan halves the chunk from 16
+// pages down to kLogitsWgmmaMinPagesPerCta while the grid has fewer than
+// kLogitsTargetCtas CTAs: long chunks amortise a CTA's start (Q staged, the
+// first loads' latency), short ones fill the GPU at few rows. H200: 1 x
+// 131072 at 64 heads 11.6 us with 8 pages, 15.4 with 16; 128 x 32768 164.6
+// with 16, 178.2 with 8 (BENCH.md, "wgmma logits: CTA shape").
+constexpr int kLogitsWgmmaMinPagesPerCta = 8;
+constexpr int kLogitsTargetCtas = 1024;
 KFORGE_HD constexpr int LogitsWgmmaN(int heads) {
   return heads <= 16 ? 16 : (heads <= 32 ? 32 : (heads <= 64 ? 64 : 128));
 }
@@ -132,6 +142,14 @@ KFORGE_HD constexpr int LogitsThreads(int heads, bool wgmma) {
 }
 KFORGE_HD constexpr int LogitsPagesPerCta(bool wgmma) {
   return wgmma ? kLogitsWgmmaPagesPerCta : kPagesPerCta;
+}
+// The logits grid's x for a chunk of `pages_per_cta` pages, and the chunk
+// the wgmma kernel derives back from it (never more than pages_per_cta).
+KFORGE_HD constexpr long long LogitsGridX(long long max_context, int pages_per_cta) {
+  return (max_context + 64LL * pages_per_cta - 1) / (64LL * pages_per_cta);
+}
+KFORGE_HD constexpr int LogitsChunkPages(int max_context, int grid_x) {
+  return ((max_context + 63) / 64 + grid_x - 1) / grid_x;
 }
 KFORGE_HD constexpr int LogitsMinBlocks(int heads, bool wgmma) {
   return wgmma ? ((LogitsWgmmaN(heads) <= 64 ? 512 : 256) / LogitsThreads(heads, true) > 0

@@ -362,17 +362,21 @@ __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   constexpr int kN = T::kWgmmaN;
   constexpr int kPage = T::kPage;
-  constexpr int kChunkKeys = kPage * T::kPagesPerCta;
   constexpr int kGroups = kLogitsWgmmaWarpgroups;
   float* w_s = reinterpret_cast<float*>(smem + 2 * kN * 128);
   int* pages_s = reinterpret_cast<int*>(w_s + kN);
   const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int t = lane % 4, r0 = warp * 16 + lane / 4;
   const int row = blockIdx.y;
-  const int first = blockIdx.x * kChunkKeys;
+  // The chunk of pages from the grid (the plan's rule, config.h); a grid
+  // too narrow for the page list is not the plan's.
+  const int chunk_pages = LogitsChunkPages(p.max_context, gridDim.x);
+  if (chunk_pages > T::kPagesPerCta) __trap();
+  const int chunk_keys = kPage * chunk_pages;
+  const int first = blockIdx.x * chunk_keys;
 
   ptx::WaitForPriorGrids();
-  const int end = min(first + kChunkKeys, p.max_context);
+  const int end = min(first + chunk_keys, p.max_context);
   // Decode knows the request without a load (row / s_q), so this
   // warpgroup's first two page ids are read beside context_lens: columns
   // below ceil(max_context / 64), inside the table (the plan checks its
@@ -394,7 +398,7 @@ __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
   float* out = p.logits + static_cast<long long>(row) * p.logits_stride;
   const int valid_end = min(len, end);
   int pages = valid_end > first ? (valid_end - first + kPage - 1) / kPage : 0;
-  pages = min(pages, T::kPagesPerCta);
+  pages = min(pages, chunk_pages);
 
   if (pages > 0) {
     const int* table = p.block_table + static_cast<long long>(qr.b) * p.block_table_stride;

@@ -196,10 +196,12 @@ KFORGE_HD constexpr int LogitsSmemBytes(int heads, bool wgmma) {
 // Bins of the top-k radix histogram: digits of 11 bits (then 10).
 constexpr int kTopkBins = 2048;
 // Shared memory of the top-k kernel: kTopkCandidates 64-bit candidate
-// words, the kTopkBins histogram, kTopkCounters counters (the same for
-// every k: the survivors go straight to global memory).
+// words, the kTopkBins histogram, kTopkCounters counters, and each
+// thread's kTopkUnroll in-warp offsets of a position-ordered round (kept
+// here across the round's barriers: in registers they spilled). The same
+// for every k: the survivors go straight to global memory.
 KFORGE_HD constexpr int TopkSmemBytes(int /*topk*/) {
-  return kTopkCandidates * 8 + kTopkBins * 4 + kTopkCounters * 4;
+  return kTopkCandidates * 8 + kTopkBins * 4 + kTopkCounters * 4 + kTopkUnroll * kTopkThreads * 4;
 }
 // The cluster entry's: one more kTopkBins histogram, the cluster's sums,
 // and a count per CTA of the cluster.

@@ -20,7 +20,9 @@
 // pass over the row writes each survivor (a key above the threshold, or
 // equal to it within the first `rem` such by position) at its rank in
 // position order: the survivors before it in lower-ranked CTAs, in earlier
-// rounds, and in the round before it (a block-wide scan).
+// rounds, and in the round before it (a block-wide scan). Slots are
+// written after that pass from the CTA's survivors staged in shared memory
+// (RowOutput::WriteSlots), so no store waits on a block-table load.
 #ifndef KFORGE_DSA_INDEXER_TOPK_CUH_
 #define KFORGE_DSA_INDEXER_TOPK_CUH_
 
@@ -49,6 +51,7 @@ struct TopkSmem {
   unsigned long long* cand;  // [kTopkCandidates] the boundary bin's keys, position order
   int* hist;                 // [kTopkBins] this CTA's counts
   int* counters;             // [kTopkUnroll * warps] per-(load, warp) counts, then scalars
+  int* excl;                 // [kTopkUnroll][threads] a round's in-warp offsets
   int* hist_sum;             // cluster entry: [kTopkBins] the cluster's counts
   int* above_all;            // cluster entry: [kTopkClusterCtas] each CTA's keys above the bin
   static constexpr int kScalars = kTopkUnroll * (T::kTopkThreads / 32);
@@ -108,21 +111,21 @@ __device__ __forceinline__ void ExclusiveScanCounters(int* counters, int* total)
   }
 }
 
-// Logits [s, s + kV) of the row as floats (0 past len: never counted).
-template <int kV>
-__device__ __forceinline__ void LoadLogits(const float* logits, int s, int len, float (&v)[kV]) {
-  if constexpr (kV == 4) {
-    if (s + 3 < len) {
-      const float4 f = *reinterpret_cast<const float4*>(logits + s);
-      v[0] = f.x;
-      v[1] = f.y;
-      v[2] = f.z;
-      v[3] = f.w;
-      return;
-    }
+// Logits [s, s + 4) of the row as floats, those outside [beg, end) 0
+// (never counted): one 16-byte load where all four are inside (the caller
+// keeps logits + s 16-byte aligned), else one load each.
+__device__ __forceinline__ void LoadLogits4(const float* logits, int s, int beg, int end,
+                                            float (&v)[4]) {
+  if (s >= beg && s + 3 < end) {
+    const float4 f = *reinterpret_cast<const float4*>(logits + s);
+    v[0] = f.x;
+    v[1] = f.y;
+    v[2] = f.z;
+    v[3] = f.w;
+    return;
   }
 #pragma unroll
-  for (int e = 0; e < kV; ++e) v[e] = s + e < len ? logits[s + e] : 0.f;
+  for (int e = 0; e < 4; ++e) v[e] = s + e >= beg && s + e < end ? logits[s + e] : 0.f;
 }
 
 // The part of a row one CTA takes: positions [beg, end), and the CTA's rank
@@ -136,29 +139,33 @@ struct RowPart {
 // The keys a CTA selects from, in position order: slots [Begin(), End())
 // in rounds of kU * kTopkThreads * kV, thread t loading slots r0 + (u *
 // threads + t) * kV + [0, kV) for each u < kU (slot order is position
-// order). Load gives their keys, positions and whether they count (in the
-// source and of its class).
+// order). Load gives their keys (and aux words); In says whether slot s + e
+// counts (in the source and of its class) and Pos gives its position, both
+// recomputed where used so a round holds only its keys in registers.
 // The row's logits of the part, those with (key & cmask) == cprefix.
-template <int kV_>
 struct RowSource {
   static constexpr int kU = kTopkUnroll;
-  static constexpr int kV = kV_;
+  static constexpr int kV = 4;
   const float* logits;
-  int beg, end;
+  int beg, end;  // beg a multiple of 4
   u32 cmask, cprefix;
-  __device__ __forceinline__ int Begin() const { return beg; }
-  __device__ __forceinline__ int End() const { return end; }
-  __device__ __forceinline__ void Load(int s, u32 (&key)[kV], int (&pos)[kV],
-                                       bool (&in)[kV]) const {
-    float v[kV];
-    LoadLogits<kV>(logits, s, end, v);
-#pragma unroll
-    for (int e = 0; e < kV; ++e) {
-      key[e] = OrderedKey(v[e]);
-      pos[e] = s + e;
-      in[e] = s + e < end && (key[e] & cmask) == cprefix;
-    }
+  // Slots start at beg less the row's misalignment (in floats; logits is
+  // 4-byte aligned), so every load of four inside the part is 16-byte
+  // aligned; the slots before beg never count.
+  __device__ __forceinline__ int Begin() const {
+    return beg - static_cast<int>((reinterpret_cast<unsigned long long>(logits) >> 2) & 3);
   }
+  __device__ __forceinline__ int End() const { return end; }
+  __device__ __forceinline__ void Load(int s, u32 (&key)[kV], u32 (&)[kV]) const {
+    float v[kV];
+    LoadLogits4(logits, s, beg, end, v);
+#pragma unroll
+    for (int e = 0; e < kV; ++e) key[e] = OrderedKey(v[e]);
+  }
+  __device__ __forceinline__ bool In(int s, int e, u32 key) const {
+    return s + e >= beg && s + e < end && (key & cmask) == cprefix;
+  }
+  __device__ __forceinline__ int Pos(int s, int e, u32) const { return s + e; }
 };
 // The candidates: n words in shared memory, in position order.
 struct CandidateSource {
@@ -168,12 +175,13 @@ struct CandidateSource {
   int n;
   __device__ __forceinline__ int Begin() const { return 0; }
   __device__ __forceinline__ int End() const { return n; }
-  __device__ __forceinline__ void Load(int s, u32 (&key)[1], int (&pos)[1], bool (&in)[1]) const {
+  __device__ __forceinline__ void Load(int s, u32 (&key)[1], u32 (&aux)[1]) const {
     const unsigned long long w = s < n ? cand[s] : 0ull;
     key[0] = static_cast<u32>(w >> 32);
-    pos[0] = static_cast<int>(static_cast<u32>(w));
-    in[0] = s < n;
+    aux[0] = static_cast<u32>(w);  // the position
   }
+  __device__ __forceinline__ bool In(int s, int, u32) const { return s < n; }
+  __device__ __forceinline__ int Pos(int, int, u32 aux) const { return static_cast<int>(aux); }
 };
 
 // kC CTAs per row: the cluster's histogram, summed bin by bin into every
@@ -209,18 +217,15 @@ __device__ __forceinline__ void CountDigit(const Src& src, u32 mask, u32 prefix,
   for (int j = threadIdx.x; j < kTopkBins; j += kThreads) sm.hist[j] = 0;
   __syncthreads();
   for (int r0 = src.Begin(); r0 < src.End(); r0 += kU * kThreads * kV) {
-    u32 key[kU][kV];
-    int pos[kU][kV];
-    bool in[kU][kV];
+    u32 key[kU][kV], aux[kU][kV];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + threadIdx.x) * kV, key[u], aux[u]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      src.Load(r0 + (u * kThreads + threadIdx.x) * kV, key[u], pos[u], in[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
+      const int su = r0 + (u * kThreads + threadIdx.x) * kV;
 #pragma unroll
       for (int e = 0; e < kV; ++e) {
-        if (in[u][e] && (key[u][e] & mask) == prefix) {
+        if (src.In(su, e, key[u][e]) && (key[u][e] & mask) == prefix) {
           atomicAdd(&sm.hist[(key[u][e] >> shift) & digit], 1);
         }
       }
@@ -305,34 +310,43 @@ __device__ __forceinline__ bool NextDigit(const Src& src, int pass, Selection& s
 }
 
 // One pass over src in position order. classify(key) is 0x10000 (a key
-// "above"), 1 ("equal") or 0; visit(key, pos, above, equal) sees each key
-// of a nonzero class with the counts of each class before it, from
-// `before` (those of earlier CTAs of the cluster) on. Counts are packed
-// above << 16 | equal (a round holds at most 2^14 keys).
+// "above"), 1 ("equal") or 0; visit(key, pos, is_above, gt, eq) sees each
+// key of a nonzero class with the counts gt and eq of each class before
+// it, from `before` (those of earlier CTAs of the cluster) on; returns the
+// counts through the end of src. Counts are packed above << 16 | equal (a
+// round holds at most 2^14 keys); a thread keeps its keys' classes as two
+// bit masks between the scan and the visits. Every visit is done (and
+// visible to the block) when it returns.
 struct Before {
   int gt, eq;
 };
 template <class T, class Src, class Classify, class Visit>
-__device__ __forceinline__ void ScanInPositionOrder(const Src& src, Before before,
-                                                    const TopkSmem<T>& sm, Classify classify,
-                                                    Visit visit) {
+__device__ __forceinline__ Before ScanInPositionOrder(const Src& src, Before before,
+                                                      const TopkSmem<T>& sm, Classify classify,
+                                                      Visit visit) {
   constexpr int kU = Src::kU, kV = Src::kV, kThreads = T::kTopkThreads;
   constexpr int kWarpsT = kThreads / 32;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   for (int r0 = src.Begin(); r0 < src.End(); r0 += kU * kThreads * kV) {
-    u32 key[kU][kV];
-    int pos[kU][kV];
-    bool in[kU][kV];
-    int excl[kU];
+    static_assert(kU * kV <= 32, "a thread's classes fit one bit mask each");
+    static_assert(kU <= kTopkUnroll, "a thread's offsets fit sm.excl");
+    u32 key[kU][kV], aux[kU][kV];
+    u32 above = 0, equal = 0;  // bit u * kV + e: the key's class
 #pragma unroll
-    for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + tid) * kV, key[u], pos[u], in[u]);
+    for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + tid) * kV, key[u], aux[u]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
+      const int su = r0 + (u * kThreads + tid) * kV;
       int c = 0;
 #pragma unroll
-      for (int e = 0; e < kV; ++e) c += in[u][e] ? classify(key[u][e]) : 0;
+      for (int e = 0; e < kV; ++e) {
+        const int ce = src.In(su, e, key[u][e]) ? classify(key[u][e]) : 0;
+        above |= static_cast<u32>(ce >> 16) << (u * kV + e);
+        equal |= static_cast<u32>(ce & 1) << (u * kV + e);
+        c += ce;
+      }
       const int incl = WarpInclusiveSum(c, lane);
-      excl[u] = incl - c;
+      sm.excl[u * kThreads + tid] = incl - c;  // read back after the barriers
       if (lane == 31) sm.counters[u * kWarpsT + warp] = incl;
     }
     __syncthreads();
@@ -340,20 +354,22 @@ __device__ __forceinline__ void ScanInPositionOrder(const Src& src, Before befor
     __syncthreads();
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int packed = sm.counters[u * kWarpsT + warp] + excl[u];
+      const int su = r0 + (u * kThreads + tid) * kV;
+      const int packed = sm.counters[u * kWarpsT + warp] + sm.excl[u * kThreads + tid];
       int gt = before.gt + (packed >> 16), eq = before.eq + (packed & 0xffff);
 #pragma unroll
       for (int e = 0; e < kV; ++e) {
-        const int c = in[u][e] ? classify(key[u][e]) : 0;
-        if (c != 0) visit(key[u][e], pos[u][e], gt, eq);
-        gt += c >> 16;
-        eq += c & 0xffff;
+        const bool a = (above >> (u * kV + e)) & 1u, q = (equal >> (u * kV + e)) & 1u;
+        if (a || q) visit(key[u][e], src.Pos(su, e, aux[u][e]), a, gt, eq);
+        gt += a;
+        eq += q;
       }
     }
     before.gt += sm.round_total() >> 16;
     before.eq += sm.round_total() & 0xffff;
     __syncthreads();  // counters are rewritten by the next round
   }
+  return before;
 }
 
 // This CTA's keys equal to the selection's prefix under its mask, in
@@ -363,7 +379,7 @@ __device__ __forceinline__ void KeepCandidates(const Src& src, const Selection& 
                                                const TopkSmem<T>& sm, Put put) {
   ScanInPositionOrder<T>(
       src, Before{0, 0}, sm, [&](u32 key) { return (key & s.mask) == s.prefix ? 1 : 0; },
-      [&](u32 key, int pos, int, int eq) { put(eq, CandidateWord(key, pos)); });
+      [&](u32 key, int pos, bool, int, int eq) { put(eq, CandidateWord(key, pos)); });
 }
 
 // The later digits over src (the candidates, or the row's keys of the
@@ -404,26 +420,71 @@ __device__ __forceinline__ Before SurvivorsBefore(const Selection& s, const Topk
   return before;
 }
 
-// The last pass over the part: each survivor's position (and slot) at its
-// rank in position order, gt + min(eq, rem) with gt and eq the keys above
-// and equal to the threshold before it (`before`: those of the lower-ranked
-// CTAs of the cluster).
-template <class T, int kV, class Write>
-__device__ __forceinline__ void WriteSurvivors(const RowSource<kV>& src, const Selection& s,
-                                               Before before, const TopkSmem<T>& sm, Write write) {
-  ScanInPositionOrder<T>(
+// A row's outputs: positions by rank into `indices`; with a block table,
+// their cache slots into `slots` (table[pos / page] * page + pos % page, -1
+// kept).
+struct RowOutput {
+  int* indices;
+  int* slots;        // null: no slots
+  const int* table;  // the request's row of the slot cache's block table; null: all -1
+  int page;
+
+  // slots[first + i] for i < n, position pos(i): each thread's table loads
+  // go out together, then its stores (a store between them would hold each
+  // load behind the one before).
+  template <int kThreads, class Pos>
+  __device__ __forceinline__ void WriteSlots(int first, int n, Pos pos) const {
+    constexpr int kBatch = 4;
+    for (int i0 = 0; i0 < n; i0 += kBatch * kThreads) {
+      int v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = i0 + u * kThreads + static_cast<int>(threadIdx.x);
+        const int ps = i < n ? pos(i) : -1;
+        v[u] = ps < 0 || table == nullptr ? -1 : __ldg(table + ps / page) * page + ps % page;
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = i0 + u * kThreads + static_cast<int>(threadIdx.x);
+        if (i < n) slots[first + i] = v[u];
+      }
+    }
+  }
+};
+
+// The last pass over the part: each survivor's position at its rank in
+// position order, gt + min(eq, rem) with gt and eq the keys above and
+// equal to the threshold before it (`before`: those of the lower-ranked
+// CTAs of the cluster). This CTA's survivors take the consecutive ranks
+// from gt + min(eq, rem) of `before`; with slots, their positions are kept
+// in the (now free) candidate words and their slots written after the
+// pass, whose visits would otherwise wait on one table load after another.
+static_assert(2 * kTopkCandidates >= kMaxTopk,
+              "a CTA's survivors staged as ints in the candidates");
+template <class T>
+__device__ __forceinline__ void WriteSurvivors(const RowSource& src, const Selection& s,
+                                               Before before, const TopkSmem<T>& sm,
+                                               const RowOutput& out) {
+  const int first = before.gt + min(before.eq, s.rem);
+  int* staged = reinterpret_cast<int*>(sm.cand);  // kTopkCandidates * 2 >= kMaxTopk ints
+  const Before after = ScanInPositionOrder<T>(
       src, before, sm,
       [&](u32 key) {
         const u32 masked = key & s.mask;
         return masked > s.prefix ? 0x10000 : (masked == s.prefix ? 1 : 0);
       },
-      [&](u32 key, int pos, int gt, int eq) {
-        if ((key & s.mask) > s.prefix) {
-          write(gt + min(eq, s.rem), pos);
-        } else if (eq < s.rem) {
-          write(gt + eq, pos);
+      [&](u32, int pos, bool is_above, int gt, int eq) {
+        // Above the threshold, or equal to it within the first rem.
+        if (is_above || eq < s.rem) {
+          const int rank = gt + min(eq, s.rem);
+          out.indices[rank] = pos;
+          if (out.slots != nullptr) staged[rank - first] = pos;
         }
       });
+  if (out.slots != nullptr) {
+    const int n = after.gt + min(after.eq, s.rem) - first;
+    out.WriteSlots<T::kTopkThreads>(first, n, [&](int i) { return staged[i]; });
+  }
 }
 
 // The boundary bin's keys of the whole row fit one CTA's candidates: every
@@ -432,8 +493,8 @@ __device__ __forceinline__ void WriteSurvivors(const RowSource<kV>& src, const S
 // keys above the bin; then each finds the threshold alone (no more cluster
 // traffic) and counts the survivors before its part. With one CTA per row
 // this is the plain candidate path.
-template <class T, int kC, int kV>
-__device__ __forceinline__ Before GatherAndSelect(const RowSource<kV>& row, const RowPart part,
+template <class T, int kC>
+__device__ __forceinline__ Before GatherAndSelect(const RowSource& row, const RowPart part,
                                                   Selection& s, const TopkSmem<T>& sm) {
   const int total = sm.sel_count();
   if constexpr (kC == 1) {
@@ -472,33 +533,42 @@ __device__ __forceinline__ Before GatherAndSelect(const RowSource<kV>& row, cons
   return before;
 }
 
-// The kTopk largest keys of a row longer than kTopk, written by
-// write(rank, position) in position order (module notes).
-template <class T, int kC, int kV, class Write>
+// The kTopk largest keys of a row longer than kTopk, written to out by
+// rank in position order (module notes).
+template <class T, int kC>
 __device__ __forceinline__ void SelectLargest(const float* logits, const RowPart part,
-                                              const TopkSmem<T>& sm, Write write) {
-  const RowSource<kV> row{logits, part.beg, part.end, 0u, 0u};
+                                              const TopkSmem<T>& sm, const RowOutput& out) {
+  const RowSource row{logits, part.beg, part.end, 0u, 0u};
   Selection s{0u, 0u, T::kTopk, 0, 0};
+  // Whether the CTAs read each other's counts for the survivors before
+  // their parts (the same in every CTA of the cluster: the counts it
+  // follows are the cluster's). One write pass below for every path.
+  bool remote = true;
+  Before before{0, 0};
   if (!NextDigit<T, kC>(row, 0, s, sm, part.rank)) {
     if (sm.sel_count() <= kTopkCandidates) {  // the row's boundary bin fits one CTA
-      WriteSurvivors<T>(row, s, GatherAndSelect<T, kC>(row, part, s, sm), sm, write);
-      return;
-    }
-    // Each CTA keeps its own share of the bin when it fits, else reads its
-    // part again for each later digit; the cluster merges every digit.
-    const int mine = sm.hist[s.bin];
-    KeepCandidates<T>(row, s, sm, [&](int i, unsigned long long w) {
-      if (i < kTopkCandidates) sm.cand[i] = w;
-    });
-    if (mine <= kTopkCandidates) {
-      FinishSelect<T, kC>(CandidateSource{sm.cand, mine}, s, sm, part.rank);
+      before = GatherAndSelect<T, kC>(row, part, s, sm);
+      remote = false;
     } else {
-      FinishSelect<T, kC>(RowSource<kV>{logits, part.beg, part.end, s.mask, s.prefix}, s, sm,
-                          part.rank);
+      // Each CTA keeps its own share of the bin when it fits, else reads
+      // its part again for each later digit; the cluster merges every digit.
+      const int mine = sm.hist[s.bin];
+      KeepCandidates<T>(row, s, sm, [&](int i, unsigned long long w) {
+        if (i < kTopkCandidates) sm.cand[i] = w;
+      });
+      if (mine <= kTopkCandidates) {
+        FinishSelect<T, kC>(CandidateSource{sm.cand, mine}, s, sm, part.rank);
+      } else {
+        FinishSelect<T, kC>(RowSource{logits, part.beg, part.end, s.mask, s.prefix}, s, sm,
+                            part.rank);
+      }
     }
   }
-  WriteSurvivors<T>(row, s, SurvivorsBefore<T, kC>(s, sm, part.rank), sm, write);
-  if constexpr (kC > 1) ptx::ClusterSync();  // no CTA reads another's counts any more
+  if (remote) before = SurvivorsBefore<T, kC>(s, sm, part.rank);
+  WriteSurvivors<T>(row, s, before, sm, out);
+  if constexpr (kC > 1) {
+    if (remote) ptx::ClusterSync();  // no CTA reads another's counts any more
+  }
 }
 
 // kC CTAs per row (1, or kTopkClusterCtas in the cluster entry, whose
@@ -511,7 +581,8 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   sm.cand = reinterpret_cast<unsigned long long*>(smem);
   sm.hist = reinterpret_cast<int*>(sm.cand + kTopkCandidates);
   sm.counters = sm.hist + kTopkBins;
-  sm.hist_sum = sm.counters + kTopkCounters;
+  sm.excl = sm.counters + kTopkCounters;
+  sm.hist_sum = sm.excl + kTopkUnroll * T::kTopkThreads;
   sm.above_all = sm.hist_sum + kTopkBins;
   const int tid = threadIdx.x;
   const int row = static_cast<int>(blockIdx.x) / kC;
@@ -523,34 +594,26 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   const int b = qr.b;
   const int len = min(qr.len, p.max_context);
   const float* logits = p.logits + static_cast<long long>(row) * p.logits_stride;
-  int* indices = p.indices + static_cast<long long>(row) * p.indices_stride;
-  int* slots =
-      p.slots != nullptr ? p.slots + static_cast<long long>(row) * p.slots_stride : nullptr;
-  const int* table = p.block_table != nullptr && b >= 0
-                         ? p.block_table + static_cast<long long>(b) * p.block_table_stride
-                         : nullptr;
-  const auto write = [&](int j, int pos) {
-    indices[j] = pos;
-    if (slots != nullptr) {
-      slots[j] = pos < 0 || table == nullptr
-                     ? -1
-                     : table[pos / p.slot_page_size] * p.slot_page_size + pos % p.slot_page_size;
-    }
-  };
+  RowOutput out;
+  out.indices = p.indices + static_cast<long long>(row) * p.indices_stride;
+  out.slots = p.slots != nullptr ? p.slots + static_cast<long long>(row) * p.slots_stride : nullptr;
+  out.table = p.block_table != nullptr && b >= 0
+                  ? p.block_table + static_cast<long long>(b) * p.block_table_stride
+                  : nullptr;
+  out.page = p.slot_page_size;
 
   if (len <= kK) {
     if (rank != 0) return;  // the whole row is the rank-0 CTA's (no cluster traffic)
-    for (int j = tid; j < kK; j += T::kTopkThreads) write(j, j < len ? j : -1);
+    for (int j = tid; j < kK; j += T::kTopkThreads) out.indices[j] = j < len ? j : -1;
+    if (out.slots != nullptr) {
+      out.WriteSlots<T::kTopkThreads>(0, kK, [&](int j) { return j < len ? j : -1; });
+    }
   } else {
     // Parts of a multiple of 4 positions keep 16-byte loads aligned.
     const int chunk = ((len + kC - 1) / kC + 3) & ~3;
     const RowPart part{min(len, static_cast<int>(rank) * chunk),
                        min(len, static_cast<int>(rank + 1) * chunk), rank};
-    if ((reinterpret_cast<unsigned long long>(logits) & 15) == 0) {
-      SelectLargest<T, kC, 4>(logits, part, sm, write);
-    } else {
-      SelectLargest<T, kC, 1>(logits, part, sm, write);
-    }
+    SelectLargest<T, kC>(logits, part, sm, out);
   }
   ptx::AllowDependentLaunch();
 }

@@ -82,17 +82,17 @@ IndexerTopkArgs GoodTopk() {
   return a;
 }
 
-// sm_90a's logits kernel takes its chunk from the grid: 16 pages a CTA
-// while the grid has kLogitsTargetCtas CTAs, halved to 8 below that; a
+// sm_90a's logits kernel takes its chunk from the grid: 32 pages a CTA
+// while the grid has kLogitsTargetCtas CTAs, halved down to 8 below that; a
 // fixed-chunk module (mma.sync) keeps its own.
 TEST(IndexerPlanTest, LogitsChunkFollowsTheRows) {
   const Module m;
-  ASSERT_EQ(m.launch.logits_keys_per_cta(), 1024u);
+  ASSERT_EQ(m.launch.logits_keys_per_cta(), 2048u);
   ASSERT_EQ(m.launch.logits_min_keys_per_cta(), 512u);
   IndexerLogitsArgs a = GoodLogits();  // 256 rows x 32768
   absl::StatusOr<IndexerKernelLaunch<LogitsParams>> l = PlanIndexerLogits(m.spec, m.launch, a);
   ASSERT_TRUE(l.ok()) << l.status();
-  EXPECT_EQ(l->grid_x, 32u);  // 8192 CTAs of 16 pages
+  EXPECT_EQ(l->grid_x, 16u);  // 4096 CTAs of 32 pages
   a.batch = 1;
   a.s_q = 1;
   a.max_context = 131072;
@@ -100,11 +100,11 @@ TEST(IndexerPlanTest, LogitsChunkFollowsTheRows) {
   a.block_table_cols = a.block_table_stride = 2048;
   l = PlanIndexerLogits(m.spec, m.launch, a);
   ASSERT_TRUE(l.ok()) << l.status();
-  EXPECT_EQ(l->grid_x, 256u);  // 8 pages: 128 CTAs of 16 would be under 1024
+  EXPECT_EQ(l->grid_x, 256u);  // 8 pages: 64 of 32 and 128 of 16 would be under 1024
   EXPECT_EQ(dsa_indexer::LogitsChunkPages(a.max_context, 256), 8);
   // The kernel's chunk from any grid the rule gives covers max_context.
   for (int ctx : {1, 63, 64, 65, 1000, 8191, 20 * 64, 131072}) {
-    for (int pages : {8, 16}) {
+    for (int pages : {8, 16, 32}) {
       const int gx = static_cast<int>(dsa_indexer::LogitsGridX(ctx, pages));
       const int chunk = dsa_indexer::LogitsChunkPages(ctx, gx);
       EXPECT_LE(chunk, pages) << ctx;

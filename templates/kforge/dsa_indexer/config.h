@@ -124,14 +124,15 @@ constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in reg
 // width). 512 threads per SM while N <= 64 (128
 // registers a thread), else 256.
 constexpr int kLogitsWgmmaWarpgroups = 1;
-constexpr int kLogitsWgmmaPagesPerCta = 16;
+constexpr int kLogitsWgmmaPagesPerCta = 32;
 // The wgmma kernel takes ceil(ceil(max_context / 64) / gridDim.x) pages a
-// CTA (at most kLogitsWgmmaPagesPerCta). The plan halves the chunk from 16
+// CTA (at most kLogitsWgmmaPagesPerCta). The plan halves the chunk from 32
 // pages down to kLogitsWgmmaMinPagesPerCta while the grid has fewer than
 // kLogitsTargetCtas CTAs: long chunks amortise a CTA's start (Q staged, the
-// first loads' latency), short ones fill the GPU at few rows. H200: 1 x
-// 131072 at 64 heads 11.6 us with 8 pages, 15.4 with 16; 128 x 32768 164.6
-// with 16, 178.2 with 8 (BENCH.md, "wgmma logits: CTA shape").
+// first loads' latency), short ones fill the GPU at few rows. H200, 64
+// heads: 1 x 131072 11.6 us with 8 pages, 15.4 with 16; 128 x 32768 178.2
+// with 8, 167.9 with 16, 162.6 with 32 (BENCH.md, "wgmma logits: CTA
+// shape" and "the chunk from the grid").
 constexpr int kLogitsWgmmaMinPagesPerCta = 8;
 constexpr int kLogitsTargetCtas = 1024;
 KFORGE_HD constexpr int LogitsWgmmaN(int heads) {

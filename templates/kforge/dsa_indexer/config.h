@@ -153,10 +153,9 @@ KFORGE_HD constexpr int LogitsChunkPages(int max_context, int grid_x) {
   return ((max_context + 63) / 64 + grid_x - 1) / grid_x;
 }
 KFORGE_HD constexpr int LogitsMinBlocks(int heads, bool wgmma) {
-  return wgmma ? ((LogitsWgmmaN(heads) <= 64 ? 512 : 256) / LogitsThreads(heads, true) > 0
-                      ? (LogitsWgmmaN(heads) <= 64 ? 512 : 256) / LogitsThreads(heads, true)
-                      : 1)
-               : (1024 / LogitsThreads(heads, false) > 0 ? 1024 / LogitsThreads(heads, false) : 1);
+  const int threads_per_sm = wgmma ? (LogitsWgmmaN(heads) <= 64 ? 512 : 256) : 1024;
+  const int blocks = threads_per_sm / LogitsThreads(heads, wgmma);
+  return blocks > 0 ? blocks : 1;
 }
 constexpr int kLogitsStages = 2;
 constexpr int kTopkThreads = 512;

@@ -138,6 +138,9 @@ __device__ __forceinline__ void LogitsMma(const LogitsParams& p) {
   const int first = blockIdx.x * kChunkKeys;  // first position of the CTA
 
   ptx::WaitForPriorGrids();
+  // The top-k may be scheduled now: it waits for this grid in its own
+  // WaitForPriorGrids, on SMs this grid no longer fills.
+  ptx::AllowDependentLaunch();
   const QueryRow qr = LocateRow(p, row);
   const int b = qr.b, len = qr.len;
   float* out = p.logits + static_cast<long long>(row) * p.logits_stride;
@@ -251,7 +254,6 @@ __device__ __forceinline__ void LogitsMma(const LogitsParams& p) {
   for (int s = first + pages * kPage + threadIdx.x; s < end; s += T::kThreads) {
     out[s] = -__int_as_float(0x7f800000);
   }
-  ptx::AllowDependentLaunch();
 }
 
 // ---- sm_90a: warpgroup MMA, the keys as A from registers ----
@@ -376,6 +378,9 @@ __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
   const int first = blockIdx.x * chunk_keys;
 
   ptx::WaitForPriorGrids();
+  // The top-k may be scheduled now: it waits for this grid in its own
+  // WaitForPriorGrids, on SMs this grid no longer fills.
+  ptx::AllowDependentLaunch();
   const int end = min(first + chunk_keys, p.max_context);
   // Decode knows the request without a load (row / s_q), so this
   // warpgroup's first two page ids are read beside context_lens: columns
@@ -440,7 +445,6 @@ __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
   for (int s = first + pages * kPage + threadIdx.x; s < end; s += T::kThreads) {
     out[s] = -__int_as_float(0x7f800000);
   }
-  ptx::AllowDependentLaunch();
 }
 
 // The entry's body: wgmma where the traits say so (sm_90a), else mma.sync.

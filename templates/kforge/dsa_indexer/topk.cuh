@@ -590,6 +590,7 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   if (row >= p.rows) return;  // a grid past the rows (a launch not this build's)
 
   ptx::WaitForPriorGrids();
+  ptx::AllowDependentLaunch();  // the next kernel waits for this grid in turn
   const QueryRow qr = LocateRow(p, row);
   const int b = qr.b;
   const int len = min(qr.len, p.max_context);
@@ -615,7 +616,6 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
                        min(len, static_cast<int>(rank + 1) * chunk), rank};
     SelectLargest<T, kC>(logits, part, sm, out);
   }
-  ptx::AllowDependentLaunch();
 }
 
 }  // namespace dsa_indexer

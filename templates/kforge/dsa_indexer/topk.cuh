@@ -136,12 +136,19 @@ struct RowPart {
   u32 rank;
 };
 
+// One slot of a source, read again: its key and position.
+struct Slot {
+  u32 key;
+  int pos;
+};
+
 // The keys a CTA selects from, in position order: slots [Begin(), End())
 // in rounds of kU * kTopkThreads * kV, thread t loading slots r0 + (u *
 // threads + t) * kV + [0, kV) for each u < kU (slot order is position
-// order). Load gives their keys (and aux words); In says whether slot s + e
-// counts (in the source and of its class) and Pos gives its position, both
-// recomputed where used so a round holds only its keys in registers.
+// order). Load gives their keys; In says whether slot s + e counts (in the
+// source and of its class), recomputed where used so a round holds only
+// its keys in registers; At reads one slot's key and position again (for
+// the few slots a pass visits, in a loop whose code stays small).
 // The row's logits of the part, those with (key & cmask) == cprefix.
 struct RowSource {
   static constexpr int kU = kTopkUnroll;
@@ -156,7 +163,7 @@ struct RowSource {
     return beg - static_cast<int>((reinterpret_cast<unsigned long long>(logits) >> 2) & 3);
   }
   __device__ __forceinline__ int End() const { return end; }
-  __device__ __forceinline__ void Load(int s, u32 (&key)[kV], u32 (&)[kV]) const {
+  __device__ __forceinline__ void Load(int s, u32 (&key)[kV]) const {
     float v[kV];
     LoadLogits4(logits, s, beg, end, v);
 #pragma unroll
@@ -165,7 +172,7 @@ struct RowSource {
   __device__ __forceinline__ bool In(int s, int e, u32 key) const {
     return s + e >= beg && s + e < end && (key & cmask) == cprefix;
   }
-  __device__ __forceinline__ int Pos(int s, int e, u32) const { return s + e; }
+  __device__ __forceinline__ Slot At(int s) const { return Slot{OrderedKey(logits[s]), s}; }
 };
 // The candidates: n words in shared memory, in position order.
 struct CandidateSource {
@@ -175,13 +182,14 @@ struct CandidateSource {
   int n;
   __device__ __forceinline__ int Begin() const { return 0; }
   __device__ __forceinline__ int End() const { return n; }
-  __device__ __forceinline__ void Load(int s, u32 (&key)[1], u32 (&aux)[1]) const {
-    const unsigned long long w = s < n ? cand[s] : 0ull;
-    key[0] = static_cast<u32>(w >> 32);
-    aux[0] = static_cast<u32>(w);  // the position
+  __device__ __forceinline__ void Load(int s, u32 (&key)[1]) const {
+    key[0] = s < n ? static_cast<u32>(cand[s] >> 32) : 0u;
   }
   __device__ __forceinline__ bool In(int s, int, u32) const { return s < n; }
-  __device__ __forceinline__ int Pos(int, int, u32 aux) const { return static_cast<int>(aux); }
+  __device__ __forceinline__ Slot At(int s) const {
+    const unsigned long long w = cand[s];
+    return Slot{static_cast<u32>(w >> 32), static_cast<int>(static_cast<u32>(w))};
+  }
 };
 
 // kC CTAs per row: the cluster's histogram, summed bin by bin into every
@@ -217,9 +225,9 @@ __device__ __forceinline__ void CountDigit(const Src& src, u32 mask, u32 prefix,
   for (int j = threadIdx.x; j < kTopkBins; j += kThreads) sm.hist[j] = 0;
   __syncthreads();
   for (int r0 = src.Begin(); r0 < src.End(); r0 += kU * kThreads * kV) {
-    u32 key[kU][kV], aux[kU][kV];
+    u32 key[kU][kV];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + threadIdx.x) * kV, key[u], aux[u]);
+    for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + threadIdx.x) * kV, key[u]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int su = r0 + (u * kThreads + threadIdx.x) * kV;
@@ -330,10 +338,10 @@ __device__ __forceinline__ Before ScanInPositionOrder(const Src& src, Before bef
   for (int r0 = src.Begin(); r0 < src.End(); r0 += kU * kThreads * kV) {
     static_assert(kU * kV <= 32, "a thread's classes fit one bit mask each");
     static_assert(kU <= kTopkUnroll, "a thread's offsets fit sm.excl");
-    u32 key[kU][kV], aux[kU][kV];
+    u32 key[kU][kV];
     u32 above = 0, equal = 0;  // bit u * kV + e: the key's class
 #pragma unroll
-    for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + tid) * kV, key[u], aux[u]);
+    for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + tid) * kV, key[u]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int su = r0 + (u * kThreads + tid) * kV;
@@ -352,18 +360,18 @@ __device__ __forceinline__ Before ScanInPositionOrder(const Src& src, Before bef
     __syncthreads();
     ExclusiveScanCounters<kU * kWarpsT>(sm.counters, &sm.round_total());
     __syncthreads();
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int su = r0 + (u * kThreads + tid) * kV;
+    // The visits: a loop over the thread's keys of a class (a few a
+    // round), not unrolled over all kU * kV (straight-line code run once a
+    // round kept the warps waiting on instruction fetch).
+    for (u32 m = above | equal; m != 0u; m &= m - 1u) {
+      const int i = __ffs(static_cast<int>(m)) - 1;
+      const int u = i / kV;
       const int packed = sm.counters[u * kWarpsT + warp] + sm.excl[u * kThreads + tid];
-      int gt = before.gt + (packed >> 16), eq = before.eq + (packed & 0xffff);
-#pragma unroll
-      for (int e = 0; e < kV; ++e) {
-        const bool a = (above >> (u * kV + e)) & 1u, q = (equal >> (u * kV + e)) & 1u;
-        if (a || q) visit(key[u][e], src.Pos(su, e, aux[u][e]), a, gt, eq);
-        gt += a;
-        eq += q;
-      }
+      const u32 before_i = ((1u << i) - 1u) & ~((1u << (u * kV)) - 1u);  // u's keys before it
+      const Slot slot = src.At(r0 + (u * kThreads + tid) * kV + i % kV);
+      visit(slot.key, slot.pos, ((above >> i) & 1u) != 0u,
+            before.gt + (packed >> 16) + __popc(above & before_i),
+            before.eq + (packed & 0xffff) + __popc(equal & before_i));
     }
     before.gt += sm.round_total() >> 16;
     before.eq += sm.round_total() & 0xffff;

@@ -145,17 +145,15 @@ struct Slot {
 // The keys a CTA selects from, in position order: slots [Begin(), End())
 // in rounds of kU * kTopkThreads * kV, thread t loading slots r0 + (u *
 // threads + t) * kV + [0, kV) for each u < kU (slot order is position
-// order). Load gives their keys; In says whether slot s + e counts (in the
-// source and of its class), recomputed where used so a round holds only
-// its keys in registers; At reads one slot's key and position again (for
-// the few slots a pass visits, in a loop whose code stays small).
-// The row's logits of the part, those with (key & cmask) == cprefix.
+// order). Load gives their keys; Valid(s) has bit e set where slot s + e
+// is in the source (once a load of kV, not per key); At reads one slot's
+// key and position again (for the few slots a pass visits, in a loop whose
+// code stays small). The row's logits of the part:
 struct RowSource {
   static constexpr int kU = kTopkUnroll;
   static constexpr int kV = 4;
   const float* logits;
   int beg, end;  // beg a multiple of 4
-  u32 cmask, cprefix;
   // Slots start at beg less the row's misalignment (in floats; logits is
   // 4-byte aligned), so every load of four inside the part is 16-byte
   // aligned; the slots before beg never count.
@@ -169,8 +167,9 @@ struct RowSource {
 #pragma unroll
     for (int e = 0; e < kV; ++e) key[e] = OrderedKey(v[e]);
   }
-  __device__ __forceinline__ bool In(int s, int e, u32 key) const {
-    return s + e >= beg && s + e < end && (key & cmask) == cprefix;
+  __device__ __forceinline__ u32 Valid(int s) const {
+    const int lo = min(max(beg - s, 0), kV), hi = min(max(end - s, 0), kV);
+    return ((1u << hi) - 1u) & ~((1u << lo) - 1u);
   }
   __device__ __forceinline__ Slot At(int s) const { return Slot{OrderedKey(logits[s]), s}; }
 };
@@ -185,7 +184,7 @@ struct CandidateSource {
   __device__ __forceinline__ void Load(int s, u32 (&key)[1]) const {
     key[0] = s < n ? static_cast<u32>(cand[s] >> 32) : 0u;
   }
-  __device__ __forceinline__ bool In(int s, int, u32) const { return s < n; }
+  __device__ __forceinline__ u32 Valid(int s) const { return s < n ? 1u : 0u; }
   __device__ __forceinline__ Slot At(int s) const {
     const unsigned long long w = cand[s];
     return Slot{static_cast<u32>(w >> 32), static_cast<int>(static_cast<u32>(w))};
@@ -230,10 +229,10 @@ __device__ __forceinline__ void CountDigit(const Src& src, u32 mask, u32 prefix,
     for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + threadIdx.x) * kV, key[u]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int su = r0 + (u * kThreads + threadIdx.x) * kV;
+      const u32 valid = src.Valid(r0 + (u * kThreads + threadIdx.x) * kV);
 #pragma unroll
       for (int e = 0; e < kV; ++e) {
-        if (src.In(su, e, key[u][e]) && (key[u][e] & mask) == prefix) {
+        if (((valid >> e) & 1u) != 0u && (key[u][e] & mask) == prefix) {
           atomicAdd(&sm.hist[(key[u][e] >> shift) & digit], 1);
         }
       }
@@ -317,8 +316,9 @@ __device__ __forceinline__ bool NextDigit(const Src& src, int pass, Selection& s
   return whole;
 }
 
-// One pass over src in position order. classify(key) is 0x10000 (a key
-// "above"), 1 ("equal") or 0; visit(key, pos, is_above, gt, eq) sees each
+// One pass over src in position order. A key is "equal" in [lo, hi], and
+// "above" past hi where kAbove (else of no class); visit(key, pos,
+// is_above, gt, eq) sees each
 // key of a nonzero class with the counts gt and eq of each class before
 // it, from `before` (those of earlier CTAs of the cluster) on; returns the
 // counts through the end of src. Counts are packed above << 16 | equal (a
@@ -328,9 +328,9 @@ __device__ __forceinline__ bool NextDigit(const Src& src, int pass, Selection& s
 struct Before {
   int gt, eq;
 };
-template <class T, class Src, class Classify, class Visit>
+template <class T, bool kAbove, class Src, class Visit>
 __device__ __forceinline__ Before ScanInPositionOrder(const Src& src, Before before,
-                                                      const TopkSmem<T>& sm, Classify classify,
+                                                      const TopkSmem<T>& sm, u32 lo, u32 hi,
                                                       Visit visit) {
   constexpr int kU = Src::kU, kV = Src::kV, kThreads = T::kTopkThreads;
   constexpr int kWarpsT = kThreads / 32;
@@ -344,15 +344,18 @@ __device__ __forceinline__ Before ScanInPositionOrder(const Src& src, Before bef
     for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + tid) * kV, key[u]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int su = r0 + (u * kThreads + tid) * kV;
-      int c = 0;
+      u32 a = 0, q = 0;  // this load's classes, bit e
 #pragma unroll
       for (int e = 0; e < kV; ++e) {
-        const int ce = src.In(su, e, key[u][e]) ? classify(key[u][e]) : 0;
-        above |= static_cast<u32>(ce >> 16) << (u * kV + e);
-        equal |= static_cast<u32>(ce & 1) << (u * kV + e);
-        c += ce;
+        a |= static_cast<u32>(key[u][e] > hi) << e;
+        q |= static_cast<u32>(key[u][e] >= lo) << e;
       }
+      const u32 valid = src.Valid(r0 + (u * kThreads + tid) * kV);
+      q &= valid & ~a;
+      a = kAbove ? a & valid : 0u;
+      above |= a << (u * kV);
+      equal |= q << (u * kV);
+      const int c = (__popc(a) << 16) + __popc(q);
       const int incl = WarpInclusiveSum(c, lane);
       sm.excl[u * kThreads + tid] = incl - c;  // read back after the barriers
       if (lane == 31) sm.counters[u * kWarpsT + warp] = incl;
@@ -385,8 +388,8 @@ __device__ __forceinline__ Before ScanInPositionOrder(const Src& src, Before bef
 template <class T, class Src, class Put>
 __device__ __forceinline__ void KeepCandidates(const Src& src, const Selection& s,
                                                const TopkSmem<T>& sm, Put put) {
-  ScanInPositionOrder<T>(
-      src, Before{0, 0}, sm, [&](u32 key) { return (key & s.mask) == s.prefix ? 1 : 0; },
+  ScanInPositionOrder<T, false>(
+      src, Before{0, 0}, sm, s.prefix, s.prefix | ~s.mask,
       [&](u32 key, int pos, bool, int, int eq) { put(eq, CandidateWord(key, pos)); });
 }
 
@@ -475,20 +478,16 @@ __device__ __forceinline__ void WriteSurvivors(const RowSource& src, const Selec
                                                const RowOutput& out) {
   const int first = before.gt + min(before.eq, s.rem);
   int* staged = reinterpret_cast<int*>(sm.cand);  // kTopkCandidates * 2 >= kMaxTopk ints
-  const Before after = ScanInPositionOrder<T>(
-      src, before, sm,
-      [&](u32 key) {
-        const u32 masked = key & s.mask;
-        return masked > s.prefix ? 0x10000 : (masked == s.prefix ? 1 : 0);
-      },
-      [&](u32, int pos, bool is_above, int gt, int eq) {
-        // Above the threshold, or equal to it within the first rem.
-        if (is_above || eq < s.rem) {
-          const int rank = gt + min(eq, s.rem);
-          out.indices[rank] = pos;
-          if (out.slots != nullptr) staged[rank - first] = pos;
-        }
-      });
+  const Before after =
+      ScanInPositionOrder<T, true>(src, before, sm, s.prefix, s.prefix | ~s.mask,
+                                   [&](u32, int pos, bool is_above, int gt, int eq) {
+                                     // Above the threshold, or equal to it within the first rem.
+                                     if (is_above || eq < s.rem) {
+                                       const int rank = gt + min(eq, s.rem);
+                                       out.indices[rank] = pos;
+                                       if (out.slots != nullptr) staged[rank - first] = pos;
+                                     }
+                                   });
   if (out.slots != nullptr) {
     const int n = after.gt + min(after.eq, s.rem) - first;
     out.WriteSlots<T::kTopkThreads>(first, n, [&](int i) { return staged[i]; });
@@ -546,7 +545,7 @@ __device__ __forceinline__ Before GatherAndSelect(const RowSource& row, const Ro
 template <class T, int kC>
 __device__ __forceinline__ void SelectLargest(const float* logits, const RowPart part,
                                               const TopkSmem<T>& sm, const RowOutput& out) {
-  const RowSource row{logits, part.beg, part.end, 0u, 0u};
+  const RowSource row{logits, part.beg, part.end};
   Selection s{0u, 0u, T::kTopk, 0, 0};
   // Whether the CTAs read each other's counts for the survivors before
   // their parts (the same in every CTA of the cluster: the counts it
@@ -567,8 +566,7 @@ __device__ __forceinline__ void SelectLargest(const float* logits, const RowPart
       if (mine <= kTopkCandidates) {
         FinishSelect<T, kC>(CandidateSource{sm.cand, mine}, s, sm, part.rank);
       } else {
-        FinishSelect<T, kC>(RowSource{logits, part.beg, part.end, s.mask, s.prefix}, s, sm,
-                            part.rank);
+        FinishSelect<T, kC>(row, s, sm, part.rank);
       }
     }
   }

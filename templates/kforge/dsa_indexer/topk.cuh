@@ -340,6 +340,7 @@ __device__ __forceinline__ Before ScanInPositionOrder(const Src& src, Before bef
     static_assert(kU <= kTopkUnroll, "a thread's offsets fit sm.excl");
     u32 key[kU][kV];
     u32 above = 0, equal = 0;  // bit u * kV + e: the key's class
+    u32 count[kU];             // load u's keys above << 8 | equal
 #pragma unroll
     for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + tid) * kV, key[u]);
 #pragma unroll
@@ -355,10 +356,23 @@ __device__ __forceinline__ Before ScanInPositionOrder(const Src& src, Before bef
       a = kAbove ? a & valid : 0u;
       above |= a << (u * kV);
       equal |= q << (u * kV);
-      const int c = (__popc(a) << 16) + __popc(q);
-      const int incl = WarpInclusiveSum(c, lane);
-      sm.excl[u * kThreads + tid] = incl - c;  // read back after the barriers
-      if (lane == 31) sm.counters[u * kWarpsT + warp] = incl;
+      count[u] = (static_cast<u32>(__popc(a)) << 8) | static_cast<u32>(__popc(q));
+    }
+    // In-warp scans of two loads at once (four 8-bit fields: a warp's
+    // counts of a class in one load are at most 32 * kV), each exclusive
+    // offset and warp total stored as above << 16 | equal.
+    static_assert(32 * kV < 256, "a warp's counts of a load fit 8 bits");
+    const auto widen = [](u32 v) { return static_cast<int>(((v >> 8) << 16) | (v & 0xffu)); };
+#pragma unroll
+    for (int u = 0; u < kU; u += 2) {
+      const u32 c = u + 1 < kU ? (count[u] << 16) | count[u + 1] : count[u] << 16;
+      const u32 incl = static_cast<u32>(WarpInclusiveSum(static_cast<int>(c), lane));
+      sm.excl[u * kThreads + tid] = widen((incl - c) >> 16);  // read back after the barriers
+      if (lane == 31) sm.counters[u * kWarpsT + warp] = widen(incl >> 16);
+      if (u + 1 < kU) {
+        sm.excl[(u + 1) * kThreads + tid] = widen((incl - c) & 0xffffu);
+        if (lane == 31) sm.counters[(u + 1) * kWarpsT + warp] = widen(incl & 0xffffu);
+      }
     }
     __syncthreads();
     ExclusiveScanCounters<kU * kWarpsT>(sm.counters, &sm.round_total());

@@ -242,7 +242,9 @@ void DsaIndexerGpu::RunAndCheck(bool prefill) {
         ASSERT_TRUE(pos >= 0 && pos < len) << j << ": " << pos;
         ASSERT_TRUE(chosen.insert(pos).second) << "repeated " << pos;
         ASSERT_EQ(slots[r * k + j], table[b * pages_per_req + pos / 64] * 64 + pos % 64);
-        if (j > 0) ASSERT_LT(idx[r * k + j - 1], pos) << j;
+        if (j > 0) {
+          ASSERT_LT(idx[r * k + j - 1], pos) << j;
+        }
       }
       if (m > 0) {
         float kth = logits[r * max_context + *chosen.begin()];
@@ -250,9 +252,13 @@ void DsaIndexerGpu::RunAndCheck(bool prefill) {
         int ties_skipped = 0;  // tied positions not chosen, so far
         for (int s = 0; s < len; ++s) {
           const float v = logits[r * max_context + s];
-          if (v > kth) ASSERT_TRUE(chosen.count(s)) << s;
+          if (v > kth) {
+            ASSERT_TRUE(chosen.count(s)) << s;
+          }
           if (v == kth && !chosen.count(s)) ++ties_skipped;
-          if (v == kth && chosen.count(s)) ASSERT_EQ(ties_skipped, 0) << "tie at " << s;
+          if (v == kth && chosen.count(s)) {
+            ASSERT_EQ(ties_skipped, 0) << "tie at " << s;
+          }
         }
       }
     }

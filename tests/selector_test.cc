@@ -156,7 +156,9 @@ TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
     // On one path more tokens never mean more splits (leaving the small-
     // batch path may raise them: fewer, bigger head groups); once left, it
     // stays left. Batch 1 on 132 SMs always splits.
-    if (sel->small_batch == previous_small) EXPECT_LE(sel->num_splits, previous_splits);
+    if (sel->small_batch == previous_small) {
+      EXPECT_LE(sel->num_splits, previous_splits);
+    }
     EXPECT_TRUE(previous_small || !sel->small_batch);
     if (batch == 1) {
       EXPECT_TRUE(sel->needs_combine);  // no cluster capacity given: split + combine
@@ -415,7 +417,9 @@ TEST(Select, SplitsShrinkAsTheBatchGrows) {
     absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms}, ShapeFor(spec, batch, 1));
     ASSERT_TRUE(sel.ok()) << sel.status();
     // Within a path (the small-batch one up to batch 4, then the 64-head one).
-    if (sel->small_batch == previous_small) EXPECT_LE(sel->num_splits, previous) << batch;
+    if (sel->small_batch == previous_small) {
+      EXPECT_LE(sel->num_splits, previous) << batch;
+    }
     EXPECT_EQ(sel->small_batch, batch <= 4) << "batch " << batch;
     previous = sel->num_splits;
     previous_small = sel->small_batch;

@@ -276,7 +276,9 @@ TEST(KvFormatsTest, EveryRowParsesByNameAndHasItsRecordSize) {
     // Staging rows are whole 16-byte chunks holding at least the record.
     const int staging = f->staging_bytes_per_token(d_qk);
     EXPECT_EQ(staging % 16, 0);
-    if (staging > 0) EXPECT_GE(staging, record);
+    if (staging > 0) {
+      EXPECT_GE(staging, record);
+    }
   }
   EXPECT_EQ(FindKvFormat(v1::KV_CACHE_DTYPE_UNSPECIFIED), nullptr);
   absl::StatusOr<v1::KvCacheDtype> bad = ParseKvDtype("fp4");

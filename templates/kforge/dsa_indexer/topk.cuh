@@ -224,12 +224,13 @@ __device__ __forceinline__ void CountDigit(const Src& src, u32 mask, u32 prefix,
   for (int j = threadIdx.x; j < kTopkBins; j += kThreads) sm.hist[j] = 0;
   __syncthreads();
   for (int r0 = src.Begin(); r0 < src.End(); r0 += kU * kThreads * kV) {
+    const auto slot = [&](int u) -> int { return r0 + (u * kThreads + threadIdx.x) * kV; };
     u32 key[kU][kV];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + threadIdx.x) * kV, key[u]);
+    for (int u = 0; u < kU; ++u) src.Load(slot(u), key[u]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const u32 valid = src.Valid(r0 + (u * kThreads + threadIdx.x) * kV);
+      const u32 valid = src.Valid(slot(u));
 #pragma unroll
       for (int e = 0; e < kV; ++e) {
         if (((valid >> e) & 1u) != 0u && (key[u][e] & mask) == prefix) {
@@ -318,13 +319,12 @@ __device__ __forceinline__ bool NextDigit(const Src& src, int pass, Selection& s
 
 // One pass over src in position order. A key is "equal" in [lo, hi], and
 // "above" past hi where kAbove (else of no class); visit(key, pos,
-// is_above, gt, eq) sees each
-// key of a nonzero class with the counts gt and eq of each class before
-// it, from `before` (those of earlier CTAs of the cluster) on; returns the
-// counts through the end of src. Counts are packed above << 16 | equal (a
-// round holds at most 2^14 keys); a thread keeps its keys' classes as two
-// bit masks between the scan and the visits. Every visit is done (and
-// visible to the block) when it returns.
+// is_above, gt, eq) sees each key of a nonzero class with the counts gt
+// and eq of each class before it, from `before` (those of earlier CTAs of
+// the cluster) on; returns the counts through the end of src. Counts are
+// packed above << 16 | equal (a round holds at most 2^14 keys); a thread
+// keeps its keys' classes as two bit masks between the scan and the
+// visits. Every visit is done (and visible to the block) when it returns.
 struct Before {
   int gt, eq;
 };
@@ -338,11 +338,13 @@ __device__ __forceinline__ Before ScanInPositionOrder(const Src& src, Before bef
   for (int r0 = src.Begin(); r0 < src.End(); r0 += kU * kThreads * kV) {
     static_assert(kU * kV <= 32, "a thread's classes fit one bit mask each");
     static_assert(kU <= kTopkUnroll, "a thread's offsets fit sm.excl");
+    // Load u's first slot: thread t's loads are kThreads * kV apart.
+    const auto slot = [&](int u) { return r0 + (u * kThreads + tid) * kV; };
     u32 key[kU][kV];
     u32 above = 0, equal = 0;  // bit u * kV + e: the key's class
     u32 count[kU];             // load u's keys above << 8 | equal
 #pragma unroll
-    for (int u = 0; u < kU; ++u) src.Load(r0 + (u * kThreads + tid) * kV, key[u]);
+    for (int u = 0; u < kU; ++u) src.Load(slot(u), key[u]);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       u32 a = 0, q = 0;  // this load's classes, bit e
@@ -351,7 +353,7 @@ __device__ __forceinline__ Before ScanInPositionOrder(const Src& src, Before bef
         a |= static_cast<u32>(key[u][e] > hi) << e;
         q |= static_cast<u32>(key[u][e] >= lo) << e;
       }
-      const u32 valid = src.Valid(r0 + (u * kThreads + tid) * kV);
+      const u32 valid = src.Valid(slot(u));
       q &= valid & ~a;
       a = kAbove ? a & valid : 0u;
       above |= a << (u * kV);
@@ -385,8 +387,8 @@ __device__ __forceinline__ Before ScanInPositionOrder(const Src& src, Before bef
       const int u = i / kV;
       const int packed = sm.counters[u * kWarpsT + warp] + sm.excl[u * kThreads + tid];
       const u32 before_i = ((1u << i) - 1u) & ~((1u << (u * kV)) - 1u);  // u's keys before it
-      const Slot slot = src.At(r0 + (u * kThreads + tid) * kV + i % kV);
-      visit(slot.key, slot.pos, ((above >> i) & 1u) != 0u,
+      const Slot at = src.At(slot(u) + i % kV);
+      visit(at.key, at.pos, ((above >> i) & 1u) != 0u,
             before.gt + (packed >> 16) + __popc(above & before_i),
             before.eq + (packed & 0xffff) + __popc(equal & before_i));
     }
@@ -490,20 +492,23 @@ template <class T>
 __device__ __forceinline__ void WriteSurvivors(const RowSource& src, const Selection& s,
                                                Before before, const TopkSmem<T>& sm,
                                                const RowOutput& out) {
-  const int first = before.gt + min(before.eq, s.rem);
+  // The rank of a survivor with gt above and eq equal before it; of the
+  // CTA's first survivor, and (from the pass's counts) one past its last.
+  const auto rank_of = [&](int gt, int eq) { return gt + min(eq, s.rem); };
+  const int first = rank_of(before.gt, before.eq);
   int* staged = reinterpret_cast<int*>(sm.cand);  // kTopkCandidates * 2 >= kMaxTopk ints
   const Before after =
       ScanInPositionOrder<T, true>(src, before, sm, s.prefix, s.prefix | ~s.mask,
                                    [&](u32, int pos, bool is_above, int gt, int eq) {
                                      // Above the threshold, or equal to it within the first rem.
                                      if (is_above || eq < s.rem) {
-                                       const int rank = gt + min(eq, s.rem);
+                                       const int rank = rank_of(gt, eq);
                                        out.indices[rank] = pos;
                                        if (out.slots != nullptr) staged[rank - first] = pos;
                                      }
                                    });
   if (out.slots != nullptr) {
-    const int n = after.gt + min(after.eq, s.rem) - first;
+    const int n = rank_of(after.gt, after.eq) - first;
     out.WriteSlots<T::kTopkThreads>(first, n, [&](int i) { return staged[i]; });
   }
 }

@@ -15,33 +15,49 @@ import torch  # noqa: E402
 from bench_sparse_mla import time_fn  # noqa: E402
 from kforge import dsa_indexer as kdi  # noqa: E402
 
-args = [a for a in sys.argv[1:] if not a.startswith("--")]
-rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
-paths = [a for a in args if a.endswith(".cubin")]
-if not paths:
-    sys.exit(__doc__)
-ixs = [kdi.DsaIndexer.from_files(p) for p in paths]
-label = [f"{os.path.basename(os.path.dirname(p)) or '.'}/h{ix.heads}" for p, ix in zip(paths, ixs)]
-for batch, ctx_len in ((128, 32768), (1, 131072)):
+
+def random_cache(batch, ctx_len, gen, device="cuda"):
+    """Index-key pages of batch requests of ctx_len tokens: e4m3 bytes 0..119
+    (finite, no NaN codes) with unit scales, a shuffled block table, and the
+    context lengths."""
     pages = (ctx_len + 63) // 64
-    gen = torch.Generator(device="cuda").manual_seed(1)
     cache = torch.randint(0, 120, (batch * pages, kdi.PAGE_BYTES), dtype=torch.uint8,
-                          device="cuda", generator=gen)
-    cache[:, 8192:].view(torch.float32)[:] = 1.0
-    bt = torch.randperm(batch * pages, device="cuda", generator=gen).view(batch, pages).int()
-    mla_bt = torch.randperm(batch * pages, device="cuda", generator=gen).view(batch, pages).int()
-    ctx = torch.full((batch,), ctx_len, dtype=torch.int32, device="cuda")
-    out = torch.empty(batch, ctx_len, device="cuda")
-    for _ in range(rounds):
-        res = []
-        for name, ix in zip(label, ixs):
-            q = torch.randn(batch, ix.heads, 128, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-            w = torch.randn(batch, ix.heads, device="cuda", generator=gen)
-            idx = torch.empty(batch, ix.topk_k, dtype=torch.int32, device="cuda")
-            slots = torch.empty_like(idx)
-            t = time_fn(lambda _: kdi.dsa_indexer_topk(ix, q, w, cache, bt, ctx, max_context=ctx_len,
-                                                       mla_block_table=mla_bt, logits=out,
-                                                       indices=idx, slots=slots), [None], 30)
-            res.append(f"{name} {t:.1f}")
-        print(f"{batch} x {ctx_len} (us):", " | ".join(res), flush=True)
-    del cache
+                          device=device, generator=gen)
+    cache[:, 64 * 128:].view(torch.float32)[:] = 1.0
+    table = torch.randperm(batch * pages, device=device, generator=gen).view(batch, pages).int()
+    ctx = torch.full((batch,), ctx_len, dtype=torch.int32, device=device)
+    return cache, table, ctx
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
+    paths = [a for a in args if a.endswith(".cubin")]
+    if not paths:
+        sys.exit(__doc__)
+    ixs = [kdi.DsaIndexer.from_files(p) for p in paths]
+    label = [f"{os.path.basename(os.path.dirname(p)) or '.'}/h{ix.heads}"
+             for p, ix in zip(paths, ixs)]
+    for batch, ctx_len in ((128, 32768), (1, 131072)):
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        cache, bt, ctx = random_cache(batch, ctx_len, gen)
+        mla_bt = torch.randperm(bt.numel(), device="cuda", generator=gen).view_as(bt).int()
+        out = torch.empty(batch, ctx_len, device="cuda")
+        for _ in range(rounds):
+            res = []
+            for name, ix in zip(label, ixs):
+                q = torch.randn(batch, ix.heads, 128, device="cuda",
+                                generator=gen).to(torch.float8_e4m3fn)
+                w = torch.randn(batch, ix.heads, device="cuda", generator=gen)
+                idx = torch.empty(batch, ix.topk_k, dtype=torch.int32, device="cuda")
+                slots = torch.empty_like(idx)
+                t = time_fn(lambda _: kdi.dsa_indexer_topk(
+                    ix, q, w, cache, bt, ctx, max_context=ctx_len, mla_block_table=mla_bt,
+                    logits=out, indices=idx, slots=slots), [None], 30)
+                res.append(f"{name} {t:.1f}")
+            print(f"{batch} x {ctx_len} (us):", " | ".join(res), flush=True)
+        del cache
+
+
+if __name__ == "__main__":
+    main()

@@ -14,19 +14,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 from bench_sparse_mla import time_fn  # noqa: E402
+from indexer_ab import random_cache  # noqa: E402
 from kforge import dsa_indexer as kdi  # noqa: E402
 
 if len(sys.argv) < 2:
     sys.exit(__doc__)
 ix = kdi.DsaIndexer.from_files(sys.argv[1])
 batch, ctx_len = 128, 32768
-pages = ctx_len // 64
 gen = torch.Generator(device="cuda").manual_seed(1)
-cache = torch.randint(0, 120, (batch * pages, kdi.PAGE_BYTES), dtype=torch.uint8, device="cuda",
-                      generator=gen)
-cache[:, 8192:].view(torch.float32)[:] = 1.0
-bt = torch.randperm(batch * pages, device="cuda", generator=gen).view(batch, pages).int()
-ctx = torch.full((batch,), ctx_len, dtype=torch.int32, device="cuda")
+cache, bt, ctx = random_cache(batch, ctx_len, gen)
 q = torch.randn(batch, ix.heads, 128, device="cuda", generator=gen).to(torch.float8_e4m3fn)
 w = torch.randn(batch, ix.heads, device="cuda", generator=gen)
 real = torch.empty(batch, ctx_len, device="cuda")

@@ -4,7 +4,7 @@
 # is compared byte for byte, so it is left as generated.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cuh' | grep -v '^tests/golden/')
+mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cuh' '*.cu' | grep -v '^tests/golden/')
 if [[ "${1:-}" == "--check" ]]; then
   bad=()
   for f in "${files[@]}"; do

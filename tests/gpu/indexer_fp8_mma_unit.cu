@@ -13,11 +13,11 @@ namespace kdi = kforge::dsa_indexer;
 using Traits = kdi::IndexerTraits<32, 2048>;
 
 extern "C" __global__ void __launch_bounds__(Traits::kThreads, Traits::kLogitsMinBlocks)
-dsa_indexer_logits(const kdi::LogitsParams p) {
+    dsa_indexer_logits(const kdi::LogitsParams p) {
   kdi::LogitsMain<Traits>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(Traits::kTopkThreads)
-dsa_indexer_topk(const kdi::TopkParams p) {
+    dsa_indexer_topk(const kdi::TopkParams p) {
   kdi::TopkMain<Traits>(p);
 }

@@ -1,11 +1,12 @@
 // The read bandwidth the DSA indexer's logits can reach on this GPU: the
 // same bytes in the same pattern (batch x context keys of the index-key
 // cache, 8448-byte pages in a shuffled block table, one CTA per chunk of a
-// row's pages, as the logits grid) read by a kernel that does nothing else,
-// at the logits kernel's occupancy (4 CTAs of 128 threads an SM) and at the
-// GPU's (16), with 2 or 8 pages' loads in flight per CTA, and the whole
-// cache read linearly. The logits kernel's time against these, not against
-// the data sheet's bandwidth, is what its own work costs.
+// row's pages, as the logits grid) read by kernels that do nothing else:
+// per-thread 16-byte loads (1/2, 2 or 4 pages in flight a CTA) at the
+// logits kernel's occupancy (4 CTAs of 128 threads an SM) and at the GPU's
+// (16), whole-page bulk copies (TMA) into a ring of 2-5 stages, and the
+// whole cache read linearly. The logits kernel's time against these, not
+// against the data sheet's bandwidth, is what its own work costs.
 // Build and run (nvcc, on the GPU machine):
 //   nvcc -O3 -arch=sm_90a -o /tmp/prb bench/paged_read_bw.cu && /tmp/prb [batch ctx]
 #include <cuda_runtime.h>

@@ -317,6 +317,69 @@ __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Bulk copies (sm_90+, the TMA unit) completing on an mbarrier. A copy of
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global
+// to shared memory is one instruction of one thread; the barrier's phase
+// completes when its one arrival (MbarArriveExpectTx, announcing the
+// bytes) and all of those bytes have landed, and MbarWait(bar, parity)
+// returns once the phase of that parity (0, 1, 0, ... for its uses in
+// turn) has completed, the copied bytes visible to the waiting thread.
+// Called only from sm_90+ paths: the fallbacks trap.
+__device__ __forceinline__ void MbarInit(u32 bar, u32 arrivals) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+#else
+  __trap();
+#endif
+}
+// After MbarInit, before the barrier's first use by a bulk copy.
+__device__ __forceinline__ void FenceMbarInit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void MbarArriveExpectTx(u32 bar, u32 bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void MbarWait(u32 bar, u32 parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "KFORGE_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra KFORGE_MBAR_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void BulkCopyToShared(u32 dst, const void* src, u32 bytes, u32 bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// A float of shared memory.
+__device__ __forceinline__ float LdSharedF32(u32 addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+
 // Barrier among `threads` threads (a multiple of 32) of the block using
 // hardware barrier `id` (1..15; 0 is __syncthreads).
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A/B timing of DSA indexer modules: logits + top-k + slot ids in one CUDA
-graph (kforge.dsa_indexer_topk), 128 x 32768 and 1 x 131072, the modules
-alternating in one process so host drift falls on all of them alike.
+graph (kforge.dsa_indexer_topk), and the logits kernel alone, at 128 x 32768
+and 1 x 131072, the modules alternating in one process so host drift falls
+on all of them alike. Prints "step / logits" medians in us.
 usage: indexer_ab.py MODULE.cubin [MODULE.cubin ...] [--rounds N]
 Every module must match the C ABI library's build (KFORGE_CAPI_LIB selects
 it; the plan refuses launch fields another config.h would produce). Random
@@ -54,7 +55,9 @@ def main():
                 t = time_fn(lambda _: kdi.dsa_indexer_topk(
                     ix, q, w, cache, bt, ctx, max_context=ctx_len, mla_block_table=mla_bt,
                     logits=out, indices=idx, slots=slots), [None], 30)
-                res.append(f"{name} {t:.1f}")
+                t_logits = time_fn(lambda _: ix.logits(q, w, cache, bt, ctx, ctx_len, out=out),
+                                   [None], 30)
+                res.append(f"{name} {t:.1f} / {t_logits:.1f}")
             print(f"{batch} x {ctx_len} (us):", " | ".join(res), flush=True)
         del cache
 

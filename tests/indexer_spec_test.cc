@@ -186,7 +186,7 @@ TEST(IndexerCodegenTest, ManifestHasOneVariantTheSelectorNeverPicks) {
   EXPECT_EQ(v.module_name(), "dsa_indexer_h32_d128_topk2048_pb64_sm90a");
   EXPECT_EQ(v.main_entry(), kIndexerLogitsEntry);
   EXPECT_EQ(v.combine_entry(), kIndexerTopkEntry);
-  EXPECT_EQ(v.indexer().logits_block_threads(), 128u * dsa_indexer::kLogitsWgmmaWarpgroups);
+  EXPECT_EQ(v.indexer().logits_block_threads(), 128u);  // one warpgroup
   EXPECT_EQ(v.key(), compiler.Plan(spec, "sm_90a")->key);
   DeviceInfo device;
   device.arch = "sm_90a";
@@ -242,12 +242,17 @@ TEST(IndexerCodegenTest, LaunchFollowsConfig) {
 TEST(IndexerCodegenTest, Sm90aLogitsRunOnWarpgroupMma) {
   const v1::AttentionSpec spec = *IndexerSpecFromPreset("deepseek-v3.2", 1);
   const v1::IndexerLaunch l = MakeIndexerLaunch(spec, *ParseArch("sm_90a"));
-  EXPECT_EQ(l.logits_block_threads(), 128u * dsa_indexer::kLogitsWgmmaWarpgroups);
+  EXPECT_EQ(l.logits_block_threads(), 128u);  // one warpgroup
   EXPECT_EQ(l.logits_keys_per_cta(), 64u * dsa_indexer::kLogitsWgmmaPagesPerCta);
   EXPECT_EQ(l.logits_min_keys_per_cta(), 64u * dsa_indexer::kLogitsWgmmaMinPagesPerCta);
-  // Q as f16 (64 heads x 256 bytes), 64 weights, the CTA's page ids.
-  EXPECT_EQ(l.logits_smem_bytes(),
-            static_cast<uint32_t>(64 * 256 + 64 * 4 + dsa_indexer::kLogitsWgmmaPagesPerCta * 4));
+  // Q as f16 (64 heads x 256 bytes), the ring of pages and their
+  // mbarriers, 64 weights, the CTA's page ids; 4 CTAs an SM in 227 KB.
+  EXPECT_EQ(
+      l.logits_smem_bytes(),
+      static_cast<uint32_t>(
+          64 * 256 + dsa_indexer::kLogitsWgmmaStages * (dsa_indexer::IndexKeyPage::kBytes + 8) +
+          64 * 4 + dsa_indexer::kLogitsWgmmaPagesPerCta * 4));
+  EXPECT_LE(4 * (l.logits_smem_bytes() + 1024), 227u * 1024);
   EXPECT_TRUE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch("sm_90a")),
                                 "kdi::IndexerTraits<64, 2048, true>"));
   // Not sm_90 (no wgmma without the arch-specific target), nor sm_100a.

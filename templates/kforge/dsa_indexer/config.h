@@ -117,13 +117,13 @@ constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in reg
 // at 72 registers, 7 of 128 threads fit and the 128 x 32768 logits took 6%
 // longer on the H200).
 //
-// wgmma logits (sm_90a): kLogitsWgmmaWarpgroups warpgroups, each taking
-// every kLogitsWgmmaWarpgroups-th page of the CTA's chunk: a page's 64 keys
-// are the A operand (e4m3 -> f16 in registers, loaded two pages ahead), Q
-// the B operand (f16 in shared memory, N = the heads rounded up to a wgmma
-// width). 512 threads per SM while N <= 64 (128
-// registers a thread), else 256.
-constexpr int kLogitsWgmmaWarpgroups = 1;
+// wgmma logits (sm_90a): one warpgroup a CTA, walking its chunk of pages
+// through a ring of kLogitsWgmmaStages shared-memory stages (each page one
+// bulk copy, as it is in the cache): a page's 64 keys are the A operand
+// (e4m3 -> f16 into registers from the stage), Q the B operand (f16 in
+// shared memory, N = the heads rounded up to a wgmma width). 512 threads
+// per SM while N <= 64 (128 registers a thread), else 256.
+constexpr int kLogitsWgmmaStages = 4;
 constexpr int kLogitsWgmmaPagesPerCta = 32;
 // The wgmma kernel takes ceil(ceil(max_context / 64) / gridDim.x) pages a
 // CTA (at most kLogitsWgmmaPagesPerCta). The plan halves the chunk from 32
@@ -139,7 +139,7 @@ KFORGE_HD constexpr int LogitsWgmmaN(int heads) {
   return heads <= 16 ? 16 : (heads <= 32 ? 32 : (heads <= 64 ? 64 : 128));
 }
 KFORGE_HD constexpr int LogitsThreads(int heads, bool wgmma) {
-  return wgmma ? 128 * kLogitsWgmmaWarpgroups : 32 * HeadRowTiles(heads);
+  return wgmma ? 128 : 32 * HeadRowTiles(heads);
 }
 KFORGE_HD constexpr int LogitsPagesPerCta(bool wgmma) {
   return wgmma ? kLogitsWgmmaPagesPerCta : kPagesPerCta;
@@ -186,9 +186,12 @@ constexpr int kTopkCandidates = 4096;
 // Shared memory of the logits kernel. mma.sync: kLogitsStages pages and
 // one float per (warp, key) for the cross-warp sum. wgmma: Q as f16 (two
 // 64-column blocks of N rows x 128 bytes, 1024-byte aligned: the start of
-// dynamic shared memory), N weights, the CTA's page ids.
+// dynamic shared memory), the ring of kLogitsWgmmaStages pages, an 8-byte
+// mbarrier per stage, N weights, the CTA's page ids.
+KFORGE_HD constexpr int LogitsWgmmaRingOffset(int heads) { return LogitsWgmmaN(heads) * 2 * 128; }
 KFORGE_HD constexpr int LogitsSmemBytes(int heads, bool wgmma) {
-  return wgmma ? LogitsWgmmaN(heads) * (2 * 128 + 4) + kLogitsWgmmaPagesPerCta * 4
+  return wgmma ? LogitsWgmmaRingOffset(heads) + kLogitsWgmmaStages * (IndexKeyPage::kBytes + 8) +
+                     LogitsWgmmaN(heads) * 4 + kLogitsWgmmaPagesPerCta * 4
                : kLogitsStages * IndexKeyPage::kBytes +
                      HeadRowTiles(heads) * IndexKeyPage::kPageTokens * 4;
 }

@@ -276,56 +276,48 @@ __device__ __forceinline__ void StoreQChunk(u32 q16, int n, int c, const u32 (&w
   }
 }
 
-// One page's key bytes a thread of a warpgroup holds: rows r0 = 16 w + g
-// and r0 + 8 of the page (w its warp in the warpgroup), chunks t and 4 + t
-// of each (the A fragments of all 8 k-steps), and the two rows' scales.
-struct KeyRows {
-  u32 v[2][2][4];  // [row r0 / r0 + 8][chunk group G][word]
-  float scale[2];
-};
-
-__device__ __forceinline__ void LoadKeyRows(const LogitsParams& p, int page, int r0, int t,
-                                            KeyRows& k) {
-  const unsigned char* base = p.kv + static_cast<long long>(page) * p.page_stride;
+// The A fragments of one staged page (a page as it is in the cache) for a
+// thread of the warpgroup: key rows r0 = 16 w + g and r0 + 8 (w its warp),
+// chunks t and 4 + t of each, e4m3 -> f16; and the scale of row r0 + 8 (t &
+// 1), which lanes t 0 and 1 use. Odd rows read chunk 4 + t first, so the 8
+// lanes of a 16-byte load phase (rows g, g + 1, t 0..3) cover the 32 banks
+// once: the unswizzled 128-byte rows of a bulk copy would otherwise put
+// both rows' chunks t on the same banks.
+__device__ __forceinline__ void PageFragments(u32 stage, int r0, int t, u32 (&a)[8][4],
+                                              float& scale) {
+  const u32 odd = r0 & 1;
+  u32 v[2][2][4];  // [row r0 / r0 + 8][chunk group][word]
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    const int r = r0 + 8 * rr;
+    const u32 row = stage + (r0 + 8 * rr) * IndexKeyPage::kHeadDim + 16 * t;
+    u32 x[4], y[4];
+    ptx::LdShared128(row + 64 * odd, x);
+    ptx::LdShared128(row + 64 * (odd ^ 1), y);
 #pragma unroll
-    for (int grp = 0; grp < 2; ++grp) {
-      ptx::LdGlobal128(base + r * IndexKeyPage::kHeadDim + 64 * grp + 16 * t, k.v[rr][grp]);
+    for (int m = 0; m < 4; ++m) {
+      v[rr][0][m] = odd ? y[m] : x[m];
+      v[rr][1][m] = odd ? x[m] : y[m];
     }
-    k.scale[rr] = ptx::LdGlobalF32(base + IndexKeyPage::kValueBytes + 4 * r);
   }
-}
-
-// One page of one warpgroup: its 64 keys x kN heads (8 k16 steps), relu,
-// the heads' weights and the sum over heads (each thread's 2 x kN / 4
-// values, then the 4 lanes of a key row), the key's scale and the mask.
-// Once the keys are A fragments, k takes page `next` (if has_next), so its
-// loads run during this page's MMAs and the other buffer's page.
-template <class T>
-__device__ __forceinline__ void WgmmaPage(const LogitsParams& p, KeyRows& k, bool has_next,
-                                          int next, u32 q16, const float* w_s, float* out,
-                                          int page_first, int r0, int t, int len, int end) {
-  constexpr int kN = T::kWgmmaN;
-  u32 a[8][4];
+  scale = ptx::LdSharedF32(stage + IndexKeyPage::kValueBytes + 4 * (r0 + 8 * (t & 1)));
 #pragma unroll
   for (int grp = 0; grp < 2; ++grp)
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-      fp8::E4m3x4ToHalf2(k.v[0][grp][m], a[4 * grp + m][0], a[4 * grp + m][2]);
-      fp8::E4m3x4ToHalf2(k.v[1][grp][m], a[4 * grp + m][1], a[4 * grp + m][3]);
+      fp8::E4m3x4ToHalf2(v[0][grp][m], a[4 * grp + m][0], a[4 * grp + m][2]);
+      fp8::E4m3x4ToHalf2(v[1][grp][m], a[4 * grp + m][1], a[4 * grp + m][3]);
     }
-  const float scale = t == 0 ? k.scale[0] : k.scale[1];
-  if (has_next) LoadKeyRows(p, next, r0, t, k);
-  float acc[kN / 8][4];
+}
+
+// One page of the warpgroup, issued: its 64 keys (the A fragments) x kN
+// heads, 8 k16 steps into acc, committed as one wgmma group. a and acc
+// belong to the wgmma until a WgmmaWait0.
+template <int kN>
+__device__ __forceinline__ void IssuePage(const u32 (&a)[8][4], float (&acc)[kN / 8][4], u32 q16) {
 #pragma unroll
   for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      acc[j][e] = 0.f;
-      ptx::FenceOperand(acc[j][e]);
-    }
+    for (int e = 0; e < 4; ++e) ptx::FenceOperand(acc[j][e]);
   ptx::WgmmaFence();
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
@@ -333,7 +325,15 @@ __device__ __forceinline__ void WgmmaPage(const LogitsParams& p, KeyRows& k, boo
                         ptx::SmemDescSw128(q16 + (ks >> 2) * (kN * 128) + (ks & 3) * 32), ks > 0);
   }
   ptx::WgmmaCommit();
-  ptx::WgmmaWait0();
+}
+
+// A completed page's accumulators: relu, the heads' weights and the sum
+// over heads (each thread's 2 x kN / 4 values, then the 4 lanes of a key
+// row), the key's scale and the mask.
+template <int kN>
+__device__ __forceinline__ void FinishPage(float (&acc)[kN / 8][4], float scale, const float* w_s,
+                                           float* out, int page_first, int r0, int t, int len,
+                                           int end) {
 #pragma unroll
   for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
@@ -359,15 +359,30 @@ __device__ __forceinline__ void WgmmaPage(const LogitsParams& p, KeyRows& k, boo
   }
 }
 
+// One warpgroup a CTA, its chunk of pages streamed through a ring of
+// kLogitsWgmmaStages shared-memory stages: thread 0 copies each page whole
+// (one bulk copy of IndexKeyPage::kBytes, completing on the stage's
+// mbarrier) as soon as its stage is free, the warpgroup converts the
+// staged keys to A fragments and the stage is refilled while the page's
+// MMAs run, which overlap the previous page's finish (two accumulators).
+// On the H200 at 4 CTAs of 128 threads an SM, bulk copies read the pages
+// at 4.3 TB/s where per-thread 16-byte loads reached 3.7, and the overlap
+// took the 128 x 32768 logits from 162-169 to 155-157 us (BENCH.md,
+// "Issue 16: the logits' pages by bulk copies").
 template <class T>
 __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   constexpr int kN = T::kWgmmaN;
   constexpr int kPage = T::kPage;
-  constexpr int kGroups = kLogitsWgmmaWarpgroups;
-  float* w_s = reinterpret_cast<float*>(smem + 2 * kN * 128);
+  constexpr int kStages = kLogitsWgmmaStages;
+  constexpr u32 kPageBytes = IndexKeyPage::kBytes;
+  const u32 q16 = ptx::SmemAddr(smem);
+  const u32 ring = q16 + LogitsWgmmaRingOffset(T::kHeads);
+  const u32 full = ring + kStages * kPageBytes;  // an mbarrier a stage
+  float* w_s = reinterpret_cast<float*>(smem + LogitsWgmmaRingOffset(T::kHeads) +
+                                        kStages * kPageBytes + 8 * kStages);
   int* pages_s = reinterpret_cast<int*>(w_s + kN);
-  const int group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = lane % 4, r0 = warp * 16 + lane / 4;
   const int row = blockIdx.y;
   // The chunk of pages from the grid (the plan's rule, config.h); a grid
@@ -382,20 +397,18 @@ __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
   // WaitForPriorGrids, on SMs this grid no longer fills.
   ptx::AllowDependentLaunch();
   const int end = min(first + chunk_keys, p.max_context);
-  // Decode knows the request without a load (row / s_q), so this
-  // warpgroup's first two page ids are read beside context_lens: columns
-  // below ceil(max_context / 64), inside the table (the plan checks its
+  // Decode knows the request without a load (row / s_q), so thread 0 reads
+  // the first kStages page ids beside context_lens: columns below
+  // ceil(max_context / 64), inside the table (the plan checks its
   // columns), used only where the context reaches them. Prefill reads them
-  // after LocateRow. Either way the first key loads go out before Q is
-  // staged.
-  int first_ids[2] = {0, 0};
+  // after LocateRow. Either way the first copies go out before Q is staged.
+  int first_ids[kStages] = {};
   const bool decode = p.query_start == nullptr;
-  if (decode) {
+  if (decode && threadIdx.x == 0) {
     const int* table = p.block_table + static_cast<long long>(row / p.s_q) * p.block_table_stride;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int pi = group + i * kGroups;
-      if (first + pi * kPage < end) first_ids[i] = table[first / kPage + pi];
+    for (int i = 0; i < kStages; ++i) {
+      if (first + i * kPage < end) first_ids[i] = table[first / kPage + i];
     }
   }
   const QueryRow qr = LocateRow(p, row);
@@ -407,17 +420,23 @@ __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
 
   if (pages > 0) {
     const int* table = p.block_table + static_cast<long long>(qr.b) * p.block_table_stride;
-    KeyRows k0, k1;
-    const int pi0 = group;
-    if (pi0 < pages) {
-      LoadKeyRows(p, decode ? first_ids[0] : table[first / kPage + pi0], r0, t, k0);
-    }
-    if (pi0 + kGroups < pages) {
-      LoadKeyRows(p, decode ? first_ids[1] : table[first / kPage + pi0 + kGroups], r0, t, k1);
+    const auto copy_page = [&](int id, int stage) {
+      const u32 bar = full + 8 * stage;
+      ptx::MbarArriveExpectTx(bar, kPageBytes);
+      ptx::BulkCopyToShared(ring + stage * kPageBytes,
+                            p.kv + static_cast<long long>(id) * p.page_stride, kPageBytes, bar);
+    };
+    if (threadIdx.x == 0) {
+      if ((q16 & 1023) != 0) __trap();  // the swizzle is on address bits
+#pragma unroll
+      for (int i = 0; i < kStages; ++i) ptx::MbarInit(full + 8 * i, 1);
+      ptx::FenceMbarInit();
+#pragma unroll
+      for (int i = 0; i < kStages; ++i) {
+        if (i < pages) copy_page(decode ? first_ids[i] : table[first / kPage + i], i);
+      }
     }
 
-    const u32 q16 = ptx::SmemAddr(smem);
-    if ((q16 & 1023) != 0) __trap();  // the swizzle is on address bits
     const unsigned char* q = p.q + static_cast<long long>(row) * p.q_row_stride;
     for (int ci = threadIdx.x; ci < kN * 8; ci += T::kThreads) {
       u32 w[4] = {0, 0, 0, 0};  // padded heads are zero and weigh 0
@@ -428,17 +447,51 @@ __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
     for (int n = threadIdx.x; n < kN; n += T::kThreads) w_s[n] = n < T::kHeads ? wr[n] : 0.f;
     for (int i = threadIdx.x; i < pages; i += T::kThreads) pages_s[i] = table[first / kPage + i];
     ptx::FenceProxyAsync();  // st.shared writes, then wgmma reads
-    __syncthreads();
+    __syncthreads();         // also: the barriers are initialised
 
-    // This warpgroup's pages: group, group + kGroups, ...; two in flight.
-    for (int pi = pi0; pi < pages; pi += 2 * kGroups) {
-      const bool h0 = pi + 2 * kGroups < pages;
-      WgmmaPage<T>(p, k0, h0, h0 ? pages_s[pi + 2 * kGroups] : 0, q16, w_s, out, first + pi * kPage,
-                   r0, t, len, end);
-      if (pi + kGroups >= pages) break;
-      const bool h1 = pi + 3 * kGroups < pages;
-      WgmmaPage<T>(p, k1, h1, h1 ? pages_s[pi + 3 * kGroups] : 0, q16, w_s, out,
-                   first + (pi + kGroups) * kPage, r0, t, len, end);
+    // Pages in turn, two accumulators: page pi's MMAs run while page pi -
+    // 1's accumulators are finished (its A fragments are free once the
+    // wgmma before it has completed).
+    int stage = 0;
+    u32 parity = 0;  // of the stage's current use
+    u32 a[8][4];
+    const auto stage_page = [&](int pi, float& scale) {
+      ptx::MbarWait(full + 8 * stage, parity);
+      PageFragments(ring + stage * kPageBytes, r0, t, a, scale);
+      __syncthreads();  // every thread has read the stage: refill it
+      if (threadIdx.x == 0 && pi + kStages < pages) copy_page(pages_s[pi + kStages], stage);
+      if (++stage == kStages) {
+        stage = 0;
+        parity ^= 1;
+      }
+    };
+    const auto finish = [&](float(&acc)[kN / 8][4], float scale, int pi) {
+      FinishPage<kN>(acc, scale, w_s, out, first + pi * kPage, r0, t, len, end);
+    };
+    float acc0[kN / 8][4] = {}, acc1[kN / 8][4] = {};  // (the first k-step overwrites)
+    float scale0, scale1;
+    stage_page(0, scale0);
+    IssuePage<kN>(a, acc0, q16);
+    int pi = 1;
+    for (; pi + 1 < pages; pi += 2) {
+      ptx::WgmmaWait0();
+      stage_page(pi, scale1);
+      IssuePage<kN>(a, acc1, q16);
+      finish(acc0, scale0, pi - 1);
+      ptx::WgmmaWait0();
+      stage_page(pi + 1, scale0);
+      IssuePage<kN>(a, acc0, q16);
+      finish(acc1, scale1, pi);
+    }
+    ptx::WgmmaWait0();
+    if (pi < pages) {  // an even count: one more page
+      stage_page(pi, scale1);
+      IssuePage<kN>(a, acc1, q16);
+      finish(acc0, scale0, pi - 1);
+      ptx::WgmmaWait0();
+      finish(acc1, scale1, pi);
+    } else {
+      finish(acc0, scale0, pi - 1);
     }
   }
   // Positions of the CTA past the row's causal length.

@@ -317,6 +317,14 @@ __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// The body of a wrapper of an sm_90+ instruction: the instruction there, a
+// trap on older archs (the codegen emits its callers for sm_90+ only).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KFORGE_SM90_ONLY(...) __VA_ARGS__
+#else
+#define KFORGE_SM90_ONLY(...) __trap()
+#endif
+
 // Bulk copies (sm_90+, the TMA unit) completing on an mbarrier. A copy of
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global
 // to shared memory is one instruction of one thread; the barrier's phase
@@ -324,53 +332,35 @@ __device__ __forceinline__ void FenceProxyAsync() {
 // bytes) and all of those bytes have landed, and MbarWait(bar, parity)
 // returns once the phase of that parity (0, 1, 0, ... for its uses in
 // turn) has completed, the copied bytes visible to the waiting thread.
-// Called only from sm_90+ paths: the fallbacks trap.
 __device__ __forceinline__ void MbarInit(u32 bar, u32 arrivals) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals)
+                   : "memory"));
 }
 // After MbarInit, before the barrier's first use by a bulk copy.
 __device__ __forceinline__ void FenceMbarInit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"));
 }
 __device__ __forceinline__ void MbarArriveExpectTx(u32 bar, u32 bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                   : "memory"));
 }
 __device__ __forceinline__ void MbarWait(u32 bar, u32 parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "KFORGE_MBAR_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra KFORGE_MBAR_WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(
+      asm volatile("{\n.reg .pred done;\n"
+                   "KFORGE_MBAR_WAIT:\n"
+                   "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                   "@!done bra KFORGE_MBAR_WAIT;\n}\n" ::"r"(bar),
+                   "r"(parity)
+                   : "memory"));
 }
 __device__ __forceinline__ void BulkCopyToShared(u32 dst, const void* src, u32 bytes, u32 bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
+  KFORGE_SM90_ONLY(asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
           "r"(dst),
       "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-#else
-  __trap();
-#endif
+      : "memory"));
 }
 
 // A float of shared memory.
@@ -392,66 +382,47 @@ __device__ __forceinline__ void NamedBarrier(int id, int threads) {
 // its earlier shared-memory writes become visible cluster-wide) and waits
 // (acquire); it also guarantees every CTA of the cluster is running.
 __device__ __forceinline__ void ClusterSync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;\n" ::
-          : "memory");
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(
+      asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                   "barrier.cluster.wait.acquire.aligned;\n" ::
+                       : "memory"));
 }
 // This CTA's rank in its cluster.
 __device__ __forceinline__ u32 ClusterCtaRank() {
   u32 r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r)));
   return r;
 }
 // CTAs in this CTA's cluster.
 __device__ __forceinline__ u32 ClusterNumCtas() {
   u32 r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r)));
   return r;
 }
 // The address in CTA `rank`'s shared memory (distributed shared memory) of
 // the same offset as this CTA's shared-window address `addr`.
 __device__ __forceinline__ u32 MapShared(u32 addr, u32 rank) {
   u32 r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                                : "=r"(r)
+                                : "r"(addr), "r"(rank)));
   return r;
 }
 // Loads from a MapShared address.
 __device__ __forceinline__ float LdCluster(u32 addr) {
   float v = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(asm volatile("ld.shared::cluster.f32 %0, [%1];\n"
+                                : "=f"(v)
+                                : "r"(addr)
+                                : "memory"));
   return v;
 }
 __device__ __forceinline__ float2 LdCluster2(u32 addr) {
   float2 v = make_float2(0.f, 0.f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n"
-               : "=f"(v.x), "=f"(v.y)
-               : "r"(addr)
-               : "memory");
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n"
+                                : "=f"(v.x), "=f"(v.y)
+                                : "r"(addr)
+                                : "memory"));
   return v;
 }
 
@@ -459,37 +430,26 @@ __device__ __forceinline__ float2 LdCluster2(u32 addr) {
 // addresses (the adds are atomic cluster-wide).
 __device__ __forceinline__ u32 LdClusterU32(u32 addr) {
   u32 v = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(asm volatile("ld.shared::cluster.u32 %0, [%1];\n"
+                                : "=r"(v)
+                                : "r"(addr)
+                                : "memory"));
   return v;
 }
 __device__ __forceinline__ void StClusterU32(u32 addr, u32 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v)
+                                : "memory"));
 }
 __device__ __forceinline__ void StClusterU64(u32 addr, unsigned long long v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.shared::cluster.u64 [%0], %1;\n" ::"r"(addr), "l"(v) : "memory");
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(asm volatile("st.shared::cluster.u64 [%0], %1;\n" ::"r"(addr), "l"(v)
+                                : "memory"));
 }
 __device__ __forceinline__ u32 AtomAddClusterU32(u32 addr, u32 v) {
   u32 old = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;\n"
-               : "=r"(old)
-               : "r"(addr), "r"(v)
-               : "memory");
-#else
-  __trap();
-#endif
+  KFORGE_SM90_ONLY(asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;\n"
+                                : "=r"(old)
+                                : "r"(addr), "r"(v)
+                                : "memory"));
   return old;
 }
 

@@ -192,9 +192,15 @@ constexpr int kTopkCandidates = 4096;
 // dynamic shared memory), the ring of kLogitsWgmmaStages pages, an 8-byte
 // mbarrier per stage, N weights, the CTA's page ids.
 KFORGE_HD constexpr int LogitsWgmmaRingOffset(int heads) { return LogitsWgmmaN(heads) * 2 * 128; }
+KFORGE_HD constexpr int LogitsWgmmaBarriersOffset(int heads) {
+  return LogitsWgmmaRingOffset(heads) + kLogitsWgmmaStages * IndexKeyPage::kBytes;
+}
+KFORGE_HD constexpr int LogitsWgmmaWeightsOffset(int heads) {
+  return LogitsWgmmaBarriersOffset(heads) + kLogitsWgmmaStages * 8;
+}
 KFORGE_HD constexpr int LogitsSmemBytes(int heads, bool wgmma) {
-  return wgmma ? LogitsWgmmaRingOffset(heads) + kLogitsWgmmaStages * (IndexKeyPage::kBytes + 8) +
-                     LogitsWgmmaN(heads) * 4 + kLogitsWgmmaPagesPerCta * 4
+  return wgmma ? LogitsWgmmaWeightsOffset(heads) + LogitsWgmmaN(heads) * 4 +
+                     kLogitsWgmmaPagesPerCta * 4
                : kLogitsStages * IndexKeyPage::kBytes +
                      HeadRowTiles(heads) * IndexKeyPage::kPageTokens * 4;
 }

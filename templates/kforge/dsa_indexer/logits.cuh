@@ -376,11 +376,11 @@ __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
   constexpr int kPage = T::kPage;
   constexpr int kStages = kLogitsWgmmaStages;
   constexpr u32 kPageBytes = IndexKeyPage::kBytes;
+  // The layout LogitsSmemBytes sizes (config.h).
   const u32 q16 = ptx::SmemAddr(smem);
   const u32 ring = q16 + LogitsWgmmaRingOffset(T::kHeads);
-  const u32 full = ring + kStages * kPageBytes;  // an mbarrier a stage
-  float* w_s = reinterpret_cast<float*>(smem + LogitsWgmmaRingOffset(T::kHeads) +
-                                        kStages * kPageBytes + 8 * kStages);
+  const u32 full = q16 + LogitsWgmmaBarriersOffset(T::kHeads);  // an mbarrier a stage
+  float* w_s = reinterpret_cast<float*>(smem + LogitsWgmmaWeightsOffset(T::kHeads));
   int* pages_s = reinterpret_cast<int*>(w_s + kN);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = lane % 4, r0 = warp * 16 + lane / 4;

@@ -8,7 +8,7 @@
 // whole cache read linearly. The logits kernel's time against these, not
 // against the data sheet's bandwidth, is what its own work costs.
 // Build and run (nvcc, on the GPU machine):
-//   nvcc -O3 -arch=sm_90a -o /tmp/prb bench/paged_read_bw.cu && /tmp/prb [batch ctx]
+//   nvcc -O3 -arch=sm_90a -Itemplates -o /tmp/prb bench/paged_read_bw.cu && /tmp/prb [batch ctx]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,9 +18,12 @@
 #include <random>
 #include <vector>
 
+#include "kforge/common/ptx.cuh"
+#include "kforge/dsa_indexer/config.h"
+
 namespace {
 
-constexpr int kPageBytes = 64 * 132;
+constexpr int kPageBytes = kforge::dsa_indexer::IndexKeyPage::kBytes;
 constexpr int kChunks16 = kPageBytes / 16;  // 528 16-byte chunks a page
 
 #define CHECK(x)                                                                             \
@@ -63,39 +66,29 @@ __global__ void __launch_bounds__(128)
 
 // The same chunks, each page copied whole by one bulk copy (TMA,
 // cp.async.bulk into a kStages-page ring of shared memory, completion on an
-// mbarrier per stage), every thread then reading its 64 bytes of the page
-// (sm_90+).
-__device__ __forceinline__ unsigned SmemAddr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
+// mbarrier per stage: kforge's own ptx.cuh wrappers, as the logits kernel),
+// every thread then reading its 64 bytes of the page (sm_90+).
 template <int kStages>
 __global__ void __launch_bounds__(128)
     PagedBulk(const unsigned char* cache, const int* table, int pages_per_row, int pages_per_cta,
               unsigned* sink) {
   extern __shared__ __align__(128) unsigned char ring[];
-  const unsigned full = SmemAddr(ring + kStages * kPageBytes);  // kStages mbarriers
+  const unsigned full = kforge::ptx::SmemAddr(ring + kStages * kPageBytes);  // kStages mbarriers
   const int row = blockIdx.y;
   const int p0 = blockIdx.x * pages_per_cta;
   const int n = min(pages_per_cta, pages_per_row - p0);
   const auto issue = [&](int i) {
     const int s = i % kStages;
     const unsigned bar = full + 8 * s;
-    const unsigned char* src =
-        cache + static_cast<long long>(table[row * pages_per_row + p0 + i]) * kPageBytes;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                 "r"(kPageBytes)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-        "[%3];\n" ::"r"(SmemAddr(ring + s * kPageBytes)),
-        "l"(src), "r"(kPageBytes), "r"(bar)
-        : "memory");
+    kforge::ptx::MbarArriveExpectTx(bar, kPageBytes);
+    kforge::ptx::BulkCopyToShared(
+        kforge::ptx::SmemAddr(ring + s * kPageBytes),
+        cache + static_cast<long long>(table[row * pages_per_row + p0 + i]) * kPageBytes,
+        kPageBytes, bar);
   };
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(full + 8 * s) : "memory");
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int s = 0; s < kStages; ++s) kforge::ptx::MbarInit(full + 8 * s, 1);
+    kforge::ptx::FenceMbarInit();
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -104,12 +97,7 @@ __global__ void __launch_bounds__(128)
   unsigned acc = 0;
   for (int i = 0; i < n; ++i) {
     const int s = i % kStages;
-    const unsigned parity = (i / kStages) & 1;
-    asm volatile(
-        "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        " @!p bra W;\n}\n" ::"r"(full + 8 * s),
-        "r"(parity)
-        : "memory");
+    kforge::ptx::MbarWait(full + 8 * s, (i / kStages) & 1);
     const uint4* page = reinterpret_cast<const uint4*>(ring + s * kPageBytes);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {

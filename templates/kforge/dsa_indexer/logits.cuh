@@ -338,12 +338,18 @@ __device__ __forceinline__ void FinishPage(float (&acc)[kN / 8][4], float scale,
   for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) ptx::FenceOperand(acc[j][e]);
+  // One fused multiply-add chain a row (the compiler keeps a sum's order:
+  // written as a + b * c + d * e it was a multiply, a fused one and an
+  // add per pair).
   float s[2] = {0.f, 0.f};
 #pragma unroll
   for (int j = 0; j < kN / 8; ++j) {
     const float2 w = *reinterpret_cast<const float2*>(w_s + 8 * j + 2 * t);
-    s[0] += w.x * fmaxf(acc[j][0], 0.f) + w.y * fmaxf(acc[j][1], 0.f);
-    s[1] += w.x * fmaxf(acc[j][2], 0.f) + w.y * fmaxf(acc[j][3], 0.f);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      s[rr] = fmaf(w.x, fmaxf(acc[j][2 * rr], 0.f), s[rr]);
+      s[rr] = fmaf(w.y, fmaxf(acc[j][2 * rr + 1], 0.f), s[rr]);
+    }
   }
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {

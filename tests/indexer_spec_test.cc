@@ -211,11 +211,12 @@ TEST(IndexerCodegenTest, LaunchFollowsConfig) {
   EXPECT_EQ(l.logits_keys_per_cta(), 256u);
   EXPECT_EQ(l.logits_smem_bytes(),
             static_cast<uint32_t>(2 * dsa_indexer::IndexKeyPage::kBytes + 4 * 64 * 4));
-  // Candidates, the histogram, the counters, a round's in-warp offsets.
+  // Candidates, the histogram, the counters, a round's in-warp offsets,
+  // the k = 2048 survivor positions.
   EXPECT_EQ(l.topk_smem_bytes(),
-            static_cast<uint32_t>(dsa_indexer::kTopkCandidates * 8 + 2048 * 4 +
-                                  dsa_indexer::kTopkCounters * 4 +
-                                  dsa_indexer::kTopkUnroll * dsa_indexer::kTopkThreads * 4));
+            static_cast<uint32_t>(
+                dsa_indexer::kTopkCandidates * 8 + 2048 * 4 + dsa_indexer::kTopkCounters * 4 +
+                dsa_indexer::kTopkUnroll * dsa_indexer::kTopkThreads * 4 + 2048 * 4));
   // The 99 KB parts (sm_120a / sm_121a, sm_86, sm_89) hold the cluster entry's.
   EXPECT_LE(l.topk_cluster().smem_bytes(), 99u * 1024);
   EXPECT_EQ(l.logits_params_bytes(), sizeof(dsa_indexer::LogitsParams));

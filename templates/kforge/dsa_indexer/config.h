@@ -210,10 +210,12 @@ constexpr int kTopkBins = 2048;
 // Shared memory of the top-k kernel: kTopkCandidates 64-bit candidate
 // words, the kTopkBins histogram, kTopkCounters counters, and each
 // thread's kTopkUnroll in-warp offsets of a position-ordered round (kept
-// here across the round's barriers: in registers they spilled). The same
-// for every k: the survivors go straight to global memory.
-KFORGE_HD constexpr int TopkSmemBytes(int /*topk*/) {
-  return kTopkCandidates * 8 + kTopkBins * 4 + kTopkCounters * 4 + kTopkUnroll * kTopkThreads * 4;
+// here across the round's barriers: in registers they spilled), and k
+// survivor positions (the two position-ordered lists the output ranks are
+// merged from: topk.cuh, MergeSelect).
+KFORGE_HD constexpr int TopkSmemBytes(int topk) {
+  return kTopkCandidates * 8 + kTopkBins * 4 + kTopkCounters * 4 + kTopkUnroll * kTopkThreads * 4 +
+         topk * 4;
 }
 // The cluster entry's: one more kTopkBins histogram, the cluster's sums,
 // and a count per CTA of the cluster.

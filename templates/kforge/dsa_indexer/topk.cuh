@@ -12,17 +12,23 @@
 //
 // Longer rows find the k-th largest key (the threshold) with a radix select
 // of 11-, 11- and 10-bit digits, one 2048-bin shared-memory histogram per
-// digit. The first pass over the row counts the top digit; the second
-// copies the keys of its boundary bin (the candidates) in position order
-// into shared memory, where the later digits are counted (a CTA holding
-// more than kTopkCandidates of them reads its part of the row again for
-// each instead). A digit whose bin is taken whole ends the select. The last
-// pass over the row writes each survivor (a key above the threshold, or
-// equal to it within the first `rem` such by position) at its rank in
-// position order: the survivors before it in lower-ranked CTAs, in earlier
-// rounds, and in the round before it (a block-wide scan). Slots are
-// written after that pass from the CTA's survivors staged in shared memory
-// (RowOutput::WriteSlots), so no store waits on a block-table load.
+// digit. The first pass over the row counts the top digit. Where its
+// boundary bin fits kTopkCandidates (the row's, cluster-wide: nearly every
+// row), the second pass keeps the positions of the keys above the bin and
+// copies the bin's keys (the candidates) in position order into shared
+// memory, where the later digits are counted; the candidates that survive
+// (above the threshold, or equal to it within the first `rem` by
+// position) form a second position-ordered list, and each survivor's rank
+// is its index in its list plus the positions below it in the other
+// (MergeSelect): the row is read twice. A larger bin takes the general
+// path: each CTA keeps what fits, counts the later digits there or over
+// its part of the row again, and a last pass over the row writes each
+// survivor at its rank in position order (the survivors before it in
+// lower-ranked CTAs, in earlier rounds, and in the round before it: a
+// block-wide scan). A digit whose bin is taken whole ends the select.
+// Slots are written after the ranks from the CTA's survivors staged in
+// shared memory (RowOutput::WriteSlots), so no store waits on a
+// block-table load.
 #ifndef KFORGE_DSA_INDEXER_TOPK_CUH_
 #define KFORGE_DSA_INDEXER_TOPK_CUH_
 
@@ -52,6 +58,7 @@ struct TopkSmem {
   int* hist;                 // [kTopkBins] this CTA's counts
   int* counters;             // [kTopkUnroll * warps] per-(load, warp) counts, then scalars
   int* excl;                 // [kTopkUnroll][threads] a round's in-warp offsets
+  int* sel;                  // [kTopk] survivor positions (MergeSelect)
   int* hist_sum;             // cluster entry: [kTopkBins] the cluster's counts
   int* above_all;            // cluster entry: [kTopkClusterCtas] each CTA's keys above the bin
   static constexpr int kScalars = kTopkUnroll * (T::kTopkThreads / 32);
@@ -173,18 +180,25 @@ struct RowSource {
   }
   __device__ __forceinline__ Slot At(int s) const { return Slot{OrderedKey(logits[s]), s}; }
 };
-// The candidates: n words in shared memory, in position order.
+// The candidates: n words in shared memory, in position order; a round
+// covers kTopkCandidates of them (one round, whatever n: a round's cost is
+// its barriers, not its loads).
 struct CandidateSource {
-  static constexpr int kU = 1;
-  static constexpr int kV = 1;
+  static constexpr int kU = 2;
+  static constexpr int kV = 4;
+  static_assert(kU * kV * kTopkThreads == kTopkCandidates, "the candidates in one round");
   const unsigned long long* cand;
   int n;
   __device__ __forceinline__ int Begin() const { return 0; }
   __device__ __forceinline__ int End() const { return n; }
-  __device__ __forceinline__ void Load(int s, u32 (&key)[1]) const {
-    key[0] = s < n ? static_cast<u32>(cand[s] >> 32) : 0u;
+  __device__ __forceinline__ void Load(int s, u32 (&key)[kV]) const {
+#pragma unroll
+    for (int e = 0; e < kV; ++e) key[e] = s + e < n ? static_cast<u32>(cand[s + e] >> 32) : 0u;
   }
-  __device__ __forceinline__ u32 Valid(int s) const { return s < n ? 1u : 0u; }
+  __device__ __forceinline__ u32 Valid(int s) const {
+    const int hi = min(max(n - s, 0), kV);
+    return (1u << hi) - 1u;
+  }
   __device__ __forceinline__ Slot At(int s) const {
     const unsigned long long w = cand[s];
     return Slot{static_cast<u32>(w >> 32), static_cast<int>(static_cast<u32>(w))};
@@ -513,50 +527,99 @@ __device__ __forceinline__ void WriteSurvivors(const RowSource& src, const Selec
   }
 }
 
-// The boundary bin's keys of the whole row fit one CTA's candidates: every
-// CTA of the cluster gets all of them (in position order: CTA r's at the
-// keys the lower-ranked CTAs hold, written to all), and the CTAs' counts of
-// keys above the bin; then each finds the threshold alone (no more cluster
-// traffic) and counts the survivors before its part. With one CTA per row
-// this is the plain candidate path.
+// Positions below x in the ascending a[0, n).
+__device__ __forceinline__ int CountBelow(const int* a, int n, int x) {
+  int lo = 0;
+  while (n > 0) {
+    const int half = n / 2;
+    if (a[lo + half] < x) {
+      lo += half + 1;
+      n -= half + 1;
+    } else {
+      n = half;
+    }
+  }
+  return lo;
+}
+
+// The top digit's boundary bin of the whole row fits one CTA's candidates.
+// One pass over the part keeps the positions of its keys above the bin
+// (sm.sel, position order) and gives the bin's keys to every CTA of the
+// cluster (the candidates, in position order: CTA r's at the bin's keys
+// the lower-ranked CTAs hold); each CTA then finds the threshold alone
+// and lists the candidates that survive after its own keys above (sm.sel,
+// position order). The survivors of the part are the two lists merged: an
+// output rank is a position's index in its list plus the positions below
+// it in the other one (and the keys above in the lower-ranked CTAs), so
+// the row is read twice, not a third time to write them. `whole`: the bin
+// survives whole (no later digit).
 template <class T, int kC>
-__device__ __forceinline__ Before GatherAndSelect(const RowSource& row, const RowPart part,
-                                                  Selection& s, const TopkSmem<T>& sm) {
-  const int total = sm.sel_count();
-  if constexpr (kC == 1) {
-    KeepCandidates<T>(row, s, sm, [&](int i, unsigned long long w) { sm.cand[i] = w; });
-  } else {
-    const u32 bin = ptx::SmemAddr(sm.hist + s.bin);
-    const int offset = SumOverLowerCtas<kC>(bin, part.rank);  // the bin's keys in lower parts
-    const u32 cand = ptx::SmemAddr(sm.cand);
-    KeepCandidates<T>(row, s, sm, [&](int i, unsigned long long w) {
+__device__ __forceinline__ void MergeSelect(const RowSource& row, const RowPart part, bool whole,
+                                            Selection& s, const TopkSmem<T>& sm,
+                                            const RowOutput& out) {
+  const int total = sm.sel_count();  // the bin's keys, cluster-wide
+  int offset = 0;                    // the bin's keys in lower-ranked parts
+  if constexpr (kC > 1) offset = SumOverLowerCtas<kC>(ptx::SmemAddr(sm.hist + s.bin), part.rank);
+  const u32 cand = ptx::SmemAddr(sm.cand);
+  const Before kept = ScanInPositionOrder<T, true>(
+      row, Before{0, 0}, sm, s.prefix, s.prefix | ~s.mask,
+      [&](u32 key, int pos, bool is_above, int gt, int eq) {
+        if (is_above) {
+          sm.sel[gt] = pos;
+        } else if constexpr (kC == 1) {
+          sm.cand[eq] = CandidateWord(key, pos);
+        } else {
 #pragma unroll
-      for (int q = 0; q < kC; ++q)
-        ptx::StClusterU64(ptx::MapShared(cand + 8u * (offset + i), q), w);
-    });
+          for (int q = 0; q < kC; ++q)
+            ptx::StClusterU64(ptx::MapShared(cand + 8u * (offset + eq), q),
+                              CandidateWord(key, pos));
+        }
+      });
+  const int n_above = kept.gt;  // this CTA's keys above the bin
+  int above_lower = 0;          // the lower-ranked CTAs'
+  if constexpr (kC > 1) {
     if (threadIdx.x < kC) {
       ptx::StClusterU32(ptx::MapShared(ptx::SmemAddr(sm.above_all + part.rank), threadIdx.x),
-                        static_cast<u32>(s.above));
+                        static_cast<u32>(n_above));
     }
     ptx::ClusterSync();  // every CTA holds every candidate and every CTA's count above
+    for (u32 q = 0; q < part.rank; ++q) above_lower += sm.above_all[q];
   }
-  FinishSelect<T, 1>(CandidateSource{sm.cand, total}, s, sm, 0);
-  Before before{0, 0};
-  if constexpr (kC > 1) {
-    int packed = 0;  // gt << 16 | eq of the candidates before the part (at most 4096)
-    for (int i = threadIdx.x; i < total; i += T::kTopkThreads) {
-      const unsigned long long w = sm.cand[i];
-      const u32 masked = static_cast<u32>(w >> 32) & s.mask;
-      if (static_cast<int>(static_cast<u32>(w)) < part.beg) {
-        packed += masked > s.prefix ? 0x10000 : (masked == s.prefix ? 1 : 0);
-      }
+  const CandidateSource cands{sm.cand, total};
+  if (!whole) FinishSelect<T, 1>(cands, s, sm, 0);
+  // The candidates above the threshold, or equal to it within the first
+  // rem: b[0, n_b), position order (the row's, not only the part's).
+  int* b = sm.sel + n_above;
+  const Before bc =
+      ScanInPositionOrder<T, true>(cands, Before{0, 0}, sm, s.prefix, s.prefix | ~s.mask,
+                                   [&](u32, int pos, bool is_above, int gt, int eq) {
+                                     if (is_above || eq < s.rem) b[gt + min(eq, s.rem)] = pos;
+                                   });
+  const int n_b = bc.gt + min(bc.eq, s.rem);
+  // This CTA's survivors take consecutive ranks from `first`: its keys
+  // above the bin and the surviving candidates inside its part.
+  const int b_lo = kC == 1 ? 0 : CountBelow(b, n_b, part.beg);
+  const int b_hi = kC == 1 ? n_b : CountBelow(b, n_b, part.end);
+  const int first = above_lower + b_lo;
+  const int n = n_above + (b_hi - b_lo);
+  int* staged = reinterpret_cast<int*>(sm.cand);  // free after the scan's last barrier
+  for (int i = threadIdx.x; i < n; i += T::kTopkThreads) {
+    int pos, rank;  // rank from first
+    if (i < n_above) {
+      pos = sm.sel[i];
+      rank = i + CountBelow(b, n_b, pos) - b_lo;
+    } else {
+      const int j = b_lo + i - n_above;
+      pos = b[j];
+      rank = j - b_lo + CountBelow(sm.sel, n_above, pos);
     }
-    packed = BlockSum<T::kTopkThreads>(packed, sm.counters);
-    before.gt = packed >> 16;
-    before.eq = packed & 0xffff;
-    for (u32 q = 0; q < part.rank; ++q) before.gt += sm.above_all[q];
+    out.indices[first + rank] = pos;
+    if (out.slots != nullptr) staged[rank] = pos;
   }
-  return before;
+  if (out.slots != nullptr) {
+    __syncthreads();
+    out.WriteSlots<T::kTopkThreads>(first, n, [&](int i) { return staged[i]; });
+  }
 }
 
 // The kTopk largest keys of a row longer than kTopk, written to out by
@@ -566,34 +629,29 @@ __device__ __forceinline__ void SelectLargest(const float* logits, const RowPart
                                               const TopkSmem<T>& sm, const RowOutput& out) {
   const RowSource row{logits, part.beg, part.end};
   Selection s{0u, 0u, T::kTopk, 0, 0};
-  // Whether the CTAs read each other's counts for the survivors before
-  // their parts (the same in every CTA of the cluster: the counts it
-  // follows are the cluster's). One write pass below for every path.
-  bool remote = true;
-  Before before{0, 0};
-  if (!NextDigit<T, kC>(row, 0, s, sm, part.rank)) {
-    if (sm.sel_count() <= kTopkCandidates) {  // the row's boundary bin fits one CTA
-      before = GatherAndSelect<T, kC>(row, part, s, sm);
-      remote = false;
+  const bool whole = NextDigit<T, kC>(row, 0, s, sm, part.rank);
+  if (sm.sel_count() <= kTopkCandidates) {  // the row's boundary bin fits one CTA
+    MergeSelect<T, kC>(row, part, whole, s, sm, out);
+    return;
+  }
+  if (!whole) {
+    // Each CTA keeps its own share of the bin when it fits, else reads its
+    // part again for each later digit; the cluster merges every digit.
+    const int mine = sm.hist[s.bin];
+    KeepCandidates<T>(row, s, sm, [&](int i, unsigned long long w) {
+      if (i < kTopkCandidates) sm.cand[i] = w;
+    });
+    if (mine <= kTopkCandidates) {
+      FinishSelect<T, kC>(CandidateSource{sm.cand, mine}, s, sm, part.rank);
     } else {
-      // Each CTA keeps its own share of the bin when it fits, else reads
-      // its part again for each later digit; the cluster merges every digit.
-      const int mine = sm.hist[s.bin];
-      KeepCandidates<T>(row, s, sm, [&](int i, unsigned long long w) {
-        if (i < kTopkCandidates) sm.cand[i] = w;
-      });
-      if (mine <= kTopkCandidates) {
-        FinishSelect<T, kC>(CandidateSource{sm.cand, mine}, s, sm, part.rank);
-      } else {
-        FinishSelect<T, kC>(row, s, sm, part.rank);
-      }
+      FinishSelect<T, kC>(row, s, sm, part.rank);
     }
   }
-  if (remote) before = SurvivorsBefore<T, kC>(s, sm, part.rank);
+  // One more pass writes the survivors (the CTAs read each other's counts
+  // for them first).
+  const Before before = SurvivorsBefore<T, kC>(s, sm, part.rank);
   WriteSurvivors<T>(row, s, before, sm, out);
-  if constexpr (kC > 1) {
-    if (remote) ptx::ClusterSync();  // no CTA reads another's counts any more
-  }
+  if constexpr (kC > 1) ptx::ClusterSync();  // no CTA reads another's counts any more
 }
 
 // kC CTAs per row (1, or kTopkClusterCtas in the cluster entry, whose
@@ -607,7 +665,8 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   sm.hist = reinterpret_cast<int*>(sm.cand + kTopkCandidates);
   sm.counters = sm.hist + kTopkBins;
   sm.excl = sm.counters + kTopkCounters;
-  sm.hist_sum = sm.excl + kTopkUnroll * T::kTopkThreads;
+  sm.sel = sm.excl + kTopkUnroll * T::kTopkThreads;
+  sm.hist_sum = sm.sel + kK;
   sm.above_all = sm.hist_sum + kTopkBins;
   const int tid = threadIdx.x;
   const int row = static_cast<int>(blockIdx.x) / kC;

@@ -122,7 +122,10 @@ constexpr int kPagesPerCta = 4;  // key pages a logits CTA walks (Q stays in reg
 // bulk copy, as it is in the cache): a page's 64 keys are the A operand
 // (e4m3 -> f16 into registers from the stage), Q the B operand (f16 in
 // shared memory, N = the heads rounded up to a wgmma width). 512 threads
-// per SM while N <= 64 (128 registers a thread), else 256. Four stages:
+// per SM while N <= 64 (128 registers a thread), else 256: four
+// warpgroups an SM beat a deeper pipeline in fewer (two sets of A
+// fragments need 201 registers: at 2 CTAs an SM 30% slower, BENCH.md
+// "logits variants, top-k survivors by a merge"). Four stages:
 // the most 4 CTAs an SM hold in 228 KB (indexer_spec_test). Untuned: with
 // one accumulator 2 stages were as fast as 4 (BENCH.md, "the logits' pages
 // by bulk copies"); the two-accumulator kernel was measured with 4 only.

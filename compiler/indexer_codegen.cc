@@ -36,9 +36,8 @@ std::string GenerateIndexerSource(const v1::AttentionSpec& spec, const Arch& arc
                         "%s(const kdi::LogitsParams p) {\n"
                         "  kdi::LogitsMain<Traits>(p);\n"
                         "}\n\n"
-                        // One top-k CTA an SM is the aim: without the minimum, ptxas
-                        // chose 64 registers for sm_120a and spilled.
-                        "extern \"C\" __global__ void __launch_bounds__(Traits::kTopkThreads, 1)\n"
+                        "extern \"C\" __global__ void "
+                        "__launch_bounds__(Traits::kTopkThreads, Traits::kTopkMinBlocks)\n"
                         "%s(const kdi::TopkParams p) {\n"
                         "  kdi::TopkMain<Traits>(p);\n"
                         "}\n",
@@ -49,7 +48,7 @@ std::string GenerateIndexerSource(const v1::AttentionSpec& spec, const Arch& arc
     absl::StrAppendFormat(&src,
                           "\nextern \"C\" __global__ void "
                           "__cluster_dims__(kdi::kTopkClusterCtas, 1, 1)\n"
-                          "__launch_bounds__(Traits::kTopkThreads, 1)\n"
+                          "__launch_bounds__(Traits::kTopkThreads, Traits::kTopkMinBlocks)\n"
                           "%s(const kdi::TopkParams p) {\n"
                           "  kdi::TopkMain<Traits, kdi::kTopkClusterCtas>(p);\n"
                           "}\n",

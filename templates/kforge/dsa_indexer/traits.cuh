@@ -26,6 +26,9 @@ struct IndexerTraits {
   static constexpr int kSmemBytes = LogitsSmemBytes(kHeads, kWgmma);
   // Top-k.
   static constexpr int kTopkThreads = dsa_indexer::kTopkThreads;
+  // The top-k entries' __launch_bounds__ minimum: one CTA an SM is the aim
+  // (without a minimum, ptxas chose 64 registers for sm_120a and spilled).
+  static constexpr int kTopkMinBlocks = 1;
   static constexpr int kTopkSmemBytes = TopkSmemBytes(kTopk);
 
   static_assert(kHeads >= 1 && kHeads <= kMaxIndexHeads, "index heads: 1..128");

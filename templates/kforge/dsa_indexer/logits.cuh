@@ -128,7 +128,7 @@ constexpr bool kFp8Mma = false;
 
 template <class T>
 __device__ __forceinline__ void LogitsMma(const LogitsParams& p) {
-  extern __shared__ __align__(1024) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];  // as topk.cuh's (LogitsWgmma)
   constexpr int kPage = T::kPage;
   constexpr int kChunkKeys = kPage * T::kPagesPerCta;
   float* red = reinterpret_cast<float*>(smem + kLogitsStages * IndexKeyPage::kBytes);
@@ -377,7 +377,10 @@ __device__ __forceinline__ void FinishPage(float (&acc)[kN / 8][4], float scale,
 // "Issue 16: the logits' pages by bulk copies").
 template <class T>
 __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
-  extern __shared__ __align__(1024) unsigned char smem[];
+  // One module declares this array in each entry and the declarations must
+  // agree: 128 bytes, as the top-k's. The 1024 the Q tile's swizzle needs
+  // is checked when the kernel runs (the trap below).
+  extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kN = T::kWgmmaN;
   constexpr int kPage = T::kPage;
   constexpr int kStages = kLogitsWgmmaStages;

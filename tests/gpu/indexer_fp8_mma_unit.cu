@@ -1,5 +1,7 @@
-// kforge's generated DSA indexer unit (compiler/indexer_codegen.cc; glm-5's
-// 32 index heads, top-k 2048) with the e4m3 mma.sync logits path forced on.
+// kforge's generated DSA indexer unit (compiler/indexer_codegen.cc,
+// GenerateIndexerSource for sm_90a: the same three entries, which the
+// module's JSON names; glm-5's 32 index heads, top-k 2048) with the e4m3
+// mma.sync logits path forced on.
 // sm_89 and sm_120a / sm_121a run that path natively and no such GPU is
 // here: built for sm_90a (where ptxas expands the instruction), the H200
 // runs the same fragment layout through check_dsa_indexer.py.
@@ -17,7 +19,13 @@ extern "C" __global__ void __launch_bounds__(Traits::kThreads, Traits::kLogitsMi
   kdi::LogitsMain<Traits>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(Traits::kTopkThreads)
+extern "C" __global__ void __launch_bounds__(Traits::kTopkThreads, Traits::kTopkMinBlocks)
     dsa_indexer_topk(const kdi::TopkParams p) {
   kdi::TopkMain<Traits>(p);
+}
+
+extern "C" __global__ void __cluster_dims__(kdi::kTopkClusterCtas, 1, 1)
+    __launch_bounds__(Traits::kTopkThreads, Traits::kTopkMinBlocks)
+        dsa_indexer_topk_cluster(const kdi::TopkParams p) {
+  kdi::TopkMain<Traits, kdi::kTopkClusterCtas>(p);
 }

@@ -66,7 +66,8 @@ bool StagedKv(const v1::AttentionSpec& spec) { return StagingBytes(spec) > 0; }
 // input of config.h's CheckDecodeTiling and MakeDecodeSmemLayout, the same
 // functions DecodeTraits evaluates on the device.
 sparse_mla::DecodeShape ShapeOf(const v1::AttentionSpec& spec, int head_tile, int heads_per_group,
-                                int token_tile, int stages, int warps, bool wgmma) {
+                                int token_tile, int stages, int warps, bool wgmma,
+                                int land_warps = 0) {
   sparse_mla::DecodeShape shape{};
   shape.d_v = static_cast<int>(spec.kv_lora_rank());
   shape.rope = static_cast<int>(spec.rope_dim());
@@ -77,6 +78,7 @@ sparse_mla::DecodeShape ShapeOf(const v1::AttentionSpec& spec, int head_tile, in
   shape.warps = warps;
   shape.wgmma = wgmma;
   shape.kv_staging_bytes_per_token = StagingBytes(spec);
+  shape.land_warps = land_warps;
   return shape;
 }
 
@@ -236,7 +238,7 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, con
 sparse_mla::DecodeShape DecodeShapeFor(const v1::AttentionSpec& spec, const v1::KernelTiling& t) {
   return ShapeOf(spec, static_cast<int>(t.head_tile()), static_cast<int>(t.heads_per_group()),
                  static_cast<int>(t.token_tile()), static_cast<int>(t.stages()),
-                 static_cast<int>(t.warps()), t.wgmma());
+                 static_cast<int>(t.warps()), t.wgmma(), static_cast<int>(t.land_warps()));
 }
 
 int DecodeSmemBytesFor(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling) {
@@ -246,7 +248,8 @@ int DecodeSmemBytesFor(const v1::AttentionSpec& spec, const v1::KernelTiling& ti
 v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
                               const Arch& arch, EntryOccupancy occupancy) {
   v1::LaunchRule rule;
-  rule.set_block_threads(tiling.warps() * 32);
+  const int cta_warps = static_cast<int>(tiling.warps() + tiling.land_warps());
+  rule.set_block_threads(cta_warps * 32);
   rule.set_dynamic_smem_bytes(DecodeSmemBytesFor(spec, tiling));
   rule.set_combine_block_threads(sparse_mla::kCombineWarps * 32);
   rule.set_split_granularity_tokens(tiling.token_tile());
@@ -268,7 +271,7 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
   //  - Latency entries (the small-batch path): 8 warps, 255 registers,
   //    which its 16 x 64 x 4-warp tiling needs (at 168 it spilled).
   const int warps_per_sm = occupancy == EntryOccupancy::kThroughput ? 12 : 8;
-  const int by_registers = std::max(1, warps_per_sm / static_cast<int>(tiling.warps()));
+  const int by_registers = std::max(1, warps_per_sm / cta_warps);
   rule.set_ctas_per_sm(std::max(1, std::min(arch.smem_per_sm / per_block, by_registers)));
   rule.set_min_tiles_per_split(
       std::max(1, kMinKeysPerSplit / static_cast<int>(tiling.token_tile())));
@@ -313,6 +316,18 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
       tiling.stages() == main.stages() && tiling.warps() == main.warps() &&
       tiling.wgmma() == main.wgmma()) {
     return path;
+  }
+  // A staged format dequantises each tile in the CTA (Land) on the
+  // latency path: land-only warps spread it over twice the warps, where
+  // they cost no resident CTA (their registers would otherwise be idle).
+  if (StagedKv(spec)) {
+    v1::KernelTiling with = tiling;
+    with.set_land_warps(tiling.warps());
+    if (sparse_mla::CheckDecodeTiling(DecodeShapeFor(spec, with)) == sparse_mla::TilingError::kOk &&
+        MakeLaunchRule(spec, with, arch, EntryOccupancy::kLatency).ctas_per_sm() >=
+            MakeLaunchRule(spec, tiling, arch, EntryOccupancy::kLatency).ctas_per_sm()) {
+      tiling = std::move(with);
+    }
   }
   path.set_entry(kSmallBatchEntry);
   *path.mutable_launch() = MakeLaunchRule(spec, tiling, arch, EntryOccupancy::kLatency);
@@ -377,13 +392,13 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
     }
     absl::StrAppendFormat(&src,
                           "struct %s : ks::DecodeTraits<%d, %d, %d, %d, %d, %d, %d, %d, %d, "
-                          "%d, %s, %s, %s%s> {\n"
+                          "%d, %d, %s, %s, %s%s> {\n"
                           "  // softmax_scale %.9g times log2(e)\n"
                           "  static constexpr float kScaleLog2 = %af;\n"
                           "};\n\n",
                           name, spec.num_q_heads(), spec.kv_lora_rank(), spec.rope_dim(),
                           spec.topk(), t.head_tile(), t.heads_per_group(), t.token_tile(),
-                          t.stages(), t.warps(), spec.page_block_size(),
+                          t.stages(), t.warps(), t.land_warps(), spec.page_block_size(),
                           spec.return_lse() ? "true" : "false", t.wgmma() ? "true" : "false",
                           KvTypeName(KvFormatOf(spec), spec.kv_scale_format()), extra,
                           spec.softmax_scale(), scale_log2);

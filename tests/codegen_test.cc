@@ -128,7 +128,8 @@ TEST(CodegenSource, SmallBatchEntryBesideAThroughputTiling) {
     EXPECT_EQ(path.tiling().head_tile(), 16u);
     EXPECT_EQ(path.tiling().num_head_groups(), 8u);
     EXPECT_NE(path.tiling().head_tile(), tiling->head_tile());
-    EXPECT_EQ(path.launch().block_threads(), path.tiling().warps() * 32);
+    EXPECT_EQ(path.launch().block_threads(),
+              (path.tiling().warps() + path.tiling().land_warps()) * 32);
     EXPECT_GE(path.max_tokens(), 1u);
     const std::string src =
         GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, ArchNamed(arch)), path);
@@ -372,6 +373,41 @@ TEST(ChooseTiling, Fp8DsMlaTableOverArchsAndHeads) {
   }
 }
 
+// The small-batch path of a staged format takes land-only warps (as many as
+// its MMA warps) where they cost no resident CTA: the 16 x 64 tilings of
+// the 163 KB+ parts hold one CTA an SM either way; on the 99 KB parts only
+// where shared memory holds one too. bf16 has nothing to land.
+TEST(ChooseSmallBatchPath, LandWarpsForStagedFormatsWhereTheyCostNoCta) {
+  for (const Arch& arch : SupportedArchs()) {
+    for (int heads : {8, 16, 64, 128}) {
+      const std::string where = absl::StrCat(arch.name, " heads=", heads);
+      const v1::AttentionSpec fp8 = Fp8Spec(heads, 64, v1::KV_SCALE_FORMAT_POW2);
+      absl::StatusOr<v1::KernelTiling> t = ChooseTiling(fp8, arch);
+      ASSERT_TRUE(t.ok()) << where << ": " << t.status();
+      const v1::SmallBatchPath small = ChooseSmallBatchPath(fp8, arch, *t);
+      if (small.entry().empty()) continue;
+      const v1::KernelTiling& st = small.tiling();
+      const int by_smem =
+          arch.smem_per_sm / (DecodeSmemBytesFor(fp8, st) + Arch::kReservedSmemPerBlock);
+      if (arch.max_smem_per_block >= 160 * 1024) {
+        EXPECT_EQ(st.land_warps(), st.warps()) << where;
+      } else {
+        EXPECT_EQ(st.land_warps(), by_smem == 1 ? st.warps() : 0u) << where;
+      }
+      if (st.land_warps() > 0) {
+        EXPECT_EQ(small.launch().ctas_per_sm(), 1u) << where;
+      }
+      EXPECT_EQ(small.launch().block_threads(), (st.warps() + st.land_warps()) * 32) << where;
+      ExpectTraitsHold(fp8, st, where);
+      const v1::AttentionSpec bf16 = SpecWith(heads, 512, 64);
+      absl::StatusOr<v1::KernelTiling> tb = ChooseTiling(bf16, arch);
+      ASSERT_TRUE(tb.ok()) << where;
+      EXPECT_EQ(ChooseSmallBatchPath(bf16, arch, *tb).tiling().land_warps(), 0u) << where;
+      EXPECT_EQ(t->land_warps(), 0u) << where;  // the throughput tiling: none
+    }
+  }
+}
+
 // The issue-15 records: every head count has a tiling on every arch, with
 // a staging row of the format's size (page-blocked ones: data row + scale
 // row, padded to 16-byte chunks) beside one bf16 tile.
@@ -427,7 +463,10 @@ TEST(MakeLaunchRule, CtasPerSmStayWithinTheRegisterFile) {
         EXPECT_LE(rule.ctas_per_sm() * t->warps(), 12u) << where;
         const v1::SmallBatchPath small = ChooseSmallBatchPath(spec, arch, *t);
         if (!small.entry().empty()) {
-          EXPECT_LE(small.launch().ctas_per_sm() * small.tiling().warps(), 8u) << where;
+          EXPECT_LE(
+              small.launch().ctas_per_sm() * (small.tiling().warps() + small.tiling().land_warps()),
+              8u)
+              << where;
         }
         // The entries are compiled for exactly those counts.
         const std::string src =
@@ -583,9 +622,9 @@ TEST(ChooseTiling, FailsWhenNothingFits) {
 // config.h: CheckDecodeTiling, WgmmaCovers, MakeDecodeSmemLayout
 
 // glm-5 tp1 on sm_90a: 64 heads, 64-token tiles, 2 stages, 8 warps, wgmma.
-constexpr sparse_mla::DecodeShape kWgmmaShape = {512, 64, 64, 64, 64, 2, 8, true, 0};
+constexpr sparse_mla::DecodeShape kWgmmaShape = {512, 64, 64, 64, 64, 2, 8, true, 0, 0};
 // glm-5 tp8 on sm_120a: 8 heads in a 16-row tile, 32-token tiles, 4 warps.
-constexpr sparse_mla::DecodeShape kSmallShape = {512, 64, 16, 8, 32, 2, 4, false, 0};
+constexpr sparse_mla::DecodeShape kSmallShape = {512, 64, 16, 8, 32, 2, 4, false, 0, 0};
 
 // The host evaluates the rule at compile time exactly as DecodeTraits does.
 static_assert(sparse_mla::CheckDecodeTiling(kWgmmaShape) == sparse_mla::TilingError::kOk);
@@ -635,6 +674,25 @@ TEST(CheckDecodeTiling, NamesTheBrokenRule) {
        TilingError::kStaging},
       {"wgmma on a 32-row tile",
        [](sparse_mla::DecodeShape& s) { s.head_tile = s.heads_per_group = 32; },
+       TilingError::kWgmmaShape},
+      {"land-only warps with nothing to land (bf16)",
+       [](sparse_mla::DecodeShape& s) {
+         s.wgmma = false;
+         s.land_warps = 8;
+       },
+       TilingError::kLandWarps},
+      {"17 warps in all",
+       [](sparse_mla::DecodeShape& s) {
+         s.wgmma = false;
+         s.kv_staging_bytes_per_token = 656;
+         s.land_warps = 9;
+       },
+       TilingError::kLandWarps},
+      {"wgmma beside land-only warps",
+       [](sparse_mla::DecodeShape& s) {
+         s.kv_staging_bytes_per_token = 656;
+         s.land_warps = 8;
+       },
        TilingError::kWgmmaShape},
   };
   for (const Case& c : cases) {
@@ -715,7 +773,7 @@ TEST(MakeLaunchRule, FollowsTheTiling) {
       absl::StatusOr<v1::KernelTiling> t = ChooseTiling(spec, arch);
       ASSERT_TRUE(t.ok()) << where << ": " << t.status();
       const v1::LaunchRule rule = MakeLaunchRule(spec, *t, arch);
-      EXPECT_EQ(rule.block_threads(), t->warps() * 32) << where;
+      EXPECT_EQ(rule.block_threads(), (t->warps() + t->land_warps()) * 32) << where;
       EXPECT_EQ(static_cast<int>(rule.dynamic_smem_bytes()), DecodeSmemBytesFor(spec, *t)) << where;
       EXPECT_LE(static_cast<int>(rule.dynamic_smem_bytes()), arch.max_smem_per_block) << where;
       EXPECT_EQ(rule.combine_block_threads(), static_cast<uint32_t>(sparse_mla::kCombineWarps * 32))

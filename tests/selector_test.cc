@@ -102,7 +102,7 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   EXPECT_EQ(sel.grid_y, static_cast<uint32_t>(sel.num_splits));
   EXPECT_EQ(sel.grid_z, static_cast<uint32_t>(sel.num_tokens));
   EXPECT_EQ(sel.block_threads, l.block_threads());
-  EXPECT_EQ(sel.block_threads, t.warps() * 32);
+  EXPECT_EQ(sel.block_threads, (t.warps() + t.land_warps()) * 32);
   EXPECT_EQ(sel.dynamic_smem_bytes, l.dynamic_smem_bytes());
   EXPECT_GT(sel.dynamic_smem_bytes, 0u);
   // Combine and workspace.

@@ -4,7 +4,7 @@
 
 namespace ks = kforge::sparse_mla;
 
-struct Traits : ks::DecodeTraits<8, 512, 64, 2048, 16, 8, 32, 2, 4, 64, true, false, ks::KvBf16> {
+struct Traits : ks::DecodeTraits<8, 512, 64, 2048, 16, 8, 32, 2, 4, 0, 64, true, false, ks::KvBf16> {
   // softmax_scale 0.0625 times log2(e)
   static constexpr float kScaleLog2 = 0x1.715476p-4f;
 };

@@ -271,11 +271,18 @@ struct DecodeShape {
   int heads_per_group;             // real heads among them; the rest are zero padding
   int token_tile;                  // KV rows per pipeline stage
   int stages;                      // KV pipeline depth
-  int warps;                       // warps per CTA
+  int warps;                       // warps that run the MMAs and the softmax
   bool wgmma;                      // S = Q K^T with sm_90a wgmma instead of mma.sync
   int kv_staging_bytes_per_token;  // PipelineStagingBytes of the KV formats;
                                    // > 0: a staged pipeline (below)
+  int land_warps;                  // more warps that only load Q, gather,
+                                   // land (dequantise) and merge: a staged
+                                   // pipeline's Land spread over
+                                   // warps + land_warps warps (CtaWarps)
 };
+
+// Warps per CTA: those of the MMAs and the land-only ones.
+KFORGE_HD constexpr int CtaWarps(const DecodeShape& s) { return s.warps + s.land_warps; }
 
 // The KV pipeline. Direct formats (no staging, bf16) gather into `stages`
 // bf16 tiles. Staged formats (fp8_ds_mla) keep one bf16 tile and one
@@ -305,7 +312,8 @@ struct DecodeDims {
   int o_m;            // O accumulator per thread, in m16n8 C fragments:
   int o_n;            // o_m m16 tiles x o_n n8 tiles (mma.sync: all rows x
                       // v_n; wgmma: its warp's 16 rows x d_v / 2 columns)
-  int rows_per_pass;  // KV rows one gather pass of the CTA covers
+  int rows_per_pass;  // KV rows one gather pass of the CTA (all its warps)
+                      // covers
   int p_stride;       // bf16 elements per P row (mma.sync: 16 B of padding,
                       // no bank conflicts for ldmatrix; wgmma: 128 B rows
                       // with the 128-byte swizzle)
@@ -326,7 +334,7 @@ KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
   d.v_n = d.v_cols / 8;
   d.o_m = s.wgmma ? 1 : d.m_tiles;
   d.o_n = s.wgmma ? s.d_v / 2 / 8 : d.v_n;
-  d.rows_per_pass = s.warps * 32 / kThreadsPerRow;
+  d.rows_per_pass = CtaWarps(s) * 32 / kThreadsPerRow;
   // wgmma reads P as a K-major 128-byte-swizzled operand: unpadded rows.
   d.p_stride = s.wgmma ? s.token_tile : s.token_tile + 8;
   return d;
@@ -342,8 +350,8 @@ KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
 // have never run.
 KFORGE_HD constexpr bool WgmmaCovers(const DecodeShape& s) {
   const DecodeDims d = DeriveDecodeDims(s);
-  return s.head_tile == 64 && s.warps == 8 && d.warps_m == 4 && d.s_m == 1 && d.warps_n == 2 &&
-         s.token_tile / d.warps_n == 32 && (s.d_v == 256 || s.d_v == 512);
+  return s.head_tile == 64 && s.warps == 8 && s.land_warps == 0 && d.warps_m == 4 && d.s_m == 1 &&
+         d.warps_n == 2 && s.token_tile / d.warps_n == 32 && (s.d_v == 256 || s.d_v == 512);
 }
 
 enum class TilingError : int {
@@ -361,6 +369,8 @@ enum class TilingError : int {
   kStaging,        // KV staging bytes per token negative or not 16-B chunks,
                    // or a staged pipeline with stages != 2
   kWgmmaShape,     // wgmma asked for a shape it does not implement
+  kLandWarps,      // land-only warps without a staged pipeline (nothing to
+                   // land), or more than 16 warps in all
 };
 
 // Whether the main kernel can be instantiated for `s`. The only source of
@@ -375,6 +385,8 @@ KFORGE_HD constexpr TilingError CheckDecodeTiling(const DecodeShape& s) {
   if (s.token_tile % 16 != 0 || s.token_tile <= 0) return TilingError::kTokenTile;
   if (s.stages < 2) return TilingError::kStages;
   if (s.warps < 1 || s.warps > 16 || s.d_v % s.warps != 0) return TilingError::kWarps;
+  if (s.land_warps < 0 || CtaWarps(s) > 16 || (s.land_warps > 0 && !StagedPipeline(s)))
+    return TilingError::kLandWarps;
   const DecodeDims d = DeriveDecodeDims(s);
   if ((s.token_tile / 8) % d.warps_n != 0) return TilingError::kSColumns;
   if (d.v_cols % 16 != 0) return TilingError::kVCols;
@@ -416,6 +428,8 @@ KFORGE_HD constexpr const char* TilingErrorName(TilingError e) {
       return "KV staging bytes";
     case TilingError::kWgmmaShape:
       return "wgmma shape";
+    case TilingError::kLandWarps:
+      return "land-only warps";
   }
   return "unknown";
 }

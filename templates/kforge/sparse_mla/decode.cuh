@@ -100,19 +100,23 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
     // The next gather goes into the stage PV read last iteration (or the
     // staging buffer Land just emptied): while S runs on the tensor cores
     // when S is asynchronous (wgmma), else before S, as early as possible.
-    if (Qk::kAsync) qk.Start(s, k_tile);
+    if (Qk::kAsync && r.mma) qk.Start(s, k_tile);
     {
       const int nt = t + kAhead;
       if (nt < w.num_tiles) GatherKvTile<T>(p, slots, sm, r, nt % T::kStages);
       ptx::CpAsyncCommit();
       slots.Load(w, r, nt + 1);
     }
+    // Land-only warps go on to the next tile's barrier: the MMA warps'
+    // own barriers (MmaWarpsSync) publish P, and the next tile's top
+    // barrier keeps the tile they read until they are done.
+    if (!r.mma) continue;
     if (!Qk::kAsync) qk.Start(s, k_tile);
     qk.Finish(s);
     float mx[T::kSM][2];
     MaskScaleRowMax<T>(s, sm.valid + stage * T::kTokenTile, sm, r, mx);
     OnlineSoftmaxToP<T>(s, mx, stats, sm, r);
-    PublishSmem<T>();
+    PublishMmaSmem<T>();
     RescaleO<T>(o, pv, sm);
     pv.Accumulate(o, sm, k_tile);
   }

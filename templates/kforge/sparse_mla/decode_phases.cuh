@@ -10,6 +10,7 @@
 #include "kforge/sparse_mla/config.h"
 #include "kforge/sparse_mla/decode_traits.cuh"
 #include "kforge/sparse_mla/pv.cuh"
+#include "kforge/sparse_mla/qk.cuh"
 #include "kforge/sparse_mla/sink.cuh"
 
 namespace kforge {
@@ -177,7 +178,9 @@ __device__ __forceinline__ void RescaleO(OAccum<T>& o, const PvPhase<T>& pv, con
 
 // Each row's sum over the kWarpsN warps sharing it, to sm.red (one partial
 // per warp column; RowSum adds them) and its running max to sm.max, then a
-// barrier: after it no warp reads the Q or KV tiles any more.
+// barrier of the MMA warps (the only callers): after it no warp reads the Q
+// or KV tiles any more (the land-only warps' last reads were the last
+// tile's Land, before its barrier).
 template <class T>
 __device__ __forceinline__ void PublishRowStats(const DecodeSmem& sm, const ThreadRoles& r,
                                                 const RowStats<T>& stats) {
@@ -195,7 +198,7 @@ __device__ __forceinline__ void PublishRowStats(const DecodeSmem& sm, const Thre
         if (r.wn == 0) sm.max[row] = stats.m[mi][h];
       }
     }
-  __syncthreads();
+  MmaWarpsSync<T>();
 }
 
 template <class T>
@@ -213,6 +216,7 @@ __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork
                                          const DecodeSmem& sm, const ThreadRoles& r,
                                          const PvPhase<T>& pv, const OAccum<T>& o,
                                          const RowStats<T>& stats) {
+  if (!r.mma) return;
   PublishRowStats<T>(sm, r, stats);
   const bool single = p.num_splits == 1;
   const long long split_token = (long long)w.split * p.num_tokens + w.token;
@@ -273,22 +277,25 @@ __device__ __forceinline__ void ClusterMergeEpilogue(const DecodeParams& p, cons
   static_assert(T::kSmemQ == 0, "the merge buffer starts at the shared-memory base");
   constexpr ClusterMergeLayout kL = MakeClusterMergeLayout(T::kShape);
   constexpr int kPairs = T::kDv / 2 / kSplits;  // column pairs per CTA
-  PublishRowStats<T>(sm, r, stats);
   float* buf = reinterpret_cast<float*>(sm.q + kL.o);
   float* buf_lse = reinterpret_cast<float*>(sm.q + kL.lse);
+  // The MMA warps fill the buffer; every warp merges.
+  if (r.mma) {
+    PublishRowStats<T>(sm, r, stats);
 #pragma unroll
-  for (int mi = 0; mi < T::kOM; ++mi) {
+    for (int mi = 0; mi < T::kOM; ++mi) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = pv.Row(mi, h);
-      const float l = RowSum<T>(sm, row);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      for (int h = 0; h < 2; ++h) {
+        const int row = pv.Row(mi, h);
+        const float l = RowSum<T>(sm, row);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
-      for (int ni = 0; ni < T::kON; ++ni) {
-        *reinterpret_cast<float2*>(buf + row * kL.o_stride + pv.Col(ni)) =
-            make_float2(o[mi][ni][2 * h] * inv, o[mi][ni][2 * h + 1] * inv);
+        for (int ni = 0; ni < T::kON; ++ni) {
+          *reinterpret_cast<float2*>(buf + row * kL.o_stride + pv.Col(ni)) =
+              make_float2(o[mi][ni][2 * h] * inv, o[mi][ni][2 * h + 1] * inv);
+        }
+        if (pv.Col(0) == 0) buf_lse[row] = l > 0.f ? sm.max[row] + __log2f(l) : ptx::NegInf();
       }
-      if (pv.Col(0) == 0) buf_lse[row] = l > 0.f ? sm.max[row] + __log2f(l) : ptx::NegInf();
     }
   }
   ptx::ClusterSync();

@@ -43,14 +43,16 @@ struct AssertTilingOk {
   static constexpr bool value = true;
 };
 
+// kWarps_ warps run the MMAs and the softmax; kLandWarps_ more only load Q,
+// gather, land (a staged format's dequantisation) and merge.
 // KvFormat_: a KV cache format type (kv_format.cuh), e.g. KvBf16.
 // kExtraTopk_ > 0: the kernel also attends an extra cache (spec extra_kv) of
 // format ExtraKvFormat_ with kExtraPageBlock_ tokens per page,
 // kExtraTopk_ indices per query token, in the same softmax.
 template <int kNumHeads_, int kDv_, int kRope_, int kTopk_, int kHeadTile_, int kHeadsPerGroup_,
-          int kTokenTile_, int kStages_, int kWarps_, int kPageBlock_, bool kReturnLse_,
-          bool kWgmma_, class KvFormat_, int kExtraTopk_ = 0, int kExtraPageBlock_ = 1,
-          class ExtraKvFormat_ = KvFormat_>
+          int kTokenTile_, int kStages_, int kWarps_, int kLandWarps_, int kPageBlock_,
+          bool kReturnLse_, bool kWgmma_, class KvFormat_, int kExtraTopk_ = 0,
+          int kExtraPageBlock_ = 1, class ExtraKvFormat_ = KvFormat_>
 struct DecodeTraits {
   using Kv = KvFormat_;
   using ExtraKv = ExtraKvFormat_;
@@ -65,6 +67,7 @@ struct DecodeTraits {
   static constexpr int kTokenTile = kTokenTile_;
   static constexpr int kStages = kStages_;
   static constexpr int kWarps = kWarps_;
+  static constexpr int kLandWarps = kLandWarps_;
   static constexpr int kPageBlock = kPageBlock_;
   static constexpr bool kReturnLse = kReturnLse_;
   // S = Q K^T with sm_90a warpgroup MMA (wgmma) instead of mma.sync.
@@ -81,7 +84,8 @@ struct DecodeTraits {
       kWgmma,
       PipelineStagingBytes(Kv::StagingBytesPerToken(kDv + kRope), Kv::BytesPerToken(kDv + kRope),
                            ExtraKv::StagingBytesPerToken(kDv + kRope),
-                           kExtraTopk > 0 ? ExtraKv::BytesPerToken(kDv + kRope) : 0)};
+                           kExtraTopk > 0 ? ExtraKv::BytesPerToken(kDv + kRope) : 0),
+      kLandWarps};
   static_assert(AssertTilingOk<CheckDecodeTiling(kShape)>::value, "");
   static_assert(kNumHeads >= 1 && kNumHeads <= 128, "1..128 heads");
   static_assert(kPageBlock >= 1 && kExtraPageBlock >= 1, "page block size");
@@ -91,7 +95,10 @@ struct DecodeTraits {
   static constexpr int kMainSpan = MainKeySpan(kTopk, kExtraTopk, kTokenTile);
   static constexpr int kKeys = KeySpan(kTopk, kExtraTopk, kTokenTile);
 
-  static constexpr int kThreads = kWarps * 32;
+  // The block: every warp loads, gathers, lands and merges; the first
+  // kMmaThreads also run S, the softmax and PV.
+  static constexpr int kThreads = CtaWarps(kShape) * 32;
+  static constexpr int kMmaThreads = kWarps * 32;
   static constexpr int kNumGroups = (kNumHeads + kHeadsPerGroup - 1) / kHeadsPerGroup;
   static constexpr int kDqk = DeriveDecodeDims(kShape).d_qk;
   static constexpr int kMTiles = DeriveDecodeDims(kShape).m_tiles;
@@ -257,6 +264,7 @@ __device__ __forceinline__ void ApplyTopkLength(const DecodeParams& p, DecodeWor
 struct ThreadRoles {
   int warp;
   int lane;
+  bool mma;  // one of the kWarps MMA warps (not a land-only one)
   int wm;    // S = Q K^T: row block of this warp (0..kWarpsM)
   int wn;    // S = Q K^T: column block of this warp (0..kWarpsN)
   int sub;   // gather: 16-byte chunk of each 128-byte block row (0..7)
@@ -269,6 +277,7 @@ __device__ __forceinline__ ThreadRoles MakeThreadRoles() {
   const int tid = threadIdx.x;
   r.warp = tid / 32;
   r.lane = tid % 32;
+  r.mma = T::kLandWarps == 0 || r.warp < T::kWarps;
   r.wm = r.warp % T::kWarpsM;
   r.wn = r.warp / T::kWarpsM;
   r.sub = tid % kThreadsPerRow;

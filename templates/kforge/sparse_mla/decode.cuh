@@ -107,18 +107,20 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
       ptx::CpAsyncCommit();
       slots.Load(w, r, nt + 1);
     }
-    // Land-only warps go on to the next tile's barrier: the MMA warps'
-    // own barriers (MmaWarpsSync) publish P, and the next tile's top
-    // barrier keeps the tile they read until they are done.
-    if (!r.mma) continue;
-    if (!Qk::kAsync) qk.Start(s, k_tile);
-    qk.Finish(s);
-    float mx[T::kSM][2];
-    MaskScaleRowMax<T>(s, sm.valid + stage * T::kTokenTile, sm, r, mx);
-    OnlineSoftmaxToP<T>(s, mx, stats, sm, r);
-    PublishMmaSmem<T>();
-    RescaleO<T>(o, pv, sm);
-    pv.Accumulate(o, sm, k_tile);
+    // Land-only warps skip the MMA phases but meet the MMA warps at every
+    // CTA barrier (P's, the next tile's): the same barriers as without them.
+    if (r.mma) {
+      if (!Qk::kAsync) qk.Start(s, k_tile);
+      qk.Finish(s);
+      float mx[T::kSM][2];
+      MaskScaleRowMax<T>(s, sm.valid + stage * T::kTokenTile, sm, r, mx);
+      OnlineSoftmaxToP<T>(s, mx, stats, sm, r);
+    }
+    PublishSmem<T>();
+    if (r.mma) {
+      RescaleO<T>(o, pv, sm);
+      pv.Accumulate(o, sm, k_tile);
+    }
   }
   ptx::CpAsyncWait<0>();
   if constexpr (kClusterSplits_ > 0) {

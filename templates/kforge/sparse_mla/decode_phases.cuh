@@ -177,28 +177,29 @@ __device__ __forceinline__ void RescaleO(OAccum<T>& o, const PvPhase<T>& pv, con
 }
 
 // Each row's sum over the kWarpsN warps sharing it, to sm.red (one partial
-// per warp column; RowSum adds them) and its running max to sm.max, then a
-// barrier of the MMA warps (the only callers): after it no warp reads the Q
-// or KV tiles any more (the land-only warps' last reads were the last
-// tile's Land, before its barrier).
+// per warp column; RowSum adds them) and its running max to sm.max (the
+// MMA warps), then a CTA barrier: after it no warp reads the Q or KV tiles
+// any more, and every thread's copies have landed (the caller waited).
 template <class T>
 __device__ __forceinline__ void PublishRowStats(const DecodeSmem& sm, const ThreadRoles& r,
                                                 const RowStats<T>& stats) {
   const int lane = r.lane;
+  if (r.mma) {
 #pragma unroll
-  for (int mi = 0; mi < T::kSM; ++mi)
+    for (int mi = 0; mi < T::kSM; ++mi)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = stats.l[mi][h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int row = (r.wm * T::kSM + mi) * 16 + h * 8 + lane / 4;
-      if (lane % 4 == 0) {
-        sm.red[r.wn * T::kHeadTile + row] = l;
-        if (r.wn == 0) sm.max[row] = stats.m[mi][h];
+      for (int h = 0; h < 2; ++h) {
+        float l = stats.l[mi][h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = (r.wm * T::kSM + mi) * 16 + h * 8 + lane / 4;
+        if (lane % 4 == 0) {
+          sm.red[r.wn * T::kHeadTile + row] = l;
+          if (r.wn == 0) sm.max[row] = stats.m[mi][h];
+        }
       }
-    }
-  MmaWarpsSync<T>();
+  }
+  __syncthreads();
 }
 
 template <class T>
@@ -216,8 +217,8 @@ __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork
                                          const DecodeSmem& sm, const ThreadRoles& r,
                                          const PvPhase<T>& pv, const OAccum<T>& o,
                                          const RowStats<T>& stats) {
-  if (!r.mma) return;
   PublishRowStats<T>(sm, r, stats);
+  if (!r.mma) return;
   const bool single = p.num_splits == 1;
   const long long split_token = (long long)w.split * p.num_tokens + w.token;
 #pragma unroll
@@ -279,9 +280,10 @@ __device__ __forceinline__ void ClusterMergeEpilogue(const DecodeParams& p, cons
   constexpr int kPairs = T::kDv / 2 / kSplits;  // column pairs per CTA
   float* buf = reinterpret_cast<float*>(sm.q + kL.o);
   float* buf_lse = reinterpret_cast<float*>(sm.q + kL.lse);
-  // The MMA warps fill the buffer; every warp merges.
+  // The buffer overlays Q and the KV tiles, dead after PublishRowStats's
+  // barrier. The MMA warps fill it; every warp merges.
+  PublishRowStats<T>(sm, r, stats);
   if (r.mma) {
-    PublishRowStats<T>(sm, r, stats);
 #pragma unroll
     for (int mi = 0; mi < T::kOM; ++mi) {
 #pragma unroll

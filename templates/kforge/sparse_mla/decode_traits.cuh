@@ -96,9 +96,8 @@ struct DecodeTraits {
   static constexpr int kKeys = KeySpan(kTopk, kExtraTopk, kTokenTile);
 
   // The block: every warp loads, gathers, lands and merges; the first
-  // kMmaThreads also run S, the softmax and PV.
+  // kWarps also run S, the softmax and PV.
   static constexpr int kThreads = CtaWarps(kShape) * 32;
-  static constexpr int kMmaThreads = kWarps * 32;
   static constexpr int kNumGroups = (kNumHeads + kHeadsPerGroup - 1) / kHeadsPerGroup;
   static constexpr int kDqk = DeriveDecodeDims(kShape).d_qk;
   static constexpr int kMTiles = DeriveDecodeDims(kShape).m_tiles;

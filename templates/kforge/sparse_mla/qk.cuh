@@ -163,28 +163,6 @@ __device__ __forceinline__ void PublishSmem() {
   __syncthreads();
 }
 
-// Hardware barrier of the MMA warps alone when the block has land-only
-// warps (MaskScaleRowMax takes 1 .. kWarpsM <= 4).
-constexpr int kMmaWarpsBarrier = 5;
-
-// A barrier of the MMA warps (all warps when there are no land-only ones).
-template <class T>
-__device__ __forceinline__ void MmaWarpsSync() {
-  if constexpr (T::kLandWarps == 0) {
-    __syncthreads();
-  } else {
-    ptx::NamedBarrier(kMmaWarpsBarrier, T::kMmaThreads);
-  }
-}
-
-// PublishSmem among the MMA warps: their shared-memory writes (P, the row
-// statistics) for their own reads.
-template <class T>
-__device__ __forceinline__ void PublishMmaSmem() {
-  QkPhase<T>::FenceSmemWrites();
-  MmaWarpsSync<T>();
-}
-
 }  // namespace sparse_mla
 }  // namespace kforge
 

@@ -248,7 +248,7 @@ int DecodeSmemBytesFor(const v1::AttentionSpec& spec, const v1::KernelTiling& ti
 v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
                               const Arch& arch, EntryOccupancy occupancy) {
   v1::LaunchRule rule;
-  const int cta_warps = static_cast<int>(tiling.warps() + tiling.land_warps());
+  const int cta_warps = sparse_mla::CtaWarps(DecodeShapeFor(spec, tiling));
   rule.set_block_threads(cta_warps * 32);
   rule.set_dynamic_smem_bytes(DecodeSmemBytesFor(spec, tiling));
   rule.set_combine_block_threads(sparse_mla::kCombineWarps * 32);
@@ -320,17 +320,20 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
   // A staged format dequantises each tile in the CTA (Land) on the
   // latency path: land-only warps spread it over twice the warps, where
   // they cost no resident CTA (their registers would otherwise be idle).
+  v1::LaunchRule launch = MakeLaunchRule(spec, tiling, arch, EntryOccupancy::kLatency);
   if (StagedKv(spec)) {
     v1::KernelTiling with = tiling;
     with.set_land_warps(tiling.warps());
-    if (sparse_mla::CheckDecodeTiling(DecodeShapeFor(spec, with)) == sparse_mla::TilingError::kOk &&
-        MakeLaunchRule(spec, with, arch, EntryOccupancy::kLatency).ctas_per_sm() >=
-            MakeLaunchRule(spec, tiling, arch, EntryOccupancy::kLatency).ctas_per_sm()) {
-      tiling = std::move(with);
+    if (sparse_mla::CheckDecodeTiling(DecodeShapeFor(spec, with)) == sparse_mla::TilingError::kOk) {
+      v1::LaunchRule with_launch = MakeLaunchRule(spec, with, arch, EntryOccupancy::kLatency);
+      if (with_launch.ctas_per_sm() >= launch.ctas_per_sm()) {
+        tiling = std::move(with);
+        launch = std::move(with_launch);
+      }
     }
   }
   path.set_entry(kSmallBatchEntry);
-  *path.mutable_launch() = MakeLaunchRule(spec, tiling, arch, EntryOccupancy::kLatency);
+  *path.mutable_launch() = std::move(launch);
   // A staged format with one head group (<= 16 heads): one 64-key tile per
   // split is fastest for fp8_ds_mla (BENCH.md 2026-12-02: 8 x 1 13.8 us at 32 splits, 15.8 at
   // 16; 16 x 1 14.9 vs 17.0). bf16 keeps two (8 x 1 even, 8 x 4 12.1 us at

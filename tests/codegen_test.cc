@@ -58,6 +58,9 @@ std::string GoldenPath(const std::string& name) {
   return absl::StrCat(KFORGE_SOURCE_DIR, "/tests/golden/", name);
 }
 
+// Threads of a CTA of tiling t: its MMA warps and its land-only warps.
+uint32_t CtaThreads(const v1::KernelTiling& t) { return (t.warps() + t.land_warps()) * 32; }
+
 bool UpdateGolden() {
   const char* v = std::getenv("KFORGE_UPDATE_GOLDEN");
   return v != nullptr && std::string(v) == "1";
@@ -128,8 +131,7 @@ TEST(CodegenSource, SmallBatchEntryBesideAThroughputTiling) {
     EXPECT_EQ(path.tiling().head_tile(), 16u);
     EXPECT_EQ(path.tiling().num_head_groups(), 8u);
     EXPECT_NE(path.tiling().head_tile(), tiling->head_tile());
-    EXPECT_EQ(path.launch().block_threads(),
-              (path.tiling().warps() + path.tiling().land_warps()) * 32);
+    EXPECT_EQ(path.launch().block_threads(), CtaThreads(path.tiling()));
     EXPECT_GE(path.max_tokens(), 1u);
     const std::string src =
         GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, ArchNamed(arch)), path);
@@ -397,7 +399,7 @@ TEST(ChooseSmallBatchPath, LandWarpsForStagedFormatsWhereTheyCostNoCta) {
       if (st.land_warps() > 0) {
         EXPECT_EQ(small.launch().ctas_per_sm(), 1u) << where;
       }
-      EXPECT_EQ(small.launch().block_threads(), (st.warps() + st.land_warps()) * 32) << where;
+      EXPECT_EQ(small.launch().block_threads(), CtaThreads(st)) << where;
       ExpectTraitsHold(fp8, st, where);
       const v1::AttentionSpec bf16 = SpecWith(heads, 512, 64);
       absl::StatusOr<v1::KernelTiling> tb = ChooseTiling(bf16, arch);
@@ -463,10 +465,7 @@ TEST(MakeLaunchRule, CtasPerSmStayWithinTheRegisterFile) {
         EXPECT_LE(rule.ctas_per_sm() * t->warps(), 12u) << where;
         const v1::SmallBatchPath small = ChooseSmallBatchPath(spec, arch, *t);
         if (!small.entry().empty()) {
-          EXPECT_LE(
-              small.launch().ctas_per_sm() * (small.tiling().warps() + small.tiling().land_warps()),
-              8u)
-              << where;
+          EXPECT_LE(small.launch().ctas_per_sm() * CtaThreads(small.tiling()), 8u * 32) << where;
         }
         // The entries are compiled for exactly those counts.
         const std::string src =
@@ -773,7 +772,7 @@ TEST(MakeLaunchRule, FollowsTheTiling) {
       absl::StatusOr<v1::KernelTiling> t = ChooseTiling(spec, arch);
       ASSERT_TRUE(t.ok()) << where << ": " << t.status();
       const v1::LaunchRule rule = MakeLaunchRule(spec, *t, arch);
-      EXPECT_EQ(rule.block_threads(), (t->warps() + t->land_warps()) * 32) << where;
+      EXPECT_EQ(rule.block_threads(), CtaThreads(*t)) << where;
       EXPECT_EQ(static_cast<int>(rule.dynamic_smem_bytes()), DecodeSmemBytesFor(spec, *t)) << where;
       EXPECT_LE(static_cast<int>(rule.dynamic_smem_bytes()), arch.max_smem_per_block) << where;
       EXPECT_EQ(rule.combine_block_threads(), static_cast<uint32_t>(sparse_mla::kCombineWarps * 32))

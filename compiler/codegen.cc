@@ -270,7 +270,10 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
   //    2026-12-02). Every other tiling's count is shared memory's, as before.
   //  - Latency entries (the small-batch path): 8 warps, 255 registers,
   //    which its 16 x 64 x 4-warp tiling needs (at 168 it spilled).
-  const int warps_per_sm = occupancy == EntryOccupancy::kThroughput ? 12 : 8;
+  //  - The register pipeline (config.h RegisterPipeline) holds a tile's
+  //    records, its quarter of Q and of O in registers: 8 warps.
+  const bool reg_path = sparse_mla::RegisterPipeline(DecodeShapeFor(spec, tiling));
+  const int warps_per_sm = occupancy == EntryOccupancy::kThroughput && !reg_path ? 12 : 8;
   const int by_registers = std::max(1, warps_per_sm / cta_warps);
   rule.set_ctas_per_sm(std::max(1, std::min(arch.smem_per_sm / per_block, by_registers)));
   rule.set_min_tiles_per_split(

@@ -295,6 +295,24 @@ KFORGE_HD constexpr bool StagedPipeline(const DecodeShape& s) {
 }
 KFORGE_HD constexpr int KvTiles(const DecodeShape& s) { return StagedPipeline(s) ? 1 : s.stages; }
 
+// The register pipeline (stages == 1; regpath.cuh): a staged format's
+// 16-head tile without a KV tile in shared memory. Each of the 4 warps owns
+// a quarter of the latent columns (d_v / 4 of V, and a quarter of the rope
+// columns): it loads those bytes of every token of the tile straight into
+// registers one tile ahead, converts them to bf16 there and feeds them to
+// S = Q K^T as MMA operands against its quarter of Q (held in registers);
+// the four partial S tiles are summed through shared memory (one barrier a
+// tile), so every warp holds the whole S and P, and its V columns go
+// through a shared-memory tile of its own to PV. Per token that is ~3 KB of
+// shared-memory traffic where the staged pipeline moves ~6 KB (staging
+// write and read, bf16 tile write, Q and K reads for S, V reads for PV).
+KFORGE_HD constexpr bool RegisterPipeline(const DecodeShape& s) { return s.stages == 1; }
+KFORGE_HD constexpr bool RegisterPipelineCovers(const DecodeShape& s) {
+  return s.stages == 1 && StagedPipeline(s) && s.head_tile == 16 && s.warps == 4 &&
+         s.land_warps == 0 && !s.wgmma && s.d_v == 512 && (s.rope == 0 || s.rope == 64) &&
+         (s.token_tile == 16 || s.token_tile == 32);
+}
+
 KFORGE_HD constexpr int Gcd(int a, int b) { return b == 0 ? a : Gcd(b, a % b); }
 
 // Everything the kernel derives from a shape. Zero where a shape is too
@@ -360,7 +378,8 @@ enum class TilingError : int {
   kHeadTile,       // head tile not 1..4 MMA rows of 16
   kHeadsPerGroup,  // a group padded by >= 16 rows, or larger than the tile
   kTokenTile,      // token tile not a positive multiple of MMA K (16)
-  kStages,         // fewer than 2 stages (no double buffering)
+  kStages,         // fewer than 2 stages (no double buffering), or 1 (the
+                   // register pipeline) outside RegisterPipelineCovers
   kWarps,          // warps not 1..16, or d_v not split evenly over them
   kSColumns,       // S columns (token_tile / 8) not split evenly over warps_n
   kVCols,          // a warp's V columns not a whole pair of n8 tiles
@@ -383,7 +402,7 @@ KFORGE_HD constexpr TilingError CheckDecodeTiling(const DecodeShape& s) {
   if (s.heads_per_group > s.head_tile || s.heads_per_group <= s.head_tile - 16)
     return TilingError::kHeadsPerGroup;
   if (s.token_tile % 16 != 0 || s.token_tile <= 0) return TilingError::kTokenTile;
-  if (s.stages < 2) return TilingError::kStages;
+  if (s.stages < 1 || (s.stages == 1 && !RegisterPipelineCovers(s))) return TilingError::kStages;
   if (s.warps < 1 || s.warps > 16 || s.d_v % s.warps != 0) return TilingError::kWarps;
   if (s.land_warps < 0 || CtaWarps(s) > 16 || (s.land_warps > 0 && !StagedPipeline(s)))
     return TilingError::kLandWarps;
@@ -393,7 +412,7 @@ KFORGE_HD constexpr TilingError CheckDecodeTiling(const DecodeShape& s) {
   if (s.token_tile % d.rows_per_pass != 0) return TilingError::kGatherPasses;
   if (d.o_m * d.o_n * 4 > 128) return TilingError::kORegisters;
   if (s.kv_staging_bytes_per_token < 0 || s.kv_staging_bytes_per_token % 16 != 0 ||
-      (StagedPipeline(s) && s.stages != 2))
+      (StagedPipeline(s) && s.stages != 2 && !RegisterPipeline(s)))
     return TilingError::kStaging;
   if (s.wgmma && !WgmmaCovers(s)) return TilingError::kWgmmaShape;
   return TilingError::kOk;
@@ -458,11 +477,21 @@ KFORGE_HD constexpr DecodeSmemLayout MakeDecodeSmemLayout(const DecodeShape& s) 
   const DecodeDims d = DeriveDecodeDims(s);
   DecodeSmemLayout l{};
   l.q = 0;
-  l.kv = l.q + s.head_tile * d.d_qk * 2;
-  l.kv_staging = l.kv + KvTiles(s) * s.token_tile * d.d_qk * 2;
-  l.p = l.kv_staging + s.token_tile * s.kv_staging_bytes_per_token;
-  if (s.wgmma) l.p = (l.p + 1023) / 1024 * 1024;
-  l.red = l.p + s.head_tile * d.p_stride * 2;
+  if (RegisterPipeline(s)) {
+    // No Q tile and no staging. kv: each warp's own V tile, token_tile x
+    // v_cols bf16 in 128-byte swizzled blocks; p: the partial S tiles, two
+    // buffers of warps x head_tile x token_tile fp32 (regpath.cuh).
+    l.kv = 0;
+    l.kv_staging = l.kv + s.warps * s.token_tile * d.v_cols * 2;
+    l.p = l.kv_staging;
+    l.red = l.p + 2 * s.warps * s.head_tile * s.token_tile * 4;
+  } else {
+    l.kv = l.q + s.head_tile * d.d_qk * 2;
+    l.kv_staging = l.kv + KvTiles(s) * s.token_tile * d.d_qk * 2;
+    l.p = l.kv_staging + s.token_tile * s.kv_staging_bytes_per_token;
+    if (s.wgmma) l.p = (l.p + 1023) / 1024 * 1024;
+    l.red = l.p + s.head_tile * d.p_stride * 2;
+  }
   l.scale = l.red + d.warps_n * s.head_tile * 4;
   l.max = l.scale + s.head_tile * 4;
   l.valid = l.max + s.head_tile * 4;

@@ -20,6 +20,8 @@
 //                      the combine kernel (combine.cuh); in the cluster
 //                      entry the splits merge through distributed shared
 //                      memory instead (ClusterMergeEpilogue)
+// A 16-head tile of a staged format may instead run the register pipeline
+// (regpath.cuh: no KV tile in shared memory), chosen by its tiling.
 // Tiling rules and the smem layout are config.h's (CheckDecodeTiling,
 // MakeDecodeSmemLayout), shared with the host codegen.
 #ifndef KFORGE_SPARSE_MLA_DECODE_CUH_
@@ -32,6 +34,7 @@
 #include "kforge/sparse_mla/kv_format.cuh"
 #include "kforge/sparse_mla/pv.cuh"
 #include "kforge/sparse_mla/qk.cuh"
+#include "kforge/sparse_mla/regpath.cuh"
 
 namespace kforge {
 namespace sparse_mla {
@@ -39,8 +42,8 @@ namespace sparse_mla {
 // kClusterSplits_: 0 for the split-K entries (partials to the workspace
 // when p.num_splits > 1), else the cluster entry's split count, merged in
 // the kernel (ClusterMergeEpilogue).
-template <class T, int kClusterSplits_ = 0>
-__device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
+template <class T, int kClusterSplits_>
+__device__ __forceinline__ void DecodeSmemPipeline(const DecodeParams& p) {
   using Qk = QkPhase<T>;
   extern __shared__ __align__(128) unsigned char smem[];
   const DecodeSmem sm = CarveDecodeSmem<T>(smem);
@@ -127,6 +130,17 @@ __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
     ClusterMergeEpilogue<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
   } else {
     Epilogue<T>(p, w, sm, r, pv, o, stats);
+  }
+}
+
+// The main kernel: the register pipeline (regpath.cuh) where the tiling
+// asks for it, else the shared-memory pipeline above.
+template <class T, int kClusterSplits_ = 0>
+__device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
+  if constexpr (T::kRegPath) {
+    DecodeRegPath<T, kClusterSplits_>(p);
+  } else {
+    DecodeSmemPipeline<T, kClusterSplits_>(p);
   }
 }
 

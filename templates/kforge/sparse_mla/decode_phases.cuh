@@ -204,6 +204,9 @@ __device__ __forceinline__ void PublishRowStats(const DecodeSmem& sm, const Thre
 
 template <class T>
 __device__ __forceinline__ float RowSum(const DecodeSmem& sm, int row) {
+  // Register pipeline: every warp holds the whole S, so each warp's sum is
+  // the row's (warp 0's is read).
+  if constexpr (T::kRegPath) return sm.red[row];
   float l = 0.f;
 #pragma unroll
   for (int wn = 0; wn < T::kWarpsN; ++wn) l += sm.red[wn * T::kHeadTile + row];

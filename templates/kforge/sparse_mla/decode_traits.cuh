@@ -111,6 +111,9 @@ struct DecodeTraits {
   static constexpr int kTileBytes = kTokenTile * kDqk * 2;
   // Staged formats: one bf16 tile and one staging buffer (StagedPipeline).
   static constexpr bool kStaged = StagedPipeline(kShape);
+  // The register pipeline (config.h RegisterPipeline, regpath.cuh): the KV
+  // format's bytes go to registers, not to a staging buffer.
+  static constexpr bool kRegPath = RegisterPipeline(kShape);
   static constexpr int kStagingBytesPerToken = kShape.kv_staging_bytes_per_token;
   static constexpr int kStagingBytes = kTokenTile * kStagingBytesPerToken;
   // S = Q K^T warp layout: kWarpsM x kWarpsN warps, each (kSM * 16) x

@@ -45,6 +45,21 @@
 //                       does nothing, or in a staged pipeline copies its
 //                       staged rows into the tile.
 //
+// A staged format may also provide the register pipeline's part
+// (regpath.cuh; config.h RegisterPipeline): warp w (of 4) owns latent items
+// 8 w .. 8 w + 7 (an item is 16 columns: V columns [128 w, 128 w + 128)) and,
+// with rope 64, rope item d_v / 16 + w; thread q = lane % 4 of a token takes
+// items 8 w + q and 8 w + 4 + q whole and columns 4 q .. 4 q + 3 of the rope
+// item:
+//   F::RegRaw           this thread's raw bytes of one token
+//   F::RegLoad<T, kPageBlock>(v, slot, ok, w, q, raw)
+//                       global loads into raw (zeros where !ok)
+//   F::RegItem(raw, gi, w, q, out)
+//                       item 8 w + 4 gi + q as 16 bf16 (out[k] holds
+//                       columns 2 k, 2 k + 1), as Land would store it
+//   F::RegRope(raw, out)
+//                       the rope columns 4 q .. 4 q + 3 as two bf16 pairs
+//
 // Formats: KvBf16 (direct: gathers straight into the tile, Land is empty)
 // and the staged ones, whose Land dequantises: KvFp8DsMla (656-byte records
 // of 512 e4m3, 4 fp32 scales and 64 bf16 rope), KvFp8DsMlaV4 (DeepSeek-V4,
@@ -234,6 +249,30 @@ __device__ __forceinline__ void E2m1ItemToBf16(const ptx::u32 (&w)[2], float sca
   }
 }
 
+// The register pipeline's loads (regpath.cuh): read-only global memory,
+// zeros for an invalid slot.
+__device__ __forceinline__ uint4 RegLd16(const unsigned char* p, bool ok) {
+  return ok ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+}
+__device__ __forceinline__ uint2 RegLd8(const unsigned char* p, bool ok) {
+  return ok ? __ldg(reinterpret_cast<const uint2*>(p)) : make_uint2(0u, 0u);
+}
+__device__ __forceinline__ ptx::u32 RegLd4(const unsigned char* p, bool ok) {
+  return ok ? __ldg(reinterpret_cast<const unsigned int*>(p)) : 0u;
+}
+__device__ __forceinline__ ptx::u32 RegLd2(const unsigned char* p, bool ok) {
+  return ok ? static_cast<ptx::u32>(__ldg(reinterpret_cast<const unsigned short*>(p))) : 0u;
+}
+__device__ __forceinline__ ptx::u32 RegLd1(const unsigned char* p, bool ok) {
+  return ok ? static_cast<ptx::u32>(__ldg(p)) : 0u;
+}
+
+// 16 e4m3 codes of a uint4 times `scale` (E4m3ItemToBf16).
+__device__ __forceinline__ void E4m3Item16ToBf16(const uint4& d, float scale, ptx::u32 (&out)[8]) {
+  const ptx::u32 w[4] = {d.x, d.y, d.z, d.w};
+  E4m3ItemToBf16(w, scale, out);
+}
+
 // Copies `kChunks` 16-byte chunks of bf16 columns from staging offset
 // `staged_offset` of each row into the tile's chunks first_chunk.. (8 per
 // 64-column block), swizzled.
@@ -347,6 +386,32 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
     if (T::kRope != 0) CopyBf16Chunks<T, 8>(sm, r, kRopeOffset, kLatent / 8);
     PublishSmem<T>();
   }
+
+  // Register pipeline: items 8 w + q and 8 w + 4 + q share scale w (128
+  // columns per scale).
+  struct RegRaw {
+    uint4 d[2];
+    float scale;
+    uint2 rope;
+  };
+  template <class T, int kPageBlock>
+  __device__ __forceinline__ static void RegLoad(const KvView& v, int slot, bool ok, int w, int q,
+                                                 RegRaw& raw) {
+    static_assert(Supports(T::kDv, T::kRope), "fp8_ds_mla: kv_lora_rank 512, rope_dim 0 or 64");
+    const unsigned char* rec = RowOf<Elem, kPageBlock>(v, slot, ok);
+    raw.d[0] = RegLd16(rec + 16 * (8 * w + q), ok);
+    raw.d[1] = RegLd16(rec + 16 * (8 * w + 4 + q), ok);
+    raw.scale = __uint_as_float(RegLd4(rec + kScalesOffset + 4 * w, ok));
+    raw.rope = T::kRope != 0 ? RegLd8(rec + kRopeOffset + 32 * w + 8 * q, ok) : make_uint2(0u, 0u);
+  }
+  __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
+                                                 ptx::u32 (&out)[8]) {
+    E4m3Item16ToBf16(raw.d[gi], raw.scale, out);
+  }
+  __device__ __forceinline__ static void RegRope(const RegRaw& raw, ptx::u32 (&out)[2]) {
+    out[0] = raw.rope.x;
+    out[1] = raw.rope.y;
+  }
 };
 
 // The ue8m0 page-blocked records (S: their Sizes in config.h): kE4m3Values
@@ -381,6 +446,63 @@ struct KvUe8m0PageBlocked : S {
                                                            S::kE4m3Values / 8);
     }
     PublishSmem<T>();
+  }
+
+  // Register pipeline. The bf16 columns (V4: items 28..31) are the second
+  // group of warp kBf16Warp, 32 bytes an item (d and hi).
+  static constexpr int kBf16Warp = S::kE4m3Values / 128;
+  static_assert(S::kE4m3Values == S::kLatent || S::kE4m3Values % 128 == 64,
+                "bf16 columns make up a warp's second group of items");
+  struct RegRaw {
+    uint4 d[2];
+    uint4 hi;
+    ptx::u32 e[2];
+  };
+  template <class T, int kPageBlock>
+  __device__ __forceinline__ static void RegLoad(const KvView& v, int slot, bool ok, int w, int q,
+                                                 RegRaw& raw) {
+    static_assert(S::Supports(T::kDv, T::kRope),
+                  "a V4 / V4.1 record: kv_lora_rank 512, rope_dim 0");
+    const unsigned char* page = reinterpret_cast<const unsigned char*>(v.base);
+    int i = 0;
+    if (ok) {
+      page += (slot / kPageBlock) * v.page_stride;
+      i = slot % kPageBlock;
+    }
+    const unsigned char* data = page + i * S::kDataBytes;
+    const unsigned char* scales = page + kPageBlock * S::kDataBytes + i * S::kScaleBytes;
+    raw.hi = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi) {
+      const int k = 8 * w + 4 * gi + q;
+      if (S::kE4m3Values < S::kLatent && gi == 1 && w == kBf16Warp) {
+        const unsigned char* src = data + S::kE4m3Values + 32 * (k - S::kE4m3Values / 16);
+        raw.d[gi] = RegLd16(src, ok);
+        raw.hi = RegLd16(src + 16, ok);
+        raw.e[gi] = 0u;
+      } else {
+        raw.d[gi] = RegLd16(data + 16 * k, ok);
+        raw.e[gi] = RegLd1(scales + k * 16 / S::kScaleGroup, ok);
+      }
+    }
+  }
+  __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int w, int,
+                                                 ptx::u32 (&out)[8]) {
+    if (S::kE4m3Values < S::kLatent && gi == 1 && w == kBf16Warp) {
+      out[0] = raw.d[1].x;
+      out[1] = raw.d[1].y;
+      out[2] = raw.d[1].z;
+      out[3] = raw.d[1].w;
+      out[4] = raw.hi.x;
+      out[5] = raw.hi.y;
+      out[6] = raw.hi.z;
+      out[7] = raw.hi.w;
+    } else {
+      E4m3Item16ToBf16(raw.d[gi], Ue8m0ToFloat(raw.e[gi]), out);
+    }
+  }
+  __device__ __forceinline__ static void RegRope(const RegRaw&, ptx::u32 (&out)[2]) {
+    out[0] = out[1] = 0u;  // rope_dim 0: never called
   }
 };
 
@@ -421,6 +543,39 @@ struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
       StoreItem<T>(sm.kv_addr, row, kLatent / 16 + k, out);
     });
     PublishSmem<T>();
+  }
+
+  // Register pipeline: item k = 8 w + 4 gi + q has its scale at ScaleByte(k)
+  // = kScalesOffset + 8 q + 2 w + gi (both in one 16-bit load); rope item w's
+  // columns 4 q.. are 4 e4m3 bytes.
+  struct RegRaw {
+    uint2 d[2];
+    ptx::u32 scales;
+    ptx::u32 rope;
+  };
+  template <class T, int kPageBlock>
+  __device__ __forceinline__ static void RegLoad(const KvView& v, int slot, bool ok, int w, int q,
+                                                 RegRaw& raw) {
+    static_assert(Supports(T::kDv, T::kRope), "nvfp4_ds_mla: kv_lora_rank 512, rope_dim 64");
+    const unsigned char* rec = RowOf<Elem, kPageBlock>(v, slot, ok);
+    raw.d[0] = RegLd8(rec + 8 * (8 * w + q), ok);
+    raw.d[1] = RegLd8(rec + 8 * (8 * w + 4 + q), ok);
+    raw.scales = RegLd2(rec + ScaleByte(8 * w + q), ok);
+    raw.rope = RegLd4(rec + kRopeOffset + 16 * w + 4 * q, ok);
+  }
+  __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
+                                                 ptx::u32 (&out)[8]) {
+    const ptx::u32 w[2] = {raw.d[gi].x, raw.d[gi].y};
+    E2m1ItemToBf16(w, E4m3ToFloat((raw.scales >> (8 * gi)) & 0xFFu), out);
+  }
+  __device__ __forceinline__ static void RegRope(const RegRaw& raw, ptx::u32 (&out)[2]) {
+    ptx::u32 h01, h23;
+    fp8::E4m3x4ToHalf2(raw.rope, h01, h23);
+    float f0, f1, f2, f3;
+    fp8::Half2ToFloat2(h01, f0, f1);
+    fp8::Half2ToFloat2(h23, f2, f3);
+    out[0] = ptx::PackBf16x2(E4m3Value(f0), E4m3Value(f1));
+    out[1] = ptx::PackBf16x2(E4m3Value(f2), E4m3Value(f3));
   }
 };
 

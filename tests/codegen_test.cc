@@ -342,6 +342,22 @@ TEST(ChooseTiling, TableOverArchsHeadsAndDims) {
   EXPECT_EQ(no_tiling_count, 0) << "specs with no tiling:" << listed;
 }
 
+// A staged format whose heads fit one 16-row tile runs the register
+// pipeline (16 x 32, stages 1, 4 warps) on every arch; more heads, the
+// shared-memory pipeline. Returns whether t is the register pipeline.
+bool ExpectRegisterPipelineIfSixteenHeads(const v1::AttentionSpec& spec, const v1::KernelTiling& t,
+                                          const std::string& where) {
+  const bool reg = sparse_mla::RegisterPipeline(DecodeShapeFor(spec, t));
+  EXPECT_EQ(reg, spec.num_q_heads() <= 16) << where;
+  if (reg) {
+    EXPECT_EQ(t.head_tile(), 16u) << where;
+    EXPECT_EQ(t.token_tile(), 32u) << where;
+    EXPECT_EQ(t.warps(), 4u) << where;
+    EXPECT_FALSE(t.wgmma()) << where;
+  }
+  return reg;
+}
+
 v1::AttentionSpec Fp8Spec(int heads, int rope, v1::KvScaleFormat scales) {
   v1::AttentionSpec spec = SpecWith(heads, 512, rope);
   spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
@@ -365,6 +381,7 @@ TEST(ChooseTiling, Fp8DsMlaTableOverArchsAndHeads) {
         const sparse_mla::DecodeShape shape = DecodeShapeFor(spec, *t);
         EXPECT_EQ(shape.kv_staging_bytes_per_token, rope == 64 ? 656 : 528) << where;
         EXPECT_TRUE(sparse_mla::StagedPipeline(shape)) << where;
+        if (ExpectRegisterPipelineIfSixteenHeads(spec, *t, where)) continue;
         const sparse_mla::DecodeSmemLayout l = sparse_mla::MakeDecodeSmemLayout(shape);
         const int tokens = static_cast<int>(t->token_tile());
         EXPECT_EQ(l.kv_staging - l.kv, tokens * (512 + rope) * 2) << where;  // one bf16 tile
@@ -435,6 +452,7 @@ TEST(ChooseTiling, NewRecordsTableOverArchsAndHeads) {
         ExpectTraitsHold(spec, *t, where);
         const sparse_mla::DecodeShape shape = DecodeShapeFor(spec, *t);
         EXPECT_EQ(shape.kv_staging_bytes_per_token, f.staging) << where;
+        if (ExpectRegisterPipelineIfSixteenHeads(spec, *t, where)) continue;
         const sparse_mla::DecodeSmemLayout l = sparse_mla::MakeDecodeSmemLayout(shape);
         const int tokens = static_cast<int>(t->token_tile());
         EXPECT_EQ(l.kv_staging - l.kv, tokens * (512 + f.rope) * 2) << where;
@@ -484,11 +502,21 @@ TEST(MakeLaunchRule, CtasPerSmStayWithinTheRegisterFile) {
     }
   }
   // Where shared memory holds three 16-head CTAs of 4 warps (the V4 record
-  // on the 227 KB parts), the throughput entries take them.
+  // on the 227 KB parts, here beside an extra cache, which keeps the
+  // shared-memory pipeline), the throughput entries take them; the register
+  // pipeline (one cache) takes two, 255 registers a thread.
   v1::AttentionSpec v4 = SpecWith(16, 512, 0);
   v4.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4);
   absl::StatusOr<v1::KernelTiling> t = ChooseTiling(v4, ArchNamed("sm_90a"));
   ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(sparse_mla::RegisterPipeline(DecodeShapeFor(v4, *t)));
+  EXPECT_EQ(MakeLaunchRule(v4, *t, ArchNamed("sm_90a")).ctas_per_sm(), 2u);
+  v4.mutable_extra_kv()->set_topk(128);
+  v4.mutable_extra_kv()->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4);
+  v4.mutable_extra_kv()->set_page_block_size(64);
+  t = ChooseTiling(v4, ArchNamed("sm_90a"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE(sparse_mla::RegisterPipeline(DecodeShapeFor(v4, *t)));
   EXPECT_EQ(t->warps(), 4u);
   EXPECT_EQ(MakeLaunchRule(v4, *t, ArchNamed("sm_90a")).ctas_per_sm(), 3u);
   EXPECT_EQ(MakeLaunchRule(v4, *t, ArchNamed("sm_90a"), EntryOccupancy::kLatency).ctas_per_sm(),
@@ -700,6 +728,44 @@ TEST(CheckDecodeTiling, NamesTheBrokenRule) {
     EXPECT_EQ(sparse_mla::CheckDecodeTiling(shape), c.expected)
         << c.what << ": got " << sparse_mla::TilingErrorName(sparse_mla::CheckDecodeTiling(shape));
   }
+}
+
+// The register pipeline (stages 1): a staged format's 16 x 32 tile of 4
+// warps over d_v 512, and nothing else.
+TEST(CheckDecodeTiling, RegisterPipelineOnlyWhereItIsWritten) {
+  using sparse_mla::TilingError;
+  constexpr sparse_mla::DecodeShape kReg = {512, 64, 16, 16, 32, 1, 4, false, 656, 0};
+  static_assert(sparse_mla::CheckDecodeTiling(kReg) == TilingError::kOk);
+  static_assert(sparse_mla::RegisterPipeline(kReg) && sparse_mla::RegisterPipelineCovers(kReg));
+  struct Case {
+    const char* what;
+    void (*mutate)(sparse_mla::DecodeShape&);
+  };
+  const Case cases[] = {
+      {"bf16 (nothing staged)",
+       [](sparse_mla::DecodeShape& s) { s.kv_staging_bytes_per_token = 0; }},
+      {"a 32-row tile", [](sparse_mla::DecodeShape& s) { s.head_tile = s.heads_per_group = 32; }},
+      {"8 warps", [](sparse_mla::DecodeShape& s) { s.warps = 8; }},
+      {"64 tokens", [](sparse_mla::DecodeShape& s) { s.token_tile = 64; }},
+      {"d_v 256", [](sparse_mla::DecodeShape& s) { s.d_v = 256; }},
+      {"land-only warps", [](sparse_mla::DecodeShape& s) { s.land_warps = 4; }},
+      {"wgmma", [](sparse_mla::DecodeShape& s) { s.wgmma = true; }},
+  };
+  for (const Case& c : cases) {
+    sparse_mla::DecodeShape shape = kReg;
+    c.mutate(shape);
+    EXPECT_EQ(sparse_mla::CheckDecodeTiling(shape), TilingError::kStages)
+        << c.what << ": got " << sparse_mla::TilingErrorName(sparse_mla::CheckDecodeTiling(shape));
+  }
+  // Its shared memory: the warps' V tiles, then two partial S buffers; no
+  // Q tile, no staging buffer (49,664 bytes with the row statistics).
+  const sparse_mla::DecodeSmemLayout l = sparse_mla::MakeDecodeSmemLayout(kReg);
+  EXPECT_EQ(l.kv, 0);
+  EXPECT_EQ(l.kv_staging, 4 * 32 * 128 * 2);
+  EXPECT_EQ(l.p, l.kv_staging);
+  EXPECT_EQ(l.red - l.p, 2 * 4 * 16 * 32 * 4);
+  EXPECT_EQ(l.bytes, 49664);
+  EXPECT_FALSE(sparse_mla::ClusterMergeFits(kReg, sparse_mla::kMainClusterSplits));
 }
 
 TEST(CheckDecodeTiling, WgmmaCoversOnlyTheMeasuredPipeline) {

@@ -566,7 +566,12 @@ struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {
     const ptx::u32 w[2] = {raw.d[gi].x, raw.d[gi].y};
-    E2m1ItemToBf16(w, E4m3ToFloat((raw.scales >> (8 * gi)) & 0xFFu), out);
+    // Both items' e4m3 scales in one conversion (the two calls share it).
+    ptx::u32 h01, h23;
+    fp8::E4m3x4ToHalf2(raw.scales & 0xFFFFu, h01, h23);
+    float s0, s1;
+    fp8::Half2ToFloat2(h01, s0, s1);
+    E2m1ItemToBf16(w, E4m3Value(gi == 0 ? s0 : s1), out);
   }
   __device__ __forceinline__ static void RegRope(const RegRaw& raw, ptx::u32 (&out)[2]) {
     ptx::u32 h01, h23;

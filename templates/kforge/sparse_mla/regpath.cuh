@@ -56,8 +56,8 @@ struct RegQ {
     for (int hh = 0; hh < 2; ++hh) {
       const int row = n + 8 * hh;
       const bool ok = row < w.heads_here;
-      const unsigned char* q_row =
-          reinterpret_cast<const unsigned char*>(q_tok + (ok ? (w.head0 + row) * p.q_head_stride : 0));
+      const unsigned char* q_row = reinterpret_cast<const unsigned char*>(
+          q_tok + (ok ? (w.head0 + row) * p.q_head_stride : 0));
 #pragma unroll
       for (int gi = 0; gi < 2; ++gi) {
         const unsigned char* src = q_row + 2 * 16 * (8 * warp + 4 * gi + q);
@@ -109,14 +109,16 @@ __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
     return tile < w.num_tiles && pos < w.main_end ? __ldg(w.idx_row + pos) : -1;
   };
   typename Kv::RegRaw raw[kN8];
-  // valid[j] bit 4 c: token 8 j + c is a real token (a ballot over lanes).
-  ptx::u32 valid[kN8];
-  auto load_tile = [&](const int (&slot)[kN8]) {
+  // Bit 4 c + j: token 8 j + c of the loaded tile is a real token (ballots
+  // over the lanes q == 0, whose bits sit at 4 c, shifted by j).
+  ptx::u32 valid = 0;
+  auto load_tile = [&](const int(&slot)[kN8]) {
+    valid = 0;
 #pragma unroll
     for (int j = 0; j < kN8; ++j) {
       const bool ok = slot[j] >= 0 && slot[j] < v.num_slots;
       Kv::template RegLoad<T, T::kPageBlock>(v, slot[j], ok, warp, q, raw[j]);
-      valid[j] = __ballot_sync(0xffffffffu, ok);
+      valid |= __ballot_sync(0xffffffffu, ok && q == 0) << j;
     }
   };
   int slot[kN8];
@@ -167,9 +169,7 @@ __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
         ptx::MmaBf16(s[j], qf.qr, kr[0], kr[1]);
       }
     }
-    ptx::u32 valid_now[kN8];
-#pragma unroll
-    for (int j = 0; j < kN8; ++j) valid_now[j] = valid[j];
+    const ptx::u32 valid_now = valid;
     // 2. The next tile's bytes into the registers just freed; the slots of
     // the one after.
     if (t + 1 < w.num_tiles) load_tile(slot);
@@ -179,7 +179,8 @@ __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
     // 3. The partial tiles, summed in warp order by every warp.
     float4* mine = part + ((t & 1) * T::kWarps + warp) * kN8 * 32;
 #pragma unroll
-    for (int j = 0; j < kN8; ++j) mine[j * 32 + lane] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
+    for (int j = 0; j < kN8; ++j)
+      mine[j * 32 + lane] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
     __syncthreads();
     const float4* all = part + (t & 1) * T::kWarps * kN8 * 32;
 #pragma unroll
@@ -204,7 +205,7 @@ __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
     float mx[2] = {ptx::NegInf(), ptx::NegInf()};
 #pragma unroll
     for (int j = 0; j < kN8; ++j) {
-      const bool v0 = (valid_now[j] >> (8 * q)) & 1u, v1 = (valid_now[j] >> (8 * q + 4)) & 1u;
+      const bool v0 = (valid_now >> (8 * q + j)) & 1u, v1 = (valid_now >> (8 * q + 4 + j)) & 1u;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         s[j][2 * hh] = v0 ? s[j][2 * hh] * kScaleLog2 : ptx::NegInf();
@@ -260,8 +261,8 @@ __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
       for (int np = 0; np < T::kVN / 2; ++np) {
         const int chunk = 2 * np + lane / 16;
         ptx::u32 b0, b1, b2, b3;
-        ptx::Ldmatrix4Trans(v_row + (chunk / 8) * kVBlockBytes + (((chunk % 8) ^ sw) << 4), b0,
-                            b1, b2, b3);
+        ptx::Ldmatrix4Trans(v_row + (chunk / 8) * kVBlockBytes + (((chunk % 8) ^ sw) << 4), b0, b1,
+                            b2, b3);
         ptx::MmaBf16(o[0][2 * np], a, b0, b1);
         ptx::MmaBf16(o[0][2 * np + 1], a, b2, b3);
       }

@@ -51,21 +51,7 @@ __device__ __forceinline__ void DecodeSmemPipeline(const DecodeParams& p) {
   const ThreadRoles r = MakeThreadRoles<T>();
   Qk::CheckSmemBase(sm.q_addr);
 
-  // Launched programmatically (sm_90+), this CTA may start before the
-  // previous kernel in the stream (the last call's combine, or the engine's
-  // kernel that wrote Q, the indices and their lengths) has finished: wait
-  // for it before any global access, then let the combine be scheduled, to
-  // wait in turn.
-  ptx::WaitForPriorGrids();
-  ptx::AllowDependentLaunch();
-  ApplyTopkLength<T>(p, w);
-  // The cluster entry's grid.y is its cluster, one CTA per split: any other
-  // launch would merge the wrong partials.
-  if constexpr (kClusterSplits_ > 0) {
-    if (gridDim.y != kClusterSplits_ || p.num_splits != kClusterSplits_ ||
-        ptx::ClusterNumCtas() != kClusterSplits_)
-      __trap();
-  }
+  BeginDecode<T, kClusterSplits_>(p, w);
   LoadQ<T>(p, w, sm, r);
   // Pipeline (KvTiles in config.h): a direct format keeps kStages - 1 tiles
   // in flight in their own bf16 tiles; a staged one keeps the next tile in

@@ -262,6 +262,26 @@ __device__ __forceinline__ void ApplyTopkLength(const DecodeParams& p, DecodeWor
   if (cut) CountTiles<T>(w);
 }
 
+// A main-kernel entry's first steps. Launched programmatically (sm_90+),
+// this CTA may start before the previous kernel in the stream (the last
+// call's combine, or the engine's kernel that wrote Q, the indices and
+// their lengths) has finished: wait for it before any global access, then
+// let the next kernel be scheduled, to wait in turn; then cut the work at
+// the token's lengths. A cluster entry (kClusterSplits > 0) traps unless
+// its grid.y is its cluster, one CTA per split: any other launch would
+// merge the wrong partials.
+template <class T, int kClusterSplits>
+__device__ __forceinline__ void BeginDecode(const DecodeParams& p, DecodeWork& w) {
+  ptx::WaitForPriorGrids();
+  ptx::AllowDependentLaunch();
+  ApplyTopkLength<T>(p, w);
+  if constexpr (kClusterSplits > 0) {
+    if (gridDim.y != kClusterSplits || p.num_splits != kClusterSplits ||
+        ptx::ClusterNumCtas() != kClusterSplits)
+      __trap();
+  }
+}
+
 // This thread's roles in the phases.
 struct ThreadRoles {
   int warp;

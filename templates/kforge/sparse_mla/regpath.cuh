@@ -93,14 +93,7 @@ __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
   const ThreadRoles r = MakeThreadRoles<T>();
   const int warp = r.warp, lane = r.lane, n = lane / 4, q = lane % 4;
 
-  ptx::WaitForPriorGrids();
-  ptx::AllowDependentLaunch();
-  ApplyTopkLength<T>(p, w);
-  if constexpr (kClusterSplits_ > 0) {
-    if (gridDim.y != kClusterSplits_ || p.num_splits != kClusterSplits_ ||
-        ptx::ClusterNumCtas() != kClusterSplits_)
-      __trap();
-  }
+  BeginDecode<T, kClusterSplits_>(p, w);
 
   const KvView v = MainKv(p);
   // Token 8 j + n of tile `tile`: its slot, or -1 past the split or length.

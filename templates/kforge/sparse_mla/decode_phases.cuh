@@ -105,6 +105,32 @@ __device__ __forceinline__ void MaskScaleRowMax(float (&s)[T::kSM][T::kSN][4], c
   }
 }
 
+// One row's running max moving to cover a tile whose max is `tile_max`
+// (scaled log2 domain): updates `m` and returns the exponent offset of this
+// tile's P (m_use) and the factor that rescales the row's O and sum.
+struct RowMaxStep {
+  float m_use;
+  float scale;
+};
+__device__ __forceinline__ RowMaxStep MoveRowMax(float& m, float tile_max) {
+  // Largest growth (log2 units) of the running max absorbed without a
+  // rescale of O; P <= 2^8 = 256.
+  constexpr float kRescaleLog2 = 8.f;
+  const float m_old = m;
+  float m_new = fmaxf(m_old, tile_max);
+  // Lazy rescaling: keep the running max unless the tile raises it by
+  // more than kRescaleLog2, so P stays <= 2^kRescaleLog2 (exact enough
+  // in fp32 sums and bf16 P) and O is rarely rescaled. The first valid
+  // tile always moves it (x - (-inf) = inf); -inf - -inf is NaN and
+  // keeps it.
+  if (!(m_new - m_old > kRescaleLog2)) m_new = m_old;
+  // All -inf so far (every token masked): subtract 0, not -inf, so
+  // exp2 gives 0 rather than NaN.
+  const float m_use = m_new == ptx::NegInf() ? 0.f : m_new;
+  m = m_new;
+  return {m_use, m_new == m_old ? 1.f : ptx::Exp2(m_old - m_use)};
+}
+
 // Online softmax: updates the running max and sum, writes P = 2^(s - m) as
 // bf16 to sm.p and each row's O rescale factor to sm.scale. The caller's
 // barrier then publishes both to the PV phase.
@@ -112,28 +138,14 @@ template <class T>
 __device__ __forceinline__ void OnlineSoftmaxToP(const float (&s)[T::kSM][T::kSN][4],
                                                  const float (&mx)[T::kSM][2], RowStats<T>& stats,
                                                  const DecodeSmem& sm, const ThreadRoles& r) {
-  // Largest growth (log2 units) of the running max absorbed without a
-  // rescale of O; P <= 2^8 = 256.
-  constexpr float kRescaleLog2 = 8.f;
   const int lane = r.lane;
 #pragma unroll
   for (int mi = 0; mi < T::kSM; ++mi) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = (r.wm * T::kSM + mi) * 16 + h * 8 + lane / 4;
-      const float m_old = stats.m[mi][h];
-      float m_new = fmaxf(m_old, mx[mi][h]);
-      // Lazy rescaling: keep the running max unless the tile raises it by
-      // more than kRescaleLog2, so P stays <= 2^kRescaleLog2 (exact enough
-      // in fp32 sums and bf16 P) and O is rarely rescaled. The first valid
-      // tile always moves it (x - (-inf) = inf); -inf - -inf is NaN and
-      // keeps it.
-      if (!(m_new - m_old > kRescaleLog2)) m_new = m_old;
-      // All -inf so far (every token masked): subtract 0, not -inf, so
-      // exp2 gives 0 rather than NaN.
-      const float m_use = m_new == ptx::NegInf() ? 0.f : m_new;
-      const float scale = m_new == m_old ? 1.f : ptx::Exp2(m_old - m_use);
-      stats.m[mi][h] = m_new;
+      const RowMaxStep step = MoveRowMax(stats.m[mi][h], mx[mi][h]);
+      const float m_use = step.m_use, scale = step.scale;
       float sum = 0.f;
 #pragma unroll
       for (int ni = 0; ni < T::kSN; ++ni) {

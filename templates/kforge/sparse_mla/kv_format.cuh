@@ -59,6 +59,7 @@
 //                       columns 2 k, 2 k + 1), as Land would store it
 //   F::RegRope(raw, out)
 //                       the rope columns 4 q .. 4 q + 3 as two bf16 pairs
+//                       (only formats with rope columns need it)
 //
 // Formats: KvBf16 (direct: gathers straight into the tile, Land is empty)
 // and the staged ones, whose Land dequantises: KvFp8DsMla (656-byte records
@@ -500,9 +501,6 @@ struct KvUe8m0PageBlocked : S {
     } else {
       E4m3Item16ToBf16(raw.d[gi], Ue8m0ToFloat(raw.e[gi]), out);
     }
-  }
-  __device__ __forceinline__ static void RegRope(const RegRaw&, ptx::u32 (&out)[2]) {
-    out[0] = out[1] = 0u;  // rope_dim 0: never called
   }
 };
 

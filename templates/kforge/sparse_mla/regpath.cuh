@@ -212,14 +212,10 @@ __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
     for (int hh = 0; hh < 2; ++hh) {
       mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
       mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
-      // As OnlineSoftmaxToP: lazy rescale, -inf rows subtract 0.
-      const float m_old = stats.m[0][hh];
-      float m_new = fmaxf(m_old, mx[hh]);
-      if (!(m_new - m_old > 8.f)) m_new = m_old;
-      const float m_use = m_new == ptx::NegInf() ? 0.f : m_new;
-      sc[hh] = m_new == m_old ? 1.f : ptx::Exp2(m_old - m_use);
+      const RowMaxStep step = MoveRowMax(stats.m[0][hh], mx[hh]);
+      const float m_use = step.m_use;
+      sc[hh] = step.scale;
       rescale |= sc[hh] != 1.f;
-      stats.m[0][hh] = m_new;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kN8; ++j) {

@@ -230,11 +230,13 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, con
     // register pipeline where it fits (config.h RegisterPipeline; H200, 16
     // heads x batch 32..128: 10-25% faster than the staged 16 x 32 tiling
     // for every record, BENCH.md "the register pipeline").
-    if (head_tile == 16 && StagedKv(spec) && !spec.has_extra_kv()) {
-      Fit(spec, head_tile, per_group, kRegisterPipelineTile, arch, &tiling);
-    }
-    for (const TileConfig& c : CandidatesFor(head_tile)) {
-      if (tiling.head_tile() != 0 || Fit(spec, head_tile, per_group, c, arch, &tiling)) break;
+    const bool register_pipeline =
+        head_tile == 16 && StagedKv(spec) && !spec.has_extra_kv() &&
+        Fit(spec, head_tile, per_group, kRegisterPipelineTile, arch, &tiling);
+    if (!register_pipeline) {
+      for (const TileConfig& c : CandidatesFor(head_tile)) {
+        if (Fit(spec, head_tile, per_group, c, arch, &tiling)) break;
+      }
     }
     if (tiling.head_tile() == 0) continue;
     FinishTiling(spec, arch, &tiling);
@@ -259,9 +261,10 @@ int DecodeSmemBytesFor(const v1::AttentionSpec& spec, const v1::KernelTiling& ti
 v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
                               const Arch& arch, EntryOccupancy occupancy) {
   v1::LaunchRule rule;
-  const int cta_warps = sparse_mla::CtaWarps(DecodeShapeFor(spec, tiling));
+  const sparse_mla::DecodeShape shape = DecodeShapeFor(spec, tiling);
+  const int cta_warps = sparse_mla::CtaWarps(shape);
   rule.set_block_threads(cta_warps * 32);
-  rule.set_dynamic_smem_bytes(DecodeSmemBytesFor(spec, tiling));
+  rule.set_dynamic_smem_bytes(sparse_mla::MakeDecodeSmemLayout(shape).bytes);
   rule.set_combine_block_threads(sparse_mla::kCombineWarps * 32);
   rule.set_split_granularity_tokens(tiling.token_tile());
   rule.set_workspace_bytes_per_split_token(static_cast<uint64_t>(spec.num_q_heads()) *
@@ -283,7 +286,7 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
   //    which its 16 x 64 x 4-warp tiling needs (at 168 it spilled).
   //  - The register pipeline (config.h RegisterPipeline) holds a tile's
   //    records, its quarter of Q and of O in registers: 8 warps.
-  const bool reg_path = sparse_mla::RegisterPipeline(DecodeShapeFor(spec, tiling));
+  const bool reg_path = sparse_mla::RegisterPipeline(shape);
   const int warps_per_sm = occupancy == EntryOccupancy::kThroughput && !reg_path ? 12 : 8;
   const int by_registers = std::max(1, warps_per_sm / cta_warps);
   rule.set_ctas_per_sm(std::max(1, std::min(arch.smem_per_sm / per_block, by_registers)));

@@ -20,13 +20,14 @@ from bench_sparse_mla import time_fn  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("module_dir")
+    ap.add_argument("module_dir", help="one module per head count, one cache dtype")
     ap.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     import torch
     import kforge
+    from kforge import kv_records
     slots = 1 << 20
     lines = ["| heads | batch | best splits | best (us) | rule splits | rule (us) | rule / best |",
              "|---|---|---|---|---|---|---|"]
@@ -40,6 +41,13 @@ def main():
         d_v, d_qk = spec.kv_lora_rank, spec.kv_lora_rank + spec.rope_dim
         if kv is None:
             kv = torch.randn(slots, d_qk, device="cuda").to(torch.bfloat16)
+            # A quantized cache (as bench_sparse_mla.py and profile_one.py):
+            # the same values as the module's records.
+            if spec.kv_cache_dtype == 2:
+                kv = kforge.quantize_fp8_ds_mla(kv, "arbitrary")
+            elif kv_records.record_name(spec.kv_cache_dtype):
+                kv = kv_records.quantize_kv_records(kv.view(-1, 64, d_qk),
+                                                    kv_records.record_name(spec.kv_cache_dtype))
         H, K = spec.num_q_heads, spec.topk
         for B in [int(b) for b in args.batches.split(",")]:
             sets = []
@@ -50,7 +58,7 @@ def main():
                     out=torch.empty(B, H, d_v, device="cuda", dtype=torch.bfloat16),
                     lse=torch.empty(B, H, device="cuda")))
             rule = mod.auto_splits(B)
-            cands = sorted({1, 2, 4, 8, 16, 32, 64, rule} & set(range(1, mod.max_splits + 1)))
+            cands = sorted({1, 2, 4, 6, 8, 12, 16, 24, 32, 64, rule} & set(range(1, mod.max_splits + 1)))
             t = {}
             for s in cands:
                 ws = mod.workspace(B, s)

@@ -18,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_timing.cuh"
 #include "kforge/common/ptx.cuh"
 #include "kforge/dsa_indexer/config.h"
 
@@ -25,15 +26,6 @@ namespace {
 
 constexpr int kPageBytes = kforge::dsa_indexer::IndexKeyPage::kBytes;
 constexpr int kChunks16 = kPageBytes / 16;  // 528 16-byte chunks a page
-
-#define CHECK(x)                                                                             \
-  do {                                                                                       \
-    cudaError_t e = (x);                                                                     \
-    if (e != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 // One CTA = pages [chunk * pages_per_cta, ...) of row blockIdx.y; each thread
 // keeps kInFlight 16-byte loads outstanding, folding them into one word.
@@ -45,22 +37,10 @@ __global__ void __launch_bounds__(128)
   const int row = blockIdx.y;
   const int p0 = blockIdx.x * pages_per_cta;
   const int n = min(pages_per_cta, pages_per_row - p0) * kChunks16;
-  unsigned acc = 0;
-  for (int base = threadIdx.x; base < n; base += 128 * kInFlight) {
-    uint4 v[kInFlight];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int i = base + u * 128;
-      if (i < n) {
-        const int page = table[row * pages_per_row + p0 + i / kChunks16];
-        v[u] = __ldg(cache + static_cast<long long>(page) * kChunks16 + i % kChunks16);
-      } else {
-        v[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
+  const unsigned acc = FoldChunks<kInFlight>(n, [&](int i) {
+    const int page = table[row * pages_per_row + p0 + i / kChunks16];
+    return __ldg(cache + static_cast<long long>(page) * kChunks16 + i % kChunks16);
+  });
   if (acc == 0x9e3779b9u) sink[0] = acc + occupancy_limiter[0];  // keeps the loads
 }
 
@@ -117,26 +97,6 @@ __global__ void LinearRead(const uint4* p, long long n, unsigned* sink) {
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;
-}
-
-template <class F>
-float MedianUs(F launch) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) launch();
-  std::vector<float> t;
-  for (int i = 0; i < 21; ++i) {
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.f);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 }  // namespace

@@ -18,16 +18,9 @@
 #include <random>
 #include <vector>
 
-namespace {
+#include "cuda_timing.cuh"
 
-#define CHECK(x)                                                                             \
-  do {                                                                                       \
-    cudaError_t e = (x);                                                                     \
-    if (e != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
+namespace {
 
 constexpr int kPageBlock = 64;
 
@@ -55,58 +48,23 @@ __global__ void __launch_bounds__(128)
   const int t0 = blockIdx.x * per_cta;
   const int n = min(per_cta, topk - t0) * kC;
   const int* row = idx + static_cast<long long>(blockIdx.y) * topk + t0;
-  unsigned acc = 0;
-  for (int base = threadIdx.x; base < n; base += 128 * kInFlight) {
-    uint4 v[kInFlight];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int i = base + u * 128;
-      v[u] = make_uint4(0, 0, 0, 0);
-      if (i < n) {
-        const int slot = __ldg(row + i / kC), c = i % kC;
-        const unsigned char* rec;
-        const unsigned char* tail;
-        if (kPageBlocked) {
-          const unsigned char* page = cache + (slot / kPageBlock) * page_stride;
-          rec = page + (slot % kPageBlock) * (16 * kChunks);
-          tail = page + kPageBlock * (16 * kChunks) + (slot % kPageBlock) * 8;
-        } else {
-          rec = cache + static_cast<long long>(slot) * (16 * kChunks + (kTail8 ? 8 : 0));
-          tail = rec + 16 * kChunks;
-        }
-        if (c < kChunks) {
-          v[u] = __ldg(reinterpret_cast<const uint4*>(rec) + c);
-        } else {
-          const uint2 t = __ldg(reinterpret_cast<const uint2*>(tail));
-          v[u].x = t.x;
-          v[u].y = t.y;
-        }
-      }
+  const unsigned acc = FoldChunks<kInFlight>(n, [&](int i) {
+    const int slot = __ldg(row + i / kC), c = i % kC;
+    const unsigned char* rec;
+    const unsigned char* tail;
+    if (kPageBlocked) {
+      const unsigned char* page = cache + (slot / kPageBlock) * page_stride;
+      rec = page + (slot % kPageBlock) * (16 * kChunks);
+      tail = page + kPageBlock * (16 * kChunks) + (slot % kPageBlock) * 8;
+    } else {
+      rec = cache + static_cast<long long>(slot) * (16 * kChunks + (kTail8 ? 8 : 0));
+      tail = rec + 16 * kChunks;
     }
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
+    if (c < kChunks) return __ldg(reinterpret_cast<const uint4*>(rec) + c);
+    const uint2 t = __ldg(reinterpret_cast<const uint2*>(tail));
+    return make_uint4(t.x, t.y, 0u, 0u);
+  });
   if (acc == 0x9e3779b9u) sink[0] = acc + occupancy_limiter[0];  // keeps the loads
-}
-
-template <class F>
-float MedianUs(F launch) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) launch();
-  std::vector<float> t;
-  for (int i = 0; i < 21; ++i) {
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.f);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 template <int kChunks, bool kTail8, bool kPageBlocked>

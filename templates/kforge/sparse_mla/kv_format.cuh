@@ -315,6 +315,25 @@ __device__ __forceinline__ void StageRecord(const KvView& v, int slot, bool ok,
   }
 }
 
+// A page-blocked format F's (config.h) data row and scale row of a slot:
+// within a page all kPageBlock data rows come first, then the scale rows.
+// An invalid slot gives page 0's first rows, for loads that are then
+// predicated off or zero-filled.
+struct PageBlockedRows {
+  const unsigned char* data;
+  const unsigned char* scales;
+};
+template <class F, int kPageBlock>
+__device__ __forceinline__ PageBlockedRows PageBlockedRowsOf(const KvView& v, int slot, bool ok) {
+  const unsigned char* page = reinterpret_cast<const unsigned char*>(v.base);
+  int i = 0;
+  if (ok) {
+    page += (slot / kPageBlock) * v.page_stride;
+    i = slot % kPageBlock;
+  }
+  return {page + i * F::kDataBytes, page + kPageBlock * F::kDataBytes + i * F::kScaleBytes};
+}
+
 // LoadRow of a page-blocked format F (config.h): the token's data row to
 // staging offset 0 and its scale row right after it (kDataBytes); an
 // invalid slot copies zeros (so its scales are ue8m0 0 and its values 0).
@@ -327,14 +346,9 @@ __device__ __forceinline__ void StagePageBlockedRecord(const KvView& v, int slot
                 "a page-blocked record: whole 16-byte data chunks and one 8- or 16-byte scale row");
   constexpr int kDataChunks = F::kDataBytes / 16;
   constexpr int kCopies = kDataChunks + 1;  // the data chunks, then the scale row
-  const unsigned char* page = reinterpret_cast<const unsigned char*>(v.base);
-  int i = 0;
-  if (ok) {
-    page += (slot / kPageBlock) * v.page_stride;
-    i = slot % kPageBlock;
-  }
-  const unsigned char* data = page + i * F::kDataBytes;
-  const unsigned char* scales = page + kPageBlock * F::kDataBytes + i * F::kScaleBytes;
+  const PageBlockedRows rows = PageBlockedRowsOf<F, kPageBlock>(v, slot, ok);
+  const unsigned char* data = rows.data;
+  const unsigned char* scales = rows.scales;
   const ptx::u32 staged = sm.kv_staging_addr + row * T::kStagingBytesPerToken;
 #pragma unroll
   for (int j = 0; j < (kCopies + kThreadsPerRow - 1) / kThreadsPerRow; ++j) {
@@ -464,14 +478,9 @@ struct KvUe8m0PageBlocked : S {
                                                  RegRaw& raw) {
     static_assert(S::Supports(T::kDv, T::kRope),
                   "a V4 / V4.1 record: kv_lora_rank 512, rope_dim 0");
-    const unsigned char* page = reinterpret_cast<const unsigned char*>(v.base);
-    int i = 0;
-    if (ok) {
-      page += (slot / kPageBlock) * v.page_stride;
-      i = slot % kPageBlock;
-    }
-    const unsigned char* data = page + i * S::kDataBytes;
-    const unsigned char* scales = page + kPageBlock * S::kDataBytes + i * S::kScaleBytes;
+    const PageBlockedRows rows = PageBlockedRowsOf<S, kPageBlock>(v, slot, ok);
+    const unsigned char* data = rows.data;
+    const unsigned char* scales = rows.scales;
     raw.hi = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
     for (int gi = 0; gi < 2; ++gi) {

@@ -1,9 +1,9 @@
 // The read bandwidth sparse MLA decode's KV gather can reach on this GPU:
 // batch x top-k records at random slots of a cache far larger than L2, in
-// each KV format's layout (one record per token, or DeepSeek-V4's page of
-// data rows then scale rows), read by kernels that do nothing else. One CTA
-// of 128 threads per (query token, split), per-thread 16-byte loads with
-// 1..8 in flight, at the decode kernel's occupancy (2 CTAs an SM, the
+// each KV format's layout (one record per token, or DeepSeek-V4 / V4.1's
+// page of data rows then scale rows), read by kernels that do nothing else.
+// One CTA of 128 threads per (query token, split), per-thread 16-byte loads
+// unrolled 2 or 8 deep, at the decode kernel's occupancy (2 CTAs an SM, the
 // register pipeline's) and at the GPU's (16). The roofline floor in
 // BENCH.md divides the bytes by a streaming bandwidth; this says what
 // random records of each size can reach, so a kernel's gap splits into
@@ -25,26 +25,26 @@ namespace {
 constexpr int kPageBlock = 64;
 
 // A format's layout: kChunks 16-byte chunks of each token's data, then
-// (kTail8) 8 more bytes: inline after the data, or (kPageBlocked) in the
-// page's scale rows after all kPageBlock data rows.
+// kTailBytes (0, 8 or 16) more: inline after the data, or (kPageBlocked,
+// V4 and V4.1) its scale row among the page's scale rows, which follow all
+// kPageBlock data rows.
 struct Layout {
   const char* name;
   int record_bytes;  // per token, as the roofline floor counts them
   int chunks;
-  bool tail8;
-  bool page_blocked;
   long long PageStride() const {  // page-blocked: rounded up to whole data rows
     const long long raw = 1LL * kPageBlock * record_bytes, row = 16LL * chunks;
     return (raw + row - 1) / row * row;
   }
 };
 
-template <int kChunks, bool kTail8, bool kPageBlocked, int kInFlight>
+template <int kChunks, int kTailBytes, bool kPageBlocked, int kInFlight>
 __global__ void __launch_bounds__(128)
     Gather(const unsigned char* cache, long long page_stride, const int* idx, int topk, int per_cta,
            unsigned* sink) {
   extern __shared__ unsigned char occupancy_limiter[];
-  constexpr int kC = kChunks + (kTail8 ? 1 : 0);
+  static_assert(kTailBytes == 0 || kTailBytes == 8 || kTailBytes == 16, "a tail of 8 or 16 bytes");
+  constexpr int kC = kChunks + (kTailBytes > 0 ? 1 : 0);
   const int t0 = blockIdx.x * per_cta;
   const int n = min(per_cta, topk - t0) * kC;
   const int* row = idx + static_cast<long long>(blockIdx.y) * topk + t0;
@@ -55,19 +55,20 @@ __global__ void __launch_bounds__(128)
     if (kPageBlocked) {
       const unsigned char* page = cache + (slot / kPageBlock) * page_stride;
       rec = page + (slot % kPageBlock) * (16 * kChunks);
-      tail = page + kPageBlock * (16 * kChunks) + (slot % kPageBlock) * 8;
+      tail = page + kPageBlock * (16 * kChunks) + (slot % kPageBlock) * kTailBytes;
     } else {
-      rec = cache + static_cast<long long>(slot) * (16 * kChunks + (kTail8 ? 8 : 0));
+      rec = cache + static_cast<long long>(slot) * (16 * kChunks + kTailBytes);
       tail = rec + 16 * kChunks;
     }
     if (c < kChunks) return __ldg(reinterpret_cast<const uint4*>(rec) + c);
+    if (kTailBytes == 16) return __ldg(reinterpret_cast<const uint4*>(tail));
     const uint2 t = __ldg(reinterpret_cast<const uint2*>(tail));
     return make_uint4(t.x, t.y, 0u, 0u);
   });
   if (acc == 0x9e3779b9u) sink[0] = acc + occupancy_limiter[0];  // keeps the loads
 }
 
-template <int kChunks, bool kTail8, bool kPageBlocked>
+template <int kChunks, int kTailBytes, bool kPageBlocked>
 void Run(const Layout& l, int batch, int topk, const int* idx, const unsigned char* cache,
          unsigned* sink) {
   const double bytes = 1.0 * batch * topk * l.record_bytes;
@@ -87,8 +88,8 @@ void Run(const Layout& l, int batch, int topk, const int* idx, const unsigned ch
       }
     }
   };
-  one(Gather<kChunks, kTail8, kPageBlocked, 2>, "2");
-  one(Gather<kChunks, kTail8, kPageBlocked, 8>, "8");
+  one(Gather<kChunks, kTailBytes, kPageBlocked, 2>, "2");
+  one(Gather<kChunks, kTailBytes, kPageBlocked, 8>, "8");
 }
 
 }  // namespace
@@ -110,11 +111,10 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&cache, cache_bytes));
   CHECK(cudaMemset(cache, 0x11, cache_bytes));
   CHECK(cudaMalloc(&sink, 4));
-  Run<41, false, false>({"fp8_ds_mla", 656, 41, false, false}, batch, topk, idx, cache, sink);
-  Run<36, true, true>({"fp8_ds_mla_v4 (page-blocked)", 584, 36, true, true}, batch, topk, idx,
-                      cache, sink);
-  Run<33, false, false>({"mxfp8_ds_mla_v41", 528, 33, false, false}, batch, topk, idx, cache, sink);
-  Run<22, false, false>({"nvfp4_ds_mla", 352, 22, false, false}, batch, topk, idx, cache, sink);
-  Run<72, false, false>({"bf16", 1152, 72, false, false}, batch, topk, idx, cache, sink);
+  Run<41, 0, false>({"fp8_ds_mla", 656, 41}, batch, topk, idx, cache, sink);
+  Run<36, 8, true>({"fp8_ds_mla_v4 (page-blocked)", 584, 36}, batch, topk, idx, cache, sink);
+  Run<32, 16, true>({"mxfp8_ds_mla_v41 (page-blocked)", 528, 32}, batch, topk, idx, cache, sink);
+  Run<22, 0, false>({"nvfp4_ds_mla", 352, 22}, batch, topk, idx, cache, sink);
+  Run<72, 0, false>({"bf16", 1152, 72}, batch, topk, idx, cache, sink);
   return 0;
 }

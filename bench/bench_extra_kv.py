@@ -33,6 +33,12 @@ def make_cache(torch, dtype_name, slots, d_qk):
     return kv_records.quantize_kv_records(kv.view(-1, 64, d_qk), dtype_name)
 
 
+def dtype_name(value):
+    """The format name make_cache takes, from a spec's kv_cache_dtype value."""
+    from kforge import kv_records
+    return {0: "bf16", 1: "bf16", 2: "fp8_ds_mla"}.get(value) or kv_records.record_name(value)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("module_dir")
@@ -49,9 +55,6 @@ def main():
     import kforge
     from kforge import kv_records
     from kforge.kernel import read_artifact
-
-    def dtype_name(value):
-        return {1: "bf16", 2: "fp8_ds_mla"}.get(value) or kv_records.record_name(value)
 
     def key(spec, topk):
         return (spec.num_q_heads, spec.kv_lora_rank, spec.rope_dim, spec.kv_cache_dtype, topk)

@@ -1,5 +1,5 @@
 // What the standalone bandwidth benches (paged_read_bw.cu,
-// record_gather_bw.cu; nvcc on the GPU machine) share: CUDA error checks
+// record_gather_bw.cu; nvcc on the GPU machine) share: CUDA error checks,
 // the median time of a launch over 21 timed runs after 5 warm-ups, and
 // the read loop of a 128-thread CTA.
 #ifndef KFORGE_BENCH_CUDA_TIMING_CUH_

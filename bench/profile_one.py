@@ -5,21 +5,17 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 import kforge  # noqa: E402
-from kforge import kv_records  # noqa: E402
+from bench_extra_kv import dtype_name, make_cache  # noqa: E402
 
 mod = kforge.Kernel.from_files(sys.argv[1])
 T = int(sys.argv[2])
 splits = None if sys.argv[3] == "auto" else int(sys.argv[3])
 spec = mod.spec
 d_v, d_qk, heads = spec.kv_lora_rank, spec.kv_lora_rank + spec.rope_dim, spec.num_q_heads
-kv = torch.randn(1 << 20, d_qk, device="cuda").to(torch.bfloat16)
-if spec.kv_cache_dtype == 2:  # fp8_ds_mla: 656-byte records of the same values
-    kv = kforge.quantize_fp8_ds_mla(kv, "arbitrary")
-elif kv_records.record_name(spec.kv_cache_dtype):  # the issue-15 records
-    kv = kv_records.quantize_kv_records(kv.view(-1, 64, d_qk),
-                                        kv_records.record_name(spec.kv_cache_dtype))
+kv = make_cache(torch, dtype_name(spec.kv_cache_dtype), 1 << 20, d_qk)
 q = torch.randn(T, heads, d_qk, device="cuda").to(torch.bfloat16)
 idx = torch.randint(0, 1 << 20, (T, spec.topk), device="cuda", dtype=torch.int32)
 out = torch.empty(T, heads, d_v, device="cuda", dtype=torch.bfloat16)

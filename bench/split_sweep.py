@@ -15,6 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 
+from bench_extra_kv import dtype_name, make_cache  # noqa: E402
 from bench_sparse_mla import time_fn  # noqa: E402
 
 
@@ -27,7 +28,6 @@ def main():
     args = ap.parse_args()
     import torch
     import kforge
-    from kforge import kv_records
     slots = 1 << 20
     lines = ["| heads | batch | best splits | best (us) | rule splits | rule (us) | rule / best |",
              "|---|---|---|---|---|---|---|"]
@@ -40,14 +40,8 @@ def main():
         spec = mod.spec
         d_v, d_qk = spec.kv_lora_rank, spec.kv_lora_rank + spec.rope_dim
         if kv is None:
-            kv = torch.randn(slots, d_qk, device="cuda").to(torch.bfloat16)
-            # A quantized cache (as bench_sparse_mla.py and profile_one.py):
-            # the same values as the module's records.
-            if spec.kv_cache_dtype == 2:
-                kv = kforge.quantize_fp8_ds_mla(kv, "arbitrary")
-            elif kv_records.record_name(spec.kv_cache_dtype):
-                kv = kv_records.quantize_kv_records(kv.view(-1, 64, d_qk),
-                                                    kv_records.record_name(spec.kv_cache_dtype))
+            # Random values in the module's format (every module here has the same).
+            kv = make_cache(torch, dtype_name(spec.kv_cache_dtype), slots, d_qk)
         H, K = spec.num_q_heads, spec.topk
         for B in [int(b) for b in args.batches.split(",")]:
             sets = []

@@ -52,7 +52,8 @@ def main():
                     out=torch.empty(B, H, d_v, device="cuda", dtype=torch.bfloat16),
                     lse=torch.empty(B, H, device="cuda")))
             rule = mod.auto_splits(B)
-            cands = sorted({1, 2, 4, 6, 8, 12, 16, 24, 32, 64, rule} & set(range(1, mod.max_splits + 1)))
+            cands = sorted({1, 2, 4, 6, 8, 12, 16, 24, 32, 64, rule} &
+                           set(range(1, mod.max_splits + 1)))
             t = {}
             for s in cands:
                 ws = mod.workspace(B, s)

@@ -175,6 +175,19 @@ void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTil
   tiling->set_wgmma(HasWgmma(arch) && sparse_mla::WgmmaCovers(shape) &&
                     sparse_mla::CheckDecodeTiling(shape) == sparse_mla::TilingError::kOk &&
                     sparse_mla::MakeDecodeSmemLayout(shape).bytes <= arch.max_smem_per_block);
+  // The wgmma tiling of one cache of a format that measured faster with a
+  // producer warpgroup (KvFormatInfo::warp_specialized) gets one where it
+  // fits (config.h WarpSpecialized). The formats' register seam it
+  // converts through covers the main cache only.
+  if (tiling->wgmma() && tiling->land_warps() == 0 && KvFormatOf(spec).warp_specialized &&
+      !spec.has_extra_kv()) {
+    shape.land_warps = 4;
+    if (sparse_mla::WarpSpecialized(shape) &&
+        sparse_mla::CheckDecodeTiling(shape) == sparse_mla::TilingError::kOk &&
+        sparse_mla::MakeDecodeSmemLayout(shape).bytes <= arch.max_smem_per_block) {
+      tiling->set_land_warps(4);
+    }
+  }
   const int heads = static_cast<int>(spec.num_q_heads());
   const int per_group = static_cast<int>(tiling->heads_per_group());
   tiling->set_num_head_groups((heads + per_group - 1) / per_group);

@@ -46,6 +46,10 @@ struct KvFormatInfo {
   int (*bytes_per_token)(int d_qk);
   int (*staging_bytes_per_token)(int d_qk);  // 0: gathered straight into the tile
   int element_bytes;                         // what the cache's strides count
+  // The 64-head wgmma tiling (sm_90a) runs the warp-specialised pipeline
+  // (config.h WarpSpecialized) for this format: measured faster than the
+  // staged pipeline on the H200 (BENCH.md "the warp-specialised pipeline").
+  bool warp_specialized;
 };
 
 // Every row, bf16 first.

@@ -384,6 +384,17 @@ TEST(ChooseTiling, Fp8DsMlaTableOverArchsAndHeads) {
         if (ExpectRegisterPipelineIfSixteenHeads(spec, *t, where)) continue;
         const sparse_mla::DecodeSmemLayout l = sparse_mla::MakeDecodeSmemLayout(shape);
         const int tokens = static_cast<int>(t->token_tile());
+        // The 64-head wgmma tiling (sm_90a): a producer warpgroup, two
+        // bf16 tiles and no staging buffer.
+        const bool ws = t->wgmma() && t->head_tile() == 64;
+        EXPECT_EQ(sparse_mla::WarpSpecialized(shape), ws) << where;
+        EXPECT_EQ(t->land_warps(), ws ? 4u : 0u) << where;
+        if (ws) {
+          EXPECT_EQ(l.kv_staging - l.kv, 2 * tokens * (512 + rope) * 2) << where;
+          EXPECT_EQ(l.p, l.kv_staging) << where;
+          EXPECT_EQ(l.bytes, l.bar + 6 * 8) << where;  // full[2], empty[2], P's two
+          continue;
+        }
         EXPECT_EQ(l.kv_staging - l.kv, tokens * (512 + rope) * 2) << where;  // one bf16 tile
         EXPECT_GE(l.p - l.kv_staging, tokens * (rope == 64 ? 656 : 528)) << where;
         EXPECT_LT(l.p - l.kv_staging, tokens * (rope == 64 ? 656 : 528) + 1024) << where;
@@ -422,7 +433,9 @@ TEST(ChooseSmallBatchPath, LandWarpsForStagedFormatsWhereTheyCostNoCta) {
       absl::StatusOr<v1::KernelTiling> tb = ChooseTiling(bf16, arch);
       ASSERT_TRUE(tb.ok()) << where;
       EXPECT_EQ(ChooseSmallBatchPath(bf16, arch, *tb).tiling().land_warps(), 0u) << where;
-      EXPECT_EQ(t->land_warps(), 0u) << where;  // the throughput tiling: none
+      // The throughput tiling: a producer warpgroup where it is the
+      // warp-specialised pipeline (64-head wgmma tiles), else none.
+      EXPECT_EQ(t->land_warps(), t->wgmma() && t->head_tile() == 64 ? 4u : 0u) << where;
     }
   }
 }
@@ -455,6 +468,16 @@ TEST(ChooseTiling, NewRecordsTableOverArchsAndHeads) {
         if (ExpectRegisterPipelineIfSixteenHeads(spec, *t, where)) continue;
         const sparse_mla::DecodeSmemLayout l = sparse_mla::MakeDecodeSmemLayout(shape);
         const int tokens = static_cast<int>(t->token_tile());
+        // V4's 64-head wgmma tiling: the warp-specialised pipeline (two
+        // bf16 tiles, no staging buffer); the others stage.
+        const bool ws =
+            f.dtype == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4 && t->wgmma() && t->head_tile() == 64;
+        EXPECT_EQ(sparse_mla::WarpSpecialized(shape), ws) << where;
+        if (ws) {
+          EXPECT_EQ(l.kv_staging - l.kv, 2 * tokens * (512 + f.rope) * 2) << where;
+          EXPECT_EQ(l.p, l.kv_staging) << where;
+          continue;
+        }
         EXPECT_EQ(l.kv_staging - l.kv, tokens * (512 + f.rope) * 2) << where;
         EXPECT_GE(l.p - l.kv_staging, tokens * f.staging) << where;
       }
@@ -721,12 +744,108 @@ TEST(CheckDecodeTiling, NamesTheBrokenRule) {
          s.land_warps = 8;
        },
        TilingError::kWgmmaShape},
+      {"a producer warpgroup with nothing to land (bf16)",
+       [](sparse_mla::DecodeShape& s) { s.land_warps = 4; }, TilingError::kLandWarps},
+      {"a producer warpgroup over 32-token tiles",
+       [](sparse_mla::DecodeShape& s) {
+         s.kv_staging_bytes_per_token = 656;
+         s.land_warps = 4;
+         s.token_tile = 32;
+       },
+       TilingError::kWgmmaShape},
+      {"a producer warpgroup over d_v 256",
+       [](sparse_mla::DecodeShape& s) {
+         s.kv_staging_bytes_per_token = 656;
+         s.land_warps = 4;
+         s.d_v = 256;
+       },
+       TilingError::kWgmmaShape},
   };
   for (const Case& c : cases) {
     sparse_mla::DecodeShape shape = kWgmmaShape;
     c.mutate(shape);
     EXPECT_EQ(sparse_mla::CheckDecodeTiling(shape), c.expected)
         << c.what << ": got " << sparse_mla::TilingErrorName(sparse_mla::CheckDecodeTiling(shape));
+  }
+}
+
+// The warp-specialised pipeline: the wgmma tiling of a staged format with
+// 4 land-only warps; two bf16 tiles, no staging buffer, six mbarriers,
+// within the 227 KB of sm_90a.
+TEST(CheckDecodeTiling, WarpSpecialisedShapeAndLayout) {
+  constexpr sparse_mla::DecodeShape kWs = {512, 64, 64, 64, 64, 2, 8, true, 656, 4};
+  static_assert(sparse_mla::CheckDecodeTiling(kWs) == sparse_mla::TilingError::kOk);
+  static_assert(sparse_mla::WarpSpecialized(kWs) && sparse_mla::KvTiles(kWs) == 2);
+  constexpr sparse_mla::DecodeSmemLayout l = sparse_mla::MakeDecodeSmemLayout(kWs);
+  EXPECT_EQ(l.kv, 64 * 576 * 2);
+  EXPECT_EQ(l.kv_staging, l.kv + 2 * 64 * 576 * 2);
+  EXPECT_EQ(l.p, l.kv_staging);
+  EXPECT_EQ(l.p % 1024, 0);
+  EXPECT_EQ(l.bar % 8, 0);
+  EXPECT_GE(l.bar, l.valid + 2 * 64 * 4);
+  EXPECT_EQ(l.bytes, l.bar + 48);
+  EXPECT_LE(l.bytes, ArchNamed("sm_90a").max_smem_per_block);
+  EXPECT_EQ(sparse_mla::CtaWarps(kWs), 12);
+  // Without the producer the same tiling is the staged lockstep pipeline.
+  sparse_mla::DecodeShape staged = kWs;
+  staged.land_warps = 0;
+  EXPECT_FALSE(sparse_mla::WarpSpecialized(staged));
+  EXPECT_EQ(sparse_mla::KvTiles(staged), 1);
+  EXPECT_EQ(sparse_mla::MakeDecodeSmemLayout(staged).bytes,
+            sparse_mla::MakeDecodeSmemLayout(staged).valid + 2 * 64 * 4);
+}
+
+// Which specs get the warp-specialised pipeline: the formats whose row in
+// the KV format table says so (fp8_ds_mla, V4), one cache, the sm_90a wgmma
+// tiling; its launch is 384 threads, one CTA an SM.
+TEST(ChooseTiling, WarpSpecialisedWhereMeasuredFaster) {
+  const Arch& hopper = ArchNamed("sm_90a");
+  for (int heads : {64, 100, 128}) {
+    const std::string where = absl::StrCat("heads=", heads);
+    const v1::AttentionSpec fp8 = Fp8Spec(heads, 64, v1::KV_SCALE_FORMAT_POW2);
+    absl::StatusOr<v1::KernelTiling> t = ChooseTiling(fp8, hopper);
+    ASSERT_TRUE(t.ok()) << where;
+    EXPECT_TRUE(t->wgmma()) << where;
+    EXPECT_EQ(t->land_warps(), 4u) << where;
+    const v1::LaunchRule rule = MakeLaunchRule(fp8, *t, hopper, EntryOccupancy::kThroughput);
+    EXPECT_EQ(rule.block_threads(), 384u) << where;
+    EXPECT_EQ(rule.ctas_per_sm(), 1u) << where;
+    EXPECT_LE(rule.dynamic_smem_bytes(), static_cast<uint32_t>(hopper.max_smem_per_block)) << where;
+    const std::string src = SourceFor(fp8, hopper);
+    // Traits: head tile 64, its group, 64 tokens, 2 stages, 8 + 4 warps.
+    EXPECT_NE(src.find(absl::StrCat(", 64, ", t->heads_per_group(), ", 64, 2, 8, 4, ")),
+              std::string::npos)
+        << where;
+    // Other archs keep their tilings (no wgmma there).
+    for (const char* arch : {"sm_80", "sm_100a", "sm_120a"}) {
+      absl::StatusOr<v1::KernelTiling> other = ChooseTiling(fp8, ArchNamed(arch));
+      ASSERT_TRUE(other.ok()) << where << " " << arch;
+      EXPECT_EQ(other->land_warps(), 0u) << where << " " << arch;
+    }
+    // DeepSeek-V4's records too; bf16 has nothing to produce; V4.1 and
+    // nvfp4 measured slower with it (BENCH.md); an extra cache is not in
+    // its thread map.
+    for (v1::KvCacheDtype d :
+         {v1::KV_CACHE_DTYPE_BF16, v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4,
+          v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, v1::KV_CACHE_DTYPE_NVFP4_DS_MLA}) {
+      v1::AttentionSpec spec = fp8;
+      spec.set_kv_cache_dtype(d);
+      spec.set_kv_scale_format(v1::KV_SCALE_FORMAT_UNSPECIFIED);
+      if (d == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4 || d == v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41)
+        spec.set_rope_dim(0);
+      absl::StatusOr<v1::KernelTiling> o = ChooseTiling(spec, hopper);
+      ASSERT_TRUE(o.ok()) << where << " " << KvDtypeName(d);
+      EXPECT_EQ(o->land_warps(), d == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4 ? 4u : 0u)
+          << where << " " << KvDtypeName(d);
+    }
+    v1::AttentionSpec extra = fp8;
+    extra.mutable_extra_kv()->set_topk(128);
+    extra.mutable_extra_kv()->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+    extra.mutable_extra_kv()->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+    extra.mutable_extra_kv()->set_page_block_size(64);
+    absl::StatusOr<v1::KernelTiling> x = ChooseTiling(extra, hopper);
+    ASSERT_TRUE(x.ok()) << where;
+    EXPECT_EQ(x->land_warps(), 0u) << where;
   }
 }
 

@@ -208,6 +208,18 @@ __device__ __forceinline__ void WgmmaBf16<32>(float (&d)[4][4], u64 desc_a, u64 
       : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
+template <>
+__device__ __forceinline__ void WgmmaBf16<64>(float (&d)[8][4], u64 desc_a, u64 desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : KFORGE_WGMMA_D4(d, 0), KFORGE_WGMMA_D4(d, 4)
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
 // D[64 x kN] += A[64 x 16] * B[16 x kN], bf16 in, fp32 accumulate: A
 // K-major (SmemDescSw128), B N-major (SmemDescSw128MnMajor: rows of B are
 // K, 64 N-columns per 128-byte row), as P V reads V straight from the
@@ -346,6 +358,13 @@ __device__ __forceinline__ void MbarArriveExpectTx(u32 bar, u32 bytes) {
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                    : "memory"));
 }
+// One arrival (no transaction bytes) by this thread, with release
+// semantics: its earlier shared-memory writes are visible to a thread that
+// waits on the phase this arrival completes.
+__device__ __forceinline__ void MbarArrive(u32 bar) {
+  KFORGE_SM90_ONLY(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar)
+                                : "memory"));
+}
 __device__ __forceinline__ void MbarWait(u32 bar, u32 parity) {
   KFORGE_SM90_ONLY(
       asm volatile("{\n.reg .pred done;\n"
@@ -374,6 +393,18 @@ __device__ __forceinline__ float LdSharedF32(u32 addr) {
 // hardware barrier `id` (1..15; 0 is __syncthreads).
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Warpgroup register reallocation (sm_90a): every warp of the warpgroup
+// executes the same one. Dec gives registers back to the CTA's pool, Inc
+// waits until the pool has them.
+template <int kRegs>
+__device__ __forceinline__ void SetMaxNRegDec() {
+  KFORGE_SM90_ONLY(asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs)));
+}
+template <int kRegs>
+__device__ __forceinline__ void SetMaxNRegInc() {
+  KFORGE_SM90_ONLY(asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs)));
 }
 
 // Thread-block clusters (sm_90+; the codegen emits cluster entries for

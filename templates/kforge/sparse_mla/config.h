@@ -293,7 +293,21 @@ KFORGE_HD constexpr int CtaWarps(const DecodeShape& s) { return s.warps + s.land
 KFORGE_HD constexpr bool StagedPipeline(const DecodeShape& s) {
   return s.kv_staging_bytes_per_token > 0;
 }
-KFORGE_HD constexpr int KvTiles(const DecodeShape& s) { return StagedPipeline(s) ? 1 : s.stages; }
+
+// The warp-specialised pipeline (sm_90a; wspath.cuh): the wgmma tiling of
+// a staged format with one producer warpgroup (land_warps 4) that gathers
+// each tile's records into registers, converts them (the formats' register
+// seam, kv_format.cuh) and stores the bf16 rows into one of `stages` bf16
+// KV tiles, handing tiles to the two MMA warpgroups and back through
+// mbarriers: the gather and the conversion of the next tile run beside S,
+// the softmax and PV of this one instead of in lockstep with them. No
+// staging buffer.
+KFORGE_HD constexpr bool WarpSpecialized(const DecodeShape& s) {
+  return s.wgmma && s.land_warps == 4;
+}
+KFORGE_HD constexpr int KvTiles(const DecodeShape& s) {
+  return StagedPipeline(s) && !WarpSpecialized(s) ? 1 : s.stages;
+}
 
 // The register pipeline (stages == 1; regpath.cuh): a staged format's
 // 16-head tile without a KV tile in shared memory. Each of the 4 warps owns
@@ -345,7 +359,8 @@ KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
   if (s.warps <= 0) return d;
   d.warps_m = Gcd(d.m_tiles, s.warps);
   if (d.warps_m <= 0) return d;
-  d.warps_n = s.warps / d.warps_m;
+  // The warp-specialised pipeline computes S on its first warpgroup only.
+  d.warps_n = WarpSpecialized(s) ? 1 : s.warps / d.warps_m;
   d.s_m = d.m_tiles / d.warps_m;
   d.s_n = s.token_tile / 8 / d.warps_n;
   d.v_cols = s.d_v / s.warps;
@@ -360,16 +375,23 @@ KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
 
 // The one wgmma eligibility rule (apart from the arch, sm_90a, which the
 // codegen checks). S (QkWgmma, qk.cuh): each warpgroup a 64-head x 32-token
-// slab of S (m64n32k16), its 4 warps one m16 row tile each. O = P V
+// slab of S (m64n32k16), its 4 warps one m16 row tile each; with a
+// producer warpgroup (WarpSpecialized) the first warpgroup all 64 tokens
+// (m64n64k16), so Q is read from shared memory once a tile. O = P V
 // (PvWgmma, pv.cuh): each warpgroup all 64 heads x d_v / 2 columns
 // (m64n256k16 for d_v 512, m64n128k16 for 256). It is admitted only for the
 // pipeline it was measured and checked with on the H200, 8 warps (two
 // warpgroups) x 64 tokens (BENCH.md); other warp counts would compile but
-// have never run.
+// have never run. A producer warpgroup (WarpSpecialized) only for the
+// staged formats' 512 + 0 / 64 geometry, 64 tokens and two bf16 tiles, the
+// shape its producer's thread map (wspath.cuh) covers.
 KFORGE_HD constexpr bool WgmmaCovers(const DecodeShape& s) {
   const DecodeDims d = DeriveDecodeDims(s);
-  return s.head_tile == 64 && s.warps == 8 && s.land_warps == 0 && d.warps_m == 4 && d.s_m == 1 &&
-         d.warps_n == 2 && s.token_tile / d.warps_n == 32 && (s.d_v == 256 || s.d_v == 512);
+  const bool producer = s.land_warps == 4 && StagedPipeline(s) && s.stages == 2 &&
+                        s.token_tile == 64 && s.d_v == 512 && (s.rope == 0 || s.rope == 64);
+  const bool s_split = producer ? d.warps_n == 1 : d.warps_n == 2 && s.token_tile / 2 == 32;
+  return s.head_tile == 64 && s.warps == 8 && (s.land_warps == 0 || producer) && d.warps_m == 4 &&
+         d.s_m == 1 && s_split && (s.d_v == 256 || s.d_v == 512);
 }
 
 enum class TilingError : int {
@@ -409,7 +431,9 @@ KFORGE_HD constexpr TilingError CheckDecodeTiling(const DecodeShape& s) {
   const DecodeDims d = DeriveDecodeDims(s);
   if ((s.token_tile / 8) % d.warps_n != 0) return TilingError::kSColumns;
   if (d.v_cols % 16 != 0) return TilingError::kVCols;
-  if (s.token_tile % d.rows_per_pass != 0) return TilingError::kGatherPasses;
+  // (The producer warpgroup of the warp-specialised pipeline has its own
+  // thread map; rows_per_pass then only paces the Q load.)
+  if (s.token_tile % d.rows_per_pass != 0 && !WarpSpecialized(s)) return TilingError::kGatherPasses;
   if (d.o_m * d.o_n * 4 > 128) return TilingError::kORegisters;
   if (s.kv_staging_bytes_per_token < 0 || s.kv_staging_bytes_per_token % 16 != 0 ||
       (StagedPipeline(s) && s.stages != 2 && !RegisterPipeline(s)))
@@ -463,13 +487,16 @@ struct DecodeSmemLayout {
                    // 1024-B boundary wgmma's swizzle needs
   int kv;          // KvTiles x [token_tile x d_qk bf16] in the same blocks
   int kv_staging;  // token_tile x kv_staging_bytes_per_token raw cache
-                   // bytes (empty for direct formats)
+                   // bytes (empty for direct formats and WarpSpecialized)
   int p;           // P: head_tile x p_stride bf16 (1024-B aligned for
                    // wgmma's swizzle)
   int red;         // warps_n x head_tile fp32: row max / row sum exchange
   int scale;       // head_tile fp32: this tile's O rescale factor per row
   int max;         // head_tile fp32: running row max, for the epilogue
   int valid;       // stages x token_tile int32: token validity flags
+  int bar;         // WarpSpecialized: stages `full`, stages `empty`, then
+                   // `p_full` and `p_empty` mbarriers (8 B each); else
+                   // empty, at `bytes`
   int bytes;       // total dynamic shared memory
 };
 
@@ -488,14 +515,16 @@ KFORGE_HD constexpr DecodeSmemLayout MakeDecodeSmemLayout(const DecodeShape& s) 
   } else {
     l.kv = l.q + s.head_tile * d.d_qk * 2;
     l.kv_staging = l.kv + KvTiles(s) * s.token_tile * d.d_qk * 2;
-    l.p = l.kv_staging + s.token_tile * s.kv_staging_bytes_per_token;
+    l.p = l.kv_staging + (WarpSpecialized(s) ? 0 : s.token_tile * s.kv_staging_bytes_per_token);
     if (s.wgmma) l.p = (l.p + 1023) / 1024 * 1024;
     l.red = l.p + s.head_tile * d.p_stride * 2;
   }
   l.scale = l.red + d.warps_n * s.head_tile * 4;
   l.max = l.scale + s.head_tile * 4;
   l.valid = l.max + s.head_tile * 4;
-  l.bytes = l.valid + s.stages * s.token_tile * 4;
+  l.bar = (l.valid + s.stages * s.token_tile * 4 + 7) / 8 * 8;
+  l.bytes =
+      WarpSpecialized(s) ? l.bar + (2 * s.stages + 2) * 8 : l.valid + s.stages * s.token_tile * 4;
   return l;
 }
 

@@ -21,7 +21,9 @@
 //                      entry the splits merge through distributed shared
 //                      memory instead (ClusterMergeEpilogue)
 // A 16-head tile of a staged format may instead run the register pipeline
-// (regpath.cuh: no KV tile in shared memory), chosen by its tiling.
+// (regpath.cuh: no KV tile in shared memory), and the 64-head wgmma tile of
+// one the warp-specialised pipeline (wspath.cuh: a producer warpgroup
+// gathers and converts beside the MMA warps), each chosen by its tiling.
 // Tiling rules and the smem layout are config.h's (CheckDecodeTiling,
 // MakeDecodeSmemLayout), shared with the host codegen.
 #ifndef KFORGE_SPARSE_MLA_DECODE_CUH_
@@ -35,6 +37,7 @@
 #include "kforge/sparse_mla/pv.cuh"
 #include "kforge/sparse_mla/qk.cuh"
 #include "kforge/sparse_mla/regpath.cuh"
+#include "kforge/sparse_mla/wspath.cuh"
 
 namespace kforge {
 namespace sparse_mla {
@@ -119,12 +122,15 @@ __device__ __forceinline__ void DecodeSmemPipeline(const DecodeParams& p) {
   }
 }
 
-// The main kernel: the register pipeline (regpath.cuh) where the tiling
-// asks for it, else the shared-memory pipeline above.
+// The main kernel: the register pipeline (regpath.cuh) or the
+// warp-specialised one (wspath.cuh) where the tiling asks for it, else the
+// shared-memory pipeline above.
 template <class T, int kClusterSplits_ = 0>
 __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
   if constexpr (T::kRegPath) {
     DecodeRegPath<T, kClusterSplits_>(p);
+  } else if constexpr (T::kWarpSpecialized) {
+    DecodeWarpSpecialized<T, kClusterSplits_>(p);
   } else {
     DecodeSmemPipeline<T, kClusterSplits_>(p);
   }

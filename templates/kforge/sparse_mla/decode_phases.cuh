@@ -192,11 +192,16 @@ __device__ __forceinline__ void RescaleO(OAccum<T>& o, const PvPhase<T>& pv, con
 // per warp column; RowSum adds them) and its running max to sm.max (the
 // MMA warps), then a CTA barrier: after it no warp reads the Q or KV tiles
 // any more, and every thread's copies have landed (the caller waited).
-template <class T>
+// kWithO false: the caller holds no statistics (the warp-specialised
+// pipeline's producer warps, wspath.cuh) and only meets the barrier.
+template <class T, bool kWithO = true>
 __device__ __forceinline__ void PublishRowStats(const DecodeSmem& sm, const ThreadRoles& r,
                                                 const RowStats<T>& stats) {
   const int lane = r.lane;
-  if (r.mma) {
+  // Only the warps that computed S hold statistics: all MMA warps, but the
+  // warp-specialised pipeline's first warpgroup only.
+  const bool holds_stats = !T::kWarpSpecialized || r.wn < T::kWarpsN;
+  if (kWithO && r.mma && holds_stats) {
 #pragma unroll
     for (int mi = 0; mi < T::kSM; ++mi)
 #pragma unroll
@@ -227,13 +232,14 @@ __device__ __forceinline__ float RowSum(const DecodeSmem& sm, int row) {
 
 // Row sums across warps, normalisation and the write: bf16 O and lse for a
 // single split, else fp32 partial O and lse to the workspace (combine.cuh).
-template <class T>
+// kWithO false: a caller without O or statistics (PublishRowStats).
+template <class T, bool kWithO = true>
 __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork& w,
                                          const DecodeSmem& sm, const ThreadRoles& r,
                                          const PvPhase<T>& pv, const OAccum<T>& o,
                                          const RowStats<T>& stats) {
-  PublishRowStats<T>(sm, r, stats);
-  if (!r.mma) return;
+  PublishRowStats<T, kWithO>(sm, r, stats);
+  if (!kWithO || !r.mma) return;
   const bool single = p.num_splits == 1;
   const long long split_token = (long long)w.split * p.num_tokens + w.token;
 #pragma unroll
@@ -282,8 +288,9 @@ __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork
 // every real row over all the splits' buffers (distributed shared memory),
 //   lse = log(sum_j exp(lse_j)),  O = sum_j exp(lse_j - lse) O_j,
 // and writes bf16 O (and lse) itself: no workspace, no combine kernel. A
-// row whose splits are all empty gets O = 0 and lse = -inf.
-template <class T, int kSplits>
+// row whose splits are all empty gets O = 0 and lse = -inf. kWithO false:
+// a caller without O or statistics, which only merges (PublishRowStats).
+template <class T, int kSplits, bool kWithO = true>
 __device__ __forceinline__ void ClusterMergeEpilogue(const DecodeParams& p, const DecodeWork& w,
                                                      const DecodeSmem& sm, const ThreadRoles& r,
                                                      const PvPhase<T>& pv, const OAccum<T>& o,
@@ -297,8 +304,8 @@ __device__ __forceinline__ void ClusterMergeEpilogue(const DecodeParams& p, cons
   float* buf_lse = reinterpret_cast<float*>(sm.q + kL.lse);
   // The buffer overlays Q and the KV tiles, dead after PublishRowStats's
   // barrier. The MMA warps fill it; every warp merges.
-  PublishRowStats<T>(sm, r, stats);
-  if (r.mma) {
+  PublishRowStats<T, kWithO>(sm, r, stats);
+  if (kWithO && r.mma) {
 #pragma unroll
     for (int mi = 0; mi < T::kOM; ++mi) {
 #pragma unroll

@@ -114,6 +114,9 @@ struct DecodeTraits {
   // The register pipeline (config.h RegisterPipeline, regpath.cuh): the KV
   // format's bytes go to registers, not to a staging buffer.
   static constexpr bool kRegPath = RegisterPipeline(kShape);
+  // The warp-specialised pipeline (config.h WarpSpecialized, wspath.cuh):
+  // the land-only warps are a producer warpgroup feeding kStages bf16 tiles.
+  static constexpr bool kWarpSpecialized = WarpSpecialized(kShape);
   static constexpr int kStagingBytesPerToken = kShape.kv_staging_bytes_per_token;
   static constexpr int kStagingBytes = kTokenTile * kStagingBytesPerToken;
   // S = Q K^T warp layout: kWarpsM x kWarpsN warps, each (kSM * 16) x
@@ -141,6 +144,7 @@ struct DecodeTraits {
   static constexpr int kSmemScale = MakeDecodeSmemLayout(kShape).scale;
   static constexpr int kSmemMax = MakeDecodeSmemLayout(kShape).max;
   static constexpr int kSmemValid = MakeDecodeSmemLayout(kShape).valid;
+  static constexpr int kSmemBar = MakeDecodeSmemLayout(kShape).bar;
   static constexpr int kSmemBytes = MakeDecodeSmemLayout(kShape).bytes;
 };
 

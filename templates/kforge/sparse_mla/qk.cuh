@@ -92,10 +92,11 @@ struct QkMmaSync {
   }
 };
 
-// sm_90a warpgroup MMA: warpgroup wn computes S[0:64, 32 wn : 32 wn + 32)
-// straight from shared-memory descriptors (no ldmatrix); its 4 warps receive
-// rows 16 * wm.. in the mma.sync C layout. WgmmaCovers (config.h) is the
-// shape rule.
+// sm_90a warpgroup MMA: warpgroup wn computes S[0:64, kN wn : kN wn + kN)
+// (kN = kTokenTile / kWarpsN: 32 of 64 tokens each, or all 64 on the
+// warp-specialised pipeline's first warpgroup) straight from shared-memory
+// descriptors (no ldmatrix); its 4 warps receive rows 16 * wm.. in the
+// mma.sync C layout. WgmmaCovers (config.h) is the shape rule.
 template <class T>
 struct QkWgmma {
   static_assert(T::kWgmma && WgmmaCovers(T::kShape), "QkWgmma is selected by DecodeTraits::kWgmma");

@@ -1,0 +1,238 @@
+// The warp-specialised pipeline of the sparse MLA main kernel (sm_90a;
+// config.h WarpSpecialized): the 64-head wgmma tiling of a staged KV format
+// (fp8_ds_mla, V4, V4.1, nvfp4) with a producer warpgroup.
+//
+// Warps 0..3 (the S warpgroup) compute S = Q K^T for all 64 tokens of a
+// tile (QkWgmma m64n64: Q is read from shared memory once a tile), mask,
+// run the online softmax, write P and the rows' rescale factors, then
+// O[:, 0 : d_v / 2) += P V; warps 4..7 (the PV warpgroup) only rescale
+// O[:, d_v / 2 : d_v) and add their P V. Both run the shared-memory
+// pipeline's phases as they are (MaskScaleRowMax, OnlineSoftmaxToP,
+// RescaleO, PvWgmma, the epilogues). Warps 8..11, the producer, never
+// compute: for every tile they load the tokens' records into registers
+// (the formats' RegLoad, the register pipeline's seam), wait for a free
+// bf16 KV tile, convert into it (RegItem, RegRope) and arrive on its `full`
+// mbarrier; the MMA warps wait on `full` and arrive on the tile's `empty`
+// mbarrier once their PV has read it. With two tiles the gather and the
+// conversion of tile t + 1 run while tile t is computed, where the staged
+// pipeline runs them in lockstep between CTA barriers (docs/KERNEL.md).
+//
+// The two MMA warpgroups hand P and the rows' rescale factors over through
+// two more mbarriers: `p_full` (every S thread arrives once it wrote this
+// tile's P and factors; the PV warps wait) and `p_empty` (every PV thread
+// arrives once its wgmma read P; the S warps wait before writing the next
+// tile's). Mbarriers rather than named barriers with bar.arrive, which
+// order the same way but which compute-sanitizer's racecheck does not
+// follow (it reported the factors' write and read as a race).
+// Registers: setmaxnreg moves them from the producer and the PV warps to
+// the S warps (the CTA is compiled for 384 threads, 168 each).
+//
+// Producer thread map: warp pw (0..3) of the producer owns tile rows
+// 16 pw .. 16 pw + 15; lane (n, q) = (lane % 8, lane / 8) takes rows
+// 16 pw + n and 16 pw + 8 + n, and of each, for every w in 0..3, the
+// format's register unit (w, q): items 8 w + q and 8 w + 4 + q and rope
+// columns 16 w + 4 q .. + 3. Eight lanes store the same item of eight rows
+// (distinct swizzled chunks: no bank conflicts), and each row's 16 units
+// are loaded by four lanes of one warp.
+#ifndef KFORGE_SPARSE_MLA_WSPATH_CUH_
+#define KFORGE_SPARSE_MLA_WSPATH_CUH_
+
+#include "kforge/common/ptx.cuh"
+#include "kforge/sparse_mla/config.h"
+#include "kforge/sparse_mla/decode_phases.cuh"
+#include "kforge/sparse_mla/decode_traits.cuh"
+#include "kforge/sparse_mla/kv_format.cuh"
+#include "kforge/sparse_mla/pv.cuh"
+#include "kforge/sparse_mla/qk.cuh"
+
+namespace kforge {
+namespace sparse_mla {
+
+// Registers per thread after the reallocation: 208 + 160 + 136 = 504, the
+// 168 x 3 the CTA starts with. The PV warps hold O's half and little else,
+// but at 152 they spilled 240 bytes; 208 keeps the S warps (S, O, the
+// softmax) and the producer (a tile's raw records) spill-free for
+// fp8_ds_mla, main and cluster entries alike (kforge inspect: local 0).
+constexpr int kWsRegsS = 208;
+constexpr int kWsRegsPv = 160;
+constexpr int kWsRegsProducer = 136;
+
+// The producer warpgroup: fills the bf16 KV tiles of every tile of the work
+// item in turn.
+template <class T>
+__device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWork& w,
+                                          const DecodeSmem& sm, const ThreadRoles& r,
+                                          ptx::u32 full, ptx::u32 empty) {
+  using Kv = typename T::Kv;
+  constexpr int kRows = 2;  // tile rows per lane
+  const int pw = r.warp - T::kWarps, n = r.lane % 8, q = r.lane / 8;
+  const KvView v = MainKv(p);
+  auto slot_of = [&](int tile, int j) {
+    const int pos = w.begin + tile * T::kTokenTile + 16 * pw + 8 * j + n;
+    return tile < w.num_tiles && pos < w.main_end ? __ldg(w.idx_row + pos) : -1;
+  };
+  int slot[kRows];
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) slot[j] = slot_of(0, j);
+#pragma unroll 1
+  for (int t = 0; t < w.num_tiles; ++t) {
+    const int stage = t % T::kStages;
+    typename Kv::RegRaw raw[kRows][4];
+    bool ok[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      ok[j] = slot[j] >= 0 && slot[j] < v.num_slots;
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        Kv::template RegLoad<T, T::kPageBlock>(v, slot[j], ok[j], u, q, raw[j][u]);
+    }
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) slot[j] = slot_of(t + 1, j);
+    // The tile's previous use (t - kStages) was read by every MMA thread.
+    ptx::MbarWait(empty + 8 * stage, ((t / T::kStages) & 1) ^ 1);
+    const ptx::u32 tile = sm.kv_addr + stage * T::kTileBytes;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int row = 16 * pw + 8 * j + n;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+#pragma unroll
+        for (int gi = 0; gi < 2; ++gi) {
+          ptx::u32 out[8];
+          Kv::RegItem(raw[j][u], gi, u, q, out);
+          StoreItem<T>(tile, row, 8 * u + 4 * gi + q, out);
+        }
+        if constexpr (T::kRope != 0) {
+          // Rope columns d_v + 16 u + 4 q .. + 3: half of 16-byte chunk
+          // (d_v + 16 u) / 8 + q / 2.
+          ptx::u32 rope[2];
+          Kv::RegRope(raw[j][u], rope);
+          const int chunk = (T::kDv + 16 * u) / 8 + q / 2;
+          const ptx::u32 dst = tile + (chunk >> 3) * T::kKvBlockBytes + row * 128 +
+                               (((chunk & 7) ^ (row & 7)) << 4) + 8 * (q % 2);
+          ptx::StShared32(dst, rope[0]);
+          ptx::StShared32(dst + 4, rope[1]);
+        }
+      }
+      if (q == 0) sm.valid[stage * T::kTokenTile + row] = ok[j];
+    }
+    // wgmma reads the tile through the async proxy.
+    ptx::FenceProxyAsync();
+    ptx::MbarArrive(full + 8 * stage);
+  }
+}
+
+// The epilogue of a role (kWithO: it holds O): the shared ones, which the
+// producer meets at their CTA (and cluster) barriers.
+template <class T, int kClusterSplits_, bool kWithO>
+__device__ __forceinline__ void WsEpilogue(const DecodeParams& p, const DecodeWork& w,
+                                           const DecodeSmem& sm, const ThreadRoles& r,
+                                           const PvPhase<T>& pv, const OAccum<T>& o,
+                                           const RowStats<T>& stats) {
+  if constexpr (kClusterSplits_ > 0) {
+    ClusterMergeEpilogue<T, kClusterSplits_, kWithO>(p, w, sm, r, pv, o, stats);
+  } else {
+    Epilogue<T, kWithO>(p, w, sm, r, pv, o, stats);
+  }
+}
+
+template <class T, int kClusterSplits_>
+__device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
+  static_assert(T::kWarpSpecialized && T::kWgmma && T::kWarps == 8 && T::kLandWarps == 4 &&
+                    T::kTokenTile == 64 && T::kExtraTopk == 0,
+                "the warp-specialised pipeline: config.h WarpSpecialized, one cache");
+  using Qk = QkWgmma<T>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const DecodeSmem sm = CarveDecodeSmem<T>(smem);
+  DecodeWork w = MakeDecodeWork<T>(p);
+  const ThreadRoles r = MakeThreadRoles<T>();
+  Qk::CheckSmemBase(sm.q_addr);
+  // config.h's bar region: full[kStages], empty[kStages], p_full, p_empty.
+  const ptx::u32 full = ptx::SmemAddr(smem + T::kSmemBar);
+  const ptx::u32 empty = full + 8 * T::kStages;
+  const ptx::u32 p_full = empty + 8 * T::kStages, p_empty = p_full + 8;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < T::kStages; ++s) {
+      ptx::MbarInit(full + 8 * s, T::kLandWarps * 32);
+      ptx::MbarInit(empty + 8 * s, T::kWarps * 32);
+    }
+    ptx::MbarInit(p_full, T::kWarps / 2 * 32);  // a warpgroup's threads
+    ptx::MbarInit(p_empty, T::kWarps / 2 * 32);
+    ptx::FenceMbarInit();
+  }
+
+  BeginDecode<T, kClusterSplits_>(p, w);
+  LoadQ<T>(p, w, sm, r);
+  ptx::CpAsyncCommit();
+  ptx::CpAsyncWait<0>();
+  // Q landed and the barriers are initialised for everyone.
+  PublishSmem<T>();
+
+  const PvPhase<T> pv(r);
+  RowStats<T> stats;  // the S warps' (PublishRowStats reads no other's)
+  stats.Init();
+  if (!r.mma) {
+    ptx::SetMaxNRegDec<kWsRegsProducer>();
+    WsProduce<T>(p, w, sm, r, full, empty);
+    OAccum<T> none;
+    WsEpilogue<T, kClusterSplits_, false>(p, w, sm, r, pv, none, stats);
+    return;
+  }
+  OAccum<T> o;
+#pragma unroll
+  for (int mi = 0; mi < T::kOM; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < T::kON; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mi][ni][e] = 0.f;
+  if (r.wn > 0) {
+    // The PV warpgroup.
+    ptx::SetMaxNRegDec<kWsRegsPv>();
+#pragma unroll 1
+    for (int t = 0; t < w.num_tiles; ++t) {
+      const int stage = t % T::kStages;
+      ptx::MbarWait(p_full, t & 1);
+      ptx::MbarWait(full + 8 * stage, (t / T::kStages) & 1);
+      RescaleO<T>(o, pv, sm);
+      pv.Accumulate(o, sm, sm.kv_addr + stage * T::kTileBytes);
+      ptx::MbarArrive(empty + 8 * stage);
+      ptx::MbarArrive(p_empty);
+    }
+    WsEpilogue<T, kClusterSplits_, true>(p, w, sm, r, pv, o, stats);
+    return;
+  }
+  // The S warpgroup.
+  ptx::SetMaxNRegInc<kWsRegsS>();
+  const Qk qk(sm, r);
+#pragma unroll 1
+  for (int t = 0; t < w.num_tiles; ++t) {
+    const int stage = t % T::kStages;
+    ptx::MbarWait(full + 8 * stage, (t / T::kStages) & 1);
+    const ptx::u32 k_tile = sm.kv_addr + stage * T::kTileBytes;
+    float s[T::kSM][T::kSN][4];
+    qk.Start(s, k_tile);
+    qk.Finish(s);
+    float mx[T::kSM][2];
+    MaskScaleRowMax<T>(s, sm.valid + stage * T::kTokenTile, sm, r, mx);
+    if (t > 0) ptx::MbarWait(p_empty, (t - 1) & 1);
+    // The quad lanes' reads of the last tile's factors (RescaleO) before
+    // lane 0's write of this tile's.
+    __syncwarp();
+    OnlineSoftmaxToP<T>(s, mx, stats, sm, r);
+    // P to wgmma's async proxy, the factors to the quad lanes that read
+    // them (RescaleO), both to the PV warps.
+    ptx::FenceProxyAsync();
+    __syncwarp();
+    ptx::MbarArrive(p_full);
+    RescaleO<T>(o, pv, sm);
+    pv.Accumulate(o, sm, k_tile);
+    ptx::MbarArrive(empty + 8 * stage);
+  }
+  WsEpilogue<T, kClusterSplits_, true>(p, w, sm, r, pv, o, stats);
+}
+
+}  // namespace sparse_mla
+}  // namespace kforge
+
+#endif  // KFORGE_SPARSE_MLA_WSPATH_CUH_

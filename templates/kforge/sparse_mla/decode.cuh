@@ -72,12 +72,7 @@ __device__ __forceinline__ void DecodeSmemPipeline(const DecodeParams& p) {
   const Qk qk(sm, r);
   const PvPhase<T> pv(r);
   OAccum<T> o;
-#pragma unroll
-  for (int mi = 0; mi < T::kOM; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < T::kON; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[mi][ni][e] = 0.f;
+  ZeroO<T>(o);
   RowStats<T> stats;
   stats.Init();
 

@@ -34,6 +34,17 @@ __device__ __forceinline__ void LoadQ(const DecodeParams& p, const DecodeWork& w
   }
 }
 
+// O = 0 before the first tile.
+template <class T>
+__device__ __forceinline__ void ZeroO(OAccum<T>& o) {
+#pragma unroll
+  for (int mi = 0; mi < T::kOM; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < T::kON; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mi][ni][e] = 0.f;
+}
+
 // Running softmax statistics of this thread's S rows, in the scaled log2
 // domain: max m and sum l of 2^(s - m).
 template <class T>

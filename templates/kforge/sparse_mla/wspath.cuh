@@ -61,8 +61,8 @@ constexpr int kWsRegsProducer = 136;
 // item in turn.
 template <class T>
 __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWork& w,
-                                          const DecodeSmem& sm, const ThreadRoles& r,
-                                          ptx::u32 full, ptx::u32 empty) {
+                                          const DecodeSmem& sm, const ThreadRoles& r, ptx::u32 full,
+                                          ptx::u32 empty) {
   using Kv = typename T::Kv;
   constexpr int kRows = 2;  // tile rows per lane
   const int pw = r.warp - T::kWarps, n = r.lane % 8, q = r.lane / 8;
@@ -180,12 +180,7 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
     return;
   }
   OAccum<T> o;
-#pragma unroll
-  for (int mi = 0; mi < T::kOM; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < T::kON; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[mi][ni][e] = 0.f;
+  ZeroO<T>(o);
   if (r.wn > 0) {
     // The PV warpgroup.
     ptx::SetMaxNRegDec<kWsRegsPv>();

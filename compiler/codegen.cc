@@ -82,6 +82,12 @@ sparse_mla::DecodeShape ShapeOf(const v1::AttentionSpec& spec, int head_tile, in
   return shape;
 }
 
+// Whether the tiling rule accepts `shape` and its shared memory fits `arch`.
+bool ShapeFits(const sparse_mla::DecodeShape& shape, const Arch& arch) {
+  return sparse_mla::CheckDecodeTiling(shape) == sparse_mla::TilingError::kOk &&
+         sparse_mla::MakeDecodeSmemLayout(shape).bytes <= arch.max_smem_per_block;
+}
+
 // Shrinks the warp count until every warp owns >= 16 output columns, then
 // keeps the candidate if CheckDecodeTiling accepts it and its shared memory
 // fits the arch, so codegen never emits a unit that fails to compile.
@@ -91,8 +97,7 @@ bool Fit(const v1::AttentionSpec& spec, int head_tile, int heads_per_group, Tile
   while (c.warps > 1 && dv / c.warps < 16) c.warps /= 2;
   const sparse_mla::DecodeShape shape =
       ShapeOf(spec, head_tile, heads_per_group, c.token_tile, c.stages, c.warps, false);
-  if (sparse_mla::CheckDecodeTiling(shape) != sparse_mla::TilingError::kOk) return false;
-  if (sparse_mla::MakeDecodeSmemLayout(shape).bytes > arch.max_smem_per_block) return false;
+  if (!ShapeFits(shape, arch)) return false;
   out->set_head_tile(head_tile);
   out->set_heads_per_group(heads_per_group);
   out->set_token_tile(c.token_tile);
@@ -172,9 +177,7 @@ namespace {
 void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTiling* tiling) {
   sparse_mla::DecodeShape shape = DecodeShapeFor(spec, *tiling);
   shape.wgmma = true;
-  tiling->set_wgmma(HasWgmma(arch) && sparse_mla::WgmmaCovers(shape) &&
-                    sparse_mla::CheckDecodeTiling(shape) == sparse_mla::TilingError::kOk &&
-                    sparse_mla::MakeDecodeSmemLayout(shape).bytes <= arch.max_smem_per_block);
+  tiling->set_wgmma(HasWgmma(arch) && sparse_mla::WgmmaCovers(shape) && ShapeFits(shape, arch));
   // The wgmma tiling of one cache of a format that measured faster with a
   // producer warpgroup (KvFormatInfo::warp_specialized) gets one where it
   // fits (config.h WarpSpecialized). The formats' register seam it
@@ -182,11 +185,7 @@ void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTil
   if (tiling->wgmma() && tiling->land_warps() == 0 && KvFormatOf(spec).warp_specialized &&
       !spec.has_extra_kv()) {
     shape.land_warps = 4;
-    if (sparse_mla::WarpSpecialized(shape) &&
-        sparse_mla::CheckDecodeTiling(shape) == sparse_mla::TilingError::kOk &&
-        sparse_mla::MakeDecodeSmemLayout(shape).bytes <= arch.max_smem_per_block) {
-      tiling->set_land_warps(4);
-    }
+    if (sparse_mla::WarpSpecialized(shape) && ShapeFits(shape, arch)) tiling->set_land_warps(4);
   }
   const int heads = static_cast<int>(spec.num_q_heads());
   const int per_group = static_cast<int>(tiling->heads_per_group());

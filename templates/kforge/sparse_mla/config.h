@@ -495,8 +495,8 @@ struct DecodeSmemLayout {
   int max;         // head_tile fp32: running row max, for the epilogue
   int valid;       // stages x token_tile int32: token validity flags
   int bar;         // WarpSpecialized: stages `full`, stages `empty`, then
-                   // `p_full` and `p_empty` mbarriers (8 B each); else
-                   // empty, at `bytes`
+                   // `p_full` and `p_empty` mbarriers (8 B each), 8-byte
+                   // aligned after `valid`; else none
   int bytes;       // total dynamic shared memory
 };
 
@@ -522,9 +522,9 @@ KFORGE_HD constexpr DecodeSmemLayout MakeDecodeSmemLayout(const DecodeShape& s) 
   l.scale = l.red + d.warps_n * s.head_tile * 4;
   l.max = l.scale + s.head_tile * 4;
   l.valid = l.max + s.head_tile * 4;
-  l.bar = (l.valid + s.stages * s.token_tile * 4 + 7) / 8 * 8;
-  l.bytes =
-      WarpSpecialized(s) ? l.bar + (2 * s.stages + 2) * 8 : l.valid + s.stages * s.token_tile * 4;
+  const int valid_end = l.valid + s.stages * s.token_tile * 4;
+  l.bar = (valid_end + 7) / 8 * 8;
+  l.bytes = WarpSpecialized(s) ? l.bar + (2 * s.stages + 2) * 8 : valid_end;
   return l;
 }
 

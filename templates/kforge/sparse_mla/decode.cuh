@@ -110,11 +110,7 @@ __device__ __forceinline__ void DecodeSmemPipeline(const DecodeParams& p) {
     }
   }
   ptx::CpAsyncWait<0>();
-  if constexpr (kClusterSplits_ > 0) {
-    ClusterMergeEpilogue<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
-  } else {
-    Epilogue<T>(p, w, sm, r, pv, o, stats);
-  }
+  FinishDecode<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
 }
 
 // The main kernel: the register pipeline (regpath.cuh) or the

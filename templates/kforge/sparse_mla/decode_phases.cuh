@@ -373,6 +373,22 @@ __device__ __forceinline__ void ClusterMergeEpilogue(const DecodeParams& p, cons
   ptx::ClusterSync();
 }
 
+// A main-kernel entry's epilogue: the cluster merge in a cluster entry
+// (kClusterSplits_ > 0), else Epilogue. kWithO false: a caller without O or
+// statistics (the warp-specialised pipeline's producer) that meets the
+// barriers.
+template <class T, int kClusterSplits_, bool kWithO = true>
+__device__ __forceinline__ void FinishDecode(const DecodeParams& p, const DecodeWork& w,
+                                             const DecodeSmem& sm, const ThreadRoles& r,
+                                             const PvPhase<T>& pv, const OAccum<T>& o,
+                                             const RowStats<T>& stats) {
+  if constexpr (kClusterSplits_ > 0) {
+    ClusterMergeEpilogue<T, kClusterSplits_, kWithO>(p, w, sm, r, pv, o, stats);
+  } else {
+    Epilogue<T, kWithO>(p, w, sm, r, pv, o, stats);
+  }
+}
+
 }  // namespace sparse_mla
 }  // namespace kforge
 

@@ -111,6 +111,14 @@ template <class T, class F, int kPageBlock>
 __device__ __forceinline__ void StageRecord(const KvView& v, int slot, bool ok,
                                             const DecodeSmem& sm, int row, int sub);
 
+// The shared-window address of 16-byte chunk `chunk` (columns 8 chunk ..
+// 8 chunk + 7) of row `row` of the bf16 KV tile at `tile`: column block
+// chunk / 8, chunk chunk % 8 swizzled by the row.
+template <class T>
+__device__ __forceinline__ ptx::u32 TileChunkAddr(ptx::u32 tile, int row, int chunk) {
+  return tile + (chunk >> 3) * T::kKvBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
 // bf16 cache (1152 B/token for d_qk 576): each row is copied as is, in 16 B
 // cp.async chunks; invalid slots are zero-filled by the copy itself. In a
 // staged pipeline (the other cache is quantised) the row is staged whole
@@ -148,9 +156,7 @@ struct KvBf16 : KvBf16Sizes {
         const int row = i / (T::kDqk / 8), chunk = i % (T::kDqk / 8);
         ptx::u32 w[4];
         ptx::LdShared128(sm.kv_staging_addr + row * T::kStagingBytesPerToken + 16 * chunk, w);
-        ptx::StShared128(sm.kv_addr + (chunk >> 3) * T::kKvBlockBytes + row * 128 +
-                             (((chunk & 7) ^ (row & 7)) << 4),
-                         w[0], w[1], w[2], w[3]);
+        ptx::StShared128(TileChunkAddr<T>(sm.kv_addr, row, chunk), w[0], w[1], w[2], w[3]);
       }
       PublishSmem<T>();
     }
@@ -285,9 +291,7 @@ __device__ __forceinline__ void CopyBf16Chunks(const DecodeSmem& sm, const Threa
     ptx::LdShared128(sm.kv_staging_addr + row * T::kStagingBytesPerToken + staged_offset + 16 * c,
                      w);
     const int chunk = first_chunk + c;
-    ptx::StShared128(
-        sm.kv_addr + (chunk >> 3) * T::kKvBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4),
-        w[0], w[1], w[2], w[3]);
+    ptx::StShared128(TileChunkAddr<T>(sm.kv_addr, row, chunk), w[0], w[1], w[2], w[3]);
   });
 }
 

@@ -257,11 +257,7 @@ __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
       }
     }
   }
-  if constexpr (kClusterSplits_ > 0) {
-    ClusterMergeEpilogue<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
-  } else {
-    Epilogue<T>(p, w, sm, r, pv, o, stats);
-  }
+  FinishDecode<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
 }
 
 }  // namespace sparse_mla

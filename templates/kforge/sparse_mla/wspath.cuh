@@ -107,9 +107,8 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
           // (d_v + 16 u) / 8 + q / 2.
           ptx::u32 rope[2];
           Kv::RegRope(raw[j][u], rope);
-          const int chunk = (T::kDv + 16 * u) / 8 + q / 2;
-          const ptx::u32 dst = tile + (chunk >> 3) * T::kKvBlockBytes + row * 128 +
-                               (((chunk & 7) ^ (row & 7)) << 4) + 8 * (q % 2);
+          const ptx::u32 dst =
+              TileChunkAddr<T>(tile, row, (T::kDv + 16 * u) / 8 + q / 2) + 8 * (q % 2);
           ptx::StShared32(dst, rope[0]);
           ptx::StShared32(dst + 4, rope[1]);
         }
@@ -119,20 +118,6 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
     // wgmma reads the tile through the async proxy.
     ptx::FenceProxyAsync();
     ptx::MbarArrive(full + 8 * stage);
-  }
-}
-
-// The epilogue of a role (kWithO: it holds O): the shared ones, which the
-// producer meets at their CTA (and cluster) barriers.
-template <class T, int kClusterSplits_, bool kWithO>
-__device__ __forceinline__ void WsEpilogue(const DecodeParams& p, const DecodeWork& w,
-                                           const DecodeSmem& sm, const ThreadRoles& r,
-                                           const PvPhase<T>& pv, const OAccum<T>& o,
-                                           const RowStats<T>& stats) {
-  if constexpr (kClusterSplits_ > 0) {
-    ClusterMergeEpilogue<T, kClusterSplits_, kWithO>(p, w, sm, r, pv, o, stats);
-  } else {
-    Epilogue<T, kWithO>(p, w, sm, r, pv, o, stats);
   }
 }
 
@@ -176,7 +161,7 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
     ptx::SetMaxNRegDec<kWsRegsProducer>();
     WsProduce<T>(p, w, sm, r, full, empty);
     OAccum<T> none;
-    WsEpilogue<T, kClusterSplits_, false>(p, w, sm, r, pv, none, stats);
+    FinishDecode<T, kClusterSplits_, false>(p, w, sm, r, pv, none, stats);
     return;
   }
   OAccum<T> o;
@@ -188,13 +173,16 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
     for (int t = 0; t < w.num_tiles; ++t) {
       const int stage = t % T::kStages;
       ptx::MbarWait(p_full, t & 1);
+      // Already ordered through the S warps' wait and p_full; waited on
+      // here too so this warpgroup's reads of the tile rest on the
+      // producer's own release, not only on that chain.
       ptx::MbarWait(full + 8 * stage, (t / T::kStages) & 1);
       RescaleO<T>(o, pv, sm);
       pv.Accumulate(o, sm, sm.kv_addr + stage * T::kTileBytes);
       ptx::MbarArrive(empty + 8 * stage);
       ptx::MbarArrive(p_empty);
     }
-    WsEpilogue<T, kClusterSplits_, true>(p, w, sm, r, pv, o, stats);
+    FinishDecode<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
     return;
   }
   // The S warpgroup.
@@ -224,7 +212,7 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
     pv.Accumulate(o, sm, k_tile);
     ptx::MbarArrive(empty + 8 * stage);
   }
-  WsEpilogue<T, kClusterSplits_, true>(p, w, sm, r, pv, o, stats);
+  FinishDecode<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
 }
 
 }  // namespace sparse_mla

@@ -18,12 +18,13 @@ namespace sparse_mla {
 
 // Q tile of the CTA's token and head group, resident for the whole CTA, as
 // cp.async copies (the caller commits them with the first KV tile); padded
-// heads are zero rows.
-template <class T>
+// heads are zero rows. The first kRowsPerPass * kThreadsPerRow threads of the
+// CTA copy it (all of them by default).
+template <class T, int kRowsPerPass = T::kRowsPerPass>
 __device__ __forceinline__ void LoadQ(const DecodeParams& p, const DecodeWork& w,
                                       const DecodeSmem& sm, const ThreadRoles& r) {
   const unsigned short* q_tok = p.q + w.token * p.q_token_stride;
-  for (int row = r.row0; row < T::kHeadTile; row += T::kRowsPerPass) {
+  for (int row = r.row0; row < T::kHeadTile; row += kRowsPerPass) {
     const bool ok = row < w.heads_here;
     const unsigned short* src = q_tok + (ok ? (w.head0 + row) * p.q_head_stride : 0);
     const ptx::u32 dst = sm.q_addr + row * 128 + ((r.sub ^ (row & 7)) << 4);

@@ -146,13 +146,21 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
     ptx::MbarInit(p_empty, T::kWarps / 2 * 32);
     ptx::FenceMbarInit();
   }
+  // The barriers are initialised for everyone.
+  __syncthreads();
 
   BeginDecode<T, kClusterSplits_>(p, w);
-  LoadQ<T>(p, w, sm, r);
-  ptx::CpAsyncCommit();
-  ptx::CpAsyncWait<0>();
-  // Q landed and the barriers are initialised for everyone.
-  PublishSmem<T>();
+  // Only the MMA warps copy Q and wait for it (the S warps read it): the
+  // producer's first gather starts at once and flies while Q lands.
+  if (r.mma) {
+    LoadQ<T, T::kWarps * 32 / kThreadsPerRow>(p, w, sm, r);
+    ptx::CpAsyncCommit();
+    ptx::CpAsyncWait<0>();
+    // Q to wgmma's async proxy, then to the other MMA warps (named barrier
+    // 1: the S warpgroup's row-max barriers 1 + wm are unused, kWarpsN 1).
+    ptx::FenceProxyAsync();
+    ptx::NamedBarrier(1, T::kWarps * 32);
+  }
 
   const PvPhase<T> pv(r);
   RowStats<T> stats;  // the S warps' (PublishRowStats reads no other's)

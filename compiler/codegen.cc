@@ -328,6 +328,16 @@ v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arc
     path.set_entry(kMainClusterEntry);
     path.set_splits(sparse_mla::kMainClusterSplits);
   }
+  // The warp-specialised pipeline keeps its 64-head tile down to batch 2
+  // (the small-batch tiling's clusters stop fitting the device there:
+  // 8 head groups of 128 heads), where 16 splits merged in the kernel beat
+  // 16 + combine: H200 fp8_ds_mla 128 x 2 24.6 -> 19.1 us, 64 x 4 25.5 ->
+  // 18.2-18.8 (BENCH.md, "the wide cluster entry").
+  if (sparse_mla::WarpSpecialized(DecodeShapeFor(spec, main)) &&
+      ClusterFits(spec, arch, main, sparse_mla::kClusterSplits)) {
+    path.set_wide_entry(kMainWideClusterEntry);
+    path.set_wide_splits(sparse_mla::kClusterSplits);
+  }
   return path;
 }
 
@@ -464,6 +474,9 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
   main_entry("Traits", kMainEntry, min_blocks(launch));
   if (!cluster.entry().empty()) {
     cluster_entry("Traits", kMainClusterEntry, cluster.splits(), min_blocks(launch));
+  }
+  if (!cluster.wide_entry().empty()) {
+    cluster_entry("Traits", kMainWideClusterEntry, cluster.wide_splits(), min_blocks(launch));
   }
   if (with_small) main_entry("SmallBatchTraits", kSmallBatchEntry, min_blocks(small.launch()));
   if (with_small && !small.cluster_entry().empty()) {

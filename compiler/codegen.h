@@ -22,6 +22,9 @@ inline constexpr char kClusterEntry[] = "sparse_mla_decode_cluster";
 // The throughput tiling as a cluster of kMainClusterSplits splits
 // (v1::ClusterPath; sm_90a and sm_100a).
 inline constexpr char kMainClusterEntry[] = "sparse_mla_decode_main_cluster";
+// The warp-specialised throughput tiling as a cluster of kClusterSplits
+// splits (v1::ClusterPath.wide_entry; sm_90a).
+inline constexpr char kMainWideClusterEntry[] = "sparse_mla_decode_main_wide_cluster";
 
 // A CTA shape asked for by hand (`kforge compile --tiling`), so a sweep can
 // measure shapes the planner does not pick. All zero: none.

@@ -137,7 +137,8 @@ absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::st
 std::vector<const std::string*> OptionalMainEntries(const v1::SmallBatchPath& small,
                                                     const v1::ClusterPath& cluster) {
   std::vector<const std::string*> entries;
-  for (const std::string* entry : {&small.entry(), &small.cluster_entry(), &cluster.entry()}) {
+  for (const std::string* entry :
+       {&small.entry(), &small.cluster_entry(), &cluster.entry(), &cluster.wide_entry()}) {
     if (!entry->empty()) entries.push_back(entry);
   }
   return entries;

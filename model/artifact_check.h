@@ -24,7 +24,7 @@ v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact);
 
 // A module's main kernels beside main_entry that are set, all taking
 // DecodeParams: the small-batch path's entry and cluster entry, and the
-// throughput tiling's cluster entry. Pointers into `small` and `cluster`.
+// throughput tiling's cluster entries. Pointers into `small` and `cluster`.
 std::vector<const std::string*> OptionalMainEntries(const v1::SmallBatchPath& small,
                                                     const v1::ClusterPath& cluster);
 

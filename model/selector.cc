@@ -150,6 +150,14 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
                        sparse_mla::kMainClusterSplits,
                        " (templates/kforge/sparse_mla/config.h kMainClusterSplits)"));
     }
+    if (!small && !v.cluster().wide_entry().empty() &&
+        v.cluster().wide_splits() != static_cast<uint32_t>(sparse_mla::kClusterSplits)) {
+      return Invalid(
+          absl::StrCat("manifest.variants[", index, "].cluster.wide_splits"),
+          absl::StrCat("got ", v.cluster().wide_splits(),
+                       "; the wide cluster entry is compiled for ", sparse_mla::kClusterSplits,
+                       " (templates/kforge/sparse_mla/config.h kClusterSplits)"));
+    }
     if (tiling.num_head_groups() == 0 || launch.block_threads() == 0) {
       return Invalid(absl::StrCat("manifest.variants[", index, "]", small ? ".small_batch" : ""),
                      "tiling.num_head_groups and launch.block_threads must be > 0");
@@ -194,6 +202,16 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
           static_cast<uint32_t>(sel.num_splits) == v.cluster().splits()) {
         sel.cluster = true;
         sel.main_entry = &v.cluster().entry();
+      }
+      // Its wide cluster entry where the rule splits exactly wide_splits
+      // ways and, a non-portable size, the clusters fit the device at once
+      // (as the small-batch cluster entry).
+      if (!small && !v.cluster().wide_entry().empty() &&
+          static_cast<uint32_t>(sel.num_splits) == v.cluster().wide_splits() &&
+          static_cast<long long>(tiling.num_head_groups()) * num_tokens <=
+              device.max_active_clusters) {
+        sel.cluster = true;
+        sel.main_entry = &v.cluster().wide_entry();
       }
     }
     sel.tokens_per_split = TokensPerSplit(v.spec(), launch, sel.num_splits);

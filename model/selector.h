@@ -18,10 +18,10 @@ struct DeviceInfo {
   // MaxSplits (model/launch.h), for tests and sweeps that must exercise the
   // combine kernel at a given count; InvalidArgument outside that range.
   int forced_num_splits = 0;
-  // Thread-block clusters of the small-batch path's cluster entry
-  // (SmallBatchPath.cluster_entry) the device runs at once, as the loader
-  // read it (cuOccupancyMaxActiveClusters; 7 on the H200); 0: unknown, or
-  // the device cannot run it, so the cluster entry is never chosen.
+  // Thread-block clusters of the module's 16-CTA cluster entries
+  // (SmallBatchPath.cluster_entry, ClusterPath.wide_entry) the device runs
+  // at once, as the loader read it (cuOccupancyMaxActiveClusters; 7 on the
+  // H200); 0: unknown, or the device cannot run them, so neither is chosen.
   int max_active_clusters = 0;
 };
 

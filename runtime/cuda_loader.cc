@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -125,9 +126,13 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   module->small_entry_ = artifact.small_batch().entry();
   module->cluster_entry_ = artifact.small_batch().cluster_entry();
   module->main_cluster_entry_ = artifact.cluster().entry();
+  module->wide_cluster_entry_ = artifact.cluster().wide_entry();
   module->cluster_dims_ = {artifact.small_batch().tiling().num_head_groups(),
                            artifact.small_batch().cluster_splits(), 1,
                            artifact.small_batch().launch().block_threads(), small_smem};
+  module->wide_cluster_dims_ = {artifact.tiling().num_head_groups(),
+                                artifact.cluster().wide_splits(), 1,
+                                artifact.launch().block_threads(), smem};
   const std::string& name = module->module_name_;
   if (absl::Status s = cu.Check(cu.LibraryLoadData(&module->library_, artifact.cubin().data(),
                                                    nullptr, nullptr, 0, nullptr, nullptr, 0),
@@ -139,7 +144,8 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
                                std::pair{&module->combine_entry_, &module->combine_},
                                std::pair{&module->small_entry_, &module->small_},
                                std::pair{&module->cluster_entry_, &module->cluster_},
-                               std::pair{&module->main_cluster_entry_, &module->main_cluster_}}) {
+                               std::pair{&module->main_cluster_entry_, &module->main_cluster_},
+                               std::pair{&module->wide_cluster_entry_, &module->wide_cluster_}}) {
     if (entry->empty()) continue;  // no small-batch path or cluster entry
     if (absl::Status s = cu.Check(cu.LibraryGetKernel(kernel, module->library_, entry->c_str()),
                                   absl::StrCat("cuLibraryGetKernel(", name, ", ", *entry, ")"));
@@ -150,7 +156,8 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   // Above 48 KB a kernel must opt into its dynamic shared memory, per device.
   for (auto [kernel, bytes] :
        {std::pair{module->main_, smem}, std::pair{module->small_, small_smem},
-        std::pair{module->cluster_, small_smem}, std::pair{module->main_cluster_, smem}}) {
+        std::pair{module->cluster_, small_smem}, std::pair{module->main_cluster_, smem},
+        std::pair{module->wide_cluster_, smem}}) {
     if (kernel == nullptr) continue;
     if (absl::Status s =
             cu.Check(cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -164,35 +171,57 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   // Clusters past the portable 8 CTAs (the cluster entry's size is
   // compiled in) launch only once the kernel opts in; a device that refuses
   // runs none of them (MaxActiveClusters answers 0).
-  if (module->cluster_ != nullptr &&
-      cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1,
-                            module->cluster_, device) != CUDA_SUCCESS) {
-    module->cluster_ = nullptr;
+  for (CUkernel* kernel : {&module->cluster_, &module->wide_cluster_}) {
+    if (*kernel != nullptr &&
+        cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, *kernel,
+                              device) != CUDA_SUCCESS) {
+      *kernel = nullptr;
+    }
   }
   return module;
 }
 
-absl::StatusOr<int> CudaKernelModule::MaxActiveClusters() const {
-  if (cluster_ == nullptr) return 0;
+absl::StatusOr<int> CudaKernelModule::ClustersOf(CUkernel kernel, const std::string& entry,
+                                                 const LaunchDims& one_cluster) const {
   CUfunction function = nullptr;
   if (absl::Status s =
-          cu_.Check(cu_.KernelGetFunction(&function, cluster_),
-                    absl::StrCat("cuKernelGetFunction(", module_name_, ", ", cluster_entry_, ")"));
+          cu_.Check(cu_.KernelGetFunction(&function, kernel),
+                    absl::StrCat("cuKernelGetFunction(", module_name_, ", ", entry, ")"));
       !s.ok()) {
     return s;
   }
   CUlaunchConfig config{};
-  config.gridDimX = cluster_dims_.grid_x;
-  config.gridDimY = cluster_dims_.grid_y;
+  config.gridDimX = one_cluster.grid_x;
+  config.gridDimY = one_cluster.grid_y;
   config.gridDimZ = 1;
-  config.blockDimX = cluster_dims_.block_threads;
+  config.blockDimX = one_cluster.block_threads;
   config.blockDimY = 1;
   config.blockDimZ = 1;
-  config.sharedMemBytes = cluster_dims_.dynamic_smem_bytes;
+  config.sharedMemBytes = one_cluster.dynamic_smem_bytes;
   int clusters = 0;
   // A driver that cannot say: none (the selector then never picks it).
   if (cu_.OccupancyMaxActiveClusters(&clusters, function, &config) != CUDA_SUCCESS) return 0;
   return clusters;
+}
+
+absl::StatusOr<int> CudaKernelModule::MaxActiveClusters() const {
+  // Either entry may be missing or refused; the selector holds one number
+  // for both, so a module with both gets the fewer (a device refusing one
+  // of them runs neither).
+  if ((!cluster_entry_.empty() && cluster_ == nullptr) ||
+      (!wide_cluster_entry_.empty() && wide_cluster_ == nullptr)) {
+    return 0;
+  }
+  int fewest = -1;
+  for (auto [kernel, entry, dims] :
+       {std::tuple{cluster_, &cluster_entry_, &cluster_dims_},
+        std::tuple{wide_cluster_, &wide_cluster_entry_, &wide_cluster_dims_}}) {
+    if (kernel == nullptr) continue;
+    absl::StatusOr<int> clusters = ClustersOf(kernel, *entry, *dims);
+    if (!clusters.ok()) return clusters.status();
+    fewest = fewest < 0 ? *clusters : std::min(fewest, *clusters);
+  }
+  return std::max(fewest, 0);
 }
 
 CudaKernelModule::~CudaKernelModule() {
@@ -241,7 +270,8 @@ absl::Status CudaKernelModule::LaunchMain(const sparse_mla::DecodeParams& params
   CUkernel kernel = nullptr;
   for (auto [name, k] :
        {std::pair{&main_entry_, main_}, std::pair{&small_entry_, small_},
-        std::pair{&cluster_entry_, cluster_}, std::pair{&main_cluster_entry_, main_cluster_}}) {
+        std::pair{&cluster_entry_, cluster_}, std::pair{&main_cluster_entry_, main_cluster_},
+        std::pair{&wide_cluster_entry_, wide_cluster_}}) {
     if (k != nullptr && *name == entry) kernel = k;
   }
   if (kernel == nullptr) {

@@ -65,16 +65,19 @@ class CudaKernelModule {
   // Enqueue one kernel on `stream`, in the stream's context (the current
   // context for the null stream). Errors name the module and entry.
   // entry: the main kernel the plan names (Selection::main_entry): the
-  // throughput one, or the small-batch path's (v1::SmallBatchPath) entry or
-  // cluster entry; FailedPrecondition if the module has no such kernel.
+  // throughput one or its cluster entries (v1::ClusterPath), or the
+  // small-batch path's (v1::SmallBatchPath) entry or cluster entry;
+  // FailedPrecondition if the module has no such kernel.
   absl::Status LaunchMain(const sparse_mla::DecodeParams& params, const LaunchDims& dims,
                           std::string_view entry, CUstream stream) const;
   absl::Status LaunchCombine(const sparse_mla::CombineParams& params, const LaunchDims& dims,
                              CUstream stream) const;
 
-  // How many clusters of the small-batch path's cluster entry the device
-  // runs at once (cuOccupancyMaxActiveClusters; the selector's
-  // DeviceInfo::max_active_clusters); 0 without a cluster entry. Needs the
+  // How many clusters of the module's non-portable cluster entries (the
+  // small-batch path's cluster entry, the throughput tiling's wide one) the
+  // device runs at once, the fewer of the two where it has both
+  // (cuOccupancyMaxActiveClusters; the selector's
+  // DeviceInfo::max_active_clusters); 0 without such an entry. Needs the
   // module's context current.
   absl::StatusOr<int> MaxActiveClusters() const;
 
@@ -90,8 +93,13 @@ class CudaKernelModule {
   const CudaDriver& cu_;
   std::string module_name_;
   std::string key_;
-  std::string main_entry_, combine_entry_, small_entry_, cluster_entry_, main_cluster_entry_;
-  LaunchDims cluster_dims_;  // one cluster of the cluster entry
+  absl::StatusOr<int> ClustersOf(CUkernel kernel, const std::string& entry,
+                                 const LaunchDims& one_cluster) const;
+
+  std::string main_entry_, combine_entry_, small_entry_, cluster_entry_, main_cluster_entry_,
+      wide_cluster_entry_;
+  LaunchDims cluster_dims_;       // one cluster of the cluster entry
+  LaunchDims wide_cluster_dims_;  // one cluster of the wide cluster entry
   CUlibrary library_ = nullptr;
   CUkernel main_ = nullptr;
   CUkernel combine_ = nullptr;
@@ -99,6 +107,8 @@ class CudaKernelModule {
   CUkernel cluster_ = nullptr;       // null without its cluster entry, or where the
                                      // device refused its cluster size
   CUkernel main_cluster_ = nullptr;  // the throughput tiling's (v1::ClusterPath)
+  CUkernel wide_cluster_ = nullptr;  // its wide one; null without it, or where the
+                                     // device refused its cluster size
 };
 
 }  // namespace kforge

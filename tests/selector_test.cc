@@ -71,11 +71,17 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   // The throughput tiling's where the rule splits exactly its ways.
   const bool main_cluster = !small && !v.cluster().entry().empty() &&
                             rule_splits == static_cast<int>(v.cluster().splits());
-  const bool cluster = small_cluster || main_cluster;
+  // Its wide one under the small-batch cluster entry's rule.
+  const bool wide_cluster =
+      !small && !v.cluster().wide_entry().empty() &&
+      rule_splits == static_cast<int>(v.cluster().wide_splits()) &&
+      static_cast<long long>(t.num_head_groups()) * shape.batch * shape.s_q <= max_active_clusters;
+  const bool cluster = small_cluster || main_cluster || wide_cluster;
   EXPECT_EQ(sel.cluster, cluster);
   ASSERT_NE(sel.main_entry, nullptr);
   EXPECT_EQ(*sel.main_entry, small_cluster  ? v.small_batch().cluster_entry()
                              : main_cluster ? v.cluster().entry()
+                             : wide_cluster ? v.cluster().wide_entry()
                              : small        ? v.small_batch().entry()
                                             : v.main_entry());
   EXPECT_EQ(sel.launch, &l);
@@ -343,6 +349,75 @@ TEST(Select, MainClusterEntryWhereTheRuleSplitsTwoWays) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("cluster.splits"), std::string::npos)
       << refused.status();
+}
+
+// The warp-specialised tiling (fp8_ds_mla and V4 on sm_90a) has a second,
+// 16-CTA cluster entry: taken where the throughput rule splits 16 ways and
+// the clusters fit the device at once (128 heads x batch 2 and 3, 64 heads x
+// batch 3..7 on a 7-cluster H200), never otherwise; other tilings and
+// archs have none.
+TEST(Select, WideMainClusterEntryForTheWarpSpecialisedTiling) {
+  constexpr int kH200Clusters = 7;
+  for (const char* preset : {"deepseek-v3.2", "glm-5"}) {
+    SCOPED_TRACE(preset);
+    absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(preset, 1);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    spec->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+    spec->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+    absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, "sm_90a");
+    ASSERT_TRUE(m.ok()) << m.status();
+    const v1::ManifestVariant& v = m->variants(0);
+    ASSERT_EQ(v.tiling().land_warps(), 4u);  // the warp-specialised pipeline
+    EXPECT_EQ(v.cluster().wide_entry(), kMainWideClusterEntry);
+    EXPECT_EQ(v.cluster().wide_splits(), static_cast<uint32_t>(sparse_mla::kClusterSplits));
+    const int groups = static_cast<int>(v.tiling().num_head_groups());
+    int wide = 0;
+    for (int batch = 1; batch <= 64; ++batch) {
+      SCOPED_TRACE(batch);
+      const RuntimeShape shape = ShapeFor(v.spec(), batch, 1);
+      absl::StatusOr<Selection> sel =
+          Select(*m, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, shape);
+      ASSERT_TRUE(sel.ok()) << sel.status();
+      CheckSelection(*m, *sel, shape, kSms, kH200Clusters);
+      if (*sel->main_entry != kMainWideClusterEntry) continue;
+      ++wide;
+      EXPECT_FALSE(sel->small_batch);
+      EXPECT_EQ(sel->num_splits, sparse_mla::kClusterSplits);
+      EXPECT_LE(groups * batch, kH200Clusters);
+      EXPECT_FALSE(sel->needs_combine);
+      EXPECT_EQ(sel->workspace_bytes, 0u);
+      // Unknown capacity, or a forced split count: split + combine.
+      absl::StatusOr<Selection> unknown = Select(*m, DeviceInfo{"sm_90a", kSms}, shape);
+      ASSERT_TRUE(unknown.ok()) << unknown.status();
+      EXPECT_FALSE(unknown->cluster);
+      EXPECT_TRUE(unknown->needs_combine);
+      absl::StatusOr<Selection> forced =
+          Select(*m, DeviceInfo{"sm_90a", kSms, sparse_mla::kClusterSplits, kH200Clusters}, shape);
+      ASSERT_TRUE(forced.ok()) << forced.status();
+      EXPECT_FALSE(forced->cluster);
+    }
+    EXPECT_GE(wide, 1);
+    // Its size is compiled in: another is refused by name.
+    v1::Manifest bad = *m;
+    bad.mutable_variants(0)->mutable_cluster()->set_wide_splits(8);
+    absl::StatusOr<Selection> refused =
+        Select(bad, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, ShapeFor(v.spec(), 32, 1));
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("cluster.wide_splits"), std::string::npos)
+        << refused.status();
+  }
+  // The bf16 tiling, and fp8_ds_mla off sm_90a, have no wide entry.
+  EXPECT_TRUE(
+      MakeManifest("deepseek-v3.2", 1, "sm_90a").variants(0).cluster().wide_entry().empty());
+  absl::StatusOr<v1::AttentionSpec> fp8 = SpecFromPreset("deepseek-v3.2", 1);
+  ASSERT_TRUE(fp8.ok());
+  fp8->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  fp8->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+  for (const char* arch : {"sm_80", "sm_100a", "sm_120a"}) {
+    absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *fp8, arch);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE(m->variants(0).cluster().wide_entry().empty()) << arch;
+  }
 }
 
 // The cluster size is compiled into the entry: a manifest that says another

@@ -420,9 +420,9 @@ class LoadedKernel:
         named = [(artifact.main_entry, artifact.launch.dynamic_smem_bytes),
                  (artifact.combine_entry, None)] + [
                      (entry, small.launch.dynamic_smem_bytes)
-                     for entry in (small.entry, small.cluster_entry) if entry] + (
-                     [(artifact.cluster.entry, artifact.launch.dynamic_smem_bytes)]
-                     if artifact.cluster.entry else [])
+                     for entry in (small.entry, small.cluster_entry) if entry] + [
+                     (entry, artifact.launch.dynamic_smem_bytes)
+                     for entry in (artifact.cluster.entry, artifact.cluster.wide_entry) if entry]
         names = [entry for entry, _ in named]
         entries = [_cu_check(cu, cu.cuLibraryGetKernel(self._library, entry.encode()),
                              f"cuLibraryGetKernel({name}, {entry})")
@@ -434,12 +434,25 @@ class LoadedKernel:
             _cu_check(cu, cu.cuKernelSetAttribute(
                 cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 nbytes, kernel, dev), f"cuKernelSetAttribute({name}, max dynamic smem {nbytes})")
-        # Clusters past the portable 8 CTAs (the cluster entry's size is
-        # compiled in) launch only once the kernel opts in; a device that
-        # refuses runs none of them (max_active_clusters 0 below).
-        cluster_ok = bool(small.cluster_entry) and cu.cuKernelSetAttribute(
-            cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-            1, entries[names.index(small.cluster_entry)], dev)[0] == cu.CUresult.CUDA_SUCCESS
+        # Clusters past the portable 8 CTAs (the small-batch cluster entry's
+        # and the throughput tiling's wide one, sizes compiled in) launch
+        # only once the kernel opts in; a device that refuses either runs
+        # none of them (max_active_clusters 0 below).
+        wide = artifact.cluster
+        # (entry, grid x, grid y, block threads, dynamic smem) of one cluster.
+        clustered = [(entry, groups, splits, threads, nbytes)
+                     for entry, groups, splits, threads, nbytes in (
+                         (small.cluster_entry, small.tiling.num_head_groups,
+                          small.cluster_splits, small.launch.block_threads,
+                          small.launch.dynamic_smem_bytes),
+                         (wide.wide_entry, artifact.tiling.num_head_groups, wide.wide_splits,
+                          artifact.launch.block_threads, artifact.launch.dynamic_smem_bytes))
+                     if entry]
+        cluster_ok = bool(clustered) and all(
+            cu.cuKernelSetAttribute(
+                cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                1, entries[names.index(entry)], dev)[0] == cu.CUresult.CUDA_SUCCESS
+            for entry, *_ in clustered)
         # Bound to the current context: the caller made the device current.
         functions = [_cu_check(cu, cu.cuKernelGetFunction(k), f"cuKernelGetFunction({name})")
                      for k in entries]
@@ -449,21 +462,21 @@ class LoadedKernel:
         # module has them): a plan launches the one its main_entry names.
         self._mains = {entry: f for entry, f in zip(names, functions) if entry != names[1]}
         self.name = name
-        # How many of the cluster entry's clusters this GPU runs at once (0:
-        # none, no such entry, or the driver would not say): the selector's
-        # Device.max_active_clusters.
+        # How many of those entries' clusters this GPU runs at once, the
+        # fewer of the two (0: none, no such entry, or the driver would not
+        # say): the selector's Device.max_active_clusters.
         self.max_active_clusters = 0
         if cluster_ok:
-            config = cu.CUlaunchConfig()
-            (config.gridDimX, config.gridDimY, config.gridDimZ) = (
-                small.tiling.num_head_groups, small.cluster_splits, 1)
-            (config.blockDimX, config.blockDimY, config.blockDimZ) = (
-                small.launch.block_threads, 1, 1)
-            config.sharedMemBytes = small.launch.dynamic_smem_bytes
-            config.numAttrs = 0
-            err, clusters = cu.cuOccupancyMaxActiveClusters(self._mains[small.cluster_entry],
-                                                            config)
-            self.max_active_clusters = int(clusters) if err == cu.CUresult.CUDA_SUCCESS else 0
+            counts = []
+            for entry, groups, splits, threads, nbytes in clustered:
+                config = cu.CUlaunchConfig()
+                (config.gridDimX, config.gridDimY, config.gridDimZ) = (groups, splits, 1)
+                (config.blockDimX, config.blockDimY, config.blockDimZ) = (threads, 1, 1)
+                config.sharedMemBytes = nbytes
+                config.numAttrs = 0
+                err, clusters = cu.cuOccupancyMaxActiveClusters(self._mains[entry], config)
+                counts.append(int(clusters) if err == cu.CUresult.CUDA_SUCCESS else 0)
+            self.max_active_clusters = min(counts)
         self._success = cu.CUresult.CUDA_SUCCESS
         self._streams = {}  # cudaStream_t -> CUstream
 

@@ -331,7 +331,7 @@ v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arc
   // The warp-specialised pipeline keeps its 64-head tile down to batch 2
   // (the small-batch tiling's clusters stop fitting the device there:
   // 8 head groups of 128 heads), where 16 splits merged in the kernel beat
-  // 16 + combine: H200 fp8_ds_mla 128 x 2 24.6 -> 19.1 us, 64 x 4 25.5 ->
+  // 16 + combine: H200 fp8_ds_mla 128 x 2 23.4 -> 19.0 us, 64 x 4 24.3 ->
   // 18.2-18.8 (BENCH.md, "the wide cluster entry").
   if (sparse_mla::WarpSpecialized(DecodeShapeFor(spec, main)) &&
       ClusterFits(spec, arch, main, sparse_mla::kClusterSplits)) {

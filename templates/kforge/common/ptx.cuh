@@ -47,6 +47,16 @@ __device__ __forceinline__ void AllowDependentLaunch() {
 #endif
 }
 
+// A hint to bring the 128-byte line holding p into L2: no register, nothing
+// to wait for.
+__device__ __forceinline__ void PrefetchL2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// The same for `bytes` bytes from p (both multiples of 16; sm_90+, the TMA
+// unit): one instruction for a whole record.
+__device__ __forceinline__ void BulkPrefetchL2(const void* p, u32 bytes);
+
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
@@ -373,6 +383,10 @@ __device__ __forceinline__ void MbarWait(u32 bar, u32 parity) {
                    "@!done bra KFORGE_MBAR_WAIT;\n}\n" ::"r"(bar),
                    "r"(parity)
                    : "memory"));
+}
+__device__ __forceinline__ void BulkPrefetchL2(const void* p, u32 bytes) {
+  KFORGE_SM90_ONLY(asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes)
+                                : "memory"));
 }
 __device__ __forceinline__ void BulkCopyToShared(u32 dst, const void* src, u32 bytes, u32 bar) {
   KFORGE_SM90_ONLY(asm volatile(

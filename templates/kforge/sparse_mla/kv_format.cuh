@@ -60,6 +60,10 @@
 //   F::RegRope(raw, out)
 //                       the rope columns 4 q .. 4 q + 3 as two bf16 pairs
 //                       (only formats with rope columns need it)
+//   F::kWsPrefetchL2, F::RegPrefetch<T, kPageBlock>(v, slot, ok)
+//                       the warp-specialised producer's (wspath.cuh): whether
+//                       it prefetches a token's bytes into L2 two tiles
+//                       ahead, and the prefetch (where true)
 //
 // Formats: KvBf16 (direct: gathers straight into the tile, Land is empty)
 // and the staged ones, whose Land dequantises: KvFp8DsMla (656-byte records
@@ -423,6 +427,10 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
     raw.scale = __uint_as_float(RegLd4(rec + kScalesOffset + 4 * w, ok));
     raw.rope = T::kRope != 0 ? RegLd8(rec + kRopeOffset + 32 * w + 8 * q, ok) : make_uint2(0u, 0u);
   }
+  // The warp-specialised producer does not prefetch these records into L2
+  // (wspath.cuh): measured 2% slower at 128 x 32 and 64 x 64, 2% faster at
+  // 128 x 128 on the H200 (BENCH.md, "L2 prefetch").
+  static constexpr bool kWsPrefetchL2 = false;
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {
     E4m3Item16ToBf16(raw.d[gi], raw.scale, out);
@@ -499,6 +507,19 @@ struct KvUe8m0PageBlocked : S {
         raw.e[gi] = RegLd1(scales + k * 16 / S::kScaleGroup, ok);
       }
     }
+  }
+  // The warp-specialised producer prefetches a tile's data and scale rows
+  // into L2 two tiles ahead (wspath.cuh): DeepSeek-V4 on the H200, 128 x 32
+  // 75.8 -> 72.5 us, 64 x 64 79.7 -> 74.1 (BENCH.md, "L2 prefetch").
+  static constexpr bool kWsPrefetchL2 = true;
+  // The token's data row (one bulk prefetch; sm_90+) and scale row into L2.
+  template <class T, int kPageBlock>
+  __device__ __forceinline__ static void RegPrefetch(const KvView& v, int slot, bool ok) {
+    static_assert(S::kDataBytes % 16 == 0, "a data row is whole 16-byte chunks");
+    if (!ok) return;
+    const PageBlockedRows rows = PageBlockedRowsOf<S, kPageBlock>(v, slot, ok);
+    ptx::BulkPrefetchL2(rows.data, S::kDataBytes);
+    ptx::PrefetchL2(rows.scales);
   }
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int w, int,
                                                  ptx::u32 (&out)[8]) {

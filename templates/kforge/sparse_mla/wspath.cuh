@@ -86,8 +86,12 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
       for (int u = 0; u < 4; ++u)
         Kv::template RegLoad<T, T::kPageBlock>(v, slot[j], ok[j], u, q, raw[j][u]);
     }
+    [[maybe_unused]] int ahead[kRows];  // tile t + 2's slots (kWsPrefetchL2)
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) slot[j] = slot_of(t + 1, j);
+    for (int j = 0; j < kRows; ++j) {
+      slot[j] = slot_of(t + 1, j);
+      if constexpr (Kv::kWsPrefetchL2) ahead[j] = slot_of(t + 2, j);
+    }
     // The tile's previous use (t - kStages) was read by every MMA thread.
     ptx::MbarWait(empty + 8 * stage, ((t / T::kStages) & 1) ^ 1);
     const ptx::u32 tile = sm.kv_addr + stage * T::kTileBytes;
@@ -118,6 +122,20 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
     // wgmma reads the tile through the async proxy.
     ptx::FenceProxyAsync();
     ptx::MbarArrive(full + 8 * stage);
+    // A format with kWsPrefetchL2: tile t + 2's records into L2 once this
+    // tile's registers are free, so its loads (after the next tile's
+    // conversion) hit L2 rather than wait for DRAM (ncu, fp8 128 x 32: the
+    // S warps waited on `full` for over half their samples, the producer
+    // on its loads).
+    if constexpr (Kv::kWsPrefetchL2) {
+      if (q == 0) {
+#pragma unroll
+        for (int j = 0; j < kRows; ++j) {
+          Kv::template RegPrefetch<T, T::kPageBlock>(v, ahead[j],
+                                                     ahead[j] >= 0 && ahead[j] < v.num_slots);
+        }
+      }
+    }
   }
 }
 

@@ -107,8 +107,8 @@ def main():
             wall = statistics.median(walls)
             m = statistics.median(main_t) if main_t else 0.0
             c = statistics.median(comb_t) if comb_t else 0.0
-            label = f"{splits} (auto)" if sp == "auto" else str(splits)
-            print(f"| {H} x {B} | {tiling} | {label} | {wall:.1f} | {m:.1f} | {c:.1f} | {wall - m - c:.1f} |",
+            split_label = f"{splits} (auto)" if sp == "auto" else str(splits)
+            print(f"| {H} x {B} | {tiling} | {split_label} | {wall:.1f} | {m:.1f} | {c:.1f} | {wall - m - c:.1f} |",
                   flush=True)
         del mod
 

@@ -1,5 +1,6 @@
 // kforge: one binary, one subcommand per job. Flags are parsed here and only
 // here; everything else receives plain values.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -196,10 +197,15 @@ int Inspect(const std::vector<std::string>& argv) {
   }
   std::cout << absl::StrFormat("%s: %s (ELF ABI %d), %d kernels\n", path, info->arch(),
                                info->elf_abi_version(), info->kernels_size());
-  std::cout << absl::StrFormat("  %-32s %5s %10s %7s %7s %8s\n", "kernel", "regs", "smem(B)",
+  // The name column as wide as the longest entry name (at least 32).
+  int width = 32;
+  for (const v1::KernelResources& k : info->kernels()) {
+    width = std::max(width, static_cast<int>(std::min<size_t>(k.name().size(), 128)));
+  }
+  std::cout << absl::StrFormat("  %-*s %5s %10s %7s %7s %8s\n", width, "kernel", "regs", "smem(B)",
                                "param", "local", "maxthr");
   for (const v1::KernelResources& k : info->kernels()) {
-    std::cout << absl::StrFormat("  %-32s %5d %10d %7d %7d %8d\n", k.name(), k.registers(),
+    std::cout << absl::StrFormat("  %-*s %5d %10d %7d %7d %8d\n", width, k.name(), k.registers(),
                                  k.static_smem_bytes(), k.param_bytes(), k.local_bytes(),
                                  k.max_threads());
   }

@@ -180,8 +180,8 @@ void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTil
   tiling->set_wgmma(HasWgmma(arch) && sparse_mla::WgmmaCovers(shape) && ShapeFits(shape, arch));
   // The wgmma tiling of one cache of a format that measured faster with a
   // producer warpgroup (KvFormatInfo::warp_specialized) gets one where it
-  // fits (config.h WarpSpecialized). The formats' register seam it
-  // converts through covers the main cache only.
+  // fits (config.h WarpSpecialized). Its producers (the formats' register
+  // seam, bf16's row copies) read the main cache only.
   if (tiling->wgmma() && tiling->land_warps() == 0 && KvFormatOf(spec).warp_specialized &&
       !spec.has_extra_kv()) {
     shape.land_warps = 4;
@@ -333,7 +333,10 @@ v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arc
   // 8 head groups of 128 heads), where 16 splits merged in the kernel beat
   // 16 + combine: H200 fp8_ds_mla 128 x 2 23.4 -> 19.0 us, 64 x 4 24.3 ->
   // 18.2-18.8 (BENCH.md, "the wide cluster entry").
-  if (sparse_mla::WarpSpecialized(DecodeShapeFor(spec, main)) &&
+  // A direct format (bf16) keeps its small-batch tiling up to where the
+  // rule stops splitting 16 ways, so it would never take the entry.
+  const sparse_mla::DecodeShape shape = DecodeShapeFor(spec, main);
+  if (sparse_mla::WarpSpecialized(shape) && sparse_mla::StagedPipeline(shape) &&
       ClusterFits(spec, arch, main, sparse_mla::kClusterSplits)) {
     path.set_wide_entry(kMainWideClusterEntry);
     path.set_wide_splits(sparse_mla::kClusterSplits);

@@ -580,7 +580,7 @@ using sparse_mla::KvNvfp4DsMlaSizes;
 const std::vector<KvFormatInfo>& KvFormats() {
   static const std::vector<KvFormatInfo> kFormats = {
       {v1::KV_CACHE_DTYPE_BF16, "bf16", "ks::KvBf16", false, KvBf16Sizes::kPageBlocked, nullptr, "",
-       &KvBf16Sizes::BytesPerToken, &KvBf16Sizes::StagingBytesPerToken, 2, false},
+       &KvBf16Sizes::BytesPerToken, &KvBf16Sizes::StagingBytesPerToken, 2, true},
       {v1::KV_CACHE_DTYPE_FP8_DS_MLA, "fp8_ds_mla", "ks::KvFp8DsMla", true,
        KvFp8DsMlaSizes::kPageBlocked, &KvFp8DsMlaSizes::Supports,
        "kv_lora_rank 512 with rope_dim 0 or 64", &KvFp8DsMlaSizes::BytesPerToken,

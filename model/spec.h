@@ -48,7 +48,8 @@ struct KvFormatInfo {
   int element_bytes;                         // what the cache's strides count
   // The 64-head wgmma tiling (sm_90a) runs the warp-specialised pipeline
   // (config.h WarpSpecialized) for this format: measured faster than the
-  // staged pipeline on the H200 (BENCH.md "the warp-specialised pipeline").
+  // lockstep pipeline on the H200 (BENCH.md "the warp-specialised
+  // pipeline"; bf16: "bf16 on the warp-specialised pipeline").
   bool warp_specialized;
 };
 

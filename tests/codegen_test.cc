@@ -744,8 +744,12 @@ TEST(CheckDecodeTiling, NamesTheBrokenRule) {
          s.land_warps = 8;
        },
        TilingError::kWgmmaShape},
-      {"a producer warpgroup with nothing to land (bf16)",
-       [](sparse_mla::DecodeShape& s) { s.land_warps = 4; }, TilingError::kLandWarps},
+      {"4 land-only warps of bf16 without wgmma (no producer warpgroup: nothing to land)",
+       [](sparse_mla::DecodeShape& s) {
+         s.wgmma = false;
+         s.land_warps = 4;
+       },
+       TilingError::kLandWarps},
       {"a producer warpgroup over 32-token tiles",
        [](sparse_mla::DecodeShape& s) {
          s.kv_staging_bytes_per_token = 656;
@@ -786,6 +790,14 @@ TEST(CheckDecodeTiling, WarpSpecialisedShapeAndLayout) {
   EXPECT_EQ(l.bytes, l.bar + 48);
   EXPECT_LE(l.bytes, ArchNamed("sm_90a").max_smem_per_block);
   EXPECT_EQ(sparse_mla::CtaWarps(kWs), 12);
+  // bf16 (direct): the same shape, its producer copying rows (WsCopy), the
+  // same two tiles and shared memory less nothing (no staging either way).
+  sparse_mla::DecodeShape direct = kWs;
+  direct.kv_staging_bytes_per_token = 0;
+  EXPECT_EQ(sparse_mla::CheckDecodeTiling(direct), sparse_mla::TilingError::kOk);
+  EXPECT_TRUE(sparse_mla::WarpSpecialized(direct));
+  EXPECT_EQ(sparse_mla::KvTiles(direct), 2);
+  EXPECT_EQ(sparse_mla::MakeDecodeSmemLayout(direct).bytes, l.bytes);
   // Without the producer the same tiling is the staged lockstep pipeline.
   sparse_mla::DecodeShape staged = kWs;
   staged.land_warps = 0;
@@ -822,9 +834,9 @@ TEST(ChooseTiling, WarpSpecialisedWhereMeasuredFaster) {
       ASSERT_TRUE(other.ok()) << where << " " << arch;
       EXPECT_EQ(other->land_warps(), 0u) << where << " " << arch;
     }
-    // DeepSeek-V4's records too; bf16 has nothing to produce; V4.1 and
-    // nvfp4 measured slower with it (BENCH.md); an extra cache is not in
-    // its thread map.
+    // DeepSeek-V4's records too, and bf16 (its producer copies rows with
+    // cp.async); V4.1 and nvfp4 measured slower with it (BENCH.md); an
+    // extra cache is not in its thread map.
     for (v1::KvCacheDtype d :
          {v1::KV_CACHE_DTYPE_BF16, v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4,
           v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, v1::KV_CACHE_DTYPE_NVFP4_DS_MLA}) {
@@ -835,7 +847,8 @@ TEST(ChooseTiling, WarpSpecialisedWhereMeasuredFaster) {
         spec.set_rope_dim(0);
       absl::StatusOr<v1::KernelTiling> o = ChooseTiling(spec, hopper);
       ASSERT_TRUE(o.ok()) << where << " " << KvDtypeName(d);
-      EXPECT_EQ(o->land_warps(), d == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4 ? 4u : 0u)
+      EXPECT_EQ(o->land_warps(),
+                d == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4 || d == v1::KV_CACHE_DTYPE_BF16 ? 4u : 0u)
           << where << " " << KvDtypeName(d);
     }
     v1::AttentionSpec extra = fp8;

@@ -4,7 +4,7 @@
 
 namespace ks = kforge::sparse_mla;
 
-struct Traits : ks::DecodeTraits<128, 512, 64, 2048, 64, 64, 64, 2, 8, 0, 64, true, true, ks::KvBf16> {
+struct Traits : ks::DecodeTraits<128, 512, 64, 2048, 64, 64, 64, 2, 8, 4, 64, true, true, ks::KvBf16> {
   // softmax_scale 0.135233998 times log2(e)
   static constexpr float kScaleLog2 = 0x1.8f9156p-3f;
 };

@@ -375,6 +375,12 @@ __device__ __forceinline__ void MbarArrive(u32 bar) {
   KFORGE_SM90_ONLY(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar)
                                 : "memory"));
 }
+// One arrival, made when all of this thread's earlier cp.async copies have
+// landed (.noinc: the barrier's expected count includes it).
+__device__ __forceinline__ void CpAsyncMbarArrive(u32 bar) {
+  KFORGE_SM90_ONLY(asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar)
+                                : "memory"));
+}
 __device__ __forceinline__ void MbarWait(u32 bar, u32 parity) {
   KFORGE_SM90_ONLY(
       asm volatile("{\n.reg .pred done;\n"

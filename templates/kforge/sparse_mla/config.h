@@ -294,14 +294,14 @@ KFORGE_HD constexpr bool StagedPipeline(const DecodeShape& s) {
   return s.kv_staging_bytes_per_token > 0;
 }
 
-// The warp-specialised pipeline (sm_90a; wspath.cuh): the wgmma tiling of
-// a staged format with one producer warpgroup (land_warps 4) that gathers
-// each tile's records into registers, converts them (the formats' register
-// seam, kv_format.cuh) and stores the bf16 rows into one of `stages` bf16
-// KV tiles, handing tiles to the two MMA warpgroups and back through
-// mbarriers: the gather and the conversion of the next tile run beside S,
-// the softmax and PV of this one instead of in lockstep with them. No
-// staging buffer.
+// The warp-specialised pipeline (sm_90a; wspath.cuh): the wgmma tiling
+// with one producer warpgroup (land_warps 4) that fills one of `stages`
+// bf16 KV tiles per tile, handing tiles to the two MMA warpgroups and back
+// through mbarriers, so the next tile's gather (and conversion) runs beside
+// S, the softmax and PV of this one instead of in lockstep with them. A
+// staged format's producer gathers each tile's records into registers and
+// converts them (the formats' register seam, kv_format.cuh); a direct one's
+// (bf16) copies the rows with cp.async. No staging buffer.
 KFORGE_HD constexpr bool WarpSpecialized(const DecodeShape& s) {
   return s.wgmma && s.land_warps == 4;
 }
@@ -383,12 +383,12 @@ KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
 // pipeline it was measured and checked with on the H200, 8 warps (two
 // warpgroups) x 64 tokens (BENCH.md); other warp counts would compile but
 // have never run. A producer warpgroup (WarpSpecialized) only for the
-// staged formats' 512 + 0 / 64 geometry, 64 tokens and two bf16 tiles, the
-// shape its producer's thread map (wspath.cuh) covers.
+// 512 + 0 / 64 geometry, 64 tokens and two bf16 tiles, the shape its
+// producers' thread maps (wspath.cuh) cover.
 KFORGE_HD constexpr bool WgmmaCovers(const DecodeShape& s) {
   const DecodeDims d = DeriveDecodeDims(s);
-  const bool producer = s.land_warps == 4 && StagedPipeline(s) && s.stages == 2 &&
-                        s.token_tile == 64 && s.d_v == 512 && (s.rope == 0 || s.rope == 64);
+  const bool producer = s.land_warps == 4 && s.stages == 2 && s.token_tile == 64 && s.d_v == 512 &&
+                        (s.rope == 0 || s.rope == 64);
   const bool s_split = producer ? d.warps_n == 1 : d.warps_n == 2 && s.token_tile / 2 == 32;
   return s.head_tile == 64 && s.warps == 8 && (s.land_warps == 0 || producer) && d.warps_m == 4 &&
          d.s_m == 1 && s_split && (s.d_v == 256 || s.d_v == 512);
@@ -426,7 +426,8 @@ KFORGE_HD constexpr TilingError CheckDecodeTiling(const DecodeShape& s) {
   if (s.token_tile % 16 != 0 || s.token_tile <= 0) return TilingError::kTokenTile;
   if (s.stages < 1 || (s.stages == 1 && !RegisterPipelineCovers(s))) return TilingError::kStages;
   if (s.warps < 1 || s.warps > 16 || s.d_v % s.warps != 0) return TilingError::kWarps;
-  if (s.land_warps < 0 || CtaWarps(s) > 16 || (s.land_warps > 0 && !StagedPipeline(s)))
+  if (s.land_warps < 0 || CtaWarps(s) > 16 ||
+      (s.land_warps > 0 && !StagedPipeline(s) && !WarpSpecialized(s)))
     return TilingError::kLandWarps;
   const DecodeDims d = DeriveDecodeDims(s);
   if ((s.token_tile / 8) % d.warps_n != 0) return TilingError::kSColumns;

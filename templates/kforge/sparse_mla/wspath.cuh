@@ -139,6 +139,44 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
   }
 }
 
+// The producer of a direct format (bf16): every tile's rows copied straight
+// into a free bf16 KV tile with cp.async (LoadRow; kThreadsPerRow threads a
+// row, 16 rows a pass), nothing held in registers. Each producer thread
+// arrives on the tile's `full` twice: once plainly after writing its rows'
+// validity flags, once (cp.async.mbarrier.arrive.noinc) when its copies have
+// landed; the MMA warps' wait then sees both.
+template <class T>
+__device__ __forceinline__ void WsCopy(const DecodeParams& p, const DecodeWork& w,
+                                       const DecodeSmem& sm, const ThreadRoles& r, ptx::u32 full,
+                                       ptx::u32 empty) {
+  constexpr int kRowsPerPass = T::kLandWarps * 32 / kThreadsPerRow;
+  static_assert(T::kTokenTile % kRowsPerPass == 0, "whole passes of the producer");
+  const int tid = (r.warp - T::kWarps) * 32 + r.lane;
+  const int row0 = tid / kThreadsPerRow, sub = tid % kThreadsPerRow;
+  const KvView v = MainKv(p);
+#pragma unroll 1
+  for (int t = 0; t < w.num_tiles; ++t) {
+    const int stage = t % T::kStages;
+    int slot[T::kTokenTile / kRowsPerPass];
+#pragma unroll
+    for (int i = 0; i < T::kTokenTile / kRowsPerPass; ++i) {
+      const int pos = w.begin + t * T::kTokenTile + row0 + i * kRowsPerPass;
+      slot[i] = pos < w.main_end ? __ldg(w.idx_row + pos) : -1;
+    }
+    ptx::MbarWait(empty + 8 * stage, ((t / T::kStages) & 1) ^ 1);
+#pragma unroll
+    for (int i = 0; i < T::kTokenTile / kRowsPerPass; ++i) {
+      const int row = row0 + i * kRowsPerPass;
+      const bool ok = slot[i] >= 0 && slot[i] < v.num_slots;
+      T::Kv::template LoadRow<T, T::kPageBlock>(v, slot[i], ok, sm, stage, row, sub);
+      if (sub == 0) sm.valid[stage * T::kTokenTile + row] = ok;
+    }
+    ptx::CpAsyncCommit();
+    ptx::CpAsyncMbarArrive(full + 8 * stage);
+    ptx::MbarArrive(full + 8 * stage);
+  }
+}
+
 template <class T, int kClusterSplits_>
 __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
   static_assert(T::kWarpSpecialized && T::kWgmma && T::kWarps == 8 && T::kLandWarps == 4 &&
@@ -157,7 +195,8 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < T::kStages; ++s) {
-      ptx::MbarInit(full + 8 * s, T::kLandWarps * 32);
+      // A direct format's producer arrives twice a tile (WsCopy).
+      ptx::MbarInit(full + 8 * s, (T::kStaged ? 1 : 2) * T::kLandWarps * 32);
       ptx::MbarInit(empty + 8 * s, T::kWarps * 32);
     }
     ptx::MbarInit(p_full, T::kWarps / 2 * 32);  // a warpgroup's threads
@@ -185,7 +224,13 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
   stats.Init();
   if (!r.mma) {
     ptx::SetMaxNRegDec<kWsRegsProducer>();
-    WsProduce<T>(p, w, sm, r, full, empty);
+    if constexpr (T::kStaged) {
+      WsProduce<T>(p, w, sm, r, full, empty);
+    } else {
+      WsCopy<T>(p, w, sm, r, full, empty);
+      // The last tiles' copies landed before the epilogue overlays them.
+      ptx::CpAsyncWait<0>();
+    }
     OAccum<T> none;
     FinishDecode<T, kClusterSplits_, false>(p, w, sm, r, pv, none, stats);
     return;
@@ -203,6 +248,9 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
       // here too so this warpgroup's reads of the tile rest on the
       // producer's own release, not only on that chain.
       ptx::MbarWait(full + 8 * stage, (t / T::kStages) & 1);
+      // A direct format's tile was written by the producer's cp.async
+      // copies: to wgmma's async proxy on this side.
+      if constexpr (!T::kStaged) ptx::FenceProxyAsync();
       RescaleO<T>(o, pv, sm);
       pv.Accumulate(o, sm, sm.kv_addr + stage * T::kTileBytes);
       ptx::MbarArrive(empty + 8 * stage);
@@ -218,6 +266,7 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
   for (int t = 0; t < w.num_tiles; ++t) {
     const int stage = t % T::kStages;
     ptx::MbarWait(full + 8 * stage, (t / T::kStages) & 1);
+    if constexpr (!T::kStaged) ptx::FenceProxyAsync();  // as in the PV warps
     const ptx::u32 k_tile = sm.kv_addr + stage * T::kTileBytes;
     float s[T::kSM][T::kSN][4];
     qk.Start(s, k_tile);

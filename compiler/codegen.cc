@@ -138,6 +138,12 @@ const TileConfig kSmallBatchCandidates[] = {{64, 2, 4}, {32, 2, 4}};
 constexpr int kSmallBatchCtasBf16 = 32;
 constexpr int kSmallBatchCtasStaged = 8;  // measured with fp8_ds_mla
 
+// 16-CTA thread-block clusters (the cluster entries' size) the H200 runs
+// at once (cuOccupancyMaxActiveClusters, BENCH.md 2026-12-02): the
+// small-batch rule's guess of the device; the selector checks the real
+// number (DeviceInfo::max_active_clusters) at every call.
+constexpr int kSixteenCtaClustersH200 = 7;
+
 // A cache dtype as a module name part; fp8_ds_mla names its scale
 // convention too: fp8_ds_mla_pow2 / _arbitrary.
 std::string DtypeTag(v1::KvCacheDtype dtype, v1::KvScaleFormat scale_format) {
@@ -347,10 +353,27 @@ v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arc
 v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arch& arch,
                                         const v1::KernelTiling& main) {
   v1::SmallBatchPath path;
-  const int per_group = HeadsPerGroup(static_cast<int>(spec.num_q_heads()), 16);
+  const int heads = static_cast<int>(spec.num_q_heads());
+  // sm_90a, a staged format, more 16-head groups than the H200 runs 16-CTA
+  // clusters at once (above 112 heads): 32-head tiles of 8 MMA warps, so
+  // batch 1 runs as clusters (4 at 128 heads) in one launch rather than 16
+  // splits + combine. H200 128 x 1: fp8_ds_mla 18.1 -> 16.8-17.1 us, V4
+  // 17.5 -> 16.6-16.7; at 64 heads, where the 16-head clusters fit, 32-head
+  // tiles lost (BENCH.md, "a 32-head small-batch tiling").
+  // Only where those tiles fit with their cluster entry (not under a
+  // --max-smem-per-block cap, which has no clusters).
   v1::KernelTiling tiling;
-  for (const TileConfig& c : kSmallBatchCandidates) {
-    if (Fit(spec, 16, per_group, c, arch, &tiling)) break;
+  bool wide_heads = false;
+  if (HasWgmma(arch) && StagedKv(spec) && (heads + 15) / 16 > kSixteenCtaClustersH200 &&
+      Fit(spec, 32, HeadsPerGroup(heads, 32), TileConfig{64, 2, 8}, arch, &tiling)) {
+    FinishTiling(spec, arch, &tiling);
+    wide_heads = ClusterFits(spec, arch, tiling, sparse_mla::kClusterSplits);
+    if (!wide_heads) tiling = v1::KernelTiling();
+  }
+  if (!wide_heads) {
+    for (const TileConfig& c : kSmallBatchCandidates) {
+      if (Fit(spec, 16, HeadsPerGroup(heads, 16), c, arch, &tiling)) break;
+    }
   }
   if (tiling.head_tile() == 0) return path;
   FinishTiling(spec, arch, &tiling);
@@ -362,8 +385,10 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
   // A staged format dequantises each tile in the CTA (Land) on the
   // latency path: land-only warps spread it over twice the warps, where
   // they cost no resident CTA (their registers would otherwise be idle).
+  // The 32-head tiles have 8 warps already (8 + 8 spilled and ran no
+  // faster).
   v1::LaunchRule launch = MakeLaunchRule(spec, tiling, arch, EntryOccupancy::kLatency);
-  if (StagedKv(spec)) {
+  if (StagedKv(spec) && !wide_heads) {
     v1::KernelTiling with = tiling;
     with.set_land_warps(tiling.warps());
     if (sparse_mla::CheckDecodeTiling(DecodeShapeFor(spec, with)) == sparse_mla::TilingError::kOk) {
@@ -384,8 +409,12 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
     path.mutable_launch()->set_min_tiles_per_split(1);
   }
   const int ctas = StagedKv(spec) ? kSmallBatchCtasStaged : kSmallBatchCtasBf16;
-  path.set_max_tokens(
-      static_cast<uint32_t>(std::max(1, ctas / static_cast<int>(tiling.num_head_groups()))));
+  // The 32-head tiles serve batch 1 only: at batch 2 their clusters no
+  // longer fit either, and the throughput tiling's wide cluster entry takes
+  // over (fp8 128 x 2: 23.1 us as 32-head split + combine, 18.4 there).
+  path.set_max_tokens(wide_heads ? 1u
+                                 : static_cast<uint32_t>(std::max(
+                                       1, ctas / static_cast<int>(tiling.num_head_groups()))));
   // The cluster entry: sm_90a and sm_100a, whose GPCs run 16-CTA clusters
   // once a kernel opts into non-portable sizes (measured on the H200; the
   // 99 KB parts, sm_120/121, promise only 8, and 8 merged splits lost to 16

@@ -419,7 +419,16 @@ TEST(ChooseSmallBatchPath, LandWarpsForStagedFormatsWhereTheyCostNoCta) {
       const v1::KernelTiling& st = small.tiling();
       const int by_smem =
           arch.smem_per_sm / (DecodeSmemBytesFor(fp8, st) + Arch::kReservedSmemPerBlock);
-      if (arch.max_smem_per_block >= 160 * 1024) {
+      if (st.head_tile() == 32) {
+        // sm_90a above 112 heads: 32-head tiles of 8 MMA warps, batch 1
+        // only (ChooseSmallBatchPath), with their cluster entry.
+        EXPECT_EQ(arch.name, std::string("sm_90a")) << where;
+        EXPECT_GT(heads, 112) << where;
+        EXPECT_EQ(st.warps(), 8u) << where;
+        EXPECT_EQ(st.land_warps(), 0u) << where;
+        EXPECT_EQ(small.max_tokens(), 1u) << where;
+        EXPECT_EQ(small.cluster_entry(), kClusterEntry) << where;
+      } else if (arch.max_smem_per_block >= 160 * 1024) {
         EXPECT_EQ(st.land_warps(), st.warps()) << where;
       } else {
         EXPECT_EQ(st.land_warps(), by_smem == 1 ? st.warps() : 0u) << where;

@@ -191,12 +191,14 @@ TEST(Select, SmallBatchPathUpToItsMaxTokens) {
     int tp;
     v1::KvCacheDtype dtype;
     uint32_t max_tokens;  // 0: no small-batch path
+    uint32_t head_tile;
   };
-  for (const Case& c :
-       {Case{"deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_BF16, 4},
-        Case{"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 8}, Case{"glm-5", 8, v1::KV_CACHE_DTYPE_BF16, 32},
-        Case{"deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 1},
-        Case{"glm-5", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 2}}) {
+  for (const Case& c : {Case{"deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_BF16, 4, 16},
+                        Case{"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 8, 16},
+                        Case{"glm-5", 8, v1::KV_CACHE_DTYPE_BF16, 32, 16},
+                        // 128 heads of a staged format: 32-head tiles, batch 1 only.
+                        Case{"deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 1, 32},
+                        Case{"glm-5", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 2, 16}}) {
     SCOPED_TRACE(absl::StrCat(c.preset, " tp", c.tp, " dtype ", c.dtype));
     absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(c.preset, c.tp);
     ASSERT_TRUE(spec.ok()) << spec.status();
@@ -209,7 +211,7 @@ TEST(Select, SmallBatchPathUpToItsMaxTokens) {
     const v1::ManifestVariant& v = m->variants(0);
     EXPECT_EQ(v.small_batch().entry(), kSmallBatchEntry);
     EXPECT_EQ(v.small_batch().max_tokens(), c.max_tokens);
-    EXPECT_EQ(v.small_batch().tiling().head_tile(), 16u);
+    EXPECT_EQ(v.small_batch().tiling().head_tile(), c.head_tile);
     EXPECT_EQ(v.small_batch().tiling().token_tile(), 64u);
     for (int batch : {1, 2, 4, 8, 16, 32, 33, 64}) {
       const RuntimeShape shape = ShapeFor(v.spec(), batch, 1);

@@ -53,10 +53,6 @@ __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
-// The same for `bytes` bytes from p (both multiples of 16; sm_90+, the TMA
-// unit): one instruction for a whole record.
-__device__ __forceinline__ void BulkPrefetchL2(const void* p, u32 bytes);
-
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
@@ -390,6 +386,8 @@ __device__ __forceinline__ void MbarWait(u32 bar, u32 parity) {
                    "r"(parity)
                    : "memory"));
 }
+// PrefetchL2 for `bytes` bytes from p (both multiples of 16; sm_90+, the
+// TMA unit): one instruction for a whole record.
 __device__ __forceinline__ void BulkPrefetchL2(const void* p, u32 bytes) {
   KFORGE_SM90_ONLY(asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes)
                                 : "memory"));

@@ -101,6 +101,18 @@ std::vector<std::string> Missing(const std::string& manifest_arch, const v1::Att
 
 uint32_t CeilDiv(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
+// A cluster entry's size is compiled into it (config.h `constant`): a
+// manifest that says another is refused by name rather than launched with
+// a grid that merges wrongly. An empty entry (none) passes; the message
+// names the field, not the manifest's entry string.
+absl::Status CheckCompiledSplits(int index, std::string_view field, const std::string& entry,
+                                 uint32_t splits, int compiled, std::string_view constant) {
+  if (entry.empty() || splits == static_cast<uint32_t>(compiled)) return absl::OkStatus();
+  return Invalid(absl::StrCat("manifest.variants[", index, "].", AsAbsl(field)),
+                 absl::StrCat("got ", splits, "; its cluster entry is compiled for ", compiled,
+                              " (templates/kforge/sparse_mla/config.h ", AsAbsl(constant), ")"));
+}
+
 }  // namespace
 
 absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo& device,
@@ -134,29 +146,28 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
                        static_cast<uint32_t>(num_tokens) <= v.small_batch().max_tokens();
     const v1::KernelTiling& tiling = small ? v.small_batch().tiling() : v.tiling();
     const v1::LaunchRule& launch = small ? v.small_batch().launch() : v.launch();
-    if (small && !v.small_batch().cluster_entry().empty() &&
-        v.small_batch().cluster_splits() != static_cast<uint32_t>(sparse_mla::kClusterSplits)) {
-      return Invalid(
-          absl::StrCat("manifest.variants[", index, "].small_batch.cluster_splits"),
-          absl::StrCat("got ", v.small_batch().cluster_splits(),
-                       "; the cluster entry is compiled for ", sparse_mla::kClusterSplits,
-                       " (templates/kforge/sparse_mla/config.h kClusterSplits)"));
-    }
-    if (!small && !v.cluster().entry().empty() &&
-        v.cluster().splits() != static_cast<uint32_t>(sparse_mla::kMainClusterSplits)) {
-      return Invalid(
-          absl::StrCat("manifest.variants[", index, "].cluster.splits"),
-          absl::StrCat("got ", v.cluster().splits(), "; the cluster entry is compiled for ",
-                       sparse_mla::kMainClusterSplits,
-                       " (templates/kforge/sparse_mla/config.h kMainClusterSplits)"));
-    }
-    if (!small && !v.cluster().wide_entry().empty() &&
-        v.cluster().wide_splits() != static_cast<uint32_t>(sparse_mla::kClusterSplits)) {
-      return Invalid(
-          absl::StrCat("manifest.variants[", index, "].cluster.wide_splits"),
-          absl::StrCat("got ", v.cluster().wide_splits(),
-                       "; the wide cluster entry is compiled for ", sparse_mla::kClusterSplits,
-                       " (templates/kforge/sparse_mla/config.h kClusterSplits)"));
+    // The cluster entries the chosen path may take.
+    const v1::ClusterPath& c = v.cluster();
+    if (small) {
+      if (absl::Status s = CheckCompiledSplits(
+              index, "small_batch.cluster_splits", v.small_batch().cluster_entry(),
+              v.small_batch().cluster_splits(), sparse_mla::kClusterSplits, "kClusterSplits");
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      if (absl::Status s =
+              CheckCompiledSplits(index, "cluster.splits", c.entry(), c.splits(),
+                                  sparse_mla::kMainClusterSplits, "kMainClusterSplits");
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s =
+              CheckCompiledSplits(index, "cluster.wide_splits", c.wide_entry(), c.wide_splits(),
+                                  sparse_mla::kClusterSplits, "kClusterSplits");
+          !s.ok()) {
+        return s;
+      }
     }
     if (tiling.num_head_groups() == 0 || launch.block_threads() == 0) {
       return Invalid(absl::StrCat("manifest.variants[", index, "]", small ? ".small_batch" : ""),

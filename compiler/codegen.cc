@@ -186,16 +186,25 @@ void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTil
   tiling->set_wgmma(HasWgmma(arch) && sparse_mla::WgmmaCovers(shape) && ShapeFits(shape, arch));
   // The wgmma tiling of one cache of a format that measured faster with a
   // producer warpgroup (KvFormatInfo::warp_specialized) gets one where it
-  // fits (config.h WarpSpecialized). Its producers (the formats' register
-  // seam, bf16's row copies) read the main cache only.
-  if (tiling->wgmma() && tiling->land_warps() == 0 && KvFormatOf(spec).warp_specialized &&
-      !spec.has_extra_kv()) {
-    shape.land_warps = 4;
-    if (sparse_mla::WarpSpecialized(shape) && ShapeFits(shape, arch)) tiling->set_land_warps(4);
-  }
+  // fits (config.h WarpSpecialized), and so does that of a crossover
+  // format (KvFormatInfo::crossover) whose head groups pair up, which then
+  // runs as crossover pairs (config.h PairCovers). Their producers (the
+  // formats' register seam, bf16's row copies) read the main cache only.
   const int heads = static_cast<int>(spec.num_q_heads());
   const int per_group = static_cast<int>(tiling->heads_per_group());
-  tiling->set_num_head_groups((heads + per_group - 1) / per_group);
+  const int groups = (heads + per_group - 1) / per_group;
+  const KvFormatInfo& kv = KvFormatOf(spec);
+  const bool pairs = kv.crossover && groups % 2 == 0;
+  tiling->set_crossover(false);
+  if (tiling->wgmma() && tiling->land_warps() == 0 && (kv.warp_specialized || pairs) &&
+      !spec.has_extra_kv()) {
+    shape.land_warps = 4;
+    if (sparse_mla::WarpSpecialized(shape) && ShapeFits(shape, arch)) {
+      tiling->set_land_warps(4);
+      tiling->set_crossover(pairs && sparse_mla::PairCovers(shape));
+    }
+  }
+  tiling->set_num_head_groups(groups);
 }
 
 // The shape asked for by hand, checked by the same rules as a chosen one.
@@ -330,7 +339,13 @@ bool ClusterFits(const v1::AttentionSpec& spec, const Arch& arch, const v1::Kern
 v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arch,
                                   const v1::KernelTiling& main) {
   v1::ClusterPath path;
-  if (ClusterFits(spec, arch, main, sparse_mla::kMainClusterSplits)) {
+  // A format whose tiling is warp-specialised only for its crossover pairs
+  // gets no 2-split cluster (it runs the pipeline without the pair, which
+  // spilled and ran slower for it): H200 nvfp4_ds_mla 128 x 32, 2 merged
+  // splits 91.3 us, the pair's 2 splits + combine 82.8 (BENCH.md,
+  // "crossover pairs").
+  const bool pair_only = main.crossover() && !KvFormatOf(spec).warp_specialized;
+  if (!pair_only && ClusterFits(spec, arch, main, sparse_mla::kMainClusterSplits)) {
     path.set_entry(kMainClusterEntry);
     path.set_splits(sparse_mla::kMainClusterSplits);
   }
@@ -482,13 +497,17 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
   auto min_blocks = [](const v1::LaunchRule& rule) {
     return std::max<uint32_t>(1, rule.ctas_per_sm());
   };
-  auto main_entry = [&](const char* traits_name, const char* entry, uint32_t blocks) {
+  // pair: the crossover pairs' entry (KernelTiling.crossover), a 2-CTA
+  // cluster over head groups.
+  auto main_entry = [&](const char* traits_name, const char* entry, uint32_t blocks,
+                        bool pair = false) {
     absl::StrAppendFormat(&src,
-                          "extern \"C\" __global__ void __launch_bounds__(%s::kThreads, %d)\n"
+                          "extern \"C\" __global__ void %s__launch_bounds__(%s::kThreads, %d)\n"
                           "%s(const ks::DecodeParams p) {\n"
-                          "  ks::DecodeMain<%s>(p);\n"
+                          "  ks::DecodeMain<%s%s>(p);\n"
                           "}\n\n",
-                          traits_name, blocks, entry, traits_name);
+                          pair ? "__cluster_dims__(2, 1, 1)\n" : "", traits_name, blocks, entry,
+                          traits_name, pair ? ", 0, true" : "");
   };
   traits("Traits", tiling);
   const bool with_small = !small.entry().empty();
@@ -503,7 +522,7 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
                           "}\n\n",
                           splits, traits_name, blocks, entry, traits_name, splits);
   };
-  main_entry("Traits", kMainEntry, min_blocks(launch));
+  main_entry("Traits", kMainEntry, min_blocks(launch), tiling.crossover());
   if (!cluster.entry().empty()) {
     cluster_entry("Traits", kMainClusterEntry, cluster.splits(), min_blocks(launch));
   }

@@ -52,11 +52,19 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, con
 v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arch& arch,
                                         const v1::KernelTiling& main);
 
-// The throughput tiling's cluster entry (v1::ClusterPath): sm_90a and
+// The throughput tiling's cluster entries (v1::ClusterPath): sm_90a and
 // sm_100a, where the merge buffer fits and every split has a token tile;
-// entry empty otherwise.
+// each entry empty otherwise (the 2-split one also for a tiling that is
+// warp-specialised only for its crossover pairs, where the 16-split one
+// may still be there).
 v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arch,
                                   const v1::KernelTiling& main);
+
+// Whether `path` has either entry (what an artifact and a manifest variant
+// then carry).
+inline bool HasClusterEntries(const v1::ClusterPath& path) {
+  return !path.entry().empty() || !path.wide_entry().empty();
+}
 
 // What an entry is compiled for: many resident CTAs (throughput: the main
 // kernel and its cluster entry) or registers (latency: the small-batch

@@ -156,7 +156,7 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   artifact.set_main_entry(kMainEntry);
   artifact.set_combine_entry(kCombineEntry);
   if (!plan.small_batch.entry().empty()) *artifact.mutable_small_batch() = plan.small_batch;
-  if (!plan.cluster.entry().empty()) *artifact.mutable_cluster() = plan.cluster;
+  if (HasClusterEntries(plan.cluster)) *artifact.mutable_cluster() = plan.cluster;
   *artifact.mutable_cubin_info() = *std::move(info);
   artifact.set_compiler_version(CompilerVersion());
   for (const std::string& o : compiled->options) artifact.add_nvrtc_options(o);

@@ -30,7 +30,7 @@ absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
   v->set_main_entry(kMainEntry);
   v->set_combine_entry(kCombineEntry);
   if (!plan->small_batch.entry().empty()) *v->mutable_small_batch() = plan->small_batch;
-  if (!plan->cluster.entry().empty()) *v->mutable_cluster() = plan->cluster;
+  if (HasClusterEntries(plan->cluster)) *v->mutable_cluster() = plan->cluster;
   manifest.add_choice_order(0);
   return manifest;
 }

@@ -173,6 +173,13 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
       return Invalid(absl::StrCat("manifest.variants[", index, "]", small ? ".small_batch" : ""),
                      "tiling.num_head_groups and launch.block_threads must be > 0");
     }
+    // A crossover tiling's main entry is compiled as 2-CTA clusters over
+    // head groups: an odd count cannot launch.
+    if (!small && tiling.crossover() && tiling.num_head_groups() % 2 != 0) {
+      return Invalid(
+          absl::StrCat("manifest.variants[", index, "].tiling"),
+          absl::StrCat("crossover needs an even num_head_groups, got ", tiling.num_head_groups()));
+    }
     Selection sel;
     sel.variant_index = index;
     sel.variant = &v;

@@ -51,6 +51,13 @@ struct KvFormatInfo {
   // lockstep pipeline on the H200 (BENCH.md "the warp-specialised
   // pipeline"; bf16: "bf16 on the warp-specialised pipeline").
   bool warp_specialized;
+  // ... and, where its head groups pair up (an even count), runs it as
+  // crossover pairs (KernelTiling.crossover): each record loaded and
+  // converted once for two head groups. Measured faster for the records
+  // whose conversion bounds the producer (BENCH.md, "crossover pairs"):
+  // such a format gets the warp-specialised tiling there even without
+  // warp_specialized.
+  bool crossover;
 };
 
 // Every row, bf16 first.

@@ -478,10 +478,14 @@ TEST(ChooseTiling, NewRecordsTableOverArchsAndHeads) {
         const sparse_mla::DecodeSmemLayout l = sparse_mla::MakeDecodeSmemLayout(shape);
         const int tokens = static_cast<int>(t->token_tile());
         // V4's 64-head wgmma tiling: the warp-specialised pipeline (two
-        // bf16 tiles, no staging buffer); the others stage.
-        const bool ws =
-            f.dtype == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4 && t->wgmma() && t->head_tile() == 64;
+        // bf16 tiles, no staging buffer), and every such tiling of these
+        // records whose head groups pair up: crossover pairs; the others
+        // stage.
+        const bool wide = t->wgmma() && t->head_tile() == 64;
+        const bool pairs = wide && t->num_head_groups() % 2 == 0;
+        const bool ws = pairs || (wide && f.dtype == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4);
         EXPECT_EQ(sparse_mla::WarpSpecialized(shape), ws) << where;
+        EXPECT_EQ(t->crossover(), pairs) << where;
         if (ws) {
           EXPECT_EQ(l.kv_staging - l.kv, 2 * tokens * (512 + f.rope) * 2) << where;
           EXPECT_EQ(l.p, l.kv_staging) << where;
@@ -843,9 +847,12 @@ TEST(ChooseTiling, WarpSpecialisedWhereMeasuredFaster) {
       ASSERT_TRUE(other.ok()) << where << " " << arch;
       EXPECT_EQ(other->land_warps(), 0u) << where << " " << arch;
     }
+    EXPECT_FALSE(t->crossover()) << where;  // measured no faster for fp8_ds_mla
     // DeepSeek-V4's records too, and bf16 (its producer copies rows with
-    // cp.async); V4.1 and nvfp4 measured slower with it (BENCH.md); an
-    // extra cache is not in its thread map.
+    // cp.async); V4.1 and nvfp4 measured slower with it (BENCH.md) except as
+    // crossover pairs, where the head groups pair up (100 and 128 heads: 2
+    // groups), as V4 then also runs; an extra cache is not in its thread
+    // map.
     for (v1::KvCacheDtype d :
          {v1::KV_CACHE_DTYPE_BF16, v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4,
           v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, v1::KV_CACHE_DTYPE_NVFP4_DS_MLA}) {
@@ -856,9 +863,13 @@ TEST(ChooseTiling, WarpSpecialisedWhereMeasuredFaster) {
         spec.set_rope_dim(0);
       absl::StatusOr<v1::KernelTiling> o = ChooseTiling(spec, hopper);
       ASSERT_TRUE(o.ok()) << where << " " << KvDtypeName(d);
-      EXPECT_EQ(o->land_warps(),
-                d == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4 || d == v1::KV_CACHE_DTYPE_BF16 ? 4u : 0u)
+      const bool pairs = d != v1::KV_CACHE_DTYPE_BF16 && o->num_head_groups() % 2 == 0;
+      EXPECT_EQ(o->num_head_groups(), heads > 64 ? 2u : 1u) << where;
+      EXPECT_EQ(
+          o->land_warps(),
+          d == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4 || d == v1::KV_CACHE_DTYPE_BF16 || pairs ? 4u : 0u)
           << where << " " << KvDtypeName(d);
+      EXPECT_EQ(o->crossover(), pairs) << where << " " << KvDtypeName(d);
     }
     v1::AttentionSpec extra = fp8;
     extra.mutable_extra_kv()->set_topk(128);
@@ -868,6 +879,58 @@ TEST(ChooseTiling, WarpSpecialisedWhereMeasuredFaster) {
     absl::StatusOr<v1::KernelTiling> x = ChooseTiling(extra, hopper);
     ASSERT_TRUE(x.ok()) << where;
     EXPECT_EQ(x->land_warps(), 0u) << where;
+  }
+}
+
+// Crossover pairs (KernelTiling.crossover): the V4, V4.1 and nvfp4 records'
+// 64-head sm_90a tiling where its head groups pair up. The main entry is
+// compiled as 2-CTA clusters over head groups; the formats that run the
+// warp-specialised pipeline only as pairs (V4.1, nvfp4) get no 2-split
+// cluster entry, V4 keeps its, all keep the 16-split one; fp8_ds_mla and
+// bf16, other archs and one head group: no pairs.
+TEST(ChooseTiling, CrossoverPairsWhereTheHeadGroupsPairUp) {
+  const Arch& hopper = ArchNamed("sm_90a");
+  const std::string paired_main =
+      "extern \"C\" __global__ void __cluster_dims__(2, 1, 1)\n"
+      "__launch_bounds__(Traits::kThreads, 1)\n"
+      "sparse_mla_decode_main(const ks::DecodeParams p) {\n"
+      "  ks::DecodeMain<Traits, 0, true>(p);\n}";
+  for (v1::KvCacheDtype d :
+       {v1::KV_CACHE_DTYPE_BF16, v1::KV_CACHE_DTYPE_FP8_DS_MLA, v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4,
+        v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, v1::KV_CACHE_DTYPE_NVFP4_DS_MLA}) {
+    const bool records = d != v1::KV_CACHE_DTYPE_BF16 && d != v1::KV_CACHE_DTYPE_FP8_DS_MLA;
+    const int rope =
+        d == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4 || d == v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41 ? 0 : 64;
+    for (int heads : {64, 100, 128}) {
+      const std::string where = absl::StrCat(KvDtypeName(d), " heads=", heads);
+      v1::AttentionSpec spec = SpecWith(heads, 512, rope);
+      spec.set_kv_cache_dtype(d);
+      if (d == v1::KV_CACHE_DTYPE_FP8_DS_MLA) spec.set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+      absl::StatusOr<v1::KernelTiling> t = ChooseTiling(spec, hopper);
+      ASSERT_TRUE(t.ok()) << where << ": " << t.status();
+      const bool pairs = records && heads > 64;
+      EXPECT_EQ(t->crossover(), pairs) << where;
+      if (pairs) {
+        EXPECT_EQ(t->num_head_groups(), 2u) << where;
+        EXPECT_EQ(t->land_warps(), 4u) << where;
+        EXPECT_TRUE(sparse_mla::PairCovers(DecodeShapeFor(spec, *t))) << where;
+      }
+      const v1::ClusterPath cluster = ChooseMainCluster(spec, hopper, *t);
+      // The 2-split cluster (without the pair) for V4 and the unpaired;
+      // the 16-split one for every warp-specialised staged tiling.
+      EXPECT_EQ(!cluster.entry().empty(), !pairs || d == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4) << where;
+      if (pairs) EXPECT_FALSE(cluster.wide_entry().empty()) << where;
+      const std::string src = GenerateSource(spec, *t, MakeLaunchRule(spec, *t, hopper),
+                                             ChooseSmallBatchPath(spec, hopper, *t), cluster);
+      EXPECT_EQ(src.find(paired_main) != std::string::npos, pairs) << where;
+      EXPECT_EQ(src.find("__cluster_dims__(2, 1, 1)") != std::string::npos, pairs) << where;
+      // No other arch runs pairs (no warp-specialised tiling there).
+      for (const char* arch : {"sm_80", "sm_100a", "sm_120a"}) {
+        absl::StatusOr<v1::KernelTiling> other = ChooseTiling(spec, ArchNamed(arch));
+        ASSERT_TRUE(other.ok()) << where << " " << arch;
+        EXPECT_FALSE(other->crossover()) << where << " " << arch;
+      }
+    }
   }
 }
 

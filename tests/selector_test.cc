@@ -353,6 +353,41 @@ TEST(Select, MainClusterEntryWhereTheRuleSplitsTwoWays) {
       << refused.status();
 }
 
+// A crossover tiling's main entry launches as 2-CTA clusters over head
+// groups: a manifest that pairs an odd number of them is refused, not
+// launched.
+TEST(Select, CrossoverNeedsAnEvenHeadGroupCount) {
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("deepseek-v3.2", 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41);
+  spec->set_kv_scale_format(v1::KV_SCALE_FORMAT_UNSPECIFIED);
+  spec->set_rope_dim(0);
+  absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, "sm_90a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(m->variants(0).tiling().crossover());
+  ASSERT_EQ(m->variants(0).tiling().num_head_groups(), 2u);
+  // V4.1 runs the warp-specialised pipeline only as pairs: no 2-split
+  // cluster, but the 16-split one, which the manifest carries and batch 2
+  // takes on a 7-cluster H200.
+  EXPECT_TRUE(m->variants(0).cluster().entry().empty());
+  EXPECT_EQ(m->variants(0).cluster().wide_entry(), kMainWideClusterEntry);
+  absl::StatusOr<Selection> two =
+      Select(*m, DeviceInfo{"sm_90a", kSms, 0, 7}, ShapeFor(m->variants(0).spec(), 2, 1));
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(*two->main_entry, kMainWideClusterEntry);
+  const RuntimeShape shape = ShapeFor(m->variants(0).spec(), 64, 1);
+  absl::StatusOr<Selection> sel = Select(*m, DeviceInfo{"sm_90a", kSms}, shape);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  EXPECT_FALSE(sel->small_batch);
+  EXPECT_EQ(sel->grid_x, 2u);
+  m->mutable_variants(0)->mutable_tiling()->set_num_head_groups(3);
+  sel = Select(*m, DeviceInfo{"sm_90a", kSms}, shape);
+  ASSERT_FALSE(sel.ok());
+  EXPECT_NE(sel.status().message().find("crossover needs an even num_head_groups, got 3"),
+            std::string::npos)
+      << sel.status();
+}
+
 // The warp-specialised tiling (fp8_ds_mla and V4 on sm_90a) has a second,
 // 16-CTA cluster entry: taken where the throughput rule splits 16 ways and
 // the clusters fit the device at once (128 heads x batch 2 and 3, 64 heads x

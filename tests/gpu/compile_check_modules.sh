@@ -68,6 +68,8 @@ for fmt in KV_CACHE_DTYPE_FP8_DS_MLA_V4:0 KV_CACHE_DTYPE_MXFP8_DS_MLA_V41:0 KV_C
   done
   jobs+=("$(write_spec 64 1152 0.0625 true 64 $fmt $rope) sm_90a 101376")
   jobs+=("$(write_spec 8 63 0.0625 false 16 $fmt $rope) sm_90a 101376")
+  # Crossover pairs of two short head groups (50 of 64 rows), pages of 16.
+  jobs+=("$(write_spec 100 1152 0.0625 true 16 $fmt $rope) sm_90a 0")
 done
 # Other latent widths (bf16): the combine's column slices (CombineSlices:
 # 256 -> 4 slices, 448 -> 1 slice of 7 pairs, 384 -> 2) and the small-batch

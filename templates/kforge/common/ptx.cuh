@@ -502,6 +502,50 @@ __device__ __forceinline__ u32 AtomAddClusterU32(u32 addr, u32 v) {
   return old;
 }
 
+// The crossover pair (wspath.cuh) across two CTAs of a cluster, on
+// MapShared addresses in the peer's shared memory:
+// StAsync*: a store that, once it has landed, completes its bytes on the
+// peer's mbarrier `bar` (release at cluster scope), so the peer's wait on
+// that barrier (MbarWaitCluster) sees the bytes.
+__device__ __forceinline__ void StAsync128(u32 addr, u32 a, u32 b, u32 c, u32 d, u32 bar) {
+  KFORGE_SM90_ONLY(asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+      "[%5];\n" ::"r"(addr),
+      "r"(a), "r"(b), "r"(c), "r"(d), "r"(bar)
+      : "memory"));
+}
+__device__ __forceinline__ void StAsync64(u32 addr, u32 a, u32 b, u32 bar) {
+  KFORGE_SM90_ONLY(
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, "
+                   "[%3];\n" ::"r"(addr),
+                   "r"(a), "r"(b), "r"(bar)
+                   : "memory"));
+}
+__device__ __forceinline__ void StAsync32(u32 addr, u32 v, u32 bar) {
+  KFORGE_SM90_ONLY(asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),
+      "r"(v), "r"(bar)
+      : "memory"));
+}
+// `count` arrivals on the peer's mbarrier at `bar` (release at cluster
+// scope: this thread's earlier accesses are ordered before them).
+__device__ __forceinline__ void MbarArriveCluster(u32 bar, u32 count) {
+  KFORGE_SM90_ONLY(asm volatile(
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count)
+      : "memory"));
+}
+// MbarWait with acquire at cluster scope: what the peer released to this
+// barrier (its arrivals, its StAsync bytes) is visible after it.
+__device__ __forceinline__ void MbarWaitCluster(u32 bar, u32 parity) {
+  KFORGE_SM90_ONLY(
+      asm volatile("{\n.reg .pred done;\n"
+                   "KFORGE_MBAR_WAIT_CLUSTER:\n"
+                   "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+                   "@!done bra KFORGE_MBAR_WAIT_CLUSTER;\n}\n" ::"r"(bar),
+                   "r"(parity)
+                   : "memory"));
+}
+
 __device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }
 
 }  // namespace ptx

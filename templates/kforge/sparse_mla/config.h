@@ -305,6 +305,19 @@ KFORGE_HD constexpr bool StagedPipeline(const DecodeShape& s) {
 KFORGE_HD constexpr bool WarpSpecialized(const DecodeShape& s) {
   return s.wgmma && s.land_warps == 4;
 }
+// The crossover pair (wspath.cuh WsProducePair): a staged format's
+// warp-specialised tiling run as 2-CTA clusters over two head groups, each
+// CTA converting half of every tile's rows into both CTAs' tiles. Its
+// producer maps one row a lane over the 512 latent columns (and 64 rope).
+KFORGE_HD constexpr bool PairCovers(const DecodeShape& s) {
+  return WarpSpecialized(s) && StagedPipeline(s) && s.token_tile == 64 && s.d_v == 512 &&
+         (s.rope == 0 || s.rope == 64);
+}
+// The bytes one CTA of the pair stores into the other's shared memory per
+// tile: half the tile's bf16 rows and their validity flags.
+KFORGE_HD constexpr int PairBytesPerTile(const DecodeShape& s) {
+  return s.token_tile / 2 * (2 * (s.d_v + s.rope) + 4);
+}
 KFORGE_HD constexpr int KvTiles(const DecodeShape& s) {
   return StagedPipeline(s) && !WarpSpecialized(s) ? 1 : s.stages;
 }

@@ -115,13 +115,15 @@ __device__ __forceinline__ void DecodeSmemPipeline(const DecodeParams& p) {
 
 // The main kernel: the register pipeline (regpath.cuh) or the
 // warp-specialised one (wspath.cuh) where the tiling asks for it, else the
-// shared-memory pipeline above.
-template <class T, int kClusterSplits_ = 0>
+// shared-memory pipeline above. kPair: the warp-specialised pipeline's
+// crossover pair (a 2-CTA cluster over two head groups).
+template <class T, int kClusterSplits_ = 0, bool kPair = false>
 __device__ __forceinline__ void DecodeMain(const DecodeParams& p) {
+  static_assert(!kPair || T::kWarpSpecialized, "the crossover pair is warp-specialised");
   if constexpr (T::kRegPath) {
     DecodeRegPath<T, kClusterSplits_>(p);
   } else if constexpr (T::kWarpSpecialized) {
-    DecodeWarpSpecialized<T, kClusterSplits_>(p);
+    DecodeWarpSpecialized<T, kClusterSplits_, kPair>(p);
   } else {
     DecodeSmemPipeline<T, kClusterSplits_>(p);
   }

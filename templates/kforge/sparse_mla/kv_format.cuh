@@ -64,6 +64,9 @@
 //                       the warp-specialised producer's (wspath.cuh): whether
 //                       it prefetches a token's bytes into L2 two tiles
 //                       ahead, and the prefetch (where true)
+//   F::kWsPairLoadAhead the crossover pair's producer (wspath.cuh
+//                       WsProducePair): whether it loads the next tile's
+//                       bytes before converting this tile's (else after)
 //
 // Formats: KvBf16 (direct: gathers straight into the tile, Land is empty)
 // and the staged ones, whose Land dequantises: KvFp8DsMla (656-byte records
@@ -187,22 +190,30 @@ __device__ __forceinline__ void ForEachRowItem(const ThreadRoles& r, Fn&& fn) {
   }
 }
 
-// Stores item k of tile row `row` (out: 16 bf16, low column first). Lanes
-// of odd column blocks store their second chunk first, so each 8-lane phase
-// of a 16-byte store hits eight distinct chunks of 128 bytes when a warp
-// converts one row's consecutive items: no bank conflicts.
-template <class T>
-__device__ __forceinline__ void StoreItem(ptx::u32 tile, int row, int k, const ptx::u32 (&out)[8]) {
+// Stores item k of tile row `row` (out: 16 bf16, low column first) by
+// store(addr, 4 words) of its two 16-byte chunks: st.shared (StoreItem) or
+// a store into the crossover peer's tile (wspath.cuh). Lanes of odd column
+// blocks store their second chunk first, so each 8-lane phase of a 16-byte
+// store hits eight distinct chunks of 128 bytes when a warp converts one
+// row's consecutive items: no bank conflicts.
+template <class T, class Store>
+__device__ __forceinline__ void StoreItemWith(ptx::u32 tile, int row, int k,
+                                              const ptx::u32 (&out)[8], Store&& store) {
   const bool odd_block = (k >> 2) & 1;
   const int first = 2 * (k & 3) + (odd_block ? 1 : 0);
   const ptx::u32 base = tile + (k >> 2) * T::kKvBlockBytes + row * 128;
   const int swz = row & 7;
-  ptx::StShared128(base + ((first ^ swz) << 4), odd_block ? out[4] : out[0],
-                   odd_block ? out[5] : out[1], odd_block ? out[6] : out[2],
-                   odd_block ? out[7] : out[3]);
-  ptx::StShared128(base + (((first ^ 1) ^ swz) << 4), odd_block ? out[0] : out[4],
-                   odd_block ? out[1] : out[5], odd_block ? out[2] : out[6],
-                   odd_block ? out[3] : out[7]);
+  store(base + ((first ^ swz) << 4), odd_block ? out[4] : out[0], odd_block ? out[5] : out[1],
+        odd_block ? out[6] : out[2], odd_block ? out[7] : out[3]);
+  store(base + (((first ^ 1) ^ swz) << 4), odd_block ? out[0] : out[4], odd_block ? out[1] : out[5],
+        odd_block ? out[2] : out[6], odd_block ? out[3] : out[7]);
+}
+template <class T>
+__device__ __forceinline__ void StoreItem(ptx::u32 tile, int row, int k, const ptx::u32 (&out)[8]) {
+  StoreItemWith<T>(tile, row, k, out,
+                   [](ptx::u32 addr, ptx::u32 a, ptx::u32 b, ptx::u32 c, ptx::u32 d) {
+                     ptx::StShared128(addr, a, b, c, d);
+                   });
 }
 
 // An e4m3 code's value from E4m3x4ToHalf2's half (which is short of
@@ -431,6 +442,8 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
   // (wspath.cuh): measured 2% slower at 128 x 32 and 64 x 64, 2% faster at
   // 128 x 128 on the H200 (BENCH.md, "L2 prefetch").
   static constexpr bool kWsPrefetchL2 = false;
+  // Not run as crossover pairs (model/spec.cc KvFormatInfo::crossover).
+  static constexpr bool kWsPairLoadAhead = false;
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {
     E4m3Item16ToBf16(raw.d[gi], raw.scale, out);
@@ -512,6 +525,10 @@ struct KvUe8m0PageBlocked : S {
   // into L2 two tiles ahead (wspath.cuh): DeepSeek-V4 on the H200, 128 x 32
   // 75.8 -> 72.5 us, 64 x 64 79.7 -> 74.1 (BENCH.md, "L2 prefetch").
   static constexpr bool kWsPrefetchL2 = true;
+  // The pair's producer loads after converting: H200 128 x 128, V4 225-228
+  // us against 240-244 loading ahead (BENCH.md, "crossover pairs"); V4.1
+  // alike (226-229 against 229-233).
+  static constexpr bool kWsPairLoadAhead = false;
   // The token's data row (one bulk prefetch; sm_90+) and scale row into L2.
   template <class T, int kPageBlock>
   __device__ __forceinline__ static void RegPrefetch(const KvView& v, int slot, bool ok) {
@@ -595,6 +612,11 @@ struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
     raw.scales = RegLd2(rec + ScaleByte(8 * w + q), ok);
     raw.rope = RegLd4(rec + kRopeOffset + 16 * w + 4 * q, ok);
   }
+  // The warp-specialised producer does not prefetch these records into L2.
+  static constexpr bool kWsPrefetchL2 = false;
+  // The pair's producer loads ahead: H200 128 x 128 248-252 us against
+  // 306-307 loading after converting (BENCH.md, "crossover pairs").
+  static constexpr bool kWsPairLoadAhead = true;
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {
     const ptx::u32 w[2] = {raw.d[gi].x, raw.d[gi].y};

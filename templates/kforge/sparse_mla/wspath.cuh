@@ -56,6 +56,11 @@ namespace sparse_mla {
 constexpr int kWsRegsS = 208;
 constexpr int kWsRegsPv = 160;
 constexpr int kWsRegsProducer = 136;
+// A crossover pair's producer that loads the next tile's records before
+// converting this one's (F::kWsPairLoadAhead) holds two tiles' records of
+// one row: 8 more registers, from the S warps (spill-free at 200).
+constexpr int kWsAheadRegsS = 200;
+constexpr int kWsAheadRegsProducer = 144;
 
 // The producer warpgroup: fills the bf16 KV tiles of every tile of the work
 // item in turn.
@@ -139,6 +144,108 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
   }
 }
 
+// The crossover pair's producer (kPair: a 2-CTA cluster over two head
+// groups of one query token and split, whose KV tiles are the same; the
+// "crossover" of FlashMLA's fp8 decode): CTA `rank` of the pair converts
+// rows 32 rank .. 32 rank + 31 of every tile, one a lane (warp pw, lane
+// (n, q): row 32 rank + 8 pw + n, its units (u, q) as WsProduce's), and
+// stores each into its own tile and, by StAsync, into the peer's, whose
+// `full` barrier counts those bytes (kPairBytes, announced by the peer's
+// producer thread 0). So each record is loaded and converted once for the
+// two head groups. With one row a lane the registers also hold the next
+// tile's records: a format with kWsPairLoadAhead loads them before this
+// tile's conversion, the others once it is stored. The peer's MMA warps
+// arrive on this CTA's `empty` too (one arrival of 32 a warp): a slot is
+// refilled once both CTAs' MMA warps have read it.
+template <class T>
+__device__ __forceinline__ void WsProducePair(const DecodeParams& p, const DecodeWork& w,
+                                              const DecodeSmem& sm, const ThreadRoles& r,
+                                              ptx::u32 full, ptx::u32 empty) {
+  using Kv = typename T::Kv;
+  constexpr ptx::u32 kPairBytes = PairBytesPerTile(T::kShape);
+  const int pw = r.warp - T::kWarps, n = r.lane % 8, q = r.lane / 8;
+  const ptx::u32 peer = ptx::ClusterCtaRank() ^ 1u;
+  const int row = 32 * static_cast<int>(peer ^ 1u) + 8 * pw + n;
+  const bool announcer = pw == 0 && r.lane == 0;
+  const KvView v = MainKv(p);
+  // Shared-window offset -> the peer's distributed-shared-memory address
+  // of the same offset.
+  const ptx::u32 to_peer = ptx::MapShared(sm.kv_addr, peer) - sm.kv_addr;
+  const ptx::u32 peer_full = ptx::MapShared(full, peer);
+  auto slot_of = [&](int tile) {
+    const int pos = w.begin + tile * T::kTokenTile + row;
+    return tile < w.num_tiles && pos < w.main_end ? __ldg(w.idx_row + pos) : -1;
+  };
+  typename Kv::RegRaw raw[4];
+  int slot = slot_of(0);
+  bool ok = slot >= 0 && slot < v.num_slots;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) Kv::template RegLoad<T, T::kPageBlock>(v, slot, ok, u, q, raw[u]);
+#pragma unroll 1
+  for (int t = 0; t < w.num_tiles; ++t) {
+    const int stage = t % T::kStages;
+    slot = slot_of(t + 1);
+    const bool next_ok = slot >= 0 && slot < v.num_slots;
+    typename Kv::RegRaw next[4];
+    if constexpr (Kv::kWsPairLoadAhead) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        Kv::template RegLoad<T, T::kPageBlock>(v, slot, next_ok, u, q, next[u]);
+    }
+    // The slot's previous use (t - kStages) was read by both CTAs' MMA
+    // warps.
+    ptx::MbarWaitCluster(empty + 8 * stage, ((t / T::kStages) & 1) ^ 1);
+    const ptx::u32 tile = sm.kv_addr + stage * T::kTileBytes;
+    const ptx::u32 bar = peer_full + 8 * stage;
+    // Each chunk to this CTA's tile and the same offset of the peer's.
+    auto store_both = [bar, to_peer](ptx::u32 addr, ptx::u32 a, ptx::u32 b, ptx::u32 c,
+                                     ptx::u32 d) {
+      ptx::StShared128(addr, a, b, c, d);
+      ptx::StAsync128(addr + to_peer, a, b, c, d, bar);
+    };
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+#pragma unroll
+      for (int gi = 0; gi < 2; ++gi) {
+        ptx::u32 out[8];
+        Kv::RegItem(raw[u], gi, u, q, out);
+        StoreItemWith<T>(tile, row, 8 * u + 4 * gi + q, out, store_both);
+      }
+      if constexpr (T::kRope != 0) {
+        ptx::u32 rope[2];
+        Kv::RegRope(raw[u], rope);
+        const ptx::u32 dst =
+            TileChunkAddr<T>(tile, row, (T::kDv + 16 * u) / 8 + q / 2) + 8 * (q % 2);
+        ptx::StShared32(dst, rope[0]);
+        ptx::StShared32(dst + 4, rope[1]);
+        ptx::StAsync64(dst + to_peer, rope[0], rope[1], bar);
+      }
+    }
+    if (q == 0) {
+      // sm.valid[stage * kTokenTile + row], at its offset from the KV tiles.
+      const ptx::u32 flag =
+          sm.kv_addr + (T::kSmemValid - T::kSmemKv) + 4 * (stage * T::kTokenTile + row);
+      ptx::StShared32(flag, ok ? 1u : 0u);
+      ptx::StAsync32(flag + to_peer, ok ? 1u : 0u, bar);
+    }
+    ptx::FenceProxyAsync();
+    // The peer's bytes into this CTA's tile are counted here, by one thread.
+    if (announcer) {
+      ptx::MbarArriveExpectTx(full + 8 * stage, kPairBytes);
+    } else {
+      ptx::MbarArrive(full + 8 * stage);
+    }
+    if constexpr (!Kv::kWsPairLoadAhead) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        Kv::template RegLoad<T, T::kPageBlock>(v, slot, next_ok, u, q, next[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) raw[u] = next[u];
+    ok = next_ok;
+  }
+}
+
 // The producer of a direct format (bf16): every tile's rows copied straight
 // into a free bf16 KV tile with cp.async (LoadRow; kThreadsPerRow threads a
 // row, 16 rows a pass), nothing held in registers. Each producer thread
@@ -177,11 +284,55 @@ __device__ __forceinline__ void WsCopy(const DecodeParams& p, const DecodeWork& 
   }
 }
 
-template <class T, int kClusterSplits_>
+// Whether the crossover pair's producer loads ahead (a staged format's
+// kWsPairLoadAhead; a direct format has none and runs no pair).
+template <class T, bool kPair>
+__device__ __forceinline__ constexpr bool PairLoadsAhead() {
+  if constexpr (kPair) {
+    return T::Kv::kWsPairLoadAhead;
+  } else {
+    return false;
+  }
+}
+
+// An MMA warp's wait for a tile's `full` barrier. A tile written by
+// cp.async (a direct format) or partly by the pair's peer (StAsync): to
+// wgmma's async proxy on this side, and the peer's bytes acquired at
+// cluster scope.
+template <class T, bool kPair>
+__device__ __forceinline__ void WaitFull(ptx::u32 full, ptx::u32 parity) {
+  if constexpr (kPair) {
+    ptx::MbarWaitCluster(full, parity);
+  } else {
+    ptx::MbarWait(full, parity);
+  }
+  if constexpr (!T::kStaged || kPair) ptx::FenceProxyAsync();
+}
+
+// An MMA thread is done reading a tile: it arrives on its `empty` barrier;
+// in the pair each warp also arrives (32 at once, after all its lanes) on
+// the peer's, whose producer writes rows of this CTA's tile.
+template <bool kPair>
+__device__ __forceinline__ void ReleaseTile(ptx::u32 empty) {
+  ptx::MbarArrive(empty);
+  if constexpr (kPair) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0)
+      ptx::MbarArriveCluster(ptx::MapShared(empty, ptx::ClusterCtaRank() ^ 1u), 32);
+  }
+}
+
+// kPair: the crossover pair (WsProducePair), launched as clusters of 2
+// CTAs along the head groups (__cluster_dims__(2, 1, 1)).
+template <class T, int kClusterSplits_, bool kPair = false>
 __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
   static_assert(T::kWarpSpecialized && T::kWgmma && T::kWarps == 8 && T::kLandWarps == 4 &&
                     T::kTokenTile == 64 && T::kExtraTopk == 0,
                 "the warp-specialised pipeline: config.h WarpSpecialized, one cache");
+  static_assert(!kPair || (PairCovers(T::kShape) && kClusterSplits_ == 0),
+                "the crossover pair: config.h PairCovers, no split cluster");
+  // The pair's producer holds the next tile's records while converting.
+  constexpr bool kAhead = PairLoadsAhead<T, kPair>();
   using Qk = QkWgmma<T>;
   extern __shared__ __align__(128) unsigned char smem[];
   const DecodeSmem sm = CarveDecodeSmem<T>(smem);
@@ -197,14 +348,20 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
     for (int s = 0; s < T::kStages; ++s) {
       // A direct format's producer arrives twice a tile (WsCopy).
       ptx::MbarInit(full + 8 * s, (T::kStaged ? 1 : 2) * T::kLandWarps * 32);
-      ptx::MbarInit(empty + 8 * s, T::kWarps * 32);
+      // The pair's peer MMA warps arrive too.
+      ptx::MbarInit(empty + 8 * s, (kPair ? 2 : 1) * T::kWarps * 32);
     }
     ptx::MbarInit(p_full, T::kWarps / 2 * 32);  // a warpgroup's threads
     ptx::MbarInit(p_empty, T::kWarps / 2 * 32);
     ptx::FenceMbarInit();
   }
-  // The barriers are initialised for everyone.
-  __syncthreads();
+  // The barriers are initialised for everyone (the pair: both CTAs').
+  if constexpr (kPair) {
+    if (ptx::ClusterNumCtas() != 2 || gridDim.x % 2 != 0) __trap();
+    ptx::ClusterSync();
+  } else {
+    __syncthreads();
+  }
 
   BeginDecode<T, kClusterSplits_>(p, w);
   // Only the MMA warps copy Q and wait for it (the S warps read it): the
@@ -223,8 +380,10 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
   RowStats<T> stats;  // the S warps' (PublishRowStats reads no other's)
   stats.Init();
   if (!r.mma) {
-    ptx::SetMaxNRegDec<kWsRegsProducer>();
-    if constexpr (T::kStaged) {
+    ptx::SetMaxNRegDec<kAhead ? kWsAheadRegsProducer : kWsRegsProducer>();
+    if constexpr (kPair) {
+      WsProducePair<T>(p, w, sm, r, full, empty);
+    } else if constexpr (T::kStaged) {
       WsProduce<T>(p, w, sm, r, full, empty);
     } else {
       WsCopy<T>(p, w, sm, r, full, empty);
@@ -233,6 +392,9 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
     }
     OAccum<T> none;
     FinishDecode<T, kClusterSplits_, false>(p, w, sm, r, pv, none, stats);
+    // The pair: no CTA leaves while the other may still arrive on its
+    // barriers.
+    if constexpr (kPair) ptx::ClusterSync();
     return;
   }
   OAccum<T> o;
@@ -247,26 +409,23 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
       // Already ordered through the S warps' wait and p_full; waited on
       // here too so this warpgroup's reads of the tile rest on the
       // producer's own release, not only on that chain.
-      ptx::MbarWait(full + 8 * stage, (t / T::kStages) & 1);
-      // A direct format's tile was written by the producer's cp.async
-      // copies: to wgmma's async proxy on this side.
-      if constexpr (!T::kStaged) ptx::FenceProxyAsync();
+      WaitFull<T, kPair>(full + 8 * stage, (t / T::kStages) & 1);
       RescaleO<T>(o, pv, sm);
       pv.Accumulate(o, sm, sm.kv_addr + stage * T::kTileBytes);
-      ptx::MbarArrive(empty + 8 * stage);
+      ReleaseTile<kPair>(empty + 8 * stage);
       ptx::MbarArrive(p_empty);
     }
     FinishDecode<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
+    if constexpr (kPair) ptx::ClusterSync();
     return;
   }
   // The S warpgroup.
-  ptx::SetMaxNRegInc<kWsRegsS>();
+  ptx::SetMaxNRegInc<kAhead ? kWsAheadRegsS : kWsRegsS>();
   const Qk qk(sm, r);
 #pragma unroll 1
   for (int t = 0; t < w.num_tiles; ++t) {
     const int stage = t % T::kStages;
-    ptx::MbarWait(full + 8 * stage, (t / T::kStages) & 1);
-    if constexpr (!T::kStaged) ptx::FenceProxyAsync();  // as in the PV warps
+    WaitFull<T, kPair>(full + 8 * stage, (t / T::kStages) & 1);
     const ptx::u32 k_tile = sm.kv_addr + stage * T::kTileBytes;
     float s[T::kSM][T::kSN][4];
     qk.Start(s, k_tile);
@@ -285,9 +444,10 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
     ptx::MbarArrive(p_full);
     RescaleO<T>(o, pv, sm);
     pv.Accumulate(o, sm, k_tile);
-    ptx::MbarArrive(empty + 8 * stage);
+    ReleaseTile<kPair>(empty + 8 * stage);
   }
   FinishDecode<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
+  if constexpr (kPair) ptx::ClusterSync();
 }
 
 }  // namespace sparse_mla

@@ -377,14 +377,16 @@ __device__ __forceinline__ void CpAsyncMbarArrive(u32 bar) {
   KFORGE_SM90_ONLY(asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar)
                                 : "memory"));
 }
+// The wait loop on a phase of `parity`; SEM: the try_wait's semantics
+// ("": acquire at CTA scope, the default).
+#define KFORGE_MBAR_WAIT_LOOP(SEM)     \
+  "{\n.reg .pred done;\n"              \
+  "KFORGE_MBAR_WAIT:\n"                \
+  "mbarrier.try_wait.parity" SEM       \
+  ".shared::cta.b64 done, [%0], %1;\n" \
+  "@!done bra KFORGE_MBAR_WAIT;\n}\n"
 __device__ __forceinline__ void MbarWait(u32 bar, u32 parity) {
-  KFORGE_SM90_ONLY(
-      asm volatile("{\n.reg .pred done;\n"
-                   "KFORGE_MBAR_WAIT:\n"
-                   "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                   "@!done bra KFORGE_MBAR_WAIT;\n}\n" ::"r"(bar),
-                   "r"(parity)
-                   : "memory"));
+  KFORGE_SM90_ONLY(asm volatile(KFORGE_MBAR_WAIT_LOOP("")::"r"(bar), "r"(parity) : "memory"));
 }
 // PrefetchL2 for `bytes` bytes from p (both multiples of 16; sm_90+, the
 // TMA unit): one instruction for a whole record.
@@ -537,13 +539,8 @@ __device__ __forceinline__ void MbarArriveCluster(u32 bar, u32 count) {
 // MbarWait with acquire at cluster scope: what the peer released to this
 // barrier (its arrivals, its StAsync bytes) is visible after it.
 __device__ __forceinline__ void MbarWaitCluster(u32 bar, u32 parity) {
-  KFORGE_SM90_ONLY(
-      asm volatile("{\n.reg .pred done;\n"
-                   "KFORGE_MBAR_WAIT_CLUSTER:\n"
-                   "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-                   "@!done bra KFORGE_MBAR_WAIT_CLUSTER;\n}\n" ::"r"(bar),
-                   "r"(parity)
-                   : "memory"));
+  KFORGE_SM90_ONLY(asm volatile(KFORGE_MBAR_WAIT_LOOP(".acquire.cluster")::"r"(bar), "r"(parity)
+                                : "memory"));
 }
 
 __device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }

@@ -62,6 +62,14 @@ constexpr int kWsRegsProducer = 136;
 constexpr int kWsAheadRegsS = 200;
 constexpr int kWsAheadRegsProducer = 144;
 
+// Where a producer lane's rope unit (u, q) of tile row `row` goes: rope
+// columns d_v + 16 u + 4 q .. + 3, half of 16-byte chunk (d_v + 16 u) / 8 +
+// q / 2.
+template <class T>
+__device__ __forceinline__ ptx::u32 RopeUnitAddr(ptx::u32 tile, int row, int u, int q) {
+  return TileChunkAddr<T>(tile, row, (T::kDv + 16 * u) / 8 + q / 2) + 8 * (q % 2);
+}
+
 // The producer warpgroup: fills the bf16 KV tiles of every tile of the work
 // item in turn.
 template <class T>
@@ -112,12 +120,9 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
           StoreItem<T>(tile, row, 8 * u + 4 * gi + q, out);
         }
         if constexpr (T::kRope != 0) {
-          // Rope columns d_v + 16 u + 4 q .. + 3: half of 16-byte chunk
-          // (d_v + 16 u) / 8 + q / 2.
           ptx::u32 rope[2];
           Kv::RegRope(raw[j][u], rope);
-          const ptx::u32 dst =
-              TileChunkAddr<T>(tile, row, (T::kDv + 16 * u) / 8 + q / 2) + 8 * (q % 2);
+          const ptx::u32 dst = RopeUnitAddr<T>(tile, row, u, q);
           ptx::StShared32(dst, rope[0]);
           ptx::StShared32(dst + 4, rope[1]);
         }
@@ -214,8 +219,7 @@ __device__ __forceinline__ void WsProducePair(const DecodeParams& p, const Decod
       if constexpr (T::kRope != 0) {
         ptx::u32 rope[2];
         Kv::RegRope(raw[u], rope);
-        const ptx::u32 dst =
-            TileChunkAddr<T>(tile, row, (T::kDv + 16 * u) / 8 + q / 2) + 8 * (q % 2);
+        const ptx::u32 dst = RopeUnitAddr<T>(tile, row, u, q);
         ptx::StShared32(dst, rope[0]);
         ptx::StShared32(dst + 4, rope[1]);
         ptx::StAsync64(dst + to_peer, rope[0], rope[1], bar);

@@ -327,6 +327,12 @@ namespace {
 // A cluster entry of `splits` CTAs for `tiling`: thread-block clusters
 // (sm_90a and sm_100a: see the callers), a merge buffer that fits
 // (ClusterMergeFits) and at least one token tile per split.
+// More 16-head groups than the H200 runs 16-CTA clusters at once (above
+// 112 heads): the 16-head small-batch tiling's cluster entry never fits.
+bool SixteenHeadClustersOverflow(const v1::AttentionSpec& spec) {
+  return (static_cast<int>(spec.num_q_heads()) + 15) / 16 > kSixteenCtaClustersH200;
+}
+
 bool ClusterFits(const v1::AttentionSpec& spec, const Arch& arch, const v1::KernelTiling& tiling,
                  int splits) {
   return (arch.major == 9 || arch.major == 10) &&
@@ -355,9 +361,13 @@ v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arc
   // 16 + combine: H200 fp8_ds_mla 128 x 2 23.4 -> 19.0 us, 64 x 4 24.3 ->
   // 18.2-18.8 (BENCH.md, "the wide cluster entry").
   // A direct format (bf16) keeps its small-batch tiling up to where the
-  // rule stops splitting 16 ways, so it would never take the entry.
+  // rule stops splitting 16 ways, so it takes the entry only where that
+  // path serves batch 1 alone (above 112 heads, below): H200 bf16 128 x 2
+  // 17.7-18.2 -> 16.2-16.4 us, 128 x 3 23.2-24.0 -> 16.5-16.7 (BENCH.md,
+  // "bf16 at 128 heads: one launch at batch 1..3").
   const sparse_mla::DecodeShape shape = DecodeShapeFor(spec, main);
-  if (sparse_mla::WarpSpecialized(shape) && sparse_mla::StagedPipeline(shape) &&
+  if (sparse_mla::WarpSpecialized(shape) &&
+      (sparse_mla::StagedPipeline(shape) || SixteenHeadClustersOverflow(spec)) &&
       ClusterFits(spec, arch, main, sparse_mla::kClusterSplits)) {
     path.set_wide_entry(kMainWideClusterEntry);
     path.set_wide_splits(sparse_mla::kClusterSplits);
@@ -369,17 +379,21 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
                                         const v1::KernelTiling& main) {
   v1::SmallBatchPath path;
   const int heads = static_cast<int>(spec.num_q_heads());
-  // sm_90a, a staged format, more 16-head groups than the H200 runs 16-CTA
-  // clusters at once (above 112 heads): 32-head tiles of 8 MMA warps, so
-  // batch 1 runs as clusters (4 at 128 heads) in one launch rather than 16
-  // splits + combine. H200 128 x 1: fp8_ds_mla 18.1 -> 16.8-17.1 us, V4
-  // 17.5 -> 16.6-16.7; at 64 heads, where the 16-head clusters fit, 32-head
-  // tiles lost (BENCH.md, "a 32-head small-batch tiling").
+  // sm_90a, more 16-head groups than the H200 runs 16-CTA clusters at once
+  // (above 112 heads): 32-head tiles of 8 MMA warps, so batch 1 runs as
+  // clusters (4 at 128 heads) in one launch rather than 16 splits +
+  // combine. H200 128 x 1: fp8_ds_mla 18.1 -> 16.8-17.1 us, V4 17.5 ->
+  // 16.6-16.7; at 64 heads, where the 16-head clusters fit, 32-head tiles
+  // lost (BENCH.md, "a 32-head small-batch tiling"). bf16 128 x 1: 13.9-14.5
+  // -> 14.7-14.9 us of GPU time for one launch (the C++ Run 9.2 -> 4.7 us
+  // of host time), with batch 2 and 3 on the wide main entry; batch 4 then
+  // runs the 64-head tiling's split + combine, 26.1-26.5 -> 28.2-28.4
+  // (BENCH.md, "bf16 at 128 heads: one launch at batch 1..3").
   // Only where those tiles fit with their cluster entry (not under a
   // --max-smem-per-block cap, which has no clusters).
   v1::KernelTiling tiling;
   bool wide_heads = false;
-  if (HasWgmma(arch) && StagedKv(spec) && (heads + 15) / 16 > kSixteenCtaClustersH200 &&
+  if (HasWgmma(arch) && SixteenHeadClustersOverflow(spec) &&
       Fit(spec, 32, HeadsPerGroup(heads, 32), TileConfig{64, 2, 8}, arch, &tiling)) {
     FinishTiling(spec, arch, &tiling);
     wide_heads = ClusterFits(spec, arch, tiling, sparse_mla::kClusterSplits);

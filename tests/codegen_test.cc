@@ -118,8 +118,10 @@ TEST(CodegenSource, NamesBothEntries) {
   EXPECT_EQ(src.find(kSmallBatchEntry), std::string::npos);  // 16 x 32 already
 }
 
-// A 64-head tile gets the 16-head small-batch kernel beside it, on every
-// arch with the shared memory for a 16 x 64 or 16 x 32 tile.
+// A 64-head tile gets a small-batch kernel beside it, on every arch with
+// the shared memory for a 16 x 64 or 16 x 32 tile: 16-head tiles, or on
+// sm_90a above 112 heads (8 groups of 16 would be more 16-CTA clusters
+// than the H200 runs at once) 32-head tiles for batch 1.
 TEST(CodegenSource, SmallBatchEntryBesideAThroughputTiling) {
   for (const char* arch : {"sm_80", "sm_90a", "sm_120a"}) {
     SCOPED_TRACE(arch);
@@ -128,8 +130,10 @@ TEST(CodegenSource, SmallBatchEntryBesideAThroughputTiling) {
     ASSERT_TRUE(tiling.ok()) << tiling.status();
     const v1::SmallBatchPath path = ChooseSmallBatchPath(spec, ArchNamed(arch), *tiling);
     ASSERT_EQ(path.entry(), kSmallBatchEntry);
-    EXPECT_EQ(path.tiling().head_tile(), 16u);
-    EXPECT_EQ(path.tiling().num_head_groups(), 8u);
+    const bool wide_heads = std::string(arch) == "sm_90a";
+    EXPECT_EQ(path.tiling().head_tile(), wide_heads ? 32u : 16u);
+    EXPECT_EQ(path.tiling().num_head_groups(), wide_heads ? 4u : 8u);
+    EXPECT_EQ(path.max_tokens() == 1u, wide_heads);
     EXPECT_NE(path.tiling().head_tile(), tiling->head_tile());
     EXPECT_EQ(path.launch().block_threads(), CtaThreads(path.tiling()));
     EXPECT_GE(path.max_tokens(), 1u);

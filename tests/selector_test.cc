@@ -193,7 +193,8 @@ TEST(Select, SmallBatchPathUpToItsMaxTokens) {
     uint32_t max_tokens;  // 0: no small-batch path
     uint32_t head_tile;
   };
-  for (const Case& c : {Case{"deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_BF16, 4, 16},
+  for (const Case& c : {// 128 heads: 32-head tiles, batch 1 only (as the staged formats).
+                        Case{"deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_BF16, 1, 32},
                         Case{"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 8, 16},
                         Case{"glm-5", 8, v1::KV_CACHE_DTYPE_BF16, 32, 16},
                         // 128 heads of a staged format: 32-head tiles, batch 1 only.
@@ -443,9 +444,23 @@ TEST(Select, WideMainClusterEntryForTheWarpSpecialisedTiling) {
     EXPECT_NE(refused.status().message().find("cluster.wide_splits"), std::string::npos)
         << refused.status();
   }
-  // The bf16 tiling, and fp8_ds_mla off sm_90a, have no wide entry.
-  EXPECT_TRUE(
-      MakeManifest("deepseek-v3.2", 1, "sm_90a").variants(0).cluster().wide_entry().empty());
+  // The bf16 tiling has one only above 112 heads, where its small-batch path
+  // serves batch 1 alone: 128 heads x batch 2 and 3 take it, batch 4 (8
+  // clusters) runs split + combine.
+  EXPECT_TRUE(MakeManifest("glm-5", 1, "sm_90a").variants(0).cluster().wide_entry().empty());
+  const v1::Manifest bf16 = MakeManifest("deepseek-v3.2", 1, "sm_90a");
+  EXPECT_EQ(bf16.variants(0).cluster().wide_entry(), kMainWideClusterEntry);
+  for (int batch = 1; batch <= 4; ++batch) {
+    SCOPED_TRACE(batch);
+    const RuntimeShape shape = ShapeFor(bf16.variants(0).spec(), batch, 1);
+    absl::StatusOr<Selection> sel =
+        Select(bf16, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, shape);
+    ASSERT_TRUE(sel.ok()) << sel.status();
+    CheckSelection(bf16, *sel, shape, kSms, kH200Clusters);
+    EXPECT_EQ(*sel->main_entry == kMainWideClusterEntry, batch == 2 || batch == 3);
+    EXPECT_EQ(sel->needs_combine, batch == 4);
+  }
+  // fp8_ds_mla off sm_90a has none.
   absl::StatusOr<v1::AttentionSpec> fp8 = SpecFromPreset("deepseek-v3.2", 1);
   ASSERT_TRUE(fp8.ok());
   fp8->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
@@ -528,11 +543,11 @@ TEST(Select, SplitsShrinkAsTheBatchGrows) {
   for (int batch = 1; batch <= 256; batch *= 2) {
     absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms}, ShapeFor(spec, batch, 1));
     ASSERT_TRUE(sel.ok()) << sel.status();
-    // Within a path (the small-batch one up to batch 4, then the 64-head one).
+    // Within a path (the small-batch one at batch 1, then the 64-head one).
     if (sel->small_batch == previous_small) {
       EXPECT_LE(sel->num_splits, previous) << batch;
     }
-    EXPECT_EQ(sel->small_batch, batch <= 4) << "batch " << batch;
+    EXPECT_EQ(sel->small_batch, batch <= 1) << "batch " << batch;
     previous = sel->num_splits;
     previous_small = sel->small_batch;
   }

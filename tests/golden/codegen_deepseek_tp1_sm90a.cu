@@ -9,7 +9,7 @@ struct Traits : ks::DecodeTraits<128, 512, 64, 2048, 64, 64, 64, 2, 8, 4, 64, tr
   static constexpr float kScaleLog2 = 0x1.8f9156p-3f;
 };
 
-struct SmallBatchTraits : ks::DecodeTraits<128, 512, 64, 2048, 16, 16, 64, 2, 4, 0, 64, true, false, ks::KvBf16> {
+struct SmallBatchTraits : ks::DecodeTraits<128, 512, 64, 2048, 32, 32, 64, 2, 8, 0, 64, true, false, ks::KvBf16> {
   // softmax_scale 0.135233998 times log2(e)
   static constexpr float kScaleLog2 = 0x1.8f9156p-3f;
 };

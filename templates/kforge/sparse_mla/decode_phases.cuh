@@ -343,22 +343,27 @@ __device__ __forceinline__ void ClusterMergeEpilogue(const DecodeParams& p, cons
   for (int i = r.warp * 32 + r.lane; i < items; i += T::kThreads) {
     const int row = i / kPairs;
     const int col = 2 * (static_cast<int>(rank) * kPairs + i % kPairs);
+    // Every split's lse and O pair are loaded before any is used: one
+    // distributed-shared-memory round trip, not one for the lse and a
+    // second for O.
     float lse[kSplits];
-    float m = ptx::NegInf();
+    float2 v[kSplits];
 #pragma unroll
     for (int j = 0; j < kSplits; ++j) {
       lse[j] = ptx::LdCluster(ptx::MapShared(lse_addr + row * 4, j));
-      m = fmaxf(m, lse[j]);
+      v[j] = ptx::LdCluster2(ptx::MapShared(o_addr + (row * kL.o_stride + col) * 4, j));
     }
+    float m = ptx::NegInf();
+#pragma unroll
+    for (int j = 0; j < kSplits; ++j) m = fmaxf(m, lse[j]);
     float sum = 0.f, ox = 0.f, oy = 0.f;
     if (m != ptx::NegInf()) {
 #pragma unroll
       for (int j = 0; j < kSplits; ++j) {
-        const float2 v = ptx::LdCluster2(ptx::MapShared(o_addr + (row * kL.o_stride + col) * 4, j));
         const float wj = ptx::Exp2(lse[j] - m);  // an empty split (-inf) weighs 0
         sum += wj;
-        ox += wj * v.x;
-        oy += wj * v.y;
+        ox += wj * v[j].x;
+        oy += wj * v[j].y;
       }
     }
     const int head = w.head0 + row;

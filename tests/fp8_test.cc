@@ -5,6 +5,7 @@
 // of a pair.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "gtest/gtest.h"
 #include "templates/kforge/common/fp8.cuh"
@@ -31,6 +32,14 @@ double HalfToDouble(uint16_t h) {
     v = std::ldexp(1024 + man, exp - 25);
   }
   return sign ? -v : v;
+}
+
+// bf16 bits to double: the top half of an fp32 (exact, subnormals included).
+double Bf16ToDouble(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
 }
 
 // e4m3fn by its definition: bias 7, 3 mantissa bits, subnormals, no
@@ -71,17 +80,20 @@ double E2m1Definition(int code) {
 }
 
 TEST(Fp8Test, E2m1MatchesTheDefinitionForEveryByte) {
+  const double factor = std::ldexp(1.0, fp8::kE2m1Bf16Exp);
   for (int byte = 0; byte < 256; ++byte) {
-    const unsigned h2 = fp8::E2m1x2ToHalf2Bits(byte);
-    const double lo = HalfToDouble(static_cast<uint16_t>(h2 & 0xFFFF)) * fp8::kE2m1HalfFactor;
-    const double hi = HalfToDouble(static_cast<uint16_t>(h2 >> 16)) * fp8::kE2m1HalfFactor;
+    const unsigned b2 = fp8::E2m1x2ToBf16x2Bits(byte);
+    const double lo = Bf16ToDouble(static_cast<uint16_t>(b2 & 0xFFFF)) * factor;
+    const double hi = Bf16ToDouble(static_cast<uint16_t>(b2 >> 16)) * factor;
     ExpectSame(lo, E2m1Definition(byte & 0xF), byte);
     ExpectSame(hi, E2m1Definition(byte >> 4), byte);
   }
-  // Anchors: the low nibble is the first value; 6 and -0.5.
-  const unsigned h2 = fp8::E2m1x2ToHalf2Bits(0x97);  // high 0x9 = -0.5, low 0x7 = 6
-  EXPECT_EQ(HalfToDouble(h2 & 0xFFFF) * fp8::kE2m1HalfFactor, 6.0);
-  EXPECT_EQ(HalfToDouble(h2 >> 16) * fp8::kE2m1HalfFactor, -0.5);
+  // Anchors: the low nibble is the first value; 6 and -0.5 (a subnormal).
+  const unsigned b2 = fp8::E2m1x2ToBf16x2Bits(0x97);  // high 0x9 = -0.5, low 0x7 = 6
+  EXPECT_EQ(b2 & 0xFFFF, 0x01C0u);
+  EXPECT_EQ(b2 >> 16, 0x8040u);
+  EXPECT_EQ(Bf16ToDouble(b2 & 0xFFFF) * factor, 6.0);
+  EXPECT_EQ(Bf16ToDouble(b2 >> 16) * factor, -0.5);
 }
 
 TEST(Fp8Test, SoftwareE4m3MatchesTheDefinitionForEveryCodeAndPair) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for a kernel change: the benchmark (bf16 and fp8_ds_mla),
-# the GPU correctness check, the runtime end to end (no prebuild benchmark)
-# and the C++ Run host time, over what was built and staged here:
+# the GPU correctness check, the KV conversion's exhaustive unit
+# (tests/gpu/kv_convert_unit.cu), the runtime end to end (no prebuild
+# benchmark) and the C++ Run host time, over what was built and staged here:
 #   tests/gpu/compile_check_modules.sh build/cli/kforge .gpu/check
 #   bench/compile_bench_modules.sh build/cli/kforge .gpu/bench sm_90a bf16
 #   bench/compile_bench_modules.sh build/cli/kforge .gpu/bench8 sm_90a fp8_ds_mla
@@ -31,6 +32,9 @@ timeout 360 python3 tests/gpu/check_sparse_mla.py "$dir/check" --json-out /tmp/c
 echo "check rc=$?"
 tail -n 1 "$out/check.log"
 grep FAIL "$out/check.log" | head
+nvcc -std=c++17 -arch=sm_90a -I templates -o /tmp/kv_convert_unit tests/gpu/kv_convert_unit.cu &&
+  /tmp/kv_convert_unit
+echo "kv_convert_unit rc=$?"
 OUT=/tmp/e2e timeout 240 tests/gpu/run_e2e.sh "$dir/stage" --no-prebuild-bench >"$out/e2e.log" 2>&1
 echo "e2e rc=$?"
 grep -E '^==|passed|failed|FAILED|us/call|SparseMlaDecoder|sparse_mla_decode\(' "$out/e2e.log" |

@@ -42,18 +42,20 @@ constexpr float kSoftHalfFactor = 256.f;
 
 // Two e2m1 (fp4: sign, 2 exponent bits with bias 1, 1 mantissa bit; the
 // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) codes, the low nibble of `byte`
-// and then its high nibble, as f16x2 bits (low nibble in the low half) of
-// value * 2^-14, exact: the 3 magnitude bits go to f16 bits 11..9 as they
-// are (exponent field 0..3, mantissa bit 9), which is the value scaled by
-// 2^-14 for the subnormal code 1 (0.5) and the normal ones alike; the sign
-// to bit 15.
-KFORGE_HD inline unsigned int E2m1x2ToHalf2Bits(unsigned int byte) {
-  return ((byte & 0x7u) << 9) | ((byte & 0x8u) << 12) | ((byte & 0x70u) << 21) |
-         ((byte & 0x80u) << 24);
+// and then its high nibble, as bf16x2 bits (low nibble in the low half) of
+// value * 2^-126, exact: the 3 magnitude bits go to bf16 bits 8..6 as they
+// are (exponent field 0..3, the mantissa's top bit), which is the value
+// scaled by 2^-126 for the subnormal code 1 (0.5, the bf16 subnormal
+// 2^-127) and the normal ones alike; the sign to bit 15. One multiply of
+// the byte places the high nibble 12 bits above the low one, where the same
+// two shifts take both halves to their places.
+KFORGE_HD inline unsigned int E2m1x2ToBf16x2Bits(unsigned int byte) {
+  const unsigned int t = byte * 0x1001u;
+  return ((t << 6) & 0x01C001C0u) | ((t << 12) & 0x80008000u);
 }
 
-// The factor E2m1x2ToHalf2Bits's halves are short of (2^14).
-constexpr float kE2m1HalfFactor = 16384.f;
+// The power of two E2m1x2ToBf16x2Bits's halves are short of.
+constexpr int kE2m1Bf16Exp = 126;
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 

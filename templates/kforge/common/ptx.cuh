@@ -146,6 +146,13 @@ __device__ __forceinline__ u32 PackBf16x2(float lo, float hi) {
   return r;
 }
 
+// a * b + c on bf16x2 (round to nearest even; subnormals kept: no ftz).
+__device__ __forceinline__ u32 FmaBf16x2(u32 a, u32 b, u32 c) {
+  u32 r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
 // 2^x with ex2.approx (relative error ~2^-22); 2^-inf = +0.
 __device__ __forceinline__ float Exp2(float x) {
   float y;

@@ -256,18 +256,25 @@ __device__ __forceinline__ float Ue8m0ToFloat(ptx::u32 e) {
                 : (e == 255 ? __uint_as_float(0x7FFFFFFFu) : __uint_as_float(e << 23));
 }
 
-// 16 e2m1 codes (w, two per byte, the low nibble first) times `scale` as 16
-// bf16. fp8::E2m1x2ToHalf2Bits gives halves of value * 2^-14; the 2^14 goes
-// into the scale (exact: e2m1 has 2 significant bits, so the products are
-// exact in fp32 and, for e4m3 scales, in bf16).
+// 16 e2m1 codes (w, two per byte, the low nibble first) times an e4m3
+// `scale` as 16 bf16, in bf16x2 arithmetic: fp8::E2m1x2ToBf16x2Bits gives
+// value * 2^-126 (code 1 a bf16 subnormal), times 2^8, then times scale *
+// 2^118 (at most 448 * 2^118 < 2^127). Exact, as the fp32 products rounded
+// once were: e2m1 has 2 significant bits and an e4m3 scale 4, so every
+// product fits bf16's 8 and is normal (0.5 * 2^-9 at the least). Two bf16x2
+// multiplies a pair of codes where the fp32 route took two conversions, two
+// multiplies and a pack (BENCH.md, "e2m1 to bf16 in bf16 arithmetic").
 __device__ __forceinline__ void E2m1ItemToBf16(const ptx::u32 (&w)[2], float scale,
                                                ptx::u32 (&out)[8]) {
-  const float s = scale * fp8::kE2m1HalfFactor;
+  static_assert(fp8::kE2m1Bf16Exp == 8 + 118, "the two factors below");
+  constexpr ptx::u32 kTwoTo8 = (127u + 8u) * 0x00800080u;  // bf16x2 bits of 2^8, 2^8
+  constexpr ptx::u32 kNegZero = 0x80008000u;               // the addend that keeps a product's -0
+  const float s = scale * 0x1p118f;
+  const ptx::u32 s2 = ptx::PackBf16x2(s, s);
 #pragma unroll
   for (int b = 0; b < 8; ++b) {
-    float lo, hi;
-    fp8::Half2ToFloat2(fp8::E2m1x2ToHalf2Bits((w[b >> 2] >> (8 * (b & 3))) & 0xFFu), lo, hi);
-    out[b] = ptx::PackBf16x2(lo * s, hi * s);
+    const ptx::u32 x = fp8::E2m1x2ToBf16x2Bits((w[b >> 2] >> (8 * (b & 3))) & 0xFFu);
+    out[b] = ptx::FmaBf16x2(ptx::FmaBf16x2(x, kTwoTo8, kNegZero), s2, kNegZero);
   }
 }
 
@@ -560,8 +567,8 @@ using KvMxfp8DsMlaV41 = KvUe8m0PageBlocked<KvMxfp8DsMlaV41Sizes>;
 
 // nvfp4_ds_mla cache (KvNvfp4DsMlaSizes): 512 e2m1 columns with e4m3
 // scales per 16 (permuted), 64 unscaled e4m3 rope columns; one record per
-// token. No arch's fp4 conversion is used: e2m1 -> f16 is a few integer ops
-// (fp8::E2m1x2ToHalf2Bits) on every arch.
+// token. No arch's fp4 conversion is used: e2m1 -> bf16 is a few integer
+// ops and two bf16x2 multiplies (E2m1ItemToBf16) on every arch.
 struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
   using Elem = unsigned char;
 

@@ -1,0 +1,85 @@
+// The nvfp4_ds_mla conversion (kv_format.cuh E2m1ItemToBf16: bf16 bits of
+// e2m1 * 2^-126, code 1 a bf16 subnormal, then two bf16x2 multiplies) on
+// the GPU against the definition: every byte value in every position of an
+// item, times every e4m3 scale code (kv_format.cuh E4m3ToFloat), must give
+// exactly the bf16 of value * scale (an exact product: 2 significant bits
+// times 4), NaN for a NaN scale code. Checks that the hardware keeps bf16
+// subnormal inputs (no flush to zero) where the template relies on it.
+// Build and run on the GPU machine (tests/gpu/run_device_suite.sh):
+//   nvcc -std=c++17 -arch=sm_90a -I templates -o /tmp/kv_convert_unit \
+//       tests/gpu/kv_convert_unit.cu && /tmp/kv_convert_unit
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "kforge/sparse_mla/kv_format.cuh"
+
+namespace ks = kforge::sparse_mla;
+
+// Item i: scale code i / 256; its 8 bytes are i % 256 and seven others
+// derived from it, so every byte value sits in every position.
+__host__ __device__ inline uint32_t ItemWord(int i, int half) {
+  const uint32_t b = static_cast<uint32_t>(i) & 0xFFu;
+  const uint32_t w = b | (((b + 37u) & 0xFFu) << 8) | (((b + 91u) & 0xFFu) << 16) |
+                     (((b * 7u) & 0xFFu) << 24);
+  return half == 0 ? w : ~w;
+}
+
+__global__ void Convert(uint32_t* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const kforge::ptx::u32 w[2] = {ItemWord(i, 0), ItemWord(i, 1)};
+  kforge::ptx::u32 o[8];
+  ks::E2m1ItemToBf16(w, ks::E4m3ToFloat(static_cast<uint32_t>(i) >> 8), o);
+  for (int j = 0; j < 8; ++j) out[8 * i + j] = o[j];
+}
+
+double E2m1(uint32_t code) {
+  static const double kMagnitude[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  return (code & 8u) ? -kMagnitude[code & 7u] : kMagnitude[code & 7u];
+}
+
+double E4m3(uint32_t code) {
+  const int e = (code >> 3) & 15, m = code & 7;
+  if ((code & 0x7Fu) == 0x7Fu) return NAN;
+  const double v = e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
+  return (code & 0x80u) ? -v : v;
+}
+
+int main() {
+  constexpr int kItems = 256 * 256;
+  uint32_t* d = nullptr;
+  if (cudaMalloc(&d, sizeof(uint32_t) * 8 * kItems) != cudaSuccess) return 2;
+  Convert<<<kItems / 128, 128>>>(d, kItems);
+  std::vector<uint32_t> got(8 * kItems);
+  if (cudaMemcpy(got.data(), d, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost) !=
+      cudaSuccess) {
+    std::printf("FAIL: %s\n", cudaGetErrorString(cudaGetLastError()));
+    return 2;
+  }
+  long bad = 0, values = 0;
+  for (int i = 0; i < kItems; ++i) {
+    const double scale = E4m3(static_cast<uint32_t>(i) >> 8);
+    for (int v = 0; v < 16; ++v) {
+      const uint32_t byte = (ItemWord(i, v / 8) >> (8 * ((v / 2) % 4))) & 0xFFu;
+      const double want = E2m1(v % 2 == 0 ? byte & 0xFu : byte >> 4) * scale;
+      const uint32_t bits = (got[8 * i + v / 2] >> (16 * (v % 2))) & 0xFFFFu;
+      const uint32_t f32 = bits << 16;
+      float g;
+      std::memcpy(&g, &f32, sizeof g);
+      const bool ok = std::isnan(want) ? std::isnan(g)
+                                       : static_cast<double>(g) == want &&
+                                             std::signbit(g) == std::signbit(want);
+      if (!ok && bad++ < 8) {
+        std::printf("item %d value %d (byte 0x%02x, scale %g): got %g (0x%04x), want %g\n", i, v,
+                    byte, scale, g, bits, want);
+      }
+      ++values;
+    }
+  }
+  std::printf("e2m1 x e4m3 scale -> bf16: %ld values, %ld wrong: %s\n", values, bad,
+              bad == 0 ? "PASS" : "FAIL");
+  return bad == 0 ? 0 : 1;
+}

@@ -22,8 +22,8 @@ namespace ks = kforge::sparse_mla;
 // derived from it, so every byte value sits in every position.
 __host__ __device__ inline uint32_t ItemWord(int i, int half) {
   const uint32_t b = static_cast<uint32_t>(i) & 0xFFu;
-  const uint32_t w = b | (((b + 37u) & 0xFFu) << 8) | (((b + 91u) & 0xFFu) << 16) |
-                     (((b * 7u) & 0xFFu) << 24);
+  const uint32_t w =
+      b | (((b + 37u) & 0xFFu) << 8) | (((b + 91u) & 0xFFu) << 16) | (((b * 7u) & 0xFFu) << 24);
   return half == 0 ? w : ~w;
 }
 
@@ -69,9 +69,9 @@ int main() {
       const uint32_t f32 = bits << 16;
       float g;
       std::memcpy(&g, &f32, sizeof g);
-      const bool ok = std::isnan(want) ? std::isnan(g)
-                                       : static_cast<double>(g) == want &&
-                                             std::signbit(g) == std::signbit(want);
+      const bool ok = std::isnan(want)
+                          ? std::isnan(g)
+                          : static_cast<double>(g) == want && std::signbit(g) == std::signbit(want);
       if (!ok && bad++ < 8) {
         std::printf("item %d value %d (byte 0x%02x, scale %g): got %g (0x%04x), want %g\n", i, v,
                     byte, scale, g, bits, want);

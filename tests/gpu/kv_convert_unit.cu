@@ -27,12 +27,15 @@ __host__ __device__ inline uint32_t ItemWord(int i, int half) {
   return half == 0 ? w : ~w;
 }
 
+// Both of the template's routes: two multiplies, and (kScaleBranch, the
+// crossover producer's) one where |scale| < 4.
+template <bool kScaleBranch>
 __global__ void Convert(uint32_t* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const kforge::ptx::u32 w[2] = {ItemWord(i, 0), ItemWord(i, 1)};
   kforge::ptx::u32 o[8];
-  ks::E2m1ItemToBf16(w, ks::E4m3ToFloat(static_cast<uint32_t>(i) >> 8), o);
+  ks::E2m1ItemToBf16<kScaleBranch>(w, ks::E4m3ToFloat(static_cast<uint32_t>(i) >> 8), o);
   for (int j = 0; j < 8; ++j) out[8 * i + j] = o[j];
 }
 
@@ -48,19 +51,10 @@ double E4m3(uint32_t code) {
   return (code & 0x80u) ? -v : v;
 }
 
-int main() {
-  constexpr int kItems = 256 * 256;
-  uint32_t* d = nullptr;
-  if (cudaMalloc(&d, sizeof(uint32_t) * 8 * kItems) != cudaSuccess) return 2;
-  Convert<<<kItems / 128, 128>>>(d, kItems);
-  std::vector<uint32_t> got(8 * kItems);
-  if (cudaMemcpy(got.data(), d, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost) !=
-      cudaSuccess) {
-    std::printf("FAIL: %s\n", cudaGetErrorString(cudaGetLastError()));
-    return 2;
-  }
+// Checks one route's output against the definition; returns the count wrong.
+long CheckRoute(const std::vector<uint32_t>& got, const char* route) {
   long bad = 0, values = 0;
-  for (int i = 0; i < kItems; ++i) {
+  for (int i = 0; i < static_cast<int>(got.size() / 8); ++i) {
     const double scale = E4m3(static_cast<uint32_t>(i) >> 8);
     for (int v = 0; v < 16; ++v) {
       const uint32_t byte = (ItemWord(i, v / 8) >> (8 * ((v / 2) % 4))) & 0xFFu;
@@ -73,13 +67,32 @@ int main() {
                           ? std::isnan(g)
                           : static_cast<double>(g) == want && std::signbit(g) == std::signbit(want);
       if (!ok && bad++ < 8) {
-        std::printf("item %d value %d (byte 0x%02x, scale %g): got %g (0x%04x), want %g\n", i, v,
-                    byte, scale, g, bits, want);
+        std::printf("%s: item %d value %d (byte 0x%02x, scale %g): got %g (0x%04x), want %g\n",
+                    route, i, v, byte, scale, g, bits, want);
       }
       ++values;
     }
   }
-  std::printf("e2m1 x e4m3 scale -> bf16: %ld values, %ld wrong: %s\n", values, bad,
+  std::printf("e2m1 x e4m3 scale -> bf16, %s: %ld values, %ld wrong: %s\n", route, values, bad,
               bad == 0 ? "PASS" : "FAIL");
+  return bad;
+}
+
+int main() {
+  constexpr int kItems = 256 * 256;
+  uint32_t* d = nullptr;
+  if (cudaMalloc(&d, sizeof(uint32_t) * 8 * kItems) != cudaSuccess) return 2;
+  std::vector<uint32_t> two(8 * kItems), branch(8 * kItems);
+  Convert<false><<<kItems / 128, 128>>>(d, kItems);
+  cudaError_t e = cudaMemcpy(two.data(), d, two.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost);
+  Convert<true><<<kItems / 128, 128>>>(d, kItems);
+  if (e == cudaSuccess) {
+    e = cudaMemcpy(branch.data(), d, branch.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost);
+  }
+  if (e != cudaSuccess) {
+    std::printf("FAIL: %s\n", cudaGetErrorString(e));
+    return 2;
+  }
+  const long bad = CheckRoute(two, "two multiplies") + CheckRoute(branch, "scale branch");
   return bad == 0 ? 0 : 1;
 }

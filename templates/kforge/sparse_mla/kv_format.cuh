@@ -54,9 +54,12 @@
 //   F::RegRaw           this thread's raw bytes of one token
 //   F::RegLoad<T, kPageBlock>(v, slot, ok, w, q, raw)
 //                       global loads into raw (zeros where !ok)
-//   F::RegItem(raw, gi, w, q, out)
+//   F::RegItem<kInProducer = false>(raw, gi, w, q, out)
 //                       item 8 w + 4 gi + q as 16 bf16 (out[k] holds
-//                       columns 2 k, 2 k + 1), as Land would store it
+//                       columns 2 k, 2 k + 1), as Land would store it;
+//                       kInProducer: called by the crossover pair's
+//                       producer, whose loop only converts and stores
+//                       (a format may branch there: nvfp4_ds_mla)
 //   F::RegRope(raw, out)
 //                       the rope columns 4 q .. 4 q + 3 as two bf16 pairs
 //                       (only formats with rope columns need it)
@@ -264,11 +267,27 @@ __device__ __forceinline__ float Ue8m0ToFloat(ptx::u32 e) {
 // product fits bf16's 8 and is normal (0.5 * 2^-9 at the least). Two bf16x2
 // multiplies a pair of codes where the fp32 route took two conversions, two
 // multiplies and a pack (BENCH.md, "e2m1 to bf16 in bf16 arithmetic").
+// kScaleBranch: where |scale| < 4 (scale * 2^126 is a bf16), one multiply
+// instead; a branch per item, which paid only in the crossover pair's
+// producer (H200 128 x 128 251-254 -> 240-244 us) and cost the register
+// pipeline (16 x 128 83 -> 93 us) and the unpaired producer (128 x 2 19-20
+// -> 22) (BENCH.md, "e2m1 to bf16 in bf16 arithmetic").
+template <bool kScaleBranch = false>
 __device__ __forceinline__ void E2m1ItemToBf16(const ptx::u32 (&w)[2], float scale,
                                                ptx::u32 (&out)[8]) {
   static_assert(fp8::kE2m1Bf16Exp == 8 + 118, "the two factors below");
   constexpr ptx::u32 kTwoTo8 = (127u + 8u) * 0x00800080u;  // bf16x2 bits of 2^8, 2^8
   constexpr ptx::u32 kNegZero = 0x80008000u;               // the addend that keeps a product's -0
+  if (kScaleBranch && fabsf(scale) < 4.f) {
+    const float s = scale * 0x1p126f;
+    const ptx::u32 s2 = ptx::PackBf16x2(s, s);
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      out[b] = ptx::FmaBf16x2(fp8::E2m1x2ToBf16x2Bits((w[b >> 2] >> (8 * (b & 3))) & 0xFFu), s2,
+                              kNegZero);
+    }
+    return;
+  }
   const float s = scale * 0x1p118f;
   const ptx::u32 s2 = ptx::PackBf16x2(s, s);
 #pragma unroll
@@ -451,6 +470,7 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
   static constexpr bool kWsPrefetchL2 = false;
   // Not run as crossover pairs (model/spec.cc KvFormatInfo::crossover).
   static constexpr bool kWsPairLoadAhead = false;
+  template <bool kInProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {
     E4m3Item16ToBf16(raw.d[gi], raw.scale, out);
@@ -545,6 +565,7 @@ struct KvUe8m0PageBlocked : S {
     ptx::BulkPrefetchL2(rows.data, S::kDataBytes);
     ptx::PrefetchL2(rows.scales);
   }
+  template <bool kInProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int w, int,
                                                  ptx::u32 (&out)[8]) {
     if (S::kE4m3Values < S::kLatent && gi == 1 && w == kBf16Warp) {
@@ -624,6 +645,7 @@ struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
   // The pair's producer loads ahead: H200 128 x 128 248-252 us against
   // 306-307 loading after converting (BENCH.md, "crossover pairs").
   static constexpr bool kWsPairLoadAhead = true;
+  template <bool kInProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {
     const ptx::u32 w[2] = {raw.d[gi].x, raw.d[gi].y};
@@ -632,7 +654,7 @@ struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
     fp8::E4m3x4ToHalf2(raw.scales & 0xFFFFu, h01, h23);
     float s0, s1;
     fp8::Half2ToFloat2(h01, s0, s1);
-    E2m1ItemToBf16(w, E4m3Value(gi == 0 ? s0 : s1), out);
+    E2m1ItemToBf16<kInProducer>(w, E4m3Value(gi == 0 ? s0 : s1), out);
   }
   __device__ __forceinline__ static void RegRope(const RegRaw& raw, ptx::u32 (&out)[2]) {
     ptx::u32 h01, h23;

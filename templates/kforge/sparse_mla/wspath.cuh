@@ -213,7 +213,7 @@ __device__ __forceinline__ void WsProducePair(const DecodeParams& p, const Decod
 #pragma unroll
       for (int gi = 0; gi < 2; ++gi) {
         ptx::u32 out[8];
-        Kv::RegItem(raw[u], gi, u, q, out);
+        Kv::template RegItem<true>(raw[u], gi, u, q, out);
         StoreItemWith<T>(tile, row, 8 * u + 4 * gi + q, out, store_both);
       }
       if constexpr (T::kRope != 0) {

@@ -324,15 +324,15 @@ v1::LaunchRule MakeLaunchRule(const v1::AttentionSpec& spec, const v1::KernelTil
 
 namespace {
 
-// A cluster entry of `splits` CTAs for `tiling`: thread-block clusters
-// (sm_90a and sm_100a: see the callers), a merge buffer that fits
-// (ClusterMergeFits) and at least one token tile per split.
 // More 16-head groups than the H200 runs 16-CTA clusters at once (above
 // 112 heads): the 16-head small-batch tiling's cluster entry never fits.
 bool SixteenHeadClustersOverflow(const v1::AttentionSpec& spec) {
   return (static_cast<int>(spec.num_q_heads()) + 15) / 16 > kSixteenCtaClustersH200;
 }
 
+// A cluster entry of `splits` CTAs for `tiling`: thread-block clusters
+// (sm_90a and sm_100a: see the callers), a merge buffer that fits
+// (ClusterMergeFits) and at least one token tile per split.
 bool ClusterFits(const v1::AttentionSpec& spec, const Arch& arch, const v1::KernelTiling& tiling,
                  int splits) {
   return (arch.major == 9 || arch.major == 10) &&

@@ -99,7 +99,10 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
       for (int u = 0; u < 4; ++u)
         Kv::template RegLoad<T, T::kPageBlock>(v, slot[j], ok[j], u, q, raw[j][u]);
     }
-    [[maybe_unused]] int ahead[kRows];  // tile t + 2's slots (kWsPrefetchL2)
+    // Tile t + 2's slots (kWsPrefetchL2), read again as `slot` next tile:
+    // keeping them from here instead measured no faster (BENCH.md, "V4's
+    // producer: each slot read once").
+    [[maybe_unused]] int ahead[kRows];
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       slot[j] = slot_of(t + 1, j);

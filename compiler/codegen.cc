@@ -343,7 +343,7 @@ bool ClusterFits(const v1::AttentionSpec& spec, const Arch& arch, const v1::Kern
 }  // namespace
 
 v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arch,
-                                  const v1::KernelTiling& main) {
+                                  const v1::KernelTiling& main, const v1::SmallBatchPath& small) {
   v1::ClusterPath path;
   // A format whose tiling is warp-specialised only for its crossover pairs
   // gets no 2-split cluster (it runs the pipeline without the pair, which
@@ -355,19 +355,19 @@ v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arc
     path.set_entry(kMainClusterEntry);
     path.set_splits(sparse_mla::kMainClusterSplits);
   }
-  // The warp-specialised pipeline keeps its 64-head tile down to batch 2
-  // (the small-batch tiling's clusters stop fitting the device there:
-  // 8 head groups of 128 heads), where 16 splits merged in the kernel beat
-  // 16 + combine: H200 fp8_ds_mla 128 x 2 23.4 -> 19.0 us, 64 x 4 24.3 ->
-  // 18.2-18.8 (BENCH.md, "the wide cluster entry").
-  // A direct format (bf16) keeps its small-batch tiling up to where the
-  // rule stops splitting 16 ways, so it takes the entry only where that
-  // path serves batch 1 alone (above 112 heads, below): H200 bf16 128 x 2
-  // 17.7-18.2 -> 16.2-16.4 us, 128 x 3 23.2-24.0 -> 16.5-16.7 (BENCH.md,
-  // "bf16 at 128 heads: one launch at batch 1..3").
-  const sparse_mla::DecodeShape shape = DecodeShapeFor(spec, main);
-  if (sparse_mla::WarpSpecialized(shape) &&
-      (sparse_mla::StagedPipeline(shape) || SixteenHeadClustersOverflow(spec)) &&
+  // The warp-specialised pipeline's 16-split entry, where it can be taken:
+  // its clusters at the first token count past the small-batch path fit
+  // the device at once (the selector's test, with the H200's count). There
+  // 16 splits merged in the kernel beat 16 + combine: H200 fp8_ds_mla 128 x
+  // 2 23.4 -> 19.0 us, 64 x 4 24.3 -> 18.2-18.8 (BENCH.md, "the wide cluster
+  // entry"); bf16 128 x 2 17.7-18.2 -> 16.2-16.4, 128 x 3 23.2-24.0 ->
+  // 16.5-16.7, past its 32-head batch-1 tiles (BENCH.md, "bf16 at 128
+  // heads: one launch at batch 1..3"). bf16 below 113 heads keeps its
+  // 16-head small-batch path to batch 4 or more, past which these clusters
+  // no longer fit: no entry.
+  const int first_tokens = small.entry().empty() ? 1 : static_cast<int>(small.max_tokens()) + 1;
+  if (sparse_mla::WarpSpecialized(DecodeShapeFor(spec, main)) &&
+      static_cast<int>(main.num_head_groups()) * first_tokens <= kSixteenCtaClustersH200 &&
       ClusterFits(spec, arch, main, sparse_mla::kClusterSplits)) {
     path.set_wide_entry(kMainWideClusterEntry);
     path.set_wide_splits(sparse_mla::kClusterSplits);

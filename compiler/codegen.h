@@ -56,9 +56,10 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
 // sm_100a, where the merge buffer fits and every split has a token tile;
 // each entry empty otherwise (the 2-split one also for a tiling that is
 // warp-specialised only for its crossover pairs, where the 16-split one
-// may still be there).
+// may still be there; the 16-split one where its clusters could not run
+// at once past `small`, the module's ChooseSmallBatchPath).
 v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arch,
-                                  const v1::KernelTiling& main);
+                                  const v1::KernelTiling& main, const v1::SmallBatchPath& small);
 
 // Whether `path` has either entry (what an artifact and a manifest variant
 // then carry).

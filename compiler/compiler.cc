@@ -86,7 +86,7 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
   // A requested tiling is measured alone: no second kernel beside it.
   if (t.empty()) {
     plan.small_batch = ChooseSmallBatchPath(plan.spec, plan.arch, plan.tiling);
-    plan.cluster = ChooseMainCluster(plan.spec, plan.arch, plan.tiling);
+    plan.cluster = ChooseMainCluster(plan.spec, plan.arch, plan.tiling, plan.small_batch);
   }
   // A shared-memory cap stands in for a smaller part (101376: sm_120's 99
   // KB on an H200), whose modules have no cluster entries: the capped module

@@ -527,7 +527,7 @@ TEST(MakeLaunchRule, CtasPerSmStayWithinTheRegisterFile) {
         }
         // The entries are compiled for exactly those counts.
         const std::string src =
-            GenerateSource(spec, *t, rule, small, ChooseMainCluster(spec, arch, *t));
+            GenerateSource(spec, *t, rule, small, ChooseMainCluster(spec, arch, *t, small));
         EXPECT_NE(
             src.find(absl::StrCat("__launch_bounds__(Traits::kThreads, ", rule.ctas_per_sm(), ")")),
             std::string::npos)
@@ -919,13 +919,16 @@ TEST(ChooseTiling, CrossoverPairsWhereTheHeadGroupsPairUp) {
         EXPECT_EQ(t->land_warps(), 4u) << where;
         EXPECT_TRUE(sparse_mla::PairCovers(DecodeShapeFor(spec, *t))) << where;
       }
-      const v1::ClusterPath cluster = ChooseMainCluster(spec, hopper, *t);
+      const v1::SmallBatchPath small = ChooseSmallBatchPath(spec, hopper, *t);
+      const v1::ClusterPath cluster = ChooseMainCluster(spec, hopper, *t, small);
       // The 2-split cluster (without the pair) for V4 and the unpaired;
       // the 16-split one for every warp-specialised staged tiling.
       EXPECT_EQ(!cluster.entry().empty(), !pairs || d == v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4) << where;
-      if (pairs) EXPECT_FALSE(cluster.wide_entry().empty()) << where;
-      const std::string src = GenerateSource(spec, *t, MakeLaunchRule(spec, *t, hopper),
-                                             ChooseSmallBatchPath(spec, hopper, *t), cluster);
+      if (pairs) {
+        EXPECT_FALSE(cluster.wide_entry().empty()) << where;
+      }
+      const std::string src =
+          GenerateSource(spec, *t, MakeLaunchRule(spec, *t, hopper), small, cluster);
       EXPECT_EQ(src.find(paired_main) != std::string::npos, pairs) << where;
       EXPECT_EQ(src.find("__cluster_dims__(2, 1, 1)") != std::string::npos, pairs) << where;
       // No other arch runs pairs (no warp-specialised tiling there).

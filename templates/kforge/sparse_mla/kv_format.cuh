@@ -97,6 +97,11 @@ struct KvView {
   long long page_stride;
   long long row_stride;
   long long num_slots;
+  // Whether `slot` names a record of this cache (0 <= slot < num_slots):
+  // the `ok` every load takes (-1 and out-of-range slots read nothing).
+  __device__ __forceinline__ bool Holds(long long slot) const {
+    return slot >= 0 && slot < num_slots;
+  }
 };
 
 __device__ __forceinline__ KvView MainKv(const DecodeParams& p) {
@@ -278,22 +283,22 @@ __device__ __forceinline__ void E2m1ItemToBf16(const ptx::u32 (&w)[2], float sca
   static_assert(fp8::kE2m1Bf16Exp == 8 + 118, "the two factors below");
   constexpr ptx::u32 kTwoTo8 = (127u + 8u) * 0x00800080u;  // bf16x2 bits of 2^8, 2^8
   constexpr ptx::u32 kNegZero = 0x80008000u;               // the addend that keeps a product's -0
+  // Codes 2 b and 2 b + 1 as bf16x2 bits of value * 2^-126.
+  auto codes = [&w](int b) {
+    return fp8::E2m1x2ToBf16x2Bits((w[b >> 2] >> (8 * (b & 3))) & 0xFFu);
+  };
   if (kScaleBranch && fabsf(scale) < 4.f) {
     const float s = scale * 0x1p126f;
     const ptx::u32 s2 = ptx::PackBf16x2(s, s);
 #pragma unroll
-    for (int b = 0; b < 8; ++b) {
-      out[b] = ptx::FmaBf16x2(fp8::E2m1x2ToBf16x2Bits((w[b >> 2] >> (8 * (b & 3))) & 0xFFu), s2,
-                              kNegZero);
-    }
+    for (int b = 0; b < 8; ++b) out[b] = ptx::FmaBf16x2(codes(b), s2, kNegZero);
     return;
   }
   const float s = scale * 0x1p118f;
   const ptx::u32 s2 = ptx::PackBf16x2(s, s);
 #pragma unroll
   for (int b = 0; b < 8; ++b) {
-    const ptx::u32 x = fp8::E2m1x2ToBf16x2Bits((w[b >> 2] >> (8 * (b & 3))) & 0xFFu);
-    out[b] = ptx::FmaBf16x2(ptx::FmaBf16x2(x, kTwoTo8, kNegZero), s2, kNegZero);
+    out[b] = ptx::FmaBf16x2(ptx::FmaBf16x2(codes(b), kTwoTo8, kNegZero), s2, kNegZero);
   }
 }
 
@@ -706,7 +711,7 @@ __device__ __forceinline__ void GatherKvTile(const DecodeParams& p, const TileSl
   for (int pass = 0; pass < T::kTokenTile / T::kRowsPerPass; ++pass) {
     const int row = r.row0 + pass * T::kRowsPerPass;
     const int slot = s.slot[pass];
-    const bool ok = slot >= 0 && slot < v.num_slots;
+    const bool ok = v.Holds(slot);
     if constexpr (T::kExtraTopk > 0) {
       if (extra) {
         T::ExtraKv::template LoadRow<T, T::kExtraPageBlock>(v, slot, ok, sm, stage, row, r.sub);

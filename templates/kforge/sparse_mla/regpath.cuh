@@ -109,7 +109,7 @@ __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
     valid = 0;
 #pragma unroll
     for (int j = 0; j < kN8; ++j) {
-      const bool ok = slot[j] >= 0 && slot[j] < v.num_slots;
+      const bool ok = v.Holds(slot[j]);
       Kv::template RegLoad<T, T::kPageBlock>(v, slot[j], ok, warp, q, raw[j]);
       valid |= __ballot_sync(0xffffffffu, ok && q == 0) << j;
     }

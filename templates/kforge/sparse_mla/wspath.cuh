@@ -94,7 +94,7 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
     bool ok[kRows];
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
-      ok[j] = slot[j] >= 0 && slot[j] < v.num_slots;
+      ok[j] = v.Holds(slot[j]);
 #pragma unroll
       for (int u = 0; u < 4; ++u)
         Kv::template RegLoad<T, T::kPageBlock>(v, slot[j], ok[j], u, q, raw[j][u]);
@@ -144,8 +144,7 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
       if (q == 0) {
 #pragma unroll
         for (int j = 0; j < kRows; ++j) {
-          Kv::template RegPrefetch<T, T::kPageBlock>(v, ahead[j],
-                                                     ahead[j] >= 0 && ahead[j] < v.num_slots);
+          Kv::template RegPrefetch<T, T::kPageBlock>(v, ahead[j], v.Holds(ahead[j]));
         }
       }
     }
@@ -186,14 +185,14 @@ __device__ __forceinline__ void WsProducePair(const DecodeParams& p, const Decod
   };
   typename Kv::RegRaw raw[4];
   int slot = slot_of(0);
-  bool ok = slot >= 0 && slot < v.num_slots;
+  bool ok = v.Holds(slot);
 #pragma unroll
   for (int u = 0; u < 4; ++u) Kv::template RegLoad<T, T::kPageBlock>(v, slot, ok, u, q, raw[u]);
 #pragma unroll 1
   for (int t = 0; t < w.num_tiles; ++t) {
     const int stage = t % T::kStages;
     slot = slot_of(t + 1);
-    const bool next_ok = slot >= 0 && slot < v.num_slots;
+    const bool next_ok = v.Holds(slot);
     typename Kv::RegRaw next[4];
     if constexpr (Kv::kWsPairLoadAhead) {
 #pragma unroll
@@ -281,7 +280,7 @@ __device__ __forceinline__ void WsCopy(const DecodeParams& p, const DecodeWork& 
 #pragma unroll
     for (int i = 0; i < T::kTokenTile / kRowsPerPass; ++i) {
       const int row = row0 + i * kRowsPerPass;
-      const bool ok = slot[i] >= 0 && slot[i] < v.num_slots;
+      const bool ok = v.Holds(slot[i]);
       T::Kv::template LoadRow<T, T::kPageBlock>(v, slot[i], ok, sm, stage, row, sub);
       if (sub == 0) sm.valid[stage * T::kTokenTile + row] = ok;
     }

@@ -302,16 +302,46 @@ __device__ __forceinline__ void E2m1ItemToBf16(const ptx::u32 (&w)[2], float sca
   }
 }
 
-// The register pipeline's loads (regpath.cuh): read-only global memory,
-// zeros for an invalid slot.
+// The register pipelines' loads (regpath.cuh, wspath.cuh): read-only
+// global memory, zeros for an invalid slot. kL2Prefetch 0 is a plain load;
+// 256 adds ld's `.L2::256B` prefetch-size hint, so the L2 fetches the
+// aligned 256 bytes around a missed sector from DRAM at once (F::kL2Prefetch:
+// a format whose records measured faster with it).
+template <int kL2Prefetch = 0>
 __device__ __forceinline__ uint4 RegLd16(const unsigned char* p, bool ok) {
-  return ok ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+  static_assert(kL2Prefetch == 0 || kL2Prefetch == 256, "a plain load or .L2::256B");
+  if constexpr (kL2Prefetch == 0) {
+    return ok ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+  } else {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (ok)
+      asm("ld.global.nc.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+          : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+          : "l"(p));
+    return v;
+  }
 }
+template <int kL2Prefetch = 0>
 __device__ __forceinline__ uint2 RegLd8(const unsigned char* p, bool ok) {
-  return ok ? __ldg(reinterpret_cast<const uint2*>(p)) : make_uint2(0u, 0u);
+  static_assert(kL2Prefetch == 0 || kL2Prefetch == 256, "a plain load or .L2::256B");
+  if constexpr (kL2Prefetch == 0) {
+    return ok ? __ldg(reinterpret_cast<const uint2*>(p)) : make_uint2(0u, 0u);
+  } else {
+    uint2 v = make_uint2(0u, 0u);
+    if (ok) asm("ld.global.nc.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+  }
 }
+template <int kL2Prefetch = 0>
 __device__ __forceinline__ ptx::u32 RegLd4(const unsigned char* p, bool ok) {
-  return ok ? __ldg(reinterpret_cast<const unsigned int*>(p)) : 0u;
+  static_assert(kL2Prefetch == 0 || kL2Prefetch == 256, "a plain load or .L2::256B");
+  if constexpr (kL2Prefetch == 0) {
+    return ok ? __ldg(reinterpret_cast<const unsigned int*>(p)) : 0u;
+  } else {
+    ptx::u32 v = 0u;
+    if (ok) asm("ld.global.nc.L2::256B.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+  }
 }
 __device__ __forceinline__ ptx::u32 RegLd2(const unsigned char* p, bool ok) {
   return ok ? static_cast<ptx::u32>(__ldg(reinterpret_cast<const unsigned short*>(p))) : 0u;
@@ -464,15 +494,22 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
                                                  RegRaw& raw) {
     static_assert(Supports(T::kDv, T::kRope), "fp8_ds_mla: kv_lora_rank 512, rope_dim 0 or 64");
     const unsigned char* rec = RowOf<Elem, kPageBlock>(v, slot, ok);
-    raw.d[0] = RegLd16(rec + 16 * (8 * w + q), ok);
-    raw.d[1] = RegLd16(rec + 16 * (8 * w + 4 + q), ok);
-    raw.scale = __uint_as_float(RegLd4(rec + kScalesOffset + 4 * w, ok));
-    raw.rope = T::kRope != 0 ? RegLd8(rec + kRopeOffset + 32 * w + 8 * q, ok) : make_uint2(0u, 0u);
+    raw.d[0] = RegLd16<kL2Prefetch>(rec + 16 * (8 * w + q), ok);
+    raw.d[1] = RegLd16<kL2Prefetch>(rec + 16 * (8 * w + 4 + q), ok);
+    raw.scale = __uint_as_float(RegLd4<kL2Prefetch>(rec + kScalesOffset + 4 * w, ok));
+    raw.rope = T::kRope != 0 ? RegLd8<kL2Prefetch>(rec + kRopeOffset + 32 * w + 8 * q, ok)
+                             : make_uint2(0u, 0u);
   }
   // The warp-specialised producer does not prefetch these records into L2
   // (wspath.cuh): measured 2% slower at 128 x 32 and 64 x 64, 2% faster at
   // 128 x 128 on the H200 (BENCH.md, "L2 prefetch").
   static constexpr bool kWsPrefetchL2 = false;
+  // RegLoad's loads ask for the 256 bytes around each miss (RegLd16): the
+  // warp-specialised producer, bound by its loads' latency, ran 128 x 32 and
+  // 128 x 128 4-5% faster on the H200; the register pipeline and batch 1
+  // unchanged (BENCH.md, "L2 prefetch-size hint"). The other records
+  // measured no faster or slower with it.
+  static constexpr int kL2Prefetch = 256;
   // Not run as crossover pairs (model/spec.cc KvFormatInfo::crossover).
   static constexpr bool kWsPairLoadAhead = false;
   template <bool kInProducer = false>

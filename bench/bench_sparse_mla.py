@@ -84,6 +84,8 @@ def main():
     ap.add_argument("--cases", default="128x128,64x64,16x128,8x1",
                     help="heads x batch list")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
+    ap.add_argument("--topk", type=int, default=2048,
+                    help="time the modules of this top-k (a small one shows a call's fixed costs)")
     ap.add_argument("--kv-dtype", default="bf16",
                     choices=("bf16", "fp8_ds_mla", "fp8_ds_mla_v4", "mxfp8_ds_mla_v41",
                              "nvfp4_ds_mla"),
@@ -99,7 +101,7 @@ def main():
     want = kv_dtype_value(args.kv_dtype)
     for c in glob.glob(os.path.join(args.module_dir, "*.cubin")):
         spec = read_artifact(c).spec
-        if spec.topk == 2048 and spec.s_q <= 1 and spec.kv_cache_dtype == want:
+        if spec.topk == args.topk and spec.s_q <= 1 and spec.kv_cache_dtype == want:
             mods[spec.num_q_heads] = c
     from kforge import kv_records
     D = kv_records.LATENT_WIDTH.get(args.kv_dtype, 576)

@@ -125,6 +125,16 @@ int HeadsPerGroup(int heads, int max_tile) {
 // tiles (64 and 128 heads, bf16 and fp8: 16 splits, BENCH.md 2026-12-01).
 constexpr int kMinKeysPerSplit = 128;
 
+// The small-batch path's floor: one 64-key tile per split. Its grid is a
+// few dozen CTAs at most, so at batch 1..4 each split's serial tiles cost
+// more than a wider combine: H200 sweeps (BENCH.md 2026-12-04, "the
+// small-batch split floor") at top-k 256 / 512 / 1024, 8..128 heads, found
+// one tile a split fastest at batch 1 and 2 in every format and head count
+// (the 128-key floor was 9-29% slower: fp8 64 x 1 at top-k 512 15.8 against
+// 12.5 us). Where the path has a 16-split cluster entry, its rule stops at
+// that entry's splits (ChooseSmallBatchPath).
+constexpr int kMinKeysPerSplitSmallBatch = 64;
+
 // The small-batch path's CTA shapes, best first (BENCH.md 2026-12-01: at
 // batch 1 on the H200, 16 x 64 x 2 stages x 4 warps beat 32-token tiles,
 // 3 and 4 stages, 8 warps and 32-head tiles).
@@ -430,13 +440,6 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
   }
   path.set_entry(kSmallBatchEntry);
   *path.mutable_launch() = std::move(launch);
-  // A staged format with one head group (<= 16 heads): one 64-key tile per
-  // split is fastest for fp8_ds_mla (BENCH.md 2026-12-02: 8 x 1 13.8 us at 32 splits, 15.8 at
-  // 16; 16 x 1 14.9 vs 17.0). bf16 keeps two (8 x 1 even, 8 x 4 12.1 us at
-  // 16 splits, 13.1 at 32).
-  if (tiling.num_head_groups() == 1 && StagedKv(spec)) {
-    path.mutable_launch()->set_min_tiles_per_split(1);
-  }
   const int ctas = StagedKv(spec) ? kSmallBatchCtasStaged : kSmallBatchCtasBf16;
   // The 32-head tiles serve batch 1 only: at batch 2 their clusters no
   // longer fit either, and the throughput tiling's wide cluster entry takes
@@ -452,6 +455,23 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
     path.set_cluster_entry(kClusterEntry);
     path.set_cluster_splits(sparse_mla::kClusterSplits);
   }
+  // Splits down to one 64-key tile each (kMinKeysPerSplitSmallBatch), but
+  // where the path has a cluster entry no more than it merges, so that the
+  // rule lands on it (the selector takes it at exactly cluster_splits): at
+  // top-k 2048 its 16 merged splits beat 32 + combine (H200 bf16 64 x 1
+  // 13.0 us against 14.8, fp8 15.3 against 18.1; bf16 8 x 4 11.8 against
+  // 13.9). Not for a staged format's lone head group, whose 32 one-tile
+  // splits + combine beat the 16 merged ones at batch 1 and 2 (fp8 8 x 1
+  // 12.6 against 14.4, 16 x 1 13.8 against 15.2; BENCH.md 2026-12-04, "the
+  // small-batch split floor").
+  const int token_tile = static_cast<int>(tiling.token_tile());
+  int min_tiles = std::max(1, kMinKeysPerSplitSmallBatch / token_tile);
+  if (path.cluster_splits() != 0 && !(tiling.num_head_groups() == 1 && StagedKv(spec))) {
+    const long long tiles = (KeySpanOf(spec, token_tile) + token_tile - 1) / token_tile;
+    min_tiles =
+        std::max<long long>(min_tiles, (tiles + path.cluster_splits() - 1) / path.cluster_splits());
+  }
+  path.mutable_launch()->set_min_tiles_per_split(min_tiles);
   *path.mutable_tiling() = std::move(tiling);
   return path;
 }

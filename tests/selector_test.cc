@@ -230,6 +230,52 @@ TEST(Select, SmallBatchPathUpToItsMaxTokens) {
   EXPECT_FALSE(m->variants(0).has_small_batch());
 }
 
+// The small-batch path splits down to one 64-key tile each, and where it
+// has a cluster entry no finer than that entry merges (so the rule lands on
+// it), but for a staged format's lone head group (codegen.cc
+// kMinKeysPerSplitSmallBatch; BENCH.md 2026-12-04).
+TEST(Select, SmallBatchSplitsOneTileEach) {
+  constexpr int kH200Clusters = 7;
+  struct Case {
+    const char* preset;
+    int tp;
+    v1::KvCacheDtype dtype;
+    int topk, splits, keys;
+    bool cluster;
+  };
+  const Case cases[] = {
+      {"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 256, 4, 64, false},
+      {"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 512, 8, 64, false},
+      {"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 1024, 16, 64, true},
+      {"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 2048, 16, 128, true},
+      {"glm-5", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 512, 8, 64, false},
+      {"glm-5", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 2048, 16, 128, true},
+      {"glm-5", 8, v1::KV_CACHE_DTYPE_BF16, 2048, 16, 128, true},
+      {"glm-5", 8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 1024, 16, 64, true},
+      {"glm-5", 8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 2048, 32, 64, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.preset, " tp ", c.tp, " dtype ", c.dtype, " topk ", c.topk));
+    absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(c.preset, c.tp);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    spec->set_topk(c.topk);
+    spec->set_kv_cache_dtype(c.dtype);
+    if (c.dtype == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
+      spec->set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
+    }
+    absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, "sm_90a");
+    ASSERT_TRUE(m.ok()) << m.status();
+    const RuntimeShape shape = ShapeFor(m->variants(0).spec(), 1, 1);
+    absl::StatusOr<Selection> sel = Select(*m, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, shape);
+    ASSERT_TRUE(sel.ok()) << sel.status();
+    EXPECT_TRUE(sel->small_batch);
+    EXPECT_EQ(sel->num_splits, c.splits);
+    EXPECT_EQ(sel->tokens_per_split, c.keys);
+    EXPECT_EQ(sel->cluster, c.cluster);
+    CheckSelection(*m, *sel, shape, kSms, kH200Clusters);
+  }
+}
+
 // sm_90+: the small-batch path's cluster entry merges the splits in the
 // kernel wherever the rule would split at least kClusterSplits ways; a
 // forced split count, and archs without clusters, run split + combine.

@@ -131,8 +131,7 @@ constexpr int kMinKeysPerSplit = 128;
 // small-batch split floor") at top-k 256 / 512 / 1024, 8..128 heads, found
 // one tile a split fastest at batch 1 and 2 in every format and head count
 // (the 128-key floor was 9-29% slower: fp8 64 x 1 at top-k 512 15.8 against
-// 12.5 us). Where the path has a 16-split cluster entry, its rule stops at
-// that entry's splits (ChooseSmallBatchPath).
+// 12.5 us); above 16 such splits the 128-key floor (ChooseSmallBatchPath).
 constexpr int kMinKeysPerSplitSmallBatch = 64;
 
 // The small-batch path's CTA shapes, best first (BENCH.md 2026-12-01: at
@@ -455,23 +454,27 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
     path.set_cluster_entry(kClusterEntry);
     path.set_cluster_splits(sparse_mla::kClusterSplits);
   }
-  // Splits down to one 64-key tile each (kMinKeysPerSplitSmallBatch), but
-  // where the path has a cluster entry no more than it merges, so that the
-  // rule lands on it (the selector takes it at exactly cluster_splits): at
-  // top-k 2048 its 16 merged splits beat 32 + combine (H200 bf16 64 x 1
-  // 13.0 us against 14.8, fp8 15.3 against 18.1; bf16 8 x 4 11.8 against
-  // 13.9). Not for a staged format's lone head group, whose 32 one-tile
-  // splits + combine beat the 16 merged ones at batch 1 and 2 (fp8 8 x 1
-  // 12.6 against 14.4, 16 x 1 13.8 against 15.2; BENCH.md 2026-12-04, "the
-  // small-batch split floor").
-  const int token_tile = static_cast<int>(tiling.token_tile());
-  int min_tiles = std::max(1, kMinKeysPerSplitSmallBatch / token_tile);
-  if (path.cluster_splits() != 0 && !(tiling.num_head_groups() == 1 && StagedKv(spec))) {
+  // Splits down to one 64-key tile each (kMinKeysPerSplitSmallBatch) while
+  // 16 of them (kClusterSplits) cover the keys; past that the 128-key floor
+  // of the throughput tiling (kMinKeysPerSplit), so the rule lands on the
+  // cluster entry at top-k 2048, whose 16 merged splits of two tiles beat 32
+  // of one + combine (H200 bf16 64 x 1 13.0 us against 14.8, fp8 15.3
+  // against 18.1, bf16 8 x 4 11.8 against 13.9; without the cluster, 16 +
+  // combine: bf16 64 x 1 13.7). A staged format's lone head group takes one
+  // tile throughout: its 32 one-tile splits + combine beat 16 merged ones at
+  // batch 1 and 2 (fp8 8 x 1 12.6 against 14.4, 16 x 1 13.8 against 15.2;
+  // BENCH.md 2026-12-04, "the small-batch split floor").
+  const long long token_tile = tiling.token_tile();
+  const long long one_tile = std::max(1LL, kMinKeysPerSplitSmallBatch / token_tile);
+  long long min_tiles = one_tile;
+  if (!(tiling.num_head_groups() == 1 && StagedKv(spec))) {
     const long long tiles = (KeySpanOf(spec, token_tile) + token_tile - 1) / token_tile;
+    const long long by_clusters =
+        (tiles + sparse_mla::kClusterSplits - 1) / sparse_mla::kClusterSplits;
     min_tiles =
-        std::max<long long>(min_tiles, (tiles + path.cluster_splits() - 1) / path.cluster_splits());
+        std::clamp(by_clusters, one_tile, std::max(one_tile, kMinKeysPerSplit / token_tile));
   }
-  path.mutable_launch()->set_min_tiles_per_split(min_tiles);
+  path.mutable_launch()->set_min_tiles_per_split(static_cast<uint32_t>(min_tiles));
   *path.mutable_tiling() = std::move(tiling);
   return path;
 }

@@ -230,10 +230,10 @@ TEST(Select, SmallBatchPathUpToItsMaxTokens) {
   EXPECT_FALSE(m->variants(0).has_small_batch());
 }
 
-// The small-batch path splits down to one 64-key tile each, and where it
-// has a cluster entry no finer than that entry merges (so the rule lands on
-// it), but for a staged format's lone head group (codegen.cc
-// kMinKeysPerSplitSmallBatch; BENCH.md 2026-12-04).
+// The small-batch path splits down to one 64-key tile each while 16 such
+// splits cover the top-k, and keeps 128 keys a split above that (so top-k
+// 2048 lands on the cluster entry), but for a staged format's lone head
+// group (codegen.cc kMinKeysPerSplitSmallBatch; BENCH.md 2026-12-04).
 TEST(Select, SmallBatchSplitsOneTileEach) {
   constexpr int kH200Clusters = 7;
   struct Case {
@@ -247,12 +247,14 @@ TEST(Select, SmallBatchSplitsOneTileEach) {
       {"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 256, 4, 64, false},
       {"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 512, 8, 64, false},
       {"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 1024, 16, 64, true},
+      {"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 1152, 9, 128, false},
       {"glm-5", 1, v1::KV_CACHE_DTYPE_BF16, 2048, 16, 128, true},
       {"glm-5", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 512, 8, 64, false},
       {"glm-5", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 2048, 16, 128, true},
       {"glm-5", 8, v1::KV_CACHE_DTYPE_BF16, 2048, 16, 128, true},
       {"glm-5", 8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 1024, 16, 64, true},
       {"glm-5", 8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 2048, 32, 64, false},
+      {"glm-5", 8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 1152, 18, 64, false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat(c.preset, " tp ", c.tp, " dtype ", c.dtype, " topk ", c.topk));

@@ -28,6 +28,14 @@ int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
   return static_cast<int>(std::clamp<long long>(fit, 1, max_splits));
 }
 
+int SplitsHoldingKeys(const v1::AttentionSpec& spec, const v1::LaunchRule& rule, int num_splits) {
+  const long long granularity = std::max<long long>(1, rule.split_granularity_tokens());
+  const long long tiles =
+      std::max<long long>(1, CeilDiv(KeySpanOf(spec, granularity), granularity));
+  const long long splits = std::clamp<long long>(num_splits, 1, tiles);
+  return static_cast<int>(CeilDiv(tiles, CeilDiv(tiles, splits)));
+}
+
 int TokensPerSplit(const v1::AttentionSpec& spec, const v1::LaunchRule& rule, int num_splits) {
   const long long granularity = std::max<long long>(1, rule.split_granularity_tokens());
   const long long per_split = CeilDiv(KeySpanOf(spec, granularity), std::max(1, num_splits));

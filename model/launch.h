@@ -23,6 +23,12 @@ int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
 // rounded up to whole tiles plus the extra topk. The rules below split it.
 long long KeySpanOf(const v1::AttentionSpec& spec, long long token_tile);
 
+// How many of num_splits splits hold keys: each takes ceil(tiles /
+// num_splits) whole tiles (TokensPerSplit), so where that does not divide
+// evenly the last ones would be empty. <= num_splits, and the same keys per
+// split.
+int SplitsHoldingKeys(const v1::AttentionSpec& spec, const v1::LaunchRule& rule, int num_splits);
+
 // Keys of the top-k range per split: ceil(topk / num_splits) rounded up to
 // the rule's granularity (the token tile), as the main kernel's grid.y
 // blocks expect.

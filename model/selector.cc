@@ -232,6 +232,16 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
         sel.main_entry = &v.cluster().wide_entry();
       }
     }
+    // Split + combine launches no split without keys: the rule's count can
+    // leave the last ones empty (glm-5 TP8 x batch 10: 13 splits of 3 of
+    // the 32 tiles, 11 of them holding keys). Empty splits cost time: H200,
+    // top-k 1152 at 64 heads x batch 2, 16 forced splits (7 empty) 14.2 us
+    // bf16 / 18.6 fp8 against 13.5 / 17.5 as the 9 that hold keys (BENCH.md
+    // 2026-12-04). Cluster entries keep their compiled split count, forced
+    // counts their own.
+    if (!sel.cluster && device.forced_num_splits == 0) {
+      sel.num_splits = SplitsHoldingKeys(v.spec(), launch, sel.num_splits);
+    }
     sel.tokens_per_split = TokensPerSplit(v.spec(), launch, sel.num_splits);
     if (sel.num_splits > kMaxGridYZ) {
       return absl::InternalError(

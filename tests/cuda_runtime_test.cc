@@ -571,6 +571,32 @@ TEST(TokensPerSplit, CoversTopkInWholeTiles) {
   EXPECT_EQ(TokensPerSplitFor(1, 32, 1), 32);
 }
 
+// SplitsHoldingKeys for a spec of `topk` keys and a rule of `tile`-key tiles.
+int SplitsHoldingKeysFor(int topk, int tile, int splits) {
+  v1::AttentionSpec spec;
+  spec.set_topk(topk);
+  v1::LaunchRule rule;
+  rule.set_split_granularity_tokens(tile);
+  return SplitsHoldingKeys(spec, rule, splits);
+}
+
+TEST(SplitsHoldingKeys, DropsTheSplitsWholeTilesLeaveEmpty) {
+  EXPECT_EQ(SplitsHoldingKeysFor(1152, 64, 16), 9);   // 18 tiles: 2 a split
+  EXPECT_EQ(SplitsHoldingKeysFor(1152, 64, 18), 18);  // one each
+  EXPECT_EQ(SplitsHoldingKeysFor(2048, 64, 12), 11);  // 3 a split: 11 hold keys
+  EXPECT_EQ(SplitsHoldingKeysFor(2048, 64, 16), 16);
+  EXPECT_EQ(SplitsHoldingKeysFor(2048, 64, 64), 32);  // never more than the tiles
+  EXPECT_EQ(SplitsHoldingKeysFor(2049, 64, 17), 17);
+  EXPECT_EQ(SplitsHoldingKeysFor(63, 32, 1), 1);
+  for (int splits = 1; splits <= 40; ++splits) {
+    const int held = SplitsHoldingKeysFor(1152, 64, splits);
+    EXPECT_LE(held, splits);
+    // The same keys a split, and every split holds some.
+    EXPECT_EQ(TokensPerSplitFor(1152, 64, held), TokensPerSplitFor(1152, 64, std::min(splits, 18)));
+    EXPECT_LT(static_cast<long long>(held - 1) * TokensPerSplitFor(1152, 64, held), 1152);
+  }
+}
+
 // Args with padded strides, so a field copied from the wrong stride shows.
 DecodeArgs PaddedArgs(int batch) {
   DecodeArgs a = ValidArgs(batch);

@@ -89,8 +89,11 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   EXPECT_EQ(v.spec().num_q_heads(), static_cast<uint32_t>(shape.num_q_heads));
   EXPECT_EQ(sel.num_tokens, shape.batch * shape.s_q);
   EXPECT_GE(sel.num_splits, 1);
-  EXPECT_EQ(sel.num_splits,
-            small_cluster ? static_cast<int>(v.small_batch().cluster_splits()) : rule_splits);
+  // Split + combine launches only the rule's splits that hold keys.
+  EXPECT_EQ(sel.num_splits, small_cluster ? static_cast<int>(v.small_batch().cluster_splits())
+                            : cluster     ? rule_splits
+                                          : SplitsHoldingKeys(v.spec(), l, rule_splits));
+  EXPECT_LE(sel.num_splits, rule_splits);
   EXPECT_EQ(sel.tokens_per_split, TokensPerSplit(v.spec(), l, sel.num_splits));
   EXPECT_EQ(sel.tokens_per_split % l.split_granularity_tokens(), 0u);
   EXPECT_GE(static_cast<long long>(sel.tokens_per_split) * sel.num_splits, v.spec().topk());
@@ -276,6 +279,23 @@ TEST(Select, SmallBatchSplitsOneTileEach) {
     EXPECT_EQ(sel->cluster, c.cluster);
     CheckSelection(*m, *sel, shape, kSms, kH200Clusters);
   }
+  // glm-5 TP8 (8 heads, one group) x batch 10: the rule's 13 splits take 3
+  // of the 32 tiles each, so only 11 hold keys; split + combine launches 11.
+  const v1::Manifest m = MakeManifest("glm-5", 8, "sm_90a");
+  const RuntimeShape ten = ShapeFor(m.variants(0).spec(), 10, 1);
+  const v1::SmallBatchPath& small = m.variants(0).small_batch();
+  EXPECT_EQ(NumSplits(m.variants(0).spec(), small.tiling(), small.launch(), 10, kSms), 13);
+  absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, ten);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  EXPECT_TRUE(sel->small_batch);
+  EXPECT_EQ(sel->num_splits, 11);
+  EXPECT_EQ(sel->tokens_per_split, 192u);
+  EXPECT_TRUE(sel->needs_combine);
+  CheckSelection(m, *sel, ten, kSms, kH200Clusters);
+  // A forced count is launched as asked.
+  absl::StatusOr<Selection> forced = Select(m, DeviceInfo{"sm_90a", kSms, 13, kH200Clusters}, ten);
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  EXPECT_EQ(forced->num_splits, 13);
 }
 
 // sm_90+: the small-batch path's cluster entry merges the splits in the

@@ -553,13 +553,19 @@ TEST(ValidateDecodeArgs, EmptyManifestIsFailedPrecondition) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-// TokensPerSplit for a spec of `topk` keys and a rule of `tile`-key tiles.
-int TokensPerSplitFor(int topk, int tile, int splits) {
+// `split_count_fn(spec, rule, splits)` for a spec of `topk` keys and a rule
+// of `tile`-key tiles.
+int ForTopkAndTile(int (*split_count_fn)(const v1::AttentionSpec&, const v1::LaunchRule&, int),
+                   int topk, int tile, int splits) {
   v1::AttentionSpec spec;
   spec.set_topk(topk);
   v1::LaunchRule rule;
   rule.set_split_granularity_tokens(tile);
-  return TokensPerSplit(spec, rule, splits);
+  return split_count_fn(spec, rule, splits);
+}
+
+int TokensPerSplitFor(int topk, int tile, int splits) {
+  return ForTopkAndTile(&TokensPerSplit, topk, tile, splits);
 }
 
 TEST(TokensPerSplit, CoversTopkInWholeTiles) {
@@ -571,13 +577,8 @@ TEST(TokensPerSplit, CoversTopkInWholeTiles) {
   EXPECT_EQ(TokensPerSplitFor(1, 32, 1), 32);
 }
 
-// SplitsHoldingKeys for a spec of `topk` keys and a rule of `tile`-key tiles.
 int SplitsHoldingKeysFor(int topk, int tile, int splits) {
-  v1::AttentionSpec spec;
-  spec.set_topk(topk);
-  v1::LaunchRule rule;
-  rule.set_split_granularity_tokens(tile);
-  return SplitsHoldingKeys(spec, rule, splits);
+  return ForTopkAndTile(&SplitsHoldingKeys, topk, tile, splits);
 }
 
 TEST(SplitsHoldingKeys, DropsTheSplitsWholeTilesLeaveEmpty) {

@@ -468,7 +468,8 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
   const long long one_tile = std::max(1LL, kMinKeysPerSplitSmallBatch / token_tile);
   long long min_tiles = one_tile;
   if (!(tiling.num_head_groups() == 1 && StagedKv(spec))) {
-    const long long tiles = (KeySpanOf(spec, token_tile) + token_tile - 1) / token_tile;
+    // The rule's granularity is the token tile: one tile a split at most.
+    const long long tiles = MaxSplits(spec, path.launch());
     const long long by_clusters =
         (tiles + sparse_mla::kClusterSplits - 1) / sparse_mla::kClusterSplits;
     min_tiles =

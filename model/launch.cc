@@ -29,9 +29,7 @@ int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
 }
 
 int SplitsHoldingKeys(const v1::AttentionSpec& spec, const v1::LaunchRule& rule, int num_splits) {
-  const long long granularity = std::max<long long>(1, rule.split_granularity_tokens());
-  const long long tiles =
-      std::max<long long>(1, CeilDiv(KeySpanOf(spec, granularity), granularity));
+  const long long tiles = MaxSplits(spec, rule);  // one tile a split at most
   const long long splits = std::clamp<long long>(num_splits, 1, tiles);
   return static_cast<int>(CeilDiv(tiles, CeilDiv(tiles, splits)));
 }

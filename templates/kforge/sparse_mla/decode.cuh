@@ -63,11 +63,11 @@ __device__ __forceinline__ void DecodeSmemPipeline(const DecodeParams& p) {
   TileSlots<T> slots;
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
-    slots.Load(w, r, s);
-    if (s < w.num_tiles) GatherKvTile<T>(p, slots, sm, r, s);
+    slots.Load(w, r.row0, s);
+    if (s < w.num_tiles) GatherKvTile(p, slots, sm, r.row0, r.sub, s);
     ptx::CpAsyncCommit();
   }
-  slots.Load(w, r, kAhead);
+  slots.Load(w, r.row0, kAhead);
 
   const Qk qk(sm, r);
   const PvPhase<T> pv(r);
@@ -90,9 +90,9 @@ __device__ __forceinline__ void DecodeSmemPipeline(const DecodeParams& p) {
     if (Qk::kAsync && r.mma) qk.Start(s, k_tile);
     {
       const int nt = t + kAhead;
-      if (nt < w.num_tiles) GatherKvTile<T>(p, slots, sm, r, nt % T::kStages);
+      if (nt < w.num_tiles) GatherKvTile(p, slots, sm, r.row0, r.sub, nt % T::kStages);
       ptx::CpAsyncCommit();
-      slots.Load(w, r, nt + 1);
+      slots.Load(w, r.row0, nt + 1);
     }
     // Land-only warps skip the MMA phases but meet the MMA warps at every
     // CTA barrier (P's, the next tile's): the same barriers as without them.

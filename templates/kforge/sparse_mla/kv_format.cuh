@@ -216,12 +216,16 @@ __device__ __forceinline__ void StoreItemWith(ptx::u32 tile, int row, int k,
   store(base + (((first ^ 1) ^ swz) << 4), odd_block ? out[0] : out[4], odd_block ? out[1] : out[5],
         odd_block ? out[2] : out[6], odd_block ? out[3] : out[7]);
 }
+// StoreItemWith's store into this CTA's shared memory.
+struct StoreShared128 {
+  __device__ __forceinline__ void operator()(ptx::u32 addr, ptx::u32 a, ptx::u32 b, ptx::u32 c,
+                                             ptx::u32 d) const {
+    ptx::StShared128(addr, a, b, c, d);
+  }
+};
 template <class T>
 __device__ __forceinline__ void StoreItem(ptx::u32 tile, int row, int k, const ptx::u32 (&out)[8]) {
-  StoreItemWith<T>(tile, row, k, out,
-                   [](ptx::u32 addr, ptx::u32 a, ptx::u32 b, ptx::u32 c, ptx::u32 d) {
-                     ptx::StShared128(addr, a, b, c, d);
-                   });
+  StoreItemWith<T>(tile, row, k, out, StoreShared128{});
 }
 
 // An e4m3 code's value from E4m3x4ToHalf2's half (which is short of
@@ -710,15 +714,19 @@ struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
 };
 
 // The slots of one KV tile that this thread gathers (rows row0 + pass *
-// kRowsPerPass), loaded one tile ahead so the index latency is not on the
-// gather's path, and which cache the tile reads (DecodeWork: the split's
-// top-k tiles, then its extra ones). -1 past the split or the list's length.
-template <class T>
+// kRowsPerPass: the whole CTA's share by default, the warp-specialised
+// producer's with its own row count), loaded one tile ahead so the index
+// latency is not on the gather's path, and which cache the tile reads
+// (DecodeWork: the split's top-k tiles, then its extra ones). -1 past the
+// split or the list's length.
+template <class T, int kRowsPerPass = T::kRowsPerPass>
 struct TileSlots {
-  int slot[T::kTokenTile / T::kRowsPerPass];
+  static constexpr int kPasses = T::kTokenTile / kRowsPerPass;
+  static_assert(T::kTokenTile % kRowsPerPass == 0, "whole passes of the gathering threads");
+  int slot[kPasses];
   bool extra;
 
-  __device__ __forceinline__ void Load(const DecodeWork& w, const ThreadRoles& r, int tile) {
+  __device__ __forceinline__ void Load(const DecodeWork& w, int row0, int tile) {
     extra = T::kExtraTopk > 0 && tile >= w.main_tiles;
     const int base = extra ? w.extra_begin + (tile - w.main_tiles) * T::kTokenTile
                            : w.begin + tile * T::kTokenTile;
@@ -727,8 +735,8 @@ struct TileSlots {
     const int* row = extra ? w.extra_idx_row : w.idx_row;
     const int first = extra ? T::kMainSpan : 0;
 #pragma unroll
-    for (int pass = 0; pass < T::kTokenTile / T::kRowsPerPass; ++pass) {
-      const int pos = base + r.row0 + pass * T::kRowsPerPass;
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int pos = base + row0 + pass * kRowsPerPass;
       slot[pass] = tile < w.num_tiles && pos < end ? __ldg(row + (pos - first)) : -1;
     }
   }
@@ -738,27 +746,29 @@ struct TileSlots {
 // `stage` (direct formats: its bf16 tile; staged: the staging buffer) from
 // the tile's cache, and records which rows are real tokens: an index of -1,
 // one >= the cache's slot count, or a position past the split is no token.
-template <class T>
-__device__ __forceinline__ void GatherKvTile(const DecodeParams& p, const TileSlots<T>& s,
-                                             const DecodeSmem& sm, const ThreadRoles& r,
-                                             int stage) {
+// This thread copies its part `sub` (of kThreadsPerRow) of rows row0 +
+// pass * kRowsPerPass.
+template <class T, int kRowsPerPass>
+__device__ __forceinline__ void GatherKvTile(const DecodeParams& p,
+                                             const TileSlots<T, kRowsPerPass>& s,
+                                             const DecodeSmem& sm, int row0, int sub, int stage) {
   const bool extra = T::kExtraTopk > 0 && s.extra;
   const KvView v = extra ? ExtraKv(p) : MainKv(p);
 #pragma unroll
-  for (int pass = 0; pass < T::kTokenTile / T::kRowsPerPass; ++pass) {
-    const int row = r.row0 + pass * T::kRowsPerPass;
+  for (int pass = 0; pass < TileSlots<T, kRowsPerPass>::kPasses; ++pass) {
+    const int row = row0 + pass * kRowsPerPass;
     const int slot = s.slot[pass];
     const bool ok = v.Holds(slot);
     if constexpr (T::kExtraTopk > 0) {
       if (extra) {
-        T::ExtraKv::template LoadRow<T, T::kExtraPageBlock>(v, slot, ok, sm, stage, row, r.sub);
+        T::ExtraKv::template LoadRow<T, T::kExtraPageBlock>(v, slot, ok, sm, stage, row, sub);
       } else {
-        T::Kv::template LoadRow<T, T::kPageBlock>(v, slot, ok, sm, stage, row, r.sub);
+        T::Kv::template LoadRow<T, T::kPageBlock>(v, slot, ok, sm, stage, row, sub);
       }
     } else {
-      T::Kv::template LoadRow<T, T::kPageBlock>(v, slot, ok, sm, stage, row, r.sub);
+      T::Kv::template LoadRow<T, T::kPageBlock>(v, slot, ok, sm, stage, row, sub);
     }
-    if (r.sub == 0) sm.valid[stage * T::kTokenTile + row] = ok;
+    if (sub == 0) sm.valid[stage * T::kTokenTile + row] = ok;
   }
 }
 

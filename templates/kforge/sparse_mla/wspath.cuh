@@ -70,6 +70,41 @@ __device__ __forceinline__ ptx::u32 RopeUnitAddr(ptx::u32 tile, int row, int u, 
   return TileChunkAddr<T>(tile, row, (T::kDv + 16 * u) / 8 + q / 2) + 8 * (q % 2);
 }
 
+// ConvertRow's rope store into this CTA's shared memory (two 4-byte
+// stores: a rope unit's two bf16x2 words).
+struct StoreRopeShared {
+  __device__ __forceinline__ void operator()(ptx::u32 dst, ptx::u32 a, ptx::u32 b) const {
+    ptx::StShared32(dst, a);
+    ptx::StShared32(dst + 4, b);
+  }
+};
+
+// Converts one tile row's four register units (raw[u], u = 0..3: the
+// format's RegLoad of lane (n, q)) into the bf16 KV tile: items 8 u + 4 gi +
+// q through `store` (StoreItemWith's 16-byte stores) and the rope columns
+// of unit (u, q) through `store_rope` (address, two words). Both producers
+// run it: WsProduce with plain shared stores, the crossover pair's with
+// stores to this CTA and its peer (kInProducer: the pair's RegItem).
+template <class T, bool kInProducer, class Store, class StoreRope>
+__device__ __forceinline__ void ConvertRow(const typename T::Kv::RegRaw (&raw)[4], ptx::u32 tile,
+                                           int row, int q, Store&& store, StoreRope&& store_rope) {
+  using Kv = typename T::Kv;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi) {
+      ptx::u32 out[8];
+      Kv::template RegItem<kInProducer>(raw[u], gi, u, q, out);
+      StoreItemWith<T>(tile, row, 8 * u + 4 * gi + q, out, store);
+    }
+    if constexpr (T::kRope != 0) {
+      ptx::u32 rope[2];
+      Kv::RegRope(raw[u], rope);
+      store_rope(RopeUnitAddr<T>(tile, row, u, q), rope[0], rope[1]);
+    }
+  }
+}
+
 // The producer warpgroup: fills the bf16 KV tiles of every tile of the work
 // item in turn.
 template <class T>
@@ -114,22 +149,7 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       const int row = 16 * pw + 8 * j + n;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-#pragma unroll
-        for (int gi = 0; gi < 2; ++gi) {
-          ptx::u32 out[8];
-          Kv::RegItem(raw[j][u], gi, u, q, out);
-          StoreItem<T>(tile, row, 8 * u + 4 * gi + q, out);
-        }
-        if constexpr (T::kRope != 0) {
-          ptx::u32 rope[2];
-          Kv::RegRope(raw[j][u], rope);
-          const ptx::u32 dst = RopeUnitAddr<T>(tile, row, u, q);
-          ptx::StShared32(dst, rope[0]);
-          ptx::StShared32(dst + 4, rope[1]);
-        }
-      }
+      ConvertRow<T, false>(raw[j], tile, row, q, StoreShared128{}, StoreRopeShared{});
       if (q == 0) sm.valid[stage * T::kTokenTile + row] = ok[j];
     }
     // wgmma reads the tile through the async proxy.
@@ -210,23 +230,11 @@ __device__ __forceinline__ void WsProducePair(const DecodeParams& p, const Decod
       ptx::StShared128(addr, a, b, c, d);
       ptx::StAsync128(addr + to_peer, a, b, c, d, bar);
     };
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-#pragma unroll
-      for (int gi = 0; gi < 2; ++gi) {
-        ptx::u32 out[8];
-        Kv::template RegItem<true>(raw[u], gi, u, q, out);
-        StoreItemWith<T>(tile, row, 8 * u + 4 * gi + q, out, store_both);
-      }
-      if constexpr (T::kRope != 0) {
-        ptx::u32 rope[2];
-        Kv::RegRope(raw[u], rope);
-        const ptx::u32 dst = RopeUnitAddr<T>(tile, row, u, q);
-        ptx::StShared32(dst, rope[0]);
-        ptx::StShared32(dst + 4, rope[1]);
-        ptx::StAsync64(dst + to_peer, rope[0], rope[1], bar);
-      }
-    }
+    ConvertRow<T, true>(raw, tile, row, q, store_both,
+                        [bar, to_peer](ptx::u32 dst, ptx::u32 a, ptx::u32 b) {
+                          StoreRopeShared{}(dst, a, b);
+                          ptx::StAsync64(dst + to_peer, a, b, bar);
+                        });
     if (q == 0) {
       // sm.valid[stage * kTokenTile + row], at its offset from the KV tiles.
       const ptx::u32 flag =
@@ -253,7 +261,7 @@ __device__ __forceinline__ void WsProducePair(const DecodeParams& p, const Decod
 }
 
 // The producer of a direct format (bf16): every tile's rows copied straight
-// into a free bf16 KV tile with cp.async (LoadRow; kThreadsPerRow threads a
+// into a free bf16 KV tile with cp.async (GatherKvTile; kThreadsPerRow threads a
 // row, 16 rows a pass), nothing held in registers. Each producer thread
 // arrives on the tile's `full` twice: once plainly after writing its rows'
 // validity flags, once (cp.async.mbarrier.arrive.noinc) when its copies have
@@ -263,27 +271,15 @@ __device__ __forceinline__ void WsCopy(const DecodeParams& p, const DecodeWork& 
                                        const DecodeSmem& sm, const ThreadRoles& r, ptx::u32 full,
                                        ptx::u32 empty) {
   constexpr int kRowsPerPass = T::kLandWarps * 32 / kThreadsPerRow;
-  static_assert(T::kTokenTile % kRowsPerPass == 0, "whole passes of the producer");
   const int tid = (r.warp - T::kWarps) * 32 + r.lane;
   const int row0 = tid / kThreadsPerRow, sub = tid % kThreadsPerRow;
-  const KvView v = MainKv(p);
+  TileSlots<T, kRowsPerPass> slots;
 #pragma unroll 1
   for (int t = 0; t < w.num_tiles; ++t) {
     const int stage = t % T::kStages;
-    int slot[T::kTokenTile / kRowsPerPass];
-#pragma unroll
-    for (int i = 0; i < T::kTokenTile / kRowsPerPass; ++i) {
-      const int pos = w.begin + t * T::kTokenTile + row0 + i * kRowsPerPass;
-      slot[i] = pos < w.main_end ? __ldg(w.idx_row + pos) : -1;
-    }
+    slots.Load(w, row0, t);
     ptx::MbarWait(empty + 8 * stage, ((t / T::kStages) & 1) ^ 1);
-#pragma unroll
-    for (int i = 0; i < T::kTokenTile / kRowsPerPass; ++i) {
-      const int row = row0 + i * kRowsPerPass;
-      const bool ok = v.Holds(slot[i]);
-      T::Kv::template LoadRow<T, T::kPageBlock>(v, slot[i], ok, sm, stage, row, sub);
-      if (sub == 0) sm.valid[stage * T::kTokenTile + row] = ok;
-    }
+    GatherKvTile(p, slots, sm, row0, sub, stage);
     ptx::CpAsyncCommit();
     ptx::CpAsyncMbarArrive(full + 8 * stage);
     ptx::MbarArrive(full + 8 * stage);

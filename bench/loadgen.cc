@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
+#include "model/artifact_check.h"
 #include "model/spec.h"
 
 namespace {
@@ -350,23 +351,6 @@ struct ColdResult {
   std::string error;
 };
 
-const char* SourceName(v1::ArtifactSource s) {
-  switch (s) {
-    case v1::ARTIFACT_SOURCE_MEMORY:
-      return "memory";
-    case v1::ARTIFACT_SOURCE_DISK:
-      return "disk";
-    case v1::ARTIFACT_SOURCE_COMPILED:
-      return "compiled";
-    case v1::ARTIFACT_SOURCE_SHARED_COMPILE:
-      return "shared";
-    case v1::ARTIFACT_SOURCE_REDIS:
-      return "redis";
-    default:
-      return "unknown";
-  }
-}
-
 std::string Fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
@@ -413,8 +397,9 @@ int main(int argc, char** argv) {
     }
     response_bytes = resp.ByteSizeLong();
     cubin_bytes = resp.artifact().cubin().size();
-    std::cerr << "warm-up: " << resp.artifact().module_name() << " (" << SourceName(resp.source())
-              << ", " << Fixed(std::chrono::duration<double>(Clock::now() - t0).count(), 3)
+    std::cerr << "warm-up: " << resp.artifact().module_name() << " ("
+              << kforge::ArtifactSourceName(resp.source()) << ", "
+              << Fixed(std::chrono::duration<double>(Clock::now() - t0).count(), 3)
               << " s), response " << response_bytes << " bytes, cubin " << cubin_bytes
               << " bytes\n";
   }
@@ -457,7 +442,7 @@ int main(int argc, char** argv) {
     if (s.ok()) {
       c.server_s = resp.seconds();
       c.compile_s = resp.artifact().compile_seconds();
-      c.source = SourceName(resp.source());
+      c.source = kforge::ArtifactSourceName(resp.source());
     } else {
       c.error = StatusText(s);
     }

@@ -123,23 +123,6 @@ int FailCall(const grpc::Status& status, grpc::Channel& channel, const std::stri
   return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? 2 : 1;
 }
 
-const char* SourceName(v1::ArtifactSource source) {
-  switch (source) {
-    case v1::ARTIFACT_SOURCE_MEMORY:
-      return "memory";
-    case v1::ARTIFACT_SOURCE_DISK:
-      return "disk";
-    case v1::ARTIFACT_SOURCE_COMPILED:
-      return "compiled";
-    case v1::ARTIFACT_SOURCE_SHARED_COMPILE:
-      return "compiled (shared)";
-    case v1::ARTIFACT_SOURCE_REDIS:
-      return "redis";
-    default:
-      return "unknown";
-  }
-}
-
 }  // namespace
 
 int Serve(const std::vector<std::string>& argv) {
@@ -347,7 +330,7 @@ int Get(const std::vector<std::string>& argv) {
   if (!s.ok()) return Fail(s);
   std::cout << absl::StrFormat("%s.cubin  %s  %zu bytes  source %s  %.3f s\n", base,
                                artifact.arch(), artifact.cubin().size(),
-                               SourceName(response.source()), response.seconds());
+                               ArtifactSourceName(response.source()), response.seconds());
   return 0;
 }
 

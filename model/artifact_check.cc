@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/absl_compat.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -70,6 +71,14 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
 }
 
 }  // namespace
+
+std::string ArtifactSourceName(v1::ArtifactSource source) {
+  constexpr absl::string_view kPrefix = "ARTIFACT_SOURCE_";
+  if (!v1::ArtifactSource_IsValid(source)) return "unknown";
+  const absl::string_view name = v1::ArtifactSource_Name(source);
+  if (!absl::StartsWith(name, kPrefix)) return "unknown";
+  return absl::AsciiStrToLower(name.substr(kPrefix.size()));
+}
 
 absl::Status CheckFileStem(std::string_view field, std::string_view name) {
   const bool safe =

@@ -1,6 +1,7 @@
 #ifndef KFORGE_MODEL_ARTIFACT_CHECK_H_
 #define KFORGE_MODEL_ARTIFACT_CHECK_H_
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -17,6 +18,12 @@ namespace kforge {
 // reach outside a directory. InvalidArgument naming `field` and the value
 // otherwise.
 absl::Status CheckFileStem(std::string_view field, std::string_view name);
+
+// Where an answer's kernel came from, as every tool and counter names it:
+// the enum's name less its prefix, lower case ("memory", "disk", "redis",
+// "compiled", "shared_compile", "unspecified"); "unknown" for a value this
+// build does not know (a newer server's).
+std::string ArtifactSourceName(v1::ArtifactSource source);
 
 // The manifest variant a compiled artifact is: its module, key, spec,
 // tiling, launch rule and entry names.

@@ -24,6 +24,7 @@
 #include "compiler/compiler.h"
 #include "compiler/key.h"
 #include "compiler/manifest.h"
+#include "model/artifact_check.h"
 #include "model/spec.h"
 #include "service/disk_cache.h"
 #include "service/memory_cache.h"
@@ -659,10 +660,8 @@ KernelStore::Timings KernelStore::ReadTimings() const {
   const State& s = *state_;
   Timings out;
   for (int source = v1::ARTIFACT_SOURCE_MEMORY; source < v1::ArtifactSource_ARRAYSIZE; ++source) {
-    // "ARTIFACT_SOURCE_SHARED_COMPILE" -> "shared_compile"
-    std::string name = v1::ArtifactSource_Name(static_cast<v1::ArtifactSource>(source));
-    name = absl::AsciiStrToLower(name.substr(std::string_view("ARTIFACT_SOURCE_").size()));
-    out.by_source.emplace_back(std::move(name), s.by_source[source].Read());
+    out.by_source.emplace_back(ArtifactSourceName(static_cast<v1::ArtifactSource>(source)),
+                               s.by_source[source].Read());
   }
   out.compile_seconds = s.compile_seconds.Read();
   return out;

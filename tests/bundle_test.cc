@@ -21,6 +21,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "model/artifact_check.h"
 #include "model/spec.h"
 #include "tests/test_util.h"
 
@@ -625,4 +626,17 @@ TEST_F(BundleTest, ArtifactCheckNamesTheFirstMismatch) {
 }
 
 }  // namespace
+
+// One name per source for the counters, `kforge get` and the load
+// generator (each had its own spelling of a shared compile).
+TEST(ArtifactSourceNameTest, NamesEverySourceAsTheCountersDo) {
+  EXPECT_EQ(ArtifactSourceName(v1::ARTIFACT_SOURCE_MEMORY), "memory");
+  EXPECT_EQ(ArtifactSourceName(v1::ARTIFACT_SOURCE_DISK), "disk");
+  EXPECT_EQ(ArtifactSourceName(v1::ARTIFACT_SOURCE_COMPILED), "compiled");
+  EXPECT_EQ(ArtifactSourceName(v1::ARTIFACT_SOURCE_SHARED_COMPILE), "shared_compile");
+  EXPECT_EQ(ArtifactSourceName(v1::ARTIFACT_SOURCE_REDIS), "redis");
+  EXPECT_EQ(ArtifactSourceName(v1::ARTIFACT_SOURCE_UNSPECIFIED), "unspecified");
+  EXPECT_EQ(ArtifactSourceName(static_cast<v1::ArtifactSource>(99)), "unknown");
+}
+
 }  // namespace kforge

@@ -36,6 +36,21 @@ v1::Manifest MakeManifest(const std::string& preset, int tp, const std::string& 
   return *m;
 }
 
+// `preset`'s manifest for `arch` with its KV cache in `dtype` (fp8_ds_mla
+// with arbitrary scales, glm-5's convention) and, where topk > 0, that top-k.
+absl::StatusOr<v1::Manifest> ManifestWithKv(const std::string& preset, int tp,
+                                            v1::KvCacheDtype dtype, const std::string& arch,
+                                            int topk = 0) {
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(preset, tp);
+  if (!spec.ok()) return spec.status();
+  spec->set_kv_cache_dtype(dtype);
+  if (dtype == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
+    spec->set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
+  }
+  if (topk > 0) spec->set_topk(topk);
+  return BuildManifest(KernelCompiler(), *spec, arch);
+}
+
 RuntimeShape ShapeFor(const v1::AttentionSpec& spec, int batch, int s_q) {
   RuntimeShape shape;
   shape.batch = batch;
@@ -204,13 +219,7 @@ TEST(Select, SmallBatchPathUpToItsMaxTokens) {
                         Case{"deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 1, 32},
                         Case{"glm-5", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 2, 16}}) {
     SCOPED_TRACE(absl::StrCat(c.preset, " tp", c.tp, " dtype ", c.dtype));
-    absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(c.preset, c.tp);
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    spec->set_kv_cache_dtype(c.dtype);
-    if (c.dtype == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
-      spec->set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
-    }
-    absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, "sm_90a");
+    absl::StatusOr<v1::Manifest> m = ManifestWithKv(c.preset, c.tp, c.dtype, "sm_90a");
     ASSERT_TRUE(m.ok()) << m.status();
     const v1::ManifestVariant& v = m->variants(0);
     EXPECT_EQ(v.small_batch().entry(), kSmallBatchEntry);
@@ -261,14 +270,7 @@ TEST(Select, SmallBatchSplitsOneTileEach) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat(c.preset, " tp ", c.tp, " dtype ", c.dtype, " topk ", c.topk));
-    absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(c.preset, c.tp);
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    spec->set_topk(c.topk);
-    spec->set_kv_cache_dtype(c.dtype);
-    if (c.dtype == v1::KV_CACHE_DTYPE_FP8_DS_MLA) {
-      spec->set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
-    }
-    absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, "sm_90a");
+    absl::StatusOr<v1::Manifest> m = ManifestWithKv(c.preset, c.tp, c.dtype, "sm_90a", c.topk);
     ASSERT_TRUE(m.ok()) << m.status();
     const RuntimeShape shape = ShapeFor(m->variants(0).spec(), 1, 1);
     absl::StatusOr<Selection> sel = Select(*m, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, shape);
@@ -349,11 +351,8 @@ TEST(Select, ClusterEntryReplacesSplitAndCombine) {
   }
   // A rule that splits more ways than the cluster (fp8, one head group: 32
   // one-tile splits) keeps split + combine.
-  absl::StatusOr<v1::AttentionSpec> fp8 = SpecFromPreset("glm-5", 8);
-  ASSERT_TRUE(fp8.ok()) << fp8.status();
-  fp8->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
-  fp8->set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
-  absl::StatusOr<v1::Manifest> fm = BuildManifest(KernelCompiler(), *fp8, "sm_90a");
+  absl::StatusOr<v1::Manifest> fm =
+      ManifestWithKv("glm-5", 8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, "sm_90a");
   ASSERT_TRUE(fm.ok()) << fm.status();
   const RuntimeShape one = ShapeFor(fm->variants(0).spec(), 1, 1);
   absl::StatusOr<Selection> f = Select(*fm, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, one);

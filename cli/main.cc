@@ -252,6 +252,7 @@ void Usage() {
                "  serve     run the gRPC kernel server\n"
                "  get       fetch one kernel from a server\n"
                "  stats     print a server's counters as JSON\n"
+               "  health    ask a server's health service (exit 0 when SERVING)\n"
                "  manifest  print the selection manifest for a preset as JSON\n"
                "  select    pick the variant and launch configuration for a shape\n"
                "  warm      have a server compile every kernel of a deployment matrix\n"
@@ -280,6 +281,7 @@ int main(int argc, char** argv) {
   if (cmd == "serve") return Serve(rest);
   if (cmd == "get") return Get(rest);
   if (cmd == "stats") return Stats(rest);
+  if (cmd == "health") return Health(rest);
   if (cmd == "manifest") return Manifest(rest);
   if (cmd == "select") return Select(rest);
   if (cmd == "warm") return Warm(rest);

@@ -26,6 +26,7 @@
 #include "bundle/bundle.h"
 #include "cli/connect_args.h"
 #include "cli/flags.h"
+#include "cli/health.h"
 #include "cli/kernel_args.h"
 #include "cli/worker_faults.h"
 #include "compiler/compiler.h"
@@ -452,6 +453,44 @@ int Doctor(const std::vector<std::string>& argv) {
     }
   }
   return healthy ? 0 : 1;
+}
+
+int Health(const std::vector<std::string>& argv) {
+  std::vector<FlagSpec> flags = {
+      ServerFlag(),
+      {"service", "NAME",
+       "ask about one service (e.g. kforge.v1.KernelService) instead of the whole server"},
+      {"timeout", "DURATION", "give up after this long (seconds, or 500ms, 2s)", "5s"},
+      {"help", "", "show this help", "", 'h'}};
+  flags.insert(flags.end() - 1, ClientSecurityFlags().begin(), ClientSecurityFlags().end());
+  absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
+  if (!args.ok()) return Fail(args.status());
+  if (args->Has("help") || !args->positional.empty()) {
+    std::cout << "usage: kforge health [--server ADDR] [--service NAME] [--timeout DURATION]\n"
+                 "                     [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]\n\n"
+                 "Asks a server's grpc.health.v1 health service and prints its answer "
+                 "(SERVING, NOT_SERVING, ...). Exit 0 when SERVING, 1 otherwise (also when "
+                 "the server cannot be reached): a container HEALTHCHECK or a probe.\n\n"
+              << FlagsHelp(flags);
+    return args->Has("help") ? 0 : 2;
+  }
+  const absl::StatusOr<absl::Duration> timeout =
+      DurationFlag(*args, "timeout", absl::Milliseconds(1), kMaxDuration);
+  if (!timeout.ok()) return Fail(timeout.status());
+  const std::string address = args->Get("server");
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> connected = ConnectFromArgs(address, *args);
+  if (!connected.ok()) return Fail(connected.status());
+  std::shared_ptr<grpc::Channel> channel = *std::move(connected);
+  int status = 0;
+  const grpc::Status call = CheckHealth(*channel, args->Get("service"), *timeout, &status);
+  if (!call.ok()) {
+    // An invalid argument here is the server's (an unknown service is
+    // NOT_FOUND): unhealthy, not a usage error.
+    FailCall(call, *channel, address, *args);
+    return 1;
+  }
+  std::cout << ServingStatusName(status) << "\n";
+  return status == static_cast<int>(ServingStatus::kServing) ? 0 : 1;
 }
 
 int Stats(const std::vector<std::string>& argv) {

@@ -16,6 +16,9 @@ int Get(const std::vector<std::string>& argv);
 int Doctor(const std::vector<std::string>& argv);
 // `kforge stats`: prints a server's counters as JSON.
 int Stats(const std::vector<std::string>& argv);
+// `kforge health`: asks a server's grpc.health.v1 service; exit 0 when it
+// says SERVING (the container image's HEALTHCHECK).
+int Health(const std::vector<std::string>& argv);
 
 }  // namespace kforge::cli
 

@@ -1,11 +1,13 @@
 #include "capi/kforge_capi.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <string>
@@ -19,6 +21,8 @@
 #include "base/absl_compat.h"
 #include "base/credentials.h"
 #include "bundle/bundle.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/service.pb.h"
 #include "kforge/v1/spec.pb.h"
@@ -29,6 +33,7 @@
 #include "model/launch_plan.h"
 #include "model/selector.h"
 #include "model/spec.h"
+#include "runtime/client_settings.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 struct KforgeBundle {
@@ -595,6 +600,74 @@ int32_t kforge_read_token_file(const char* path, const char* what, char** token,
     absl::StatusOr<std::vector<std::string>> tokens = kforge::ReadTokenFile(path, what);
     if (!tokens.ok()) return tokens.status();
     return OutputString(tokens->front(), token, "token");
+  });
+}
+
+int32_t kforge_client_settings(const char* given, int32_t allow_bundle, char** settings,
+                               char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (given == nullptr) return Null("given");
+    google::protobuf::Struct object;
+    const std::string_view text(given);
+    if (text.size() > kMaxMessageBytes ||
+        !google::protobuf::util::JsonStringToMessage(
+             google::protobuf::StringPiece(text.data(), text.size()), &object)
+             .ok()) {
+      return absl::InvalidArgumentError("given: not a JSON object");
+    }
+    kforge::ClientSettings in;
+    kforge::ChannelSecurityOptions& security = in.security;
+    // Each key, the field it gives and the name errors use for it.
+    const std::pair<const char*, std::pair<std::string*, std::string*>> kKeys[] = {
+        {"address", {&in.server, &in.names.server}},
+        {"bundle", {&in.bundle, &in.names.bundle}},
+        {"local_copy_dir", {&in.local_copy_dir, &in.names.local_copy_dir}},
+        {"tls_ca", {&security.tls_ca_file, &security.names.tls_ca_file}},
+        {"tls_cert", {&security.tls_cert_file, &security.names.tls_cert_file}},
+        {"tls_key", {&security.tls_key_file, &security.names.tls_key_file}},
+        {"token", {&security.token, &security.names.token}},
+        {"token_file", {&security.token_file, &security.names.token_file}}};
+    // Errors call every setting by its key, a given one or one that says
+    // how to give it ("set KFORGE_TLS_CA (or give tls_ca)").
+    for (const auto& [key, field] : kKeys) *field.second = key;
+    for (const auto& [key, value] : object.fields()) {
+      const auto* known = std::find_if(std::begin(kKeys), std::end(kKeys),
+                                       [&](const auto& k) { return key == k.first; });
+      if (known == std::end(kKeys)) {
+        return absl::InvalidArgumentError(absl::StrCat("given: unknown setting '", key, "'"));
+      }
+      if (value.has_null_value()) continue;
+      if (!value.has_string_value()) {
+        return absl::InvalidArgumentError(absl::StrCat("given: ", key, ": expected a string"));
+      }
+      *known->second.first = value.string_value();
+    }
+    absl::StatusOr<kforge::ClientSettings> resolved = kforge::ClientSettingsFromEnvironment(
+        in,
+        allow_bundle != 0 ? kforge::ClientSource::kServerOrBundle : kforge::ClientSource::kServer);
+    if (!resolved.ok()) return resolved.status();
+    google::protobuf::Struct out;
+    auto& fields = *out.mutable_fields();
+    fields["server"].set_string_value(resolved->server);  // "" for a bundle
+    fields["bundle"].set_string_value(resolved->bundle);
+    fields["local_copy_dir"].set_string_value(resolved->local_copy_dir);
+    kforge::ChannelSecurity loaded;
+    if (resolved->bundle.empty()) {
+      absl::StatusOr<kforge::ChannelSecurity> read =
+          kforge::LoadChannelSecurity(resolved->security);
+      if (!read.ok()) return read.status();
+      loaded = *std::move(read);
+    }
+    fields["tls"].set_bool_value(loaded.tls);
+    fields["root_certificates"].set_string_value(loaded.root_certs_pem);
+    fields["certificate_chain"].set_string_value(loaded.cert_chain_pem);
+    fields["private_key"].set_string_value(loaded.private_key_pem);
+    fields["token"].set_string_value(loaded.token);
+    std::string json;
+    if (!google::protobuf::util::MessageToJsonString(out, &json).ok()) {
+      return absl::InternalError("settings: cannot print as JSON");
+    }
+    return OutputString(json, settings, "settings");
   });
 }
 

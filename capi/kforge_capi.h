@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 10
+#define KFORGE_CAPI_VERSION 11
 
 int32_t kforge_capi_version(void);
 
@@ -237,6 +237,24 @@ int32_t kforge_bundle_writer_finish(KforgeBundleWriter* writer, char** error);
 int32_t kforge_read_credential_file(const char* path, const char* what, char** text, char** error);
 /* ReadTokenFile: the first bearer token of a token file. */
 int32_t kforge_read_token_file(const char* path, const char* what, char** token, char** error);
+
+/* ---- client settings (runtime/client_settings.h) ---- */
+
+/* A kforge client's settings: ClientSettingsFromEnvironment (what `given`
+ * says, else the KFORGE_* environment variables, with their checks) and,
+ * for a server, LoadChannelSecurity (the TLS and token files read and
+ * checked). `given` is a JSON object of the settings the caller gives, by
+ * the keys "address", "bundle", "local_copy_dir", "tls_ca", "tls_cert",
+ * "tls_key", "token", "token_file" (strings; null or "" = not given);
+ * errors call a given setting by its key, one from the environment by its
+ * variable. allow_bundle != 0: a bundle ("bundle", KFORGE_BUNDLE) may be
+ * the source instead of a server. *settings: a JSON object with "server"
+ * (the address; "" for a bundle), "bundle", "local_copy_dir", "tls"
+ * (bool), "root_certificates", "certificate_chain", "private_key" (PEM
+ * text; "" = none: with tls and no root certificates, the system's) and
+ * "token" ("" = none). */
+int32_t kforge_client_settings(const char* given, int32_t allow_bundle, char** settings,
+                               char** error);
 
 /* VerifyBundle: *problems problems, listed in *report one per line as
  * "<path>\t<message>" (empty when the bundle is good). */

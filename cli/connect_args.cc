@@ -1,6 +1,6 @@
 #include "cli/connect_args.h"
 
-#include <cstdlib>
+#include <utility>
 
 namespace kforge::cli {
 namespace {
@@ -8,41 +8,63 @@ namespace {
 // Same bound as the server's: cubins are megabytes, gRPC's default is 4 MB.
 constexpr int kMaxMessageBytes = 256 << 20;
 
+// The flags' own settings, named by their flags.
+ClientSettings GivenSettings(const ParsedArgs& args) {
+  ClientSettings given;
+  // The flag, else KFORGE_SERVER, else the default: ServerFlag's env and
+  // default, the same order as ClientSettingsFromEnvironment's.
+  given.server = args.Get("server");
+  given.names.server = "--server";
+  ChannelSecurityOptions& security = given.security;
+  security.tls_ca_file = args.Get("tls-ca");
+  security.tls_cert_file = args.Get("tls-cert");
+  security.tls_key_file = args.Get("tls-key");
+  security.token_file = args.Get("token-file");
+  security.names.tls_ca_file = "--tls-ca";
+  security.names.tls_cert_file = "--tls-cert";
+  security.names.tls_key_file = "--tls-key";
+  security.names.token_file = "--token-file";
+  return given;
+}
+
 }  // namespace
 
 FlagSpec ServerFlag() {
-  FlagSpec flag("server", "ADDR", "kforge server address", "127.0.0.1:50051");
-  flag.env = "KFORGE_SERVER";
+  FlagSpec flag("server", "ADDR", "kforge server address", kDefaultServerAddress);
+  flag.env = kServerVar;
   return flag;
 }
 
 const std::vector<FlagSpec>& ClientSecurityFlags() {
   static const std::vector<FlagSpec> kFlags = {
-      {"tls-ca", "FILE", "connect with TLS; the server's certificate must chain to this PEM CA"},
-      {"tls-cert", "FILE", "client certificate (PEM) for a server that wants one (mTLS)"},
-      {"tls-key", "FILE", "the client certificate's private key (PEM)"},
+      {"tls-ca", "FILE",
+       "connect with TLS; the server's certificate must chain to this PEM CA (default: "
+       "$KFORGE_TLS_CA)"},
+      {"tls-cert", "FILE",
+       "client certificate (PEM) for a server that wants one (mTLS); with --tls-key (default: "
+       "$KFORGE_TLS_CERT)"},
+      {"tls-key", "FILE", "the client certificate's private key (PEM) (default: $KFORGE_TLS_KEY)"},
       {"token-file", "FILE",
-       "send the bearer token in FILE (its first token); default: $KFORGE_TOKEN. Needs TLS"}};
+       "send the bearer token in FILE (its first token); default: $KFORGE_TOKEN_FILE or "
+       "$KFORGE_TOKEN. Needs TLS"}};
   return kFlags;
 }
 
+absl::StatusOr<ClientSettings> ClientSettingsFromArgs(const ParsedArgs& args) {
+  return ClientSettingsFromEnvironment(GivenSettings(args), ClientSource::kServer);
+}
+
 ChannelSecurityOptions ClientSecurityFromArgs(const ParsedArgs& args) {
-  ChannelSecurityOptions options;
-  options.tls_ca_file = args.Get("tls-ca");
-  options.tls_cert_file = args.Get("tls-cert");
-  options.tls_key_file = args.Get("tls-key");
-  options.token_file = args.Get("token-file");
-  if (options.token_file.empty()) {
-    const char* env = std::getenv("KFORGE_TOKEN");
-    if (env != nullptr) options.token = env;
-  }
-  return options;
+  absl::StatusOr<ClientSettings> settings = ClientSettingsFromArgs(args);
+  return settings.ok() ? settings->security : GivenSettings(args).security;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectFromArgs(const std::string& address,
                                                                const ParsedArgs& args) {
+  absl::StatusOr<ClientSettings> settings = ClientSettingsFromArgs(args);
+  if (!settings.ok()) return settings.status();
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      MakeChannelCredentials(ClientSecurityFromArgs(args));
+      MakeChannelCredentials(settings->security);
   if (!credentials.ok()) return credentials.status();
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(kMaxMessageBytes);

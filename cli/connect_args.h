@@ -9,6 +9,7 @@
 #include "cli/flags.h"
 #include "grpcpp/grpcpp.h"
 #include "runtime/channel.h"
+#include "runtime/client_settings.h"
 
 namespace kforge::cli {
 
@@ -20,12 +21,19 @@ FlagSpec ServerFlag();
 // reach a server that serves TLS or wants a token.
 const std::vector<FlagSpec>& ClientSecurityFlags();
 
-// The flags above; without --token-file, the token in $KFORGE_TOKEN (if
-// set and not empty).
+// The client settings of the flags above, with what they leave unset from
+// the environment (ClientSettingsFromEnvironment: KFORGE_TLS_CA,
+// KFORGE_TLS_CERT + KFORGE_TLS_KEY, KFORGE_TOKEN or KFORGE_TOKEN_FILE);
+// errors name the flag or the variable.
+absl::StatusOr<ClientSettings> ClientSettingsFromArgs(const ParsedArgs& args);
+
+// The security part of ClientSettingsFromArgs, for describing a failed
+// call (UsesTls); settings that do not resolve give the flags' own (that
+// error is ConnectFromArgs').
 ChannelSecurityOptions ClientSecurityFromArgs(const ParsedArgs& args);
 
 // A channel to `address` with the security asked for and kforge's message
-// size limits; errors name the flag.
+// size limits; errors name the flag or the variable.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectFromArgs(const std::string& address,
                                                                const ParsedArgs& args);
 

@@ -1,61 +1,26 @@
 #include "runtime/channel.h"
 
-#include <vector>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "base/credentials.h"
 
 namespace kforge {
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const ChannelSecurityOptions& options) {
-  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
-    return absl::InvalidArgumentError(
-        "tls_cert_file and tls_key_file (--tls-cert and --tls-key) "
-        "go together");
-  }
-  std::string token = options.token;
-  if (!options.token_file.empty()) {
-    absl::StatusOr<std::vector<std::string>> tokens =
-        ReadTokenFile(options.token_file, "token file");
-    if (!tokens.ok()) return tokens.status();
-    token = tokens->front();
-  } else if (!token.empty()) {
-    absl::StatusOr<std::vector<std::string>> tokens = ParseTokens(token, "token");
-    if (!tokens.ok()) return tokens.status();
-    token = tokens->front();
-  }
-  if (!options.UsesTls()) {
-    if (!token.empty()) {
-      return absl::InvalidArgumentError(
-          "a bearer token is only sent over TLS: give the server's CA (--tls-ca, tls_ca_file)");
-    }
-    return grpc::InsecureChannelCredentials();
-  }
+  absl::StatusOr<ChannelSecurity> security = LoadChannelSecurity(options);
+  if (!security.ok()) return security.status();
+  if (!security->tls) return grpc::InsecureChannelCredentials();
   grpc::SslCredentialsOptions ssl;
-  if (!options.tls_ca_file.empty()) {
-    absl::StatusOr<std::string> ca = ReadCredentialFile(options.tls_ca_file, "--tls-ca");
-    if (!ca.ok()) return ca.status();
-    if (!absl::StrContains(*ca, "-----BEGIN CERTIFICATE-----")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--tls-ca ", options.tls_ca_file, ": no PEM certificate in it"));
-    }
-    ssl.pem_root_certs = *std::move(ca);
-  }
-  if (!options.tls_cert_file.empty()) {
-    absl::StatusOr<std::string> cert = ReadCredentialFile(options.tls_cert_file, "--tls-cert");
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadCredentialFile(options.tls_key_file, "--tls-key");
-    if (!key.ok()) return key.status();
-    ssl.pem_cert_chain = *std::move(cert);
-    ssl.pem_private_key = *std::move(key);
-  }
+  ssl.pem_root_certs = std::move(security->root_certs_pem);
+  ssl.pem_cert_chain = std::move(security->cert_chain_pem);
+  ssl.pem_private_key = std::move(security->private_key_pem);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::SslCredentials(ssl);
-  if (!token.empty()) {
-    credentials =
-        grpc::CompositeChannelCredentials(credentials, grpc::AccessTokenCredentials(token));
+  if (!security->token.empty()) {
+    credentials = grpc::CompositeChannelCredentials(credentials,
+                                                    grpc::AccessTokenCredentials(security->token));
   }
   return credentials;
 }

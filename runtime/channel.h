@@ -9,30 +9,12 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "runtime/client_settings.h"
 
 namespace kforge {
 
-struct ChannelSecurityOptions {
-  // PEM CA certificates the server's certificate must chain to; turns TLS
-  // on. With `tls` and no CA file, the system's roots are used.
-  bool tls = false;
-  std::string tls_ca_file;
-  // A client certificate and its key (PEM), for a server that asks for one
-  // (`kforge serve --tls-client-ca`).
-  std::string tls_cert_file;
-  std::string tls_key_file;
-  // A bearer token sent as "authorization: Bearer <token>" on every call,
-  // or a file holding one (the first token, base/credentials.h). Tokens are
-  // only sent over TLS.
-  std::string token;
-  std::string token_file;
-
-  bool UsesTls() const { return tls || !tls_ca_file.empty() || !tls_cert_file.empty(); }
-};
-
-// Channel credentials for the options. InvalidArgument names the option
-// (and file) that is wrong: a cert without its key, a token without TLS, a
-// file that cannot be read.
+// Channel credentials for the options (LoadChannelSecurity: its errors name
+// the option and the file that is wrong).
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const ChannelSecurityOptions& options);
 

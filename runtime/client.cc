@@ -169,6 +169,44 @@ absl::StatusOr<std::unique_ptr<ServiceClient>> ServiceClient::Create(ServiceClie
   return std::unique_ptr<ServiceClient>(new ServiceClient(std::move(state)));
 }
 
+namespace {
+
+ServiceClientOptions WithSettings(const ClientSettings& settings, ServiceClientOptions options) {
+  options.address = settings.server;
+  options.local_copy_dir = settings.local_copy_dir;
+  options.security = settings.security;
+  return options;
+}
+
+}  // namespace
+
+absl::StatusOr<ServiceClientOptions> ServiceClientOptionsFromEnvironment(
+    const ClientSettings& given, ServiceClientOptions options) {
+  absl::StatusOr<ClientSettings> settings =
+      ClientSettingsFromEnvironment(given, ClientSource::kServer);
+  if (!settings.ok()) return settings.status();
+  return WithSettings(*settings, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<KernelSource>> OpenKernelSourceFromEnvironment(
+    const ClientSettings& given, ServiceClientOptions options) {
+  absl::StatusOr<ClientSettings> settings =
+      ClientSettingsFromEnvironment(given, ClientSource::kServerOrBundle);
+  if (!settings.ok()) return settings.status();
+  if (!settings->bundle.empty()) {
+    absl::StatusOr<std::unique_ptr<BundleSource>> bundle = BundleSource::Open(settings->bundle);
+    if (!bundle.ok()) {
+      return absl::Status(bundle.status().code(),
+                          absl::StrCat(settings->names.bundle, ": ", bundle.status().message()));
+    }
+    return std::unique_ptr<KernelSource>(*std::move(bundle));
+  }
+  absl::StatusOr<std::unique_ptr<ServiceClient>> client =
+      ServiceClient::Create(WithSettings(*settings, std::move(options)));
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<KernelSource>(*std::move(client));
+}
+
 ServiceClient::ServiceClient(std::unique_ptr<State> state) : state_(std::move(state)) {}
 ServiceClient::~ServiceClient() = default;
 

@@ -12,6 +12,7 @@
 #include "bundle/kernel_source.h"
 #include "kforge/v1/service.pb.h"
 #include "runtime/channel.h"
+#include "runtime/client_settings.h"
 
 namespace kforge {
 
@@ -73,6 +74,24 @@ class ServiceClient : public KernelSource {
   explicit ServiceClient(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
+
+// For an engine configured by its environment (README, "Client
+// settings"): `options` with its address, local copy and security taken
+// from ClientSettingsFromEnvironment(given, kServer): what `given` says,
+// else KFORGE_SERVER, KFORGE_LOCAL_COPY_DIR, KFORGE_TLS_CA, KFORGE_TLS_CERT
+// + KFORGE_TLS_KEY, KFORGE_TOKEN or KFORGE_TOKEN_FILE; the address
+// defaults to kDefaultServerAddress. `options`' own address, local_copy_dir
+// and security are not read; its deadline, retries and message size are
+// kept. Errors name the setting or variable that is wrong.
+absl::StatusOr<ServiceClientOptions> ServiceClientOptionsFromEnvironment(
+    const ClientSettings& given = {}, ServiceClientOptions options = {});
+
+// The kernel source such an engine reads from, as the Python package's
+// kforge.default_source(): the bundle `given` or KFORGE_BUNDLE names
+// (BundleSource), else a ServiceClient with the settings above
+// (ClientSettingsFromEnvironment(given, kServerOrBundle) has the rule).
+absl::StatusOr<std::unique_ptr<KernelSource>> OpenKernelSourceFromEnvironment(
+    const ClientSettings& given = {}, ServiceClientOptions options = {});
 
 }  // namespace kforge
 

@@ -15,6 +15,7 @@ serialized kforge.v1 protobufs.
 """
 
 import ctypes
+import json
 import os
 import threading
 
@@ -24,7 +25,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 10  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 11  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -139,6 +140,7 @@ _SIGNATURES = {
                                    ctypes.POINTER(ctypes.c_void_p), _STR_OUT],
     "kforge_read_credential_file": [ctypes.c_char_p, ctypes.c_char_p, _STR_OUT, _STR_OUT],
     "kforge_read_token_file": [ctypes.c_char_p, ctypes.c_char_p, _STR_OUT, _STR_OUT],
+    "kforge_client_settings": [ctypes.c_char_p, ctypes.c_int32, _STR_OUT, _STR_OUT],
     "kforge_bundle_close": [ctypes.c_void_p],
     "kforge_bundle_manifest": [ctypes.c_void_p, ctypes.c_int32, *_OUT, _STR_OUT],
     "kforge_bundle_get_manifest": [ctypes.c_void_p, _c_bytes, ctypes.c_size_t, ctypes.c_char_p,
@@ -446,6 +448,21 @@ def read_credential_file(path, what):
 def read_token_file(path, what):
     """base/credentials.h ReadTokenFile: the file's first bearer token."""
     return call("read_token_file", os.fsencode(path), what.encode(), strings_out=1)
+
+
+def client_settings(given, allow_bundle=False):
+    """runtime/client_settings.h: a client's settings from `given` (a dict
+    by the keys "address", "bundle", "local_copy_dir", "tls_ca",
+    "tls_cert", "tls_key", "token", "token_file"; None = not given), else
+    the KFORGE_* environment variables, checked, with the TLS and token
+    files read: a dict with "server", "bundle", "local_copy_dir", "tls",
+    "root_certificates", "certificate_chain", "private_key" (PEM text) and
+    "token" ("" = none). Errors name the argument or the variable."""
+    given = {key: os.fsdecode(value) if key != "token" else value
+             for key, value in given.items() if value is not None}
+    text = call("client_settings", json.dumps(given).encode(), 1 if allow_bundle else 0,
+                strings_out=1)
+    return json.loads(text)
 
 
 class BundleSource(_Handle):

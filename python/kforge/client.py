@@ -9,7 +9,6 @@ memory, so a second request for the same manifest or kernel makes no RPC.
 """
 
 import logging
-import os
 import random
 import threading
 import time
@@ -51,11 +50,17 @@ class Client(KernelSource):
     tls_ca: PEM file of the CA the server's certificate must chain to (turns
     TLS on); tls_cert, tls_key: a client certificate and its key for a server
     that asks for one (mTLS). token / token_file: a bearer token sent as
-    `authorization: Bearer ...` (default: $KFORGE_TOKEN); only over TLS.
-    Files are read as the C++ clients read them (regular files, size-capped).
+    `authorization: Bearer ...`; only over TLS.
+
+    What is not given comes from the environment: KFORGE_SERVER (else
+    127.0.0.1:50051), KFORGE_LOCAL_COPY_DIR, KFORGE_TLS_CA, KFORGE_TLS_CERT
+    with KFORGE_TLS_KEY, KFORGE_TOKEN or KFORGE_TOKEN_FILE. That rule, its
+    checks (errors name the argument or the variable) and the reading of the
+    files (regular files, size-capped) are the C++ client's
+    (runtime/client_settings.h, through the C ABI).
     """
 
-    def __init__(self, address="127.0.0.1:50051", timeout=120.0, max_attempts=5,
+    def __init__(self, address=None, timeout=120.0, max_attempts=5,
                  initial_backoff=0.1, max_backoff=5.0, local_copy_dir=None, tls_ca=None,
                  tls_cert=None, tls_key=None, token=None, token_file=None):
         if max_attempts < 1:
@@ -70,7 +75,10 @@ class Client(KernelSource):
                               "without a server use kforge.Bundle(dir)") from e
         self._grpc = grpc
         msgs = pb().service_pb2
-        self.address = address
+        settings = _capi.client_settings({
+            "address": address, "local_copy_dir": local_copy_dir, "tls_ca": tls_ca,
+            "tls_cert": tls_cert, "tls_key": tls_key, "token": token, "token_file": token_file})
+        self.address = settings["server"]
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.initial_backoff = initial_backoff
@@ -80,8 +88,8 @@ class Client(KernelSource):
         self._lock = threading.Lock()
         self._manifests = {}
         self._kernels = {}
-        self._local = LocalCopy(local_copy_dir) if local_copy_dir is not None else None
-        self._channel = self._connect(grpc, address, tls_ca, tls_cert, tls_key, token, token_file)
+        self._local = LocalCopy(settings["local_copy_dir"]) if settings["local_copy_dir"] else None
+        self._channel = self._connect(grpc, settings)
         self._get_manifest = self._channel.unary_unary(
             _SERVICE + "GetManifest",
             request_serializer=msgs.GetManifestRequest.SerializeToString,
@@ -91,28 +99,21 @@ class Client(KernelSource):
             request_serializer=msgs.GetKernelRequest.SerializeToString,
             response_deserializer=msgs.GetKernelResponse.FromString)
 
-    def _connect(self, grpc, address, tls_ca, tls_cert, tls_key, token, token_file):
+    def _connect(self, grpc, settings):
+        """A channel with the security the settings hold (files already read
+        and checked by the C++ rule)."""
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
-        if (tls_cert is None) != (tls_key is None):
-            raise ValueError("tls_cert and tls_key go together")
-        if token_file is not None:
-            token = _capi.read_token_file(os.fspath(token_file), "token_file")
-        elif token is None:
-            token = os.environ.get("KFORGE_TOKEN") or None
-        self.tls = tls_ca is not None or tls_cert is not None
+        self.tls = settings["tls"]
         if not self.tls:
-            if token is not None:
-                raise ValueError("a bearer token is only sent over TLS: give tls_ca=")
-            return grpc.insecure_channel(address, options=options)
-        read = _capi.read_credential_file
+            return grpc.insecure_channel(self.address, options=options)
+        pem = lambda key: settings[key].encode() or None  # noqa: E731
         credentials = grpc.ssl_channel_credentials(
-            root_certificates=read(os.fspath(tls_ca), "tls_ca").encode() if tls_ca else None,
-            private_key=read(os.fspath(tls_key), "tls_key").encode() if tls_key else None,
-            certificate_chain=read(os.fspath(tls_cert), "tls_cert").encode() if tls_cert else None)
-        if token is not None:
+            root_certificates=pem("root_certificates"), private_key=pem("private_key"),
+            certificate_chain=pem("certificate_chain"))
+        if settings["token"]:
             credentials = grpc.composite_channel_credentials(
-                credentials, grpc.access_token_call_credentials(token))
-        return grpc.secure_channel(address, credentials, options=options)
+                credentials, grpc.access_token_call_credentials(settings["token"]))
+        return grpc.secure_channel(self.address, credentials, options=options)
 
     def _transport_hint(self, details):
         """What an UNAVAILABLE most likely means (runtime/channel.h

@@ -19,9 +19,10 @@ output, out = out_attn / (1 + exp(sink - lse)). The lse returned stays the
 attention's own, without the sink.
 
 The kernels come from a source: a server (Client) or a bundle (Bundle), set
-with kforge.configure() or the KFORGE_SERVER / KFORGE_BUNDLE environment
-variables. Kernels are loaded with cuda-python (cuda.bindings.driver) and
-launched on torch's current stream; the split-K workspace comes from torch's
+with kforge.configure() or the KFORGE_* environment variables (KFORGE_SERVER
+or KFORGE_BUNDLE, and a server's TLS and token settings: default_source).
+Kernels are loaded with cuda-python (cuda.bindings.driver) and launched on
+torch's current stream; the split-K workspace comes from torch's
 caching allocator on that stream, so it is stream-ordered like any tensor.
 
 What is Python's own here: reading torch tensor metadata into the C struct
@@ -41,7 +42,6 @@ Python torch.compile does not trace).
 import collections
 import ctypes
 import math
-import os
 import threading
 
 from kforge import _capi
@@ -77,21 +77,22 @@ def configure(address=None, bundle=None, **client_options):
 
 
 def default_source():
-    """The configured source, else one from KFORGE_BUNDLE or KFORGE_SERVER,
-    else a server at the default address (127.0.0.1:50051)."""
+    """The configured source, else the one the environment names: a bundle
+    (KFORGE_BUNDLE) or a server (KFORGE_SERVER, else 127.0.0.1:50051) with
+    KFORGE_TLS_CA, KFORGE_TLS_CERT + KFORGE_TLS_KEY, KFORGE_TOKEN or
+    KFORGE_TOKEN_FILE and KFORGE_LOCAL_COPY_DIR. The rule and its errors
+    (naming the variable) are the C++ client's (runtime/client_settings.h,
+    through the C ABI), as kforge::OpenKernelSourceFromEnvironment uses it."""
     global _default_source
     with _lock:
         if _default_source is not None:
             return _default_source
-    bundle, server = os.environ.get("KFORGE_BUNDLE"), os.environ.get("KFORGE_SERVER")
-    if bundle and server:
-        raise KforgeError(f"both KFORGE_BUNDLE ({bundle}) and KFORGE_SERVER ({server}) are "
-                          "set; set one, or call kforge.configure()")
-    if bundle:
-        source = Bundle(bundle)
+    settings = _capi.client_settings({}, allow_bundle=True)
+    if settings["bundle"]:
+        source = Bundle(settings["bundle"])
     else:
         from kforge.client import Client
-        source = Client(server) if server else Client()
+        source = Client()  # the same environment, read by the same rule
     with _lock:
         if _default_source is None:
             _default_source = source

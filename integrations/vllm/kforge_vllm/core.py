@@ -22,6 +22,10 @@ SparseMLACommonImpl.forward_mqa -> _forward_mqa_kernel):
   sinks        [heads] fp32, an attention-sink logit per head, as vLLM's
                MLA layer hands an impl the `sinks` keyword (natural log,
                the units of the scaled logits)
+and what the backend returns under decode context parallelism (DCP):
+  lse          [tokens, heads] fp32, natural log (vLLM's lse_base_on_e),
+               -inf (with a zero output) for a token none of whose slots
+               are on this rank: the identity of vLLM's cross-rank merge
 
 Every rule about the kernel (which specs it builds, selection, launch,
 argument checks) is the kforge package's; this module only maps vLLM's
@@ -36,6 +40,14 @@ from kforge import spec as kforge_spec
 # every model this backend accepts (supported_dtypes).
 KV_CACHE_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "fp8_ds_mla": "fp8_ds_mla",
                    "nvfp4_ds_mla": "nvfp4_ds_mla"}
+
+# vLLM's names for a plain fp8 cache that its own sparse-MLA backends serve as
+# fp8_ds_mla: FLASHMLA_SPARSE lists "fp8" and turns any quantized dtype into
+# fp8_ds_mla, FLASHINFER_MLA_SPARSE_SM120 turns "fp8" and "fp8_e4m3" (and
+# "auto") into it (vLLM 0.33, mla_attention.
+# _canonicalize_sparse_mla_kv_cache_dtype). GLM-5's config turns "auto" into
+# "fp8_e4m3" on sm_100 (GlmMoeDsaForCausalLM.verify_and_update_config).
+FP8_ALIASES = ("fp8", "fp8_e4m3")
 
 # vLLM's fp8_ds_mla writer (concat_and_cache_ds_mla) stores each 128-value
 # tile's scale as amax / 448, a float that is not a power of two, for every
@@ -66,23 +78,35 @@ def kforge_kv_dtype(cache_dtype):
     return KV_CACHE_DTYPES[name]
 
 
+def canonical_cache_dtype(cache_dtype, auto_is_fp8=False):
+    """The cache dtype a vLLM layer writes for kforge's backend, given the one
+    it was configured with: FP8_ALIASES become fp8_ds_mla (vLLM writes the
+    plain names as an e4m3 cache with one scale, which kforge does not
+    read), and so does "auto" where `auto_is_fp8` (kforge standing in for
+    vLLM's sm_120 backend, whose default it is); any other name unchanged."""
+    name = str(cache_dtype) if cache_dtype is not None else "auto"
+    if name in FP8_ALIASES or (auto_is_fp8 and name == "auto"):
+        return "fp8_ds_mla"
+    return name
+
+
 def attention_spec(*, num_heads, kv_lora_rank, rope_dim, topk, page_size, softmax_scale,
-                   cache_dtype):
+                   cache_dtype, return_lse=False):
     """The kforge AttentionSpec of one vLLM sparse-MLA layer: heads on this
     rank, the model's latent and rope widths (rope 0: a NoPE model, head
     size 512), the width of the top-k buffer (vLLM converts and counts every
     column of it), vLLM's block size and the model's softmax scale. A NoPE
-    model's fp8_ds_mla cache is read as 512 + 64 (FP8_DS_MLA_ROPE_DIM). No
-    lse: vLLM asks for it only under decode context parallelism, which this
-    backend declines. UnsupportedConfig naming every field kforge cannot
-    build."""
+    model's fp8_ds_mla cache is read as 512 + 64 (FP8_DS_MLA_ROPE_DIM).
+    return_lse: kernels that also write the lse (vLLM asks for it under
+    decode context parallelism only). UnsupportedConfig naming every field
+    kforge cannot build."""
     kv_dtype = kforge_kv_dtype(cache_dtype)
     if kv_dtype == "fp8_ds_mla" and int(rope_dim) == 0:
         rope_dim = FP8_DS_MLA_ROPE_DIM
     spec = kforge_spec.make_spec(
         num_q_heads=int(num_heads), kv_lora_rank=int(kv_lora_rank), rope_dim=int(rope_dim),
         topk=int(topk), s_q=0, page_block_size=int(page_size),
-        softmax_scale=float(softmax_scale), return_lse=False, kv_dtype=kv_dtype,
+        softmax_scale=float(softmax_scale), return_lse=bool(return_lse), kv_dtype=kv_dtype,
         kv_scale_format=VLLM_FP8_SCALE_FORMAT if kv_dtype == "fp8_ds_mla" else None)
     try:
         kforge_spec.validate_spec(spec)
@@ -158,7 +182,8 @@ class SparseMlaCore:
         graph capture); returns how many."""
         return self.decoder.prefetch()
 
-    def __call__(self, q, kv_cache, slots, out=None, *, topk_length=None, sink=None):
+    def __call__(self, q, kv_cache, slots, out=None, *, topk_length=None, sink=None,
+                 return_lse=False):
         """out [tokens, heads, kv_lora_rank] bf16 for q (a tensor or vLLM's
         (latent, rope) pair; narrower than the spec's d_qk, a NoPE q on a
         512 + 64 fp8_ds_mla cache, it is padded with zeros), the layer's
@@ -166,8 +191,10 @@ class SparseMlaCore:
         first topk columns are read; flat_pages says how they number the
         cache). topk_length [tokens] int32 (vLLM's valid counts: only each
         token's first topk_length slots count) and sink [heads] fp32 are
-        optional, None when vLLM gives none. Launches on torch's current
-        stream."""
+        optional, None when vLLM gives none. return_lse (a spec built with
+        return_lse): (out, lse [tokens, heads] fp32, natural log, without
+        the sink; -inf for a token with no valid slot, whose out is zero).
+        Launches on torch's current stream."""
         import torch
         if isinstance(q, (tuple, list)):
             q = torch.cat(tuple(q), dim=-1)
@@ -177,6 +204,6 @@ class SparseMlaCore:
         if out is None:
             out = q.new_empty((q.shape[0], q.shape[1], self.kv_lora_rank))
         if q.shape[0] == 0:
-            return out
+            return (out, q.new_empty(q.shape[:2], dtype=torch.float32)) if return_lse else out
         return self.decoder(q, pages, slots[:, :self.topk], out=out, topk_length=topk_length,
-                            sink=sink)
+                            sink=sink, return_lse=return_lse)

@@ -2,16 +2,34 @@
 scripts/test_vllm_plugin.sh in a venv holding vLLM, kforge and kforge-vllm.
 
   - the entry point loads through vLLM's own plugin loader
-    (vllm.plugins.load_general_plugins) and registers CUSTOM, and with
-    KFORGE_VLLM_TAKE_OVER=1 the sm_120 sparse-MLA slot too;
+    (vllm.plugins.load_general_plugins) and registers KFORGE_MLA_SPARSE and
+    CUSTOM, and with KFORGE_VLLM_TAKE_OVER=1 the sm_120 sparse-MLA slot
+    too; KFORGE_MLA_SPARSE stays kforge's when another plugin takes CUSTOM,
+    and survives pickling into a process that has loaded no plugin (a
+    spawned engine core or worker);
   - the backend classes implement vLLM's abstract interfaces;
   - vLLM's CUDA backend selection resolves to the backend for GLM-5- and
     DeepSeek-V3.2-shaped model configs (read from config.json files by
-    vLLM's ModelConfig) with --attention-backend CUSTOM, and on device
-    capability (12, 0) with the take-over, and not without it;
+    vLLM's ModelConfig) with --attention-backend KFORGE_MLA_SPARSE or
+    CUSTOM, for --kv-cache-dtype auto, bfloat16, fp8_ds_mla, fp8 and
+    fp8_e4m3, and on device capability (12, 0) with the take-over, and not
+    without it;
+  - the cache dtype vLLM's MLA layer writes for the backend (its
+    MLAAttention, built on the CPU): fp8 and fp8_e4m3 become fp8_ds_mla
+    (656-byte records), as for vLLM's own sparse backends; under the
+    take-over "auto" does too, as for vLLM's sm_120 backend;
+  - GLM-5 on sm_100 with default flags (vLLM's config makes its cache
+    fp8_e4m3 there) selects the backend, builds the layer and runs a
+    decode through forward_mqa on fp8_ds_mla records;
+  - decode context parallelism (DCP): selected; the impl builds a kernel
+    for the DCP group's heads that returns the lse, and two ranks' outputs
+    merged by their lse (vLLM's rule) are the full attention; PCP alone is
+    selected, PCP with DCP declined with the reason;
   - NoPE models (head size 512) resolve to the backend, a head size that
     is not the model's kv_lora_rank + qk_rope_head_dim does not;
-  - configurations kforge cannot serve are declined with the reason;
+  - configurations kforge cannot serve are declined with the reason (a
+    compute capability kforge builds no kernel for, e.g. 10.3, with
+    kforge's);
   - the metadata builder, run on vLLM's BlockTable and
     CommonAttentionMetadata for a batch of decode, MTP and prefill
     requests, maps each token's own position to the slot its KV goes to;
@@ -87,22 +105,29 @@ def model_dir(name, config):
     return path
 
 
-def vllm_config(config, name, tp=1, cache_dtype="auto"):
+def vllm_config(config, name, tp=1, cache_dtype="auto", dcp=1, pcp=1):
     """A VllmConfig for a config.json, as `vllm serve` would build it (no
     weights, no tokenizer, no GPU)."""
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
     model = ModelConfig(model=model_dir(name, config), skip_tokenizer_init=True,
                         dtype="bfloat16", max_model_len=8192)
     return VllmConfig(model_config=model, device_config=DeviceConfig(device="cpu"),
-                      parallel_config=ParallelConfig(tensor_parallel_size=tp),
+                      parallel_config=ParallelConfig(tensor_parallel_size=tp,
+                                                     decode_context_parallel_size=dcp,
+                                                     prefill_context_parallel_size=pcp),
                       cache_config=CacheConfig(block_size=64, cache_dtype=cache_dtype))
 
 
-def selector_config(kv_cache_dtype, head_size=576):
+def selector_config(kv_cache_dtype, head_size=576, cfg=None):
+    """The selector's view of a sparse MLA layer; `cfg` sets its DCP/PCP
+    flags as vLLM's get_attn_backend does."""
     from vllm.v1.attention.selector import AttentionSelectorConfig
-    return AttentionSelectorConfig(head_size=head_size, dtype=torch.bfloat16,
-                                   kv_cache_dtype=kv_cache_dtype, block_size=None, use_mla=True,
-                                   use_sparse=True)
+    parallel = cfg.parallel_config if cfg is not None else None
+    return AttentionSelectorConfig(
+        head_size=head_size, dtype=torch.bfloat16, kv_cache_dtype=kv_cache_dtype,
+        block_size=None, use_mla=True, use_sparse=True,
+        use_dcp=parallel is not None and parallel.decode_context_parallel_size > 1,
+        use_pcp=parallel is not None and parallel.prefill_context_parallel_size > 1)
 
 
 def select(cfg, backend, capability, kv_cache_dtype, head_size=576):
@@ -116,36 +141,98 @@ def select(cfg, backend, capability, kv_cache_dtype, head_size=576):
                               return_value=DeviceCapability(*capability)):
         heads = cfg.model_config.get_num_attention_heads(cfg.parallel_config)
         return CudaPlatform.get_attn_backend_cls(
-            backend, selector_config(kv_cache_dtype, head_size), num_heads=heads)
+            backend, selector_config(kv_cache_dtype, head_size, cfg), num_heads=heads)
+
+
+def kforge_member():
+    """The AttentionBackendEnum member kforge_vllm.register() adds."""
+    import kforge_vllm
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    kforge_vllm.register()
+    return AttentionBackendEnum[kforge_vllm.NAME]
+
+
+def run_python(code, env=None, timeout=600):
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    return proc
 
 
 class PluginLoadingTest(unittest.TestCase):
     """Through vLLM's loader, in fresh processes (plugins load once per
     process)."""
 
-    def load(self, take_over):
+    def load(self, take_over, then=""):
         env = dict(os.environ)
         env.pop("KFORGE_VLLM_TAKE_OVER", None)
         if take_over is not None:
             env["KFORGE_VLLM_TAKE_OVER"] = take_over
         code = ("from vllm.plugins import load_general_plugins\n"
                 "from vllm.v1.attention.backends.registry import AttentionBackendEnum as E\n"
-                "load_general_plugins()\n"
-                "print('PATHS', E.CUSTOM.get_path(), E.FLASHINFER_MLA_SPARSE_SM120.get_path())\n")
-        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                              text=True, timeout=600)
-        return proc
+                "load_general_plugins()\n" + then +
+                "print('PATHS', E.KFORGE_MLA_SPARSE.get_path(), E.CUSTOM.get_path(), "
+                "E.FLASHINFER_MLA_SPARSE_SM120.get_path())\n")
+        return run_python(code, env)
 
-    def test_entry_point_registers_custom_and_takes_over_on_request(self):
-        from kforge_vllm import BACKEND
+    def test_entry_point_registers_its_name_and_custom_and_takes_over_on_request(self):
+        from kforge_vllm import BACKEND, TAKE_OVER_BACKEND
         plain = self.load(None)
         self.assertEqual(plain.returncode, 0, plain.stderr[-3000:])
         paths = plain.stdout.split("PATHS", 1)[1].split()
-        self.assertEqual(paths[0], BACKEND)
-        self.assertNotEqual(paths[1], BACKEND)  # vLLM's own sm_120 backend stays
+        self.assertEqual(paths[:2], [BACKEND, BACKEND])
+        self.assertNotIn(paths[2], (BACKEND, TAKE_OVER_BACKEND))  # vLLM's sm_120 backend
         taken = self.load("1")
         self.assertEqual(taken.returncode, 0, taken.stderr[-3000:])
-        self.assertEqual(taken.stdout.split("PATHS", 1)[1].split(), [BACKEND, BACKEND])
+        self.assertEqual(taken.stdout.split("PATHS", 1)[1].split(),
+                         [BACKEND, BACKEND, TAKE_OVER_BACKEND])
+
+    def test_own_name_stays_kforges_when_another_plugin_takes_custom(self):
+        """Another plugin loaded after kforge registers CUSTOM too (the
+        last one wins); KFORGE_MLA_SPARSE, as the CLI parses it, and the
+        backend's own name still resolve to kforge. register() may run
+        again (vLLM loads plugins in every process, tests call it twice)."""
+        from kforge_vllm import BACKEND
+        then = ("import kforge_vllm\n"
+                "kforge_vllm.register()\n"  # a second time: no 'already exists'
+                "from vllm.v1.attention.backends.registry import register_backend\n"
+                "register_backend(E.CUSTOM, 'another.plugin.Backend')\n"
+                "from vllm.config import AttentionConfig\n"
+                "print('CLI', AttentionConfig(backend='kforge_mla_sparse').backend.get_path())\n"
+                "from kforge_vllm.backend import KforgeSparseMlaBackend as B\n"
+                "print('NAME', E[B.get_name()].get_path())\n")
+        proc = self.load(None, then)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertEqual(proc.stdout.split("CLI", 1)[1].split()[0], BACKEND)
+        self.assertEqual(proc.stdout.split("NAME", 1)[1].split()[0], BACKEND)
+        self.assertEqual(proc.stdout.split("PATHS", 1)[1].split()[:2],
+                         [BACKEND, "another.plugin.Backend"])
+
+    def test_own_name_survives_pickling_into_a_process_without_plugins(self):
+        """vLLM hands a spawned engine core or worker (or a Ray actor) its
+        config pickled, and loads plugins there only after unpickling it: the
+        run-time member must come back all the same."""
+        from kforge_vllm import BACKEND
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "config.pkl")
+            then = ("import pickle\n"
+                    "from vllm.config import AttentionConfig\n"
+                    f"open({path!r}, 'wb').write(pickle.dumps([\n"
+                    "    AttentionConfig(backend='KFORGE_MLA_SPARSE'), E.CUSTOM,\n"
+                    "    E.FLASHMLA_SPARSE]))\n")
+            pickled = self.load(None, then)
+            self.assertEqual(pickled.returncode, 0, pickled.stderr[-3000:])
+            fresh = run_python(
+                "import pickle, vllm.plugins as p\n"
+                f"config, custom, flashmla = pickle.loads(open({path!r}, 'rb').read())\n"
+                "print('LOADED', p.plugins_loaded)\n"
+                "print('BACKEND', config.backend.name, config.backend.get_path())\n"
+                "print('OTHERS', custom.name, flashmla.name)\n")
+        self.assertEqual(fresh.returncode, 0, fresh.stderr[-3000:])
+        self.assertEqual(fresh.stdout.split("LOADED", 1)[1].split()[0], "False")
+        self.assertEqual(fresh.stdout.split("BACKEND", 1)[1].split()[:2],
+                         ["KFORGE_MLA_SPARSE", BACKEND])
+        self.assertEqual(fresh.stdout.split("OTHERS", 1)[1].split()[:2],
+                         ["CUSTOM", "FLASHMLA_SPARSE"])
 
     def test_entry_point_is_declared_for_vllm(self):
         from importlib.metadata import entry_points
@@ -174,6 +261,7 @@ class BackendInterfaceTest(unittest.TestCase):
         from kforge_vllm.backend import KforgeSparseMlaBackend as B
         self.assertTrue(issubclass(B, AttentionBackend))
         self.assertFalse(getattr(B, "__abstractmethods__", None))
+        self.assertEqual(kforge_member().name, B.get_name())
         self.assertIn(B.get_name(), AttentionBackendEnum.__members__)
         impl, builder = B.get_impl_cls(), B.get_builder_cls()
         self.assertTrue(issubclass(impl, SparseMLACommonImpl))
@@ -181,7 +269,8 @@ class BackendInterfaceTest(unittest.TestCase):
         self.assertTrue(issubclass(builder, SparseMLACommonMetadataBuilder))
         self.assertTrue(issubclass(builder.metadata_cls, SparseMLACommonMetadata))
         self.assertTrue(B.is_mla() and B.is_sparse())
-        self.assertFalse(B.supports_dcp() or B.supports_pcp())
+        self.assertTrue(B.supports_dcp() and B.supports_pcp())
+        self.assertTrue(impl.can_return_lse_for_decode and impl.lse_base_on_e)
         self.assertIs(builder._cudagraph_support, AttentionCGSupport.UNIFORM_BATCH)
         self.assertTrue(B.supports_sink())
         self.assertEqual(B.get_supported_head_sizes(), [576, 512])
@@ -200,32 +289,33 @@ class SelectionTest(unittest.TestCase):
         cls.glm5_tp8 = vllm_config(GLM5, "glm5", tp=8)
         cls.dsv32 = vllm_config(DEEPSEEK_V32, "dsv32")
 
-    def test_custom_resolves_to_kforge(self):
+    def test_own_name_and_custom_resolve_to_kforge(self):
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
         from kforge_vllm import BACKEND
-        for cfg in (self.glm5_tp8, self.dsv32):
-            for kv in ("auto", "bfloat16", "fp8_ds_mla"):
-                for capability in ((12, 0), (9, 0), (8, 0)):
-                    self.assertEqual(select(cfg, AttentionBackendEnum.CUSTOM, capability, kv),
-                                     BACKEND, (cfg.model_config.model, kv, capability))
+        for backend in (kforge_member(), AttentionBackendEnum.CUSTOM):
+            for cfg in (self.glm5_tp8, self.dsv32):
+                for kv in ("auto", "bfloat16", "fp8_ds_mla", "fp8", "fp8_e4m3"):
+                    for capability in ((12, 0), (10, 0), (9, 0), (8, 0)):
+                        self.assertEqual(select(cfg, backend, capability, kv), BACKEND,
+                                         (backend, cfg.model_config.model, kv, capability))
 
     def test_take_over_picks_kforge_on_sm120_only(self):
         from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-        from kforge_vllm import BACKEND, register
+        from kforge_vllm import BACKEND, TAKE_OVER_BACKEND, register
         slot = AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120
         original = slot.get_path()
         try:
             with mock.patch.dict(os.environ, {"KFORGE_VLLM_TAKE_OVER": "1"}):
                 register()
             for cfg in (self.glm5_tp8, self.dsv32):
-                self.assertEqual(select(cfg, None, (12, 0), "fp8_ds_mla"), BACKEND)
-                self.assertEqual(select(cfg, None, (12, 0), "auto"), BACKEND)
+                for kv in ("fp8_ds_mla", "auto", "fp8", "fp8_e4m3", "bfloat16"):
+                    self.assertEqual(select(cfg, None, (12, 0), kv), TAKE_OVER_BACKEND, kv)
                 # Elsewhere vLLM keeps its own choice.
                 try:
                     picked = select(cfg, None, (9, 0), "fp8_ds_mla")
                 except ValueError:
                     picked = None  # no vLLM kernel importable here: still not kforge
-                self.assertNotEqual(picked, BACKEND)
+                self.assertNotIn(picked, (BACKEND, TAKE_OVER_BACKEND))
         finally:
             register_backend(slot, original)
         # Without the take-over, sm_120 is vLLM's (or nobody's, with no
@@ -236,7 +326,44 @@ class SelectionTest(unittest.TestCase):
             except ValueError as e:
                 self.assertIn("FLASHINFER_MLA_SPARSE_SM120", str(e))
                 picked = None
-            self.assertNotEqual(picked, BACKEND)
+            self.assertNotIn(picked, (BACKEND, TAKE_OVER_BACKEND))
+
+    def test_context_parallelism(self):
+        """DCP alone and PCP alone select kforge; both together are declined
+        with the reason (vLLM's own FLASHINFER_MLA_SPARSE declines it too)."""
+        from kforge_vllm import BACKEND
+        for cfg in (vllm_config(GLM5, "glm5-dcp", tp=8, dcp=8),
+                    vllm_config(DEEPSEEK_V32, "dsv32-dcp", tp=8, dcp=2),
+                    vllm_config(DEEPSEEK_V32, "dsv32-pcp", tp=1, pcp=2)):
+            for kv in ("auto", "fp8_ds_mla"):
+                self.assertEqual(select(cfg, kforge_member(), (9, 0), kv), BACKEND,
+                                 (cfg.parallel_config, kv))
+        both = vllm_config(DEEPSEEK_V32, "dsv32-pcp-dcp", tp=1, pcp=2, dcp=2)
+        with self.assertRaisesRegex(ValueError, r"prefill context parallelism \(2\) together "
+                                                r"with decode context parallelism \(2\)"):
+            select(both, kforge_member(), (9, 0), "fp8_ds_mla")
+
+    def test_compute_capability_is_kforges_arch_table_with_its_reason(self):
+        """The backend declares exactly the compute capabilities kforge
+        builds an arch for (model/arch.cc); one it does not (B300's 10.3:
+        sm_100a cubins run on 10.0 only) is declined with kforge's reason."""
+        from kforge import spec as kforge_spec
+        from vllm.platforms.interface import DeviceCapability
+        from kforge_vllm.backend import KforgeSparseMlaBackend as B
+        for capability in ((7, 0), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0),
+                           (12, 0), (12, 1)):
+            try:
+                kforge_spec.arch_for_capability(*capability)
+                builds = True
+            except Exception:
+                builds = False
+            self.assertEqual(B.supports_compute_capability(DeviceCapability(*capability)),
+                             builds, capability)
+            if not builds:
+                with self.assertRaisesRegex(ValueError, r"compute capability not supported.*"
+                                            r"kforge: compute capability %d\.%d: kforge builds "
+                                            r"kernels for" % capability):
+                    select(self.dsv32, kforge_member(), capability, "auto")
 
     def test_nope_models_resolve_to_kforge(self):
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -251,7 +378,7 @@ class SelectionTest(unittest.TestCase):
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
         custom = AttentionBackendEnum.CUSTOM
         cases = (
-            (self.dsv32, "fp8", 576, "kv_cache_dtype"),
+            (self.dsv32, "fp8_e5m2", 576, "kv_cache_dtype not supported"),
             (vllm_config(DEEPSEEK_V3, "dsv3"), "auto", 576, "no index_topk"),
             (vllm_config(dict(DEEPSEEK_V32, num_attention_heads=256, num_key_value_heads=256),
                          "heads256"), "auto", 576, "num_q_heads: got 256, supported 1..128"),
@@ -277,6 +404,10 @@ class SelectionTest(unittest.TestCase):
         # A GPU kforge builds for nothing (Volta) is declined as such.
         with self.assertRaisesRegex(ValueError, "compute capability not supported"):
             select(self.dsv32, custom, (7, 0), "auto")
+        # A plain fp8 name reaching the core (a layer that would write it
+        # plain, not as fp8_ds_mla) is refused by name.
+        with self.assertRaisesRegex(plugin_core.UnsupportedConfig, "kv_cache_dtype: got 'fp8'"):
+            plugin_core.kforge_kv_dtype("fp8")
 
 
 @contextlib.contextmanager
@@ -418,8 +549,11 @@ class ReferenceDecoder:
     """Stands in for kforge.SparseMlaDecoder where there is no GPU: records
     each call and computes it in fp64 on the CPU for a bf16 cache, with
     kforge's rules (check_core_gpu.py checks the kernel against the same
-    math): slots of the pages it is handed, only each token's first
-    topk_length count, the sink scales out by 1 / (1 + exp(sink - lse))."""
+    math): q has the spec's head count, slots of the pages it is handed,
+    only each token's first topk_length count, the sink scales out by
+    1 / (1 + exp(sink - lse)); lse [tokens, heads] fp32 in natural log
+    without the sink, -inf for a token with no valid slot (out zero), and
+    only from a spec built with return_lse (PlanDecode's rule)."""
 
     made = []
 
@@ -430,10 +564,15 @@ class ReferenceDecoder:
     def prefetch(self):
         return 1
 
-    def __call__(self, q, pages, slots, out=None, topk_length=None, sink=None):
-        self.calls.append(dict(q=q, pages=pages, slots=slots, topk_length=topk_length, sink=sink))
+    def __call__(self, q, pages, slots, out=None, topk_length=None, sink=None,
+                 return_lse=False):
+        self.calls.append(dict(q=q, pages=pages, slots=slots, topk_length=topk_length, sink=sink,
+                               return_lse=return_lse))
+        assert q.shape[1] == self.spec.num_q_heads, (list(q.shape), self.spec.num_q_heads)
+        assert not return_lse or self.spec.return_lse, "lse from kernels built without it"
         if pages.dtype != torch.bfloat16:
-            return out.zero_()
+            out.zero_()
+            return (out, torch.zeros(q.shape[:2])) if return_lse else out
         rows = pages.reshape(-1, pages.shape[-1]).double()
         valid = (slots >= 0) & (slots < rows.shape[0])
         if topk_length is not None:
@@ -446,31 +585,60 @@ class ReferenceDecoder:
                          kv[..., :self.spec.kv_lora_rank])
         if sink is not None:
             o = o / (1 + torch.exp(sink.double()[None, :] - lse))[..., None]
-        return out.copy_(o)
+        out.copy_(o)
+        return (out, lse.float()) if return_lse else out
 
 
-def reference_attention(q, keys, scale, rank, sink):
+def reference_attention(q, keys, scale, rank, sink=None):
     """Attention of one token: q [heads, d], keys [n, d] (fp64), with a sink
     per head joining the softmax's denominator."""
     s = q @ keys.T * scale
     o = torch.softmax(s, -1) @ keys[:, :rank]
+    if sink is None:
+        return o
     return o / (1 + torch.exp(sink - torch.logsumexp(s, -1)))[:, None]
+
+
+def dcp_conversion(req_id, block_table, token_indices, dcp_size, dcp_rank,
+                   cp_kv_cache_interleave_size=1, BLOCK_SIZE=64, BLOCK_STRIDE_ROWS=None,
+                   NUM_TOPK_TOKENS=2048, return_valid_counts=False, **_):
+    """vLLM's DCP top-k conversion per element on the CPU
+    (sparse_utils.triton_filter_and_convert_dcp_index, its Triton kernel's
+    rule): position p belongs to rank (p // interleave) % dcp_size, at local
+    position (p // (dcp_size * interleave)) * interleave + p % interleave,
+    whose slot is that rank's block_table[req, local // BLOCK_SIZE] *
+    BLOCK_STRIDE_ROWS + local % BLOCK_SIZE; other ranks' positions are
+    dropped, the rest compacted to the front, and counted."""
+    assert return_valid_counts
+    il, stride = cp_kv_cache_interleave_size, BLOCK_STRIDE_ROWS or BLOCK_SIZE
+    local = torch.where((token_indices // il) % dcp_size == dcp_rank,
+                        (token_indices // (dcp_size * il)) * il + token_indices % il, -1)
+    local = torch.where(token_indices >= 0, local, -1)
+    return vllm_conversion(local, req_id, block_table, BLOCK_SIZE, stride)
 
 
 class ImplTest(unittest.TestCase):
     """KforgeSparseMlaImpl built the way vLLM's MLA layer builds it (the
     same keyword arguments) and vLLM's forward_mqa on it."""
 
-    def make_impl(self, cfg, topk_buffer, scale, kv_cache_dtype="auto", **extra):
+    def make_impl(self, cfg, topk_buffer, scale, kv_cache_dtype="auto", dcp=(1, 0), pcp=1,
+                  **extra):
+        """`dcp`: (DCP world size, this rank), `pcp`: the PCP world size, as
+        vLLM's process groups would report them."""
         from vllm.config import set_current_vllm_config
         from kforge_vllm.backend import KforgeSparseMlaBackend
         text = cfg.model_config.hf_text_config
         heads = cfg.model_config.get_num_attention_heads(cfg.parallel_config)
+        pcp_group = types.SimpleNamespace(world_size=pcp, rank_in_group=0)
         with set_current_vllm_config(cfg), \
                 mock.patch.object(plugin_core.kforge, "SparseMlaDecoder", ReferenceDecoder), \
                 mock.patch("vllm.model_executor.layers.attention.sparse_mla_attention."
                            "get_tensor_model_parallel_world_size",
-                           return_value=cfg.parallel_config.tensor_parallel_size):
+                           return_value=cfg.parallel_config.tensor_parallel_size), \
+                mock.patch("vllm.distributed.parallel_state.get_dcp_world_size_and_rank",
+                           return_value=dcp), \
+                mock.patch("vllm.distributed.parallel_state.get_pcp_group",
+                           return_value=pcp_group):
             return KforgeSparseMlaBackend.get_impl_cls()(
                 num_heads=heads, head_size=text.kv_lora_rank + text.qk_rope_head_dim,
                 scale=scale, num_kv_heads=1, alibi_slopes=None,
@@ -486,7 +654,9 @@ class ImplTest(unittest.TestCase):
         from vllm.model_executor.layers.attention.sparse_mla_attention import (
             SparseMLACommonImpl)
         with mock.patch.object(SparseMLACommonImpl, "_convert_logical_to_physical_topk",
-                               convert_on_cpu):
+                               convert_on_cpu), \
+                mock.patch("vllm.model_executor.layers.attention.sparse_mla_attention."
+                           "triton_filter_and_convert_dcp_index", dcp_conversion):
             return impl.forward_mqa(q, kv, md, layer=None)
 
     def test_spec_from_vllms_arguments_and_forward(self):
@@ -557,15 +727,248 @@ class ImplTest(unittest.TestCase):
         self.assertTrue(torch.equal(q[..., :512], q_latent))
         self.assertFalse(q[..., 512:].any())
 
+    def test_dcp_ranks_merged_by_their_lse_give_the_full_attention(self):
+        """GLM-5 TP8 with DCP 2: each rank's cache holds every other token
+        (vLLM's DCP layout, interleave 1), the layer hands the impl the DCP
+        group's 16 query heads, and vLLM's merge (out = sum_r exp(lse_r -
+        lse) out_r, lse = log sum_r exp(lse_r), natural log) of the two
+        ranks' outputs is the attention over all of a token's positions; a
+        token with nothing on a rank gets (0, -inf) there."""
+        from kforge_vllm import backend
+        cfg = vllm_config(GLM5, "glm5-dcp-impl", tp=8, dcp=2)
+        gen = torch.Generator().manual_seed(3)
+        buffer = torch.full((64, 2048), -1, dtype=torch.int32)
+        backend._cores.clear()
+        ReferenceDecoder.made.clear()
+        impls = [self.make_impl(cfg, buffer, 0.0625, dcp=(2, r)) for r in range(2)]
+        self.assertEqual(len(ReferenceDecoder.made), 1)
+        spec = ReferenceDecoder.made[0].spec
+        self.assertEqual((spec.num_q_heads, spec.return_lse), (16, True))
+        self.assertTrue(all(i.need_to_return_lse_for_decode for i in impls))
+        # Two decodes (one at position 0: nothing on rank 1), a 4-token MTP
+        # verification; local (per-rank) block tables.
+        query_lens, seq_lens = [1, 1, 4], [1, 130, 200]
+        rows = [[5, 9, 11, 12], [2, 0, 13, 14], [1, 3, 15, 16]]  # the first 2 used
+        _, md, positions = build_metadata(vllm_config(GLM5, "glm5-dcp-md", tp=8), query_lens,
+                                          seq_lens, rows)
+        for t, pos in enumerate(positions.tolist()):
+            buffer[t, :pos + 1] = torch.randperm(pos + 1, generator=gen).to(torch.int32)
+        tokens, req = sum(query_lens), [r for r, n in enumerate(query_lens) for _ in range(n)]
+        keys = torch.randn(3, 200, 576, generator=gen).bfloat16()  # [request, position]
+        caches = [torch.zeros(20, 64, 576, dtype=torch.bfloat16) for _ in range(2)]
+        for r, n in enumerate(seq_lens):
+            for p in range(n):
+                local = p // 2
+                caches[p % 2][rows[r][local // 64], local % 64] = keys[r, p]
+        q = torch.randn(tokens, 16, 576, generator=gen).bfloat16()  # gathered heads
+        outs, lses = zip(*(self.forward(impls[r], q, caches[r], md) for r in range(2)))
+        for out, lse in zip(outs, lses):
+            self.assertEqual((tuple(out.shape), tuple(lse.shape), lse.dtype),
+                             ((tokens, 16, 512), (tokens, 16), torch.float32))
+        self.assertTrue(bool((lses[1][0] == float("-inf")).all()) and not outs[1][0].any())
+        lse = torch.logaddexp(lses[0].double(), lses[1].double())
+        merged = sum(torch.exp(l.double() - lse)[..., None] * o.double()
+                     for o, l in zip(outs, lses))
+        for t in range(tokens):
+            pos = [p for p in buffer[t].tolist() if p >= 0]
+            want = reference_attention(q[t].double(), keys[req[t], pos].double(), 0.0625, 512)
+            torch.testing.assert_close(merged[t], want, rtol=1e-2, atol=1e-2)
+
+    def test_pcp_alone_changes_nothing_and_pcp_with_dcp_is_declined(self):
+        from kforge_vllm import backend
+        buffer = torch.full((64, 2048), -1, dtype=torch.int32)
+        backend._cores.clear()
+        ReferenceDecoder.made.clear()
+        impl = self.make_impl(vllm_config(DEEPSEEK_V32, "dsv32-pcp-impl", pcp=2), buffer, 0.1,
+                              pcp=2)
+        self.assertFalse(impl.need_to_return_lse_for_decode)
+        spec = ReferenceDecoder.made[0].spec
+        self.assertEqual((spec.num_q_heads, spec.return_lse), (128, False))
+        with self.assertRaisesRegex(NotImplementedError, "does not gather the DCP KV shards"):
+            self.make_impl(vllm_config(DEEPSEEK_V32, "dsv32-pcp-dcp-impl", pcp=2, dcp=2),
+                           buffer, 0.1, dcp=(2, 0), pcp=2)
+
     def test_declines_what_it_cannot_serve(self):
         cfg = vllm_config(GLM5, "glm5-impl2", tp=8)
         with self.assertRaisesRegex(NotImplementedError, "top-k buffer"):
             self.make_impl(cfg, None, 0.0625)
+        # vLLM hands the impl the dtype the layer writes (fp8_ds_mla for
+        # kforge's backend, LayerCacheDtypeTest); a plain fp8 one is refused.
         with self.assertRaisesRegex(ValueError, "kv_cache_dtype: got 'fp8'"):
             self.make_impl(cfg, torch.zeros(4, 2048, dtype=torch.int32), 0.0625, "fp8")
         with self.assertRaisesRegex(ValueError, r"sinks: expected float32 \[8\]"):
             self.make_impl(cfg, torch.zeros(4, 2048, dtype=torch.int32), 0.0625,
                            sinks=torch.zeros(8, dtype=torch.bfloat16))
+        with self.assertRaisesRegex(NotImplementedError, "attention sink under decode context "
+                                                         "parallelism"):
+            self.make_impl(vllm_config(GLM5, "glm5-dcp-sink", tp=8, dcp=2),
+                           torch.zeros(4, 2048, dtype=torch.int32), 0.0625, dcp=(2, 0),
+                           sinks=torch.zeros(8))
+
+
+@contextlib.contextmanager
+def cuda_platform(capability):
+    """vLLM's CUDA platform as vllm.platforms.current_platform (what the
+    selector and the models' config hooks ask), on a device of
+    `capability`; the selector's per-process cache emptied around it."""
+    from vllm.platforms.cuda import CudaPlatform
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.selector import _cached_get_attn_backend
+    _cached_get_attn_backend.cache_clear()
+    try:
+        with mock.patch("vllm.platforms._current_platform", CudaPlatform()), \
+                mock.patch.object(CudaPlatform, "get_device_capability",
+                                  return_value=DeviceCapability(*capability)):
+            yield
+    finally:
+        _cached_get_attn_backend.cache_clear()
+
+
+def build_layer(cfg, name, attn_backend=None):
+    """vLLM's MLAAttention for one sparse layer of `cfg`'s model, built as
+    its model builds it (heads per rank, the top-k buffer, the cache
+    config); attn_backend None: vLLM selects (under cuda_platform). The
+    kforge decoder is ReferenceDecoder."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    text = cfg.model_config.hf_text_config
+    buffer = torch.full((64, int(text.index_topk)), -1, dtype=torch.int32)
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    with set_current_vllm_config(cfg), set_default_torch_dtype(torch.bfloat16), \
+            mock.patch.object(plugin_core.kforge, "SparseMlaDecoder", ReferenceDecoder), \
+            mock.patch("vllm.model_executor.layers.attention.sparse_mla_attention."
+                       "get_tensor_model_parallel_world_size",
+                       return_value=cfg.parallel_config.tensor_parallel_size):
+        return MLAAttention(
+            num_heads=cfg.model_config.get_num_attention_heads(cfg.parallel_config),
+            scale=0.0625, qk_nope_head_dim=text.qk_nope_head_dim,
+            qk_rope_head_dim=text.qk_rope_head_dim, v_head_dim=text.v_head_dim,
+            q_lora_rank=text.q_lora_rank, kv_lora_rank=text.kv_lora_rank,
+            kv_b_proj=torch.nn.Linear(1, 1), cache_config=cfg.cache_config,
+            prefix=f"model.layers.0.{name}.attn", attn_backend=attn_backend, use_sparse=True,
+            topk_indices_buffer=buffer)
+
+
+class LayerCacheDtypeTest(unittest.TestCase):
+    """The cache dtype vLLM's MLA layer writes with kforge's backend (vLLM
+    decides it in MLAAttention.__init__, by backend: the backend's module
+    gives vLLM's rule kforge's answer), and the spec of the kernel its impl
+    asks kforge for."""
+
+    def layer(self, cfg, name, backend):
+        from vllm.config import set_current_vllm_config
+        from kforge_vllm import backend as plugin_backend
+        plugin_backend._cores.clear()
+        ReferenceDecoder.made.clear()
+        layer = build_layer(cfg, name, backend)
+        with set_current_vllm_config(cfg):
+            spec = layer.get_kv_cache_spec(cfg)
+        return layer, spec, ReferenceDecoder.made[0].spec
+
+    def test_fp8_names_are_written_as_fp8_ds_mla(self):
+        from kforge_vllm.backend import KforgeSparseMlaBackend
+        for kv in ("fp8", "fp8_e4m3", "fp8_ds_mla"):
+            cfg = vllm_config(DEEPSEEK_V32, f"dsv32-{kv}", cache_dtype=kv)
+            layer, spec, kspec = self.layer(cfg, kv, KforgeSparseMlaBackend)
+            self.assertEqual((layer.kv_cache_dtype, cfg.cache_config.cache_dtype),
+                             ("fp8_ds_mla", "fp8_ds_mla"), kv)
+            self.assertEqual((spec.dtype, spec.state_content_bytes, spec.page_size_bytes),
+                             (torch.uint8, 656, 656 * 64), kv)
+            self.assertEqual(kspec.kv_cache_dtype, 2, kv)  # KV_CACHE_DTYPE_FP8_DS_MLA
+        for kv, bf16_bytes in (("auto", 1152), ("bfloat16", 1152)):
+            cfg = vllm_config(GLM5, f"glm5-{kv}", tp=8, cache_dtype=kv)
+            layer, spec, kspec = self.layer(cfg, kv, KforgeSparseMlaBackend)
+            self.assertEqual((layer.kv_cache_dtype, spec.page_size_bytes, kspec.kv_cache_dtype),
+                             (kv, bf16_bytes * 64, 1), kv)
+
+    def test_take_over_keeps_vllms_sm120_default_cache(self):
+        """vLLM's sm_120 backend writes "auto" as fp8_ds_mla (656 B a token);
+        in its slot kforge does the same, not bf16 (1152 B: 43% fewer
+        cached tokens). An explicit bfloat16 stays bf16."""
+        from kforge_vllm.backend import KforgeSm120TakeOverBackend
+        cases = (("auto", "fp8_ds_mla", 656), ("fp8", "fp8_ds_mla", 656),
+                 ("fp8_e4m3", "fp8_ds_mla", 656), ("bfloat16", "bfloat16", 1152))
+        for kv, written, token_bytes in cases:
+            cfg = vllm_config(GLM5, f"glm5-takeover-{kv}", tp=8, cache_dtype=kv)
+            layer, spec, _ = self.layer(cfg, kv, KforgeSm120TakeOverBackend)
+            self.assertEqual((layer.kv_cache_dtype, spec.page_size_bytes),
+                             (written, token_bytes * 64), kv)
+
+    def test_take_over_selected_on_sm120_writes_fp8_ds_mla_by_default(self):
+        """Selection and layer together: KFORGE_VLLM_TAKE_OVER=1, sm_120, no
+        flags."""
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+        from kforge_vllm import register
+        from kforge_vllm.backend import KforgeSm120TakeOverBackend
+        slot = AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120
+        original = slot.get_path()
+        try:
+            with mock.patch.dict(os.environ, {"KFORGE_VLLM_TAKE_OVER": "1"}):
+                register()
+            cfg = vllm_config(GLM5, "glm5-takeover-select", tp=8)
+            with cuda_platform((12, 0)):
+                layer = build_layer(cfg, "takeover", None)
+            self.assertIs(layer.attn_backend, KforgeSm120TakeOverBackend)
+            self.assertEqual(layer.kv_cache_dtype, "fp8_ds_mla")
+        finally:
+            register_backend(slot, original)
+
+    def test_other_backends_keep_vllms_rule(self):
+        from vllm.model_executor.layers.attention import mla_attention
+        import kforge_vllm.backend  # noqa: F401  (installs the rule)
+
+        def named(name):
+            return type(name, (), {"get_name": staticmethod(lambda: name)})
+        rule = mla_attention._canonicalize_sparse_mla_kv_cache_dtype
+        self.assertEqual(rule(named("FLASHMLA_SPARSE"), "fp8_e4m3"), "fp8_ds_mla")
+        self.assertEqual(rule(named("FLASHINFER_MLA_SPARSE_SM120"), "auto"), "fp8_ds_mla")
+        self.assertEqual(rule(named("FLASHINFER_MLA_SPARSE"), "fp8"), "fp8")
+        self.assertEqual(rule(named("CUSTOM"), "fp8"), "fp8")
+
+
+class Glm5OnSm100Test(unittest.TestCase):
+    """vllm serve zai-org/GLM-5 -tp 8 --attention-backend KFORGE_MLA_SPARSE on
+    a B200, default flags: vLLM's GLM-5 config makes the cache fp8_e4m3 on
+    sm_100 (GlmMoeDsaForCausalLM.verify_and_update_config, as VllmConfig
+    runs it); the backend is selected, the layer writes fp8_ds_mla, the
+    impl asks kforge for the fp8_ds_mla kernel and a decode step reaches it
+    through vLLM's forward_mqa with the 656-byte records."""
+
+    def test_default_flags_select_build_and_decode(self):
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.models.config import GlmMoeDsaForCausalLM
+        from kforge_vllm import backend as plugin_backend
+        from kforge_vllm.backend import KforgeSparseMlaBackend
+        cfg = vllm_config(GLM5, "glm5-b200", tp=8)
+        cfg.attention_config.backend = kforge_member()  # --attention-backend KFORGE_MLA_SPARSE
+        plugin_backend._cores.clear()
+        ReferenceDecoder.made.clear()
+        with cuda_platform((10, 0)):
+            GlmMoeDsaForCausalLM.verify_and_update_config(cfg)
+            self.assertEqual(cfg.cache_config.cache_dtype, "fp8_e4m3")  # vLLM's default there
+            layer = build_layer(cfg, "b200", None)
+        self.assertIs(layer.attn_backend, KforgeSparseMlaBackend)
+        self.assertEqual(layer.kv_cache_dtype, "fp8_ds_mla")
+        decoder = ReferenceDecoder.made[0]
+        self.assertEqual((decoder.spec.num_q_heads, decoder.spec.kv_cache_dtype,
+                          decoder.spec.kv_scale_format), (8, 2, 2))
+        with set_current_vllm_config(cfg):
+            spec = layer.get_kv_cache_spec(cfg)
+        self.assertEqual(spec.page_size_bytes, 656 * 64)
+        # One decode step (2 requests) through vLLM's forward_mqa.
+        _, md, positions = build_metadata(cfg, [1, 1], [10, 70], [[3], [1, 2]])
+        buffer = layer.impl.topk_indices_buffer
+        for t, pos in enumerate(positions.tolist()):
+            buffer[t, :pos + 1] = torch.arange(pos + 1, dtype=torch.int32)
+        kv = torch.zeros(4, 64, 656, dtype=torch.uint8)
+        q = torch.randn(2, 8, 576).bfloat16()
+        out, lse = ImplTest.forward(None, layer.impl, (q[..., :512], q[..., 512:]), kv, md)
+        self.assertIsNone(lse)
+        self.assertEqual(tuple(out.shape), (2, 8, 512))
+        call = decoder.calls[-1]
+        self.assertEqual((call["pages"].dtype, call["pages"].shape[-1]), (torch.uint8, 656))
+        self.assertTrue(torch.equal(call["q"], q))
+        self.assertEqual(call["topk_length"].tolist(), [10, 70])
 
 
 class KvCacheTest(unittest.TestCase):

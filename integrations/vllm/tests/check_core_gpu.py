@@ -25,7 +25,17 @@ cache (352-byte records, kforge.kv_records' quantizer):
     empty token;
   - graph: slots + attention captured in one CUDA graph after prefetch()
     and a warm-up, replayed on fresh inputs copied into the captured
-    tensors: the same bits as an eager call on them.
+    tensors: the same bits as an eager call on them;
+  - lse (what vLLM asks for under decode context parallelism): a core
+    built with return_lse, called with return_lse, gives the same out and
+    the reference's lse (natural log, [tokens, heads]; -inf for the empty
+    token), within e2e_python's lse bars;
+  - dcp: the batch's positions split between two DCP ranks as vLLM
+    shards them (position p on rank p % 2, interleave 1; vllm_slots of
+    each rank's positions only), each rank's (out, lse) from kforge, merged
+    as vLLM merges them (lse = log sum_r exp(lse_r), out = sum_r
+    exp(lse_r - lse) out_r): the full attention, within the out bar; a
+    rank with none of a token's positions gives it out 0 and lse -inf.
 
 Usage: check_core_gpu.py PATH/TO/kforge [--lib-dir DIR] | --bundle DIR
 Prints one line per check and "N passed, N failed"; exit 1 on a failure.
@@ -50,6 +60,9 @@ PAGE, TOPK, RANK, ROPE = 64, 2048, 512, 64
 QUERY_LENS = (1, 1, 2, 3, 4, 1, 37)  # decodes, MTP verifications, a prefill chunk
 CONTEXT = (900, 3000, 64, 2100, 130, 1, 500)  # cached tokens before each request's queries
 NUM_LAYERS, LAYER = 3, 1  # the cache view is layer 1 of 3 interleaved layers
+
+
+DCP_RANKS = 2  # the dcp check's simulated decode-context-parallel ranks
 
 
 class Batch:
@@ -120,12 +133,25 @@ class Batch:
         return torch.tensor(rows, dtype=torch.int32, device="cuda")
 
     def reference_out(self, torch, reference, slots, scale):
+        return self.reference_out_lse(torch, reference, slots, scale)[0]
+
+    def reference_out_lse(self, torch, reference, slots, scale):
+        """(out, lse) of the fp64 reference (lse natural log, -inf where
+        nothing is valid)."""
         flat = self.values.reshape(-1, RANK + ROPE)
         valid = slots >= 0
         rows = flat[torch.where(valid, slots, 0).long()].double() * valid[..., None]
         q = torch.cat([self.q_latent, self.q_rope], -1).double()
-        out, _ = reference(q, rows, slots, valid, scale, RANK)
-        return out
+        return reference(q, rows, slots, valid, scale, RANK)
+
+    def on_rank(self, torch, rank, ranks):
+        """This batch as DCP rank `rank` of `ranks` sees it through vLLM's
+        conversion: only the top-k positions the rank holds (p % ranks ==
+        rank) stay; the cache and everything else are shared."""
+        import copy
+        view = copy.copy(self)
+        view.topk = torch.where((self.topk >= 0) & (self.topk % ranks == rank), self.topk, -1)
+        return view
 
 
 def vllm_slots(torch, b):
@@ -211,6 +237,67 @@ def check_shape(torch, reference, gen, name, heads, scale, cache_dtype, results)
     except Exception as e:  # capture errors name the call that broke it
         problems.append(f"{type(e).__name__}: {e}")
     record("graph", problems)
+
+    # The lse, as vLLM asks for it under DCP, and two DCP ranks merged by it.
+    lse_spec = core.attention_spec(num_heads=heads, kv_lora_rank=RANK, rope_dim=ROPE,
+                                   topk=TOPK, page_size=PAGE, softmax_scale=scale,
+                                   cache_dtype=cache_dtype, return_lse=True)
+    with_lse = core.SparseMlaCore(lse_spec)
+    with_lse.prefetch()
+    lse_bar = e2e_python.LSE_BAR if cache_dtype == "auto" else e2e_python.LSE_BAR_FP8_ARBITRARY
+
+    def call_lse(view):
+        slots, counts = vllm_slots(torch, view)
+        return with_lse((view.q_latent, view.q_rope), view.kv_cache, slots, topk_length=counts,
+                        return_lse=True)
+
+    problems = []
+    out, lse = call_lse(b)
+    torch.cuda.synchronize()
+    want_out, want_lse = b.reference_out_lse(torch, reference, b.reference_slots(torch), scale)
+    if tuple(lse.shape) != (sum(QUERY_LENS), heads) or lse.dtype != torch.float32:
+        problems.append(f"lse: {lse.dtype} {list(lse.shape)}, expected float32 "
+                        f"[{sum(QUERY_LENS)}, {heads}]")
+    else:
+        problems += lse_problems(torch, out, lse, want_out, want_lse, lse_bar)
+    record("lse", problems)
+
+    problems = []
+    parts = [call_lse(b.on_rank(torch, r, DCP_RANKS)) for r in range(DCP_RANKS)]
+    torch.cuda.synchronize()
+    lses = torch.stack([l.double() for _, l in parts])
+    merged_lse = torch.logsumexp(lses, 0)
+    weights = torch.exp(lses - merged_lse).nan_to_num(0.0)  # all -inf: nothing anywhere
+    merged = sum(w[..., None] * o.double() for w, (o, _) in zip(weights, parts))
+    problems += lse_problems(torch, merged, merged_lse, want_out, want_lse, lse_bar)
+    for r, (o, l) in enumerate(parts):
+        none_here = ~((b.on_rank(torch, r, DCP_RANKS).topk >= 0).any(1))
+        if none_here.any() and not (bool((o[none_here] == 0).all()) and
+                                    bool((l[none_here] == float("-inf")).all())):
+            problems.append(f"rank {r}: a token with nothing on it is not (0, -inf)")
+    record("dcp", problems)
+
+
+def lse_problems(torch, out, lse, want_out, want_lse, lse_bar):
+    """out and lse against the reference's: NaN, the out bar, -inf exactly
+    where the reference's is, and the lse bar (max abs error over max |lse|
+    on the finite rows, as e2e_python measures it)."""
+    problems = []
+    o, l = out.double(), lse.double()
+    if torch.isnan(o).any() or torch.isnan(l).any():
+        problems.append("NaN")
+    err = float((o - want_out).abs().max() / want_out.abs().max())
+    if err > e2e_python.OUT_BAR:
+        problems.append(f"out error {err:.2e} > {e2e_python.OUT_BAR}")
+    finite = torch.isfinite(want_lse)
+    if not torch.equal(torch.isfinite(l), finite):
+        problems.append("lse finite where the reference's is not (or the reverse)")
+    elif finite.any():
+        lse_err = float((l[finite] - want_lse[finite]).abs().max() /
+                        want_lse[finite].abs().max())
+        if lse_err > lse_bar:
+            problems.append(f"lse error {lse_err:.2e} > {lse_bar}")
+    return problems
 
 
 def checks(torch, source, gen, reference):

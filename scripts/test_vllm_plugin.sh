@@ -5,7 +5,11 @@
 # into it, and runs the tests. Not part of .ci/run / ctest: vLLM with its
 # torch is 9.4 GB; a fresh venv took 1109 s in all (1054 s of it pip, no
 # pip cache, on 2 busy cores; the tests 55 s), a reused one about 1 minute.
-#   scripts/test_vllm_plugin.sh [--venv DIR]   (default ~/.cache/kforge/vllm-venv)
+#   scripts/test_vllm_plugin.sh [--venv DIR] [--keep-kforge]
+#     --venv DIR      the venv (default ~/.cache/kforge/vllm-venv)
+#     --keep-kforge   reinstall kforge-vllm only, keeping the venv's kforge
+#                     package (installed by an earlier run): iterating on the
+#                     plugin then rebuilds nothing of kforge
 # Needs the kforge build's Python outputs (the native library and the
 # message modules): built here if missing (targets kforge_capi,
 # kforge_python_proto; the rest of the build is not needed).
@@ -13,7 +17,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VLLM_VERSION=0.33.0  # the version the plugin is written and tested against (README)
 venv=${KFORGE_VLLM_VENV:-$HOME/.cache/kforge/vllm-venv}
-if [[ "${1:-}" == "--venv" ]]; then venv=$2; fi
+keep_kforge=0
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --venv) venv=$2; shift 2 ;;
+    --keep-kforge) keep_kforge=1; shift ;;
+    *) echo "usage: $0 [--venv DIR] [--keep-kforge]" >&2; exit 2 ;;
+  esac
+done
 start=$SECONDS
 build=${KFORGE_BUILD_DIR:-build}
 if [[ ! -f python/kforge/_native/libkforge_capi.so || ! -f python/kforge/v1/spec_pb2.py ]]; then
@@ -30,8 +41,13 @@ if ! "$venv/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '$VLL
   "$venv/bin/pip" install -q "vllm==$VLLM_VERSION"
 fi
 # Not editable: the tests run what pip installs from this tree.
-"$venv/bin/pip" install -q --force-reinstall --no-deps ./python ./integrations/vllm
-"$venv/bin/pip" install -q ./python ./integrations/vllm  # their dependencies, if missing
+packages=(./python ./integrations/vllm)
+if [[ $keep_kforge == 1 ]]; then
+  "$venv/bin/python" -c "import kforge" || { echo "--keep-kforge: no kforge in $venv" >&2; exit 1; }
+  packages=(./integrations/vllm)
+fi
+"$venv/bin/pip" install -q --force-reinstall --no-deps "${packages[@]}"
+"$venv/bin/pip" install -q "${packages[@]}"  # their dependencies, if missing
 echo "installed in $((SECONDS - start)) s"
 # vllm.platforms.cuda imports vLLM's extension, which links libcuda.so.1:
 # on a machine with no driver the toolkit's stub satisfies the loader.

@@ -137,7 +137,21 @@ kf_base_tarball() {
   mkdir -p "$dir"
   (
     flock 9
-    [ -s "$KF_BASE_TAR" ] && exit 0
+    # The tarball's root entry must be 0755: a 0700 "/" (mktemp's mode, as
+    # an earlier version of this file left it) lets only root exec anything
+    # in the image. Such a tarball is repaired in place.
+    if [ -s "$KF_BASE_TAR" ]; then
+      [ "$(tar -tvf "$KF_BASE_TAR" | head -n 1 | cut -c1-10)" = drwxr-xr-x ] && exit 0
+      kf_log "repairing $KF_BASE_TAR (its / is not mode 0755)"
+      local fix
+      fix=$(mktemp -d /var/tmp/kforge-minbase.XXXXXX)
+      trap 'rm -rf "$fix"' EXIT
+      tar --numeric-owner -xpf "$KF_BASE_TAR" -C "$fix"
+      chmod 0755 "$fix"
+      tar --numeric-owner -C "$fix" -cf "$KF_BASE_TAR.tmp.$$" .
+      mv "$KF_BASE_TAR.tmp.$$" "$KF_BASE_TAR"
+      exit 0
+    fi
     kf_apt_ensure debootstrap
     local root
     root=$(mktemp -d /var/tmp/kforge-minbase.XXXXXX)
@@ -155,15 +169,23 @@ deb http://deb.debian.org/debian bookworm-updates main
 deb http://deb.debian.org/debian-security bookworm-security main
 EOF
     rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/archives/*.deb
+    chmod 0755 "$root"
     tar --numeric-owner -C "$root" -cf "$KF_BASE_TAR.tmp.$$" .
     mv "$KF_BASE_TAR.tmp.$$" "$KF_BASE_TAR"
   ) 9>"$dir/.lock"
 }
 
+# The label marks images made from a good tarball (/ mode 0755); an image
+# without it is imported again.
+KF_BASE_LABEL=org.kforge.minbase=2
+
 kf_base_image() {
   local tag=${1:?kf_base_image TAG}
-  if docker image inspect "$tag" >/dev/null 2>&1; then return 0; fi
+  if [ "$(docker image inspect -f '{{index .Config.Labels "org.kforge.minbase"}}' "$tag" 2>/dev/null)" \
+    = "${KF_BASE_LABEL#*=}" ]; then
+    return 0
+  fi
   kf_base_tarball || return 1
   kf_log "importing $KF_BASE_TAR as $tag"
-  docker import -c 'CMD ["/bin/bash"]' - "$tag" <"$KF_BASE_TAR" >/dev/null
+  docker import -c 'CMD ["/bin/bash"]' -c "LABEL $KF_BASE_LABEL" - "$tag" <"$KF_BASE_TAR" >/dev/null
 }

@@ -740,10 +740,16 @@ class ImplTest(unittest.TestCase):
         buffer = torch.full((64, 2048), -1, dtype=torch.int32)
         backend._cores.clear()
         ReferenceDecoder.made.clear()
-        impls = [self.make_impl(cfg, buffer, 0.0625, dcp=(2, r)) for r in range(2)]
+        with mock.patch.object(backend.logger, "info") as log:
+            impls = [self.make_impl(cfg, buffer, 0.0625, dcp=(2, r)) for r in range(2)]
         self.assertEqual(len(ReferenceDecoder.made), 1)
         spec = ReferenceDecoder.made[0].spec
         self.assertEqual((spec.num_q_heads, spec.return_lse), (16, True))
+        # The logged prebuild matrix names that kernel: GLM-5's 64 heads
+        # split 4 ways (TP 8 / DCP 2), with the lse.
+        matrix = json.loads(log.call_args.args[-1])["models"][0]
+        self.assertEqual((matrix["tp"], matrix["spec"]["numQHeads"], matrix["spec"]["returnLse"]),
+                         ([4], 64, True))
         self.assertTrue(all(i.need_to_return_lse_for_decode for i in impls))
         # Two decodes (one at position 0: nothing on rank 1), a 4-token MTP
         # verification; local (per-rank) block tables.

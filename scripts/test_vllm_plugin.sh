@@ -4,7 +4,8 @@
 # PyPI, the kforge package (python/) and kforge-vllm (integrations/vllm)
 # into it, and runs the tests. Not part of .ci/run / ctest: vLLM with its
 # torch is 9.4 GB; a fresh venv took 1109 s in all (1054 s of it pip, no
-# pip cache, on 2 busy cores; the tests 55 s), a reused one about 1 minute.
+# pip cache, on 2 busy cores); a reused one 149 s with --keep-kforge (the
+# 27 tests 116 s, building vLLM's own MLA layers on the CPU among them).
 #   scripts/test_vllm_plugin.sh [--venv DIR] [--keep-kforge]
 #     --venv DIR      the venv (default ~/.cache/kforge/vllm-venv)
 #     --keep-kforge   reinstall kforge-vllm only, keeping the venv's kforge

@@ -38,15 +38,15 @@ FlagSpec ServerFlag() {
 const std::vector<FlagSpec>& ClientSecurityFlags() {
   static const std::vector<FlagSpec> kFlags = {
       {"tls-ca", "FILE",
-       "connect with TLS; the server's certificate must chain to this PEM CA (default: "
-       "$KFORGE_TLS_CA)"},
+       "connect with TLS; the server's certificate must chain to this PEM CA (env "
+       "KFORGE_TLS_CA)"},
       {"tls-cert", "FILE",
-       "client certificate (PEM) for a server that wants one (mTLS); with --tls-key (default: "
-       "$KFORGE_TLS_CERT)"},
-      {"tls-key", "FILE", "the client certificate's private key (PEM) (default: $KFORGE_TLS_KEY)"},
+       "client certificate (PEM) for a server that wants one (mTLS), with --tls-key (env "
+       "KFORGE_TLS_CERT)"},
+      {"tls-key", "FILE", "the client certificate's private key (PEM) (env KFORGE_TLS_KEY)"},
       {"token-file", "FILE",
-       "send the bearer token in FILE (its first token); default: $KFORGE_TOKEN_FILE or "
-       "$KFORGE_TOKEN. Needs TLS"}};
+       "send the bearer token in FILE (its first token); needs TLS (env KFORGE_TOKEN_FILE, or "
+       "the token itself in KFORGE_TOKEN)"}};
   return kFlags;
 }
 

@@ -34,13 +34,13 @@ std::string ExplainTransportError(const grpc::Status& status, bool tls) {
        absl::StrContains(message, "Broken pipe") || absl::StrContains(message, "EOF"))) {
     absl::StrAppend(&message,
                     " (the server closed a plain-text connection: it probably serves TLS; "
-                    "give its CA with --tls-ca / tls_ca_file)");
+                    "give its CA with --tls-ca / tls_ca_file or KFORGE_TLS_CA)");
   } else if (tls && (absl::StrContains(message, "andshake") || absl::StrContains(message, "SSL") ||
                      absl::StrContains(message, "ssl"))) {
     absl::StrAppend(&message,
                     " (the TLS handshake failed: the server may serve plain text, its certificate "
                     "may not chain to --tls-ca or name this address, or it wants a client "
-                    "certificate: --tls-cert/--tls-key)");
+                    "certificate: --tls-cert/--tls-key or KFORGE_TLS_CERT/KFORGE_TLS_KEY)");
   }
   return message;
 }

@@ -122,11 +122,11 @@ class Client(KernelSource):
         if not self.tls and "Connection refused" not in details and any(
                 s in details for s in ("Socket closed", "Connection reset", "Broken pipe", "EOF")):
             return (" (the server closed a plain-text connection: it probably serves TLS; "
-                    "give its CA with tls_ca=)")
+                    "give its CA with tls_ca= or KFORGE_TLS_CA)")
         if self.tls and any(s in details for s in ("andshake", "SSL", "ssl")):
             return (" (the TLS handshake failed: the server may serve plain text, its "
                     "certificate may not chain to tls_ca or name this address, or it wants a "
-                    "client certificate: tls_cert=, tls_key=)")
+                    "client certificate: tls_cert=, tls_key= or KFORGE_TLS_CERT, KFORGE_TLS_KEY)")
         return ""
 
     def __repr__(self):

@@ -1,6 +1,6 @@
 # KFORGE_PYTHON_PACKAGE: the build python/pyproject.toml's backend
 # (scikit-build-core) runs for the wheel. Only the layers the C ABI library
-# binds (base, model, bundle over the messages) and the Python message
+# binds (base, model, bundle over the messages, the client settings) and the Python message
 # modules; the install tree is the package as it goes into the wheel:
 #   kforge/*.py                      python/kforge's sources
 #   kforge/v1/*_pb2.py, _version.py  what proto/ writes into this build
@@ -11,6 +11,7 @@ add_subdirectory(proto)
 add_subdirectory(base)
 add_subdirectory(model)
 add_subdirectory(bundle)
+add_subdirectory(runtime)  # its client settings library only
 add_subdirectory(capi)
 install(TARGETS kforge_capi LIBRARY DESTINATION kforge/_native)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/kforge/ DESTINATION kforge

@@ -79,19 +79,21 @@ def _():
     with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
         cmake_version = re.search(r"project\(kforge VERSION ([0-9.]+)", f.read()).group(1)
     assert package["project"]["name"] == "kforge"
-    # The version is CMake's, read from kforge/_version.py, which the build
-    # writes from project(kforge VERSION ...).
+    # The version is CMake's: the wheel's backend reads it from project(kforge
+    # VERSION ...), as the build writes it into kforge/_version.py.
     assert "version" in package["project"].get("dynamic", []), package["project"]
-    assert package["tool"]["setuptools"]["dynamic"]["version"] == {
-        "attr": "kforge._version.__version__"}
+    assert package["build-system"]["build-backend"] == "scikit_build_core.build"
+    version = package["tool"]["scikit-build"]["metadata"]["version"]
+    assert version["input"] == "../CMakeLists.txt", version
+    assert re.search(version["regex"], f"project(kforge VERSION {cmake_version}")
     assert kforge.__version__ == cmake_version, (kforge.__version__, cmake_version)
     # The extras the plugin asks for (kforge[cuda]) are kforge's.
     extras = {e for d in plugin["project"]["dependencies"]
               for m in [re.match(r"kforge\[([\w,]+)\]", d)] if m for e in m.group(1).split(",")}
     assert extras and extras <= set(package["project"]["optional-dependencies"]), extras
-    # The installed kforge carries what the build writes beside it.
-    data = package["tool"]["setuptools"]["package-data"]
-    assert data["kforge.v1"] == ["*_pb2.py"] and data["kforge._native"] == ["libkforge_capi.so"]
+    # The installed kforge is what the CMake install lays out (the sources,
+    # the message modules and the native library: cmake/PythonPackage.cmake).
+    assert package["tool"]["scikit-build"]["cmake"]["define"]["KFORGE_PYTHON_PACKAGE"] == "ON"
 
 
 @check("no vLLM imported")

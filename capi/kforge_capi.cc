@@ -621,6 +621,7 @@ int32_t kforge_client_settings(const char* given, int32_t allow_bundle, char** s
     const std::pair<const char*, std::pair<std::string*, std::string*>> kKeys[] = {
         {"address", {&in.server, &in.names.server}},
         {"bundle", {&in.bundle, &in.names.bundle}},
+        {"trust", {&in.trust, &in.names.trust}},
         {"local_copy_dir", {&in.local_copy_dir, &in.names.local_copy_dir}},
         {"tls_ca", {&security.tls_ca_file, &security.names.tls_ca_file}},
         {"tls_cert", {&security.tls_cert_file, &security.names.tls_cert_file}},
@@ -650,6 +651,7 @@ int32_t kforge_client_settings(const char* given, int32_t allow_bundle, char** s
     auto& fields = *out.mutable_fields();
     fields["server"].set_string_value(resolved->server);  // "" for a bundle
     fields["bundle"].set_string_value(resolved->bundle);
+    fields["trust"].set_string_value(resolved->trust);  // "" for a server
     fields["local_copy_dir"].set_string_value(resolved->local_copy_dir);
     kforge::ChannelSecurity loaded;
     if (resolved->bundle.empty()) {

@@ -194,7 +194,8 @@ absl::StatusOr<std::unique_ptr<KernelSource>> OpenKernelSourceFromEnvironment(
       ClientSettingsFromEnvironment(given, ClientSource::kServerOrBundle);
   if (!settings.ok()) return settings.status();
   if (!settings->bundle.empty()) {
-    absl::StatusOr<std::unique_ptr<BundleSource>> bundle = BundleSource::Open(settings->bundle);
+    absl::StatusOr<std::unique_ptr<BundleSource>> bundle =
+        BundleSource::Open(settings->bundle, settings->trust);
     if (!bundle.ok()) {
       return absl::Status(bundle.status().code(),
                           absl::StrCat(settings->names.bundle, ": ", bundle.status().message()));

@@ -88,7 +88,8 @@ absl::StatusOr<ServiceClientOptions> ServiceClientOptionsFromEnvironment(
 
 // The kernel source such an engine reads from, as the Python package's
 // kforge.default_source(): the bundle `given` or KFORGE_BUNDLE names
-// (BundleSource), else a ServiceClient with the settings above
+// (BundleSource, refused unless signed by the trust key `given` or
+// KFORGE_TRUST names, when one does), else a ServiceClient with the settings above
 // (ClientSettingsFromEnvironment(given, kServerOrBundle) has the rule).
 absl::StatusOr<std::unique_ptr<KernelSource>> OpenKernelSourceFromEnvironment(
     const ClientSettings& given = {}, ServiceClientOptions options = {});

@@ -136,6 +136,16 @@ absl::StatusOr<ClientSettings> ClientSettingsFromEnvironment(const ClientSetting
     return value == nullptr ? std::string() : std::string(value);
   };
   ClientSettings out = given;
+  // A bundle's trust key: the caller's, else KFORGE_TRUST's. The variable
+  // is not read for a server (it is also `kforge serve --trust`'s).
+  auto bundle_source = [&]() -> absl::StatusOr<ClientSettings> {
+    if (out.trust.empty()) {
+      out.trust = var(kTrustVar);
+      if (!out.trust.empty()) out.names.trust = kTrustVar;
+    }
+    if (absl::Status s = CheckDirectory(out.bundle, out.names.bundle, false); !s.ok()) return s;
+    return out;
+  };
   if (!given.bundle.empty()) {
     if (source == ClientSource::kServer) {
       return absl::InvalidArgumentError(
@@ -146,8 +156,7 @@ absl::StatusOr<ClientSettings> ClientSettingsFromEnvironment(const ClientSetting
           absl::StrCat(given.names.bundle, " names a bundle, which takes no server settings (",
                        given.names.server, ", ", given.names.local_copy_dir, ", TLS, tokens)"));
     }
-    if (absl::Status s = CheckDirectory(out.bundle, out.names.bundle, false); !s.ok()) return s;
-    return out;
+    return bundle_source();
   }
   if (source == ClientSource::kServerOrBundle && !GivesServerSettings(given)) {
     const std::string bundle = var(kBundleVar);
@@ -160,13 +169,19 @@ absl::StatusOr<ClientSettings> ClientSettingsFromEnvironment(const ClientSetting
       }
       out.bundle = bundle;
       out.names.bundle = kBundleVar;
-      if (absl::Status s = CheckDirectory(out.bundle, out.names.bundle, false); !s.ok()) return s;
-      return out;
+      return bundle_source();
     }
   }
 
   // A server. A setting is taken from its variable only where `given` is
   // silent; a pair of settings only where `given` has neither.
+  if (!given.trust.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(given.names.trust,
+                     ": a trust key checks a bundle's signature, and this "
+                     "client reads from a server (give a bundle, or set ",
+                     kBundleVar, ")"));
+  }
   auto fill = [&](std::string& value, std::string& name, const char* variable) {
     if (!value.empty()) return;
     value = var(variable);

@@ -28,6 +28,9 @@ inline constexpr char kTlsCertVar[] = "KFORGE_TLS_CERT";
 inline constexpr char kTlsKeyVar[] = "KFORGE_TLS_KEY";
 inline constexpr char kTokenVar[] = "KFORGE_TOKEN";
 inline constexpr char kTokenFileVar[] = "KFORGE_TOKEN_FILE";
+// The Ed25519 public key a bundle must be signed with (`kforge keygen`);
+// the same variable as `kforge serve --trust`.
+inline constexpr char kTrustVar[] = "KFORGE_TRUST";
 
 // Where a client goes when nothing names a server: `kforge serve`'s
 // default --listen.
@@ -90,6 +93,9 @@ struct ClientSettings {
   // A bundle directory (`kforge prebuild`) read with no server; only
   // where the caller accepts one (ClientSource::kServerOrBundle).
   std::string bundle;
+  // The public key file the bundle must be signed with ("" = a bundle is
+  // read signed or not, as `kforge verify` checks it).
+  std::string trust;
   // A directory where a server client keeps a bundle of what it fetched,
   // to run from later with no server.
   std::string local_copy_dir;
@@ -99,6 +105,7 @@ struct ClientSettings {
   struct Names {
     std::string server = "address";
     std::string bundle = "bundle";
+    std::string trust = "trust";
     std::string local_copy_dir = "local_copy_dir";
   };
   Names names;
@@ -121,7 +128,8 @@ const char* ProcessEnv(const char* name);
 //    kServerOrBundle when `given` has no server setting at all,
 //    KFORGE_BUNDLE (not together with KFORGE_SERVER); else KFORGE_SERVER;
 //    else kDefaultServerAddress. A bundle takes no server settings: the
-//    variables below are then not read.
+//    variables below are then not read; its trust key is `given`'s, else
+//    KFORGE_TRUST's (a trust key with a server is an error).
 //  - local_copy_dir and tls_ca_file: each from its variable.
 //  - the client certificate and its key from KFORGE_TLS_CERT and
 //    KFORGE_TLS_KEY, and the token from KFORGE_TOKEN or KFORGE_TOKEN_FILE,

@@ -277,6 +277,41 @@ TEST_F(ClientSettingsTest, TheSourceIsABundleOrAServerNeverBoth) {
       << s.status();
 }
 
+TEST_F(ClientSettingsTest, ABundlesTrustKeyIsGivenOrFromKforgeTrust) {
+  TempDir bundle("kforge_settings_bundle");
+  const std::string dir = bundle.path().string();
+  env_ = {{"KFORGE_BUNDLE", dir}, {"KFORGE_TRUST", Path("signer.pub")}};
+  absl::StatusOr<ClientSettings> s = FromEnv(ClientSource::kServerOrBundle);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->trust, Path("signer.pub"));
+  EXPECT_EQ(s->names.trust, "KFORGE_TRUST");
+  // A given bundle takes the variable's key too; a given key wins.
+  ClientSettings given;
+  given.bundle = dir;
+  s = FromEnv(given, ClientSource::kServerOrBundle);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->trust, Path("signer.pub"));
+  given.trust = Path("other.pub");
+  s = FromEnv(given, ClientSource::kServerOrBundle);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->trust, Path("other.pub"));
+  EXPECT_EQ(s->names.trust, "trust");
+  // A server does not read it (it is also `kforge serve --trust`'s
+  // variable), and a key given for a server is an error that names it.
+  env_ = {{"KFORGE_TRUST", Path("signer.pub")}};
+  s = FromEnv(ClientSource::kServerOrBundle);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->trust, "");
+  ClientSettings server;
+  server.server = "host:1";
+  server.trust = Path("signer.pub");
+  s = FromEnv(server, ClientSource::kServer);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.status().message(), "trust: a trust key checks a bundle's signature"))
+      << s.status();
+}
+
 TEST_F(ClientSettingsTest, ABundleOrALocalCopyThatIsNotADirectoryIsNamed) {
   env_ = {{"KFORGE_BUNDLE", Path("missing")}};
   absl::StatusOr<ClientSettings> s = FromEnv(ClientSource::kServerOrBundle);

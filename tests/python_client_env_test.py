@@ -30,8 +30,9 @@ from kforge import ops  # noqa: E402
 from kforge.testing import start_server, stop_server  # noqa: E402
 
 ARCH = "sm_90a"
-VARIABLES = ("KFORGE_SERVER", "KFORGE_BUNDLE", "KFORGE_LOCAL_COPY_DIR", "KFORGE_TLS_CA",
-             "KFORGE_TLS_CERT", "KFORGE_TLS_KEY", "KFORGE_TOKEN", "KFORGE_TOKEN_FILE")
+VARIABLES = ("KFORGE_SERVER", "KFORGE_BUNDLE", "KFORGE_TRUST", "KFORGE_LOCAL_COPY_DIR",
+             "KFORGE_TLS_CA", "KFORGE_TLS_CERT", "KFORGE_TLS_KEY", "KFORGE_TOKEN",
+             "KFORGE_TOKEN_FILE")
 
 
 def openssl(*args):
@@ -158,6 +159,43 @@ class EnvironmentTest(unittest.TestCase):
             source = kforge.default_source()
             self.assertIsInstance(source, kforge.Bundle)
             self.assertEqual(self.fetch(source), manifest)
+
+    def test_a_signed_bundle_from_the_environment(self):
+        p = self.p
+        for name in ("signer", "other"):
+            subprocess.run([KFORGE, "keygen", "--out", p(name)], check=True, capture_output=True)
+        with open(p("one.json"), "w") as f:
+            f.write('{"models": [{"preset": "glm-5", "tp": [8]}], "archs": ["%s"]}' % ARCH)
+        subprocess.run([KFORGE, "prebuild", p("one.json"), "--out", p("signed"), "-j", "1",
+                        "--sign", p("signer.key")], check=True, capture_output=True)
+        with environment(KFORGE_BUNDLE=p("signed"), KFORGE_TRUST=p("signer.pub")):
+            ops._default_source = None
+            source = kforge.default_source()
+            self.assertIsInstance(source, kforge.Bundle)
+            self.fetch(source)
+        # Signed by another key, or not signed at all: refused, naming the
+        # variables.
+        with environment(KFORGE_BUNDLE=p("signed"), KFORGE_TRUST=p("other.pub")):
+            ops._default_source = None
+            with self.assertRaises(kforge.KforgeError) as cm:
+                kforge.default_source()
+            self.assertIn("is not a signature", str(cm.exception))
+        os.makedirs(p("unsigned"), exist_ok=True)
+        subprocess.run([KFORGE, "prebuild", p("one.json"), "--out", p("unsigned"), "-j", "1"],
+                       check=True, capture_output=True)
+        with environment(KFORGE_BUNDLE=p("unsigned"), KFORGE_TRUST=p("signer.pub")):
+            ops._default_source = None
+            with self.assertRaises(kforge.KforgeError) as cm:
+                kforge.default_source()
+            self.assertIn("is not signed", str(cm.exception))
+        # A trust key checks bundles: given for a server, it is an error;
+        # KFORGE_TRUST (also `kforge serve --trust`) is not read for one.
+        with environment(KFORGE_TRUST=p("signer.pub")):
+            self.assertEqual(_capi.client_settings({"address": "h:1"})["trust"], "")
+            with self.assertRaises(kforge.KforgeInvalidArgument) as cm:
+                _capi.client_settings({"address": "h:1", "trust": p("signer.pub")})
+            self.assertIn("trust: a trust key checks a bundle's signature", str(cm.exception))
+        ops._default_source = None
 
     def test_arguments_win_over_the_environment(self):
         p = self.p
@@ -288,7 +326,8 @@ class EnvironmentTest(unittest.TestCase):
             cert = f.read()
         with open(p("client.key")) as f:
             key = f.read()
-        self.assertEqual(s, {"server": self.address, "bundle": "", "local_copy_dir": p("later"),
+        self.assertEqual(s, {"server": self.address, "bundle": "", "trust": "",
+                             "local_copy_dir": p("later"),
                              "tls": True, "root_certificates": ca, "certificate_chain": cert,
                              "private_key": key, "token": self.token})
         with environment(KFORGE_BUNDLE=self.tmp, KFORGE_TOKEN=self.token):

@@ -78,7 +78,7 @@ def configure(address=None, bundle=None, **client_options):
 
 def default_source():
     """The configured source, else the one the environment names: a bundle
-    (KFORGE_BUNDLE) or a server (KFORGE_SERVER, else 127.0.0.1:50051) with
+    (KFORGE_BUNDLE, signed by KFORGE_TRUST's key when that is set) or a server (KFORGE_SERVER, else 127.0.0.1:50051) with
     KFORGE_TLS_CA, KFORGE_TLS_CERT + KFORGE_TLS_KEY, KFORGE_TOKEN or
     KFORGE_TOKEN_FILE and KFORGE_LOCAL_COPY_DIR. The rule and its errors
     (naming the variable) are the C++ client's (runtime/client_settings.h,
@@ -89,7 +89,7 @@ def default_source():
             return _default_source
     settings = _capi.client_settings({}, allow_bundle=True)
     if settings["bundle"]:
-        source = Bundle(settings["bundle"])
+        source = Bundle(settings["bundle"], trust=settings["trust"] or None)
     else:
         from kforge.client import Client
         source = Client()  # the same environment, read by the same rule

@@ -5,7 +5,8 @@ Prints one line per check; any failure raises.
 
 Environment (set by scripts/test_wheel.sh): KFORGE_SERVER, KFORGE_TLS_CA,
 KFORGE_TOKEN_FILE (the client's own variables) and WHEEL_CHECK_BUNDLE,
-WHEEL_CHECK_TRUST, WHEEL_CHECK_ARCH (this check's)."""
+WHEEL_CHECK_TRUST (what it sets as KFORGE_BUNDLE and KFORGE_TRUST for the
+bundle part), WHEEL_CHECK_ARCH."""
 
 import os
 import subprocess
@@ -64,9 +65,17 @@ finally:
     os.environ["KFORGE_TOKEN_FILE"] = token_file
 print("server without the token: UNAUTHENTICATED")
 
-# A signed bundle, checked against its signer's public key.
-bundle = kforge.Bundle(os.environ["WHEEL_CHECK_BUNDLE"], trust=os.environ["WHEEL_CHECK_TRUST"])
+# A signed bundle, checked against its signer's public key, also from the
+# environment alone (KFORGE_BUNDLE + KFORGE_TRUST, as an engine with no
+# server runs).
+for name in ("KFORGE_SERVER", "KFORGE_TLS_CA", "KFORGE_TOKEN_FILE"):
+    os.environ.pop(name)
+os.environ["KFORGE_BUNDLE"] = os.environ["WHEEL_CHECK_BUNDLE"]
+os.environ["KFORGE_TRUST"] = os.environ["WHEEL_CHECK_TRUST"]
+kforge.ops._default_source = None
+bundle = kforge.default_source()
+assert isinstance(bundle, kforge.Bundle), bundle
 manifest = bundle.get_manifest(preset="glm-5", tp=8, arch=arch)
 assert len(bundle.get_kernel(manifest.variants[0], arch).cubin) > 1000
-print(f"signed bundle: verified, {len(manifest.variants)} variant(s)")
+print(f"signed bundle (KFORGE_BUNDLE, KFORGE_TRUST): verified, {len(manifest.variants)} variant(s)")
 print("check_installed: passed")

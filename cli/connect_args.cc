@@ -2,11 +2,23 @@
 
 #include <cstdlib>
 
+#include "grpc/support/log.h"
+
 namespace kforge::cli {
 namespace {
 
 // Same bound as the server's: cubins are megabytes, gRPC's default is 4 MB.
 constexpr int kMaxMessageBytes = 256 << 20;
+
+// gRPC's own log lines ("E1206 13:20:00.1 ssl_transport_security.cc:1420]
+// Handshake failed ...") are dropped: the command says what failed in its
+// own words. GRPC_VERBOSITY or GRPC_TRACE set asks for them back.
+void DropGrpcLog(gpr_log_func_args*) {}
+
+void QuietGrpcLog() {
+  if (std::getenv("GRPC_VERBOSITY") != nullptr || std::getenv("GRPC_TRACE") != nullptr) return;
+  gpr_set_log_function(DropGrpcLog);
+}
 
 }  // namespace
 
@@ -41,6 +53,7 @@ ChannelSecurityOptions ClientSecurityFromArgs(const ParsedArgs& args) {
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectFromArgs(const std::string& address,
                                                                const ParsedArgs& args) {
+  QuietGrpcLog();
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(ClientSecurityFromArgs(args));
   if (!credentials.ok()) return credentials.status();

@@ -6,11 +6,16 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <memory>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/io.h"
 
@@ -82,6 +87,57 @@ absl::Status CheckKeyMatchesCertificate(const std::string& cert_chain_pem,
     return absl::InvalidArgumentError("the private key is not the certificate's key");
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckSecretFileMode(const std::string& path, const std::string& what) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+  }
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s %s is open to %s (mode %04o): a secret must be readable by its owner only; run "
+      "`chmod 600 %s`",
+      what, path, (st.st_mode & S_IRWXO) != 0 ? "every user" : "its group", st.st_mode & 07777,
+      path));
+}
+
+absl::StatusOr<CertificateValidity> CheckCertificateValidNow(const std::string& cert_chain_pem) {
+  struct ClearErrors {
+    ~ClearErrors() { ERR_clear_error(); }
+  } clear_errors;
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(cert_chain_pem.data(), static_cast<int>(cert_chain_pem.size())), BIO_free);
+  if (bio == nullptr) return absl::InternalError("BIO_new_mem_buf");
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), X509_free);
+  if (cert == nullptr) return absl::InvalidArgumentError("the certificate does not parse");
+  auto print = [](const ASN1_TIME* t) {
+    std::unique_ptr<BIO, decltype(&BIO_free)> out(BIO_new(BIO_s_mem()), BIO_free);
+    if (out == nullptr || ASN1_TIME_print(out.get(), t) != 1) return std::string("?");
+    char* data = nullptr;
+    const long n = BIO_get_mem_data(out.get(), &data);
+    return std::string(data, static_cast<size_t>(n));
+  };
+  CertificateValidity validity{print(X509_get0_notBefore(cert.get())),
+                               print(X509_get0_notAfter(cert.get()))};
+  // X509_cmp_current_time: -1 when the time is before now, 1 after, 0 on
+  // a malformed time.
+  const int before = X509_cmp_current_time(X509_get0_notBefore(cert.get()));
+  const int after = X509_cmp_current_time(X509_get0_notAfter(cert.get()));
+  if (before == 0 || after == 0) {
+    return absl::InvalidArgumentError("the certificate's validity dates do not parse");
+  }
+  if (after < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the certificate expired on ", validity.not_after, " (notAfter); renew it"));
+  }
+  if (before > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the certificate is not valid before ", validity.not_before,
+        " (notBefore): check the clock of this host and of the machine that issued it"));
+  }
+  return validity;
 }
 
 absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path,

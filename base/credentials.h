@@ -35,6 +35,29 @@ absl::StatusOr<std::vector<std::string>> ParseTokens(const std::string& text,
 absl::Status CheckKeyMatchesCertificate(const std::string& cert_chain_pem,
                                         const std::string& key_pem);
 
+// What may read a secret file (a private key, a token list) besides its
+// owner: a group- or world-readable one is refused by default; kWarn is
+// for deployments that share it on purpose (a container secret mounted
+// 0644, a key readable by a service group).
+enum class SecretFileMode { kRefuse, kWarn };
+
+// OK when the file at `path` (a link is followed) gives its group and
+// others no access; otherwise FailedPrecondition naming `what`, the path
+// and its mode, with the chmod that fixes it. `path` must exist.
+absl::Status CheckSecretFileMode(const std::string& path, const std::string& what);
+
+// When the first certificate of `cert_chain_pem` is valid, as OpenSSL
+// prints the times ("Dec  5 13:21:40 2026 GMT").
+struct CertificateValidity {
+  std::string not_before;
+  std::string not_after;
+};
+
+// The validity of the first certificate in `cert_chain_pem` if it is valid
+// now; FailedPrecondition saying it expired (and when) or is not valid yet
+// (and from when); InvalidArgument when it does not parse.
+absl::StatusOr<CertificateValidity> CheckCertificateValidNow(const std::string& cert_chain_pem);
+
 // ReadCredentialFile + ParseTokens.
 absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path,
                                                        const std::string& what);

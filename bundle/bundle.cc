@@ -49,7 +49,7 @@ constexpr char kTypeUrlPrefix[] = "type.googleapis.com";
 
 // The size cap of a bundle file by its kind (model/format.h).
 uint64_t MaxBundleFileBytes(std::string_view relative) {
-  if (relative == kBundleMarkerFile) return kMaxMarkerFileBytes;
+  if (relative == kBundleMarkerFile || relative == kBundleReleaseFile) return kMaxMarkerFileBytes;
   if (relative == kBundleChecksumsFile) return kMaxChecksumsFileBytes;
   if (absl::StartsWith(AsAbsl(relative), kManifestsPrefix)) return kMaxManifestFileBytes;
   return kMaxArtifactFileBytes;
@@ -64,9 +64,10 @@ std::string MarkerText() {
                       "\", \"format_version\": ", kBundleFormatVersion, "}\n");
 }
 
-// OK for a marker of this format and version; NotFound (naming the path)
-// when there is none; FailedPrecondition for anything else.
-absl::Status CheckMarker(const std::string& dir) {
+// The format version of a marker of this format that this kforge reads;
+// NotFound (naming the path) when there is none; FailedPrecondition for
+// anything else.
+absl::StatusOr<int> ReadMarkerVersion(const std::string& dir) {
   const std::string path = JoinPath(dir, kBundleMarkerFile);
   absl::StatusOr<std::string> text = ReadFile(path, kMaxMarkerFileBytes);
   if (!text.ok()) return text.status();
@@ -87,16 +88,37 @@ absl::Status CheckMarker(const std::string& dir) {
   }
   auto version = fields.find("format_version");
   const double got_version = version == fields.end() ? 0 : version->second.number_value();
-  if (got_version != kBundleFormatVersion) {
+  if (got_version < kOldestReadableBundleFormatVersion || got_version > kBundleFormatVersion ||
+      got_version != static_cast<int>(got_version)) {
     return absl::FailedPreconditionError(
-        absl::StrCat(path, ": bundle format version ", got_version,
-                     ", this kforge reads and writes "
-                     "version ",
-                     kBundleFormatVersion,
+        absl::StrCat(path, ": bundle format version ", got_version, ", this kforge reads versions ",
+                     kOldestReadableBundleFormatVersion, "..", kBundleFormatVersion,
+                     " and writes version ", kBundleFormatVersion,
                      "; rebuild the bundle with this kforge "
                      "(`kforge prebuild`) or use the kforge that wrote it"));
   }
-  return absl::OkStatus();
+  return static_cast<int>(got_version);
+}
+
+absl::Status CheckMarker(const std::string& dir) { return ReadMarkerVersion(dir).status(); }
+
+// release.json: {"sequence": N}, N a whole number 1..2^53 (exact in the
+// JSON number protobuf's Struct reads).
+absl::StatusOr<uint64_t> ParseRelease(const std::string& json) {
+  google::protobuf::Struct release;
+  google::protobuf::util::Status parsed =
+      google::protobuf::util::JsonStringToMessage(json, &release);
+  auto field = release.fields().find("sequence");
+  const double value = !parsed.ok() || field == release.fields().end() ||
+                               field->second.kind_case() != google::protobuf::Value::kNumberValue
+                           ? 0
+                           : field->second.number_value();
+  if (!(value >= 1 && value <= 9007199254740992.0) ||
+      value != static_cast<double>(static_cast<uint64_t>(value))) {
+    return absl::DataLossError(
+        absl::StrCat(kBundleReleaseFile, ": expected {\"sequence\": N} with a whole N >= 1"));
+  }
+  return static_cast<uint64_t>(value);
 }
 
 // Protobuf's default serialization may order map entries differently from
@@ -400,11 +422,17 @@ absl::StatusOr<std::unique_ptr<BundleWriter>> BundleWriter::Open(const std::stri
   }
   WriteLock lock(*writer);
   if (!lock.status().ok()) return lock.status();
-  absl::Status marker = CheckMarker(dir);
-  if (absl::IsNotFound(marker)) {
-    marker = WriteFileAtomic(JoinPath(dir, kBundleMarkerFile), MarkerText());
+  absl::StatusOr<int> version = ReadMarkerVersion(dir);
+  // No marker: a new bundle. Version 2: the same layout without
+  // release.json, which this writer may add.
+  if (absl::IsNotFound(version.status()) ||
+      (version.ok() && *version != static_cast<int>(kBundleFormatVersion))) {
+    if (absl::Status s = WriteFileAtomic(JoinPath(dir, kBundleMarkerFile), MarkerText()); !s.ok()) {
+      return s;
+    }
+  } else if (!version.ok()) {
+    return version.status();
   }
-  if (!marker.ok()) return marker;
   return writer;
 }
 
@@ -443,6 +471,17 @@ absl::Status BundleWriter::AddManifest(const v1::Manifest& manifest) {
   return WriteFileAtomic(JoinPath(dir_, *path), ManifestJson(manifest));
 }
 
+absl::Status BundleWriter::SetSequence(uint64_t sequence) {
+  if (sequence < 1 || sequence > (uint64_t{1} << 53)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bundle sequence: got ", sequence, ", expected 1..2^53"));
+  }
+  WriteLock lock(*this);
+  if (!lock.status().ok()) return lock.status();
+  return WriteFileAtomic(JoinPath(dir_, kBundleReleaseFile),
+                         absl::StrCat("{\"sequence\": ", sequence, "}\n"));
+}
+
 absl::Status BundleWriter::Finish() {
   WriteLock lock(*this);
   if (!lock.status().ok()) return lock.status();
@@ -466,7 +505,9 @@ absl::Status BundleWriter::Finish() {
       fs::remove(path, ec);
       continue;
     }
-    if (!IsKernelPath(relative) && !IsManifestPath(relative)) continue;
+    if (!IsKernelPath(relative) && !IsManifestPath(relative) && relative != kBundleReleaseFile) {
+      continue;
+    }
     absl::StatusOr<std::string> data = ReadFile(path, MaxBundleFileBytes(relative));
     if (!data.ok()) return data.status();
     absl::StrAppend(&text, Sha256Hex(*data), "  ", relative, "\n");
@@ -511,6 +552,41 @@ absl::Status CheckBundleSignature(const std::string& dir, const std::string& che
     return absl::UnauthenticatedError(absl::StrCat(
         "bundle ", dir, ": ", kBundleSignatureFile, " is not a signature of ", kBundleChecksumsFile,
         " by trust key ", trust_key_file, ": ", verified.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<uint64_t>> ReadBundleSequence(const std::string& dir,
+                                                           const std::string& checksums_text) {
+  const ChecksumList checksums = ParseChecksums(checksums_text);
+  absl::StatusOr<std::string> json = ReadListedFile(dir, checksums, kBundleReleaseFile);
+  if (absl::IsNotFound(json.status())) return std::nullopt;
+  if (!json.ok()) return json.status();
+  absl::StatusOr<uint64_t> sequence = ParseRelease(*json);
+  if (!sequence.ok()) {
+    return absl::DataLossError(absl::StrCat("bundle ", dir, ": ", sequence.status().message()));
+  }
+  return std::optional<uint64_t>(*sequence);
+}
+
+absl::Status CheckBundleSequence(const std::string& dir, const std::string& checksums_text,
+                                 uint64_t min_sequence) {
+  if (min_sequence == 0) return absl::OkStatus();
+  absl::StatusOr<std::optional<uint64_t>> sequence = ReadBundleSequence(dir, checksums_text);
+  if (!sequence.ok()) return sequence.status();
+  if (!sequence->has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bundle ", dir, " has no sequence (no ", kBundleReleaseFile,
+        ": built without `kforge prebuild --sequence N`, or by a kforge before bundle format 3) "
+        "and a minimum of ",
+        min_sequence, " is required (--trust-min-sequence): rebuild it with --sequence ",
+        min_sequence, " or higher"));
+  }
+  if (**sequence < min_sequence) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bundle ", dir, " has sequence ", **sequence, ", below the required minimum ", min_sequence,
+        " (--trust-min-sequence): it is an older release than this host accepts (a rollback); "
+        "deploy the current bundle, or lower the minimum on purpose"));
   }
   return absl::OkStatus();
 }
@@ -619,6 +695,9 @@ class Verifier {
     }
     if (IsKernelPath(path)) {
       CheckKernel(path, *data);
+    } else if (path == kBundleReleaseFile) {
+      if (absl::StatusOr<uint64_t> s = ParseRelease(*data); !s.ok())
+        Add(path, s.status().message());
     } else if (!IsManifestPath(path) && listed != checksums_.sha_by_path.end()) {
       Add(path,
           "listed, but neither a kernel (kernels/<key>.kfa) nor a manifest "
@@ -660,7 +739,8 @@ class Verifier {
 
 }  // namespace
 
-std::vector<BundleProblem> VerifyBundle(const std::string& dir, const std::string& trust_key_file) {
+std::vector<BundleProblem> VerifyBundle(const std::string& dir, const std::string& trust_key_file,
+                                        uint64_t min_sequence) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return {{".", absl::StrCat(dir, " is not a directory")}};
@@ -673,8 +753,14 @@ std::vector<BundleProblem> VerifyBundle(const std::string& dir, const std::strin
     if (text.ok()) {
       if (absl::Status s = CheckBundleSignature(dir, *text, trust_key_file); !s.ok()) {
         problems.push_back({kBundleSignatureFile, std::string(s.message())});
+      } else if (absl::Status s = CheckBundleSequence(dir, *text, min_sequence); !s.ok()) {
+        problems.push_back({kBundleReleaseFile, std::string(s.message())});
       }
     }
+  } else if (min_sequence > 0) {
+    problems.push_back({kBundleReleaseFile,
+                        "a minimum sequence needs a trust key: an unsigned sequence proves "
+                        "nothing"});
   }
   return problems;
 }
@@ -686,12 +772,18 @@ struct BundleSource::State {
   std::string dir;
   ChecksumList checksums;
   std::vector<v1::Manifest> manifests;  // read at Open, never changed
+  std::optional<uint64_t> sequence;     // release.json's, read at Open
   absl::Mutex mu;
   std::map<std::string, ArtifactRef> kernels ABSL_GUARDED_BY(mu);  // by key
 };
 
-absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(
-    const std::string& dir, const std::string& trust_key_file) {
+absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(const std::string& dir,
+                                                                 const std::string& trust_key_file,
+                                                                 uint64_t min_sequence) {
+  if (min_sequence > 0 && trust_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a minimum bundle sequence needs a trust key: an unsigned sequence proves nothing");
+  }
   absl::Status marker = CheckMarker(dir);
   if (absl::IsNotFound(marker)) {
     return absl::FailedPreconditionError(
@@ -710,6 +802,7 @@ absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(
   if (!trust_key_file.empty()) {
     if (absl::Status s = CheckBundleSignature(dir, *text, trust_key_file); !s.ok()) return s;
   }
+  if (absl::Status s = CheckBundleSequence(dir, *text, min_sequence); !s.ok()) return s;
   state->checksums = ParseChecksums(*text);
   if (!state->checksums.errors.empty()) {
     return absl::DataLossError(absl::StrCat(JoinPath(dir, kBundleChecksumsFile), ": ",
@@ -740,12 +833,30 @@ absl::StatusOr<std::unique_ptr<BundleSource>> BundleSource::Open(
     }
     state->manifests.push_back(*std::move(manifest));
   }
+  // Without a minimum the sequence is only reported: a damaged
+  // release.json is `kforge verify`'s to report.
+  absl::StatusOr<std::optional<uint64_t>> sequence = ReadBundleSequence(dir, *text);
+  if (sequence.ok()) state->sequence = *sequence;
   std::unique_ptr<BundleSource> source(new BundleSource());
   source->state_ = std::move(state);
   return source;
 }
 
 const std::vector<v1::Manifest>& BundleSource::manifests() const { return state_->manifests; }
+
+std::optional<uint64_t> BundleSource::sequence() const { return state_->sequence; }
+
+std::vector<std::string> BundleSource::UnlistedFiles() const {
+  std::vector<std::string> unlisted;
+  for (const std::string& path : ListFiles(state_->dir)) {
+    if (path == kBundleMarkerFile || path == kBundleChecksumsFile || path == kBundleSignatureFile ||
+        state_->checksums.sha_by_path.count(path) > 0) {
+      continue;
+    }
+    unlisted.push_back(path);
+  }
+  return unlisted;
+}
 
 absl::StatusOr<v1::Manifest> BundleSource::GetManifest(const v1::KernelSelector& kernel,
                                                        std::string_view arch) {

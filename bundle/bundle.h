@@ -4,9 +4,16 @@
 // A bundle is a directory of prebuilt kernels and manifests that an engine
 // can use with no server (`kforge prebuild` writes one, `kforge verify`
 // checks one, `kforge serve --warm-from` loads one, ServiceClient can keep
-// its local copy as one). Layout, format version 1:
+// its local copy as one). Layout, format version 3:
 //
-//   DIR/kforge-bundle.json     {"format": "kforge-bundle", "format_version": 2}
+//   DIR/kforge-bundle.json     {"format": "kforge-bundle", "format_version": 3}
+//   DIR/release.json           optional: {"sequence": N}, the bundle's place
+//                              in its publisher's releases (`kforge prebuild
+//                              --sequence N`); listed in checksums.sha256, so
+//                              a signature covers it. A reader given a
+//                              minimum (`--trust-min-sequence`) refuses a
+//                              bundle with a lower one or none: an older
+//                              bundle signed by the same key (a rollback).
 //   DIR/kernels/<key>.kfa      one binary KernelArtifact (cubin inside) per
 //                              kernel, named by its cache key
 //   DIR/manifests/<name>.json  one Manifest (protobuf JSON) per
@@ -21,6 +28,10 @@
 //                              it covers every listed file through its sum.
 //                              A reader given a trust key (`--trust`)
 //                              refuses a bundle without a valid one.
+//
+// Format version 2 is version 3 without release.json: it is still read
+// (it has no sequence, so a minimum refuses it), and a writer adding to it
+// rewrites its marker as version 3.
 //
 // Every file is written to a temporary name and renamed (WriteFileAtomic),
 // so a killed writer leaves whole files or none; checksums.sha256 is
@@ -45,7 +56,12 @@
 
 namespace kforge {
 
-inline constexpr uint32_t kBundleFormatVersion = kFormatVersion;
+// The bundle layout's own version (the kernels inside carry
+// kFormatVersion): 3 added release.json. Version 1 bundles hold kernels of
+// format 1 and are refused.
+inline constexpr uint32_t kBundleFormatVersion = 3;
+inline constexpr uint32_t kOldestReadableBundleFormatVersion = 2;
+inline constexpr char kBundleReleaseFile[] = "release.json";
 inline constexpr char kBundleMarkerFile[] = "kforge-bundle.json";
 inline constexpr char kBundleChecksumsFile[] = "checksums.sha256";
 inline constexpr char kBundleSignatureFile[] = "checksums.sha256.sig";
@@ -88,8 +104,12 @@ class BundleWriter {
   // variant, an out-of-range first choice, an arch not spelled canonically
   // ("sm_90a", not "90a") or a variant spec that is not normalized.
   absl::Status AddManifest(const v1::Manifest& manifest);
-  // Rewrites checksums.sha256 over every kernel and manifest file now in
-  // the directory. A signature of the old list is removed first: it no
+  // Writes release.json with `sequence` (>= 1); Finish then lists it, so
+  // that a signature covers it. Without a call an existing release.json
+  // stays as it is.
+  absl::Status SetSequence(uint64_t sequence);
+  // Rewrites checksums.sha256 over every kernel and manifest file (and
+  // release.json) now in the directory. A signature of the old list is removed first: it no
   // longer covers the bundle (sign again with Sign).
   absl::Status Finish();
   // Writes checksums.sha256.sig, the Ed25519 signature of checksums.sha256
@@ -122,9 +142,25 @@ struct BundleProblem {
 // CheckArtifactForVariant. Empty = good: BundleSource opens the bundle and
 // serves every manifest and variant in it (fuzz/bundle_fuzzer.cc checks).
 // With `trust_key_file` (an Ed25519 public key, PEM), checksums.sha256 must
-// also carry a valid signature by that key (CheckBundleSignature).
+// also carry a valid signature by that key (CheckBundleSignature); with
+// `min_sequence` > 0 (which needs a trust key), release.json must hold a
+// sequence at least that (CheckBundleSequence).
 std::vector<BundleProblem> VerifyBundle(const std::string& dir,
-                                        const std::string& trust_key_file = "");
+                                        const std::string& trust_key_file = "",
+                                        uint64_t min_sequence = 0);
+
+// The sequence of the bundle in `dir` from its release.json, checked
+// against `checksums_text` (the list the caller read and checked the
+// signature of); nullopt when the bundle has none. DataLoss when the file
+// is unlisted, damaged or not {"sequence": N}.
+absl::StatusOr<std::optional<uint64_t>> ReadBundleSequence(const std::string& dir,
+                                                           const std::string& checksums_text);
+
+// The one rollback rule of every reader: OK when the bundle's sequence is
+// at least `min_sequence`; FailedPrecondition saying which it has (or that
+// it has none) and why it is refused otherwise. `min_sequence` 0: OK.
+absl::Status CheckBundleSequence(const std::string& dir, const std::string& checksums_text,
+                                 uint64_t min_sequence);
 
 // The one signature rule of every reader: OK when DIR/checksums.sha256.sig
 // is the signature of `checksums_text` (the list as the caller read it, so
@@ -141,11 +177,14 @@ absl::Status CheckBundleSignature(const std::string& dir, const std::string& che
 // for one AddManifest would refuse); kernels are
 // read on demand and checked against the checksum list and the variant.
 // With `trust_key_file`, Open refuses a bundle that is not signed by that
-// key (CheckBundleSignature), before reading anything the list names.
+// key (CheckBundleSignature), before reading anything the list names; with
+// `min_sequence` > 0 too (it needs a trust key), one whose sequence is
+// lower or missing (CheckBundleSequence).
 class BundleSource : public KernelSource {
  public:
   static absl::StatusOr<std::unique_ptr<BundleSource>> Open(const std::string& dir,
-                                                            const std::string& trust_key_file = "");
+                                                            const std::string& trust_key_file = "",
+                                                            uint64_t min_sequence = 0);
 
   // NotFound lists what the bundle holds when (spec, arch) is not there.
   absl::StatusOr<v1::Manifest> GetManifest(const v1::KernelSelector& kernel,
@@ -154,6 +193,15 @@ class BundleSource : public KernelSource {
                                         std::string_view arch) override;
 
   const std::vector<v1::Manifest>& manifests() const;
+  // release.json's sequence; nullopt when the bundle has none.
+  std::optional<uint64_t> sequence() const;
+  // Files and links in the directory that the checksum list does not name
+  // (besides the marker, the list and its signature), as relative paths:
+  // what `kforge verify` reports as "present but not listed". Found by
+  // listing the directory; nothing is read. A server warming from the
+  // bundle refuses one (engines sharing a local copy may see a writer's
+  // new kernel before its list).
+  std::vector<std::string> UnlistedFiles() const;
 
  private:
   BundleSource() = default;

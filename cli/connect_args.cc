@@ -1,6 +1,9 @@
 #include "cli/connect_args.h"
 
+#include <cstdlib>
 #include <utility>
+
+#include "grpc/support/log.h"
 
 namespace kforge::cli {
 namespace {
@@ -25,6 +28,16 @@ ClientSettings GivenSettings(const ParsedArgs& args) {
   security.names.tls_key_file = "--tls-key";
   security.names.token_file = "--token-file";
   return given;
+}
+
+// gRPC's own log lines ("E1206 13:20:00.1 ssl_transport_security.cc:1420]
+// Handshake failed ...") are dropped: the command says what failed in its
+// own words. GRPC_VERBOSITY or GRPC_TRACE set asks for them back.
+void DropGrpcLog(gpr_log_func_args*) {}
+
+void QuietGrpcLog() {
+  if (std::getenv("GRPC_VERBOSITY") != nullptr || std::getenv("GRPC_TRACE") != nullptr) return;
+  gpr_set_log_function(DropGrpcLog);
 }
 
 }  // namespace
@@ -61,6 +74,7 @@ ChannelSecurityOptions ClientSecurityFromArgs(const ParsedArgs& args) {
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectFromArgs(const std::string& address,
                                                                const ParsedArgs& args) {
+  QuietGrpcLog();
   absl::StatusOr<ClientSettings> settings = ClientSettingsFromArgs(args);
   if (!settings.ok()) return settings.status();
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =

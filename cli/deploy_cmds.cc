@@ -260,6 +260,9 @@ const std::vector<FlagSpec>& PrebuildFlags() {
        {"sign", "KEYFILE",
         "sign checksums.sha256 with this Ed25519 private key (PEM; kforge keygen) into "
         "checksums.sha256.sig"},
+       {"sequence", "N",
+        "write release.json with this sequence (1, 2, ...: raise it with each release), covered "
+        "by the signature; servers with --trust-min-sequence refuse lower ones (rollbacks)"},
        {"help", "", "show this help", "", 'h'}});
   return kFlags;
 }
@@ -335,6 +338,11 @@ int Prebuild(const std::vector<std::string>& argv) {
     }
     options.sign_key_pem = *std::move(key);
   }
+  if (args->Has("sequence")) {
+    absl::StatusOr<long long> sequence = IntFlagInRange(*args, "sequence", 1, int64_t{1} << 53);
+    if (!sequence.ok()) return UsageError(sequence.status());
+    options.sequence = static_cast<uint64_t>(*sequence);
+  }
   absl::StatusOr<std::vector<MatrixJob>> matrix_jobs = MatrixJobsFromArgs(*args);
   if (!matrix_jobs.ok()) return UsageError(matrix_jobs.status());
 
@@ -403,11 +411,13 @@ int Verify(const std::vector<std::string>& argv) {
   const std::vector<FlagSpec> flags = {
       {"trust", "PUBKEY",
        "also require checksums.sha256.sig, a valid signature by this Ed25519 public key (PEM)"},
+      {"trust-min-sequence", "N",
+       "with --trust: also require a signed sequence (release.json) of at least N", "0"},
       {"help", "", "show this help", "", 'h'}};
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return UsageError(args.status());
   if (args->Has("help")) {
-    std::cout << "usage: kforge verify [--trust PUBKEY] DIR\n\n"
+    std::cout << "usage: kforge verify [--trust PUBKEY [--trust-min-sequence N]] DIR\n\n"
                  "Checks a bundle written by `kforge prebuild`: format version, "
                  "every checksum,\nfiles missing or not listed, every kernel "
                  "against its name and its manifests.\nPrints each problem as "
@@ -434,16 +444,42 @@ int Verify(const std::vector<std::string>& argv) {
     absl::StatusOr<std::string> key = ReadCredentialFile(args->Get("trust"), "--trust");
     if (!key.ok()) return UsageError(key.status());
   }
-  const std::vector<BundleProblem> problems = VerifyBundle(dir, args->Get("trust"));
+  absl::StatusOr<long long> min_sequence =
+      IntFlagInRange(*args, "trust-min-sequence", 0, int64_t{1} << 53);
+  if (!min_sequence.ok()) return UsageError(min_sequence.status());
+  if (*min_sequence > 0 && !args->Has("trust")) {
+    return UsageError(absl::InvalidArgumentError(
+        "--trust-min-sequence needs --trust: an unsigned sequence proves nothing"));
+  }
+  const std::vector<BundleProblem> problems =
+      VerifyBundle(dir, args->Get("trust"), static_cast<uint64_t>(*min_sequence));
   for (const BundleProblem& p : problems) std::cout << p.path << ": " << p.message << "\n";
   if (!problems.empty()) {
     std::cout << "verify: " << dir << ": " << problems.size()
               << (problems.size() == 1 ? " problem" : " problems") << "\n";
     return kExitFailures;
   }
+  // What OK covers: a signature that is present but was not checked is
+  // said, so that "OK" is never read as "signed and checked".
+  std::string signature = "unsigned";
+  if (args->Has("trust")) {
+    signature = "signed by the trusted key";
+  } else if (std::filesystem::exists(std::filesystem::path(dir) / kBundleSignatureFile, ec)) {
+    signature = absl::StrCat("signature present but NOT checked (give --trust PUBKEY to check ",
+                             kBundleSignatureFile, ")");
+  }
+  std::string sequence = "no sequence";
+  if (absl::StatusOr<std::string> text = ReadFile(
+          (std::filesystem::path(dir) / kBundleChecksumsFile).string(), kMaxChecksumsFileBytes);
+      text.ok()) {
+    if (absl::StatusOr<std::optional<uint64_t>> seq = ReadBundleSequence(dir, *text);
+        seq.ok() && seq->has_value()) {
+      sequence = absl::StrCat("sequence ", **seq);
+    }
+  }
   std::cout << "verify: " << dir << ": OK, " << CountFiles(dir, "kernels", ".kfa") << " kernels, "
-            << CountFiles(dir, "manifests", ".json") << " manifests"
-            << (args->Has("trust") ? ", signed by the trusted key" : "") << "\n";
+            << CountFiles(dir, "manifests", ".json") << " manifests, " << sequence << ", "
+            << signature << "\n";
   return kExitOk;
 }
 

@@ -112,10 +112,15 @@ absl::Status IntFlag(const ParsedArgs& args, const std::string& name, long long 
 // is told apart from an error the server answered with.
 int FailCall(const grpc::Status& status, grpc::Channel& channel, const std::string& address,
              const ParsedArgs& args) {
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-      channel.GetState(false) != GRPC_CHANNEL_READY) {
-    std::cerr << "kforge: cannot reach kforge server at " << address << ": "
-              << ExplainTransportError(status, ClientSecurityFromArgs(args).UsesTls()) << "\n";
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    const ChannelSecurityOptions security = ClientSecurityFromArgs(args);
+    const std::string explained =
+        ExplainTransportError(status, security.UsesTls(), !security.tls_cert_file.empty());
+    if (channel.GetState(false) != GRPC_CHANNEL_READY) {
+      std::cerr << "kforge: cannot reach kforge server at " << address << ": " << explained << "\n";
+    } else {
+      std::cerr << "kforge: UNAVAILABLE: " << explained << "\n";
+    }
     return 1;
   }
   std::cerr << "kforge: "
@@ -124,9 +129,9 @@ int FailCall(const grpc::Status& status, grpc::Channel& channel, const std::stri
   return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? 2 : 1;
 }
 
-}  // namespace
-
-int Serve(const std::vector<std::string>& argv) {
+// The flags of `kforge serve` (KFORGE_<FLAG> too), which `kforge doctor`
+// takes as well, so that one unit's settings can be checked as they are.
+std::vector<FlagSpec> ServeFlags() {
   const ServerOptions defaults;
   const unsigned cores = std::thread::hardware_concurrency();
   std::vector<FlagSpec> flags = {
@@ -162,6 +167,10 @@ int Serve(const std::vector<std::string>& argv) {
       {"trust", "PUBKEY",
        "with --warm-from: refuse a bundle not signed by this Ed25519 public key (PEM; "
        "kforge keygen)"},
+      {"trust-min-sequence", "N",
+       "with --trust: refuse a bundle whose signed sequence (kforge prebuild --sequence) is "
+       "below N or missing: an older bundle signed by the same key (a rollback)",
+       "0"},
       {"tls-cert", "FILE", "serve TLS with this certificate chain (PEM)"},
       {"tls-key", "FILE", "the certificate's private key (PEM)"},
       {"tls-client-ca", "FILE", "mTLS: clients must present a certificate signed by this CA (PEM)"},
@@ -170,7 +179,13 @@ int Serve(const std::vector<std::string>& argv) {
        "Health checks stay open"},
       {"admin-token-file", "FILE",
        "Warm needs a token listed in FILE (admin tokens are accepted everywhere; reread on "
-       "SIGHUP; needs TLS)"},
+       "SIGHUP; needs TLS). With it alone, the read calls need an admin token too"},
+      {"open-reads", "",
+       "with token files: GetKernel, GetManifest, Stats and reflection answer without a token "
+       "(only Warm stays closed)"},
+      {"allow-readable-secrets", "",
+       "a --tls-key or token file that its group or others can read is a warning instead of "
+       "a refusal"},
       {"metrics-listen", "HOST:PORT",
        "serve Prometheus metrics on GET /metrics at this address (port 0: any free one)"},
       {"log-format", "FORMAT",
@@ -191,7 +206,13 @@ int Serve(const std::vector<std::string>& argv) {
        "dead holder delays the others",
        absl::FormatDuration(defaults.store.redis.lock_ttl)},
       {"help", "", "show this help", "", 'h'}};
-  flags = WithEnvironment(std::move(flags));
+  return WithEnvironment(std::move(flags));
+}
+
+}  // namespace
+
+int Serve(const std::vector<std::string>& argv) {
+  std::vector<FlagSpec> flags = ServeFlags();
   for (FlagSpec& hidden : WorkerFaultFlags()) flags.push_back(std::move(hidden));
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
@@ -210,11 +231,22 @@ int Serve(const std::vector<std::string>& argv) {
   if (!options.trust_key_file.empty() && options.warm_from.empty()) {
     return Fail(absl::InvalidArgumentError("--trust checks the bundle of --warm-from; give both"));
   }
+  absl::StatusOr<long long> min_sequence =
+      IntFlagInRange(*args, "trust-min-sequence", 0, int64_t{1} << 53);
+  if (!min_sequence.ok()) return Fail(min_sequence.status());
+  if (*min_sequence > 0 && options.trust_key_file.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--trust-min-sequence needs --trust: an unsigned sequence proves nothing"));
+  }
+  options.trust_min_sequence = static_cast<uint64_t>(*min_sequence);
   options.security.tls_cert_file = args->Get("tls-cert");
   options.security.tls_key_file = args->Get("tls-key");
   options.security.tls_client_ca_file = args->Get("tls-client-ca");
   options.security.auth_token_file = args->Get("auth-token-file");
   options.security.admin_token_file = args->Get("admin-token-file");
+  options.security.open_reads = args->Has("open-reads");
+  options.security.secret_file_mode =
+      args->Has("allow-readable-secrets") ? SecretFileMode::kWarn : SecretFileMode::kRefuse;
   options.metrics_listen = args->Get("metrics-listen");
   const absl::StatusOr<LogFormat> log_format = ParseLogFormat(args->Get("log-format"));
   if (!log_format.ok()) return Fail(log_format.status());
@@ -336,31 +368,19 @@ int Get(const std::vector<std::string>& argv) {
 }
 
 int Doctor(const std::vector<std::string>& argv) {
-  const ServerOptions defaults;
   const unsigned cores = std::thread::hardware_concurrency();
-  // The serve flags that decide what is checked, read as serve reads them
-  // (KFORGE_<FLAG> too), so `kforge doctor` in a unit's environment checks
-  // that unit's settings.
-  const std::vector<FlagSpec> flags = WithEnvironment(
-      {{"listen", "ADDR", "address the server would serve on", defaults.listen},
-       {"cache-dir", "DIR", "kernel cache directory", DefaultCacheDir()},
-       {"workers", "N", "compile worker processes", absl::StrCat(cores == 0 ? 1 : cores)},
-       {"tls-cert", "FILE", "TLS certificate chain (PEM)"},
-       {"tls-key", "FILE", "the certificate's private key (PEM)"},
-       {"redis", "HOST:PORT", "the fleet's Redis"},
-       {"redis-password-file", "FILE", "Redis AUTH password"},
-       {"redis-timeout", "DURATION", "Redis call timeout",
-        absl::FormatDuration(defaults.store.redis.timeout)},
-       {"redis-lock-ttl", "DURATION", "fleet lock expiry",
-        absl::FormatDuration(defaults.store.redis.lock_ttl)},
-       {"help", "", "show this help", "", 'h'}});
+  // Every serve flag, read as serve reads it (KFORGE_<FLAG> too), so
+  // `kforge doctor` with a unit's flags or environment checks that unit's
+  // settings; those about no file or service here are accepted and unused.
+  const std::vector<FlagSpec> flags = ServeFlags();
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help") || !args->positional.empty()) {
     std::cout << "usage: kforge doctor [serve flags]\n\n"
-                 "Checks the cache directory, Redis, the TLS files and the workers `kforge "
-                 "serve` would use, and shows the GPU and driver if there is one. Exit 1 when "
-                 "something the server needs is wrong.\n\n"
+                 "Checks the cache directory, Redis, the TLS files (readable, in date, the key "
+                 "matching the certificate and private to its owner), the token files, who may "
+                 "call what, and the workers `kforge serve` would use, and shows the GPU and "
+                 "driver if there is one. Exit 1 when something the server needs is wrong.\n\n"
               << FlagsHelp(flags);
     return args->Has("help") ? 0 : 2;
   }
@@ -393,23 +413,74 @@ int Doctor(const std::vector<std::string>& argv) {
   }
 
   const std::string listen = args->Get("listen");
+  const bool allow_readable = args->Has("allow-readable-secrets");
+  // A secret file's mode, as serve would judge it.
+  auto check_secret = [&](const std::string& what, const std::string& flag) {
+    const absl::Status mode = CheckSecretFileMode(args->Get(flag), absl::StrCat("--", flag));
+    if (mode.ok()) return;
+    if (allow_readable && absl::IsFailedPrecondition(mode)) {
+      std::cout << what << ": warning: " << mode.message() << "\n";
+    } else {
+      problem(absl::StrCat(what, ": ", mode.message()));
+    }
+  };
   if (args->Get("tls-cert").empty() && args->Get("tls-key").empty()) {
     std::cout << "tls: off, plain text on " << listen
               << (IsLoopbackAddress(listen) ? " (loopback only)"
                                             : " (other hosts can reach it: use --tls-cert)")
               << "\n";
   } else {
-    bool read = true;
-    for (const char* flag : {"tls-cert", "tls-key"}) {
-      absl::StatusOr<std::string> pem =
-          ReadCredentialFile(args->Get(flag), absl::StrCat("--", flag));
-      if (!pem.ok()) {
-        problem(absl::StrCat("tls: ", pem.status().message()));
-        read = false;
+    absl::StatusOr<std::string> cert = ReadCredentialFile(args->Get("tls-cert"), "--tls-cert");
+    absl::StatusOr<std::string> key = ReadCredentialFile(args->Get("tls-key"), "--tls-key");
+    for (const absl::Status& s : {cert.status(), key.status()}) {
+      if (!s.ok()) problem(absl::StrCat("tls: ", s.message()));
+    }
+    absl::StatusOr<CertificateValidity> valid =
+        cert.ok() ? CheckCertificateValidNow(*cert) : cert.status();
+    if (cert.ok() && !valid.ok()) {
+      problem(absl::StrCat("tls: --tls-cert ", args->Get("tls-cert"), ": ",
+                           valid.status().message(), " (kforge serve refuses it)"));
+    }
+    if (key.ok()) check_secret("tls", "tls-key");
+    if (cert.ok() && key.ok()) {
+      if (absl::Status match = CheckKeyMatchesCertificate(*cert, *key); !match.ok()) {
+        problem(absl::StrCat("tls: --tls-cert ", args->Get("tls-cert"), ", --tls-key ",
+                             args->Get("tls-key"), ": ", match.message()));
+      } else if (valid.ok()) {
+        std::cout << "tls: on (" << args->Get("tls-cert") << ", valid until " << valid->not_after
+                  << ")\n";
       }
     }
-    if (read) std::cout << "tls: on (" << args->Get("tls-cert") << ")\n";
+    if (const std::string ca = args->Get("tls-client-ca"); !ca.empty()) {
+      absl::StatusOr<std::string> read = ReadCredentialFile(ca, "--tls-client-ca");
+      if (!read.ok()) {
+        problem(absl::StrCat("tls: ", read.status().message()));
+      } else {
+        std::cout << "mtls: clients need a certificate from " << ca << "\n";
+      }
+    }
   }
+  ServerSecurityOptions security;
+  security.tls_cert_file = args->Get("tls-cert");
+  security.auth_token_file = args->Get("auth-token-file");
+  security.admin_token_file = args->Get("admin-token-file");
+  security.open_reads = args->Has("open-reads");
+  for (const char* flag : {"auth-token-file", "admin-token-file"}) {
+    const std::string file = args->Get(flag);
+    if (file.empty()) continue;
+    absl::StatusOr<std::vector<std::string>> tokens = ReadTokenFile(file, absl::StrCat("--", flag));
+    if (!tokens.ok()) {
+      problem(absl::StrCat("tokens: ", tokens.status().message()));
+      continue;
+    }
+    std::cout << "tokens: " << file << ": " << tokens->size() << " token"
+              << (tokens->size() == 1 ? "" : "s") << "\n";
+    check_secret("tokens", flag);
+  }
+  if (security.tokens() && !security.tls()) {
+    problem("tokens: --auth-token-file and --admin-token-file need --tls-cert and --tls-key");
+  }
+  for (const std::string& line : AccessLines(security)) std::cout << "access: " << line << "\n";
 
   RedisCacheOptions redis;
   if (absl::Status s = RedisFromArgs(*args, &redis); !s.ok()) {

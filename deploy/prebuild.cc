@@ -255,6 +255,9 @@ absl::StatusOr<PrebuildReport> PrebuildBundle(const std::vector<MatrixJob>& jobs
     if (absl::Status s = WriteManifests(planned, present, **writer, report); !s.ok()) {
       return s;
     }
+    if (options.sequence > 0) {
+      if (absl::Status s = (*writer)->SetSequence(options.sequence); !s.ok()) return s;
+    }
     if (absl::Status s = (*writer)->Finish(); !s.ok()) return s;
     if (!options.sign_key_pem.empty()) {
       if (absl::Status s = (*writer)->Sign(options.sign_key_pem); !s.ok()) return s;

@@ -24,6 +24,9 @@ struct PrebuildOptions {
   // An Ed25519 private key (PEM); when set, checksums.sha256 is signed each
   // time it is written (BundleWriter::Sign). "" = unsigned.
   std::string sign_key_pem;
+  // When > 0, written to release.json (BundleWriter::SetSequence) before
+  // the checksums, so a signature covers it; 0 leaves release.json as it is.
+  uint64_t sequence = 0;
 };
 
 // What the bundle needs, known once the matrix is planned (no compile yet).

@@ -6,7 +6,8 @@
 namespace kforge {
 
 // Version of everything kforge stores or sends about a kernel: the artifact
-// layout, the manifest, the bundle layout and the cache-key recipe. Bumped
+// layout, the manifest and the cache-key recipe (the bundle directory's
+// layout has its own, kBundleFormatVersion in bundle/bundle.h). Bumped
 // on any change to them, so that an old cache entry is a miss and an old
 // bundle is refused with a message naming both versions.
 //   1: first release.

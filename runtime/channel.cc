@@ -25,13 +25,20 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   return credentials;
 }
 
-std::string ExplainTransportError(const grpc::Status& status, bool tls) {
+std::string ExplainTransportError(const grpc::Status& status, bool tls, bool client_certificate) {
   std::string message = status.error_message();
   if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return message;
-  if (!tls && !absl::StrContains(message, "Connection refused") &&
+  const bool closed =
+      !absl::StrContains(message, "Connection refused") &&
       (absl::StrContains(message, "Socket closed") ||
        absl::StrContains(message, "Connection reset") ||
-       absl::StrContains(message, "Broken pipe") || absl::StrContains(message, "EOF"))) {
+       absl::StrContains(message, "Broken pipe") || absl::StrContains(message, "EOF"));
+  if (tls && !client_certificate && closed) {
+    absl::StrAppend(&message,
+                    " (the server closed the TLS connection: it probably requires a client "
+                    "certificate (mTLS); give one from the CA it trusts with "
+                    "--tls-cert/--tls-key / tls_cert_file, tls_key_file)");
+  } else if (!tls && closed) {
     absl::StrAppend(&message,
                     " (the server closed a plain-text connection: it probably serves TLS; "
                     "give its CA with --tls-ca / tls_ca_file or KFORGE_TLS_CA)");

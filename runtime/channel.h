@@ -21,8 +21,12 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 // A failed call's message with what the transport most likely means: a
 // plain-text client whose connection the server closed is told that the
 // server probably serves TLS; a TLS client whose handshake failed is told
-// to check the server's TLS and its CA. Other failures are unchanged.
-std::string ExplainTransportError(const grpc::Status& status, bool tls);
+// to check the server's TLS and its CA; a TLS client without a client
+// certificate whose connection was closed ("Socket closed": with TLS 1.3
+// the server checks the client's certificate after the handshake) is told
+// that the server probably wants one (mTLS). Other failures are unchanged.
+std::string ExplainTransportError(const grpc::Status& status, bool tls,
+                                  bool client_certificate = false);
 
 }  // namespace kforge
 

@@ -137,7 +137,9 @@ absl::Status ServiceClient::State::Call(
                       "BundleSource) with no server",
                       AsAbsl(what), options.address, options.max_attempts,
                       absl::ToDoubleSeconds(absl::Now() - start), CodeName(last.error_code()),
-                      ExplainTransportError(last, options.security.UsesTls()), options.address));
+                      ExplainTransportError(last, options.security.UsesTls(),
+                                            !options.security.tls_cert_file.empty()),
+                      options.address));
 }
 
 absl::Status ServiceClient::State::KeepLocalCopy(

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/credentials.h"
 #include "base/io.h"
+#include "base/log.h"
 #include "base/sha256.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -29,11 +30,26 @@ constexpr absl::string_view kWarmMethod = "/kforge.v1.KernelService/Warm";
 constexpr absl::string_view kPrebuildMethod = "/kforge.v1.KernelService/Prebuild";
 constexpr absl::string_view kBearer = "bearer ";
 
-absl::StatusOr<std::set<std::string>> HashedTokens(const std::string& path,
-                                                   const std::string& flag) {
+// A secret file's mode as `mode` says: an error, or a warning in the log.
+absl::Status CheckSecret(const std::string& path, const std::string& flag, SecretFileMode mode) {
+  absl::Status s = CheckSecretFileMode(path, flag);
+  if (!absl::IsFailedPrecondition(s)) return s;
+  if (mode == SecretFileMode::kRefuse) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(s.message(), " (or pass --allow-readable-secrets)"));
+  }
+  LogEvent(LogLevel::kWarning, "secret_file_mode", absl::StrCat("warning: ", s.message()),
+           {{"file", path}});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::set<std::string>> HashedTokens(const std::string& path, const std::string& flag,
+                                                   SecretFileMode mode) {
   std::set<std::string> hashed;
   if (path.empty()) return hashed;
   absl::StatusOr<std::vector<std::string>> tokens = ReadTokenFile(path, flag);
+  if (!tokens.ok()) return tokens.status();
+  if (absl::Status s = CheckSecret(path, flag, mode); !s.ok()) return s;
   if (!tokens.ok()) return tokens.status();
   for (const std::string& t : *tokens) hashed.insert(Sha256Hex(t));
   return hashed;
@@ -54,19 +70,36 @@ MethodAccess AccessOfMethod(absl::string_view path) {
   return MethodAccess::kUser;
 }
 
+std::vector<std::string> AccessLines(const ServerSecurityOptions& options) {
+  const bool user = !options.auth_token_file.empty();
+  const bool admin = !options.admin_token_file.empty();
+  const std::string reads =
+      !options.tokens() || options.open_reads
+          ? absl::StrCat("open (no token", options.tokens() ? ": --open-reads" : "", ")")
+      : user && admin ? "a user or admin token"
+      : user          ? "a user token (--auth-token-file)"
+                      : "an admin token (--admin-token-file; no user tokens are configured)";
+  const std::string warm = !options.tokens() ? "open (no token)"
+                           : admin           ? "an admin token (--admin-token-file)"
+                                             : "a user token (no admin tokens are configured)";
+  return {"health (grpc.health.v1.Health): open",
+          absl::StrCat("read (GetKernel, GetManifest, Stats, reflection): ", reads),
+          absl::StrCat("warm (Warm, Prebuild): ", warm)};
+}
+
 absl::StatusOr<std::shared_ptr<TokenAuthenticator>> TokenAuthenticator::Create(
-    std::string auth_token_file, std::string admin_token_file) {
-  std::shared_ptr<TokenAuthenticator> a(
-      new TokenAuthenticator(std::move(auth_token_file), std::move(admin_token_file)));
+    const ServerSecurityOptions& options) {
+  std::shared_ptr<TokenAuthenticator> a(new TokenAuthenticator(options));
   if (absl::Status s = a->Reload(); !s.ok()) return s;
   return a;
 }
 
 absl::Status TokenAuthenticator::Reload() {
-  absl::StatusOr<std::set<std::string>> user = HashedTokens(auth_token_file_, "--auth-token-file");
+  absl::StatusOr<std::set<std::string>> user =
+      HashedTokens(auth_token_file_, "--auth-token-file", secret_file_mode_);
   if (!user.ok()) return user.status();
   absl::StatusOr<std::set<std::string>> admin =
-      HashedTokens(admin_token_file_, "--admin-token-file");
+      HashedTokens(admin_token_file_, "--admin-token-file", secret_file_mode_);
   if (!admin.ok()) return admin.status();
   absl::MutexLock lock(&mu_);
   user_ = *std::move(user);
@@ -79,23 +112,33 @@ std::pair<size_t, size_t> TokenAuthenticator::counts() const {
   return {user_.size(), admin_.size()};
 }
 
+AuthFailureCounts TokenAuthenticator::failures() const {
+  return {missing_token_.load(), unknown_token_.load(), not_admin_.load()};
+}
+
+grpc::Status TokenAuthenticator::Refuse(std::atomic<uint64_t>& counter, grpc::StatusCode code,
+                                        const char* message) {
+  counter.fetch_add(1, std::memory_order_relaxed);
+  return grpc::Status(code, message);
+}
+
 grpc::Status TokenAuthenticator::Process(const InputMetadata& auth_metadata, grpc::AuthContext*,
                                          OutputMetadata* consumed_auth_metadata, OutputMetadata*) {
   const absl::string_view path = Find(auth_metadata, ":path");
   // No path: nothing to decide by; refuse rather than guess.
   const MethodAccess access = path.empty() ? MethodAccess::kAdmin : AccessOfMethod(path);
   if (access == MethodAccess::kOpen) return grpc::Status::OK;
+  if (access == MethodAccess::kUser && open_reads_) return grpc::Status::OK;
   const absl::string_view header = Find(auth_metadata, "authorization");
   // The token never reaches a handler or a log.
   if (!header.empty()) consumed_auth_metadata->emplace("authorization", std::string(header));
   const bool admin_method = access == MethodAccess::kAdmin;
-  bool needs_token = false;
   bool user_ok = false;
   bool admin_ok = false;
   {
     absl::MutexLock lock(&mu_);
-    needs_token = admin_method ? !admin_.empty() || !user_.empty() : !user_.empty();
-    if (!needs_token) return grpc::Status::OK;
+    // Token files hold a token each (ParseTokens): every method but the
+    // open ones needs one here.
     if (header.size() > kBearer.size() &&
         absl::EqualsIgnoreCase(header.substr(0, kBearer.size()), kBearer)) {
       const std::string hashed =
@@ -106,17 +149,17 @@ grpc::Status TokenAuthenticator::Process(const InputMetadata& auth_metadata, grp
     if (admin_method && admin_.empty()) admin_ok = user_ok;  // no admin tokens: users may warm
   }
   if (header.empty()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "this kforge server needs a bearer token (authorization: Bearer ...): "
-                        "give the client one (kforge --token-file FILE or KFORGE_TOKEN)");
+    return Refuse(missing_token_, grpc::StatusCode::UNAUTHENTICATED,
+                  "this kforge server needs a bearer token (authorization: Bearer ...): "
+                  "give the client one (kforge --token-file FILE or KFORGE_TOKEN)");
   }
   if (!user_ok) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "the bearer token is not one this kforge server accepts");
+    return Refuse(unknown_token_, grpc::StatusCode::UNAUTHENTICATED,
+                  "the bearer token is not one this kforge server accepts");
   }
   if (admin_method && !admin_ok) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "Warm needs an admin token (the server's --admin-token-file)");
+    return Refuse(not_admin_, grpc::StatusCode::PERMISSION_DENIED,
+                  "Warm needs an admin token (the server's --admin-token-file)");
   }
   return grpc::Status::OK;
 }
@@ -165,9 +208,17 @@ absl::Status ServerTlsFiles::Publish() {
   absl::StatusOr<std::string> cert =
       ReadPem(options_.tls_cert_file, "--tls-cert", "-----BEGIN CERTIFICATE-----", "certificate");
   if (!cert.ok()) return cert.status();
+  if (absl::StatusOr<CertificateValidity> valid = CheckCertificateValidNow(*cert); !valid.ok()) {
+    return absl::Status(valid.status().code(), absl::StrCat("--tls-cert ", options_.tls_cert_file,
+                                                            ": ", valid.status().message()));
+  }
   absl::StatusOr<std::string> key =
       ReadPem(options_.tls_key_file, "--tls-key", "PRIVATE KEY-----", "private key");
   if (!key.ok()) return key.status();
+  if (absl::Status s = CheckSecret(options_.tls_key_file, "--tls-key", options_.secret_file_mode);
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status match = CheckKeyMatchesCertificate(*cert, *key); !match.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--tls-cert ", options_.tls_cert_file,
                                                    ", --tls-key ", options_.tls_key_file, ": ",
@@ -246,8 +297,7 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& o
   security.tls = *std::move(tls);
   security.credentials = security.tls->Credentials();
   if (options.tokens()) {
-    absl::StatusOr<std::shared_ptr<TokenAuthenticator>> auth =
-        TokenAuthenticator::Create(options.auth_token_file, options.admin_token_file);
+    absl::StatusOr<std::shared_ptr<TokenAuthenticator>> auth = TokenAuthenticator::Create(options);
     if (!auth.ok()) return auth.status();
     security.authenticator = *std::move(auth);
     security.credentials->SetAuthMetadataProcessor(security.authenticator);

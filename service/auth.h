@@ -9,21 +9,29 @@
 //   - Warm (and its old name Prebuild) needs an admin token when an admin
 //     token file is given, else a user token when a token file is given;
 //   - every other method (GetKernel, GetManifest, Stats, reflection) needs
-//     a user or an admin token when a token file is given;
+//     a user or an admin token when any token file is given (with only an
+//     admin token file, an admin token), unless open_reads opens them;
 //   - a missing or unknown token is UNAUTHENTICATED; a user token on an
 //     admin method is PERMISSION_DENIED.
+// The server prints these rules as they apply, one line per group
+// (AccessLines).
 // Tokens travel only over TLS: a token file without a certificate is
 // refused at start (gRPC clients will not send call credentials in plain
 // text either).
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
+
 #include "absl/strings/string_view.h"
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "base/credentials.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 #include "grpcpp/security/server_credentials.h"
 
@@ -39,26 +47,46 @@ struct ServerSecurityOptions {
   // on SIGHUP.
   std::string auth_token_file;
   std::string admin_token_file;
+  // With token files: the read methods (GetKernel, GetManifest, Stats,
+  // reflection) answer without a token; only Warm is closed.
+  bool open_reads = false;
+  // A group- or world-readable --tls-key or token file: refused, or a
+  // warning (base/credentials.h SecretFileMode).
+  SecretFileMode secret_file_mode = SecretFileMode::kRefuse;
 
   bool tls() const { return !tls_cert_file.empty(); }
   bool tokens() const { return !auth_token_file.empty() || !admin_token_file.empty(); }
 };
 
-// Which tokens a method needs.
+// Which group a method is in: open (health), read (user) or admin (Warm).
 enum class MethodAccess { kOpen, kUser, kAdmin };
 MethodAccess AccessOfMethod(absl::string_view path);  // path: "/pkg.Service/Method"
 
+// Who may call each group under `options`, one line per group, e.g.
+// "read (GetKernel, GetManifest, Stats, reflection): a user or admin token".
+std::vector<std::string> AccessLines(const ServerSecurityOptions& options);
+
+// Calls the token check refused, by reason: the fixed label values of
+// kforge_auth_failures_total.
+struct AuthFailureCounts {
+  uint64_t missing_token = 0;  // no authorization header
+  uint64_t unknown_token = 0;  // not "Bearer <a token the server accepts>"
+  uint64_t not_admin = 0;      // a user token on Warm
+};
+
 class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
  public:
-  // Reads the token files (either may be "", not both).
-  static absl::StatusOr<std::shared_ptr<TokenAuthenticator>> Create(std::string auth_token_file,
-                                                                    std::string admin_token_file);
+  // Reads the token files (either may be "", not both); their modes are
+  // checked as `options.secret_file_mode` says.
+  static absl::StatusOr<std::shared_ptr<TokenAuthenticator>> Create(
+      const ServerSecurityOptions& options);
 
   // Rereads both files. On any error the tokens in use stay as they were
   // and the error (naming the file) is returned.
   absl::Status Reload();
   // Tokens now accepted, user and admin.
   std::pair<size_t, size_t> counts() const;
+  AuthFailureCounts failures() const;
 
   bool IsBlocking() const override { return false; }
   grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* context,
@@ -66,11 +94,19 @@ class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
                        OutputMetadata* response_metadata) override;
 
  private:
-  TokenAuthenticator(std::string auth_token_file, std::string admin_token_file)
-      : auth_token_file_(std::move(auth_token_file)),
-        admin_token_file_(std::move(admin_token_file)) {}
+  explicit TokenAuthenticator(const ServerSecurityOptions& options)
+      : auth_token_file_(options.auth_token_file),
+        admin_token_file_(options.admin_token_file),
+        open_reads_(options.open_reads),
+        secret_file_mode_(options.secret_file_mode) {}
+  grpc::Status Refuse(std::atomic<uint64_t>& counter, grpc::StatusCode code, const char* message);
   const std::string auth_token_file_;
   const std::string admin_token_file_;
+  const bool open_reads_;
+  const SecretFileMode secret_file_mode_;
+  std::atomic<uint64_t> missing_token_{0};
+  std::atomic<uint64_t> unknown_token_{0};
+  std::atomic<uint64_t> not_admin_{0};
   mutable absl::Mutex mu_;
   // SHA-256 of each token: a lookup's timing tells nothing about a token.
   std::set<std::string> user_ ABSL_GUARDED_BY(mu_);
@@ -116,7 +152,8 @@ struct ServerSecurity {
 };
 
 // Credentials for AddListeningPort from the options: insecure, TLS or mTLS,
-// with the token check attached. Errors name the flag and file.
+// with the token check attached. Errors name the flag and file; a
+// certificate that is expired or not yet valid is refused (on SIGHUP too).
 absl::StatusOr<ServerSecurity> MakeServerSecurity(const ServerSecurityOptions& options);
 
 // Whether `listen` is reachable only from this host (127.0.0.0/8, ::1,

@@ -5,11 +5,11 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -22,20 +22,20 @@
 #include "compiler/key.h"
 #include "compiler/nvrtc.h"
 #include "grpcpp/support/status.h"
+#include "kforge/v1/service.grpc.pb.h"
 
 namespace kforge {
 namespace {
 
 constexpr std::string_view kServicePrefix = "/kforge.v1.KernelService/";
-
-// "GetKernel" for our service, the full name (less its slash) for others
-// (health, reflection).
-std::string MethodLabel(std::string_view method) {
-  if (absl::StartsWith(AsAbsl(method), AsAbsl(kServicePrefix)))
-    return std::string(method.substr(kServicePrefix.size()));
-  if (absl::StartsWith(AsAbsl(method), "/")) method.remove_prefix(1);
-  return std::string(method);
-}
+// The other services the server registers (gRPC's health checking and
+// server reflection), whose methods are counted by their full name.
+constexpr std::string_view kOtherMethods[] = {
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+};
 
 // Prometheus label values escape backslash, quote and newline.
 std::string LabelValue(std::string_view v) {
@@ -126,10 +126,25 @@ void Family(std::string& out, std::string_view name, std::string_view type, std:
 
 }  // namespace
 
+std::string MethodLabel(std::string_view method) {
+  if (absl::StartsWith(AsAbsl(method), AsAbsl(kServicePrefix))) {
+    const std::string_view name = method.substr(kServicePrefix.size());
+    // The service's own methods, from its descriptor: a new RPC is
+    // counted by name without a list to keep up to date here.
+    if (v1::GetKernelRequest::descriptor()->file()->pool()->FindMethodByName(
+            absl::StrCat(v1::KernelService::service_full_name(), ".", AsAbsl(name))) != nullptr) {
+      return std::string(name);
+    }
+  }
+  for (std::string_view known : kOtherMethods) {
+    if (method == known) return std::string(method.substr(1));
+  }
+  return "unknown";
+}
+
 void RequestMetrics::Record(std::string_view method, int code, double seconds) {
-  std::string label = MethodLabel(method);
+  const std::string label = MethodLabel(method);
   absl::MutexLock lock(&mu_);
-  if (latency_.count(label) == 0 && latency_.size() >= kMaxMethods) label = "other";
   ++calls_[{label, code}];
   latency_.try_emplace(label).first->second.Observe(seconds);
 }
@@ -155,9 +170,15 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MetricsIn
   return std::make_unique<MetricsInterceptorFactoryImpl>(metrics);
 }
 
-std::string RenderMetrics(const RequestMetrics& requests, const v1::StatsResponse& s,
-                          const KernelStore::Timings& timings) {
+std::string RenderMetrics(const RequestMetrics& requests, const AuthFailureCounts& auth_failures,
+                          const v1::StatsResponse& s, const KernelStore::Timings& timings) {
   std::string out = requests.Render();
+  Family(out, "kforge_auth_failures_total", "counter",
+         "calls the bearer-token check refused, by reason");
+  absl::StrAppend(
+      &out, "kforge_auth_failures_total{reason=\"missing_token\"} ", auth_failures.missing_token,
+      "\n", "kforge_auth_failures_total{reason=\"unknown_token\"} ", auth_failures.unknown_token,
+      "\n", "kforge_auth_failures_total{reason=\"not_admin\"} ", auth_failures.not_admin, "\n");
   Family(out, "kforge_kernel_seconds", "histogram",
          "time to answer a kernel, by where it came from (GetKernel inside the server)");
   for (const auto& [source, h] : timings.by_source) {
@@ -225,59 +246,145 @@ struct MetricsHttpServer::State {
   int listen_fd = -1;
   int stop_pipe[2] = {-1, -1};
   int port = 0;
+  MetricsHttpLimits limits;
   std::function<std::string()> render;
   std::thread thread;
 
+  // One client: its request while reading, then the answer while writing.
+  struct Connection {
+    int fd = -1;
+    std::string request;
+    std::string response;  // non-empty once the request is read
+    size_t sent = 0;
+    absl::Time accepted;
+    absl::Time deadline;
+  };
+  // Touched by the serving thread only.
+  std::vector<Connection> connections;
+
   void Serve() {
+    std::vector<pollfd> fds;
     for (;;) {
-      pollfd fds[2] = {{listen_fd, POLLIN, 0}, {stop_pipe[0], POLLIN, 0}};
-      if (poll(fds, 2, -1) < 0) {
-        if (errno == EINTR) continue;
-        return;
+      const absl::Time now = absl::Now();
+      absl::Time next = absl::InfiniteFuture();
+      fds.clear();
+      fds.push_back({stop_pipe[0], POLLIN, 0});
+      fds.push_back({listen_fd, POLLIN, 0});
+      for (const Connection& c : connections) {
+        fds.push_back({c.fd, static_cast<short>(c.response.empty() ? POLLIN : POLLOUT), 0});
+        next = std::min(next, c.deadline);
       }
-      if (fds[1].revents != 0) return;
-      const int fd = accept(listen_fd, nullptr, nullptr);
-      if (fd < 0) continue;
-      Answer(fd);
-      close(fd);
+      const int timeout_ms =
+          next == absl::InfiniteFuture()
+              ? -1
+              : static_cast<int>(std::max<int64_t>(
+                    0, absl::ToInt64Milliseconds(absl::Ceil(next - now, absl::Milliseconds(1)))));
+      if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      if (fds[0].revents != 0) break;
+      // Connections first: those accepted below have no revents yet.
+      for (size_t i = 0; i < connections.size(); ++i) {
+        if (fds[i + 2].revents != 0) Step(connections[i]);
+      }
+      const absl::Time after = absl::Now();
+      for (Connection& c : connections) {
+        if (c.fd >= 0 && after >= c.deadline) Drop(c);
+      }
+      connections.erase(std::remove_if(connections.begin(), connections.end(),
+                                       [](const Connection& c) { return c.fd < 0; }),
+                        connections.end());
+      if (fds[1].revents != 0) AcceptAll(after);
+    }
+    for (Connection& c : connections) Drop(c);
+  }
+
+  void AcceptAll(absl::Time now) {
+    for (;;) {
+      const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;  // EAGAIN: none left; anything else: try at the next poll
+      if (static_cast<int>(connections.size()) >= limits.max_connections) {
+        // The oldest client still sending its request makes room; with
+        // every slot answering, the new one waits for none and is closed.
+        auto oldest = connections.end();
+        for (auto it = connections.begin(); it != connections.end(); ++it) {
+          if (it->response.empty() &&
+              (oldest == connections.end() || it->accepted < oldest->accepted)) {
+            oldest = it;
+          }
+        }
+        if (oldest == connections.end()) {
+          close(fd);
+          continue;
+        }
+        Drop(*oldest);
+        connections.erase(oldest);
+      }
+      connections.push_back({fd, "", "", 0, now, now + limits.read_timeout});
     }
   }
 
-  // One request: the request line decides; a slow or silent client is
-  // dropped after a second, a request over 8 KB is refused.
-  void Answer(int fd) {
-    const timeval second = {1, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &second, sizeof(second));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &second, sizeof(second));
-    std::string request;
-    char buf[1024];
-    while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
-      const ssize_t n = read(fd, buf, sizeof(buf));
-      if (n <= 0) break;
-      request.append(buf, static_cast<size_t>(n));
+  static void Drop(Connection& c) {
+    close(c.fd);
+    c.fd = -1;
+  }
+
+  // Reads what there is, or sends what it can, without blocking.
+  void Step(Connection& c) {
+    if (c.response.empty()) {
+      char buf[2048];
+      const ssize_t n = read(c.fd, buf, sizeof(buf));
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        Drop(c);
+        return;
+      }
+      if (n > 0) c.request.append(buf, static_cast<size_t>(n));
+      if (c.request.find("\r\n\r\n") != std::string::npos) {
+        Respond(c);
+      } else if (c.request.size() > limits.max_request_bytes) {
+        c.response = Response("431 Request Header Fields Too Large", "request too large\n");
+        c.deadline = absl::Now() + limits.write_timeout;
+      }
+      if (c.response.empty()) return;
     }
-    std::string status = "404 Not Found", body = "not found: GET /metrics\n";
-    if (absl::StartsWith(request, "GET /metrics ") || absl::StartsWith(request, "GET /metrics?")) {
-      status = "200 OK";
-      body = render();
+    while (c.sent < c.response.size()) {
+      const ssize_t n =
+          send(c.fd, c.response.data() + c.sent, c.response.size() - c.sent, MSG_NOSIGNAL);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      if (n <= 0) {
+        Drop(c);
+        return;
+      }
+      c.sent += static_cast<size_t>(n);
     }
-    const std::string response =
-        absl::StrCat("HTTP/1.0 ", status,
-                     "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                     "Content-Length: ",
-                     body.size(), "\r\nConnection: close\r\n\r\n", body);
-    for (size_t sent = 0; sent < response.size();) {
-      const ssize_t n = send(fd, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) return;
-      sent += static_cast<size_t>(n);
+    // The whole answer is out: HTTP/1.0, one request per connection.
+    shutdown(c.fd, SHUT_WR);
+    Drop(c);
+  }
+
+  void Respond(Connection& c) {
+    if (absl::StartsWith(c.request, "GET /metrics ") ||
+        absl::StartsWith(c.request, "GET /metrics?")) {
+      c.response = Response("200 OK", render());
+    } else {
+      c.response = Response("404 Not Found", "not found: GET /metrics\n");
     }
+    c.deadline = absl::Now() + limits.write_timeout;
+  }
+
+  static std::string Response(std::string_view status, std::string_view body) {
+    return absl::StrCat("HTTP/1.0 ", AsAbsl(status),
+                        "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                        "Content-Length: ",
+                        body.size(), "\r\nConnection: close\r\n\r\n", AsAbsl(body));
   }
 };
 
 MetricsHttpServer::MetricsHttpServer(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& listen, std::function<std::string()> render) {
+    const std::string& listen, std::function<std::string()> render, MetricsHttpLimits limits) {
   const size_t colon = listen.rfind(':');
   int port = -1;
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
@@ -303,10 +410,11 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   }
   auto state = std::make_unique<State>();
   state->render = std::move(render);
-  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  state->limits = limits;
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   const int one = 1;
   if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (fd < 0 || bind(fd, found->ai_addr, found->ai_addrlen) != 0 || ::listen(fd, 16) != 0) {
+  if (fd < 0 || bind(fd, found->ai_addr, found->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
     const int err = errno;
     freeaddrinfo(found);
     if (fd >= 0) close(fd);

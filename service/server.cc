@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <iostream>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -118,8 +120,12 @@ absl::Status CheckListenAddress(const std::string& listen) {
   return absl::OkStatus();
 }
 
-// "host:0" names the port the kernel picked; print the real one.
+// "host:0" names the port the kernel picked; print the real one. A unix
+// socket has no port (gRPC reports 1 for it).
 std::string BoundAddress(const std::string& listen, int port) {
+  if (absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:")) {
+    return listen;
+  }
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos) return listen;
   return absl::StrCat(listen.substr(0, colon), ":", port);
@@ -219,12 +225,26 @@ int RunServer(const ServerOptions& options) {
   std::unique_ptr<BundleSource> bundle;
   if (!options.warm_from.empty()) {
     absl::StatusOr<std::unique_ptr<BundleSource>> opened =
-        BundleSource::Open(options.warm_from, options.trust_key_file);
+        BundleSource::Open(options.warm_from, options.trust_key_file, options.trust_min_sequence);
     if (!opened.ok()) {
       return StartFailure(
           absl::StrCat("--warm-from ", options.warm_from, ": ", opened.status().message()));
     }
     bundle = *std::move(opened);
+    // What `kforge verify` refuses is refused here too, rather than
+    // ignored: a stray file or link in a bundle is a packaging mistake or
+    // tampering, and the bundle is what its signed list names.
+    if (const std::vector<std::string> unlisted = bundle->UnlistedFiles(); !unlisted.empty()) {
+      std::vector<std::string> named(unlisted.begin(),
+                                     unlisted.begin() + std::min<size_t>(unlisted.size(), 5));
+      return StartFailure(absl::StrCat(
+          "--warm-from ", options.warm_from, ": ", unlisted.size(), " file",
+          unlisted.size() == 1 ? " is" : "s are", " not listed in ", kBundleChecksumsFile, " (",
+          absl::StrJoin(named, ", "), unlisted.size() > named.size() ? ", ..." : "",
+          "): a bundle holds only what its list names; remove ",
+          unlisted.size() == 1 ? "it" : "them", " or rebuild the bundle (`kforge verify ",
+          options.warm_from, "` reports the same)"));
+    }
   }
   KernelStoreOptions store_options = options.store;
   store_options.redis.log = [](std::string_view line) {
@@ -272,6 +292,12 @@ int RunServer(const ServerOptions& options) {
   const char* transport = options.security.tls_client_ca_file.empty()
                               ? options.security.tls() ? "TLS" : "plain text"
                               : "mTLS";
+  // Who may call what, one line per group of methods, so that an open
+  // method is never a surprise (before the start line, which tells
+  // scripts and tests that the server is up).
+  for (const std::string& line : AccessLines(options.security)) {
+    LogEvent(LogLevel::kInfo, "access", absl::StrCat("access: ", line));
+  }
   LogEvent(LogLevel::kInfo, "start",
            absl::StrCat("serving on ", address, " (", transport,
                         security->authenticator != nullptr ? ", bearer tokens" : "", "; cache ",
@@ -283,8 +309,12 @@ int RunServer(const ServerOptions& options) {
   std::unique_ptr<MetricsHttpServer> metrics;
   if (!options.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(options.metrics_listen, [&request_metrics, &store] {
-          return RenderMetrics(request_metrics, (*store)->Stats(), (*store)->ReadTimings());
+        MetricsHttpServer::Start(options.metrics_listen, [&request_metrics, &store, &security] {
+          const AuthFailureCounts auth_failures = security->authenticator == nullptr
+                                                      ? AuthFailureCounts{}
+                                                      : security->authenticator->failures();
+          return RenderMetrics(request_metrics, auth_failures, (*store)->Stats(),
+                               (*store)->ReadTimings());
         });
     if (!started.ok()) {
       server->Shutdown();

@@ -25,6 +25,10 @@ struct ServerOptions {
   // With warm_from: an Ed25519 public key (PEM file); the bundle must be
   // signed by it (CheckBundleSignature) or the server does not start.
   std::string trust_key_file;
+  // With trust_key_file: the bundle's signed sequence (release.json) must
+  // be at least this, so an older bundle signed by the same key is refused
+  // (CheckBundleSequence). 0 = any, a bundle without a sequence too.
+  uint64_t trust_min_sequence = 0;
   // TLS, mTLS and bearer tokens (service/auth.h). Without TLS on an address
   // other hosts can reach, a warning is printed.
   ServerSecurityOptions security;

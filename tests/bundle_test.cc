@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -133,7 +134,7 @@ TEST_F(BundleTest, RoundTripAnswersTheSameKernelAndManifest) {
   WriteBundle(dir, manifest);
 
   EXPECT_EQ(ReadFileOrEmpty(dir / kBundleMarkerFile),
-            "{\"format\": \"kforge-bundle\", \"format_version\": 2}\n");
+            "{\"format\": \"kforge-bundle\", \"format_version\": 3}\n");
   EXPECT_EQ(ManifestFile(), absl::StrCat("manifests/", FirstChoice().module_name(), ".json"));
   // sha256sum's own format, sorted by path: `sha256sum -c` works in DIR.
   EXPECT_EQ(
@@ -297,8 +298,8 @@ TEST_F(BundleTest, OpenRefusesAnotherFormatOrVersion) {
   const std::pair<const char*, const char*> markers[] = {
       // A bundle written by kforge 0.1 (format 1, s_q in its kernels' keys).
       {"{\"format\": \"kforge-bundle\", \"format_version\": 1}\n",
-       "bundle format version 1, this kforge reads and writes version 2; rebuild"},
-      {"{\"format\": \"kforge-bundle\", \"format_version\": 3}\n", "format version 3"},
+       "bundle format version 1, this kforge reads versions 2..3 and writes version 3; rebuild"},
+      {"{\"format\": \"kforge-bundle\", \"format_version\": 4}\n", "format version 4"},
       {"{\"format\": \"something-else\", \"format_version\": 1}\n", "\"something-else\""},
       {"not json", "not a kforge bundle marker"}};
   for (const auto& [marker, expected] : markers) {
@@ -526,6 +527,93 @@ TEST_F(BundleTest, TrustKeyRefusesUnsignedAndMisSignedBundles) {
     ASSERT_TRUE((*writer)->Finish().ok());
   }
   EXPECT_FALSE(fs::exists(dir / kBundleSignatureFile));
+}
+
+// Issue 43 finding 8: an older bundle signed by the same key was accepted.
+// The sequence in release.json is covered by the signature; a minimum
+// refuses a lower one, a missing one and a format 2 bundle (no sequence).
+TEST_F(BundleTest, MinimumSequenceRefusesAnOlderSignedBundle) {
+  absl::StatusOr<Ed25519KeyPair> signer = GenerateEd25519KeyPair();
+  ASSERT_TRUE(signer.ok());
+  const std::string pub = (tmp_.path() / "signer.pub").string();
+  ASSERT_TRUE(WriteFileAtomic(pub, signer->public_pem).ok());
+  // A signed bundle with `sequence` (0: none).
+  auto signed_bundle = [&](const std::string& name, uint64_t sequence) {
+    const fs::path dir = tmp_.path() / name;
+    WriteBundle(dir, OneVariantManifest());
+    absl::StatusOr<std::unique_ptr<BundleWriter>> writer = BundleWriter::Open(dir.string());
+    EXPECT_TRUE(writer.ok());
+    if (sequence > 0) {
+      EXPECT_TRUE((*writer)->SetSequence(sequence).ok());
+    }
+    EXPECT_TRUE((*writer)->Finish().ok());
+    EXPECT_TRUE((*writer)->Sign(signer->private_pem).ok());
+    return dir.string();
+  };
+  const std::string current = signed_bundle("current", 5);
+  const std::string older = signed_bundle("older", 4);
+  const std::string none = signed_bundle("none", 0);
+  EXPECT_TRUE(Contains(ReadFileOrEmpty(fs::path(current) / kBundleChecksumsFile),
+                       absl::StrCat("  ", kBundleReleaseFile, "\n")))
+      << "release.json is listed, so the signature covers it";
+
+  absl::StatusOr<std::unique_ptr<BundleSource>> source = BundleSource::Open(current, pub, 5);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ((*source)->sequence(), std::optional<uint64_t>(5));
+  EXPECT_EQ(Describe(VerifyBundle(current, pub, 5)), "");
+
+  source = BundleSource::Open(older, pub, 5);
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(source.status().message(), "has sequence 4, below the required minimum 5"))
+      << source.status();
+  EXPECT_TRUE(Contains(source.status().message(), "rollback")) << source.status();
+  EXPECT_EQ(CountProblems(VerifyBundle(older, pub, 5), kBundleReleaseFile, "below"), 1);
+  // Without a minimum the older bundle is what it was: accepted.
+  EXPECT_TRUE(BundleSource::Open(older, pub).ok());
+
+  source = BundleSource::Open(none, pub, 1);
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(source.status().message(), "has no sequence")) << source.status();
+
+  // A format 2 bundle (written before release.json existed) still opens,
+  // and has no sequence to meet a minimum with.
+  ASSERT_TRUE(WriteFileAtomic((fs::path(none) / kBundleMarkerFile).string(),
+                              "{\"format\": \"kforge-bundle\", \"format_version\": 2}\n")
+                  .ok());
+  source = BundleSource::Open(none, pub);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ((*source)->sequence(), std::nullopt);
+  EXPECT_EQ(Describe(VerifyBundle(none, pub)), "");
+  EXPECT_TRUE(Contains(BundleSource::Open(none, pub, 1).status().message(), "has no sequence"));
+
+  // A minimum without a trust key proves nothing and is refused.
+  EXPECT_EQ(BundleSource::Open(current, "", 1).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Raising the sequence of the older bundle breaks its signature.
+  ASSERT_TRUE(
+      WriteFileAtomic((fs::path(older) / kBundleReleaseFile).string(), "{\"sequence\": 9}\n").ok());
+  const std::string sums = absl::StrCat(
+      Sha256Hex(ReadFileOrEmpty(fs::path(older) / KernelFile())), "  ", KernelFile(), "\n",
+      Sha256Hex(ReadFileOrEmpty(fs::path(older) / ManifestFile())), "  ", ManifestFile(), "\n",
+      Sha256Hex(ReadFileOrEmpty(fs::path(older) / kBundleReleaseFile)), "  ", kBundleReleaseFile,
+      "\n");
+  ASSERT_TRUE(WriteFileAtomic((fs::path(older) / kBundleChecksumsFile).string(), sums).ok());
+  source = BundleSource::Open(older, pub, 5);
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kUnauthenticated) << source.status();
+}
+
+// A stray file or link that verify reports is named by UnlistedFiles, which
+// a warming server refuses (issue 43 finding 10).
+TEST_F(BundleTest, UnlistedFilesNamesStrayFilesAndLinks) {
+  const fs::path dir = tmp_.path() / "bundle";
+  WriteBundle(dir, OneVariantManifest());
+  absl::StatusOr<std::unique_ptr<BundleSource>> source = BundleSource::Open(dir.string());
+  ASSERT_TRUE(source.ok());
+  EXPECT_TRUE((*source)->UnlistedFiles().empty());
+  ASSERT_TRUE(WriteFileAtomic((dir / "kernels" / "stray.bin").string(), "x").ok());
+  fs::create_symlink("/etc/passwd", dir / "manifests" / "linked.json");
+  EXPECT_EQ((*source)->UnlistedFiles(),
+            (std::vector<std::string>{"kernels/stray.bin", "manifests/linked.json"}));
 }
 
 TEST_F(BundleTest, SourceChecksTheKernelAgainstTheVariant) {

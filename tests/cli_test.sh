@@ -264,6 +264,10 @@ cp -a "$TMP/bundle" "$TMP/big_bundle"
 truncate -s 1500M "$TMP/big_bundle/kernels/huge.kfa"
 expect_error_within "verify with a 1.5 GB unlisted kernel file" "more than the 268435456 bytes" \
   verify "$TMP/big_bundle"
+# --warm-from ignored it (and an unlisted link) without a word (issue 43).
+expect_error_within "serve --warm-from with a 1.5 GB unlisted kernel file" \
+  "1 file is not listed in checksums.sha256 (kernels/huge.kfa)" \
+  serve --listen 127.0.0.1:0 --cache-dir "$TMP/big_cache" --warm-from "$TMP/big_bundle"
 rm -rf "$TMP/big_bundle"
 
 # --- duplicate keys ----------------------------------------------------------
@@ -437,6 +441,8 @@ printf '%s\n' "$ADMIN_TOKEN" >"$TMP/admin_tokens"
 printf '%s\n' "$USER_TOKEN" >"$TMP/user.token"
 printf '%s\n' "$ADMIN_TOKEN" >"$TMP/admin.token"
 printf 'wrong-%s\n' "$USER_TOKEN" >"$TMP/wrong.token"
+# kforge serve refuses token files that others can read.
+chmod 600 "$TMP/tokens" "$TMP/admin_tokens"
 start_server tokens --tls-cert "$PKI/server.pem" --tls-key "$PKI/server.key" \
   --auth-token-file "$TMP/tokens" --admin-token-file "$TMP/admin_tokens"
 TLS=(--server "$ADDR" --tls-ca "$PKI/ca.pem")

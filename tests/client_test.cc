@@ -372,6 +372,8 @@ TEST_F(ClientTest, TlsAndTokensAgainstARealServer) {
     out << token << "\n";
     ASSERT_TRUE(out.good());
   }
+  // kforge serve refuses a token file its group or others can read.
+  fs::permissions(tokens, fs::perms::owner_read | fs::perms::owner_write);
 
   testing::ServeProcess server(kBinary, tmp.path() / "cache", tmp.path() / "server.log",
                                {"--tls-cert", pki + "/server.pem", "--tls-key", pki + "/server.key",

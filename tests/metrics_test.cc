@@ -5,12 +5,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <future>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/service.grpc.pb.h"
@@ -115,6 +121,133 @@ TEST(MetricsTest, ScrapedNumbersMoveWithRequests) {
   EXPECT_EQ(Sample(after, "kforge_compile_seconds_count"), 1);
   EXPECT_GT(Sample(after, "kforge_compile_seconds_sum"), 0);
   EXPECT_EQ(Sample(after, "kforge_compile_seconds_bucket{le=\"+Inf\"}"), 1);
+}
+
+// The metrics port of a server started with --metrics-listen 127.0.0.1:0.
+// The metrics line follows the start line: waited for, up to 10 s.
+int MetricsPort(ServeProcess& server) {
+  const std::string marker = "kforge: metrics on http://127.0.0.1:";
+  std::string log = server.Log();
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
+       log.find(marker) == std::string::npos && absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(20))) {
+    log = server.Log();
+  }
+  const size_t at = log.find(marker);
+  int port = 0;
+  if (at == std::string::npos) return 0;
+  const size_t begin = at + marker.size();
+  return absl::SimpleAtoi(log.substr(begin, log.find('/', begin) - begin), &port) ? port : 0;
+}
+
+// A connected socket to 127.0.0.1:`port` that reads time out after 5 s.
+int ConnectTo(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const timeval five = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &five, sizeof(five));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A scrape and how long it took; the read is bounded by ConnectTo's timeout.
+std::pair<std::string, absl::Duration> TimedScrape(int port) {
+  const absl::Time start = absl::Now();
+  std::string response;
+  const int fd = ConnectTo(port);
+  if (fd >= 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
+    (void)!write(fd, request.data(), request.size());
+    char buf[4096];
+    for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
+    close(fd);
+  }
+  return {response, absl::Now() - start};
+}
+
+// Issue 43 finding 6: one client sending a byte every 0.5 s made 9 of 15
+// scrapes time out, and 40 idle connections delayed one by 17 s. Now every
+// scrape answers within a second while they hold on, and connections
+// beyond the cap (64) push out the oldest idle ones instead of the scrape.
+TEST(MetricsTest, SlowAndIdleClientsDoNotDelayAScrape) {
+  TempDir tmp{"kforge_metrics_test"};
+  ServeProcess server(kBinary, tmp.path() / "cache", tmp.path() / "server.log",
+                      {"--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(server.WaitForAddress());
+  const int port = MetricsPort(server);
+  ASSERT_GT(port, 0) << server.Log();
+
+  std::vector<int> idle;
+  for (int i = 0; i < 40; ++i) idle.push_back(ConnectTo(port));
+  std::atomic<bool> stop{false};
+  std::thread slowloris([&] {
+    const int fd = ConnectTo(port);
+    const std::string request = "GET /metrics HTTP/1.0\r\nX-Slow: aaaaaaaaaaaaaaaaaaaa";
+    for (size_t i = 0; i < request.size() && !stop; ++i) {
+      if (send(fd, &request[i], 1, MSG_NOSIGNAL) != 1) break;
+      absl::SleepFor(absl::Milliseconds(500));
+    }
+    close(fd);
+  });
+  for (int i = 0; i < 6; ++i) {
+    const auto [page, took] = TimedScrape(port);
+    EXPECT_TRUE(Contains(page, "HTTP/1.0 200 OK")) << page;
+    EXPECT_LT(took, absl::Seconds(1)) << "scrape " << i;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  // Past the cap: 100 more idle connections.
+  for (int i = 0; i < 100; ++i) idle.push_back(ConnectTo(port));
+  for (int i = 0; i < 3; ++i) {
+    const auto [page, took] = TimedScrape(port);
+    EXPECT_TRUE(Contains(page, "HTTP/1.0 200 OK")) << page;
+    EXPECT_LT(took, absl::Seconds(1)) << "scrape " << i << " past the connection cap";
+  }
+  stop = true;
+  slowloris.join();
+  for (int fd : idle) close(fd);
+  // gRPC was never affected; it still answers.
+  EXPECT_TRUE(server.running());
+}
+
+// Issue 43 finding 6: 31 attacker-chosen method names became label values.
+TEST(MetricsTest, UnknownMethodNamesShareOneLabel) {
+  TempDir tmp{"kforge_metrics_test"};
+  ServeProcess server(kBinary, tmp.path() / "cache", tmp.path() / "server.log",
+                      {"--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(server.WaitForAddress());
+  const int port = MetricsPort(server);
+  ASSERT_GT(port, 0) << server.Log();
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  for (int i = 0; i < 31; ++i) {
+    const std::string method = i % 2 == 0 ? absl::StrCat("/attacker.Chosen/name", i)
+                                          : absl::StrCat("/kforge.v1.KernelService/Evil", i);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    grpc::Slice slice(std::string(""));
+    grpc::ByteBuffer request(&slice, 1), response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                   [&done](grpc::Status s) { done.set_value(s); });
+    EXPECT_EQ(done.get_future().get().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  }
+  auto kernels = v1::KernelService::NewStub(channel);
+  grpc::ClientContext context;
+  v1::StatsResponse stats;
+  ASSERT_TRUE(kernels->Stats(&context, v1::StatsRequest(), &stats).ok());
+
+  const std::string page = HttpGet(port, "/metrics");
+  EXPECT_EQ(Sample(page, "kforge_requests_total{rpc=\"unknown\",code=\"UNIMPLEMENTED\"}"), 31)
+      << page;
+  EXPECT_EQ(Sample(page, "kforge_requests_total{rpc=\"Stats\",code=\"OK\"}"), 1) << page;
+  EXPECT_FALSE(Contains(page, "attacker")) << page;
+  EXPECT_FALSE(Contains(page, "Evil")) << page;
 }
 
 TEST(MetricsTest, BadMetricsAddressStopsTheServer) {

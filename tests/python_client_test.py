@@ -605,6 +605,7 @@ class SecurityTest(unittest.TestCase):
         cls.token = "py-" + os.urandom(16).hex()
         with open(p("tokens"), "w") as f:
             f.write(cls.token + "\n")
+        os.chmod(p("tokens"), 0o600)  # kforge serve refuses a token file others can read
         cls.proc, cls.address = start_server(
             KFORGE, p("cache"), p("server.log"),
             args=("--workers", "1", "--tls-cert", p("server.pem"), "--tls-key", p("server.key"),

@@ -97,17 +97,18 @@ absl::StatusOr<TilingRequest> ParseTilingFlag(const std::string& text) {
 }
 
 int Compile(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = Concat(
-      SpecFlags(), {{"arch", "ARCH[,ARCH]",
-                     "target(s): sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a", "", 0, true},
-                    {"out", "DIR", "output directory", "out", 'o'},
-                    {"max-smem-per-block", "BYTES",
-                     "tile for at most this much shared memory (e.g. 101376 runs the "
-                     "99 KB sm_120 pipeline on an H200)"},
-                    {"tiling", "H,T,S,W",
-                     "tuning sweeps: this CTA shape (head tile, token tile, stages, warps) "
-                     "instead of the planner's, if the tiling rule admits it"},
-                    {"help", "", "show this help", "", 'h'}});
+  const std::vector<FlagSpec> flags =
+      Concat(SpecFlags(),
+             {{"arch", "ARCH[,ARCH]",
+               "target(s): sm_80 sm_86 sm_89 sm_90a sm_100a sm_103a sm_120a sm_121a", "", 0, true},
+              {"out", "DIR", "output directory", "out", 'o'},
+              {"max-smem-per-block", "BYTES",
+               "tile for at most this much shared memory (e.g. 101376 runs the "
+               "99 KB sm_120 pipeline on an H200)"},
+              {"tiling", "H,T,S,W",
+               "tuning sweeps: this CTA shape (head tile, token tile, stages, warps) "
+               "instead of the planner's, if the tiling rule admits it"},
+              {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
   if (args->Has("help")) {

@@ -52,7 +52,7 @@ absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args, v1::Attent
 
 int Manifest(const std::vector<std::string>& argv) {
   const std::vector<FlagSpec> flags = WithModelFlags(
-      {{"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a"},
+      {{"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_103a sm_120a sm_121a"},
        {"sms", "N", "deprecated, ignored: split counts are evaluated by `kforge select`"},
        {"s-q", "N", "deprecated, ignored: one kernel serves every s_q"},
        {"help", "", "show this help", "", 'h'}});

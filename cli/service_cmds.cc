@@ -288,7 +288,7 @@ int Serve(const std::vector<std::string>& argv) {
 int Get(const std::vector<std::string>& argv) {
   std::vector<FlagSpec> flags = {
       ServerFlag(),
-      {"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a"},
+      {"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_103a sm_120a sm_121a"},
       {"out", "DIR", "output directory", "out", 'o'},
       {"lookup-only", "", "fail with NOT_FOUND instead of compiling on a miss"},
       {"timeout", "SECONDS", "deadline for the call (0: none)", "600"},

@@ -24,7 +24,7 @@ namespace {
 // Maximum opt-in shared memory per block
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin), from the CUDA C++ Programming
 // Guide, "Technical Specifications per Compute Capability":
-// 8.0: 163 KB; 8.6 / 8.9: 99 KB; 9.0: 227 KB; 10.0: 227 KB; 12.x: 99 KB.
+// 8.0: 163 KB; 8.6 / 8.9: 99 KB; 9.0: 227 KB; 10.x: 227 KB; 12.x: 99 KB.
 constexpr int kSmem163KB = 163 * 1024;  // 166912
 constexpr int kSmem99KB = 99 * 1024;    // 101376
 constexpr int kSmem227KB = 227 * 1024;  // 232448
@@ -53,6 +53,8 @@ std::vector<Arch> BuildSupportedArchs() {
       MakeArch(9, 0, true, kSmem227KB),    // H100/H200 with wgmma/TMA
       MakeArch(10, 0, false, kSmem227KB),  // B200, portable path
       MakeArch(10, 0, true, kSmem227KB),   // B200 with tcgen05
+      MakeArch(10, 3, false, kSmem227KB),  // B300, portable path
+      MakeArch(10, 3, true, kSmem227KB),   // B300 with tcgen05
       MakeArch(12, 0, false, kSmem99KB),   // RTX PRO 6000, RTX 50xx
       MakeArch(12, 0, true, kSmem99KB),   MakeArch(12, 1, false, kSmem99KB),  // GB10
       MakeArch(12, 1, true, kSmem99KB),
@@ -174,15 +176,16 @@ absl::StatusOr<std::string> ArchForComputeCapability(int cc_major, int cc_minor)
   // Matches SupportedArchs above, preferring "a" variants.
   static constexpr Row kRows[] = {
       {8, 0, "sm_80"},    {8, 6, "sm_86"},    {8, 9, "sm_89"},    {9, 0, "sm_90a"},
-      {10, 0, "sm_100a"}, {12, 0, "sm_120a"}, {12, 1, "sm_121a"},
+      {10, 0, "sm_100a"}, {10, 3, "sm_103a"}, {12, 0, "sm_120a"}, {12, 1, "sm_121a"},
   };
+  std::vector<std::string> known;
   for (const Row& row : kRows) {
     if (row.major == cc_major && row.minor == cc_minor) return std::string(row.arch);
+    known.push_back(absl::StrFormat("%d.%d", row.major, row.minor));
   }
   return absl::FailedPreconditionError(
-      absl::StrFormat("compute capability %d.%d: kforge builds kernels for 8.0, 8.6, 8.9, 9.0, "
-                      "10.0, 12.0 and 12.1 only",
-                      cc_major, cc_minor));
+      absl::StrFormat("compute capability %d.%d: kforge builds kernels for %s only", cc_major,
+                      cc_minor, absl::StrJoin(known, ", ")));
 }
 
 }  // namespace kforge

@@ -74,7 +74,7 @@ absl::Status CheckDeviceArch(std::string_view arch, int cc_major, int cc_minor);
 
 // The arch kforge builds for a device of compute capability major.minor:
 // 8.0 -> sm_80, 8.6 -> sm_86, 8.9 -> sm_89, 9.0 -> sm_90a, 10.0 -> sm_100a,
-// 12.0 -> sm_120a, 12.1 -> sm_121a (the arch-specific variant wherever one
+// 10.3 -> sm_103a, 12.0 -> sm_120a, 12.1 -> sm_121a (the arch-specific variant wherever one
 // exists: it unlocks wgmma and friends). FailedPrecondition for any other.
 absl::StatusOr<std::string> ArchForComputeCapability(int cc_major, int cc_minor);
 

@@ -60,6 +60,8 @@ INSTANTIATE_TEST_SUITE_P(Forms, ParseArchTest,
                                            ArchCase{"sm_100a", "sm_100a", 10, 0, true, 232448},
                                            ArchCase{"100A", "sm_100a", 10, 0, true, 232448},
                                            ArchCase{"sm_100", "sm_100", 10, 0, false, 232448},
+                                           ArchCase{"sm_103a", "sm_103a", 10, 3, true, 232448},
+                                           ArchCase{"sm_103", "sm_103", 10, 3, false, 232448},
                                            ArchCase{"sm_120a", "sm_120a", 12, 0, true, 101376},
                                            ArchCase{"120a", "sm_120a", 12, 0, true, 101376},
                                            ArchCase{"sm_120", "sm_120", 12, 0, false, 101376},
@@ -75,7 +77,7 @@ INSTANTIATE_TEST_SUITE_P(Forms, ParseArchTest,
 
 TEST(ArchTest, SupportedArchsAreCanonicalSortedAndUnique) {
   const std::vector<Arch>& archs = SupportedArchs();
-  ASSERT_EQ(archs.size(), 11u);
+  ASSERT_EQ(archs.size(), 13u);
   std::set<std::string> names;
   for (size_t i = 0; i < archs.size(); ++i) {
     const Arch& arch = archs[i];
@@ -118,7 +120,7 @@ TEST_P(UnknownArchTest, FailedPreconditionNamesInputAndSupported) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Bad, UnknownArchTest,
-                         ::testing::Values("", "sm_75", "sm_70", "sm_80a", "sm_89a", "sm_103a",
+                         ::testing::Values("", "sm_75", "sm_70", "sm_80a", "sm_89a", "sm_110a",
                                            "sm_", "a", "compute_90a", "sm90a", "sm_9 0a", "sm_90aa",
                                            "hopper"));
 

@@ -225,7 +225,8 @@ TEST(CompileMatrix, OddHeadCounts) {
 // resources.
 TEST(CompileMatrix, Fp8DsMlaOnEveryArch) {
   std::vector<Job> jobs;
-  const char* archs[] = {"sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a", "sm_121a"};
+  const char* archs[] = {"sm_80",   "sm_86",   "sm_89",   "sm_90a",
+                         "sm_100a", "sm_103a", "sm_120a", "sm_121a"};
   for (const char* preset : {"deepseek-v3.2", "glm-5"}) {
     for (int tp : {1, 2, 4, 8}) {
       for (const char* arch : archs) {

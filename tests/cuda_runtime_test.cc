@@ -181,9 +181,9 @@ TEST(ArchForComputeCapability, MapsEverySupportedDevice) {
     int major, minor;
     const char* arch;
   };
-  for (const Row& r :
-       {Row{8, 0, "sm_80"}, Row{8, 6, "sm_86"}, Row{8, 9, "sm_89"}, Row{9, 0, "sm_90a"},
-        Row{10, 0, "sm_100a"}, Row{12, 0, "sm_120a"}, Row{12, 1, "sm_121a"}}) {
+  for (const Row& r : {Row{8, 0, "sm_80"}, Row{8, 6, "sm_86"}, Row{8, 9, "sm_89"},
+                       Row{9, 0, "sm_90a"}, Row{10, 0, "sm_100a"}, Row{10, 3, "sm_103a"},
+                       Row{12, 0, "sm_120a"}, Row{12, 1, "sm_121a"}}) {
     absl::StatusOr<std::string> arch = ArchForComputeCapability(r.major, r.minor);
     ASSERT_TRUE(arch.ok()) << arch.status();
     EXPECT_EQ(*arch, r.arch);
@@ -191,7 +191,7 @@ TEST(ArchForComputeCapability, MapsEverySupportedDevice) {
     EXPECT_TRUE(CheckDeviceArch(*arch, r.major, r.minor).ok()) << *arch;
   }
   for (auto [major, minor] :
-       {std::pair{7, 5}, std::pair{8, 7}, std::pair{10, 3}, std::pair{11, 0}}) {
+       {std::pair{7, 5}, std::pair{8, 7}, std::pair{10, 1}, std::pair{11, 0}}) {
     absl::StatusOr<std::string> arch = ArchForComputeCapability(major, minor);
     EXPECT_EQ(arch.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_TRUE(

@@ -345,8 +345,8 @@ class SelectionTest(unittest.TestCase):
 
     def test_compute_capability_is_kforges_arch_table_with_its_reason(self):
         """The backend declares exactly the compute capabilities kforge
-        builds an arch for (model/arch.cc); one it does not (B300's 10.3:
-        sm_100a cubins run on 10.0 only) is declined with kforge's reason."""
+        builds an arch for (model/arch.cc), B300's 10.3 (sm_103a) among them;
+        one it does not (7.0, 11.0) is declined with kforge's reason."""
         from kforge import spec as kforge_spec
         from vllm.platforms.interface import DeviceCapability
         from kforge_vllm.backend import KforgeSparseMlaBackend as B
@@ -359,6 +359,7 @@ class SelectionTest(unittest.TestCase):
                 builds = False
             self.assertEqual(B.supports_compute_capability(DeviceCapability(*capability)),
                              builds, capability)
+            self.assertEqual(builds, capability not in ((7, 0), (11, 0)), capability)
             if not builds:
                 with self.assertRaisesRegex(ValueError, r"compute capability not supported.*"
                                             r"kforge: compute capability %d\.%d: kforge builds "
@@ -934,13 +935,18 @@ class LayerCacheDtypeTest(unittest.TestCase):
 
 class Glm5OnSm100Test(unittest.TestCase):
     """vllm serve zai-org/GLM-5 -tp 8 --attention-backend KFORGE_MLA_SPARSE on
-    a B200, default flags: vLLM's GLM-5 config makes the cache fp8_e4m3 on
-    sm_100 (GlmMoeDsaForCausalLM.verify_and_update_config, as VllmConfig
+    a B200 (10.0) or a B300 (10.3), default flags: vLLM's GLM-5 config makes
+    the cache fp8_e4m3 on sm_10x (GlmMoeDsaForCausalLM.verify_and_update_config, as VllmConfig
     runs it); the backend is selected, the layer writes fp8_ds_mla, the
     impl asks kforge for the fp8_ds_mla kernel and a decode step reaches it
     through vLLM's forward_mqa with the 656-byte records."""
 
     def test_default_flags_select_build_and_decode(self):
+        for capability in ((10, 0), (10, 3)):
+            with self.subTest(capability=capability):
+                self.select_build_and_decode(capability)
+
+    def select_build_and_decode(self, capability):
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.models.config import GlmMoeDsaForCausalLM
         from kforge_vllm import backend as plugin_backend
@@ -949,7 +955,7 @@ class Glm5OnSm100Test(unittest.TestCase):
         cfg.attention_config.backend = kforge_member()  # --attention-backend KFORGE_MLA_SPARSE
         plugin_backend._cores.clear()
         ReferenceDecoder.made.clear()
-        with cuda_platform((10, 0)):
+        with cuda_platform(capability):
             GlmMoeDsaForCausalLM.verify_and_update_config(cfg)
             self.assertEqual(cfg.cache_config.cache_dtype, "fp8_e4m3")  # vLLM's default there
             layer = build_layer(cfg, "b200", None)

@@ -1171,7 +1171,8 @@ TEST_F(ServerTest, CliGetAndStats) {
   // Numbers, not protobuf JSON's quoted uint64s.
   EXPECT_TRUE(Contains(output, "\"compiles\": 1,"));
   EXPECT_TRUE(Contains(output, "\"memory_hits\": 2,"));
-  EXPECT_TRUE(Contains(output, "\"redis_up\": 0\n}"));
+  EXPECT_TRUE(Contains(output, "\"redis_up\": 0,"));
+  EXPECT_TRUE(Contains(output, "\"compiles_dropped\": 0\n}"));
 
   EXPECT_EQ(RunCommand(absl::StrCat(get, " --lookup-only --tp 4"), &output), 1);
   EXPECT_TRUE(Contains(output, "NOT_FOUND"));

@@ -5,11 +5,20 @@
 // latency of cold compiles (sequential, distinct specs that miss the cache),
 // and prints a markdown table (also written to --out FILE).
 //
+// With --miss-fraction F, that share of each client's calls asks for a kernel
+// nobody has asked for before (topk --miss-base and a softmax scale of its
+// own: every miss is a compile), with a deadline from --miss-deadlines (cycled): the load of
+// issue 43, hits and overloading misses at once. Misses are reported by
+// deadline and outcome; after the load, once every client call has ended,
+// the server's Stats show the compiles still queued or running for nobody
+// and how long they keep the workers busy.
+//
 //   kforge_loadgen --server 127.0.0.1:50051 [--concurrency 1,16,64]
 //                  [--seconds 5] [--warmup 0.5] [--arch sm_90a]
 //                  [--preset glm-5] [--tp 8] [--cold 4] [--cold-base 2049]
 //                  [--client-threads 2] [--wait 30] [--rpc getkernel|stats]
-//                  [--out FILE]
+//                  [--miss-fraction 0.1] [--miss-deadlines 3,30]
+//                  [--miss-base 4096] [--drain-wait 120] [--out FILE]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -61,6 +70,10 @@ struct Options {
   // "getkernel" (default), or "stats": a tiny unary call answered on the
   // server's callback thread, which shows gRPC's own floor on this machine.
   std::string rpc = "getkernel";
+  double miss_fraction = 0;                  // share of calls that miss
+  std::vector<double> miss_deadlines = {3};  // seconds, cycled over the misses
+  int miss_base = 4096;                      // topk of the first miss
+  double drain_wait = 120;  // most seconds to watch the server drain after the load
 };
 
 [[noreturn]] void Usage(const std::string& error) {
@@ -69,7 +82,8 @@ struct Options {
                "         [--seconds S] [--warmup S] [--arch sm_90a] [--preset glm-5]\n"
                "         [--tp 8] [--cold N] [--cold-base TOPK] [--client-threads N]\n"
                "         [--wait S] [--cold-timeout S] [--rpc getkernel|stats]\n"
-               "         [--out FILE]\n";
+               "         [--miss-fraction F] [--miss-deadlines S,S] [--miss-base TOPK]\n"
+               "         [--drain-wait S] [--out FILE]\n";
   std::exit(error.empty() ? 0 : 2);
 }
 
@@ -138,6 +152,20 @@ Options ParseArgs(int argc, char** argv) {
     } else if (name == "rpc") {
       if (value != "getkernel" && value != "stats") Usage("--rpc: getkernel or stats");
       o.rpc = value;
+    } else if (name == "miss-fraction") {
+      o.miss_fraction = ToDouble(name, value, 0);
+      if (o.miss_fraction > 1) Usage("--miss-fraction: 0..1");
+    } else if (name == "miss-deadlines") {
+      o.miss_deadlines.clear();
+      std::stringstream ss(value);
+      for (std::string item; std::getline(ss, item, ',');) {
+        o.miss_deadlines.push_back(ToDouble(name, item, 0.001));
+      }
+      if (o.miss_deadlines.empty()) Usage("--miss-deadlines: empty list");
+    } else if (name == "miss-base") {
+      o.miss_base = static_cast<int>(ToInt(name, value, 1));
+    } else if (name == "drain-wait") {
+      o.drain_wait = ToDouble(name, value, 0);
     } else if (name == "out") {
       o.out = value;
     } else {
@@ -204,6 +232,8 @@ bool WaitForServer(v1::KernelService::Stub& stub, const v1::GetKernelRequest& wa
 
 struct Call {
   grpc::ClientContext ctx;
+  v1::GetKernelRequest miss_request;  // a miss's own request
+  int miss_deadline = -1;             // index into --miss-deadlines; -1: a hit
   v1::GetKernelResponse resp;
   v1::StatsResponse stats_resp;  // --rpc stats
   grpc::Status status;
@@ -212,7 +242,24 @@ struct Call {
   Clock::time_point start;
 };
 
+// One miss: which deadline it had, how it ended and when.
+struct MissSample {
+  int deadline = 0;  // index into --miss-deadlines
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  double seconds = 0;
+};
+
+// What a client thread needs for its misses (shared by the threads).
+struct MissLoad {
+  double fraction = 0;
+  const v1::GetKernelRequest* base = nullptr;  // spec + arch; topk replaced
+  std::vector<double> deadlines;
+  int base_topk = 0;
+  std::atomic<int>* next = nullptr;  // misses started, over all threads
+};
+
 struct ThreadResult {
+  std::vector<MissSample> misses;      // all of them, warm-up included
   std::vector<uint32_t> latency_ns;    // completions inside the measured window
   std::vector<double> server_seconds;  // sampled server-side time of hits
   uint64_t errors = 0;
@@ -223,12 +270,37 @@ struct ThreadResult {
 // Keeps `outstanding` calls in flight on its own completion queue from
 // `measure_start - warmup` until `measure_end`, then drains.
 void DriveLoad(v1::KernelService::Stub* stub, const v1::GetKernelRequest* request, bool stats_rpc,
-               int outstanding, Clock::time_point measure_start, Clock::time_point measure_end,
-               ThreadResult* result) {
+               const MissLoad* miss, int outstanding, Clock::time_point measure_start,
+               Clock::time_point measure_end, ThreadResult* result) {
   grpc::CompletionQueue cq;
+  uint64_t calls = 0;
   auto start_call = [&] {
     auto* call = new Call;
     call->start = Clock::now();
+    // Every 1/fraction-th call of this thread misses (evenly spread).
+    const double f = miss->fraction;
+    const bool is_miss = !stats_rpc && f > 0 &&
+                         static_cast<uint64_t>(static_cast<double>(calls + 1) * f) >
+                             static_cast<uint64_t>(static_cast<double>(calls) * f);
+    ++calls;
+    if (is_miss) {
+      const int n = miss->next->fetch_add(1);
+      call->miss_deadline = n % static_cast<int>(miss->deadlines.size());
+      call->miss_request = *miss->base;
+      // A new key per miss: topk --miss-base and a softmax scale 1e-6 (8
+      // float ulps) apart per miss.
+      v1::AttentionSpec* spec = call->miss_request.mutable_kernel()->mutable_spec();
+      spec->set_topk(static_cast<uint32_t>(miss->base_topk));
+      spec->set_softmax_scale(spec->softmax_scale() * (1.0f + 1e-6f * static_cast<float>(n + 1)));
+      call->ctx.set_deadline(
+          std::chrono::system_clock::now() +
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::duration<double>(miss->deadlines[call->miss_deadline])));
+      call->rpc = stub->PrepareAsyncGetKernel(&call->ctx, call->miss_request, &cq);
+      call->rpc->StartCall();
+      call->rpc->Finish(&call->resp, &call->status, call);
+      return;
+    }
     if (stats_rpc) {
       static const v1::StatsRequest kStats;
       call->stats_rpc = stub->PrepareAsyncStats(&call->ctx, kStats, &cq);
@@ -254,6 +326,14 @@ void DriveLoad(v1::KernelService::Stub* stub, const v1::GetKernelRequest* reques
     if (now < measure_end) {
       start_call();
       ++in_flight;
+    }
+    if (call->miss_deadline >= 0) {
+      // Every miss, warm-up included: the first burst of them, before the
+      // server has timed a compile, is part of the story.
+      result->misses.push_back(
+          MissSample{call->miss_deadline, call->status.error_code(),
+                     std::chrono::duration<double>(now - call->start).count()});
+      continue;
     }
     if (!ok || !call->status.ok()) {
       if (result->errors++ == 0) result->first_error = StatusText(call->status);
@@ -285,10 +365,17 @@ struct LevelResult {
   double client_cpu = 0;  // client CPU seconds per wall second
   uint64_t errors = 0;
   uint64_t not_memory = 0;
+  std::vector<MissSample> misses;
+  // After every client call has ended (misses only): compiles the server
+  // still had queued and running then, and how long until it was idle.
+  uint64_t queued_after = 0, running_after = 0;
+  uint64_t dropped_after = 0;  // of queued_after: never started (compiles_dropped)
+  double busy_after_s = 0;
+  bool drained = true;
 };
 
 LevelResult RunLevel(const Options& o, std::vector<std::unique_ptr<v1::KernelService::Stub>>& stubs,
-                     const v1::GetKernelRequest& request, int concurrency) {
+                     const v1::GetKernelRequest& request, const MissLoad& miss, int concurrency) {
   const int threads = std::min<int>(o.client_threads, concurrency);
   const Clock::time_point measure_start =
       Clock::now() +
@@ -302,7 +389,7 @@ LevelResult RunLevel(const Options& o, std::vector<std::unique_ptr<v1::KernelSer
   bool cpu_started = false;
   for (int t = 0; t < threads; ++t) {
     const int share = concurrency / threads + (t < concurrency % threads ? 1 : 0);
-    workers.emplace_back(DriveLoad, stubs[t].get(), &request, o.rpc == "stats", share,
+    workers.emplace_back(DriveLoad, stubs[t].get(), &request, o.rpc == "stats", &miss, share,
                          measure_start, measure_end, &results[t]);
   }
   // Client CPU over the measured window only.
@@ -322,6 +409,7 @@ LevelResult RunLevel(const Options& o, std::vector<std::unique_ptr<v1::KernelSer
     server.insert(server.end(), tr.server_seconds.begin(), tr.server_seconds.end());
     r.errors += tr.errors;
     r.not_memory += tr.not_memory;
+    r.misses.insert(r.misses.end(), tr.misses.begin(), tr.misses.end());
     if (tr.errors > 0) {
       std::cerr << "kforge_loadgen: " << tr.errors << " failed calls at concurrency " << concurrency
                 << ", first: " << tr.first_error << "\n";
@@ -337,6 +425,35 @@ LevelResult RunLevel(const Options& o, std::vector<std::unique_ptr<v1::KernelSer
   r.max_us = all.empty() ? 0 : all.back() / 1e3;
   r.server_p50_us = Percentile(server, 0.50) * 1e6;
   r.client_cpu = cpu_started ? (cpu1 - cpu0) / o.seconds : 0;
+  if (miss.fraction > 0) {
+    // Every call has ended, so no caller is left: whatever the server still
+    // has queued or running is work for nobody.
+    const Clock::time_point idle_from = Clock::now();
+    const Clock::time_point give_up = idle_from + std::chrono::duration_cast<Clock::duration>(
+                                                      std::chrono::duration<double>(o.drain_wait));
+    r.drained = false;
+    uint64_t dropped_before = 0;
+    for (bool first = true;; first = false) {
+      v1::StatsResponse stats;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      if (stubs[0]->Stats(&ctx, v1::StatsRequest(), &stats).ok()) {
+        if (first) {
+          r.queued_after = stats.queue_depth();
+          r.running_after = stats.in_flight_compiles();
+          dropped_before = stats.compiles_dropped();
+        }
+        r.dropped_after = stats.compiles_dropped() - dropped_before;
+        if (stats.queue_depth() == 0 && stats.in_flight_compiles() == 0) {
+          r.drained = true;
+          break;
+        }
+      }
+      if (Clock::now() >= give_up) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    r.busy_after_s = std::chrono::duration<double>(Clock::now() - idle_from).count();
+  }
   return r;
 }
 
@@ -410,15 +527,27 @@ int main(int argc, char** argv) {
     (void)s->GetKernel(&ctx, request, &resp);
   }
 
+  v1::GetKernelRequest miss_base;
+  miss_base.set_arch(o.arch);
+  *miss_base.mutable_kernel()->mutable_spec() = *base;
+  std::atomic<int> misses_started{0};
+  MissLoad miss{o.miss_fraction, &miss_base, o.miss_deadlines, o.miss_base, &misses_started};
+
   std::vector<LevelResult> levels;
   for (int c : o.concurrency) {
-    LevelResult r = RunLevel(o, stubs, request, c);
+    LevelResult r = RunLevel(o, stubs, request, miss, c);
     std::cerr << "concurrency " << c << ": " << r.calls << " calls, " << Fixed(r.rps, 0)
               << " req/s, p50 " << Fixed(r.p50_us, 0) << " us, p99 " << Fixed(r.p99_us, 0)
               << " us, server p50 " << Fixed(r.server_p50_us, 0) << " us, client CPU "
               << Fixed(r.client_cpu, 2) << " cores"
               << (r.errors ? ", errors " + std::to_string(r.errors) : "")
               << (r.not_memory ? ", non-memory " + std::to_string(r.not_memory) : "") << "\n";
+    if (o.miss_fraction > 0) {
+      std::cerr << "  misses: " << r.misses.size()
+                << "; after the last call ended: " << r.queued_after << " queued, "
+                << r.running_after << " running, busy " << Fixed(r.busy_after_s, 1) << " s"
+                << (r.drained ? "" : " (not drained)") << "\n";
+    }
     levels.push_back(r);
   }
 
@@ -477,6 +606,56 @@ int main(int argc, char** argv) {
        << Fixed(r.max_us, 0) << " | " << (o.rpc == "stats" ? "-" : Fixed(r.server_p50_us, 0))
        << " | " << Fixed(r.client_cpu, 2) << " | " << r.errors + r.not_memory << " |\n";
   }
+  if (o.miss_fraction > 0) {
+    md << "\n### Misses under the hit load\n\n"
+       << "Every " << Fixed(1 / o.miss_fraction, 1)
+       << "th call of each client asks for a new kernel (" << o.preset << " tp " << o.tp
+       << " with topk " << o.miss_base
+       << " and a softmax scale of its own, so each miss is a compile), with the deadline of its "
+          "row (all misses, warm-up included); latency is from sending to the answer "
+          "(RESOURCE_EXHAUSTED: refused; DEADLINE_EXCEEDED: waited out "
+          "its deadline).\n\n"
+       << "| Concurrency | deadline (s) | misses | OK | RESOURCE_EXHAUSTED | DEADLINE_EXCEEDED "
+          "| other | p50 (s) | p99 (s) | max (s) | OK p50 (s) | refused p50 (s) |\n"
+       << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (const LevelResult& r : levels) {
+      for (size_t d = 0; d < o.miss_deadlines.size(); ++d) {
+        std::vector<double> all, ok, refused;
+        uint64_t n_ok = 0, n_re = 0, n_de = 0, n_other = 0;
+        for (const MissSample& m : r.misses) {
+          if (m.deadline != static_cast<int>(d)) continue;
+          all.push_back(m.seconds);
+          if (m.code == grpc::StatusCode::OK) {
+            ++n_ok;
+            ok.push_back(m.seconds);
+          } else if (m.code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+            ++n_re;
+            refused.push_back(m.seconds);
+          } else if (m.code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+            ++n_de;
+          } else {
+            ++n_other;
+          }
+        }
+        for (auto* v : {&all, &ok, &refused}) std::sort(v->begin(), v->end());
+        md << "| " << r.concurrency << " | " << Fixed(o.miss_deadlines[d], 1) << " | " << all.size()
+           << " | " << n_ok << " | " << n_re << " | " << n_de << " | " << n_other << " | "
+           << Fixed(Percentile(all, 0.5), 3) << " | " << Fixed(Percentile(all, 0.99), 3) << " | "
+           << Fixed(all.empty() ? 0 : all.back(), 3) << " | "
+           << (ok.empty() ? "-" : Fixed(Percentile(ok, 0.5), 3)) << " | "
+           << (refused.empty() ? "-" : Fixed(Percentile(refused, 0.5), 3)) << " |\n";
+      }
+    }
+    md << "\nAfter every client call had ended (no caller left):\n\n"
+       << "| Concurrency | compiles still queued | of those, never started | still running "
+          "| workers busy for (s) |\n"
+       << "|---:|---:|---:|---:|---:|\n";
+    for (const LevelResult& r : levels) {
+      md << "| " << r.concurrency << " | " << r.queued_after << " | " << r.dropped_after << " | "
+         << r.running_after << " | " << Fixed(r.busy_after_s, 1)
+         << (r.drained ? "" : " (not drained)") << " |\n";
+    }
+  }
   if (!colds.empty()) {
     std::vector<double> wall;
     for (const ColdResult& c : colds) {
@@ -504,7 +683,9 @@ int main(int argc, char** argv) {
   }
   md << "\nServer stats: memory_hits " << stats.memory_hits() << ", disk_hits " << stats.disk_hits()
      << ", misses " << stats.misses() << ", compiles " << stats.compiles() << ", compile_failures "
-     << stats.compile_failures() << "\n";
+     << stats.compile_failures() << ", rejected_queue_full " << stats.rejected_queue_full()
+     << ", rejected_deadline " << stats.rejected_deadline() << ", compiles_dropped "
+     << stats.compiles_dropped() << "\n";
 
   std::cout << md.str();
   if (!o.out.empty()) {
@@ -516,6 +697,7 @@ int main(int argc, char** argv) {
     }
   }
   bool failed = false;
+  // Misses may fail by design (refused, deadline); only hits count.
   for (const LevelResult& r : levels) failed |= r.errors > 0;
   for (const ColdResult& c : colds) failed |= !c.error.empty();
   return failed ? 1 : 0;

@@ -11,6 +11,13 @@
 # flags can be given in $KFORGE_SERVE_ARGS (e.g. "--workers 2").
 # The whole run is bounded by $LOADGEN_TIMEOUT seconds (default 900).
 #
+# Overload (issue 43; BENCH.md): 64 clients, every 10th call a new kernel with
+# a 3 s or 30 s deadline, on 2 workers; compare two binaries with the same
+# load generator (LOADGEN=build/bench/kforge_loadgen):
+#   KFORGE_SERVE_ARGS="--workers 2" bench/run_loadgen.sh OLD_OR_NEW_KFORGE \
+#     --concurrency 64 --seconds 20 --miss-fraction 0.1 --miss-deadlines 3,30 \
+#     --cold 0 --drain-wait 150
+#
 # On a machine shared with other work (e.g. parallel builds), set
 # KFORGE_BENCH_PRIORITY=1: the script then runs in a session of its own and
 # raises that session's scheduling autogroup to nice -20 (needs root or

@@ -144,8 +144,10 @@ std::vector<FlagSpec> ServeFlags() {
       {"workers", "N", "concurrent compile worker processes", absl::StrCat(cores == 0 ? 1 : cores)},
       {"queue-limit", "N",
        "compiles waiting for a busy worker; more are refused (0: no waiting queue, but idle "
-       "workers take work)",
-       absl::StrCat(defaults.store.pool.queue_limit)},
+       "workers take work). auto: what the workers get through in 30 s at 1 s a compile "
+       "(30 per worker). A miss whose compile would wait past its deadline is refused at once "
+       "whatever the limit",
+       "auto"},
       {"compile-timeout", "DURATION", "a compile running longer is killed (seconds, or 90s, 2m)",
        absl::FormatDuration(defaults.store.pool.timeout)},
       {"shutdown-grace", "DURATION",
@@ -156,6 +158,10 @@ std::vector<FlagSpec> ServeFlags() {
        "a compile the compiler rejected is answered with the same error for this long instead "
        "of compiled again (0: always retry)",
        absl::FormatDuration(defaults.store.failure_cache)},
+      {"crashed-compile-cache", "DURATION",
+       "a compile whose worker crashed or was killed at --compile-timeout is answered with the "
+       "same error for this long instead of run again (0: always retry)",
+       absl::FormatDuration(defaults.store.worker_failure_cache)},
       {"max-jobs-per-request", "N",
        "most kernels x archs one warm (Prebuild) call may ask for; more is refused before any "
        "work",
@@ -251,9 +257,11 @@ int Serve(const std::vector<std::string>& argv) {
   const absl::StatusOr<LogFormat> log_format = ParseLogFormat(args->Get("log-format"));
   if (!log_format.ok()) return Fail(log_format.status());
   options.log_format = *log_format;
-  long long workers = 0, queue_limit = 0;
+  long long workers = 0, queue_limit = kAutoQueueLimit;
   for (absl::Status s : {IntFlag(*args, "workers", 1, kMaxWorkers, &workers),
-                         IntFlag(*args, "queue-limit", 0, INT_MAX, &queue_limit)}) {
+                         args->Get("queue-limit") == "auto"
+                             ? absl::OkStatus()
+                             : IntFlag(*args, "queue-limit", 0, INT_MAX, &queue_limit)}) {
     if (!s.ok()) return Fail(s);
   }
   const absl::StatusOr<uint64_t> memory_bytes = SizeFlag(*args, "memory-cache-bytes");
@@ -264,8 +272,11 @@ int Serve(const std::vector<std::string>& argv) {
       DurationFlag(*args, "shutdown-grace", absl::ZeroDuration(), kMaxDuration);
   const absl::StatusOr<absl::Duration> failure_cache =
       DurationFlag(*args, "failed-compile-cache", absl::ZeroDuration(), kMaxDuration);
-  for (const absl::Status& s : {memory_bytes.status(), disk_bytes.status(), timeout.status(),
-                                grace.status(), failure_cache.status()}) {
+  const absl::StatusOr<absl::Duration> worker_failure_cache =
+      DurationFlag(*args, "crashed-compile-cache", absl::ZeroDuration(), kMaxDuration);
+  for (const absl::Status& s :
+       {memory_bytes.status(), disk_bytes.status(), timeout.status(), grace.status(),
+        failure_cache.status(), worker_failure_cache.status()}) {
     if (!s.ok()) return Fail(s);
   }
   options.store.memory_cache_bytes = *memory_bytes;
@@ -275,6 +286,7 @@ int Serve(const std::vector<std::string>& argv) {
   options.store.pool.timeout = *timeout;
   options.shutdown_grace = *grace;
   options.store.failure_cache = *failure_cache;
+  options.store.worker_failure_cache = *worker_failure_cache;
   absl::StatusOr<long long> max_jobs = IntFlagInRange(*args, "max-jobs-per-request", 1, INT_MAX);
   if (!max_jobs.ok()) return Fail(max_jobs.status());
   options.service.max_prebuild_jobs = static_cast<int>(*max_jobs);

@@ -18,6 +18,9 @@
 #include <deque>
 #include <future>
 #include <iostream>
+#include <limits>
+#include <numeric>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -42,6 +45,16 @@ namespace {
 
 // Marks a status that is the compiler's answer for the job (IsCompilerRejection).
 constexpr char kCompilerRejectionPayload[] = "type.kforge.dev/compiler-rejection";
+// Marks the failures of a job's worker run (IsWorkerFailure), a refusal by
+// deadline (IsDeadlineShed) and a job dropped unstarted (IsDroppedJob).
+constexpr char kWorkerFailurePayload[] = "type.kforge.dev/worker-failure";
+constexpr char kDeadlineShedPayload[] = "type.kforge.dev/deadline-shed";
+constexpr char kDroppedJobPayload[] = "type.kforge.dev/dropped-job";
+
+absl::Status Marked(absl::Status status, const char* payload) {
+  status.SetPayload(payload, absl::Cord("1"));
+  return status;
+}
 
 using ArtifactOr = absl::StatusOr<v1::KernelArtifact>;
 
@@ -389,6 +402,53 @@ std::string StderrSuffix(const std::string& tail) {
   return absl::StrCat("; stderr", cut ? " (last 8 KB)" : "", ":\n", text);
 }
 
+// What a worker that ran to its end (or wrote too much) produced: its
+// artifact, the compiler's answer, or why its output is unusable.
+ArtifactOr ReadWorkerResult(const v1::CompileJob& job, const ChildRun& run) {
+  if (run.output_too_large) {
+    return absl::InternalError(absl::StrCat(
+        "compile worker for ", JobLabel(job), " wrote more than ", kMaxResultBytes >> 20,
+        " MB to stdout; worker killed", StderrSuffix(run.err_tail)));
+  }
+  const int st = run.wait_status;
+  if (st == -1) {
+    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                            ": exit status lost", StderrSuffix(run.err_tail)));
+  }
+  if (WIFSIGNALED(st)) {
+    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                            " was killed by signal ", SignalText(WTERMSIG(st)),
+                                            StderrSuffix(run.err_tail)));
+  }
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    return absl::InternalError(
+        absl::StrCat("compile worker for ", JobLabel(job), " exited with code ",
+                     WIFEXITED(st) ? WEXITSTATUS(st) : st, StderrSuffix(run.err_tail)));
+  }
+  v1::CompileResult result;
+  if (!result.ParseFromString(run.out)) {
+    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                            " wrote an unparsable result (", run.out.size(),
+                                            " bytes on stdout)", StderrSuffix(run.err_tail)));
+  }
+  if (result.status_code() != 0) {
+    const int code = result.status_code();
+    if (code < 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+      return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                              " returned unknown status code ", code, ": ",
+                                              result.status_message()));
+    }
+    return Marked(absl::Status(static_cast<absl::StatusCode>(code), result.status_message()),
+                  kCompilerRejectionPayload);
+  }
+  if (!result.has_artifact()) {
+    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                            " reported success without an artifact",
+                                            StderrSuffix(run.err_tail)));
+  }
+  return std::move(*result.mutable_artifact());
+}
+
 // One job, start to finish, in a fresh worker process.
 ArtifactOr RunJob(const v1::CompileJob& job, const std::string& binary,
                   const std::vector<std::string>& extra_args, absl::Duration timeout,
@@ -406,53 +466,16 @@ ArtifactOr RunJob(const v1::CompileJob& job, const std::string& binary,
                      " abandoned: the server is shutting down and its grace period is over"));
   }
   if (run->timed_out) {
-    return absl::DeadlineExceededError(
-        absl::StrFormat("compile of %s exceeded %g s; worker killed%s", JobLabel(job),
-                        absl::ToDoubleSeconds(timeout), StderrSuffix(run->err_tail)));
+    return Marked(absl::DeadlineExceededError(
+                      absl::StrFormat("compile of %s exceeded %g s; worker killed%s", JobLabel(job),
+                                      absl::ToDoubleSeconds(timeout), StderrSuffix(run->err_tail))),
+                  kWorkerFailurePayload);
   }
-  if (run->output_too_large) {
-    return absl::InternalError(absl::StrCat(
-        "compile worker for ", JobLabel(job), " wrote more than ", kMaxResultBytes >> 20,
-        " MB to stdout; worker killed", StderrSuffix(run->err_tail)));
+  ArtifactOr result = ReadWorkerResult(job, *run);
+  if (!result.ok() && !IsCompilerRejection(result.status())) {
+    return Marked(result.status(), kWorkerFailurePayload);
   }
-  const int st = run->wait_status;
-  if (st == -1) {
-    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
-                                            ": exit status lost", StderrSuffix(run->err_tail)));
-  }
-  if (WIFSIGNALED(st)) {
-    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
-                                            " was killed by signal ", SignalText(WTERMSIG(st)),
-                                            StderrSuffix(run->err_tail)));
-  }
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    return absl::InternalError(
-        absl::StrCat("compile worker for ", JobLabel(job), " exited with code ",
-                     WIFEXITED(st) ? WEXITSTATUS(st) : st, StderrSuffix(run->err_tail)));
-  }
-  v1::CompileResult result;
-  if (!result.ParseFromString(run->out)) {
-    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
-                                            " wrote an unparsable result (", run->out.size(),
-                                            " bytes on stdout)", StderrSuffix(run->err_tail)));
-  }
-  if (result.status_code() != 0) {
-    const int code = result.status_code();
-    if (code < 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-      return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
-                                              " returned unknown status code ", code, ": ",
-                                              result.status_message()));
-    }
-    absl::Status rejected(static_cast<absl::StatusCode>(code), result.status_message());
-    rejected.SetPayload(kCompilerRejectionPayload, absl::Cord("1"));
-    return rejected;
-  }
-  if (!result.has_artifact()) {
-    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
-                                            " reported success without an artifact",
-                                            StderrSuffix(run->err_tail)));
-  }
-  return std::move(*result.mutable_artifact());
+  return result;
 }
 
 absl::StatusOr<std::string> ResolveWorkerBinary(const std::string& configured) {
@@ -474,6 +497,38 @@ constexpr std::string_view kFailTopkArg = "--test-fail-topk=";
 
 bool IsCompilerRejection(const absl::Status& status) {
   return status.GetPayload(kCompilerRejectionPayload).has_value();
+}
+bool IsWorkerFailure(const absl::Status& status) {
+  return status.GetPayload(kWorkerFailurePayload).has_value();
+}
+bool IsDeadlineShed(const absl::Status& status) {
+  return status.GetPayload(kDeadlineShedPayload).has_value();
+}
+bool IsDroppedJob(const absl::Status& status) {
+  return status.GetPayload(kDroppedJobPayload).has_value();
+}
+
+int DefaultQueueLimit(int workers, absl::Duration compile) {
+  workers = std::max(1, workers);
+  if (compile <= absl::ZeroDuration()) compile = kTypicalCompile;
+  const int64_t per_worker = std::max<int64_t>(1, kQueueWaitBudget / compile);
+  return static_cast<int>(std::min<int64_t>(INT_MAX, per_worker * workers));
+}
+
+JobInterest::JobInterest(absl::Time until) : until_ns_(absl::ToUnixNanos(until)) {}
+
+void JobInterest::Extend(absl::Time until) {
+  const int64_t want = absl::ToUnixNanos(until);
+  int64_t have = until_ns_.load();
+  while (have < want && !until_ns_.compare_exchange_weak(have, want)) {
+  }
+}
+
+absl::Time JobInterest::until() const {
+  const int64_t ns = until_ns_.load();
+  if (ns == std::numeric_limits<int64_t>::max()) return absl::InfiniteFuture();
+  if (ns == std::numeric_limits<int64_t>::min()) return absl::InfinitePast();
+  return absl::FromUnixNanos(ns);
 }
 
 std::vector<std::string> WorkerFaults::ToArgs() const {
@@ -504,20 +559,33 @@ absl::StatusOr<WorkerFaults> WorkerFaults::FromArgs(const std::vector<std::strin
   return faults;
 }
 
+// How many recent runs the compile estimate averages: enough to smooth one
+// odd compile, few enough to follow a change of load within seconds.
+constexpr size_t kRecentRuns = 16;
+
 struct CompilePool::State {
   struct Pending {
     v1::CompileJob job;
     CompileCallback done;
+    std::shared_ptr<const JobInterest> interest;  // null: wanted until it runs
+
+    bool Lapsed(absl::Time now) const { return interest != nullptr && interest->until() <= now; }
   };
 
   explicit State(CompilePoolOptions o)
       : options(std::move(o)),
+        workers(std::max(1, options.workers)),
+        queue_limit(options.queue_limit == kAutoQueueLimit
+                        ? DefaultQueueLimit(workers, options.initial_compile_estimate)
+                        : std::max(0, options.queue_limit)),
         binary(ResolveWorkerBinary(options.worker_binary)),
         worker_args(options.faults.ToArgs()) {}
 
   void WorkerLoop();
 
   const CompilePoolOptions options;
+  const int workers;
+  const int queue_limit;
   const absl::StatusOr<std::string> binary;
   const std::vector<std::string> worker_args;  // after `compile-worker PID`
 
@@ -527,12 +595,63 @@ struct CompilePool::State {
   int in_flight ABSL_GUARDED_BY(mu) = 0;
   bool shut_down ABSL_GUARDED_BY(mu) = false;
   std::atomic<bool> abandon{false};  // Abandon(): kill running workers
+  // Wall times of the last kRecentRuns runs, newest last.
+  std::deque<absl::Duration> recent ABSL_GUARDED_BY(mu);
+  // When each running job started (one entry per running job).
+  std::multiset<absl::Time> running_since ABSL_GUARDED_BY(mu);
 
   // Fails every queued job with Unavailable and rejects new ones.
   void CloseQueue();
 
-  // OK when Submit would take a job now; else its error.
-  absl::Status Room() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The recent mean run time (the configured guess before any run), or
+  // the mean time the running jobs have run so far when that is longer: a
+  // machine that slows down (load, a larger kernel) shows in its running
+  // compiles before any of them ends.
+  absl::Duration Estimate(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const absl::Duration done =
+        recent.empty() ? options.initial_compile_estimate
+                       : std::accumulate(recent.begin(), recent.end(), absl::ZeroDuration()) /
+                             static_cast<int64_t>(recent.size());
+    if (running_since.empty()) return done;
+    absl::Duration running = absl::ZeroDuration();
+    for (absl::Time since : running_since) running += now - since;
+    return std::max(done, running / static_cast<int64_t>(running_since.size()));
+  }
+
+  // Queued jobs somebody still waits for.
+  int Wanted(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return static_cast<int>(std::count_if(queue.begin(), queue.end(),
+                                          [now](const Pending& p) { return !p.Lapsed(now); }));
+  }
+
+  // Takes the queued jobs nobody waits for any more out of the queue; the
+  // caller fails them (FailDropped) once it has let go of mu.
+  std::vector<Pending> TakeLapsed(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::vector<Pending> lapsed;
+    for (auto it = queue.begin(); it != queue.end();) {
+      if (it->Lapsed(now)) {
+        lapsed.push_back(std::move(*it));
+        it = queue.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return lapsed;
+  }
+  // Without mu held.
+  static void FailDropped(std::vector<Pending>& dropped) {
+    for (Pending& p : dropped) {
+      p.done(Marked(absl::DeadlineExceededError(absl::StrCat(
+                        "compile of ", JobLabel(p.job),
+                        " not started: every caller's deadline passed while it waited for a "
+                        "worker")),
+                    kDroppedJobPayload));
+    }
+  }
+
+  // OK when Submit would take a job wanted until `until` now; else its
+  // error.
+  absl::Status Room(absl::Time until, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Separate from mu so that Shutdown can join while workers still take mu.
   absl::Mutex join_mu;
@@ -542,13 +661,35 @@ struct CompilePool::State {
 void CompilePool::State::WorkerLoop() {
   for (;;) {
     Pending pending;
+    std::vector<Pending> dropped;
+    bool stop = false;
+    absl::Time start;
     {
       absl::MutexLock lock(&mu);
-      while (queue.empty() && !shut_down) work_ready.Wait(&mu);
-      if (queue.empty()) return;  // shut down
-      pending = std::move(queue.front());
-      queue.pop_front();
-      ++in_flight;
+      // A job whose callers have all gone is never started: nobody would
+      // read its result, and it would hold a worker from those who would.
+      for (;;) {
+        while (queue.empty() && !shut_down && dropped.empty()) work_ready.Wait(&mu);
+        if (queue.empty()) {
+          stop = shut_down;
+          break;
+        }
+        pending = std::move(queue.front());
+        queue.pop_front();
+        if (!pending.Lapsed(absl::Now())) break;
+        dropped.push_back(std::move(pending));
+        pending = Pending();
+      }
+      if (pending.done != nullptr) {
+        ++in_flight;
+        start = absl::Now();
+        running_since.insert(start);
+      }
+    }
+    FailDropped(dropped);
+    if (pending.done == nullptr) {
+      if (stop) return;
+      continue;  // only dropped jobs this time
     }
     ArtifactOr result = binary.ok()
                             ? RunJob(pending.job, *binary, worker_args, options.timeout, abandon)
@@ -558,6 +699,11 @@ void CompilePool::State::WorkerLoop() {
       // this job.
       absl::MutexLock lock(&mu);
       --in_flight;
+      running_since.erase(running_since.find(start));
+      if (!abandon) {
+        recent.push_back(absl::Now() - start);
+        if (recent.size() > kRecentRuns) recent.pop_front();
+      }
     }
     pending.done(std::move(result));
   }
@@ -565,9 +711,8 @@ void CompilePool::State::WorkerLoop() {
 
 CompilePool::CompilePool(CompilePoolOptions options)
     : state_(std::make_unique<State>(std::move(options))) {
-  const int workers = std::max(1, state_->options.workers);
   absl::MutexLock lock(&state_->join_mu);
-  for (int i = 0; i < workers; ++i) {
+  for (int i = 0; i < state_->workers; ++i) {
     state_->threads.emplace_back([s = state_.get()] { s->WorkerLoop(); });
   }
 }
@@ -583,40 +728,81 @@ absl::StatusOr<CompileFuture> CompilePool::Submit(v1::CompileJob job) {
   return future;
 }
 
-absl::Status CompilePool::State::Room() const {
+absl::Status CompilePool::State::Room(absl::Time until, absl::Time now) const {
   if (shut_down) return absl::UnavailableError("compile pool is shut down");
   // queue_limit counts jobs that wait for a worker; a job an idle worker
   // will take does not wait (so queue_limit 0 means no waiting queue, not
-  // no compiles). Queued jobs not yet taken fill the idle workers first.
-  const int limit = std::max(0, options.queue_limit);
-  const int idle = std::max(0, std::max(1, options.workers) - in_flight);
-  const int waiting = std::max(0, static_cast<int>(queue.size()) - idle);
-  if (static_cast<int>(queue.size()) >= limit + idle) {
+  // no compiles). Queued jobs not yet taken fill the idle workers first;
+  // queued jobs nobody waits for will never start and do not count.
+  const int queued = Wanted(now);
+  const int idle = std::max(0, workers - in_flight);
+  const int waiting = std::max(0, queued - idle);
+  if (queued >= queue_limit + idle) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("compile queue is full: %d jobs waiting (limit %d), %d compiling", waiting,
-                        limit, in_flight));
+                        queue_limit, in_flight));
+  }
+  if (queued < idle) return absl::OkStatus();  // starts at once
+  // It would wait: for the running and queued jobs ahead of it to free a
+  // worker, one compile time per `workers` jobs (the first of the running
+  // ones frees one after about 1/workers of a compile), then its own.
+  const absl::Duration each = Estimate(now);
+  const int ahead = in_flight + queued - workers + 1;
+  const absl::Duration start = each * ahead / workers;
+  const absl::Duration answer = start + each;
+  if (now + answer > until) {
+    return Marked(
+        absl::ResourceExhaustedError(absl::StrFormat(
+            "compile queue: %d jobs waiting, %d compiling on %d workers at about %.1f s a "
+            "compile (recent mean): this one would start in about %.1f s and be answered in "
+            "about %.1f s, after its deadline (%.1f s from now); refused now rather than "
+            "queued past it",
+            waiting, in_flight, workers, absl::ToDoubleSeconds(each), absl::ToDoubleSeconds(start),
+            absl::ToDoubleSeconds(answer),
+            absl::ToDoubleSeconds(std::max(absl::ZeroDuration(), until - now)))),
+        kDeadlineShedPayload);
   }
   return absl::OkStatus();
 }
 
-absl::Status CompilePool::CheckRoom() const {
+absl::Status CompilePool::CheckRoom(absl::Time until) const {
   absl::MutexLock lock(&state_->mu);
-  return state_->Room();
+  return state_->Room(until, absl::Now());
 }
 
-absl::Status CompilePool::Submit(v1::CompileJob job, CompileCallback done) {
-  State::Pending pending{std::move(job), std::move(done)};
-  absl::MutexLock lock(&state_->mu);
-  if (absl::Status room = state_->Room(); !room.ok()) return room;
-  state_->queue.push_back(std::move(pending));
-  state_->work_ready.Signal();
-  return absl::OkStatus();
+absl::Status CompilePool::Submit(v1::CompileJob job, CompileCallback done,
+                                 std::shared_ptr<const JobInterest> interest) {
+  const absl::Time until = interest != nullptr ? interest->until() : absl::InfiniteFuture();
+  State::Pending pending{std::move(job), std::move(done), std::move(interest)};
+  std::vector<State::Pending> dropped;
+  absl::Status room;
+  {
+    absl::MutexLock lock(&state_->mu);
+    const absl::Time now = absl::Now();
+    // Jobs nobody waits for leave the queue now rather than when a worker
+    // reaches them: their flights end and release their locks.
+    if (!state_->shut_down) dropped = state_->TakeLapsed(now);
+    room = state_->Room(until, now);
+    if (room.ok()) {
+      state_->queue.push_back(std::move(pending));
+      state_->work_ready.Signal();
+    }
+  }
+  State::FailDropped(dropped);
+  return room;
 }
 
 int CompilePool::queue_depth() const {
   absl::MutexLock lock(&state_->mu);
-  return static_cast<int>(state_->queue.size());
+  return state_->Wanted(absl::Now());
 }
+
+absl::Duration CompilePool::compile_estimate() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->Estimate(absl::Now());
+}
+
+int CompilePool::queue_limit() const { return state_->queue_limit; }
 
 int CompilePool::in_flight() const {
   absl::MutexLock lock(&state_->mu);

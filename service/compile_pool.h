@@ -1,6 +1,7 @@
 #ifndef KFORGE_SERVICE_COMPILE_POOL_H_
 #define KFORGE_SERVICE_COMPILE_POOL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -29,12 +30,34 @@ struct WorkerFaults {
   static absl::StatusOr<WorkerFaults> FromArgs(const std::vector<std::string>& args);
 };
 
+// A compile's time before the pool has timed any: BENCH.md measured 0.875 s
+// median end to end through the server for glm-5 TP 8 on 2 cores (NVRTC
+// 0.74-0.90 s; 0.60 s median over the 80 preset modules).
+inline constexpr absl::Duration kTypicalCompile = absl::Seconds(1);
+// How long a job at the back of a full default-sized queue waits for a
+// worker at typical compile times. Shedding by deadline (Submit) refuses
+// what would wait past its caller's deadline; this bounds the rest (callers
+// without a deadline), so that a flood of them is refused, not queued for
+// minutes.
+inline constexpr absl::Duration kQueueWaitBudget = absl::Seconds(30);
+// CompilePoolOptions::queue_limit for "follow the worker count".
+inline constexpr int kAutoQueueLimit = -1;
+
+// The default queue bound: as many jobs as `workers` get through in
+// kQueueWaitBudget at `compile` each (at least one per worker); 60 for 2
+// workers at 1 s.
+int DefaultQueueLimit(int workers, absl::Duration compile = kTypicalCompile);
+
 struct CompilePoolOptions {
   int workers = 1;  // concurrent worker processes
   // Jobs waiting for a busy worker; more -> ResourceExhausted. A job an idle
   // worker takes at once does not count: 0 is no waiting queue.
-  int queue_limit = 256;
+  // kAutoQueueLimit: DefaultQueueLimit(workers, initial_compile_estimate).
+  int queue_limit = kAutoQueueLimit;
   absl::Duration timeout = absl::Seconds(120);  // per compile, then SIGKILL
+  // What a compile is taken to cost until the pool has timed some (then the
+  // mean of the last few runs), for the queue wait estimate.
+  absl::Duration initial_compile_estimate = kTypicalCompile;
   // The kforge binary; run as `<worker_binary> compile-worker`. Empty means
   // this process's own executable (/proc/self/exe).
   std::string worker_binary;
@@ -46,6 +69,31 @@ struct CompilePoolOptions {
 // which the same job would get again, as opposed to a crash, a timeout or
 // a full queue. The pool marks such statuses with a payload.
 bool IsCompilerRejection(const absl::Status& status);
+// Whether a failed job's worker crashed, was killed at the timeout, exited
+// non-zero or wrote no usable result: a failure of the job's run that the
+// same job will likely meet again (not a full queue, a shutdown, a dropped
+// job or the compiler's own answer).
+bool IsWorkerFailure(const absl::Status& status);
+// Whether Submit refused a job because it would have been answered after
+// its deadline (ResourceExhausted, with the estimate in the message).
+bool IsDeadlineShed(const absl::Status& status);
+// Whether a queued job was dropped before it started because nobody waited
+// for it any more (its JobInterest lapsed; DeadlineExceeded).
+bool IsDroppedJob(const absl::Status& status);
+
+// Until when somebody waits for a job's result. The submitter may extend it
+// while the job waits (another caller joins); the pool never starts a job
+// whose interest has lapsed, and estimates a queued job's answer against
+// it. Thread-safe.
+class JobInterest {
+ public:
+  explicit JobInterest(absl::Time until = absl::InfinitePast());
+  void Extend(absl::Time until);  // to the later of the two
+  absl::Time until() const;
+
+ private:
+  std::atomic<int64_t> until_ns_;  // absl::ToUnixNanos; saturates at +-infinity
+};
 
 using CompileFuture = std::shared_future<absl::StatusOr<v1::KernelArtifact>>;
 // Called once with a job's result, on a pool thread (or, for a job dropped
@@ -68,15 +116,29 @@ class CompilePool {
   absl::StatusOr<CompileFuture> Submit(v1::CompileJob job);
   // The same, with the result delivered to `done` instead of a future, so
   // that no thread has to wait for it. On an error `done` is not called.
-  absl::Status Submit(v1::CompileJob job, CompileCallback done);
+  // With an `interest`: a job that would wait for a worker is refused
+  // (ResourceExhausted, IsDeadlineShed) when its estimated answer falls
+  // after interest->until(): (jobs running and queued ahead of it -
+  // workers + 1) x a compile's time / workers to start, plus one compile,
+  // a compile's time being the mean of the last 16 runs, or the mean time
+  // the running ones have run so far when that is longer. A job an idle worker
+  // takes is never refused so (its result is cached for the caller's
+  // retry). A queued job whose interest lapses before a worker is free is
+  // never started: `done` gets DeadlineExceeded (IsDroppedJob).
+  absl::Status Submit(v1::CompileJob job, CompileCallback done,
+                      std::shared_ptr<const JobInterest> interest = nullptr);
 
-  // What Submit would answer about room for a job now (OK, ResourceExhausted
-  // or Unavailable), for a caller that must not prepare a job (take a lock
-  // file, say) that would be refused. The answer can change at once.
-  absl::Status CheckRoom() const;
+  // What Submit would answer about room for a job wanted until `until` now
+  // (OK, ResourceExhausted or Unavailable), for a caller that must not
+  // prepare a job (take a lock file, say) that would be refused. The answer
+  // can change at once.
+  absl::Status CheckRoom(absl::Time until = absl::InfiniteFuture()) const;
 
-  int queue_depth() const;  // waiting for a worker
+  int queue_depth() const;  // waiting for a worker, and wanted
   int in_flight() const;    // running in a worker process now
+  // A compile's time as the wait estimate takes it (see Submit).
+  absl::Duration compile_estimate() const;
+  int queue_limit() const;  // as configured or DefaultQueueLimit
 
   // Rejects new jobs, fails the queued ones with Unavailable, lets running
   // compiles finish, joins the threads.

@@ -53,11 +53,21 @@ constexpr absl::Duration kMaxFleetPoll = absl::Milliseconds(50);
 // the pool's completion callback finishes it, and every caller is answered
 // through its callback. Guarded by State::mu.
 struct Flight {
-  // The latest deadline of its callers: how long the driver keeps trying
-  // the key's lock file while another process holds it, and waits for the
-  // value of another server of the fleet that holds the key's Redis lock.
-  absl::Time drive_until = absl::InfinitePast();
+  // Until the latest deadline of its callers: how long the driver keeps
+  // trying the key's lock file while another process holds it, and waits
+  // for the value of another server of the fleet that holds the key's Redis
+  // lock; and, shared with the compile pool, whether its job may still
+  // wait for a worker or start.
+  std::shared_ptr<JobInterest> interest = std::make_shared<JobInterest>();
   std::vector<KernelStore::Done> callers;
+};
+
+// A failed compile answered from memory until `until` (failure_cache,
+// worker_failure_cache).
+struct CachedFailure {
+  absl::Status status;
+  absl::Time failed_at;
+  absl::Time until;
 };
 
 }  // namespace
@@ -86,9 +96,10 @@ struct KernelStore::State {
   bool shutting_down ABSL_GUARDED_BY(mu) = false;
   bool shutdown_called ABSL_GUARDED_BY(mu) = false;  // Shutdown waits once
 
-  // key -> a compile the compiler rejected and until when that answer
-  // stands (options.failure_cache). Bounded like the memo.
-  std::map<std::string, std::pair<absl::Status, absl::Time>> failures ABSL_GUARDED_BY(mu);
+  // key -> a compile that failed (the compiler rejected it, or its worker
+  // crashed or timed out) and until when that answer stands
+  // (options.failure_cache, worker_failure_cache). Bounded like the memo.
+  std::map<std::string, CachedFailure> failures ABSL_GUARDED_BY(mu);
 
   // GetKernel's time by the ArtifactSource of its answer (bounded: one
   // histogram per enum value), and NVRTC's seconds per compile; buckets
@@ -104,7 +115,16 @@ struct KernelStore::State {
 
   std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0}, compile_failures{0},
       shared_waits{0}, rejected{0}, disk_write_failures{0}, redis_lock_waits{0},
-      redis_local_compiles{0};
+      redis_local_compiles{0}, rejected_deadline{0}, compiles_dropped{0};
+
+  // Counts a refusal by the pool (full queue, or too late for the deadline).
+  void CountRefusal(const absl::Status& refused) {
+    if (IsDeadlineShed(refused)) {
+      ++rejected_deadline;
+    } else if (absl::IsResourceExhausted(refused)) {
+      ++rejected;
+    }
+  }
 
   // Ends a flight: later callers start a new one, and each of its callers
   // is answered here, on this thread, outside the lock. Shutdown waits for
@@ -127,7 +147,7 @@ struct KernelStore::State {
   // A flight's first phase, on the thread of the caller that started it.
   // Takes the key's lock file, so that server processes sharing the cache
   // directory compile a key once between them; while another process holds
-  // it, retries until the flight's drive_until (then completes it with
+  // it, retries until the latest deadline of the flight's callers (then completes it with
   // DeadlineExceeded: every caller's deadline has passed) or until the
   // store shuts down. With the lock: the disk tier again (the other process
   // may have built the key), then the fleet (AwaitFleet, with Redis), else
@@ -138,7 +158,7 @@ struct KernelStore::State {
 
   // One step of a driver's wait for another process (the key's lock file)
   // or another server (its value in Redis): once the store shuts down, or
-  // the flight's drive_until has passed (every caller's deadline; nothing
+  // the latest deadline of the flight's callers has passed (nothing
   // else would answer them), completes the flight (Unavailable,
   // DeadlineExceeded saying that `other` compiles the key and where its
   // result will be) and returns nullopt; else how long to sleep now, at
@@ -149,12 +169,11 @@ struct KernelStore::State {
                                          const char* other, const char* result_goes)
       ABSL_LOCKS_EXCLUDED(mu) {
     bool stopping = false;
-    absl::Time until;
     {
       absl::MutexLock lock(&mu);
       stopping = shutting_down;
-      until = flight->drive_until;
     }
+    const absl::Time until = flight->interest->until();
     if (stopping) {
       Complete(flight, plan.key, absl::UnavailableError("kforge server is shutting down"));
       return std::nullopt;
@@ -187,11 +206,11 @@ struct KernelStore::State {
     kLocked,  // this process holds the fleet lock: compile, store, unlock
     kLocal,   // no lock to be had (Redis down or slow, holder hung): compile
     kDone,    // the flight is completed (another server's kernel, the
-              // flight's drive_until passed, shutdown)
+              // callers' deadlines passed, shutdown)
   };
   // Part of Drive, on the same thread: takes the fleet lock on `plan.key`,
   // or, while another server holds it, waits for the value that server
-  // stores, until the flight's drive_until (then completes the flight with
+  // stores, until the latest deadline of the flight's callers (then completes the flight with
   // DeadlineExceeded, as Drive does for the lock file: no caller is left to
   // wait, and nothing else would ever answer them), until the store shuts
   // down, or until a compile's time and the lock's expiry have passed (then
@@ -207,9 +226,10 @@ struct KernelStore::State {
 };
 
 void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const CompilePlan& plan) {
-  // A request the pool would refuse leaves nothing on disk.
-  if (absl::Status room = pool->CheckRoom(); !room.ok()) {
-    if (absl::IsResourceExhausted(room)) ++rejected;
+  // A request the pool would refuse (full, or too late for every caller's
+  // deadline) leaves nothing on disk.
+  if (absl::Status room = pool->CheckRoom(flight->interest->until()); !room.ok()) {
+    CountRefusal(room);
     Complete(flight, plan.key, room);
     return;
   }
@@ -269,11 +289,12 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
       std::move(job),
       [this, flight, plan, held, fleet_lock](absl::StatusOr<v1::KernelArtifact> built) {
         FinishCompile(flight, plan, held.get(), fleet_lock, std::move(built));
-      });
+      },
+      flight->interest);
   if (!submitted.ok()) {
     --compiles;
     if (fleet_lock) redis->Unlock(plan.key);
-    if (absl::IsResourceExhausted(submitted)) ++rejected;
+    CountRefusal(submitted);
     Complete(flight, plan.key, submitted);
   }
 }
@@ -285,6 +306,14 @@ void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
     if (fleet_lock) redis->Unlock(plan.key);
     if (key_lock != nullptr) key_lock->Release();
   };
+  if (!built.ok() && IsDroppedJob(built.status())) {
+    // Never started: no compile, no failure to remember.
+    release();
+    --compiles;
+    ++compiles_dropped;
+    Complete(flight, plan.key, built.status());
+    return;
+  }
   if (!built.ok()) {
     release();
     ++compile_failures;
@@ -297,10 +326,16 @@ void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
               {"module", plan.module_name},
               {"arch", plan.arch.name},
               {"code", absl::StatusCodeToString(built.status().code())}});
-    if (IsCompilerRejection(built.status()) && options.failure_cache > absl::ZeroDuration()) {
+    // The compiler's answer, or a worker that crashed or hung on this job,
+    // would come again: answer it from memory for a while.
+    const absl::Duration remember = IsCompilerRejection(built.status()) ? options.failure_cache
+                                    : IsWorkerFailure(built.status()) ? options.worker_failure_cache
+                                                                      : absl::ZeroDuration();
+    if (remember > absl::ZeroDuration()) {
+      const absl::Time now = absl::Now();
       absl::MutexLock lock(&mu);
       if (failures.size() >= kMaxMemo) failures.clear();
-      failures[plan.key] = {built.status(), absl::Now() + options.failure_cache};
+      failures[plan.key] = {built.status(), now, now + remember};
     }
     Complete(flight, plan.key, built.status());
     return;
@@ -526,14 +561,15 @@ void KernelStore::State::Start(const CompilePlan& plan, bool lookup_only, absl::
     if (shutting_down) {
       refused = absl::UnavailableError("kforge server is shutting down");
     } else if (auto failed = failures.find(plan.key); failed != failures.end()) {
-      const absl::Duration left = failed->second.second - absl::Now();
+      const absl::Time now = absl::Now();
+      const absl::Duration left = failed->second.until - now;
       if (left > absl::ZeroDuration()) {
-        const absl::Status& why = failed->second.first;
+        const absl::Status& why = failed->second.status;
         refused = absl::Status(
             why.code(),
             absl::StrCat(why.message(), "\n(the same compile failed ",
                          absl::FormatDuration(
-                             absl::Trunc(options.failure_cache - left, absl::Milliseconds(1))),
+                             absl::Trunc(now - failed->second.failed_at, absl::Milliseconds(1))),
                          " ago; not retried for another ",
                          absl::FormatDuration(absl::Trunc(left, absl::Milliseconds(1))), ")"));
       } else {
@@ -555,7 +591,7 @@ void KernelStore::State::Start(const CompilePlan& plan, bool lookup_only, absl::
         ++running_flights;
         starts = true;
       }
-      flight->drive_until = std::max(flight->drive_until, deadline);
+      flight->interest->Extend(deadline);
       flight->callers.push_back(std::move(done));
     }
   }
@@ -653,6 +689,8 @@ v1::StatsResponse KernelStore::Stats() const {
   }
   out.set_redis_lock_waits(s.redis_lock_waits);
   out.set_redis_local_compiles(s.redis_local_compiles);
+  out.set_rejected_deadline(s.rejected_deadline);
+  out.set_compiles_dropped(s.compiles_dropped);
   return out;
 }
 

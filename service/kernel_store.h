@@ -31,6 +31,12 @@ struct KernelStoreOptions {
   // error instead of being compiled again, so that a client repeating a
   // valid but failing spec does not keep the workers busy. 0: never.
   absl::Duration failure_cache = absl::Seconds(30);
+  // The same for a compile whose worker crashed, was killed at the compile
+  // timeout or wrote no usable result (IsWorkerFailure): retried on every
+  // request, such a compile kept the workers busy for nothing (5 requests,
+  // 5 crashing compiles). Shorter than failure_cache, as a crash or timeout
+  // may come from the machine (memory, load) rather than the spec. 0: never.
+  absl::Duration worker_failure_cache = absl::Seconds(10);
   // The fleet's shared tier between the disk and a compile; host "" = none.
   RedisCacheOptions redis;
 };
@@ -52,10 +58,13 @@ class KernelStore {
 
   // InvalidArgument (bad spec, names the field), FailedPrecondition
   // (unsupported arch), NotFound (lookup_only miss), ResourceExhausted
-  // (compile queue full), DeadlineExceeded (this caller's deadline passed;
-  // the compile goes on for the others), Internal (compile failure, with the
-  // NVRTC log), Unavailable (shutting down). Blocks until answered:
-  // GetKernelAsync on a waiting thread.
+  // (compile queue full, or the compile would wait for a worker past
+  // `deadline`: refused at once, with the wait estimate in the message),
+  // DeadlineExceeded (this caller's deadline passed; the compile goes on for
+  // the others, or, still queued when every caller's deadline has passed,
+  // never starts), Internal (compile failure, with the NVRTC log),
+  // Unavailable (shutting down). Blocks until answered: GetKernelAsync on a
+  // waiting thread.
   absl::StatusOr<Result> GetKernel(const v1::AttentionSpec& spec, std::string_view arch,
                                    bool lookup_only, absl::Time deadline = absl::InfiniteFuture());
 

@@ -3,8 +3,8 @@
 #include <hiredis/hiredis.h>
 
 #include <atomic>
+#include <map>
 #include <random>
-#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -30,9 +30,31 @@ struct ReplyFree {
 };
 using Reply = std::unique_ptr<redisReply, ReplyFree>;
 
+// Takes a compile lock: its value is "<fencing token>:<owner token>", the
+// fencing token a number that grows with every lock taken in this
+// namespace (KEYS[2] counts them), and it always expires (ARGV[2] ms) unless
+// renewed. Answers the fencing token when taken. A lock held by anyone else
+// answers 0, or -1 when it could stall the fleet: it has no expiry, or it is
+// not one of ours (no fencing token: written by an older kforge or by hand)
+// and expires later than ours would. Such a lock is given our expiry, so
+// it is taken for stale after one lock TTL from when it is first seen; a
+// live older server renews its own lock meanwhile.
+constexpr char kLockScript[] =
+    "local v = redis.call('get', KEYS[1]) "
+    "if not v then "
+    "  local fence = redis.call('incr', KEYS[2]) "
+    "  redis.call('set', KEYS[1], fence .. ':' .. ARGV[1], 'px', ARGV[2]) "
+    "  return fence "
+    "end "
+    "local ttl = redis.call('pttl', KEYS[1]) "
+    "if ttl < 0 or (not string.match(v, '^%d+:%x+$') and ttl > tonumber(ARGV[2])) then "
+    "  redis.call('pexpire', KEYS[1], ARGV[2]) "
+    "  return -1 "
+    "end "
+    "return 0";
 // Deletes / renews a lock only while this process holds it (its value is
-// this process's owner token): a lock that expired and was taken by another
-// server is left to that server.
+// the fencing token and owner token it was taken with): a lock that expired
+// and was taken by another server, or again by this one, is left alone.
 constexpr char kUnlockScript[] =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
     "else return 0 end";
@@ -109,6 +131,7 @@ struct RedisCache::State {
   RedisCacheOptions options;
   std::string name;  // host:port, for messages
   std::string value_prefix, lock_prefix;
+  std::string fence_key;  // counts the locks taken: their fencing tokens
   std::string owner = OwnerToken();
   // Room for the largest value plus the reply's framing.
   uint64_t max_reply_bytes = 0;
@@ -119,9 +142,11 @@ struct RedisCache::State {
   int open ABSL_GUARDED_BY(mu) = 0;  // idle + lent out
   bool up ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
-  std::set<std::string> held ABSL_GUARDED_BY(mu);  // lock keys this process holds
+  // Lock keys this process holds -> the value it set ("<fence>:<owner>").
+  std::map<std::string, std::string> held ABSL_GUARDED_BY(mu);
 
-  std::atomic<uint64_t> hits{0}, misses{0}, errors{0}, skipped{0}, corrupt{0}, stores{0};
+  std::atomic<uint64_t> hits{0}, misses{0}, errors{0}, skipped{0}, corrupt{0}, stores{0},
+      stale_locks{0};
   std::thread keeper;
 
   void Log(std::string_view line) const {
@@ -246,14 +271,14 @@ struct RedisCache::State {
       changed.WaitWithTimeout(&mu, period);
       if (stopping) break;
       const bool was_up = up;
-      const std::vector<std::string> renew(held.begin(), held.end());
+      const std::map<std::string, std::string> renew = held;
       mu.Unlock();
       if (!was_up) {
         (void)Reconnect();
       } else {
         const std::string ttl_ms = absl::StrCat(absl::ToInt64Milliseconds(options.lock_ttl));
-        for (const std::string& lock_key : renew) {
-          (void)Run({"EVAL", kRenewScript, "1", lock_key, owner, ttl_ms});
+        for (const auto& [lock_key, value] : renew) {
+          (void)Run({"EVAL", kRenewScript, "1", lock_key, value, ttl_ms});
         }
       }
       mu.Lock();
@@ -307,6 +332,7 @@ absl::StatusOr<std::unique_ptr<RedisCache>> RedisCache::Create(RedisCacheOptions
       absl::StrCat(options.key_prefix, ":f", kFormatVersion, ":e", kCacheEntryVersion, ":");
   state->value_prefix = ns + "kernel:";
   state->lock_prefix = ns + "lock:";
+  state->fence_key = ns + "lock-fence";
   state->max_reply_bytes = options.max_value_bytes + 64;
   state->options = std::move(options);
   if (absl::Status reached = state->Reconnect(); !reached.ok()) {
@@ -385,28 +411,40 @@ SharedArtifactCache::Lock RedisCache::TryLock(const std::string& key) {
   if (!IsValidCacheKey(key)) return Lock::kUnavailable;
   const std::string lock_key = s.lock_prefix + key;
   absl::StatusOr<Reply> reply =
-      s.Run({"SET", lock_key, s.owner, "NX", "PX",
+      s.Run({"EVAL", kLockScript, "2", lock_key, s.fence_key, s.owner,
              absl::StrCat(absl::ToInt64Milliseconds(s.options.lock_ttl))});
   if (!reply.ok()) return Lock::kUnavailable;
-  if ((*reply)->type == REDIS_REPLY_NIL) return Lock::kHeldElsewhere;
-  if ((*reply)->type != REDIS_REPLY_STATUS) {
+  if ((*reply)->type != REDIS_REPLY_INTEGER) {
     ++s.errors;
     return Lock::kUnavailable;
   }
+  const long long fence = (*reply)->integer;
+  if (fence == -1) {
+    ++s.stale_locks;
+    s.Log(absl::StrCat("redis ", s.name, ": lock ", lock_key,
+                       " has no expiry or no fencing token (an older kforge, or set by hand); "
+                       "it is taken for stale in ",
+                       absl::FormatDuration(s.options.lock_ttl)));
+  }
+  if (fence <= 0) return Lock::kHeldElsewhere;
   absl::MutexLock lock(&s.mu);
-  s.held.insert(lock_key);
+  s.held[lock_key] = absl::StrCat(fence, ":", s.owner);
   return Lock::kAcquired;
 }
 
 void RedisCache::Unlock(const std::string& key) {
   State& s = *state_;
   const std::string lock_key = s.lock_prefix + key;
+  std::string value;
   {
     absl::MutexLock lock(&s.mu);
-    if (s.held.erase(lock_key) == 0) return;
+    auto it = s.held.find(lock_key);
+    if (it == s.held.end()) return;
+    value = std::move(it->second);
+    s.held.erase(it);
   }
   // Failing, the lock lapses at its expiry.
-  (void)s.Run({"EVAL", kUnlockScript, "1", lock_key, s.owner});
+  (void)s.Run({"EVAL", kUnlockScript, "1", lock_key, value});
 }
 
 RedisCounters RedisCache::Counters() const {
@@ -418,6 +456,7 @@ RedisCounters RedisCache::Counters() const {
   out.skipped = s.skipped;
   out.corrupt_entries = s.corrupt;
   out.stores = s.stores;
+  out.stale_locks = s.stale_locks;
   absl::MutexLock lock(&state_->mu);
   out.up = state_->up;
   return out;

@@ -25,7 +25,10 @@ struct RedisCacheOptions {
   absl::Duration timeout = absl::Milliseconds(500);
   absl::Duration reconnect_interval = absl::Seconds(1);
   // The fleet-wide compile lock's expiry; its holder renews it every third
-  // of it while it compiles, so only a dead holder lets it lapse.
+  // of it while it compiles, so only a dead holder lets it lapse. A lock
+  // found without an expiry or a fencing token (an older kforge, or set by
+  // hand) is given this expiry when first seen, so it stalls the fleet for
+  // at most this long.
   absl::Duration lock_ttl = absl::Seconds(10);
   // Values expire after this long without being stored again, so that the
   // kernels of old kforge versions leave a Redis that has no eviction.
@@ -48,6 +51,8 @@ struct RedisCounters {
   uint64_t skipped = 0;  // calls not made because Redis was down
   uint64_t corrupt_entries = 0;
   uint64_t stores = 0;
+  // Locks found without an expiry or a fencing token, given one (TryLock).
+  uint64_t stale_locks = 0;
   bool up = false;
 };
 

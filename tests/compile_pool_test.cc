@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -239,6 +241,81 @@ TEST_F(CompilePoolTest, FullQueueRejectsAtOnceAndShutdownFailsQueuedJobs) {
   EXPECT_EQ(pool.queue_depth(), 0);
   EXPECT_EQ(pool.in_flight(), 0);
   EXPECT_TRUE(ChildPids().empty());
+}
+
+// The default queue bound: what the workers get through in 30 s at a
+// typical compile's time, at least one job per worker.
+TEST(DefaultQueueLimitTest, FollowsWorkersAndCompileTime) {
+  EXPECT_EQ(DefaultQueueLimit(2), 60);
+  EXPECT_EQ(DefaultQueueLimit(16), 480);
+  EXPECT_EQ(DefaultQueueLimit(2, absl::Seconds(10)), 6);
+  EXPECT_EQ(DefaultQueueLimit(3, absl::Minutes(5)), 3);
+  EXPECT_EQ(DefaultQueueLimit(0), 30);
+  CompilePoolOptions options = PoolOptions(4);
+  EXPECT_EQ(CompilePool(options).queue_limit(), 120);
+  options.queue_limit = 7;
+  EXPECT_EQ(CompilePool(options).queue_limit(), 7);
+}
+
+absl::Status SubmitWanted(CompilePool& pool, v1::CompileJob job,
+                          std::shared_ptr<const JobInterest> interest,
+                          std::shared_ptr<std::promise<absl::Status>> result) {
+  return pool.Submit(
+      std::move(job),
+      [result](absl::StatusOr<v1::KernelArtifact> r) { result->set_value(r.status()); },
+      std::move(interest));
+}
+
+// A job that would wait for a worker is refused when its estimated answer
+// falls after its caller's deadline; one an idle worker takes always
+// starts, and one nobody waits for any more never does.
+TEST_F(CompilePoolTest, ShedsByDeadlineAndDropsJobsNobodyWaitsFor) {
+  CompilePoolOptions options = PoolOptions(1, absl::Seconds(2));
+  options.initial_compile_estimate = absl::Milliseconds(300);
+  CompilePool pool(options);
+  // Idle worker: starts even with a deadline nearer than a compile's
+  // estimate (it crashes: it ran).
+  auto crashed = std::make_shared<std::promise<absl::Status>>();
+  ASSERT_TRUE(SubmitWanted(pool, Glm5Job(kCrashTopk),
+                           std::make_shared<JobInterest>(absl::Now() + absl::Milliseconds(200)),
+                           crashed)
+                  .ok());
+  const absl::Status crash = crashed->get_future().get();
+  EXPECT_TRUE(IsWorkerFailure(crash)) << crash;
+  EXPECT_FALSE(IsCompilerRejection(crash));
+
+  absl::StatusOr<CompileFuture> hung = pool.Submit(Glm5Job(kHangTopk));
+  ASSERT_TRUE(hung.ok());
+  ASSERT_TRUE(WaitFor([&] { return pool.in_flight() == 1; }));
+  // The crash took well under the guess: the estimate is the recent mean.
+  EXPECT_LT(pool.compile_estimate(), absl::Milliseconds(300));
+  // Would wait: refused when the deadline is nearer than the estimate.
+  auto refused = std::make_shared<std::promise<absl::Status>>();
+  const absl::Status shed =
+      SubmitWanted(pool, Glm5Job(kCrashTopk), std::make_shared<JobInterest>(absl::Now()), refused);
+  EXPECT_TRUE(IsDeadlineShed(shed)) << shed;
+  EXPECT_TRUE(absl::IsResourceExhausted(shed)) << shed;
+  EXPECT_TRUE(pool.CheckRoom(absl::InfiniteFuture()).ok());
+  EXPECT_TRUE(IsDeadlineShed(pool.CheckRoom(absl::Now())));
+  // Queued with 300 ms of interest, then nobody waits: dropped, not run.
+  auto dropped = std::make_shared<std::promise<absl::Status>>();
+  auto short_interest = std::make_shared<JobInterest>(absl::Now() + absl::Milliseconds(300));
+  ASSERT_TRUE(SubmitWanted(pool, Glm5Job(kCrashTopk), short_interest, dropped).ok());
+  // Queued the same way, but a caller joins with no deadline: it runs.
+  auto extended = std::make_shared<std::promise<absl::Status>>();
+  auto joined = std::make_shared<JobInterest>(absl::Now() + absl::Milliseconds(300));
+  ASSERT_TRUE(SubmitWanted(pool, Glm5Job(kCrashTopk), joined, extended).ok());
+  joined->Extend(absl::InfiniteFuture());
+  joined->Extend(absl::Now());  // never shortens
+  EXPECT_EQ(pool.queue_depth(), 2);
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_EQ(pool.queue_depth(), 1);  // the lapsed one no longer counts
+  const absl::Status not_run = dropped->get_future().get();
+  EXPECT_TRUE(IsDroppedJob(not_run)) << not_run;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(not_run)) << not_run;
+  const absl::Status ran = extended->get_future().get();
+  EXPECT_TRUE(IsWorkerFailure(ran)) << ran;
+  EXPECT_TRUE(IsWorkerFailure(hung->get().status()));  // killed at the timeout
 }
 
 TEST_F(CompilePoolTest, ShutdownIsIdempotentAndRejectsNewJobs) {

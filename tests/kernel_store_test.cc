@@ -240,6 +240,144 @@ TEST_F(KernelStoreTest, AsyncWaitersHoldNoThreadAndAreAnsweredByTheCompile) {
   EXPECT_EQ((*store)->Stats().compiles(), 1u);
 }
 
+// Issue 43 (finding 4): with both workers busy, a miss queued behind them
+// for tens of seconds although its caller gave up after 3. A miss whose
+// compile would wait for a worker past its deadline is refused at once,
+// with the estimate, and starts nothing.
+TEST_F(KernelStoreTest, MissThatWouldWaitPastItsDeadlineIsRefusedAtOnce) {
+  constexpr uint32_t kHangTopk = 1000;
+  auto store = Open(/*workers=*/1, WorkerFaults{.hang_topk = kHangTopk});
+  ASSERT_NE(store, nullptr);
+  v1::AttentionSpec hanging = Glm5Tp8();
+  hanging.set_topk(kHangTopk);
+  // Takes the only worker until abandoned.
+  store->GetKernelAsync(hanging, "sm_90a", false, absl::InfiniteFuture(),
+                        [](absl::StatusOr<KernelStore::Result>) {});
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (store->Stats().in_flight_compiles() == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(store->Stats().in_flight_compiles(), 1u);
+  // A compile takes about a second (before any has finished, the pool's
+  // guess), and this one would first wait for the hung one: not within
+  // 500 ms.
+  const absl::Time start = absl::Now();
+  auto r = store->GetKernel(Glm5Tp8(), "sm_90a", false, start + absl::Milliseconds(500));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500)) << "answered before its deadline";
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  EXPECT_TRUE(Contains(std::string(r.status().message()), "after its deadline")) << r.status();
+  EXPECT_TRUE(Contains(std::string(r.status().message()), "would start in about")) << r.status();
+  const v1::StatsResponse stats = store->Stats();
+  EXPECT_EQ(stats.queue_depth(), 0u);
+  EXPECT_EQ(stats.compiles(), 1u);  // the hung one only
+  store->AbandonCompiles();
+  store->Shutdown();
+}
+
+// Issue 43 (finding 4): compiles whose callers had all given up still ran,
+// keeping the workers from those still waiting. A queued compile whose every
+// caller's deadline passes before a worker is free never starts; its
+// callers are answered DeadlineExceeded, and no worker runs it.
+TEST_F(KernelStoreTest, QueuedCompileWhoseCallersAllLeftNeverStarts) {
+  constexpr uint32_t kHangTopk = 1000;
+  constexpr uint32_t kCrashTopk = 1001;  // would crash if it ever ran
+  KernelStoreOptions o;
+  o.cache_dir = dir_.string();
+  o.pool.workers = 1;
+  o.pool.faults.hang_topk = kHangTopk;
+  o.pool.faults.crash_topk = kCrashTopk;
+  o.pool.worker_binary = KFORGE_BINARY;
+  o.pool.timeout = absl::Seconds(3);  // the hung compile holds the worker 3 s
+  absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::AttentionSpec hanging = Glm5Tp8();
+  hanging.set_topk(kHangTopk);
+  v1::AttentionSpec crashing = Glm5Tp8();
+  crashing.set_topk(kCrashTopk);
+  absl::Mutex mu;
+  std::vector<absl::Status> hung_answers, queued_answers;
+  (*store)->GetKernelAsync(hanging, "sm_90a", false, absl::InfiniteFuture(),
+                           [&](absl::StatusOr<KernelStore::Result> r) {
+                             absl::MutexLock lock(&mu);
+                             hung_answers.push_back(r.status());
+                           });
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while ((*store)->Stats().in_flight_compiles() == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ((*store)->Stats().in_flight_compiles(), 1u);
+  // Estimated at about 2 s (a second's wait, a second's compile): queued.
+  (*store)->GetKernelAsync(crashing, "sm_90a", false, absl::Now() + absl::Milliseconds(2500),
+                           [&](absl::StatusOr<KernelStore::Result> r) {
+                             absl::MutexLock lock(&mu);
+                             queued_answers.push_back(r.status());
+                           });
+  EXPECT_EQ((*store)->Stats().queue_depth(), 1u);
+  {
+    // Answered once the hung compile is killed (3 s), without running.
+    absl::MutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::vector<absl::Status>* a) { return !a->empty(); }, &queued_answers),
+        absl::Seconds(30)));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(queued_answers[0])) << queued_answers[0];
+    EXPECT_TRUE(Contains(std::string(queued_answers[0].message()), "not started"))
+        << queued_answers[0];
+  }
+  const v1::StatsResponse stats = (*store)->Stats();
+  EXPECT_EQ(stats.compiles(), 1u);          // the hung one only
+  EXPECT_EQ(stats.compile_failures(), 1u);  // its timeout; nothing crashed
+  EXPECT_EQ(stats.in_flight_compiles(), 0u);
+  EXPECT_EQ(stats.queue_depth(), 0u);
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(hung_answers.size(), 1u);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(hung_answers[0])) << hung_answers[0];
+}
+
+// Issue 43 (finding 9): a compile whose worker crashed was run again for
+// every request (5 requests, 5 crashing compiles). Like the compiler's
+// rejections, a crash is answered from memory for a while: 5 requests, 1
+// compile, the same error for all.
+TEST_F(KernelStoreTest, CrashingCompileRunsOnceForFiveRequests) {
+  constexpr uint32_t kCrashTopk = 1001;
+  auto store = Open(/*workers=*/2, WorkerFaults{.crash_topk = kCrashTopk});
+  ASSERT_NE(store, nullptr);
+  v1::AttentionSpec crashing = Glm5Tp8();
+  crashing.set_topk(kCrashTopk);
+  for (int i = 0; i < 5; ++i) {
+    auto r = store->GetKernel(crashing, "sm_90a", false, absl::Now() + absl::Seconds(60));
+    EXPECT_TRUE(absl::IsInternal(r.status())) << i << ": " << r.status();
+    EXPECT_TRUE(Contains(std::string(r.status().message()), "SIGABRT")) << r.status();
+    if (i > 0) {
+      EXPECT_TRUE(Contains(std::string(r.status().message()), "not retried for another"))
+          << r.status();
+    }
+  }
+  EXPECT_EQ(store->Stats().compiles(), 1u);
+  EXPECT_EQ(store->Stats().compile_failures(), 1u);
+}
+
+// The same for a compile killed at the compile timeout.
+TEST_F(KernelStoreTest, TimedOutCompileRunsOnceForThreeRequests) {
+  constexpr uint32_t kHangTopk = 1000;
+  KernelStoreOptions o;
+  o.cache_dir = dir_.string();
+  o.pool.workers = 1;
+  o.pool.faults.hang_topk = kHangTopk;
+  o.pool.worker_binary = KFORGE_BINARY;
+  o.pool.timeout = absl::Milliseconds(500);
+  absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::AttentionSpec hanging = Glm5Tp8();
+  hanging.set_topk(kHangTopk);
+  for (int i = 0; i < 3; ++i) {
+    auto r = (*store)->GetKernel(hanging, "sm_90a", false, absl::Now() + absl::Seconds(60));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << i << ": " << r.status();
+    EXPECT_TRUE(Contains(std::string(r.status().message()), "exceeded 0.5 s")) << r.status();
+  }
+  EXPECT_EQ((*store)->Stats().compiles(), 1u);
+}
+
 TEST_F(KernelStoreTest, WaitsForAnotherProcessHoldingTheKeyLock) {
   auto store = Open();
   const v1::AttentionSpec spec = Glm5Tp8();

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -260,6 +261,63 @@ TEST_F(RedisCacheTest, LockIsExclusiveRenewedWhileHeldAndLapsesWhenTheHolderDies
   EXPECT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kAcquired);
 }
 
+// The Redis key of the fleet lock on `key`.
+std::string LockKey(const RedisCache& cache, const std::string& key) {
+  std::string name = cache.ValueKey(key);
+  const size_t kernel = name.rfind(":kernel:");
+  return name.replace(kernel, std::string(":kernel:").size(), ":lock:");
+}
+
+// Issue 43 (finding 5): a lock key without an expiry (written by an older
+// server or by hand) was never taken over, so a miss behind it waited for a
+// compile's timeout plus the lock's expiry. Our locks always expire and
+// carry a fencing token that grows with each lock; a lock without an expiry
+// or a fencing token is given the lock expiry when first seen, so it
+// lapses one lock TTL later.
+TEST_F(RedisCacheTest, LocksCarryExpiryAndFencingTokenAndForeignOnesLapseAfterOneTtl) {
+  RedisCacheOptions options = OptionsFor(redis_->port());
+  options.lock_ttl = absl::Milliseconds(300);
+  auto a = RedisCache::Create(options);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(WaitUp(**a, true));
+  const std::string key = Key('f');
+  const std::string lock_key = LockKey(**a, key);
+  // Fencing tokens: "<number>:<owner>", the number growing lock by lock.
+  auto fence = [&]() -> long long {
+    Reply value = redis_->Command({"GET", lock_key});
+    if (value == nullptr || value->type != REDIS_REPLY_STRING) return -1;
+    const std::string text(value->str, value->len);
+    const size_t colon = text.find(':');
+    long long n = -1;
+    if (colon == std::string::npos || !absl::SimpleAtoi(text.substr(0, colon), &n)) return -1;
+    return n;
+  };
+  ASSERT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kAcquired);
+  const long long first = fence();
+  EXPECT_GT(first, 0);
+  Reply ttl = redis_->Command({"PTTL", lock_key});
+  ASSERT_NE(ttl, nullptr);
+  EXPECT_GT(ttl->integer, 0);
+  EXPECT_LE(ttl->integer, 300);
+  (*a)->Unlock(key);
+  ASSERT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kAcquired);
+  EXPECT_GT(fence(), first);
+  (*a)->Unlock(key);
+
+  // A lock set by hand, with no expiry and no fencing token: held for one
+  // lock TTL from when it is seen, then taken.
+  ASSERT_NE(redis_->Command({"SET", lock_key, "by-hand"}), nullptr);
+  EXPECT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kHeldElsewhere);
+  absl::SleepFor(absl::Milliseconds(450));
+  EXPECT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kAcquired);
+  (*a)->Unlock(key);
+  // One without a fencing token that expires in an hour: the same.
+  ASSERT_NE(redis_->Command({"SET", lock_key, "0123abcd", "PX", "3600000"}), nullptr);
+  EXPECT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kHeldElsewhere);
+  absl::SleepFor(absl::Milliseconds(450));
+  EXPECT_EQ((*a)->TryLock(key), SharedArtifactCache::Lock::kAcquired);
+}
+
 TEST_F(RedisCacheTest, PasswordIsSent) {
   TempDir dir{"kforge_redis_auth"};
   RedisServer locked(dir.path(), UnusedLoopbackPort(), {"--requirepass", "s3cret-fleet-password"});
@@ -453,6 +511,38 @@ TEST_F(FleetTest, CorruptedValueIsDetectedAndNeverServed) {
   const std::string stored(after->str, after->len);
   EXPECT_TRUE(stored != bad);
   EXPECT_TRUE(stored.find(first.response.artifact().cubin()) != std::string::npos);
+}
+
+// Issue 43 (finding 5), end to end: a miss behind a lock key that never
+// expires waited for the compile timeout plus the lock TTL (130 s at the
+// defaults; a 120 s client got DEADLINE_EXCEEDED). It now waits about one
+// lock TTL, then compiles.
+TEST_F(WithRedis, MissBehindALockWithoutExpiryWaitsOneLockTtlNotACompileTimeout) {
+  KernelStoreOptions o;
+  o.cache_dir = (tmp_.path() / "cache").string();
+  o.pool.workers = 1;
+  o.pool.worker_binary = kBinary;
+  o.pool.timeout = absl::Seconds(60);
+  o.redis = OptionsFor(redis_->port());
+  o.redis.lock_ttl = absl::Milliseconds(500);
+  absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_EQ((*store)->Stats().redis_up(), 1u);
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(*spec, kArch);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto probe = RedisCache::Create(OptionsFor(redis_->port()));
+  ASSERT_TRUE(probe.ok());
+  ASSERT_NE(redis_->Command({"SET", LockKey(**probe, plan->key), "left-by-an-old-server"}),
+            nullptr);
+  auto r = (*store)->GetKernel(*spec, kArch, false, absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->source, v1::ARTIFACT_SOURCE_COMPILED);
+  const v1::StatsResponse stats = (*store)->Stats();
+  EXPECT_EQ(stats.compiles(), 1u);
+  EXPECT_EQ(stats.redis_lock_waits(), 1u);
+  EXPECT_EQ(stats.redis_local_compiles(), 0u);  // it took the lock
 }
 
 // ---- a KernelStore while another server of the fleet holds the lock ----

@@ -171,12 +171,15 @@ std::vector<FlagSpec> ServeFlags() {
        "says NOT_SERVING until done",
        ""},
       {"trust", "PUBKEY",
-       "with --warm-from: refuse a bundle not signed by this Ed25519 public key (PEM; "
-       "kforge keygen)"},
+       "refuse a --warm-from bundle not signed by this Ed25519 public key (PEM; kforge "
+       "keygen), and serve no cache entry that came from an unsigned bundle"},
       {"trust-min-sequence", "N",
        "with --trust: refuse a bundle whose signed sequence (kforge prebuild --sequence) is "
        "below N or missing: an older bundle signed by the same key (a rollback)",
        "0"},
+      {"fleet-key", "FILE",
+       "the fleet's shared secret (32+ bytes; openssl rand -hex 32): every disk and Redis "
+       "entry is sealed with an HMAC under it and refused without one. Needed by --redis"},
       {"tls-cert", "FILE", "serve TLS with this certificate chain (PEM)"},
       {"tls-key", "FILE", "the certificate's private key (PEM)"},
       {"tls-client-ca", "FILE", "mTLS: clients must present a certificate signed by this CA (PEM)"},
@@ -234,8 +237,18 @@ int Serve(const std::vector<std::string>& argv) {
   options.store.cache_dir = args->Get("cache-dir");
   options.warm_from = args->Get("warm-from");
   options.trust_key_file = args->Get("trust");
+  if (const std::string file = args->Get("fleet-key"); !file.empty()) {
+    absl::StatusOr<std::string> key = ReadFleetKeyFile(file);
+    if (!key.ok()) return Fail(key.status());
+    options.store.trust.fleet_key = *std::move(key);
+  }
+  // Alone, --trust still refuses unsigned bundles' entries in the cache; a
+  // key that cannot be read is a typo, not a setting.
   if (!options.trust_key_file.empty() && options.warm_from.empty()) {
-    return Fail(absl::InvalidArgumentError("--trust checks the bundle of --warm-from; give both"));
+    if (absl::StatusOr<std::string> pem = ReadCredentialFile(options.trust_key_file, "--trust");
+        !pem.ok()) {
+      return Fail(pem.status());
+    }
   }
   absl::StatusOr<long long> min_sequence =
       IntFlagInRange(*args, "trust-min-sequence", 0, int64_t{1} << 53);
@@ -495,6 +508,17 @@ int Doctor(const std::vector<std::string>& argv) {
   for (const std::string& line : AccessLines(security)) std::cout << "access: " << line << "\n";
 
   RedisCacheOptions redis;
+  if (const std::string file = args->Get("fleet-key"); !file.empty()) {
+    absl::StatusOr<std::string> key = ReadFleetKeyFile(file);
+    if (key.ok()) {
+      redis.trust.fleet_key = *std::move(key);
+      std::cout << "fleet key: " << file << " (entries are sealed and checked with it)\n";
+    } else {
+      problem(absl::StrCat("fleet key: ", key.status().message()));
+    }
+  } else {
+    std::cout << "fleet key: none (disk entries integrity-checked only; --redis refused)\n";
+  }
   if (absl::Status s = RedisFromArgs(*args, &redis); !s.ok()) {
     problem(absl::StrCat("redis: ", s.message()));
   } else if (redis.host.empty()) {

@@ -16,6 +16,11 @@ namespace kforge {
 // the choice order. The split count is not evaluated here: the selector
 // does it for the GPU it runs on (model/launch.h). Plans only (no compile,
 // no cache): errors are the compiler's Plan errors.
+// The manifest variant of one planned kernel: what a client checks the
+// kernel it is served against (model::CheckArtifactForVariant), and what
+// the server checks a kernel from its cache tiers against before serving it.
+v1::ManifestVariant VariantOfPlan(const CompilePlan& plan);
+
 absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
                                            const v1::AttentionSpec& spec, std::string_view arch);
 

@@ -87,6 +87,14 @@ inline constexpr char kDiskFuzzKey[] =
 inline constexpr uint8_t kDiskModePut = 1;
 
 // ---------------------------------------------------------------------------
+// Cache-entry input (cache_entry_fuzzer.cc): byte 0 picks the reader, the
+// rest is the entry, read for kDiskFuzzKey.
+inline constexpr uint8_t kEntryFuzzKeyed = 1;       // the reader has the fleet key
+inline constexpr uint8_t kEntryFuzzReseal = 2;      // the MAC is recomputed first
+inline constexpr uint8_t kEntryFuzzSignedOnly = 4;  // unsigned bundles refused
+inline constexpr char kEntryFuzzFleetKey[] = "fuzz-fleet-key-0123456789abcdef0123456789";
+
+// ---------------------------------------------------------------------------
 // Server answer input: what a client gets back for one kernel, as one input.
 //   4 bytes LE n, then n bytes (clamped to what is left): the GetManifest
 //   answer (a serialized Manifest); the rest: the GetKernel answer (a

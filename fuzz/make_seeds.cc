@@ -8,6 +8,9 @@
 //   cubin/       the kernel's cubin
 //   disk_cache/  the kernel's entry file as DiskCache writes it, and the
 //                artifact in Put mode
+//   cache_entry/ its entry sealed with the fuzz fleet key (resealed by the
+//                harness, and an unsigned bundle's for a reader that refuses
+//                them) and unsealed
 //   request/     GetKernelRequests for the kernel's spec on its arch, for
 //                its preset, and lookup_only
 // Spec and matrix seeds are text, written by hand.
@@ -26,6 +29,7 @@
 #include "kforge/v1/service.pb.h"
 #include "model/format.h"
 #include "model/selector.h"
+#include "service/cache_entry.h"
 #include "service/disk_cache.h"
 
 namespace {
@@ -113,6 +117,32 @@ int main(int argc, char** argv) {
   Write(out + "/disk_cache", "seed_put",
         absl::StrCat(std::string(1, static_cast<char>(kforge::fuzz::kDiskModePut)),
                      artifact.SerializeAsString()));
+
+  // cache_entry/: mode byte (fuzz_support.h), then the entry.
+  fs::create_directories(out + "/cache_entry", ec);
+  kforge::EntryTrust sealed;
+  sealed.fleet_key = kforge::fuzz::kEntryFuzzFleetKey;
+  struct EntrySeed {
+    const char* name;
+    uint8_t mode;
+    kforge::EntryOrigin origin;
+    bool seal;
+  };
+  for (const EntrySeed& seed : {
+           EntrySeed{"seed_sealed_resealed",
+                     kforge::fuzz::kEntryFuzzKeyed | kforge::fuzz::kEntryFuzzReseal,
+                     kforge::EntryOrigin::kSignedBundle, true},
+           EntrySeed{"seed_unsigned_bundle_signed_only",
+                     kforge::fuzz::kEntryFuzzKeyed | kforge::fuzz::kEntryFuzzSignedOnly,
+                     kforge::EntryOrigin::kUnsignedBundle, true},
+           EntrySeed{"seed_unsealed", 0, kforge::EntryOrigin::kCompiled, false},
+       }) {
+    absl::StatusOr<std::string> entry =
+        kforge::EncodeCacheEntry(keyed, seed.origin, seed.seal ? sealed : kforge::EntryTrust{});
+    if (!entry.ok()) Fail(entry.status().ToString());
+    Write(out + "/cache_entry", seed.name,
+          absl::StrCat(std::string(1, static_cast<char>(seed.mode)), *entry));
+  }
 
   // request/
   kforge::v1::GetKernelRequest by_spec;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the binary seeds of fuzz/corpus/ (bundle, cubin, disk_cache,
-# request, answer) from one real kernel: glm-5 at TP 8, bf16, sm_90a, compiled by
+# cache_entry, request, answer) from one real kernel: glm-5 at TP 8, bf16, sm_90a, compiled by
 # `kforge prebuild` into a one-kernel bundle. Run after a change to a format
 # those seeds hold (bundle layout, artifact, disk entry, request).
 #
@@ -16,5 +16,5 @@ cat >"$work/matrix.json" <<'JSON'
 {"models": [{"preset": "glm-5", "tp": [8], "kv_dtypes": ["bf16"]}], "archs": ["sm_90a"]}
 JSON
 "$kforge" prebuild "$work/matrix.json" --out "$work/bundle" -j 1
-rm -f fuzz/corpus/{bundle,cubin,disk_cache,request,answer}/seed_*
+rm -f fuzz/corpus/{bundle,cubin,disk_cache,cache_entry,request,answer}/seed_*
 "$build/fuzz/kforge_fuzz_make_seeds" "$work/bundle" fuzz/corpus

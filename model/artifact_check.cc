@@ -13,6 +13,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "model/arch.h"
 #include "model/cubin.h"
+#include "model/format.h"
 #include "templates/kforge/dsa_indexer/config.h"
 #include "templates/kforge/sparse_mla/config.h"
 
@@ -45,6 +46,10 @@ const v1::KernelResources* FindEntry(const v1::CubinInfo& info, const std::strin
 absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& arch,
                         const v1::KernelArtifact& artifact) {
   if (artifact.cubin().empty()) return Mismatch(variant, "cubin", "non-empty", "empty");
+  if (artifact.cubin().size() > kMaxCubinBytes) {
+    return Mismatch(variant, "cubin size", absl::StrCat("at most ", kMaxCubinBytes, " bytes"),
+                    absl::StrCat(artifact.cubin().size(), " bytes"));
+  }
   absl::StatusOr<v1::CubinInfo> info = InspectCubin(artifact.cubin());
   if (!info.ok()) {
     return absl::DataLossError(absl::StrCat("kernel artifact for ", variant.module_name(),
@@ -57,11 +62,28 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
   for (const std::string* main : OptionalMainEntries(artifact.small_batch(), artifact.cluster())) {
     entries.emplace_back(main, artifact.params_bytes());
   }
+  // An indexer's cluster top-k takes the top-k's parameters.
+  if (const std::string& topk = artifact.indexer().topk_cluster().entry(); !topk.empty()) {
+    entries.emplace_back(&topk, artifact.combine_params_bytes());
+  }
+  // Exactly the entries the artifact names: a kernel beside them is code
+  // nobody asked for, reachable by name once the module is loaded.
   for (const auto& [name, params_bytes] : entries) {
-    const v1::KernelResources* entry = FindEntry(*info, *name);
-    if (entry == nullptr) {
+    if (FindEntry(*info, *name) == nullptr) {
       return Mismatch(variant, "cubin entries", *name, "no such entry");
     }
+  }
+  for (const v1::KernelResources& kernel : info->kernels()) {
+    const bool named = std::any_of(entries.begin(), entries.end(),
+                                   [&](const auto& e) { return *e.first == kernel.name(); });
+    if (!named) {
+      return Mismatch(
+          variant, "cubin entries", "only the entries the artifact names",
+          absl::StrCat("another entry ", absl::CHexEscape(AsAbsl(kernel.name().substr(0, 200)))));
+    }
+  }
+  for (const auto& [name, params_bytes] : entries) {
+    const v1::KernelResources* entry = FindEntry(*info, *name);
     if (entry->param_bytes() != params_bytes) {
       return Mismatch(variant, absl::StrCat("cubin ", *name, " param_bytes"),
                       absl::StrCat(params_bytes), absl::StrCat(entry->param_bytes()));

@@ -37,9 +37,15 @@ std::vector<const std::string*> OptionalMainEntries(const v1::SmallBatchPath& sm
 
 // OK when `artifact` is the kernel `variant` names for `arch`: module name
 // and key usable as file names (CheckFileStem), same key, module, arch,
-// entry points and parameter sizes, a non-empty cubin whose inspected arch
-// is `arch` and which exports both entries. Otherwise DataLoss naming the
-// first mismatch (a server or bundle answered with something else).
+// entry points and parameter sizes, a non-empty cubin of at most
+// kMaxCubinBytes that is an ELF whose inspected arch is `arch` and which
+// exports exactly the entries the artifact names (main, combine, the
+// optional main entries and an indexer's cluster top-k), each with the
+// host's parameter size. Otherwise
+// DataLoss naming the first mismatch (a server, bundle or cache tier
+// answered with something else). The one check of a kernel: clients run it
+// on every answer, and the server on every kernel a cache tier hands it,
+// against the variant it planned, before serving or copying it.
 absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::string_view arch,
                                      const v1::KernelArtifact& artifact);
 

@@ -22,6 +22,9 @@ inline constexpr int kFormatVersion = 2;
 // holds a cubin (a few MB for the big tilings) and its description; the
 // bound matches the largest answer a server sends.
 inline constexpr uint64_t kMaxArtifactFileBytes = uint64_t{256} << 20;
+// The largest cubin a server serves or a client accepts: the biggest
+// modules are a few MB, and a Redis value is capped at 64 MB.
+inline constexpr uint64_t kMaxCubinBytes = uint64_t{64} << 20;
 inline constexpr uint64_t kMaxManifestFileBytes = uint64_t{16} << 20;
 inline constexpr uint64_t kMaxChecksumsFileBytes = uint64_t{16} << 20;
 inline constexpr uint64_t kMaxMarkerFileBytes = uint64_t{64} << 10;

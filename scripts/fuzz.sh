@@ -9,7 +9,8 @@
 #   --seconds N   total fuzzing time over all targets (default 60, what CI
 #                 runs); each target gets N / targets, at least 1 s
 #   --only NAME   run one target (spec, matrix, cubin, bundle, disk_cache,
-#                 request, warm_request, answer), for all N seconds
+#                 cache_entry, request, warm_request, answer), for all N
+#                 seconds
 #   --build-only  configure and build, run nothing
 #
 # Build directory: ${KFORGE_FUZZ_BUILD_DIR:-build-fuzz}. New inputs that
@@ -36,7 +37,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [[ "$seconds" -lt 1 ]]; then
   exit 2
 fi
 
-targets=(spec matrix cubin bundle disk_cache request warm_request answer)
+targets=(spec matrix cubin bundle disk_cache cache_entry request warm_request answer)
 if [[ -n "$only" ]]; then
   if [[ ! " ${targets[*]} " =~ " $only " ]]; then
     echo "fuzz.sh: --only: got '$only', supported ${targets[*]}" >&2

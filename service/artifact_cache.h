@@ -17,6 +17,9 @@ struct CacheUsage {
   uint64_t bytes = 0;
   uint64_t entries = 0;
   uint64_t corrupt_entries = 0;  // entries dropped because they failed checks
+  // Of those, entries whole but not trusted (no or a wrong fleet-key MAC,
+  // an origin the server refuses): someone without the key wrote them.
+  uint64_t untrusted_entries = 0;
   uint64_t evictions = 0;
 };
 

@@ -138,6 +138,7 @@ struct DiskCache::State {
   uint64_t bytes ABSL_GUARDED_BY(mu) = 0;
   uint64_t entries ABSL_GUARDED_BY(mu) = 0;
   uint64_t corrupt_entries ABSL_GUARDED_BY(mu) = 0;
+  uint64_t untrusted_entries ABSL_GUARDED_BY(mu) = 0;
   uint64_t evictions ABSL_GUARDED_BY(mu) = 0;
 
   void Forget(uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -146,13 +147,16 @@ struct DiskCache::State {
   }
 };
 
-DiskCache::DiskCache(std::string dir, uint64_t max_bytes)
-    : dir_(std::move(dir)), max_bytes_(max_bytes), state_(std::make_unique<State>()) {}
+DiskCache::DiskCache(std::string dir, uint64_t max_bytes, EntryTrust trust)
+    : dir_(std::move(dir)),
+      max_bytes_(max_bytes),
+      trust_(std::move(trust)),
+      state_(std::make_unique<State>()) {}
 
 DiskCache::~DiskCache() = default;
 
 absl::StatusOr<std::unique_ptr<DiskCache>> DiskCache::Open(const std::string& dir,
-                                                           uint64_t max_bytes) {
+                                                           uint64_t max_bytes, EntryTrust trust) {
   if (dir.empty()) return absl::InvalidArgumentError("empty cache directory");
   std::string root = dir;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
@@ -166,7 +170,7 @@ absl::StatusOr<std::unique_ptr<DiskCache>> DiskCache::Open(const std::string& di
     return ErrnoStatus(errno, "cache directory not writable", layout_dir);
   }
 
-  std::unique_ptr<DiskCache> cache(new DiskCache(root, max_bytes));
+  std::unique_ptr<DiskCache> cache(new DiskCache(root, max_bytes, std::move(trust)));
   absl::MutexLock lock(&cache->state_->mu);
   for (const FileInfo& f : ListEntries(layout_dir, /*clean_tmp=*/true)) {
     cache->state_->bytes += f.size;
@@ -202,7 +206,7 @@ absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
         if (S_ISREG(now.st_mode)) state_->Forget(static_cast<uint64_t>(now.st_size));
       }
     }
-    return DroppedCorruptEntry("disk", key, std::string(opened.status().message()));
+    return DroppedCorruptEntry("disk", key, absl::DataLossError(opened.status().message()));
   }
   if (!opened.ok()) return opened.status();
   const int fd = *opened;
@@ -217,41 +221,57 @@ absl::StatusOr<ArtifactPtr> DiskCache::Get(const std::string& key) {
     close(fd);
     return file.status();
   }
-  absl::StatusOr<v1::KernelArtifact> artifact = DecodeCacheEntry(*file, key);
-  if (artifact.ok()) {
+  absl::StatusOr<DecodedEntry> entry = DecodeCacheEntry(*file, key, trust_);
+  if (entry.ok()) {
     // The open file, not the path: if another process evicted the entry
     // meanwhile, this touches nothing that is still visible.
     Touch(fd);
     close(fd);
-    return std::make_shared<const v1::KernelArtifact>(*std::move(artifact));
+    return std::make_shared<const v1::KernelArtifact>(std::move(entry->artifact));
   }
   close(fd);
 
-  // Damaged. Remove it so the next Put rebuilds it, unless another process
-  // has renamed a fresh entry over it since it was opened.
+  // Damaged or untrusted. Remove it so the next Put rebuilds it, unless
+  // another process has renamed a fresh entry over it since it was opened.
   absl::MutexLock lock(&state_->mu);
   ++state_->corrupt_entries;
+  if (IsUntrustedEntry(entry.status())) ++state_->untrusted_entries;
   struct stat now;
   if (stat(path.c_str(), &now) == 0 && now.st_dev == st.st_dev && now.st_ino == st.st_ino &&
       unlink(path.c_str()) == 0) {
     state_->Forget(static_cast<uint64_t>(st.st_size));
   }
-  return DroppedCorruptEntry("disk", key, std::string(artifact.status().message()));
+  return DroppedCorruptEntry("disk", key, entry.status());
+}
+
+absl::Status DiskCache::Drop(const std::string& key, const absl::Status& why) {
+  if (!IsValidCacheKey(key)) return CacheKeyError(key);
+  const std::string path = EntryPath(key);
+  absl::MutexLock lock(&state_->mu);
+  ++state_->corrupt_entries;
+  if (IsUntrustedEntry(why)) ++state_->untrusted_entries;
+  struct stat st;
+  // A good entry renamed over the bad one since is lost too: one compile.
+  if (lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && unlink(path.c_str()) == 0) {
+    state_->Forget(static_cast<uint64_t>(st.st_size));
+  }
+  return DroppedCorruptEntry("disk", key, why);
 }
 
 absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {
+  return PutFrom(key, std::move(artifact), EntryOrigin::kCompiled);
+}
+
+absl::Status DiskCache::PutFrom(const std::string& key, ArtifactPtr artifact, EntryOrigin origin) {
   if (!IsValidCacheKey(key)) return CacheKeyError(key);
   if (artifact == nullptr) return absl::InvalidArgumentError("null artifact");
   if (artifact->key() != key) {
     return absl::InvalidArgumentError(
         absl::StrCat("artifact key ", artifact->key(), " stored under key ", key));
   }
-  std::string payload;
-  if (!artifact->SerializeToString(&payload)) {
-    return absl::InternalError(absl::StrCat("cannot serialize artifact ", key));
-  }
-  const std::string header = EncodeCacheEntryHeader(payload);
-  const uint64_t size = header.size() + payload.size();
+  absl::StatusOr<std::string> entry = EncodeCacheEntry(*artifact, origin, trust_);
+  if (!entry.ok()) return entry.status();
+  const uint64_t size = entry->size();
   // Larger than the whole cache: keeping it would evict everything else.
   if (size > max_bytes_) return absl::OkStatus();
 
@@ -270,8 +290,7 @@ absl::Status DiskCache::Put(const std::string& key, ArtifactPtr artifact) {
   // entry.
   absl::StatusOr<AtomicFile> file = AtomicFile::Create(path);
   if (!file.ok()) return file.status();
-  absl::Status written = file->Write(header);
-  if (written.ok()) written = file->Write(payload);
+  absl::Status written = file->Write(*entry);
   if (written.ok()) {
     Touch(file->fd());
     written = file->Sync();
@@ -328,6 +347,7 @@ CacheUsage DiskCache::Usage() const {
   usage.bytes = state_->bytes;
   usage.entries = state_->entries;
   usage.corrupt_entries = state_->corrupt_entries;
+  usage.untrusted_entries = state_->untrusted_entries;
   usage.evictions = state_->evictions;
   return usage;
 }

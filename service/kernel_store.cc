@@ -115,7 +115,8 @@ struct KernelStore::State {
 
   std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0}, compile_failures{0},
       shared_waits{0}, rejected{0}, disk_write_failures{0}, redis_lock_waits{0},
-      redis_local_compiles{0}, rejected_deadline{0}, compiles_dropped{0};
+      redis_local_compiles{0}, rejected_deadline{0}, compiles_dropped{0}, disk_rejected{0},
+      redis_rejected{0};
 
   // Counts a refusal by the pool (full queue, or too late for the deadline).
   void CountRefusal(const absl::Status& refused) {
@@ -124,6 +125,50 @@ struct KernelStore::State {
     } else if (absl::IsResourceExhausted(refused)) {
       ++rejected;
     }
+  }
+
+  // A kernel from the disk or the Redis tier, checked as every client checks
+  // an answer (CheckArtifactForVariant) against the variant this server
+  // plans for the key: a tier holds only what its entry's digest and MAC
+  // vouch for, which a writer with the key (or, without one, anybody) could
+  // have got wrong. One that fails is dropped from its tier (NotFound).
+  template <typename Tier>
+  absl::StatusOr<ArtifactPtr> Checked(Tier& tier, std::atomic<uint64_t>& rejected_count,
+                                      const CompilePlan& plan) {
+    absl::StatusOr<ArtifactPtr> hit = tier.Get(plan.key);
+    if (!hit.ok()) return hit;
+    if (absl::Status s = CheckArtifactForVariant(VariantOfPlan(plan), plan.arch.name, **hit);
+        !s.ok()) {
+      ++rejected_count;
+      return tier.Drop(plan.key, s);
+    }
+    return hit;
+  }
+  absl::StatusOr<ArtifactPtr> DiskGet(const CompilePlan& plan) {
+    return Checked(*disk, disk_rejected, plan);
+  }
+  absl::StatusOr<ArtifactPtr> RedisGet(const CompilePlan& plan) {
+    return Checked(*redis, redis_rejected, plan);
+  }
+
+  // The memory tier, then the disk tier, then Redis if there is one (a hit
+  // is kept in the tiers above it).
+  std::optional<KernelStore::Result> FromCache(const CompilePlan& plan) {
+    if (absl::StatusOr<ArtifactPtr> hit = memory->Get(plan.key); hit.ok()) {
+      ++memory_hits;
+      return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_MEMORY};
+    }
+    if (absl::StatusOr<ArtifactPtr> hit = DiskGet(plan); hit.ok()) {
+      ++disk_hits;
+      (void)memory->Put(plan.key, *hit);
+      return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_DISK};
+    }
+    if (redis == nullptr) return std::nullopt;
+    if (absl::StatusOr<ArtifactPtr> hit = RedisGet(plan); hit.ok()) {
+      KeepShared(plan.key, *hit);
+      return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_REDIS};
+    }
+    return std::nullopt;
   }
 
   // Ends a flight: later callers start a new one, and each of its callers
@@ -262,7 +307,7 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
     ++disk_write_failures;
   }
   // Another process on this cache directory may have built it meanwhile.
-  if (absl::StatusOr<ArtifactPtr> on_disk = disk->Get(plan.key); on_disk.ok()) {
+  if (absl::StatusOr<ArtifactPtr> on_disk = DiskGet(plan); on_disk.ok()) {
     (void)memory->Put(plan.key, *on_disk);
     Complete(flight, plan.key, KernelStore::Result{*on_disk, v1::ARTIFACT_SOURCE_SHARED_COMPILE});
     return;
@@ -382,7 +427,7 @@ KernelStore::State::Fleet KernelStore::State::AwaitFleet(const std::shared_ptr<F
       case SharedArtifactCache::Lock::kAcquired:
         // The holder before may have stored it between this process's miss
         // and the lock.
-        if (absl::StatusOr<ArtifactPtr> stored = redis->Get(plan.key); stored.ok()) {
+        if (absl::StatusOr<ArtifactPtr> stored = RedisGet(plan); stored.ok()) {
           redis->Unlock(plan.key);
           KeepShared(plan.key, *stored);
           Complete(flight, plan.key,
@@ -412,7 +457,7 @@ KernelStore::State::Fleet KernelStore::State::AwaitFleet(const std::shared_ptr<F
     }
     absl::SleepFor(std::min(*nap, give_up - now));
     backoff = std::min(backoff * 2, kMaxFleetPoll);
-    absl::StatusOr<ArtifactPtr> stored = redis->Get(plan.key);
+    absl::StatusOr<ArtifactPtr> stored = RedisGet(plan);
     if (stored.ok()) {
       KeepShared(plan.key, *stored);
       Complete(flight, plan.key, KernelStore::Result{*stored, v1::ARTIFACT_SOURCE_SHARED_COMPILE});
@@ -441,11 +486,12 @@ absl::StatusOr<std::unique_ptr<KernelStore>> KernelStore::Create(KernelStoreOpti
   std::error_code ec;
   std::filesystem::create_directories(state->lock_dir, ec);
   absl::StatusOr<std::unique_ptr<DiskCache>> disk =
-      DiskCache::Open(options.cache_dir, options.disk_cache_bytes);
+      DiskCache::Open(options.cache_dir, options.disk_cache_bytes, options.trust);
   if (!disk.ok()) return disk.status();
   state->disk = *std::move(disk);
   state->memory = std::make_unique<MemoryCache>(options.memory_cache_bytes);
   if (!options.redis.host.empty()) {
+    options.redis.trust = options.trust;
     absl::StatusOr<std::unique_ptr<RedisCache>> redis = RedisCache::Create(options.redis);
     if (!redis.ok()) return redis.status();
     state->redis = *std::move(redis);
@@ -490,35 +536,6 @@ absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(const v1::KernelSelector& sel
   return hit;
 }
 
-namespace {
-
-// The memory tier, then the disk tier, then Redis if there is one (a hit
-// is kept in the tiers above it).
-std::optional<KernelStore::Result> FromCache(MemoryCache& memory, DiskCache& disk,
-                                             RedisCache* redis, const std::string& key,
-                                             std::atomic<uint64_t>& memory_hits,
-                                             std::atomic<uint64_t>& disk_hits,
-                                             std::atomic<uint64_t>& disk_write_failures) {
-  if (absl::StatusOr<ArtifactPtr> hit = memory.Get(key); hit.ok()) {
-    ++memory_hits;
-    return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_MEMORY};
-  }
-  if (absl::StatusOr<ArtifactPtr> hit = disk.Get(key); hit.ok()) {
-    ++disk_hits;
-    (void)memory.Put(key, *hit);
-    return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_DISK};
-  }
-  if (redis == nullptr) return std::nullopt;
-  if (absl::StatusOr<ArtifactPtr> hit = redis->Get(key); hit.ok()) {
-    if (!disk.Put(key, *hit).ok()) ++disk_write_failures;
-    (void)memory.Put(key, *hit);
-    return KernelStore::Result{*hit, v1::ARTIFACT_SOURCE_REDIS};
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
 absl::StatusOr<KernelStore::Result> KernelStore::CachedKernel(const v1::AttentionSpec& spec,
                                                               std::string_view arch) {
   State& s = *state_;
@@ -527,8 +544,7 @@ absl::StatusOr<KernelStore::Result> KernelStore::CachedKernel(const v1::Attentio
   if (!plan.ok()) return plan.status();
   // Timed as GetKernel's hits are: the server answers disk and Redis hits
   // from here, never from GetKernel.
-  if (std::optional<Result> hit = FromCache(*s.memory, *s.disk, s.redis.get(), plan->key,
-                                            s.memory_hits, s.disk_hits, s.disk_write_failures)) {
+  if (std::optional<Result> hit = s.FromCache(*plan)) {
     s.ObserveSource(hit->source, absl::Now() - start);
     return *std::move(hit);
   }
@@ -544,8 +560,7 @@ void KernelStore::State::Start(const CompilePlan& plan, bool lookup_only, absl::
     if (result.ok()) ObserveSource(result->source, absl::Now() - start);
     done(std::move(result));
   };
-  if (std::optional<Result> hit = FromCache(*memory, *disk, redis.get(), plan.key, memory_hits,
-                                            disk_hits, disk_write_failures)) {
+  if (std::optional<Result> hit = FromCache(plan)) {
     return done(*std::move(hit));
   }
   ++misses;
@@ -639,7 +654,7 @@ absl::StatusOr<v1::Manifest> KernelStore::GetManifest(const v1::AttentionSpec& s
   return BuildManifest(state_->compiler, spec, arch);
 }
 
-absl::StatusOr<bool> KernelStore::Preload(ArtifactPtr artifact) {
+absl::StatusOr<bool> KernelStore::Preload(ArtifactPtr artifact, EntryOrigin origin) {
   State& s = *state_;
   absl::StatusOr<CompilePlan> plan = s.compiler.Plan(artifact->spec(), artifact->arch());
   if (!plan.ok()) return plan.status();
@@ -650,9 +665,11 @@ absl::StatusOr<bool> KernelStore::Preload(ArtifactPtr artifact) {
         artifact->module_name(), artifact->key(), plan->key, artifact->compiler_version()));
   }
   if (s.memory->Get(plan->key).ok()) return true;
-  const bool on_disk = s.disk->Get(plan->key).ok();
+  // An entry this server does not trust (an unsigned bundle's under
+  // --trust, one without the fleet key's MAC) is dropped here and replaced.
+  const bool on_disk = s.DiskGet(*plan).ok();
   if (!on_disk) {
-    absl::Status put = s.disk->Put(plan->key, artifact);
+    absl::Status put = s.disk->PutFrom(plan->key, artifact, origin);
     if (!put.ok()) ++s.disk_write_failures;
   }
   (void)s.memory->Put(plan->key, std::move(artifact));
@@ -679,12 +696,16 @@ v1::StatsResponse KernelStore::Stats() const {
   out.set_disk_bytes(disk.bytes);
   out.set_disk_entries(disk.entries);
   out.set_corrupt_entries(mem.corrupt_entries + disk.corrupt_entries);
+  out.set_disk_untrusted_entries(disk.untrusted_entries);
+  out.set_disk_rejected_artifacts(s.disk_rejected);
+  out.set_redis_rejected_artifacts(s.redis_rejected);
   if (s.redis != nullptr) {
     const RedisCounters redis = s.redis->Counters();
     out.set_redis_hits(redis.hits);
     out.set_redis_errors(redis.errors);
     out.set_redis_skipped(redis.skipped);
     out.set_redis_corrupt_entries(redis.corrupt_entries);
+    out.set_redis_untrusted_entries(redis.untrusted_entries);
     out.set_redis_up(redis.up ? 1 : 0);
   }
   out.set_redis_lock_waits(s.redis_lock_waits);

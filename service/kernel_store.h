@@ -15,6 +15,7 @@
 #include "kforge/v1/service.pb.h"
 #include "kforge/v1/spec.pb.h"
 #include "service/artifact_cache.h"
+#include "service/cache_entry.h"
 #include "service/compile_pool.h"
 #include "service/histogram.h"
 #include "service/redis_cache.h"
@@ -38,14 +39,23 @@ struct KernelStoreOptions {
   // may come from the machine (memory, load) rather than the spec. 0: never.
   absl::Duration worker_failure_cache = absl::Seconds(10);
   // The fleet's shared tier between the disk and a compile; host "" = none.
+  // Its `trust` is set from `trust` below.
   RedisCacheOptions redis;
+  // How the disk and Redis tiers seal entries and what a read demands
+  // (service/cache_entry.h): the fleet key, and whether entries from
+  // unsigned bundles are refused (`serve --trust`).
+  EntryTrust trust;
 };
 
 // The service's business logic, independent of gRPC: resolves a kernel
 // through memory -> disk -> Redis (when configured) -> one compile per key
 // (single flight across threads, across processes sharing the cache
 // directory through a lock file, and across the fleet through a Redis lock
-// key), builds manifests, counts everything. Thread-safe.
+// key), builds manifests, counts everything. Every kernel a disk or Redis
+// read hands over passes the clients' own check (CheckArtifactForVariant,
+// against the variant this server plans for the key) before it is served
+// or copied to another tier; one that fails is dropped from its tier,
+// counted and rebuilt. Thread-safe.
 class KernelStore {
  public:
   static absl::StatusOr<std::unique_ptr<KernelStore>> Create(KernelStoreOptions options);
@@ -108,12 +118,14 @@ class KernelStore {
                                            std::string_view arch) const;
 
   // Warm-up from a bundle: puts a prebuilt kernel into the memory and disk
-  // tiers. Only a kernel this server would build itself is accepted: the key
-  // it computes for (artifact.spec, artifact.arch) must be the artifact's
-  // key, else FailedPrecondition (a bundle from another kforge or NVRTC
-  // version; its kernels would never be served). Returns true when the
-  // kernel was already cached.
-  absl::StatusOr<bool> Preload(ArtifactPtr artifact);
+  // tiers, its disk entry recording `origin` (a signed or unsigned
+  // bundle's). Only a kernel this server would build itself is accepted: the
+  // key it computes for (artifact.spec, artifact.arch) must be the
+  // artifact's key, else FailedPrecondition (a bundle from another kforge or
+  // NVRTC version; its kernels would never be served). Returns true when the
+  // kernel was already cached (in an entry this server trusts: one it
+  // refuses is dropped and replaced by the bundle's).
+  absl::StatusOr<bool> Preload(ArtifactPtr artifact, EntryOrigin origin);
 
   v1::StatsResponse Stats() const;
 

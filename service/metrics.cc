@@ -200,6 +200,18 @@ std::string RenderMetrics(const RequestMetrics& requests, const AuthFailureCount
          "stored kernels that failed verification and were dropped, by tier");
   absl::StrAppend(&out, "kforge_corrupt_entries_total{tier=\"local\"} ", s.corrupt_entries(), "\n",
                   "kforge_corrupt_entries_total{tier=\"redis\"} ", s.redis_corrupt_entries(), "\n");
+  Family(out, "kforge_untrusted_entries_total", "counter",
+         "stored kernels dropped because they were not written with the fleet key (or came "
+         "from an unsigned bundle under --trust), by tier");
+  absl::StrAppend(
+      &out, "kforge_untrusted_entries_total{tier=\"disk\"} ", s.disk_untrusted_entries(), "\n",
+      "kforge_untrusted_entries_total{tier=\"redis\"} ", s.redis_untrusted_entries(), "\n");
+  Family(out, "kforge_rejected_artifacts_total", "counter",
+         "stored kernels that decoded but failed the server's artifact check (key, arch, ELF, "
+         "entries, sizes) and were dropped, by tier");
+  absl::StrAppend(
+      &out, "kforge_rejected_artifacts_total{tier=\"disk\"} ", s.disk_rejected_artifacts(), "\n",
+      "kforge_rejected_artifacts_total{tier=\"redis\"} ", s.redis_rejected_artifacts(), "\n");
   struct Counter {
     const char* name;
     uint64_t value;

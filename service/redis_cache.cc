@@ -145,8 +145,8 @@ struct RedisCache::State {
   // Lock keys this process holds -> the value it set ("<fence>:<owner>").
   std::map<std::string, std::string> held ABSL_GUARDED_BY(mu);
 
-  std::atomic<uint64_t> hits{0}, misses{0}, errors{0}, skipped{0}, corrupt{0}, stores{0},
-      stale_locks{0};
+  std::atomic<uint64_t> hits{0}, misses{0}, errors{0}, skipped{0}, corrupt{0}, untrusted{0},
+      stores{0}, stale_locks{0};
   std::thread keeper;
 
   void Log(std::string_view line) const {
@@ -326,6 +326,14 @@ absl::StatusOr<std::unique_ptr<RedisCache>> RedisCache::Create(RedisCacheOptions
     return absl::InvalidArgumentError(
         "redis timeout, lock expiry, reconnect interval and connections must be positive");
   }
+  if (options.trust.fleet_key.size() < kMinFleetKeyBytes ||
+      options.trust.fleet_key.size() > kMaxFleetKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a shared Redis tier needs a fleet key of ", kMinFleetKeyBytes, "..", kMaxFleetKeyBytes,
+        " bytes (--fleet-key FILE; `openssl rand -hex 32` makes one), so that no value is "
+        "served that a server of the fleet did not write; got ",
+        options.trust.fleet_key.size(), " bytes"));
+  }
   auto state = std::make_unique<State>();
   state->name = absl::StrCat(options.host, ":", options.port);
   const std::string ns =
@@ -367,19 +375,24 @@ absl::StatusOr<ArtifactPtr> RedisCache::Get(const std::string& key) {
     ++s.misses;
     return absl::NotFoundError(absl::StrCat("no artifact ", key, " in redis"));
   }
-  absl::StatusOr<v1::KernelArtifact> artifact =
+  absl::StatusOr<DecodedEntry> entry =
       (*reply)->type == REDIS_REPLY_STRING
-          ? DecodeCacheEntry(ReplyText(**reply), key)
+          ? DecodeCacheEntry(ReplyText(**reply), key, s.options.trust)
           : absl::DataLossError(absl::StrCat("reply of type ", (*reply)->type));
-  if (!artifact.ok()) {
-    // Deleted so that the next compile stores a good one. (A good value
-    // stored between the GET and this DEL is lost too: one more compile.)
-    ++s.corrupt;
-    (void)s.Run({"DEL", value_key});
-    return DroppedCorruptEntry("redis", key, std::string(artifact.status().message()));
-  }
+  if (!entry.ok()) return Drop(key, entry.status());
   ++s.hits;
-  return std::make_shared<const v1::KernelArtifact>(*std::move(artifact));
+  return std::make_shared<const v1::KernelArtifact>(std::move(entry->artifact));
+}
+
+absl::Status RedisCache::Drop(const std::string& key, const absl::Status& why) {
+  State& s = *state_;
+  if (!IsValidCacheKey(key)) return CacheKeyError(key);
+  // Deleted so that the next compile stores a good one. (A good value
+  // stored between the GET and this DEL is lost too: one more compile.)
+  ++s.corrupt;
+  if (IsUntrustedEntry(why)) ++s.untrusted;
+  (void)s.Run({"DEL", ValueKey(key)});
+  return DroppedCorruptEntry("redis", key, why);
 }
 
 absl::Status RedisCache::Put(const std::string& key, ArtifactPtr artifact) {
@@ -388,7 +401,8 @@ absl::Status RedisCache::Put(const std::string& key, ArtifactPtr artifact) {
   if (artifact == nullptr || artifact->key() != key) {
     return absl::InvalidArgumentError(absl::StrCat("artifact stored under another key: ", key));
   }
-  absl::StatusOr<std::string> entry = EncodeCacheEntry(*artifact);
+  absl::StatusOr<std::string> entry =
+      EncodeCacheEntry(*artifact, EntryOrigin::kCompiled, s.options.trust);
   if (!entry.ok()) return entry.status();
   // Every reader would refuse it.
   if (entry->size() > s.options.max_value_bytes) return absl::OkStatus();
@@ -403,6 +417,7 @@ absl::Status RedisCache::Put(const std::string& key, ArtifactPtr artifact) {
 CacheUsage RedisCache::Usage() const {
   CacheUsage usage;
   usage.corrupt_entries = state_->corrupt;
+  usage.untrusted_entries = state_->untrusted;
   return usage;
 }
 
@@ -455,6 +470,7 @@ RedisCounters RedisCache::Counters() const {
   out.errors = s.errors;
   out.skipped = s.skipped;
   out.corrupt_entries = s.corrupt;
+  out.untrusted_entries = s.untrusted;
   out.stores = s.stores;
   out.stale_locks = s.stale_locks;
   absl::MutexLock lock(&state_->mu);

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "service/artifact_cache.h"
+#include "service/cache_entry.h"
 
 namespace kforge {
 
@@ -39,6 +40,10 @@ struct RedisCacheOptions {
   int max_connections = 16;
   // Keys are <prefix>:f<format version>:e<entry version>:{kernel,lock}:<key>.
   std::string key_prefix = "kforge";
+  // How values are sealed and what a read demands of them. A shared tier
+  // is never trusted blindly: Create refuses options without a fleet key,
+  // so every value carries an HMAC only the fleet's servers can make.
+  EntryTrust trust;
   // One line per change of reachability ("down: why", "up again").
   std::function<void(std::string_view)> log;
 };
@@ -50,6 +55,7 @@ struct RedisCounters {
   uint64_t errors = 0;   // timeouts, refused connections, error replies
   uint64_t skipped = 0;  // calls not made because Redis was down
   uint64_t corrupt_entries = 0;
+  uint64_t untrusted_entries = 0;  // of corrupt_entries: no or a wrong MAC
   uint64_t stores = 0;
   // Locks found without an expiry or a fencing token, given one (TryLock).
   uint64_t stale_locks = 0;
@@ -57,19 +63,24 @@ struct RedisCounters {
 };
 
 // The shared tier on Redis (hiredis, blocking connections from a small
-// pool). Values are the bytes of service/cache_entry.h, so a read checks
-// the same digest and key a disk read does; what fails is counted, deleted
-// and answered as a miss. Never blocks a caller longer than about
-// `timeout`. Thread-safe.
+// pool). Values are the bytes of service/cache_entry.h, sealed with the
+// fleet key, so a read checks the same MAC, digest and key a disk read
+// does; what fails is counted, deleted and answered as a miss. Never blocks a caller longer than
+// about `timeout`. Thread-safe.
 class RedisCache : public SharedArtifactCache {
  public:
   // Never fails for an unreachable Redis (the tier starts down and a
-  // background thread keeps trying); InvalidArgument for bad options.
+  // background thread keeps trying); InvalidArgument for bad options,
+  // among them no (or a short) fleet key.
   static absl::StatusOr<std::unique_ptr<RedisCache>> Create(RedisCacheOptions options);
   ~RedisCache() override;
 
   absl::StatusOr<ArtifactPtr> Get(const std::string& key) override;
   absl::Status Put(const std::string& key, ArtifactPtr artifact) override;
+  // Deletes a value a caller found wrong after Get served it (the server's
+  // own check of what it serves), counted and logged as Get counts a
+  // damaged one; returns that NotFound.
+  absl::Status Drop(const std::string& key, const absl::Status& why);
   // Redis keeps its own size; entries and bytes are not counted here.
   CacheUsage Usage() const override;
   Lock TryLock(const std::string& key) override;

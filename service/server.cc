@@ -132,13 +132,13 @@ std::string BoundAddress(const std::string& listen, int port) {
 }
 
 // Loads the bundle, reports what it did, then turns health to SERVING.
-void WarmUp(KernelStore& store, BundleSource& bundle, const std::string& dir,
+void WarmUp(KernelStore& store, BundleSource& bundle, const std::string& dir, EntryOrigin origin,
             const std::atomic<bool>& stop, grpc::HealthCheckServiceInterface* health) {
   LogEvent(
       LogLevel::kInfo, "warm_start",
       absl::StrCat("warming the cache from ", dir, " (", bundle.manifests().size(), " manifests)"),
       {{"bundle", dir}, {"manifests", static_cast<long long>(bundle.manifests().size())}});
-  const WarmReport report = WarmFromBundle(store, bundle, stop);
+  const WarmReport report = WarmFromBundle(store, bundle, origin, stop);
   for (const std::string& skipped : report.skipped) {
     LogEvent(LogLevel::kWarning, "warm_skip", absl::StrCat("warm-up skipped ", skipped));
   }
@@ -184,6 +184,24 @@ int RunServer(const ServerOptions& options) {
                           "what it sends can be read and changed on the way; use "
                           "--tls-cert/--tls-key (and --auth-token-file), or listen on 127.0.0.1"),
              {{"address", options.listen}});
+  }
+  // Redis refuses to start without the key (RedisCache::Create); the disk
+  // tier works without it, but then nothing tells a kernel this fleet wrote
+  // from one planted with a recomputed digest. Said loudly where the server
+  // is set up to be trusted (--trust) or reachable by others; a loopback
+  // server on a private cache (a workstation) starts quietly.
+  if (options.store.trust.fleet_key.empty() &&
+      (!options.trust_key_file.empty() || !IsLoopbackAddress(options.listen))) {
+    LogEvent(LogLevel::kWarning, "no_fleet_key",
+             absl::StrCat("warning: no --fleet-key: entries in ", options.store.cache_dir,
+                          " are checked for damage only, so whoever can write that directory "
+                          "can plant a kernel",
+                          options.trust_key_file.empty()
+                              ? ""
+                              : " (--trust drops unsigned bundles' entries, but cannot tell a "
+                                "planted entry from one this server wrote)",
+                          "; give every server of the fleet the same key file"),
+             {{"cache_dir", options.store.cache_dir}});
   }
   // SIGHUP rereads the token files and the TLS files; a bad file keeps
   // what is in use.
@@ -247,6 +265,9 @@ int RunServer(const ServerOptions& options) {
     }
   }
   KernelStoreOptions store_options = options.store;
+  // --trust: no entry from an unsigned bundle is served, whenever it was
+  // put in the cache.
+  store_options.trust.signed_bundles_only = !options.trust_key_file.empty();
   store_options.redis.log = [](std::string_view line) {
     LogEvent(LogLevel::kWarning, "redis", line);
   };
@@ -330,7 +351,12 @@ int RunServer(const ServerOptions& options) {
   std::atomic<bool> stop_warm{false};
   std::thread warm;
   if (bundle != nullptr) {
-    warm = std::thread([&] { WarmUp(**store, *bundle, options.warm_from, stop_warm, health); });
+    warm = std::thread([&] {
+      WarmUp(**store, *bundle, options.warm_from,
+             options.trust_key_file.empty() ? EntryOrigin::kUnsignedBundle
+                                            : EntryOrigin::kSignedBundle,
+             stop_warm, health);
+    });
   }
 
   const int signo = (*signals)->Wait();

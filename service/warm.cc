@@ -7,7 +7,8 @@
 
 namespace kforge {
 
-WarmReport WarmFromBundle(KernelStore& store, BundleSource& bundle, const std::atomic<bool>& stop) {
+WarmReport WarmFromBundle(KernelStore& store, BundleSource& bundle, EntryOrigin origin,
+                          const std::atomic<bool>& stop) {
   const absl::Time start = absl::Now();
   WarmReport report;
   std::set<std::string> seen;  // manifests of one model share variants
@@ -17,7 +18,8 @@ WarmReport WarmFromBundle(KernelStore& store, BundleSource& bundle, const std::a
       if (!seen.insert(variant.key()).second) continue;
       ++report.kernels;
       absl::StatusOr<ArtifactRef> artifact = bundle.GetKernel(variant, manifest.arch());
-      absl::StatusOr<bool> cached = artifact.ok() ? store.Preload(*artifact) : artifact.status();
+      absl::StatusOr<bool> cached =
+          artifact.ok() ? store.Preload(*artifact, origin) : artifact.status();
       if (!cached.ok()) {
         report.skipped.push_back(
             absl::StrCat(variant.module_name(), ": ", cached.status().message()));

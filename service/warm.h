@@ -26,8 +26,11 @@ struct WarmReport {
 // manifests into the store's memory and disk tiers. Each kernel file is
 // checked against the bundle's checksums and its manifest variant
 // (BundleSource) and against the key this server computes (Preload) before
-// it is cached. Stops early, with what it did so far, once *stop is true.
-WarmReport WarmFromBundle(KernelStore& store, BundleSource& bundle, const std::atomic<bool>& stop);
+// it is cached, its entry recording `origin` (EntryOrigin::kSignedBundle
+// only for a bundle whose signature was checked). Stops early, with what it
+// did so far, once *stop is true.
+WarmReport WarmFromBundle(KernelStore& store, BundleSource& bundle, EntryOrigin origin,
+                          const std::atomic<bool>& stop);
 
 }  // namespace kforge
 

@@ -7,9 +7,11 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "base/credentials.h"
 #include "base/ed25519.h"
 #include "base/io.h"
+#include "base/sha256.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -125,6 +127,16 @@ TEST(AtomicFileTest, MissingDirectoryIsNotFound) {
   TempDir dir;
   EXPECT_EQ(AtomicFile::Create((dir.path() / "no" / "file").string()).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST(HmacSha256Test, MatchesRfc4231AndComparesInFull) {
+  // RFC 4231, test case 2.
+  EXPECT_EQ(absl::BytesToHexString(HmacSha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "ab"));
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
 }
 
 TEST(Ed25519Test, SignsAndVerifiesAndRefusesOtherKeysAndMessages) {

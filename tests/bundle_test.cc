@@ -23,6 +23,8 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "model/artifact_check.h"
+#include "model/format.h"
+#include "model/indexer_spec.h"
 #include "model/spec.h"
 #include "tests/test_util.h"
 
@@ -711,6 +713,66 @@ TEST_F(BundleTest, ArtifactCheckNamesTheFirstMismatch) {
   absl::Status s = CheckArtifactForVariant(variant, kArch, altered);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(Contains(s.message(), "cubin entries")) << s;
+}
+
+// The checks the server shares with the clients (it runs the same function
+// on every kernel a cache tier hands it): the cubin holds exactly the
+// entries the artifact names, for the arch asked for, within the size cap.
+TEST_F(BundleTest, ArtifactCheckRefusesUnnamedEntriesOtherArchsAndOversizedCubins) {
+  // Metadata that agrees, but leaves out the small-batch kernel the cubin
+  // still exports: code nobody asked for.
+  ASSERT_FALSE(artifact_->small_batch().entry().empty());
+  v1::ManifestVariant variant = FirstChoice();
+  v1::KernelArtifact altered = *artifact_;
+  variant.clear_small_batch();
+  altered.clear_small_batch();
+  absl::Status s = CheckArtifactForVariant(variant, kArch, altered);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  // The small-batch entry or its cluster entry, whichever the cubin lists first.
+  const std::string small = artifact_->small_batch().entry();
+  const std::string small_cluster = artifact_->small_batch().cluster_entry();
+  EXPECT_TRUE(Contains(s.message(), "got \"another entry " + small + "\"") ||
+              Contains(s.message(), "got \"another entry " + small_cluster + "\""))
+      << s;
+
+  // Asked for another arch: the artifact says sm_90a.
+  s = CheckArtifactForVariant(FirstChoice(), "sm_100a", *artifact_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(s.message(), "arch: expected \"sm_100a\", got \"sm_90a\"")) << s;
+  // Metadata relabelled to the arch asked for: the ELF still says sm_90a.
+  altered = *artifact_;
+  altered.set_arch("sm_100a");
+  s = CheckArtifactForVariant(FirstChoice(), "sm_100a", altered);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(s.message(), "cubin arch: expected \"sm_100a\", got \"sm_90a\"")) << s;
+
+  altered = *artifact_;
+  altered.mutable_cubin()->resize(kMaxCubinBytes + 1);
+  s = CheckArtifactForVariant(FirstChoice(), kArch, altered);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(s.message(), "cubin size")) << s;
+}
+
+// A DSA indexer module on sm_90a also exports its cluster top-k, which its
+// artifact names in indexer.topk_cluster: exactly those three entries pass.
+TEST(ArtifactCheckTest, AnIndexerModuleWithItsClusterTopkPasses) {
+  absl::StatusOr<v1::AttentionSpec> spec = IndexerSpecFromPreset("glm-5", 8);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  KernelCompiler compiler;
+  absl::StatusOr<v1::Manifest> manifest = BuildManifest(compiler, *spec, kArch);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(*spec, kArch);
+  ASSERT_TRUE(artifact.ok()) << artifact.status();
+  ASSERT_FALSE(artifact->indexer().topk_cluster().entry().empty());
+  EXPECT_TRUE(CheckArtifactForVariant(manifest->variants(0), kArch, *artifact).ok());
+  // Named nowhere, the cluster top-k is an entry nobody asked for.
+  v1::ManifestVariant variant = manifest->variants(0);
+  v1::KernelArtifact altered = *artifact;
+  variant.mutable_indexer()->clear_topk_cluster();
+  altered.mutable_indexer()->clear_topk_cluster();
+  const absl::Status s = CheckArtifactForVariant(variant, kArch, altered);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(s.message(), "another entry")) << s;
 }
 
 }  // namespace

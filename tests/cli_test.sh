@@ -539,8 +539,10 @@ expect_error_within "serve --trust with a tampered bundle" "is not a signature" 
   --trust "$TMP/signer.pub"
 # Refused before the cache is opened: nothing of it reaches the disk cache.
 [[ ! -e "$TMP/planted_cache" ]] || fail "a refused bundle left a cache: $(find "$TMP/planted_cache")"
-expect_error "--trust without --warm-from" "--warm-from" \
-  serve --listen 127.0.0.1:0 --trust "$TMP/signer.pub"
+# Alone, --trust refuses unsigned bundles' entries in the cache
+# (PrebuildTest); its key must still be readable.
+expect_error "--trust without --warm-from, with a missing key" "--trust: cannot open $TMP/missing.pub" \
+  serve --listen 127.0.0.1:0 --cache-dir "$TMP/sec_cache" --trust "$TMP/missing.pub"
 
 # --- versions, environment ------------------------------------------------
 expect_ok "--version" --version
@@ -575,8 +577,13 @@ for needle in "cache: $TMP/env_cache: 0 kernels" "tls: off, plain text on 127.0.
   grep -qF "$needle" <<<"$out" || fail "doctor does not say '$needle': $out"
 done
 grep -qE "^(gpu: none usable|driver: CUDA)" <<<"$out" || fail "doctor says nothing of the GPU: $out"
-KFORGE_REDIS=127.0.0.1:1 expect_error "doctor with an unreachable Redis" \
-  "redis: redis 127.0.0.1:1 is not reachable" doctor --cache-dir "$TMP/env_cache" --redis-timeout 200ms
+# A shared tier needs the fleet key (docs/OPERATIONS.md, "Trust model").
+KFORGE_REDIS=127.0.0.1:1 expect_error "doctor with Redis and no fleet key" \
+  "redis: a shared Redis tier needs a fleet key" doctor --cache-dir "$TMP/env_cache"
+printf '%s\n' 0123456789abcdef0123456789abcdef0123456789abcdef >"$TMP/fleet.key"
+KFORGE_REDIS=127.0.0.1:1 KFORGE_FLEET_KEY="$TMP/fleet.key" expect_error \
+  "doctor with an unreachable Redis" "redis: redis 127.0.0.1:1 is not reachable" \
+  doctor --cache-dir "$TMP/env_cache" --redis-timeout 200ms
 expect_error "doctor with a missing TLS key" "tls: --tls-key" \
   doctor --cache-dir "$TMP/env_cache" --tls-cert "$PKI/server.pem" --tls-key "$TMP/no.key"
 

@@ -26,8 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint64_t kLarge = uint64_t{1} << 30;
-// Entry file header: magic, version, SHA-256, payload length.
-constexpr size_t kHeaderSize = 8 + 4 + 32 + 8;
+// Entry file header: magic, version, lengths, origin, key, SHA-256, MAC.
+constexpr size_t kHeaderSize = kCacheEntryHeaderBytes;
 
 std::string TestKey(int i) { return Sha256Hex("disk-cache-" + std::to_string(i)); }
 
@@ -255,7 +255,7 @@ TEST_F(DiskCacheTest, FlippedByteAnywhereIsDropped) {
   const std::string good = ReadBytes(cache->EntryPath(key));
   ASSERT_GT(good.size(), kHeaderSize + 4000);
 
-  // Every header byte (magic, version, digest, length), then a spread of
+  // Every header byte (magic, version, origin, key, digest, MAC), then a spread of
   // payload bytes: the artifact's description fields, the cubin, the end.
   std::vector<size_t> offsets;
   for (size_t i = 0; i < kHeaderSize; ++i) offsets.push_back(i);
@@ -272,6 +272,60 @@ TEST_F(DiskCacheTest, FlippedByteAnywhereIsDropped) {
   }
   EXPECT_EQ(cache->Usage().entries, 1u);
   EXPECT_EQ(cache->Usage().bytes, good.size());
+}
+
+// A directory others can write (shared by servers, or planted in): with a
+// fleet key, an entry not sealed with it is dropped, counted as untrusted,
+// and never served; --trust drops entries that came from unsigned bundles.
+TEST_F(DiskCacheTest, EntriesNotSealedWithTheFleetKeyOrFromUnsignedBundlesAreDropped) {
+  EntryTrust keyed;
+  keyed.fleet_key = std::string(40, 'k');
+  absl::StatusOr<std::unique_ptr<DiskCache>> cache = DiskCache::Open(dir_.string(), kLarge, keyed);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  EntryTrust other_key;
+  other_key.fleet_key = std::string(40, 'o');
+  const std::string key = TestKey(0);
+  const ArtifactPtr artifact = MakeArtifact(key, 4000);
+  uint64_t untrusted = 0;
+  for (const EntryTrust& writer : {EntryTrust{}, other_key}) {
+    absl::StatusOr<std::unique_ptr<DiskCache>> planter =
+        DiskCache::Open(dir_.string(), kLarge, writer);
+    ASSERT_TRUE(planter.ok()) << planter.status();
+    ASSERT_TRUE((*planter)->Put(key, artifact).ok());
+    ASSERT_TRUE((*planter)->Get(key).ok());  // whole: only the key tells
+    ExpectDroppedThenRebuilt(**cache, key, artifact);
+    EXPECT_EQ((*cache)->Usage().untrusted_entries, ++untrusted);
+    ASSERT_TRUE(fs::remove((*cache)->EntryPath(key)));
+  }
+
+  EntryTrust trusted = keyed;
+  trusted.signed_bundles_only = true;
+  absl::StatusOr<std::unique_ptr<DiskCache>> strict =
+      DiskCache::Open(dir_.string(), kLarge, trusted);
+  ASSERT_TRUE(strict.ok()) << strict.status();
+  ASSERT_TRUE((*cache)->PutFrom(key, artifact, EntryOrigin::kUnsignedBundle).ok());
+  ASSERT_TRUE((*cache)->Get(key).ok());
+  EXPECT_TRUE(absl::IsNotFound((*strict)->Get(key).status()));
+  EXPECT_FALSE(fs::exists((*strict)->EntryPath(key)));
+  EXPECT_EQ((*strict)->Usage().untrusted_entries, 1u);
+  ASSERT_TRUE((*cache)->PutFrom(key, artifact, EntryOrigin::kSignedBundle).ok());
+  EXPECT_TRUE((*strict)->Get(key).ok());
+}
+
+// Drop: what the server calls when an entry decodes but is not the kernel
+// asked for.
+TEST_F(DiskCacheTest, DropRemovesTheEntryAndCountsIt) {
+  auto cache = Open();
+  ASSERT_NE(cache, nullptr);
+  const std::string key = TestKey(0);
+  ASSERT_TRUE(cache->Put(key, MakeArtifact(key, 100)).ok());
+  const absl::Status dropped = cache->Drop(key, absl::DataLossError("not an ELF"));
+  EXPECT_TRUE(absl::IsNotFound(dropped)) << dropped;
+  EXPECT_FALSE(fs::exists(cache->EntryPath(key)));
+  const CacheUsage usage = cache->Usage();
+  EXPECT_EQ(usage.corrupt_entries, 1u);
+  EXPECT_EQ(usage.untrusted_entries, 0u);
+  EXPECT_EQ(usage.entries, 0u);
 }
 
 TEST_F(DiskCacheTest, TruncatedOrExtendedIsDropped) {

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/io.h"
+#include "base/sha256.h"
 #include "bundle/bundle.h"
 #include "compiler/compiler.h"
 #include "compiler/key.h"
@@ -264,6 +266,133 @@ TEST_F(PrebuildTest, BundleVerifiesAndWarmsAServerThatThenCompilesNothing) {
   const v1::StatsResponse stats = Stats(*stub);
   EXPECT_EQ(stats.compiles(), 0u);
   EXPECT_EQ(stats.memory_hits(), 4u);
+}
+
+// One kernel: glm-5 TP 8.
+constexpr char kGlm5Tp8Only[] =
+    R"({"models": [{"preset": "glm-5", "tp": [8]}], "archs": ["sm_90a"]})";
+
+// The offset of a byte in the middle of the first .text.<kernel> section of
+// an ELF64 cubin (read by hand: the header fields of the ELF spec), or 0.
+size_t KernelCodeOffset(const std::string& elf) {
+  auto le = [&elf](size_t at, int bytes) {
+    uint64_t v = 0;
+    for (int i = 0; i < bytes && at + i < elf.size(); ++i) {
+      v |= uint64_t{static_cast<unsigned char>(elf[at + i])} << (8 * i);
+    }
+    return v;
+  };
+  const uint64_t shoff = le(0x28, 8), shentsize = le(0x3a, 2), shnum = le(0x3c, 2);
+  const uint64_t strtab = le(shoff + le(0x3e, 2) * shentsize + 24, 8);
+  for (uint64_t i = 0; i < shnum; ++i) {
+    const uint64_t sh = shoff + i * shentsize;
+    const uint64_t name = strtab + le(sh, 4);
+    if (name < elf.size() && elf.compare(name, 6, ".text.") == 0 && le(sh + 32, 8) > 16) {
+      return le(sh + 24, 8) + le(sh + 32, 8) / 2;
+    }
+  }
+  return 0;
+}
+
+// checksums.sha256 recomputed over the files it lists (what someone who
+// tampers with an unsigned bundle does).
+void RewriteChecksums(const fs::path& bundle) {
+  std::istringstream in(ReadFileOrEmpty(bundle / kBundleChecksumsFile));
+  std::string out, line;
+  while (std::getline(in, line)) {
+    const std::string path = line.substr(line.find("  ") + 2);
+    out += absl::StrCat(Sha256Hex(ReadFileOrEmpty(bundle / path)), "  ", path, "\n");
+  }
+  std::ofstream(bundle / kBundleChecksumsFile, std::ios::binary | std::ios::trunc) << out;
+}
+
+// Finding 2 of issue 43: a kernel planted in the cache by `serve
+// --warm-from` of an unsigned, tampered bundle (one byte of its code
+// changed, checksums recomputed: it passes every check but the signature)
+// outlived --trust. Its entry records that it came from an unsigned bundle,
+// so a server with --trust neither counts it as already cached nor serves
+// it, with a signed bundle or without one.
+TEST_F(PrebuildTest, AKernelPlantedByAnUnsignedBundleIsNeverServedUnderTrust) {
+  const fs::path signer = dir_.path() / "signer";
+  const RunResult keygen = Kf({"keygen", "--out", signer.string()});
+  ASSERT_EQ(keygen.exit_code, 0) << keygen.output;
+  const fs::path signed_bundle = dir_.path() / "signed";
+  const RunResult built =
+      Prebuild(kGlm5Tp8Only, signed_bundle, {"--sign", signer.string() + ".key"});
+  ASSERT_EQ(built.exit_code, 0) << built.output;
+
+  const fs::path tampered = dir_.path() / "tampered";
+  fs::copy(signed_bundle, tampered, fs::copy_options::recursive);
+  fs::remove(tampered / kBundleSignatureFile);
+  const std::vector<fs::path> kernels = FilesIn(tampered / "kernels");
+  ASSERT_EQ(kernels.size(), 1u);
+  v1::KernelArtifact genuine;
+  ASSERT_TRUE(genuine.ParseFromString(ReadFileOrEmpty(kernels[0])));
+  v1::KernelArtifact planted = genuine;
+  const size_t at = KernelCodeOffset(planted.cubin());
+  ASSERT_GT(at, 0u);
+  ASSERT_LT(at, planted.cubin().size());
+  (*planted.mutable_cubin())[at] ^= 0x5a;
+  std::ofstream(kernels[0], std::ios::binary | std::ios::trunc) << planted.SerializeAsString();
+  RewriteChecksums(tampered);
+  const RunResult verified = Verify(tampered);
+  ASSERT_EQ(verified.exit_code, 0) << "the tampered bundle must pass all but the signature:\n"
+                                   << verified.output;
+
+  auto plant = [&](const fs::path& cache, const std::string& name) {
+    ServeProcess server(kBinary, cache, dir_.path() / (name + ".log"),
+                        {"--warm-from", tampered.string()});
+    std::shared_ptr<grpc::Channel> channel;
+    ASSERT_NO_FATAL_FAILURE(WaitUntilWarm(server, &channel));
+    EXPECT_TRUE(Contains(server.Log(), "1 kernels, 1 loaded"));
+    // Without --trust an unsigned bundle is believed: that is what it asks.
+    auto stub = v1::KernelService::NewStub(channel);
+    grpc::Status status;
+    const v1::GetKernelResponse r = GetKernel(*stub, 8, 1, &status);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_TRUE(r.artifact().cubin() == planted.cubin());
+  };
+  const std::string pub = signer.string() + ".pub";
+
+  // A signed warm-up with --trust on the planted cache.
+  const fs::path cache = dir_.path() / "cache_warm";
+  ASSERT_NO_FATAL_FAILURE(plant(cache, "plant1"));
+  {
+    ServeProcess server(kBinary, cache, dir_.path() / "trusted_warm.log",
+                        {"--warm-from", signed_bundle.string(), "--trust", pub});
+    std::shared_ptr<grpc::Channel> channel;
+    ASSERT_NO_FATAL_FAILURE(WaitUntilWarm(server, &channel));
+    EXPECT_TRUE(Contains(server.Log(), "1 kernels, 1 loaded, 0 already cached"));
+    EXPECT_TRUE(Contains(server.Log(), "dropped untrusted artifact " + genuine.key() + " on disk"));
+    auto stub = v1::KernelService::NewStub(channel);
+    grpc::Status status;
+    const v1::GetKernelResponse r = GetKernel(*stub, 8, 1, &status);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_TRUE(r.artifact().cubin() == genuine.cubin());
+    const v1::StatsResponse stats = Stats(*stub);
+    EXPECT_EQ(stats.disk_untrusted_entries(), 1u);
+    EXPECT_EQ(stats.compiles(), 0u);
+  }
+
+  // --trust alone on a planted cache: the entry is dropped and the kernel
+  // compiled (byte for byte the bundle's: builds are reproducible).
+  const fs::path cache2 = dir_.path() / "cache_request";
+  ASSERT_NO_FATAL_FAILURE(plant(cache2, "plant2"));
+  {
+    ServeProcess server(kBinary, cache2, dir_.path() / "trusted.log", {"--trust", pub});
+    ASSERT_TRUE(server.WaitForAddress());
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(256 << 20);
+    auto stub = v1::KernelService::NewStub(
+        grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args));
+    grpc::Status status;
+    const v1::GetKernelResponse r = GetKernel(*stub, 8, 1, &status);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(r.source(), v1::ARTIFACT_SOURCE_COMPILED);
+    EXPECT_TRUE(r.artifact().cubin() == genuine.cubin());
+    EXPECT_EQ(Stats(*stub).disk_untrusted_entries(), 1u);
+    EXPECT_TRUE(Contains(server.Log(), "no --fleet-key"));
+  }
 }
 
 TEST_F(PrebuildTest, SecondRunCompilesNothingAndEveryRunWritesTheSameBytes) {

@@ -81,6 +81,8 @@ class EnvironmentTest(unittest.TestCase):
         cls.token = "env-" + os.urandom(16).hex()
         with open(p("tokens"), "w") as f:
             f.write(cls.token + "\n")
+        for secret in ("tokens", "server.key"):  # the server refuses secrets others can read
+            os.chmod(p(secret), 0o600)
         cls.proc, cls.address = start_server(
             KFORGE, p("cache"), p("server.log"), env=clean_environ(),
             args=("--workers", "1", "--tls-cert", p("server.pem"), "--tls-key", p("server.key"),

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/sha256.h"
 #include "compiler/compiler.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -125,8 +127,12 @@ class RedisServer {
                     "it): the Redis tier is not tested";                               \
   }
 
-RedisCacheOptions OptionsFor(int port) {
+// The fleet's shared secret in these tests (service/cache_entry.h).
+const std::string kFleetKey = "fleet-key-for-the-redis-tests-0123456789abcdef";
+
+RedisCacheOptions OptionsFor(int port, const std::string& fleet_key = kFleetKey) {
   RedisCacheOptions options;
+  options.trust.fleet_key = fleet_key;
   options.host = "127.0.0.1";
   options.port = port;
   options.timeout = absl::Milliseconds(300);
@@ -198,7 +204,8 @@ TEST_F(RedisCacheTest, DamagedValuesAreCountedDeletedAndNeverServed) {
   flipped[good.size() / 2] ^= 0x01;
   // Another key's valid entry stored under this key.
   const std::string other = Key('c');
-  absl::StatusOr<std::string> foreign = EncodeCacheEntry(*FakeArtifact(other, 50000));
+  absl::StatusOr<std::string> foreign =
+      EncodeCacheEntry(*FakeArtifact(other, 50000), EntryOrigin::kCompiled, OptionsFor(0).trust);
   ASSERT_TRUE(foreign.ok());
   int corrupt = 0;
   for (const std::string& bad :
@@ -335,6 +342,46 @@ TEST_F(RedisCacheTest, PasswordIsSent) {
   EXPECT_TRUE((*with)->Get(Key('f')).ok());
 }
 
+// A shared tier is never trusted blindly: no key, no Redis tier.
+TEST_F(RedisCacheTest, RefusedWithoutAFleetKey) {
+  for (const std::string& key : {std::string(), std::string(kMinFleetKeyBytes - 1, 'k')}) {
+    auto cache = RedisCache::Create(OptionsFor(redis_->port(), key));
+    EXPECT_TRUE(absl::IsInvalidArgument(cache.status())) << cache.status();
+    EXPECT_TRUE(testing::Contains(cache.status().message(), "fleet key"));
+  }
+}
+
+TEST_F(RedisCacheTest, ValuesNotSealedWithTheFleetKeyAreCountedDeletedAndNeverServed) {
+  auto cache = RedisCache::Create(OptionsFor(redis_->port()));
+  auto other = RedisCache::Create(OptionsFor(redis_->port(), std::string(48, 'o')));
+  ASSERT_TRUE(cache.ok() && other.ok());
+  const std::string key = Key('d');
+  const std::string value_key = (*cache)->ValueKey(key);
+  // Whole values: one from a server with another key, one with its digest
+  // recomputed and no MAC at all.
+  ASSERT_TRUE((*other)->Put(key, FakeArtifact(key, 5000)).ok());
+  Reply sealed = redis_->Command({"GET", value_key});
+  ASSERT_NE(sealed, nullptr);
+  ASSERT_EQ(sealed->type, REDIS_REPLY_STRING);
+  absl::StatusOr<std::string> unsealed =
+      EncodeCacheEntry(*FakeArtifact(key, 5000), EntryOrigin::kCompiled, EntryTrust{});
+  ASSERT_TRUE(unsealed.ok());
+  int untrusted = 0;
+  for (const std::string& value : {std::string(sealed->str, sealed->len), *unsealed}) {
+    ASSERT_NE(redis_->Command({"SET", value_key, value}), nullptr);
+    absl::StatusOr<ArtifactPtr> got = (*cache)->Get(key);
+    EXPECT_TRUE(absl::IsNotFound(got.status())) << got.status();
+    EXPECT_TRUE(testing::Contains(got.status().message(), "untrusted"));
+    ++untrusted;
+    EXPECT_EQ((*cache)->Counters().untrusted_entries, static_cast<uint64_t>(untrusted));
+    EXPECT_EQ((*cache)->Counters().corrupt_entries, static_cast<uint64_t>(untrusted));
+    Reply exists = redis_->Command({"EXISTS", value_key});
+    ASSERT_NE(exists, nullptr);
+    EXPECT_EQ(exists->integer, 0) << "the untrusted value was left in Redis";
+  }
+  EXPECT_EQ((*cache)->Counters().hits, 0u);
+}
+
 TEST(RedisCacheOutageTest, DownRedisAnswersAtOnceAndIsFoundAgain) {
   KFORGE_REQUIRE_REDIS_SERVER();
   TempDir dir{"kforge_redis_outage"};
@@ -366,14 +413,25 @@ struct KernelReply {
   v1::GetKernelResponse response;
 };
 
+// Writes `key` to a 0600 file in `dir` and returns its path.
+std::string FleetKeyFile(const fs::path& dir, const std::string& key) {
+  const fs::path path = dir / absl::StrCat("fleet-", Sha256Hex(key).substr(0, 8), ".key");
+  std::ofstream(path) << key << "\n";
+  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+  return path.string();
+}
+
 class Fleet {
  public:
-  Fleet(const fs::path& dir, const std::string& redis, int servers) {
+  // Server i uses fleet_keys[i] (kFleetKey for those not named).
+  Fleet(const fs::path& dir, const std::string& redis, int servers,
+        std::vector<std::string> fleet_keys = {}) {
+    fleet_keys.resize(servers, kFleetKey);
     for (int i = 0; i < servers; ++i) {
       servers_.push_back(std::make_unique<ServeProcess>(
           kBinary, dir / absl::StrCat("cache", i), dir / absl::StrCat("server", i, ".log"),
-          std::vector<std::string>{"--redis", redis, "--redis-timeout", "300ms", "--workers",
-                                   "2"}));
+          std::vector<std::string>{"--redis", redis, "--redis-timeout", "300ms", "--workers", "2",
+                                   "--fleet-key", FleetKeyFile(dir, fleet_keys[i])}));
     }
     for (auto& s : servers_) {
       if (!s->WaitForAddress()) return;
@@ -525,6 +583,7 @@ TEST_F(WithRedis, MissBehindALockWithoutExpiryWaitsOneLockTtlNotACompileTimeout)
   o.pool.timeout = absl::Seconds(60);
   o.redis = OptionsFor(redis_->port());
   o.redis.lock_ttl = absl::Milliseconds(500);
+  o.trust.fleet_key = kFleetKey;
   absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(o);
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_EQ((*store)->Stats().redis_up(), 1u);
@@ -545,6 +604,93 @@ TEST_F(WithRedis, MissBehindALockWithoutExpiryWaitsOneLockTtlNotACompileTimeout)
   EXPECT_EQ(stats.redis_local_compiles(), 0u);  // it took the lock
 }
 
+std::string ValueKeyOf(const std::string& key) {
+  return absl::StrCat("kforge:f", kFormatVersion, ":e", kCacheEntryVersion, ":kernel:", key);
+}
+
+// Poisoned values (finding 1 of issue 43): a writer of Redis puts another
+// real kernel's artifact (TP 4's, relabelled with TP 8's key) under TP 8's
+// key with its digest recomputed, and a value sealed with the fleet key
+// (a server with a bug, or the key leaked) whose cubin is not an ELF.
+// Neither is served, each is counted by tier and deleted, and the kernel
+// is compiled where it was asked for.
+TEST_F(FleetTest, PoisonedValuesAreNeverServedCountedAndDeleted) {
+  Fleet fleet(tmp_.path(), redis_->address(), 3);
+  ASSERT_TRUE(fleet.ok());
+  const KernelReply tp8 = fleet.Get(0, 8);
+  const KernelReply tp4 = fleet.Get(0, 4);
+  ASSERT_TRUE(tp8.status.ok() && tp4.status.ok()) << tp8.status.error_message();
+  const std::string& key = tp8.response.artifact().key();
+  const std::string& cubin = tp8.response.artifact().cubin();
+  ASSERT_FALSE(tp4.response.artifact().cubin() == cubin);
+  const std::string value_key = ValueKeyOf(key);
+
+  v1::KernelArtifact swapped = tp4.response.artifact();
+  swapped.set_key(key);
+  absl::StatusOr<std::string> unsealed =
+      EncodeCacheEntry(swapped, EntryOrigin::kCompiled, EntryTrust{});
+  ASSERT_TRUE(unsealed.ok()) << unsealed.status();
+  ASSERT_NE(redis_->Command({"SET", value_key, *unsealed}), nullptr);
+  const KernelReply first = fleet.Get(1, 8);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.response.source(), v1::ARTIFACT_SOURCE_COMPILED);
+  EXPECT_TRUE(first.response.artifact().cubin() == cubin);
+  v1::StatsResponse stats = fleet.Stats(1);
+  EXPECT_EQ(stats.redis_untrusted_entries(), 1u);
+  EXPECT_EQ(stats.redis_corrupt_entries(), 1u);
+  EXPECT_EQ(stats.redis_hits(), 0u);
+  EXPECT_EQ(stats.compiles(), 1u);
+
+  v1::KernelArtifact not_elf = tp8.response.artifact();
+  not_elf.set_cubin("not an ELF, but its digest and MAC are right");
+  absl::StatusOr<std::string> sealed =
+      EncodeCacheEntry(not_elf, EntryOrigin::kCompiled, OptionsFor(0).trust);
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  ASSERT_NE(redis_->Command({"SET", value_key, *sealed}), nullptr);
+  const KernelReply second = fleet.Get(2, 8);
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_EQ(second.response.source(), v1::ARTIFACT_SOURCE_COMPILED);
+  EXPECT_TRUE(second.response.artifact().cubin() == cubin);
+  stats = fleet.Stats(2);
+  EXPECT_EQ(stats.redis_rejected_artifacts(), 1u);
+  EXPECT_EQ(stats.redis_untrusted_entries(), 0u);
+  EXPECT_EQ(stats.redis_corrupt_entries(), 1u);
+  EXPECT_EQ(stats.disk_entries(), 1u);  // the compiled kernel, not the value
+  EXPECT_EQ(stats.compiles(), 1u);
+
+  // What Redis holds now is the rebuilt kernel, sealed with the fleet key.
+  Reply after = redis_->Command({"GET", value_key});
+  ASSERT_NE(after, nullptr);
+  ASSERT_EQ(after->type, REDIS_REPLY_STRING);
+  absl::StatusOr<DecodedEntry> stored =
+      DecodeCacheEntry(std::string_view(after->str, after->len), key, OptionsFor(0).trust);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE(stored->artifact.cubin() == cubin);
+}
+
+// A server with another key (a stale or a foreign one) cannot feed the
+// fleet: its values read as untrusted and the kernel is compiled again. One
+// without a key cannot use Redis at all.
+TEST_F(FleetTest, AServerWithoutTheFleetKeyCannotFeedTheFleet) {
+  Fleet fleet(tmp_.path(), redis_->address(), 2, {std::string(48, 'x')});
+  ASSERT_TRUE(fleet.ok());
+  const KernelReply outsider = fleet.Get(0, 8);
+  ASSERT_TRUE(outsider.status.ok()) << outsider.status.error_message();
+  EXPECT_EQ(outsider.response.source(), v1::ARTIFACT_SOURCE_COMPILED);
+  const KernelReply member = fleet.Get(1, 8);
+  ASSERT_TRUE(member.status.ok()) << member.status.error_message();
+  EXPECT_EQ(member.response.source(), v1::ARTIFACT_SOURCE_COMPILED);
+  const v1::StatsResponse stats = fleet.Stats(1);
+  EXPECT_EQ(stats.redis_untrusted_entries(), 1u);
+  EXPECT_EQ(stats.redis_hits(), 0u);
+  EXPECT_EQ(stats.compiles(), 1u);
+
+  ServeProcess keyless(kBinary, tmp_.path() / "keyless_cache", tmp_.path() / "keyless.log",
+                       {"--redis", redis_->address()});
+  EXPECT_EQ(keyless.WaitExit(absl::Seconds(30)), 1) << keyless.Log();
+  EXPECT_TRUE(testing::Contains(keyless.Log(), "needs a fleet key"));
+}
+
 // ---- a KernelStore while another server of the fleet holds the lock ----
 
 // A store on Redis, and the key of glm-5 TP 8 locked in Redis as another
@@ -560,6 +706,7 @@ class FleetWaitTest : public WithRedis {
     o.pool.worker_binary = kBinary;
     o.pool.timeout = absl::Seconds(60);
     o.redis = OptionsFor(redis_->port());
+    o.trust.fleet_key = kFleetKey;  // the store's tiers take theirs from here
     absl::StatusOr<std::unique_ptr<KernelStore>> store = KernelStore::Create(o);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);

@@ -1079,6 +1079,11 @@ TEST_F(ServerTest, OutOfRangeFlagsAreRefusedClearly) {
       {{"--disk-cache-bytes", "20X"}, 2, "--disk-cache-bytes: got '20X', expected bytes"},
       {{"--compile-timeout", "0"}, 2, "--compile-timeout: got 0, expected 1ms.."},
       {{"--redis", "127.0.0.1:6379", "--redis-lock-ttl", "1ms"}, 2, "--redis-lock-ttl: got 1ms"},
+      // A shared tier is never trusted blindly: no Redis without the key.
+      {{"--redis", "127.0.0.1:6379"}, 1, "a shared Redis tier needs a fleet key"},
+      {{"--fleet-key", "/nonexistent/kforge-fleet.key"},
+       1,
+       "--fleet-key: cannot open /nonexistent/kforge-fleet.key"},
   };
   for (const Case& c : cases) {
     std::string output;
@@ -1172,6 +1177,7 @@ TEST_F(ServerTest, CliGetAndStats) {
   EXPECT_TRUE(Contains(output, "\"compiles\": 1,"));
   EXPECT_TRUE(Contains(output, "\"memory_hits\": 2,"));
   EXPECT_TRUE(Contains(output, "\"redis_up\": 0,"));
+  EXPECT_TRUE(Contains(output, "\"redis_rejected_artifacts\": 0,"));
   EXPECT_TRUE(Contains(output, "\"compiles_dropped\": 0\n}"));
 
   EXPECT_EQ(RunCommand(absl::StrCat(get, " --lookup-only --tp 4"), &output), 1);

@@ -17,6 +17,7 @@ call, the engine's per-layer overhead.
 Usage: e2e_python.py PATH/TO/kforge [--lib-dir DIR]   (DIR: the libraries
        kforge needs, put on LD_LIBRARY_PATH for the server only)
        e2e_python.py --bundle DIR                     (no server)
+       KFORGE_E2E_INSTALLED=1: check the installed package (a wheel), not python/
 Exit 0: all passed; 1: a failure; 77: no PyTorch or no GPU (skipped).
 """
 
@@ -28,7 +29,10 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+# KFORGE_E2E_INSTALLED=1: the kforge package pip installed (the wheel,
+# scripts/build_wheel.sh) instead of the source tree's.
+if os.environ.get("KFORGE_E2E_INSTALLED") != "1":
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 sys.path.insert(0, HERE)
 
 CASES = (("glm-5", 1), ("glm-5", 8), ("deepseek-v3.2", 1))

@@ -123,23 +123,6 @@ TEST(MetricsTest, ScrapedNumbersMoveWithRequests) {
   EXPECT_EQ(Sample(after, "kforge_compile_seconds_bucket{le=\"+Inf\"}"), 1);
 }
 
-// The metrics port of a server started with --metrics-listen 127.0.0.1:0.
-// The metrics line follows the start line: waited for, up to 10 s.
-int MetricsPort(ServeProcess& server) {
-  const std::string marker = "kforge: metrics on http://127.0.0.1:";
-  std::string log = server.Log();
-  for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
-       log.find(marker) == std::string::npos && absl::Now() < deadline;
-       absl::SleepFor(absl::Milliseconds(20))) {
-    log = server.Log();
-  }
-  const size_t at = log.find(marker);
-  int port = 0;
-  if (at == std::string::npos) return 0;
-  const size_t begin = at + marker.size();
-  return absl::SimpleAtoi(log.substr(begin, log.find('/', begin) - begin), &port) ? port : 0;
-}
-
 // A connected socket to 127.0.0.1:`port` that reads time out after 5 s.
 int ConnectTo(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

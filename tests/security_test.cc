@@ -85,22 +85,6 @@ std::string Scrape(int port) {
   return response;
 }
 
-// The metrics line follows the start line: waited for, up to 10 s.
-int MetricsPort(ServeProcess& server) {
-  const std::string marker = "kforge: metrics on http://127.0.0.1:";
-  std::string log = server.Log();
-  for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
-       log.find(marker) == std::string::npos && absl::Now() < deadline;
-       absl::SleepFor(absl::Milliseconds(20))) {
-    log = server.Log();
-  }
-  const size_t at = log.find(marker);
-  int port = 0;
-  if (at == std::string::npos) return 0;
-  const size_t begin = at + marker.size();
-  return absl::SimpleAtoi(log.substr(begin, log.find('/', begin) - begin), &port) ? port : 0;
-}
-
 class SecurityTest : public ::testing::Test {
  protected:
   // One CA, a server certificate from it (valid, and one that expired a day

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
@@ -301,6 +302,23 @@ class ServeProcess {
   int exit_status_ = 0;
   std::string address_;
 };
+
+// The metrics port of a server started with --metrics-listen 127.0.0.1:0.
+// The metrics line follows the start line: waited for, up to 10 s.
+inline int MetricsPort(ServeProcess& server) {
+  const std::string marker = "kforge: metrics on http://127.0.0.1:";
+  std::string log = server.Log();
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
+       log.find(marker) == std::string::npos && absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(20))) {
+    log = server.Log();
+  }
+  const size_t at = log.find(marker);
+  int port = 0;
+  if (at == std::string::npos) return 0;
+  const size_t begin = at + marker.size();
+  return absl::SimpleAtoi(log.substr(begin, log.find('/', begin) - begin), &port) ? port : 0;
+}
 
 }  // namespace kforge::testing
 

@@ -452,10 +452,11 @@ def read_token_file(path, what):
 
 def client_settings(given, allow_bundle=False):
     """runtime/client_settings.h: a client's settings from `given` (a dict
-    by the keys "address", "bundle", "local_copy_dir", "tls_ca",
+    by the keys "address", "bundle", "trust", "local_copy_dir", "tls_ca",
     "tls_cert", "tls_key", "token", "token_file"; None = not given), else
     the KFORGE_* environment variables, checked, with the TLS and token
-    files read: a dict with "server", "bundle", "local_copy_dir", "tls",
+    files read: a dict with "server", "bundle", "trust" (the bundle's
+    signer's public key file; "" = none), "local_copy_dir", "tls",
     "root_certificates", "certificate_chain", "private_key" (PEM text) and
     "token" ("" = none). Errors name the argument or the variable."""
     given = {key: os.fsdecode(value) if key != "token" else value

@@ -25,29 +25,13 @@
 namespace kforge {
 namespace {
 
+using ::kforge::testing::ConnectLoopback;
 using ::kforge::testing::Contains;
+using ::kforge::testing::HttpGet;
 using ::kforge::testing::ServeProcess;
 using ::kforge::testing::TempDir;
 
 constexpr char kBinary[] = KFORGE_BINARY;
-
-// GET `path` from 127.0.0.1:`port`; the whole response, headers included.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
-    (void)!write(fd, request.data(), request.size());
-    char buf[4096];
-    for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
-  }
-  close(fd);
-  return response;
-}
 
 // The value of the sample line that starts with `series` (name and labels
 // exactly), or -1 when there is none.
@@ -123,34 +107,10 @@ TEST(MetricsTest, ScrapedNumbersMoveWithRequests) {
   EXPECT_EQ(Sample(after, "kforge_compile_seconds_bucket{le=\"+Inf\"}"), 1);
 }
 
-// A connected socket to 127.0.0.1:`port` that reads time out after 5 s.
-int ConnectTo(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  const timeval five = {5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &five, sizeof(five));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// A scrape and how long it took; the read is bounded by ConnectTo's timeout.
+// A scrape and how long it took; the read is bounded by HttpGet's timeout.
 std::pair<std::string, absl::Duration> TimedScrape(int port) {
   const absl::Time start = absl::Now();
-  std::string response;
-  const int fd = ConnectTo(port);
-  if (fd >= 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
-    (void)!write(fd, request.data(), request.size());
-    char buf[4096];
-    for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
-    close(fd);
-  }
+  std::string response = HttpGet(port, "/metrics");
   return {response, absl::Now() - start};
 }
 
@@ -167,10 +127,10 @@ TEST(MetricsTest, SlowAndIdleClientsDoNotDelayAScrape) {
   ASSERT_GT(port, 0) << server.Log();
 
   std::vector<int> idle;
-  for (int i = 0; i < 40; ++i) idle.push_back(ConnectTo(port));
+  for (int i = 0; i < 40; ++i) idle.push_back(ConnectLoopback(port));
   std::atomic<bool> stop{false};
   std::thread slowloris([&] {
-    const int fd = ConnectTo(port);
+    const int fd = ConnectLoopback(port);
     const std::string request = "GET /metrics HTTP/1.0\r\nX-Slow: aaaaaaaaaaaaaaaaaaaa";
     for (size_t i = 0; i < request.size() && !stop; ++i) {
       if (send(fd, &request[i], 1, MSG_NOSIGNAL) != 1) break;
@@ -185,7 +145,7 @@ TEST(MetricsTest, SlowAndIdleClientsDoNotDelayAScrape) {
     absl::SleepFor(absl::Milliseconds(500));
   }
   // Past the cap: 100 more idle connections.
-  for (int i = 0; i < 100; ++i) idle.push_back(ConnectTo(port));
+  for (int i = 0; i < 100; ++i) idle.push_back(ConnectLoopback(port));
   for (int i = 0; i < 3; ++i) {
     const auto [page, took] = TimedScrape(port);
     EXPECT_TRUE(Contains(page, "HTTP/1.0 200 OK")) << page;

@@ -32,6 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::kforge::testing::Contains;
+using ::kforge::testing::HttpGet;
 using ::kforge::testing::ReadFileOrEmpty;
 using ::kforge::testing::ServeProcess;
 using ::kforge::testing::TempDir;
@@ -62,27 +63,6 @@ RunResult Kforge(const std::string& args) {
 void WriteFile(const fs::path& path, const std::string& text, fs::perms mode) {
   std::ofstream(path) << text;
   fs::permissions(path, mode);
-}
-
-// GET /metrics from 127.0.0.1:`port`, the whole response; bounded by a
-// 5 s receive timeout.
-std::string Scrape(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  const timeval five = {5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &five, sizeof(five));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
-    (void)!write(fd, request.data(), request.size());
-    char buf[4096];
-    for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
-  }
-  close(fd);
-  return response;
 }
 
 class SecurityTest : public ::testing::Test {
@@ -301,7 +281,7 @@ TEST_F(SecurityTest, AuthFailuresAreCountedByReason) {
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(WarmCode(server.address(), kUserToken), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(StatsCode(server.address(), kUserToken), grpc::StatusCode::OK);
-  const std::string page = Scrape(port);
+  const std::string page = HttpGet(port, "/metrics");
   EXPECT_TRUE(Contains(page, "\nkforge_auth_failures_total{reason=\"missing_token\"} 2\n")) << page;
   EXPECT_TRUE(Contains(page, "\nkforge_auth_failures_total{reason=\"unknown_token\"} 1\n")) << page;
   EXPECT_TRUE(Contains(page, "\nkforge_auth_failures_total{reason=\"not_admin\"} 1\n")) << page;

@@ -8,6 +8,7 @@
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -110,6 +111,38 @@ inline std::string ReadFileOrEmpty(const std::filesystem::path& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// A socket connected to 127.0.0.1:`port` whose reads time out after 5 s,
+// or -1 when nothing accepts.
+inline int ConnectLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const timeval five = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &five, sizeof(five));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// GET `path` from 127.0.0.1:`port` over HTTP/1.0: the whole response,
+// headers included ("" when nothing accepts); bounded by ConnectLoopback's
+// receive timeout.
+inline std::string HttpGet(int port, const std::string& path) {
+  std::string response;
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return response;
+  const std::string request = "GET " + path + " HTTP/1.0\r\n\r\n";
+  (void)!write(fd, request.data(), request.size());
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
+  close(fd);
+  return response;
 }
 
 // A loopback port nothing listens on (bound, read back, released).

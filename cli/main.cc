@@ -108,6 +108,9 @@ int Compile(const std::vector<std::string>& argv) {
               {"tiling", "H,T,S,W",
                "tuning sweeps: this CTA shape (head tile, token tile, stages, warps) "
                "instead of the planner's, if the tiling rule admits it"},
+              {"explain", "",
+               "also print each module's schedule (pipelines, entries) and why the planner "
+               "chose it"},
               {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
@@ -166,6 +169,7 @@ int Compile(const std::vector<std::string>& argv) {
                                  artifact->has_indexer() ? artifact->indexer().logits_smem_bytes()
                                                          : artifact->launch().dynamic_smem_bytes(),
                                  artifact->compile_seconds());
+    if (args->Has("explain")) std::cout << ExplainSchedule(*artifact);
   }
   return failures == 0 ? 0 : 1;
 }

@@ -1,6 +1,7 @@
 #include "compiler/compiler.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -71,9 +72,16 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
   }
   plan.arch = WithSmemCap(plan.arch, options.max_smem_per_block);
   if (plan.spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) return PlanIndexer(plan, options);
-  absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(plan.spec, plan.arch, options.tiling);
-  if (!tiling.ok()) return tiling.status();
-  plan.tiling = *std::move(tiling);
+  ScheduleOptions schedule_options;
+  schedule_options.tiling = options.tiling;
+  schedule_options.smem_capped = options.max_smem_per_block > 0;
+  absl::StatusOr<Schedule> schedule = PlanSchedule(plan.spec, plan.arch, schedule_options);
+  if (!schedule.ok()) return schedule.status();
+  plan.tiling = std::move(schedule->tiling);
+  plan.launch = std::move(schedule->launch);
+  plan.small_batch = std::move(schedule->small_batch);
+  plan.cluster = std::move(schedule->cluster);
+  plan.schedule_reasons = std::move(schedule->reasons);
   plan.module_name = ModuleName(plan.spec, plan.arch);
   if (options.max_smem_per_block > 0) {
     absl::StrAppend(&plan.module_name, "_smem", plan.arch.max_smem_per_block);
@@ -83,20 +91,6 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
     absl::StrAppend(&plan.module_name, "_t", t.head_tile, "_", t.token_tile, "_", t.stages, "_",
                     t.warps);
   }
-  // A requested tiling is measured alone: no second kernel beside it.
-  if (t.empty()) {
-    plan.small_batch = ChooseSmallBatchPath(plan.spec, plan.arch, plan.tiling);
-    plan.cluster = ChooseMainCluster(plan.spec, plan.arch, plan.tiling, plan.small_batch);
-  }
-  // A shared-memory cap stands in for a smaller part (101376: sm_120's 99
-  // KB on an H200), whose modules have no cluster entries: the capped module
-  // is that part's, kernel for kernel.
-  if (options.max_smem_per_block > 0) {
-    plan.small_batch.clear_cluster_entry();
-    plan.small_batch.clear_cluster_splits();
-    plan.cluster.Clear();
-  }
-  plan.launch = MakeLaunchRule(plan.spec, plan.tiling, plan.arch);
   plan.source = GenerateSource(plan.spec, plan.tiling, plan.launch, plan.small_batch, plan.cluster);
   plan.options = BaseNvrtcOptions(plan.arch.name);
 
@@ -157,6 +151,7 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   artifact.set_combine_entry(kCombineEntry);
   if (!plan.small_batch.entry().empty()) *artifact.mutable_small_batch() = plan.small_batch;
   if (HasClusterEntries(plan.cluster)) *artifact.mutable_cluster() = plan.cluster;
+  for (const std::string& reason : plan.schedule_reasons) artifact.add_schedule_reasons(reason);
   *artifact.mutable_cubin_info() = *std::move(info);
   artifact.set_compiler_version(CompilerVersion());
   for (const std::string& o : compiled->options) artifact.add_nvrtc_options(o);

@@ -19,10 +19,11 @@ struct CompilePlan {
   v1::AttentionSpec spec;  // normalized
   Arch arch;
   v1::KernelTiling tiling;
-  v1::LaunchRule launch;           // the tiling's (MakeLaunchRule): the unit's
-                                   // launch bounds, the artifact's and manifest's rule
-  v1::SmallBatchPath small_batch;  // entry empty: none
-  v1::ClusterPath cluster;         // the throughput tiling's; entry empty: none
+  v1::LaunchRule launch;                      // the tiling's (MakeLaunchRule): the unit's
+                                              // launch bounds, the artifact's and manifest's rule
+  v1::SmallBatchPath small_batch;             // entry empty: none
+  v1::ClusterPath cluster;                    // the throughput tiling's; entry empty: none
+  std::vector<std::string> schedule_reasons;  // why (PlanSchedule)
   std::string module_name;
   std::string source;  // the instantiation unit
   std::vector<std::string> options;

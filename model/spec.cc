@@ -580,24 +580,23 @@ using sparse_mla::KvNvfp4DsMlaSizes;
 const std::vector<KvFormatInfo>& KvFormats() {
   static const std::vector<KvFormatInfo> kFormats = {
       {v1::KV_CACHE_DTYPE_BF16, "bf16", "ks::KvBf16", false, KvBf16Sizes::kPageBlocked, nullptr, "",
-       &KvBf16Sizes::BytesPerToken, &KvBf16Sizes::StagingBytesPerToken, 2, true, false},
+       &KvBf16Sizes::BytesPerToken, &KvBf16Sizes::StagingBytesPerToken, 2},
       {v1::KV_CACHE_DTYPE_FP8_DS_MLA, "fp8_ds_mla", "ks::KvFp8DsMla", true,
        KvFp8DsMlaSizes::kPageBlocked, &KvFp8DsMlaSizes::Supports,
        "kv_lora_rank 512 with rope_dim 0 or 64", &KvFp8DsMlaSizes::BytesPerToken,
-       &KvFp8DsMlaSizes::StagingBytesPerToken, 1, true, false},
+       &KvFp8DsMlaSizes::StagingBytesPerToken, 1},
       {v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, "fp8_ds_mla_v4", "ks::KvFp8DsMlaV4", false,
        KvFp8DsMlaV4Sizes::kPageBlocked, &KvFp8DsMlaV4Sizes::Supports,
        "kv_lora_rank 512 with rope_dim 0 (d_qk = d_v = 512: 448 e4m3 + 64 bf16 columns)",
-       &KvFp8DsMlaV4Sizes::BytesPerToken, &KvFp8DsMlaV4Sizes::StagingBytesPerToken, 1, true, true},
+       &KvFp8DsMlaV4Sizes::BytesPerToken, &KvFp8DsMlaV4Sizes::StagingBytesPerToken, 1},
       {v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, "mxfp8_ds_mla_v41", "ks::KvMxfp8DsMlaV41", false,
        KvMxfp8DsMlaV41Sizes::kPageBlocked, &KvMxfp8DsMlaV41Sizes::Supports,
        "kv_lora_rank 512 with rope_dim 0 (d_qk = d_v = 512, all e4m3)",
-       &KvMxfp8DsMlaV41Sizes::BytesPerToken, &KvMxfp8DsMlaV41Sizes::StagingBytesPerToken, 1, false,
-       true},
+       &KvMxfp8DsMlaV41Sizes::BytesPerToken, &KvMxfp8DsMlaV41Sizes::StagingBytesPerToken, 1},
       {v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, "nvfp4_ds_mla", "ks::KvNvfp4DsMla", false,
        KvNvfp4DsMlaSizes::kPageBlocked, &KvNvfp4DsMlaSizes::Supports,
        "kv_lora_rank 512 with rope_dim 64", &KvNvfp4DsMlaSizes::BytesPerToken,
-       &KvNvfp4DsMlaSizes::StagingBytesPerToken, 1, false, true},
+       &KvNvfp4DsMlaSizes::StagingBytesPerToken, 1},
   };
   return kFormats;
 }

@@ -46,18 +46,7 @@ struct KvFormatInfo {
   int (*bytes_per_token)(int d_qk);
   int (*staging_bytes_per_token)(int d_qk);  // 0: gathered straight into the tile
   int element_bytes;                         // what the cache's strides count
-  // The 64-head wgmma tiling (sm_90a) runs the warp-specialised pipeline
-  // (config.h WarpSpecialized) for this format: measured faster than the
-  // lockstep pipeline on the H200 (BENCH.md "the warp-specialised
-  // pipeline"; bf16: "bf16 on the warp-specialised pipeline").
-  bool warp_specialized;
-  // ... and, where its head groups pair up (an even count), runs it as
-  // crossover pairs (KernelTiling.crossover): each record loaded and
-  // converted once for two head groups. Measured faster for the records
-  // whose conversion bounds the producer (BENCH.md, "crossover pairs"):
-  // such a format gets the warp-specialised tiling there even without
-  // warp_specialized.
-  bool crossover;
+  // Which pipeline a format prefers is measured, per GPU: compiler/tuning.h.
 };
 
 // Every row, bf16 first.

@@ -1,0 +1,56 @@
+// The sparse MLA planner's measured choices on Hopper (sm_90a), from the
+// H200 (141 GB HBM3e, 132 SMs). Each value names the BENCH.md section that
+// measured it.
+
+#include "compiler/tuning.h"
+
+namespace kforge {
+
+const SparseMlaTuning& Sm90Tuning() {
+  static const SparseMlaTuning kTable = {
+      .arch = "sm_90a",
+      .measured_on = "H200",
+      // BENCH.md "Split floor of 128 keys per split, and the Python eager
+      // call": at batch 1 (topk 2048) the fastest split count kept 128 keys a
+      // split, 32- and 64-token tiles, 8 to 128 heads, bf16 and fp8.
+      .min_keys_per_split = 128,
+      // BENCH.md "what bounds the register pipeline; two more levers, the
+      // gather ceiling, the split rule at small batch": one 64-key tile a
+      // split was fastest at batch 1 and 2 for every format and head count.
+      .min_keys_per_split_small_batch = 64,
+      // BENCH.md "Issue 11: small-batch kernel, combine, programmatic
+      // launch": 16 x 64 x 2 stages x 4 warps beat 32-token tiles, 3 and 4
+      // stages, 8 warps and 32-head tiles at batch 1.
+      .small_batch_tiles = {{64, 2, 4}, {32, 2, 4}},
+      // Same section: where the small-batch path stopped beating the
+      // throughput tiling (bf16: 128 heads to batch 4, 64 heads to 8;
+      // fp8_ds_mla, whose 4-warp dequantisation is slower: 128 heads at
+      // batch 1, 64 heads to 2).
+      .small_batch_ctas_direct = 32,
+      .small_batch_ctas_staged = 8,
+      // BENCH.md "Issue 11: splits merged inside the kernel (thread-block
+      // clusters)": cuOccupancyMaxActiveClusters for 16-CTA clusters.
+      .sixteen_cta_clusters = 7,
+      // BENCH.md "Issue 15: three 16-head CTAs per SM for the smaller
+      // records": 12 warps (168 registers) gave the 16-head 4-warp tilings of
+      // V4, V4.1 and nvfp4 a third resident CTA without spilling; the
+      // small-batch tiling needs 255 registers (8 warps).
+      .throughput_warps_per_sm = 12,
+      .latency_warps_per_sm = 8,
+      // BENCH.md "the warp-specialised pipeline for the 64-head wgmma
+      // tiling" (fp8_ds_mla), "bf16 on the warp-specialised pipeline" and
+      // "crossover pairs for the record formats" (V4, V4.1, nvfp4: the pair
+      // only, the plain pipeline spilled and ran slower for them).
+      .formats =
+          {
+              {v1::KV_CACHE_DTYPE_BF16, true, false},
+              {v1::KV_CACHE_DTYPE_FP8_DS_MLA, true, false},
+              {v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, true, true},
+              {v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, false, true},
+              {v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, false, true},
+          },
+  };
+  return kTable;
+}
+
+}  // namespace kforge

@@ -111,13 +111,14 @@ int HeadsPerGroup(int heads, int max_tile) {
 
 // "64 x 64 x 2 stages x 8 warps (+4 land), wgmma, warp-specialized"
 std::string Describe(const v1::AttentionSpec& spec, const v1::KernelTiling& t) {
-  return absl::StrFormat("%d-head tile (%d heads x %d groups) x %d tokens x %d stage%s x %d warps%s, "
-                         "%s, %s, %d B shared memory",
-                         t.head_tile(), t.heads_per_group(), t.num_head_groups(), t.token_tile(),
-                         t.stages(), t.stages() == 1 ? "" : "s", t.warps(),
-                         t.land_warps() > 0 ? absl::StrCat(" + ", t.land_warps(), " land") : "",
-                         t.wgmma() ? "wgmma" : "mma.sync", PipelineName(PipelineOf(spec, t)),
-                         DecodeSmemBytesFor(spec, t));
+  return absl::StrFormat(
+      "%d-head tile (%d heads x %d groups) x %d tokens x %d stage%s x %d warps%s, "
+      "%s, %s, %d B shared memory",
+      t.head_tile(), t.heads_per_group(), t.num_head_groups(), t.token_tile(), t.stages(),
+      t.stages() == 1 ? "" : "s", t.warps(),
+      t.land_warps() > 0 ? absl::StrCat(" + ", t.land_warps(), " land") : "",
+      t.wgmma() ? "wgmma" : "mma.sync", PipelineName(PipelineOf(spec, t)),
+      DecodeSmemBytesFor(spec, t));
 }
 
 // Names the tiling's schedule (the last step of every tiling the planner
@@ -152,9 +153,10 @@ void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTil
   tiling->set_crossover(false);
   const std::string format = KvDtypeName(spec.kv_cache_dtype());
   if (!tiling->wgmma()) {
-    Why(why, "mma.sync: %s", HasWgmma(arch) ? "wgmma does not cover this tile or its layout "
-                                              "does not fit (config.h WgmmaCovers)"
-                                            : "wgmma is sm_90a only");
+    Why(why, "mma.sync: %s",
+        HasWgmma(arch) ? "wgmma does not cover this tile or its layout "
+                         "does not fit (config.h WgmmaCovers)"
+                       : "wgmma is sm_90a only");
   } else if (tiling->land_warps() == 0 && (prefers.warp_specialized || pairs) &&
              !spec.has_extra_kv()) {
     shape.land_warps = 4;
@@ -169,13 +171,11 @@ void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTil
       Why(why, "wgmma, lockstep: a producer warpgroup does not fit (config.h WarpSpecialized)");
     }
   } else if (tiling->land_warps() == 0) {
-    Why(why, "wgmma, lockstep: %s", spec.has_extra_kv()
-                                        ? "an extra cache (the producers read the main cache only)"
-                                        : absl::StrCat("the ", tuning.arch, " table (",
-                                                       tuning.measured_on, ") prefers it for ",
-                                                       format, pairs || !prefers.crossover
-                                                                   ? ""
-                                                                   : " with an odd group count"));
+    Why(why, "wgmma, lockstep: %s",
+        spec.has_extra_kv()
+            ? "an extra cache (the producers read the main cache only)"
+            : absl::StrCat("the ", tuning.arch, " table (", tuning.measured_on, ") prefers it for ",
+                           format, pairs || !prefers.crossover ? "" : " with an odd group count"));
   }
   tiling->set_num_head_groups(groups);
 }
@@ -289,7 +289,8 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, con
           arch.max_smem_per_block);
       continue;
     }
-    Why(why, "%d heads in groups of at most %d: the largest head tile whose pipeline fits %s's %d B",
+    Why(why,
+        "%d heads in groups of at most %d: the largest head tile whose pipeline fits %s's %d B",
         heads, max_tile, arch.name, arch.max_smem_per_block);
     if (register_pipeline) {
       Why(why, "register pipeline: a 16-head tile of a quantised format (%s) reading one cache",
@@ -361,8 +362,7 @@ v1::ClusterPath ChooseMainCluster(const v1::AttentionSpec& spec, const Arch& arc
   // gets no 2-split cluster: it would run the pipeline without the pair,
   // which spilled and ran slower for it (BENCH.md "crossover pairs for the
   // record formats").
-  const bool pair_only =
-      main.crossover() && !tuning.format(spec.kv_cache_dtype()).warp_specialized;
+  const bool pair_only = main.crossover() && !tuning.format(spec.kv_cache_dtype()).warp_specialized;
   if (!pair_only && ClusterFits(spec, arch, main, sparse_mla::kMainClusterSplits)) {
     path.set_entry(kMainClusterEntry);
     path.set_splits(sparse_mla::kMainClusterSplits);
@@ -502,12 +502,11 @@ absl::StatusOr<Schedule> PlanSchedule(const v1::AttentionSpec& spec, const Arch&
                                       const ScheduleOptions& options) {
   Schedule s;
   const SparseMlaTuning& tuning = TuningFor(arch);
-  s.reasons.push_back(
-      absl::StrFormat("tuning: the %s table (measured on the %s)%s", tuning.arch,
-                      tuning.measured_on,
-                      std::string_view(tuning.arch) == arch.name
-                          ? ""
-                          : absl::StrCat("; ", arch.name, " has no table of its own")));
+  s.reasons.push_back(absl::StrFormat(
+      "tuning: the %s table (measured on the %s)%s", tuning.arch, tuning.measured_on,
+      std::string_view(tuning.arch) == arch.name
+          ? ""
+          : absl::StrCat("; ", arch.name, " has no table of its own")));
   absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, arch, options.tiling, &s.reasons);
   if (!tiling.ok()) return tiling.status();
   s.tiling = *std::move(tiling);
@@ -533,7 +532,10 @@ absl::StatusOr<Schedule> PlanSchedule(const v1::AttentionSpec& spec, const Arch&
 std::string ExplainSchedule(const v1::KernelArtifact& a) {
   std::string text = absl::StrFormat("%s (%s)\n", a.module_name(), a.arch());
   if (!a.has_tiling() || a.tiling().head_tile() == 0) {
-    absl::StrAppend(&text, "  no sparse MLA schedule (a ", a.spec().kind() == v1::ATTENTION_KIND_DSA_INDEXER ? "DSA indexer" : "non-attention", " module)\n");
+    absl::StrAppend(
+        &text, "  no sparse MLA schedule (a ",
+        a.spec().kind() == v1::ATTENTION_KIND_DSA_INDEXER ? "DSA indexer" : "non-attention",
+        " module)\n");
     return text;
   }
   const v1::AttentionSpec& spec = a.spec();
@@ -551,12 +553,12 @@ std::string ExplainSchedule(const v1::KernelArtifact& a) {
   }
   if (!a.small_batch().entry().empty()) {
     const v1::SmallBatchPath& small = a.small_batch();
-    absl::StrAppendFormat(&text, "  small batch (up to %d query token%s): %s\n", small.max_tokens(), small.max_tokens() == 1 ? "" : "s",
-                          Describe(spec, small.tiling()));
+    absl::StrAppendFormat(&text, "  small batch (up to %d query token%s): %s\n", small.max_tokens(),
+                          small.max_tokens() == 1 ? "" : "s", Describe(spec, small.tiling()));
     absl::StrAppendFormat(&text, "    %s: split epilogue\n", small.entry());
     if (!small.cluster_entry().empty()) {
-      absl::StrAppendFormat(&text, "    %s: %d splits merged in a cluster\n",
-                            small.cluster_entry(), small.cluster_splits());
+      absl::StrAppendFormat(&text, "    %s: %d splits merged in a cluster\n", small.cluster_entry(),
+                            small.cluster_splits());
     }
   }
   absl::StrAppendFormat(&text, "    %s: merges split partials\n", a.combine_entry());

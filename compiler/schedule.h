@@ -55,10 +55,10 @@ struct TilingRequest {
 
 // What the planner decided for one spec on one arch.
 struct Schedule {
-  v1::KernelTiling tiling;         // the throughput tiling (pipeline, mma named)
-  v1::LaunchRule launch;           // its launch rule
-  v1::SmallBatchPath small_batch;  // entry empty: none
-  v1::ClusterPath cluster;         // entries empty: none
+  v1::KernelTiling tiling;           // the throughput tiling (pipeline, mma named)
+  v1::LaunchRule launch;             // its launch rule
+  v1::SmallBatchPath small_batch;    // entry empty: none
+  v1::ClusterPath cluster;           // entries empty: none
   std::vector<std::string> reasons;  // one decision a line, in order
 };
 

@@ -82,8 +82,7 @@ TEST(PlanSchedule, PipelineOfAgreesWithTheShape) {
         EXPECT_EQ(ws, s.tiling.pipeline() == v1::PIPELINE_WARP_SPECIALIZED ||
                           s.tiling.pipeline() == v1::PIPELINE_CROSSOVER_PAIR)
             << arch << " tp" << tp;
-        EXPECT_EQ(sparse_mla::RegisterPipeline(shape),
-                  s.tiling.pipeline() == v1::PIPELINE_REGISTER)
+        EXPECT_EQ(sparse_mla::RegisterPipeline(shape), s.tiling.pipeline() == v1::PIPELINE_REGISTER)
             << arch << " tp" << tp;
         EXPECT_EQ(s.tiling.wgmma(), s.tiling.mma() == v1::MMA_WGMMA) << arch << " tp" << tp;
       }
@@ -99,8 +98,7 @@ TEST(PlanSchedule, SaysWhy) {
   EXPECT_NE(why.find("small batch"), std::string::npos) << why;
   EXPECT_NE(why.find("cluster"), std::string::npos) << why;
   // An arch without its own table says whose numbers it uses.
-  const std::string other =
-      Reasons(Plan(Preset("glm-5", 8, v1::KV_CACHE_DTYPE_BF16), "sm_120a"));
+  const std::string other = Reasons(Plan(Preset("glm-5", 8, v1::KV_CACHE_DTYPE_BF16), "sm_120a"));
   EXPECT_NE(other.find("sm_120a has no table of its own"), std::string::npos) << other;
   EXPECT_NE(other.find("wgmma is sm_90a only"), std::string::npos) << other;
 }
@@ -109,8 +107,7 @@ TEST(PlanSchedule, ACapOrARequestLeavesNoClusters) {
   ScheduleOptions capped;
   capped.smem_capped = true;
   const v1::AttentionSpec spec = Preset("deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_BF16);
-  absl::StatusOr<Schedule> s =
-      PlanSchedule(spec, WithSmemCap(ArchNamed("sm_90a"), 101376), capped);
+  absl::StatusOr<Schedule> s = PlanSchedule(spec, WithSmemCap(ArchNamed("sm_90a"), 101376), capped);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_TRUE(s->cluster.entry().empty() && s->cluster.wide_entry().empty());
   EXPECT_TRUE(s->small_batch.cluster_entry().empty());
@@ -126,8 +123,8 @@ TEST(PlanSchedule, ACapOrARequestLeavesNoClusters) {
 }
 
 TEST(Tuning, EveryArchHasATableAndEveryFormatAPreference) {
-  for (const char* name : {"sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a",
-                           "sm_121a"}) {
+  for (const char* name :
+       {"sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a"}) {
     const SparseMlaTuning& t = TuningFor(ArchNamed(name));
     EXPECT_GT(t.min_keys_per_split, 0) << name;
     EXPECT_GT(t.min_keys_per_split_small_batch, 0) << name;
@@ -144,8 +141,8 @@ TEST(Tuning, EveryArchHasATableAndEveryFormatAPreference) {
 
 TEST(ExplainSchedule, PrintsTheEntriesAndTheReasons) {
   KernelCompiler compiler;
-  absl::StatusOr<CompilePlan> plan = compiler.Plan(
-      Preset("deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA), "sm_90a");
+  absl::StatusOr<CompilePlan> plan =
+      compiler.Plan(Preset("deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA), "sm_90a");
   ASSERT_TRUE(plan.ok()) << plan.status();
   v1::KernelArtifact a;
   a.set_module_name(plan->module_name);

@@ -1,7 +1,8 @@
 // Warm (Prebuild) request decoding: the bytes of a PrebuildRequest as the
 // server takes them off the wire (gRPC's GenericDeserialize), then
 // ExpandPrebuildRequest, which must refuse before expanding anything a
-// request whose kernels x archs exceed the job cap (issue 12, defect 1).
+// request whose kernels x archs exceed the job cap (a
+// request once expanded before that check).
 // No compile runs. Beyond no crash, UB or leak:
 //   - an accepted request expands to at most kMaxJobs jobs, exactly
 //     kernels x archs of them, each with an arch kforge builds for and a

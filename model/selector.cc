@@ -199,11 +199,10 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
       sel.num_splits = NumSplits(v.spec(), tiling, launch, sel.num_tokens, device.sm_count);
       // The cluster entry (SmallBatchPath.cluster_entry) replaces the split
       // and the combine where the rule splits exactly cluster_splits ways
-      // (fewer splits in a cluster cost more than the combine: fp8 8 x 1 on
-      // the H200 ran 13.7 us as 16 merged splits, 11.9 as 32 + combine) and
-      // its clusters fit the device at once (8 of 16 CTAs on a 7-cluster
-      // H200 ran 19.9 us against 14.1 for split + combine; BENCH.md
-      // 2026-12-02). A forced split count always runs split + combine.
+      // (fewer splits in a cluster cost more than the combine) and its
+      // clusters fit the device at once (clusters that wait for a second
+      // wave lost to split + combine; BENCH.md "splits merged inside the
+      // kernel"). A forced split count always runs split + combine.
       const uint32_t cluster = v.small_batch().cluster_splits();
       if (small && !v.small_batch().cluster_entry().empty() &&
           static_cast<uint32_t>(sel.num_splits) == cluster &&
@@ -234,11 +233,9 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
     }
     // Split + combine launches no split without keys: the rule's count can
     // leave the last ones empty (glm-5 TP8 x batch 10: 13 splits of 3 of
-    // the 32 tiles, 11 of them holding keys). Empty splits cost time: H200,
-    // top-k 1152 at 64 heads x batch 2, 16 forced splits (7 empty) 14.2 us
-    // bf16 / 18.6 fp8 against 13.5 / 17.5 as the 9 that hold keys (BENCH.md
-    // 2026-12-04). Cluster entries keep their compiled split count, forced
-    // counts their own.
+    // the 32 tiles, 11 of them holding keys). Empty splits cost time (BENCH.md
+    // "the split rule at small batch"). Cluster entries keep their compiled
+    // split count, forced counts their own.
     if (!sel.cluster && device.forced_num_splits == 0) {
       sel.num_splits = SplitsHoldingKeys(v.spec(), launch, sel.num_splits);
     }

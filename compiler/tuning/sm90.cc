@@ -18,7 +18,7 @@ const SparseMlaTuning& Sm90Tuning() {
       // gather ceiling, the split rule at small batch": one 64-key tile a
       // split was fastest at batch 1 and 2 for every format and head count.
       .min_keys_per_split_small_batch = 64,
-      // BENCH.md "Issue 11: small-batch kernel, combine, programmatic
+      // BENCH.md "small-batch kernel, combine, programmatic
       // launch": 16 x 64 x 2 stages x 4 warps beat 32-token tiles, 3 and 4
       // stages, 8 warps and 32-head tiles at batch 1.
       .small_batch_tiles = {{64, 2, 4}, {32, 2, 4}},
@@ -28,10 +28,10 @@ const SparseMlaTuning& Sm90Tuning() {
       // batch 1, 64 heads to 2).
       .small_batch_ctas_direct = 32,
       .small_batch_ctas_staged = 8,
-      // BENCH.md "Issue 11: splits merged inside the kernel (thread-block
+      // BENCH.md "splits merged inside the kernel (thread-block
       // clusters)": cuOccupancyMaxActiveClusters for 16-CTA clusters.
       .sixteen_cta_clusters = 7,
-      // BENCH.md "Issue 15: three 16-head CTAs per SM for the smaller
+      // BENCH.md "three 16-head CTAs per SM for the smaller
       // records": 12 warps (168 registers) gave the 16-head 4-warp tilings of
       // V4, V4.1 and nvfp4 a third resident CTA without spilling; the
       // small-batch tiling needs 255 registers (8 warps).

@@ -1,4 +1,4 @@
-"""The DeepSeek-V4, V4.1 and nvfp4 KV cache records (issue 15), for tests
+"""The DeepSeek-V4, V4.1 and nvfp4 KV cache records, for tests
 and for engines that migrate a bf16 cache: reference quantizers and
 dequantizers on torch tensors (fp8_ds_mla, V3.2's record, is kforge.fp8).
 

@@ -336,13 +336,15 @@ TEST_F(BundleTest, HasKernelTreatsDamagedFilesAsAbsent) {
   const fs::path file = dir / KernelFile();
   const std::string whole = ReadFileOrEmpty(file);
   // Fields are written in number order and the params sizes, the
-  // small-batch path and the cluster entry come last, so cutting exactly
-  // them off leaves a file that still parses.
+  // small-batch path, the cluster entry and the entry list come last, so
+  // cutting exactly them off leaves a file that still parses.
   v1::KernelArtifact no_params = *artifact_;
   no_params.clear_params_bytes();
   no_params.clear_combine_params_bytes();
   no_params.clear_small_batch();
   no_params.clear_cluster();
+  no_params.clear_entries();
+  no_params.clear_schedule_reasons();
   const size_t without_params = no_params.ByteSizeLong();
   ASSERT_LT(without_params, whole.size());
   ASSERT_TRUE(no_params.ParseFromString(whole.substr(0, without_params)));

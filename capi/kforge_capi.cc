@@ -211,6 +211,8 @@ size_t kforge_sizeof(const char* struct_name) {
   if (name == "CombineParams") return sizeof(kforge::sparse_mla::CombineParams);
   if (name == "KforgeIndexerLogitsArgs") return sizeof(KforgeIndexerLogitsArgs);
   if (name == "KforgeIndexerTopkArgs") return sizeof(KforgeIndexerTopkArgs);
+  if (name == "LogitsParams") return sizeof(kforge::dsa_indexer::LogitsParams);
+  if (name == "TopkParams") return sizeof(kforge::dsa_indexer::TopkParams);
   return 0;
 }
 

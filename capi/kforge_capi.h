@@ -30,14 +30,16 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 11
+#define KFORGE_CAPI_VERSION 12
 
 int32_t kforge_capi_version(void);
 
 /* sizeof of a struct as this library was built, for bindings to check
  * their mirrors: "KforgeDevice", "KforgeShape", "KforgeDecodeArgs",
  * "DecodeParams", "CombineParams", "KforgeIndexerLogitsArgs",
- * "KforgeIndexerTopkArgs". 0 for any other name. */
+ * "KforgeIndexerTopkArgs", and the indexer's parameter blocks
+ * "LogitsParams", "TopkParams" (what a loader checks an entry's
+ * params_bytes against, by role). 0 for any other name. */
 size_t kforge_sizeof(const char* struct_name);
 
 void kforge_free(void* p);

@@ -161,7 +161,8 @@ int Compile(const std::vector<std::string>& argv) {
     if (!s.ok()) return Fail(s);
     const v1::KernelResources* main_k = nullptr;
     for (const auto& k : artifact->cubin_info().kernels()) {
-      if (k.name() == artifact->main_entry()) main_k = &k;
+      // The module's first entry: the main attention entry, or the logits.
+      if (!artifact->entries().empty() && k.name() == artifact->entries(0).name()) main_k = &k;
     }
     std::cout << absl::StrFormat("%s.cubin  %s  %zu bytes  %d regs  %d B smem  %.2f s\n", base,
                                  artifact->arch(), artifact->cubin().size(),

@@ -1,5 +1,6 @@
 #include "cli/runtime_cmds.h"
 
+#include <algorithm>
 #include <climits>
 #include <iostream>
 #include <string>
@@ -119,10 +120,19 @@ int Select(const std::vector<std::string>& argv) {
   v1::AttentionSpec spec;
   absl::StatusOr<v1::Manifest> manifest = ManifestFromArgs(*args, &spec);
   if (!manifest.ok()) return Fail(manifest.status());
-  if (spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
-    return Fail(absl::InvalidArgumentError(
-        "select: ATTENTION_KIND_DSA_INDEXER has no runtime selection; its manifest's one "
-        "variant carries the launch (kforge manifest --kind dsa-indexer)"));
+  // Only a module with attention entries is selected among; another
+  // family's (the indexer's) variant carries its own launch.
+  const bool selectable = std::any_of(
+      manifest->variants().begin(), manifest->variants().end(), [](const v1::ManifestVariant& v) {
+        return std::any_of(v.entries().begin(), v.entries().end(), [](const v1::KernelEntry& e) {
+          return e.role() == v1::ENTRY_ROLE_ATTENTION;
+        });
+      });
+  if (!selectable) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "select: ", v1::AttentionKind_Name(spec.kind()),
+        " has no runtime selection; its manifest's one variant carries the launch (kforge "
+        "manifest)")));
   }
   DeviceInfo device;
   device.arch = args->Has("device-arch") ? args->Get("device-arch") : args->Get("arch");

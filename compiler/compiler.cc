@@ -1,20 +1,17 @@
 #include "compiler/compiler.h"
 
 #include <algorithm>
-#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "compiler/codegen.h"
-#include "compiler/indexer_codegen.h"
+#include "compiler/family.h"
 #include "compiler/key.h"
+#include "compiler/manifest.h"
 #include "compiler/nvrtc.h"
 #include "google/protobuf/util/json_util.h"
-#include "model/artifact_check.h"
 #include "model/cubin.h"
-#include "model/spec.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "model/format.h"
 
 namespace kforge {
 
@@ -24,42 +21,13 @@ std::string CompilerVersion() {
   return absl::StrCat("kforge ", KFORGE_VERSION, " / nvrtc ", NvrtcVersion());
 }
 
-namespace {
-
-// The key inputs every plan shares: its normalized spec, the templates,
-// the compiler, its options and the arch (the caller adds the rest).
-KeyInputs PlanKeyInputs(const CompilePlan& plan) {
-  KeyInputs key;
-  key.spec = plan.spec;
-  key.template_digest = TemplateDigest();
-  key.nvrtc_version = NvrtcBuildIdentity();
-  key.options = plan.options;
-  key.arch = plan.arch.name;
-  return key;
-}
-
-// Plan's indexer half (ATTENTION_KIND_DSA_INDEXER): no tiling to choose,
-// the module name, instantiation unit and key.
-absl::StatusOr<CompilePlan> PlanIndexer(CompilePlan plan, const PlanOptions& options) {
-  if (options.max_smem_per_block > 0 || !options.tiling.empty()) {
-    return absl::InvalidArgumentError(
-        "max_smem_per_block and tiling: supported only for ATTENTION_KIND_SPARSE_MLA_DECODE "
-        "(the indexer's kernels have one shape)");
-  }
-  plan.module_name = IndexerModuleName(plan.spec, plan.arch);
-  plan.source = GenerateIndexerSource(plan.spec, plan.arch);
-  plan.options = BaseNvrtcOptions(plan.arch.name);
-  plan.key = ComputeCacheKey(PlanKeyInputs(plan));
-  return plan;
-}
-
-}  // namespace
-
 absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
                                                  std::string_view arch,
                                                  const PlanOptions& options) const {
+  absl::StatusOr<const KernelFamily*> family = FamilyFor(spec.kind());
+  if (!family.ok()) return family.status();
   CompilePlan plan;
-  absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec);
+  absl::StatusOr<v1::AttentionSpec> normalized = (*family)->Normalize(spec);
   if (!normalized.ok()) return normalized.status();
   plan.spec = *std::move(normalized);
   absl::StatusOr<Arch> parsed = ParseArch(arch);
@@ -71,35 +39,7 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
                      ", supported 0 (the arch's own limit) or a positive byte count"));
   }
   plan.arch = WithSmemCap(plan.arch, options.max_smem_per_block);
-  if (plan.spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) return PlanIndexer(plan, options);
-  ScheduleOptions schedule_options;
-  schedule_options.tiling = options.tiling;
-  schedule_options.smem_capped = options.max_smem_per_block > 0;
-  absl::StatusOr<Schedule> schedule = PlanSchedule(plan.spec, plan.arch, schedule_options);
-  if (!schedule.ok()) return schedule.status();
-  plan.tiling = std::move(schedule->tiling);
-  plan.launch = std::move(schedule->launch);
-  plan.small_batch = std::move(schedule->small_batch);
-  plan.cluster = std::move(schedule->cluster);
-  plan.schedule_reasons = std::move(schedule->reasons);
-  plan.module_name = ModuleName(plan.spec, plan.arch);
-  if (options.max_smem_per_block > 0) {
-    absl::StrAppend(&plan.module_name, "_smem", plan.arch.max_smem_per_block);
-  }
-  const TilingRequest& t = options.tiling;
-  if (!t.empty()) {
-    absl::StrAppend(&plan.module_name, "_t", t.head_tile, "_", t.token_tile, "_", t.stages, "_",
-                    t.warps);
-  }
-  plan.source = GenerateSource(plan.spec, plan.tiling, plan.launch, plan.small_batch, plan.cluster);
-  plan.options = BaseNvrtcOptions(plan.arch.name);
-
-  KeyInputs key = PlanKeyInputs(plan);
-  key.max_smem_per_block = options.max_smem_per_block;
-  if (!t.empty()) {
-    key.tiling_request = absl::StrCat(t.head_tile, ",", t.token_tile, ",", t.stages, ",", t.warps);
-  }
-  plan.key = ComputeCacheKey(key);
+  if (absl::Status s = (*family)->Plan(options, plan); !s.ok()) return s;
   return plan;
 }
 
@@ -122,20 +62,16 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
                                             ", asked for ", plan.arch.name,
                                             "; refusing to serve it"));
   }
-  const bool indexer = plan.spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER;
-  std::vector<std::string> entries = {kMainEntry, kCombineEntry};
-  if (indexer) {
-    entries = {kIndexerLogitsEntry, kIndexerTopkEntry};
-    if (IndexerHasTopkCluster(plan.arch)) entries.push_back(kIndexerTopkClusterEntry);
-  }
-  for (const std::string* entry : OptionalMainEntries(plan.small_batch, plan.cluster)) {
-    entries.push_back(*entry);
-  }
-  for (const std::string& entry : entries) {
-    const bool found = std::any_of(info->kernels().begin(), info->kernels().end(),
-                                   [&](const v1::KernelResources& k) { return k.name() == entry; });
+  // The module's entries and launch description, as its manifest variant
+  // lists them (the family's); the cubin must export every entry.
+  const v1::ManifestVariant variant = VariantOfPlan(plan);
+  for (const v1::KernelEntry& entry : variant.entries()) {
+    const bool found =
+        std::any_of(info->kernels().begin(), info->kernels().end(),
+                    [&](const v1::KernelResources& k) { return k.name() == entry.name(); });
     if (!found) {
-      return absl::InternalError(absl::StrCat(plan.module_name, ": cubin has no entry ", entry));
+      return absl::InternalError(
+          absl::StrCat(plan.module_name, ": cubin has no entry ", entry.name()));
     }
   }
 
@@ -145,30 +81,31 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   artifact.set_key(plan.key);
   artifact.set_arch(plan.arch.name);
   *artifact.mutable_spec() = plan.spec;
-  *artifact.mutable_tiling() = plan.tiling;
-  if (!indexer) *artifact.mutable_launch() = plan.launch;
-  artifact.set_main_entry(kMainEntry);
-  artifact.set_combine_entry(kCombineEntry);
-  if (!plan.small_batch.entry().empty()) *artifact.mutable_small_batch() = plan.small_batch;
-  if (HasClusterEntries(plan.cluster)) *artifact.mutable_cluster() = plan.cluster;
+  if (variant.has_tiling()) *artifact.mutable_tiling() = variant.tiling();
+  if (variant.has_launch()) *artifact.mutable_launch() = variant.launch();
+  artifact.set_main_entry(variant.main_entry());
+  artifact.set_combine_entry(variant.combine_entry());
+  if (variant.has_small_batch()) *artifact.mutable_small_batch() = variant.small_batch();
+  if (variant.has_cluster()) *artifact.mutable_cluster() = variant.cluster();
+  if (variant.has_indexer()) *artifact.mutable_indexer() = variant.indexer();
+  *artifact.mutable_entries() = variant.entries();
   for (const std::string& reason : plan.schedule_reasons) artifact.add_schedule_reasons(reason);
+  // The attention and combine entries' parameter blocks (0: the module has
+  // no such entry).
+  for (const v1::KernelEntry& entry : variant.entries()) {
+    if (entry.role() == v1::ENTRY_ROLE_ATTENTION && artifact.params_bytes() == 0) {
+      artifact.set_params_bytes(entry.params_bytes());
+    }
+    if (entry.role() == v1::ENTRY_ROLE_COMBINE && artifact.combine_params_bytes() == 0) {
+      artifact.set_combine_params_bytes(entry.params_bytes());
+    }
+  }
   *artifact.mutable_cubin_info() = *std::move(info);
   artifact.set_compiler_version(CompilerVersion());
   for (const std::string& o : compiled->options) artifact.add_nvrtc_options(o);
   artifact.set_template_digest(TemplateDigest());
   artifact.set_compile_seconds(compiled->seconds);
-  artifact.set_params_bytes(sizeof(sparse_mla::DecodeParams));
-  artifact.set_combine_params_bytes(sizeof(sparse_mla::CombineParams));
   artifact.set_cubin(std::move(compiled->cubin));
-  if (indexer) {
-    // The indexer has no tiling or split rule: its launch is IndexerLaunch.
-    artifact.clear_tiling();
-    *artifact.mutable_indexer() = MakeIndexerLaunch(plan.spec, plan.arch);
-    artifact.set_main_entry(kIndexerLogitsEntry);
-    artifact.set_combine_entry(kIndexerTopkEntry);
-    artifact.set_params_bytes(artifact.indexer().logits_params_bytes());
-    artifact.set_combine_params_bytes(artifact.indexer().topk_params_bytes());
-  }
   return artifact;
 }
 

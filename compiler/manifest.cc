@@ -1,7 +1,8 @@
 #include "compiler/manifest.h"
 
-#include "compiler/codegen.h"
-#include "compiler/indexer_codegen.h"
+#include <utility>
+
+#include "compiler/family.h"
 #include "model/format.h"
 
 namespace kforge {
@@ -11,19 +12,11 @@ v1::ManifestVariant VariantOfPlan(const CompilePlan& plan) {
   v.set_module_name(plan.module_name);
   v.set_key(plan.key);
   *v.mutable_spec() = plan.spec;
-  if (plan.spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
-    // No selection: the launch is the indexer's own.
-    *v.mutable_indexer() = MakeIndexerLaunch(plan.spec, plan.arch);
-    v.set_main_entry(kIndexerLogitsEntry);
-    v.set_combine_entry(kIndexerTopkEntry);
-    return v;
-  }
-  *v.mutable_tiling() = plan.tiling;
-  *v.mutable_launch() = plan.launch;
-  v.set_main_entry(kMainEntry);
-  v.set_combine_entry(kCombineEntry);
-  if (!plan.small_batch.entry().empty()) *v.mutable_small_batch() = plan.small_batch;
-  if (HasClusterEntries(plan.cluster)) *v.mutable_cluster() = plan.cluster;
+  // A plan exists only for a registered family (KernelCompiler::Plan).
+  absl::StatusOr<const KernelFamily*> family = FamilyFor(plan.spec.kind());
+  if (!family.ok()) return v;
+  (*family)->DescribeLaunch(plan, v);
+  for (v1::KernelEntry& entry : (*family)->Entries(plan)) *v.add_entries() = std::move(entry);
   return v;
 }
 

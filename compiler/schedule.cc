@@ -529,39 +529,61 @@ absl::StatusOr<Schedule> PlanSchedule(const v1::AttentionSpec& spec, const Arch&
   return s;
 }
 
+namespace {
+
+const char* EpilogueName(v1::Epilogue e) {
+  switch (e) {
+    case v1::EPILOGUE_SPLIT:
+      return "split (+ combine past one split)";
+    case v1::EPILOGUE_CLUSTER_MERGE:
+      return "splits merged in the cluster";
+    default:
+      return "";
+  }
+}
+
+// "sparse_mla_decode_main: throughput tiling, warp-specialized, wgmma, ..."
+std::string DescribeEntry(const v1::KernelEntry& e) {
+  std::string what;
+  switch (e.role()) {
+    case v1::ENTRY_ROLE_ATTENTION:
+      what = absl::StrFormat("%s tiling, %s, %s, %s",
+                             e.tiling() == v1::TILING_USE_LATENCY ? "small-batch" : "throughput",
+                             PipelineName(e.pipeline()),
+                             e.mma() == v1::MMA_WGMMA ? "wgmma" : "mma.sync",
+                             EpilogueName(e.epilogue()));
+      break;
+    case v1::ENTRY_ROLE_COMBINE:
+      what = "merges split partials";
+      break;
+    case v1::ENTRY_ROLE_INDEXER_LOGITS:
+      what = "indexer logits";
+      break;
+    case v1::ENTRY_ROLE_INDEXER_TOPK:
+      what = "indexer top-k";
+      break;
+    default:
+      what = "unknown role";
+  }
+  if (e.cluster_ctas() > 0) absl::StrAppend(&what, ", clusters of ", e.cluster_ctas(), " CTAs");
+  return absl::StrFormat("    %-36s %s\n", e.name(), what);
+}
+
+}  // namespace
+
 std::string ExplainSchedule(const v1::KernelArtifact& a) {
   std::string text = absl::StrFormat("%s (%s)\n", a.module_name(), a.arch());
-  if (!a.has_tiling() || a.tiling().head_tile() == 0) {
-    absl::StrAppend(
-        &text, "  no sparse MLA schedule (a ",
-        a.spec().kind() == v1::ATTENTION_KIND_DSA_INDEXER ? "DSA indexer" : "non-attention",
-        " module)\n");
-    return text;
-  }
   const v1::AttentionSpec& spec = a.spec();
-  absl::StrAppend(&text, "  throughput: ", Describe(spec, a.tiling()), "\n");
-  absl::StrAppendFormat(&text, "    %s: %s\n", a.main_entry(),
-                        a.tiling().crossover() ? "2-CTA crossover pairs, split epilogue"
-                                               : "split epilogue (combine past one split)");
-  if (!a.cluster().entry().empty()) {
-    absl::StrAppendFormat(&text, "    %s: %d splits merged in a cluster\n", a.cluster().entry(),
-                          a.cluster().splits());
-  }
-  if (!a.cluster().wide_entry().empty()) {
-    absl::StrAppendFormat(&text, "    %s: %d splits merged in a cluster\n",
-                          a.cluster().wide_entry(), a.cluster().wide_splits());
+  if (a.has_tiling() && a.tiling().head_tile() > 0) {
+    absl::StrAppend(&text, "  throughput: ", Describe(spec, a.tiling()), "\n");
   }
   if (!a.small_batch().entry().empty()) {
     const v1::SmallBatchPath& small = a.small_batch();
     absl::StrAppendFormat(&text, "  small batch (up to %d query token%s): %s\n", small.max_tokens(),
                           small.max_tokens() == 1 ? "" : "s", Describe(spec, small.tiling()));
-    absl::StrAppendFormat(&text, "    %s: split epilogue\n", small.entry());
-    if (!small.cluster_entry().empty()) {
-      absl::StrAppendFormat(&text, "    %s: %d splits merged in a cluster\n", small.cluster_entry(),
-                            small.cluster_splits());
-    }
   }
-  absl::StrAppendFormat(&text, "    %s: merges split partials\n", a.combine_entry());
+  absl::StrAppend(&text, "  entries:\n");
+  for (const v1::KernelEntry& e : a.entries()) absl::StrAppend(&text, DescribeEntry(e));
   if (a.schedule_reasons_size() > 0) absl::StrAppend(&text, "  why:\n");
   for (const std::string& reason : a.schedule_reasons()) {
     absl::StrAppend(&text, "    - ", reason, "\n");

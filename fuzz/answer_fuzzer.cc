@@ -15,6 +15,7 @@
 //     (VariantOfArtifact): what is accepted is the artifact, not a phrasing
 //     of the manifest.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -80,8 +81,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<kforge::v1::CubinInfo> info = kforge::InspectCubin(artifact.cubin());
   Check(info.ok() && info->arch() == kClientArch,
         "accepted a cubin that is not an ELF for the arch asked");
-  Check(Exports(*info, artifact.main_entry()) && Exports(*info, artifact.combine_entry()),
-        "accepted a cubin without both entries");
+  Check(!artifact.entries().empty() &&
+            std::all_of(artifact.entries().begin(), artifact.entries().end(),
+                        [&](const kforge::v1::KernelEntry& e) { return Exports(*info, e.name()); }),
+        "accepted a cubin without every entry the artifact lists");
   const absl::Status self =
       kforge::CheckArtifactForVariant(kforge::VariantOfArtifact(artifact), kClientArch, artifact);
   Check(self.ok(),

@@ -41,6 +41,45 @@ const v1::KernelResources* FindEntry(const v1::CubinInfo& info, const std::strin
   return it == info.kernels().end() ? nullptr : &*it;
 }
 
+// The entries the artifact's launch fields name (sparse MLA's main,
+// combine and optional main entries; the indexer's), those that are set.
+std::vector<const std::string*> NamedEntries(const v1::KernelArtifact& artifact) {
+  std::vector<const std::string*> named;
+  for (const std::string* name :
+       {&artifact.main_entry(), &artifact.combine_entry(), &artifact.indexer().logits_entry(),
+        &artifact.indexer().topk_entry(), &artifact.indexer().topk_cluster().entry()}) {
+    if (!name->empty()) named.push_back(name);
+  }
+  for (const std::string* main : OptionalMainEntries(artifact.small_batch(), artifact.cluster())) {
+    named.push_back(main);
+  }
+  return named;
+}
+
+// OK when `names` (what the cubin exports, or what the artifact lists) are
+// exactly the `named` entries; else `field` and the first named one
+// missing (`missing`) or the first other one.
+absl::Status ExactlyTheNamed(const v1::ManifestVariant& variant, const char* field,
+                             const std::vector<const std::string*>& named,
+                             const std::vector<const std::string*>& names, const char* missing) {
+  auto has = [](const std::vector<const std::string*>& list, const std::string& name) {
+    return std::any_of(list.begin(), list.end(), [&](const std::string* n) { return *n == name; });
+  };
+  for (const std::string* name : named) {
+    if (!has(names, *name)) return Mismatch(variant, field, *name, missing);
+  }
+  // A kernel beside the named ones is code nobody asked for, reachable by
+  // name once the module is loaded.
+  for (const std::string* name : names) {
+    if (!has(named, *name)) {
+      return Mismatch(
+          variant, field, "only the entries the artifact names",
+          absl::StrCat("another entry ", absl::CHexEscape(AsAbsl(name->substr(0, 200)))));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The cubin itself, read back from its ELF: a server or bundle could carry
 // correct metadata around the wrong (or a damaged) binary.
 absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& arch,
@@ -56,40 +95,75 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
                                             ": cubin is unreadable: ", info.status().message()));
   }
   if (info->arch() != arch) return Mismatch(variant, "cubin arch", arch, info->arch());
-  std::vector<std::pair<const std::string*, uint32_t>> entries = {
-      {&artifact.main_entry(), artifact.params_bytes()},
-      {&artifact.combine_entry(), artifact.combine_params_bytes()}};
-  for (const std::string* main : OptionalMainEntries(artifact.small_batch(), artifact.cluster())) {
-    entries.emplace_back(main, artifact.params_bytes());
+  // Exactly the entries the artifact's launch fields name.
+  std::vector<const std::string*> exported;
+  for (const v1::KernelResources& kernel : info->kernels()) exported.push_back(&kernel.name());
+  if (absl::Status s = ExactlyTheNamed(variant, "cubin entries", NamedEntries(artifact), exported,
+                                       "no such entry");
+      !s.ok()) {
+    return s;
   }
-  // An indexer's cluster top-k takes the top-k's parameters.
-  if (const std::string& topk = artifact.indexer().topk_cluster().entry(); !topk.empty()) {
-    entries.emplace_back(&topk, artifact.combine_params_bytes());
-  }
-  // Exactly the entries the artifact names: a kernel beside them is code
-  // nobody asked for, reachable by name once the module is loaded.
-  for (const auto& [name, params_bytes] : entries) {
-    if (FindEntry(*info, *name) == nullptr) {
-      return Mismatch(variant, "cubin entries", *name, "no such entry");
-    }
-  }
-  for (const v1::KernelResources& kernel : info->kernels()) {
-    const bool named = std::any_of(entries.begin(), entries.end(),
-                                   [&](const auto& e) { return *e.first == kernel.name(); });
-    if (!named) {
-      return Mismatch(
-          variant, "cubin entries", "only the entries the artifact names",
-          absl::StrCat("another entry ", absl::CHexEscape(AsAbsl(kernel.name().substr(0, 200)))));
-    }
-  }
-  for (const auto& [name, params_bytes] : entries) {
-    const v1::KernelResources* entry = FindEntry(*info, *name);
-    if (entry->param_bytes() != params_bytes) {
-      return Mismatch(variant, absl::StrCat("cubin ", *name, " param_bytes"),
-                      absl::StrCat(params_bytes), absl::StrCat(entry->param_bytes()));
+  // Each listed entry takes the block the list says (CheckEntries holds
+  // the list to the named entries and the host's structs).
+  for (const v1::KernelEntry& e : artifact.entries()) {
+    const v1::KernelResources* entry = FindEntry(*info, e.name());
+    if (entry != nullptr && entry->param_bytes() != e.params_bytes()) {
+      return Mismatch(variant, absl::StrCat("cubin ", e.name(), " param_bytes"),
+                      absl::StrCat(e.params_bytes()), absl::StrCat(entry->param_bytes()));
     }
   }
   return absl::OkStatus();
+}
+
+// What the host passes to an entry of `role`: its parameter struct's size
+// (0 for a role this build does not know).
+size_t HostParamsBytesOf(v1::EntryRole role) {
+  switch (role) {
+    case v1::ENTRY_ROLE_ATTENTION:
+      return sizeof(sparse_mla::DecodeParams);
+    case v1::ENTRY_ROLE_COMBINE:
+      return sizeof(sparse_mla::CombineParams);
+    case v1::ENTRY_ROLE_INDEXER_LOGITS:
+      return sizeof(dsa_indexer::LogitsParams);
+    case v1::ENTRY_ROLE_INDEXER_TOPK:
+      return sizeof(dsa_indexer::TopkParams);
+    default:
+      return 0;
+  }
+}
+
+// The host's block for the variant's first entry of `role`; 0 without one.
+size_t HostParamsBytes(const v1::ManifestVariant& variant, v1::EntryRole role) {
+  for (const v1::KernelEntry& entry : variant.entries()) {
+    if (entry.role() == role) return HostParamsBytesOf(role);
+  }
+  return 0;
+}
+
+// The artifact lists the variant's entries, each taking the host's block
+// for its role, and lists every entry its launch fields name.
+absl::Status CheckEntries(const v1::ManifestVariant& variant, const v1::KernelArtifact& artifact) {
+  if (variant.entries_size() != artifact.entries_size()) {
+    return Mismatch(variant, "entries", absl::StrCat(variant.entries_size(), " entries"),
+                    absl::StrCat(artifact.entries_size(), " entries"));
+  }
+  for (int i = 0; i < variant.entries_size(); ++i) {
+    const v1::KernelEntry& want = variant.entries(i);
+    const v1::KernelEntry& got = artifact.entries(i);
+    if (!google::protobuf::util::MessageDifferencer::Equals(want, got)) {
+      return Mismatch(variant, absl::StrCat("entries[", i, "]"), want.ShortDebugString(),
+                      got.ShortDebugString());
+    }
+    if (got.params_bytes() != HostParamsBytesOf(got.role())) {
+      return Mismatch(variant, absl::StrCat("entries[", i, "].params_bytes"),
+                      absl::StrCat(HostParamsBytesOf(got.role())),
+                      absl::StrCat(got.params_bytes()));
+    }
+  }
+  // The list is the named entries, no more and no fewer.
+  std::vector<const std::string*> listed;
+  for (const v1::KernelEntry& e : artifact.entries()) listed.push_back(&e.name());
+  return ExactlyTheNamed(variant, "entries", NamedEntries(artifact), listed, "not listed");
 }
 
 }  // namespace
@@ -125,13 +199,19 @@ absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::st
     }
   }
   const std::string canonical_arch = CanonicalArchName(arch);
-  // The parameter blocks this runtime fills are the host's structs; a kernel
-  // built from other templates would read them at the wrong offsets.
-  const bool indexer = variant.spec().kind() == v1::ATTENTION_KIND_DSA_INDEXER;
-  const size_t params_bytes =
-      indexer ? sizeof(dsa_indexer::LogitsParams) : sizeof(sparse_mla::DecodeParams);
-  const size_t combine_params_bytes =
-      indexer ? sizeof(dsa_indexer::TopkParams) : sizeof(sparse_mla::CombineParams);
+  if (artifact.format_version() != kFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kernel artifact ", variant.module_name(), " is format ", artifact.format_version(),
+        ", this kforge reads format ", kFormatVersion,
+        " (from format 3 an artifact lists its entries and their roles): rebuild the bundle "
+        "with this kforge (`kforge prebuild`), ask a server of this version, or use the "
+        "kforge that wrote it"));
+  }
+  // The parameter blocks this runtime fills are the host's structs, by
+  // entry role; a kernel built from other templates would read them at the
+  // wrong offsets.
+  const size_t params_bytes = HostParamsBytes(variant, v1::ENTRY_ROLE_ATTENTION);
+  const size_t combine_params_bytes = HostParamsBytes(variant, v1::ENTRY_ROLE_COMBINE);
   const Expectation checks[] = {
       {"key", variant.key(), artifact.key()},
       {"module_name", variant.module_name(), artifact.module_name()},
@@ -162,7 +242,8 @@ absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::st
                       pair.second->ShortDebugString());
     }
   }
-  return CheckCubin(variant, canonical_arch, artifact);
+  if (absl::Status s = CheckCubin(variant, canonical_arch, artifact); !s.ok()) return s;
+  return CheckEntries(variant, artifact);
 }
 
 std::vector<const std::string*> OptionalMainEntries(const v1::SmallBatchPath& small,
@@ -187,6 +268,7 @@ v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact) {
   if (artifact.has_small_batch()) *variant.mutable_small_batch() = artifact.small_batch();
   if (artifact.has_cluster()) *variant.mutable_cluster() = artifact.cluster();
   if (artifact.has_indexer()) *variant.mutable_indexer() = artifact.indexer();
+  *variant.mutable_entries() = artifact.entries();
   return variant;
 }
 

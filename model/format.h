@@ -14,7 +14,11 @@ namespace kforge {
 //   2: s_q left the kernel identity (key, module name, manifest variants);
 //      the key holds NVRTC's full build identity; readable scale in module
 //      names; cubins inspected without LLVM.
-inline constexpr int kFormatVersion = 2;
+//   3: an artifact and a manifest variant list their entries with roles
+//      (KernelEntry); the DSA indexer's no longer fill main_entry,
+//      combine_entry and the parameter sizes meant for sparse MLA. Older
+//      artifacts are refused (CheckArtifactForVariant).
+inline constexpr int kFormatVersion = 3;
 
 // The largest file of each kind kforge reads. Sizes are judged before
 // reading (base/io.h OpenRegularFile), so a huge or endless file (a link to

@@ -17,48 +17,41 @@
 #include "kforge/v1/artifact.pb.h"
 #include "model/arch.h"
 #include "runtime/cuda_driver.h"
+#include "runtime/kernel_module.h"
 #include "templates/kforge/sparse_mla/config.h"
 
 namespace kforge {
 
 // CheckDeviceArch and ArchForComputeCapability: model/arch.h.
 
+// The parameter blocks the sparse MLA runtime passes, by entry role.
+inline constexpr EntryParams kSparseMlaEntryParams[] = {
+    {v1::ENTRY_ROLE_ATTENTION, sizeof(sparse_mla::DecodeParams), "DecodeParams",
+     "templates/kforge/sparse_mla/config.h"},
+    {v1::ENTRY_ROLE_COMBINE, sizeof(sparse_mla::CombineParams), "CombineParams",
+     "templates/kforge/sparse_mla/config.h"},
+};
+
 // OK when the cubin's parameter blocks, as read back from its ELF
 // (artifact.cubin_info) and as recorded by the compiler (params_bytes,
-// combine_params_bytes), match the structs this loader passes. A mismatch
-// means the kernel and this runtime disagree on the layout of
+// combine_params_bytes, entries), match the structs this loader passes
+// (CheckEntryParams with kSparseMlaEntryParams). A mismatch means the
+// kernel and this runtime disagree on the layout of
 // templates/kforge/sparse_mla/config.h; launching would corrupt memory.
 absl::Status CheckParamSizes(const v1::KernelArtifact& artifact);
 
-// A launch configuration (grid in blocks, block in threads).
-struct LaunchDims {
-  uint32_t grid_x = 1, grid_y = 1, grid_z = 1;
-  uint32_t block_threads = 0;
-  uint32_t dynamic_smem_bytes = 0;
-  // With programmatic stream serialization (Selection::programmatic).
-  bool programmatic = false;
-};
-
-// Launches `kernel` (a CUkernel of a loaded library, in the stream's
-// context) with its by-value parameter array; cuLaunchKernelEx with
-// programmatic stream serialization where d.programmatic.
-CUresult LaunchWithDims(const CudaDriver& cu, CUkernel kernel, void** args, const LaunchDims& d,
-                        CUstream stream);
-
-// One artifact's cubin loaded as a context-independent CUlibrary: usable in
-// every context of the process, on the device it was checked for. The
-// driver keeps its own copy of the cubin. Thread-safe after Load.
+// One sparse MLA artifact's cubin (KernelModule) with its launch rules:
+// which entry is the combine, each main entry's dynamic shared memory and
+// cluster shape. Thread-safe after Load.
 class CudaKernelModule {
  public:
-  // Checks the device's compute capability against artifact.arch (first,
-  // so a wrong-arch kernel fails with a readable message instead of
-  // CUDA_ERROR_NO_BINARY_FOR_GPU), the parameter sizes, and the dynamic
-  // shared memory against the device's opt-in limit; then loads the cubin,
-  // finds both entries and opts the main kernel into its dynamic shared
+  // Loads the module (KernelModule::Load: parameter sizes, the device's
+  // compute capability against artifact.arch), checks the dynamic shared
+  // memory against the device's opt-in limit, finds the entries the
+  // artifact names and opts the main kernels into their dynamic shared
   // memory on `device`.
   static absl::StatusOr<std::unique_ptr<CudaKernelModule>> Load(const v1::KernelArtifact& artifact,
                                                                 CUdevice device);
-  ~CudaKernelModule();  // cuLibraryUnload
   CudaKernelModule(const CudaKernelModule&) = delete;
   CudaKernelModule& operator=(const CudaKernelModule&) = delete;
 
@@ -81,17 +74,14 @@ class CudaKernelModule {
   // module's context current.
   absl::StatusOr<int> MaxActiveClusters() const;
 
-  const std::string& module_name() const { return module_name_; }
+  const std::string& module_name() const { return module_->module_name(); }
   const std::string& key() const { return key_; }
 
  private:
-  CudaKernelModule(const CudaDriver& cu, std::string module_name, std::string key)
-      : cu_(cu), module_name_(std::move(module_name)), key_(std::move(key)) {}
-  absl::Status Launch(CUkernel kernel, std::string_view entry, void* params, const LaunchDims& dims,
-                      CUstream stream) const;
+  CudaKernelModule(std::unique_ptr<KernelModule> module, std::string key)
+      : module_(std::move(module)), key_(std::move(key)) {}
 
-  const CudaDriver& cu_;
-  std::string module_name_;
+  std::unique_ptr<KernelModule> module_;
   std::string key_;
   absl::StatusOr<int> ClustersOf(CUkernel kernel, const std::string& entry,
                                  const LaunchDims& one_cluster) const;
@@ -100,7 +90,6 @@ class CudaKernelModule {
       wide_cluster_entry_;
   LaunchDims cluster_dims_;       // one cluster of the cluster entry
   LaunchDims wide_cluster_dims_;  // one cluster of the wide cluster entry
-  CUlibrary library_ = nullptr;
   CUkernel main_ = nullptr;
   CUkernel combine_ = nullptr;
   CUkernel small_ = nullptr;         // null without a small-batch path

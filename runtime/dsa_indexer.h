@@ -10,25 +10,35 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cuda.h"
 #include "kforge/v1/artifact.pb.h"
 #include "model/indexer_plan.h"
-#include "runtime/cuda_driver.h"
+#include "runtime/kernel_module.h"
+#include "templates/kforge/dsa_indexer/config.h"
 
 namespace kforge {
 
+// The parameter blocks the indexer's runtime passes, by entry role.
+inline constexpr EntryParams kDsaIndexerEntryParams[] = {
+    {v1::ENTRY_ROLE_INDEXER_LOGITS, sizeof(dsa_indexer::LogitsParams), "LogitsParams",
+     "templates/kforge/dsa_indexer/config.h"},
+    {v1::ENTRY_ROLE_INDEXER_TOPK, sizeof(dsa_indexer::TopkParams), "TopkParams",
+     "templates/kforge/dsa_indexer/config.h"},
+};
+
 class DsaIndexerModule {
  public:
-  // Checks the artifact (an indexer module, parameter blocks of this
-  // build's config.h, the device's compute capability against its arch),
-  // then loads the cubin as a context-independent library and finds its
-  // entries (logits, top-k, and the top-k cluster entry where it has one).
+  // Checks the artifact is an indexer module, then loads it
+  // (KernelModule::Load with kDsaIndexerEntryParams: parameter blocks of
+  // this build's config.h, the device's compute capability against its
+  // arch) and finds the entries its launch names (logits, top-k, and the
+  // top-k cluster entry where it has one).
   static absl::StatusOr<std::unique_ptr<DsaIndexerModule>> Load(const v1::KernelArtifact& artifact,
                                                                 CUdevice device);
-  ~DsaIndexerModule();  // cuLibraryUnload
   DsaIndexerModule(const DsaIndexerModule&) = delete;
   DsaIndexerModule& operator=(const DsaIndexerModule&) = delete;
 
@@ -38,18 +48,16 @@ class DsaIndexerModule {
   absl::Status Topk(const IndexerTopkArgs& args, CUstream stream) const;
 
   const v1::AttentionSpec& spec() const { return spec_; }
-  const std::string& module_name() const { return module_name_; }
+  const std::string& module_name() const { return module_->module_name(); }
 
  private:
-  explicit DsaIndexerModule(const CudaDriver& cu) : cu_(cu) {}
+  explicit DsaIndexerModule(std::unique_ptr<KernelModule> module) : module_(std::move(module)) {}
   template <typename Params>
   absl::Status Launch(CUkernel kernel, const IndexerKernelLaunch<Params>& l, CUstream stream) const;
 
-  const CudaDriver& cu_;
+  std::unique_ptr<KernelModule> module_;
   v1::AttentionSpec spec_;
   v1::IndexerLaunch launch_;
-  std::string module_name_;
-  CUlibrary library_ = nullptr;
   CUkernel logits_ = nullptr;
   CUkernel topk_ = nullptr;
   CUkernel topk_cluster_ = nullptr;  // null: the module has no cluster entry

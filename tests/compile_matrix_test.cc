@@ -73,6 +73,23 @@ void ExpectGoodArtifact(const Job& job, const v1::KernelArtifact& a) {
   EXPECT_EQ(a.params_bytes(), sizeof(sparse_mla::DecodeParams)) << where;
   EXPECT_EQ(a.combine_params_bytes(), sizeof(sparse_mla::CombineParams)) << where;
 
+  // The entry list names exactly the cubin's kernels, each taking the block
+  // its role says.
+  std::set<std::string> listed, exported;
+  for (const v1::KernelEntry& e : a.entries()) {
+    listed.insert(e.name());
+    const v1::KernelResources* k = FindKernel(a, e.name());
+    ASSERT_NE(k, nullptr) << where << ": no " << e.name();
+    EXPECT_EQ(k->param_bytes(), e.params_bytes()) << where << ": " << e.name();
+    EXPECT_EQ(e.params_bytes(), e.role() == v1::ENTRY_ROLE_COMBINE
+                                    ? sizeof(sparse_mla::CombineParams)
+                                    : sizeof(sparse_mla::DecodeParams))
+        << where << ": " << e.name();
+  }
+  for (const v1::KernelResources& k : a.cubin_info().kernels()) exported.insert(k.name());
+  EXPECT_EQ(listed, exported) << where;
+  EXPECT_EQ(static_cast<size_t>(a.entries_size()), listed.size()) << where << ": a name twice";
+
   const v1::KernelResources* main_k = FindKernel(a, kMainEntry);
   const v1::KernelResources* combine_k = FindKernel(a, kCombineEntry);
   ASSERT_NE(main_k, nullptr) << where << ": no " << kMainEntry;

@@ -10,12 +10,14 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "bundle/kernel_source.h"
 #include "compiler/codegen.h"
 #include "compiler/compiler.h"
@@ -27,6 +29,7 @@
 #include "model/spec.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/cuda_loader.h"
+#include "runtime/kernel_module.h"
 #include "runtime/sparse_mla_decode.h"
 #include "tests/reference/sparse_mla_reference.h"
 #include "tests/test_util.h"
@@ -246,6 +249,14 @@ TEST(CheckParamSizes, AcceptsMatchingBlocksAndNamesAMismatch) {
   v1::KernelResources* combine = a.mutable_cubin_info()->add_kernels();
   combine->set_name("combine");
   combine->set_param_bytes(sizeof(sparse_mla::CombineParams));
+  for (const auto& [name, role, bytes] :
+       {std::tuple{"main", v1::ENTRY_ROLE_ATTENTION, sizeof(sparse_mla::DecodeParams)},
+        std::tuple{"combine", v1::ENTRY_ROLE_COMBINE, sizeof(sparse_mla::CombineParams)}}) {
+    v1::KernelEntry* e = a.add_entries();
+    e->set_name(name);
+    e->set_role(role);
+    e->set_params_bytes(bytes);
+  }
   EXPECT_TRUE(CheckParamSizes(a).ok()) << CheckParamSizes(a);
 
   v1::KernelArtifact bad = a;
@@ -260,6 +271,60 @@ TEST(CheckParamSizes, AcceptsMatchingBlocksAndNamesAMismatch) {
   bad = a;
   bad.mutable_cubin_info()->mutable_kernels(0)->set_name("other");
   EXPECT_EQ(CheckParamSizes(bad).code(), absl::StatusCode::kDataLoss);
+
+  // The entry list: its recorded block, a role this runtime does not
+  // launch, and an artifact from before entries were listed.
+  bad = a;
+  bad.mutable_entries(0)->set_params_bytes(8);
+  EXPECT_EQ(CheckParamSizes(bad).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(CheckParamSizes(bad).message(), "entries[main].params_bytes = 8"))
+      << CheckParamSizes(bad);
+  bad = a;
+  bad.mutable_entries(1)->set_role(v1::ENTRY_ROLE_INDEXER_TOPK);
+  EXPECT_EQ(CheckParamSizes(bad).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(CheckParamSizes(bad).message(), "role ENTRY_ROLE_INDEXER_TOPK"))
+      << CheckParamSizes(bad);
+  bad = a;
+  bad.clear_entries();
+  bad.set_format_version(2);
+  EXPECT_EQ(CheckParamSizes(bad).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(CheckParamSizes(bad).message(), "lists no entries (format 2"))
+      << CheckParamSizes(bad);
+}
+
+TEST(KernelModule, ChecksEveryListedEntryAgainstItsRoleBeforeLoading) {
+  // A module of two roles, checked against what one family passes: no
+  // driver is needed to refuse it.
+  constexpr EntryParams kExpected[] = {{v1::ENTRY_ROLE_INDEXER_LOGITS, 24, "A", "a.h"},
+                                       {v1::ENTRY_ROLE_INDEXER_TOPK, 40, "B", "b.h"}};
+  v1::KernelArtifact a;
+  a.set_module_name("m");
+  for (const auto& [name, role, bytes] : {std::tuple{"x", v1::ENTRY_ROLE_INDEXER_LOGITS, 24},
+                                          std::tuple{"y", v1::ENTRY_ROLE_INDEXER_TOPK, 40}}) {
+    v1::KernelEntry* e = a.add_entries();
+    e->set_name(name);
+    e->set_role(role);
+    e->set_params_bytes(bytes);
+    v1::KernelResources* k = a.mutable_cubin_info()->add_kernels();
+    k->set_name(name);
+    k->set_param_bytes(bytes);
+  }
+  EXPECT_TRUE(CheckEntryParams(a, kExpected).ok()) << CheckEntryParams(a, kExpected);
+  v1::KernelArtifact bad = a;
+  bad.mutable_cubin_info()->mutable_kernels(1)->set_param_bytes(48);
+  absl::Status s = KernelModule::Load(bad, kExpected, 0).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(Contains(s.message(),
+                       "y in m takes 48 parameter bytes but this runtime passes "
+                       "sizeof(B) = 40: kernel and runtime were built from "
+                       "different b.h"))
+      << s;
+  // Not loaded without a cubin, whatever the machine.
+  EXPECT_EQ(KernelModule::Load(a, kExpected, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Another family's module: a role outside the expected ones.
+  EXPECT_EQ(KernelModule::Load(a, absl::MakeConstSpan(kExpected, 1), 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(ValidateDecodeArgs, ValidArgsGiveTheShape) {

@@ -39,6 +39,14 @@ v1::KernelArtifact FakeIndexerArtifact() {
   k = a.mutable_cubin_info()->add_kernels();
   k->set_name("dsa_indexer_topk");
   k->set_param_bytes(sizeof(dsa_indexer::TopkParams));
+  v1::KernelEntry* e = a.add_entries();
+  e->set_name("dsa_indexer_logits");
+  e->set_role(v1::ENTRY_ROLE_INDEXER_LOGITS);
+  e->set_params_bytes(sizeof(dsa_indexer::LogitsParams));
+  e = a.add_entries();
+  e->set_name("dsa_indexer_topk");
+  e->set_role(v1::ENTRY_ROLE_INDEXER_TOPK);
+  e->set_params_bytes(sizeof(dsa_indexer::TopkParams));
   return a;
 }
 
@@ -53,6 +61,12 @@ TEST(DsaIndexerModule, RefusesWhatIsNotAnIndexerOrOtherParamBlocks) {
   EXPECT_TRUE(absl::StrContains(s.message(), "dsa_indexer_topk")) << s;
   a = FakeIndexerArtifact();  // no cubin
   EXPECT_EQ(DsaIndexerModule::Load(a, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  // A sparse MLA entry in it: not a module this runtime launches.
+  a = FakeIndexerArtifact();
+  a.mutable_entries(1)->set_role(v1::ENTRY_ROLE_COMBINE);
+  s = DsaIndexerModule::Load(a, 0).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "role ENTRY_ROLE_COMBINE")) << s;
 }
 
 // e4m3fn to double (no NaN codes are generated).

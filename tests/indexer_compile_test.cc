@@ -1,6 +1,7 @@
 // Compiles the DSA indexer modules of both presets for every supported arch
 // through NVRTC and checks the cubins: the arch asked for, both entries,
 // their parameter blocks and no local memory (no register spills).
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,18 @@ TEST(IndexerCompileTest, EveryPresetOnEveryArch) {
         }
       }
       EXPECT_EQ(entries, 2);
+      // The entry list names exactly the cubin's kernels, with their
+      // blocks; the indexer leaves sparse MLA's entry fields unset.
+      ASSERT_EQ(a->entries_size(), a->cubin_info().kernels_size());
+      for (const v1::KernelEntry& e : a->entries()) {
+        const auto k =
+            std::find_if(a->cubin_info().kernels().begin(), a->cubin_info().kernels().end(),
+                         [&](const v1::KernelResources& r) { return r.name() == e.name(); });
+        ASSERT_NE(k, a->cubin_info().kernels().end()) << e.name();
+        EXPECT_EQ(k->param_bytes(), e.params_bytes()) << e.name();
+      }
+      EXPECT_EQ(a->main_entry(), "");
+      EXPECT_EQ(a->params_bytes(), 0u);
       ++built;
     }
   }

@@ -184,8 +184,16 @@ TEST(IndexerCodegenTest, ManifestHasOneVariantTheSelectorNeverPicks) {
   ASSERT_EQ(m->variants_size(), 1);
   const v1::ManifestVariant& v = m->variants(0);
   EXPECT_EQ(v.module_name(), "dsa_indexer_h32_d128_topk2048_pb64_sm90a");
-  EXPECT_EQ(v.main_entry(), kIndexerLogitsEntry);
-  EXPECT_EQ(v.combine_entry(), kIndexerTopkEntry);
+  // Its entries are listed with their roles, not in sparse MLA's fields.
+  EXPECT_EQ(v.main_entry(), "");
+  EXPECT_EQ(v.combine_entry(), "");
+  ASSERT_EQ(v.entries_size(), 3);
+  EXPECT_EQ(v.entries(0).name(), kIndexerLogitsEntry);
+  EXPECT_EQ(v.entries(0).role(), v1::ENTRY_ROLE_INDEXER_LOGITS);
+  EXPECT_EQ(v.entries(1).name(), kIndexerTopkEntry);
+  EXPECT_EQ(v.entries(1).role(), v1::ENTRY_ROLE_INDEXER_TOPK);
+  EXPECT_EQ(v.entries(2).name(), kIndexerTopkClusterEntry);
+  EXPECT_EQ(v.entries(2).cluster_ctas(), static_cast<uint32_t>(dsa_indexer::kTopkClusterCtas));
   EXPECT_EQ(v.indexer().logits_block_threads(), 128u);  // one warpgroup
   EXPECT_EQ(v.key(), compiler.Plan(spec, "sm_90a")->key);
   DeviceInfo device;

@@ -35,5 +35,24 @@ done
 if ldd "$example" | grep -Eq 'libLLVM|libnvrtc'; then
   fail "$example: dynamically links LLVM or NVRTC: $(ldd "$example" | grep -E 'libLLVM|libnvrtc')"
 fi
+
+# The kernel-family interface (compiler/family.h) is the compiler's: the
+# engine side's sources include nothing of compiler/ (a family reaches
+# them only as data, an artifact's entries), and the one module loader
+# (runtime/kernel_module.*) names no kind, family or parameter struct.
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+grep -q '#include "compiler/family.h"' "$src/compiler/compiler.cc" ||
+  fail "control: compiler/compiler.cc does not include compiler/family.h (probe broken?)"
+if hits=$(grep -rlE '#include "compiler/' "$src"/{base,model,bundle,runtime,capi}); then
+  fail "engine-side sources include the compiler: $(echo $hits)"
+else
+  echo "ok: base, model, bundle, runtime, capi include nothing of compiler/"
+fi
+kind_words='ATTENTION_KIND|sparse_mla|dsa_indexer|SparseMla|DsaIndexer|DecodeParams|CombineParams|LogitsParams|TopkParams'
+if hits=$(grep -nE "$kind_words" "$src"/runtime/kernel_module.h "$src"/runtime/kernel_module.cc); then
+  fail "runtime/kernel_module has kind-specific code: $hits"
+else
+  echo "ok: runtime/kernel_module names no kind"
+fi
 [[ $failed -eq 0 ]] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
 exit $failed

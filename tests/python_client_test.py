@@ -445,6 +445,45 @@ class RealServerTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.client.get_manifest(preset="glm-5", arch=ARCH, kind="indexer")
 
+    def test_one_module_loader_checks_entries_by_role(self):
+        # kforge._module, the loader both families use: the entries the
+        # artifact lists (the served cubin's kernels, each with the block
+        # its role takes), checked before anything touches a driver.
+        from kforge import _module
+        from kforge.dsa_indexer import description_from_source
+        from kforge.errors import KforgeError
+        art = self.artifacts[0]
+        entries = _module.entries_of(art)
+        self.assertEqual(sorted(name for name, _, _ in entries),
+                         sorted(k.name for k in art.cubin_info.kernels))
+        self.assertEqual(entries[0][:2], ("sparse_mla_decode_main", "ENTRY_ROLE_ATTENTION"))
+        self.assertEqual(entries[-1][:2], ("sparse_mla_decode_combine", "ENTRY_ROLE_COMBINE"))
+        self.assertEqual((entries[0][2], entries[-1][2]), param_sizes())
+        _module.check_entry_params(art.module_name, entries, _module.SPARSE_MLA_PARAMS)
+        with self.assertRaisesRegex(KforgeError, "role ENTRY_ROLE_ATTENTION, which this "
+                                                 "runtime does not launch"):
+            _module.check_entry_params(art.module_name, entries, _module.DSA_INDEXER_PARAMS)
+        bad = [(entries[0][0], entries[0][1], 8)] + entries[1:]
+        with self.assertRaisesRegex(KforgeError, "takes 8 parameter bytes but this runtime "
+                                                 "passes sizeof.DecodeParams."):
+            _module.check_entry_params(art.module_name, bad, _module.SPARSE_MLA_PARAMS)
+        with self.assertRaisesRegex(KforgeError, "lists no entries"):
+            _module.check_entry_params(art.module_name, [], _module.SPARSE_MLA_PARAMS)
+        # The indexer's module, from its JSON description: its own roles.
+        description, _ = description_from_source(self.client, "glm-5", ARCH, tp=8)
+        indexer = _module.entries_of(description)
+        self.assertEqual([role for _, role, _ in indexer],
+                         ["ENTRY_ROLE_INDEXER_LOGITS", "ENTRY_ROLE_INDEXER_TOPK",
+                          "ENTRY_ROLE_INDEXER_TOPK"])
+        self.assertEqual(indexer[0][2], int(description["indexer"]["logits_params_bytes"]))
+        _module.check_entry_params(description["module_name"], indexer,
+                                   _module.DSA_INDEXER_PARAMS)
+        with self.assertRaisesRegex(KforgeError, "ENTRY_ROLE_INDEXER_LOGITS"):
+            _module.check_entry_params(description["module_name"], indexer,
+                                       _module.SPARSE_MLA_PARAMS)
+        # The indexer no longer fills sparse MLA's entry fields.
+        self.assertNotIn("main_entry", {k for k, v in description.items() if v})
+
     def test_second_requests_make_no_rpc(self):
         before = self.client.rpc_calls
         self.assertEqual(self.client.get_manifest(preset="glm-5", tp=8, arch=ARCH), self.manifest)

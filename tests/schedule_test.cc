@@ -140,24 +140,19 @@ TEST(Tuning, EveryArchHasATableAndEveryFormatAPreference) {
 }
 
 TEST(ExplainSchedule, PrintsTheEntriesAndTheReasons) {
+  // A real compile: the artifact carries the entries and the reasons.
   KernelCompiler compiler;
-  absl::StatusOr<CompilePlan> plan =
-      compiler.Plan(Preset("deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA), "sm_90a");
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  v1::KernelArtifact a;
-  a.set_module_name(plan->module_name);
-  a.set_arch("sm_90a");
-  *a.mutable_spec() = plan->spec;
-  *a.mutable_tiling() = plan->tiling;
-  a.set_main_entry(kMainEntry);
-  a.set_combine_entry(kCombineEntry);
-  *a.mutable_small_batch() = plan->small_batch;
-  *a.mutable_cluster() = plan->cluster;
-  for (const std::string& r : plan->schedule_reasons) a.add_schedule_reasons(r);
-  const std::string text = ExplainSchedule(a);
+  absl::StatusOr<v1::KernelArtifact> a =
+      compiler.Compile(Preset("deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA), "sm_90a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_GT(a->schedule_reasons_size(), 3);
+  const std::string text = ExplainSchedule(*a);
   EXPECT_NE(text.find("warp-specialized"), std::string::npos) << text;
   EXPECT_NE(text.find(kMainEntry), std::string::npos) << text;
   EXPECT_NE(text.find(kCombineEntry), std::string::npos) << text;
+  EXPECT_NE(text.find(kMainWideClusterEntry), std::string::npos) << text;
+  EXPECT_NE(text.find("splits merged in the cluster, clusters of 16 CTAs"), std::string::npos)
+      << text;
   EXPECT_NE(text.find("why:"), std::string::npos) << text;
 }
 

@@ -43,17 +43,15 @@ request holds gets no valid position (-inf logits, -1 indices).
                * slot_page_size + pos % slot_page_size, -1 kept
 """
 
-import ctypes
 import json
 import os
 
-from kforge import _capi
+from kforge import _capi, _module
 from kforge.errors import KforgeError
 
 PAGE_TOKENS = 64
 HEAD_DIM = 128
 PAGE_BYTES = PAGE_TOKENS * (HEAD_DIM + 4)
-
 
 
 def _torch():
@@ -64,89 +62,9 @@ def _torch():
     return torch
 
 
-class _LaunchAttribute(ctypes.Structure):
-    """CUlaunchAttribute (cuda.h): an id, padding to 8 bytes, a 64-byte
-    value union (programmaticStreamSerializationAllowed is its first int)."""
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
-                ("value_rest", ctypes.c_char * 60)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    """CUlaunchConfig (cuda.h)."""
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
-                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
-                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
-
-
-class _Driver:
-    """The few CUDA driver calls this module makes, through ctypes on
-    libcuda (present wherever a GPU driver is), so loading a module needs
-    no Python package beyond torch."""
-
-    _ATTR_MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    _LAUNCH_PROGRAMMATIC = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-    def __init__(self):
-        try:
-            self.lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as e:
-            raise KforgeError(f"loading kforge kernels needs the CUDA driver ({e})") from e
-        vp, u = ctypes.c_void_p, ctypes.c_uint
-        self.lib.cuModuleLoadData.argtypes = [ctypes.POINTER(vp), ctypes.c_char_p]
-        self.lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
-        self.lib.cuFuncSetAttribute.argtypes = [vp, ctypes.c_int, ctypes.c_int]
-        self.lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
-        self.lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), vp, vp, vp]
-        self.lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-
-    def check(self, err, what):
-        if err != 0:
-            name = ctypes.c_char_p()
-            self.lib.cuGetErrorName(err, ctypes.byref(name))
-            raise KforgeError(f"{what} failed: {(name.value or b'?').decode()} ({err})")
-
-    def load(self, image, what):
-        module = ctypes.c_void_p()
-        self.check(self.lib.cuModuleLoadData(ctypes.byref(module), image),
-                   f"cuModuleLoadData({what})")
-        return module
-
-    def function(self, module, entry, smem, what):
-        f = ctypes.c_void_p()
-        self.check(self.lib.cuModuleGetFunction(ctypes.byref(f), module, entry.encode()),
-                   f"cuModuleGetFunction({what}, {entry})")
-        if smem > 48 * 1024:
-            self.check(self.lib.cuFuncSetAttribute(f, self._ATTR_MAX_DYNAMIC_SMEM, smem),
-                       f"cuFuncSetAttribute({entry}, {smem})")
-        return f
-
-    def launch(self, f, grid, block, smem, stream, params, what, programmatic=False):
-        """cuLaunchKernel, or with programmatic stream serialization
-        cuLaunchKernelEx (the kernel is scheduled while the one before it in
-        the stream finishes; it waits for it in ptx::WaitForPriorGrids)."""
-        block_bytes = ctypes.create_string_buffer(params, len(params))
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(block_bytes))  # one by-value struct
-        if not programmatic:
-            self.check(self.lib.cuLaunchKernel(f, grid[0], grid[1], grid[2], block, 1, 1, smem,
-                                               ctypes.c_void_p(stream), args, None), what)
-            return
-        attr = _LaunchAttribute(id=self._LAUNCH_PROGRAMMATIC, value=1)
-        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, smem,
-                               ctypes.c_void_p(stream), ctypes.pointer(attr), 1)
-        self.check(self.lib.cuLaunchKernelEx(ctypes.byref(config), f, args, None),
-                   what.replace("cuLaunchKernel(", "cuLaunchKernelEx(", 1))
-
-
-_driver_instance = None
-
-
 def _driver():
-    global _driver_instance
-    if _driver_instance is None:
-        _driver_instance = _Driver()
-    return _driver_instance
+    """The CUDA driver kforge loads kernels with (KforgeError without one)."""
+    return _module.driver()
 
 
 def read_description(cubin_path, json_path=None):
@@ -190,9 +108,11 @@ class DsaIndexer:
     def __init__(self, description, cubin, device=None):
         torch = self._torch = _torch()
         spec = description.get("spec", {})
-        if spec.get("kind") != "ATTENTION_KIND_DSA_INDEXER":
+        # An indexer module is one with the indexer's launch (its entries'
+        # roles are checked again when it loads).
+        if not description.get("indexer"):
             raise KforgeError(f"{description.get('module_name')}: not a DSA indexer module "
-                              f"(kind {spec.get('kind')})")
+                              f"(kind {spec.get('kind')}, no indexer launch)")
         launch = description["indexer"]
         # The module's spec and launch as the C++ plan reads them.
         from google.protobuf import json_format
@@ -215,20 +135,24 @@ class DsaIndexer:
         if int(want) // 10 != major or int(want) % 10 > minor:
             raise KforgeError(
                 f"{self.module_name} is for {self.arch}; this GPU is sm_{major}{minor}")
-        cu = self._cu = _driver()
+        self._cu = _driver()
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # torch's context is current
-            self._image = bytes(cubin)
-            self._module = cu.load(self._image, self.module_name)
+            self._module = _module.KernelModule(
+                self.module_name, cubin, _module.entries_of(description),
+                _module.DSA_INDEXER_PARAMS, self.device.index)
+            self._image = self._module._image
             # Every entry the plans may name (the top-k cluster entry on
-            # sm_90+), by name.
+            # sm_90+), by name, with its dynamic shared memory.
             entries = [(launch["logits_entry"], launch["logits_smem_bytes"]),
                        (launch["topk_entry"], launch["topk_smem_bytes"])]
             cluster = launch.get("topk_cluster")
             if cluster:
                 entries.append((cluster["entry"], cluster["smem_bytes"]))
-            self._functions = {e: cu.function(self._module, e, int(smem), self.module_name)
-                               for e, smem in entries}
+            for entry, smem in entries:
+                if int(smem) > 48 * 1024:  # above 48 KB a kernel opts in, per device
+                    self._module.set_max_dynamic_smem(entry, int(smem))
+            self._functions = {e: self._module.function(e) for e, _ in entries}
 
     def _launch(self, kind, args):
         """Plans one kernel (PlanIndexerLogits / PlanIndexerTopk: raises
@@ -240,7 +164,7 @@ class DsaIndexer:
         function = self._functions.get(plan.main_entry)
         if function is None:
             raise KforgeError(f"{self.module_name}: the plan names {plan.main_entry!r}, which "
-                              f"the module description does not list")
+                              f"the module's launch does not name")
         self._cu.launch(function, grid, plan.block_threads, plan.dynamic_smem_bytes, stream,
                         plan.main_params, f"cuLaunchKernel({self.module_name}, {plan.main_entry}, "
                         f"grid {grid})", plan.programmatic)

@@ -44,7 +44,7 @@ import ctypes
 import math
 import threading
 
-from kforge import _capi
+from kforge import _capi, _module
 from kforge.bundle import Bundle, first_choice
 from kforge.errors import KforgeError
 from kforge.launch import PlanCache
@@ -409,32 +409,21 @@ class LoadedKernel:
         check_arch_runs(artifact.arch, capability)
         cu = self._cu = _driver()
         name = artifact.module_name
-        # The driver may read the image lazily (CUDA_MODULE_LOADING=LAZY):
-        # keep it alive as long as the library.
-        self._image = bytes(artifact.cubin)
-        self._library = _cu_check(cu, cu.cuLibraryLoadData(self._image, None, None, 0,
-                                                           None, None, 0),
-                                  f"cuLibraryLoadData({name})")
-        dev = _cu_check(cu, cu.cuDeviceGet(device_index), f"cuDeviceGet({device_index})")
+        # Loaded and resolved by the one Python loader (kforge._module,
+        # every family's); launched here through cuda.bindings.
+        module = self._module = _module.KernelModule(
+            name, artifact.cubin, _module.entries_of(artifact), _module.SPARSE_MLA_PARAMS,
+            device_index)
         small = artifact.small_batch  # entries "" when the module has none
-        # (entry, dynamic smem to opt into; None: the combine's, none).
-        named = [(artifact.main_entry, artifact.launch.dynamic_smem_bytes),
-                 (artifact.combine_entry, None)] + [
-                     (entry, small.launch.dynamic_smem_bytes)
-                     for entry in (small.entry, small.cluster_entry) if entry] + [
-                     (entry, artifact.launch.dynamic_smem_bytes)
-                     for entry in (artifact.cluster.entry, artifact.cluster.wide_entry) if entry]
-        names = [entry for entry, _ in named]
-        entries = [_cu_check(cu, cu.cuLibraryGetKernel(self._library, entry.encode()),
-                             f"cuLibraryGetKernel({name}, {entry})")
-                   for entry in names]
-        smem = [nbytes for _, nbytes in named]
-        for kernel, nbytes in zip(entries, smem):
-            if nbytes is None:
-                continue
-            _cu_check(cu, cu.cuKernelSetAttribute(
-                cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                nbytes, kernel, dev), f"cuKernelSetAttribute({name}, max dynamic smem {nbytes})")
+        # (entry, dynamic smem to opt into) of the main kernels the
+        # artifact names.
+        mains = [(artifact.main_entry, artifact.launch.dynamic_smem_bytes)] + [
+            (entry, small.launch.dynamic_smem_bytes)
+            for entry in (small.entry, small.cluster_entry) if entry] + [
+            (entry, artifact.launch.dynamic_smem_bytes)
+            for entry in (artifact.cluster.entry, artifact.cluster.wide_entry) if entry]
+        for entry, nbytes in mains:
+            module.set_max_dynamic_smem(entry, nbytes)
         # Clusters past the portable 8 CTAs (the small-batch cluster entry's
         # and the throughput tiling's wide one, sizes compiled in) launch
         # only once the kernel opts in; a device that refuses either runs
@@ -450,34 +439,20 @@ class LoadedKernel:
                           artifact.launch.block_threads, artifact.launch.dynamic_smem_bytes))
                      if entry]
         cluster_ok = bool(clustered) and all(
-            cu.cuKernelSetAttribute(
-                cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                1, entries[names.index(entry)], dev)[0] == cu.CUresult.CUDA_SUCCESS
-            for entry, *_ in clustered)
+            module.allow_non_portable_cluster(entry) for entry, *_ in clustered)
         # Bound to the current context: the caller made the device current.
-        functions = [_cu_check(cu, cu.cuKernelGetFunction(k), f"cuKernelGetFunction({name})")
-                     for k in entries]
-        self.combine = functions[1]
+        self.combine = cu.CUfunction(module.function(artifact.combine_entry))
         # The main kernels by entry name (the throughput one and its cluster
         # entry, the small-batch path's entry and cluster entry, where the
         # module has them): a plan launches the one its main_entry names.
-        self._mains = {entry: f for entry, f in zip(names, functions) if entry != names[1]}
+        self._mains = {entry: cu.CUfunction(module.function(entry)) for entry, _ in mains}
         self.name = name
         # How many of those entries' clusters this GPU runs at once, the
         # fewer of the two (0: none, no such entry, or the driver would not
         # say): the selector's Device.max_active_clusters.
         self.max_active_clusters = 0
         if cluster_ok:
-            counts = []
-            for entry, groups, splits, threads, nbytes in clustered:
-                config = cu.CUlaunchConfig()
-                (config.gridDimX, config.gridDimY, config.gridDimZ) = (groups, splits, 1)
-                (config.blockDimX, config.blockDimY, config.blockDimZ) = (threads, 1, 1)
-                config.sharedMemBytes = nbytes
-                config.numAttrs = 0
-                err, clusters = cu.cuOccupancyMaxActiveClusters(self._mains[entry], config)
-                counts.append(int(clusters) if err == cu.CUresult.CUDA_SUCCESS else 0)
-            self.max_active_clusters = min(counts)
+            self.max_active_clusters = min(module.max_active_clusters(*c) for c in clustered)
         self._success = cu.CUresult.CUDA_SUCCESS
         self._streams = {}  # cudaStream_t -> CUstream
 

@@ -1,0 +1,129 @@
+// The sparse MLA decode family (ATTENTION_KIND_SPARSE_MLA_DECODE): the
+// planner's schedule (compiler/schedule.h), its instantiation unit,
+// and the entries a module exports: up to five attention entries and the
+// combine.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "compiler/codegen.h"
+#include "compiler/family.h"
+#include "compiler/key.h"
+#include "compiler/nvrtc.h"
+#include "model/spec.h"
+
+namespace kforge {
+namespace {
+
+// An entry's pipeline: its tiling's (the planner names it, compiler/
+// schedule.h), except that only a crossover tiling's main entry is compiled
+// as the pair (GenerateSource); its cluster entries run the
+// warp-specialised pipeline.
+v1::Pipeline EntryPipeline(const v1::KernelTiling& tiling, bool paired) {
+  if (!paired && tiling.pipeline() == v1::PIPELINE_CROSSOVER_PAIR) {
+    return v1::PIPELINE_WARP_SPECIALIZED;
+  }
+  return tiling.pipeline();
+}
+
+v1::KernelEntry AttentionEntry(const std::string& name, v1::TilingUse use,
+                               const v1::KernelTiling& tiling, v1::Epilogue epilogue,
+                               uint32_t cluster_ctas, bool paired = false) {
+  v1::KernelEntry e =
+      MakeEntry(name, v1::ENTRY_ROLE_ATTENTION, sizeof(sparse_mla::DecodeParams), cluster_ctas);
+  e.set_tiling(use);
+  e.set_pipeline(EntryPipeline(tiling, paired));
+  e.set_mma(tiling.mma());
+  e.set_epilogue(epilogue);
+  return e;
+}
+
+class SparseMlaDecode final : public KernelFamily {
+ public:
+  SparseMlaDecode() : KernelFamily(v1::ATTENTION_KIND_SPARSE_MLA_DECODE, &NormalizeSpec) {}
+
+  absl::Status Plan(const PlanOptions& options, CompilePlan& plan) const override {
+    ScheduleOptions schedule_options;
+    schedule_options.tiling = options.tiling;
+    schedule_options.smem_capped = options.max_smem_per_block > 0;
+    absl::StatusOr<Schedule> schedule = PlanSchedule(plan.spec, plan.arch, schedule_options);
+    if (!schedule.ok()) return schedule.status();
+    plan.tiling = std::move(schedule->tiling);
+    plan.launch = std::move(schedule->launch);
+    plan.small_batch = std::move(schedule->small_batch);
+    plan.cluster = std::move(schedule->cluster);
+    plan.schedule_reasons = std::move(schedule->reasons);
+    plan.module_name = ModuleName(plan.spec, plan.arch);
+    if (options.max_smem_per_block > 0) {
+      absl::StrAppend(&plan.module_name, "_smem", plan.arch.max_smem_per_block);
+    }
+    const TilingRequest& t = options.tiling;
+    if (!t.empty()) {
+      absl::StrAppend(&plan.module_name, "_t", t.head_tile, "_", t.token_tile, "_", t.stages, "_",
+                      t.warps);
+    }
+    plan.source =
+        GenerateSource(plan.spec, plan.tiling, plan.launch, plan.small_batch, plan.cluster);
+    plan.options = BaseNvrtcOptions(plan.arch.name);
+
+    KeyInputs key = PlanKeyInputs(plan);
+    key.max_smem_per_block = options.max_smem_per_block;
+    if (!t.empty()) {
+      key.tiling_request =
+          absl::StrCat(t.head_tile, ",", t.token_tile, ",", t.stages, ",", t.warps);
+    }
+    plan.key = ComputeCacheKey(key);
+    return absl::OkStatus();
+  }
+
+  std::vector<v1::KernelEntry> Entries(const CompilePlan& plan) const override {
+    const v1::KernelTiling& main = plan.tiling;
+    const v1::SmallBatchPath& small = plan.small_batch;
+    const v1::ClusterPath& cluster = plan.cluster;
+    std::vector<v1::KernelEntry> entries;
+    // A crossover tiling's main entry is a 2-CTA pair (__cluster_dims__(2)).
+    entries.push_back(AttentionEntry(kMainEntry, v1::TILING_USE_THROUGHPUT, main,
+                                     v1::EPILOGUE_SPLIT, main.crossover() ? 2 : 0,
+                                     /*paired=*/true));
+    if (!cluster.entry().empty()) {
+      entries.push_back(AttentionEntry(cluster.entry(), v1::TILING_USE_THROUGHPUT, main,
+                                       v1::EPILOGUE_CLUSTER_MERGE, cluster.splits()));
+    }
+    if (!cluster.wide_entry().empty()) {
+      entries.push_back(AttentionEntry(cluster.wide_entry(), v1::TILING_USE_THROUGHPUT, main,
+                                       v1::EPILOGUE_CLUSTER_MERGE, cluster.wide_splits()));
+    }
+    if (!small.entry().empty()) {
+      entries.push_back(AttentionEntry(small.entry(), v1::TILING_USE_LATENCY, small.tiling(),
+                                       v1::EPILOGUE_SPLIT, 0));
+      if (!small.cluster_entry().empty()) {
+        entries.push_back(AttentionEntry(small.cluster_entry(), v1::TILING_USE_LATENCY,
+                                         small.tiling(), v1::EPILOGUE_CLUSTER_MERGE,
+                                         small.cluster_splits()));
+      }
+    }
+    entries.push_back(
+        MakeEntry(kCombineEntry, v1::ENTRY_ROLE_COMBINE, sizeof(sparse_mla::CombineParams)));
+    return entries;
+  }
+
+  void DescribeLaunch(const CompilePlan& plan, v1::ManifestVariant& v) const override {
+    *v.mutable_tiling() = plan.tiling;
+    *v.mutable_launch() = plan.launch;
+    v.set_main_entry(kMainEntry);
+    v.set_combine_entry(kCombineEntry);
+    if (!plan.small_batch.entry().empty()) *v.mutable_small_batch() = plan.small_batch;
+    if (HasClusterEntries(plan.cluster)) *v.mutable_cluster() = plan.cluster;
+  }
+};
+
+}  // namespace
+
+const KernelFamily& SparseMlaDecodeFamily() {
+  static const SparseMlaDecode* const family = new SparseMlaDecode;
+  return *family;
+}
+
+}  // namespace kforge

@@ -1,0 +1,171 @@
+#include "runtime/kernel_module.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/absl_compat.h"
+#include "model/arch.h"
+
+namespace kforge {
+namespace {
+
+const EntryParams* ParamsFor(absl::Span<const EntryParams> expected, v1::EntryRole role) {
+  auto it = std::find_if(expected.begin(), expected.end(),
+                         [&](const EntryParams& p) { return p.role == role; });
+  return it == expected.end() ? nullptr : &*it;
+}
+
+}  // namespace
+
+absl::StatusOr<int> DeviceAttribute(const CudaDriver& cu, CUdevice device,
+                                    CUdevice_attribute attribute, std::string_view what) {
+  int value = 0;
+  if (absl::Status s =
+          cu.Check(cu.DeviceGetAttribute(&value, attribute, device),
+                   absl::StrCat("cuDeviceGetAttribute(", AsAbsl(what), ", device ", device, ")"));
+      !s.ok()) {
+    return s;
+  }
+  return value;
+}
+
+absl::Status CheckEntryParams(const v1::KernelArtifact& artifact,
+                              absl::Span<const EntryParams> expected) {
+  if (artifact.entries().empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(artifact.module_name(), ": the artifact lists no entries (format ",
+                     artifact.format_version(),
+                     "; kforge artifacts list them from format 3): rebuild it with this kforge"));
+  }
+  for (const v1::KernelEntry& entry : artifact.entries()) {
+    const EntryParams* want = ParamsFor(expected, entry.role());
+    if (want == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s in %s has role %s, which this runtime does not launch: not a "
+                          "module of this kernel family",
+                          entry.name(), artifact.module_name(), v1::EntryRole_Name(entry.role())));
+    }
+    // 0: not recorded; the cubin's own size below still checks.
+    if (entry.params_bytes() != 0 && entry.params_bytes() != want->bytes) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: entries[%s].params_bytes = %u but this runtime's sizeof(%s) = %u: kernel and "
+          "runtime were built from different %s",
+          artifact.module_name(), entry.name(), entry.params_bytes(), want->struct_name,
+          want->bytes, want->defined_in));
+    }
+    auto k =
+        std::find_if(artifact.cubin_info().kernels().begin(), artifact.cubin_info().kernels().end(),
+                     [&](const v1::KernelResources& r) { return r.name() == entry.name(); });
+    if (k == artifact.cubin_info().kernels().end()) {
+      return absl::DataLossError(absl::StrFormat("%s: cubin_info lists no kernel named \"%s\"",
+                                                 artifact.module_name(), entry.name()));
+    }
+    if (k->param_bytes() != want->bytes) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s in %s takes %u parameter bytes but this runtime passes "
+                          "sizeof(%s) = %u: kernel and runtime were built from different %s",
+                          entry.name(), artifact.module_name(), k->param_bytes(), want->struct_name,
+                          want->bytes, want->defined_in));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<KernelModule>> KernelModule::Load(
+    const v1::KernelArtifact& artifact, absl::Span<const EntryParams> expected, CUdevice device) {
+  if (absl::Status s = CheckEntryParams(artifact, expected); !s.ok()) return s;
+  if (artifact.cubin().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(artifact.module_name(), ": the artifact carries no cubin"));
+  }
+  absl::StatusOr<const CudaDriver*> driver = CudaDriver::Get();
+  if (!driver.ok()) return driver.status();
+  const CudaDriver& cu = **driver;
+  absl::StatusOr<int> major =
+      DeviceAttribute(cu, device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "cc major");
+  if (!major.ok()) return major.status();
+  absl::StatusOr<int> minor =
+      DeviceAttribute(cu, device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "cc minor");
+  if (!minor.ok()) return minor.status();
+  if (absl::Status s = CheckDeviceArch(artifact.arch(), *major, *minor); !s.ok()) return s;
+
+  std::unique_ptr<KernelModule> module(new KernelModule(cu, artifact.module_name()));
+  const std::string& name = module->module_name_;
+  if (absl::Status s = cu.Check(cu.LibraryLoadData(&module->library_, artifact.cubin().data(),
+                                                   nullptr, nullptr, 0, nullptr, nullptr, 0),
+                                absl::StrCat("cuLibraryLoadData(", name, ")"));
+      !s.ok()) {
+    return s;
+  }
+  for (const v1::KernelEntry& entry : artifact.entries()) {
+    CUkernel kernel = nullptr;
+    if (absl::Status s =
+            cu.Check(cu.LibraryGetKernel(&kernel, module->library_, entry.name().c_str()),
+                     absl::StrCat("cuLibraryGetKernel(", name, ", ", entry.name(), ")"));
+        !s.ok()) {
+      return s;
+    }
+    module->entries_[entry.name()] = kernel;
+  }
+  return module;
+}
+
+KernelModule::~KernelModule() {
+  if (library_ != nullptr) (void)cu_.LibraryUnload(library_);
+}
+
+absl::StatusOr<CUkernel> KernelModule::Entry(std::string_view name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        module_name_, " has no entry named '", AsAbsl(name), "' among the artifact's entries"));
+  }
+  return it->second;
+}
+
+absl::Status KernelModule::SetMaxDynamicSmem(CUkernel kernel, std::string_view entry,
+                                             uint32_t bytes, CUdevice device) const {
+  return cu_.Check(cu_.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          static_cast<int>(bytes), kernel, device),
+                   absl::StrCat("cuKernelSetAttribute(", module_name_, ", ", AsAbsl(entry),
+                                ", max dynamic shared memory ", bytes, ")"));
+}
+
+CUresult LaunchWithDims(const CudaDriver& cu, CUkernel kernel, void** args, const LaunchDims& d,
+                        CUstream stream) {
+  if (!d.programmatic) {
+    // A CUkernel passed as a CUfunction launches in the stream's context
+    // (CUDA 12.0+), so one library serves every context.
+    return cu.LaunchKernel(reinterpret_cast<CUfunction>(kernel), d.grid_x, d.grid_y, d.grid_z,
+                           d.block_threads, 1, 1, d.dynamic_smem_bytes, stream, args, nullptr);
+  }
+  CUlaunchAttribute attribute{};
+  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attribute.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = d.grid_x;
+  config.gridDimY = d.grid_y;
+  config.gridDimZ = d.grid_z;
+  config.blockDimX = d.block_threads;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = d.dynamic_smem_bytes;
+  config.hStream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cu.LaunchKernelEx(&config, reinterpret_cast<CUfunction>(kernel), args, nullptr);
+}
+
+absl::Status KernelModule::Launch(CUkernel kernel, std::string_view entry, void* params,
+                                  const LaunchDims& d, CUstream stream) const {
+  void* args[] = {params};
+  const CUresult result = LaunchWithDims(cu_, kernel, args, d, stream);
+  if (result == CUDA_SUCCESS) return absl::OkStatus();  // no message to format per launch
+  const std::string_view how = d.programmatic ? "cuLaunchKernelEx" : "cuLaunchKernel";
+  return cu_.Check(result, absl::StrFormat("%s(%s, %s, grid (%u, %u, %u), block %u, smem %u)", how,
+                                           module_name_, entry, d.grid_x, d.grid_y, d.grid_z,
+                                           d.block_threads, d.dynamic_smem_bytes));
+}
+
+}  // namespace kforge

@@ -7,7 +7,7 @@
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
 #include "model/arch.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/tiling.h"
 
 namespace kforge {
 

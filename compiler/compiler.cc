@@ -13,7 +13,7 @@
 #include "model/artifact_check.h"
 #include "model/cubin.h"
 #include "model/spec.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 namespace kforge {
 

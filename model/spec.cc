@@ -35,7 +35,7 @@
 #include "model/format.h"
 #include "model/indexer_spec.h"
 #include "model/problems.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/kv_layout.h"
 
 namespace kforge {
 namespace {

@@ -24,7 +24,7 @@ absl::Status CheckEntryParams(const v1::KernelArtifact& artifact, const std::str
       return absl::FailedPreconditionError(
           absl::StrFormat("%s in %s takes %u parameter bytes but this runtime passes "
                           "sizeof(%s) = %u: kernel and runtime were built from different "
-                          "templates/kforge/sparse_mla/config.h",
+                          "templates/kforge/sparse_mla/common/params.h",
                           entry, artifact.module_name(), k.param_bytes(), struct_name, want));
     }
     return absl::OkStatus();
@@ -39,7 +39,7 @@ absl::Status CheckRecordedSize(const v1::KernelArtifact& artifact, const char* f
   if (recorded == 0 || recorded == want) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrFormat("%s: %s = %u but this runtime's sizeof(%s) = %u: kernel and runtime were "
-                      "built from different templates/kforge/sparse_mla/config.h",
+                      "built from different templates/kforge/sparse_mla/common/params.h",
                       artifact.module_name(), field, recorded, struct_name, want));
 }
 

@@ -17,7 +17,7 @@
 #include "kforge/v1/artifact.pb.h"
 #include "model/arch.h"
 #include "runtime/cuda_driver.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 namespace kforge {
 
@@ -27,7 +27,7 @@ namespace kforge {
 // (artifact.cubin_info) and as recorded by the compiler (params_bytes,
 // combine_params_bytes), match the structs this loader passes. A mismatch
 // means the kernel and this runtime disagree on the layout of
-// templates/kforge/sparse_mla/config.h; launching would corrupt memory.
+// templates/kforge/sparse_mla/common/params.h; launching would corrupt memory.
 absl::Status CheckParamSizes(const v1::KernelArtifact& artifact);
 
 // A launch configuration (grid in blocks, block in threads).

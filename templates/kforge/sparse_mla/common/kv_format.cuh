@@ -40,17 +40,17 @@
 //                       the tile. A staged format converts the staging
 //                       buffer into the bf16 tile (rows of invalid slots
 //                       must come out all zero) and ends with
-//                       PublishSmem<T>() (decode_traits.cuh); after it returns the
-//                       staging buffer takes the next tile. A direct format
-//                       does nothing, or in a staged pipeline copies its
-//                       staged rows into the tile.
+//                       PublishSmem<T>() (decode_traits.cuh); after it
+//                       returns the staging buffer takes the next tile. A
+//                       direct format does nothing, or in a staged pipeline
+//                       copies its staged rows into the tile.
 //
 // A staged format may also provide the register pipeline's part
-// (sm80/regpath.cuh; tiling.h RegisterPipeline): warp w (of 4) owns latent items
-// 8 w .. 8 w + 7 (an item is 16 columns: V columns [128 w, 128 w + 128)) and,
-// with rope 64, rope item d_v / 16 + w; thread q = lane % 4 of a token takes
-// items 8 w + q and 8 w + 4 + q whole and columns 4 q .. 4 q + 3 of the rope
-// item:
+// (sm80/regpath.cuh; tiling.h RegisterPipeline): warp w (of 4) owns latent
+// items 8 w .. 8 w + 7 (an item is 16 columns: V columns [128 w, 128 w +
+// 128)) and, with rope 64, rope item d_v / 16 + w; thread q = lane % 4 of a
+// token takes items 8 w + q and 8 w + 4 + q whole and columns 4 q .. 4 q + 3
+// of the rope item:
 //   F::RegRaw           this thread's raw bytes of one token
 //   F::RegLoad<T, kPageBlock>(v, slot, ok, w, q, raw)
 //                       global loads into raw (zeros where !ok)
@@ -64,9 +64,9 @@
 //                       the rope columns 4 q .. 4 q + 3 as two bf16 pairs
 //                       (only formats with rope columns need it)
 //   F::kWsPrefetchL2, F::RegPrefetch<T, kPageBlock>(v, slot, ok)
-//                       the warp-specialised producer's (sm90/wspath.cuh): whether
-//                       it prefetches a token's bytes into L2 two tiles
-//                       ahead, and the prefetch (where true)
+//                       the warp-specialised producer's (sm90/wspath.cuh):
+//                       whether it prefetches a token's bytes into L2 two
+//                       tiles ahead, and the prefetch (where true)
 //   F::kWsPairLoadAhead the crossover pair's producer (sm90/wspath.cuh
 //                       WsProducePair): whether it loads the next tile's
 //                       bytes before converting this tile's (else after)
@@ -596,8 +596,9 @@ struct KvUe8m0PageBlocked : S {
     }
   }
   // The warp-specialised producer prefetches a tile's data and scale rows
-  // into L2 two tiles ahead (sm90/wspath.cuh): DeepSeek-V4 on the H200, 128 x 32
-  // 75.8 -> 72.5 us, 64 x 64 79.7 -> 74.1 (BENCH.md, "L2 prefetch").
+  // into L2 two tiles ahead (sm90/wspath.cuh): DeepSeek-V4 on the H200,
+  // 128 x 32 75.8 -> 72.5 us, 64 x 64 79.7 -> 74.1 (BENCH.md, "L2
+  // prefetch").
   static constexpr bool kWsPrefetchL2 = true;
   // The pair's producer loads after converting: H200 128 x 128, V4 225-228
   // us against 240-244 loading ahead (BENCH.md, "crossover pairs"); V4.1

@@ -214,8 +214,8 @@ KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
 }
 
 // The one wgmma eligibility rule (apart from the arch, sm_90a, which the
-// codegen checks). S (QkWgmma, sm90/qk.cuh): each warpgroup a 64-head x 32-token
-// slab of S (m64n32k16), its 4 warps one m16 row tile each; with a
+// codegen checks). S (QkWgmma, sm90/qk.cuh): each warpgroup a 64-head x
+// 32-token slab of S (m64n32k16), its 4 warps one m16 row tile each; with a
 // producer warpgroup (WarpSpecialized) the first warpgroup all 64 tokens
 // (m64n64k16), so Q is read from shared memory once a tile. O = P V
 // (PvWgmma, sm90/pv.cuh): each warpgroup all 64 heads x d_v / 2 columns

@@ -14,8 +14,7 @@ namespace sparse_mla {
 // [g d_v / 2, (g + 1) d_v / 2) (m64n{d_v/2}k16, one per 16 tokens); its warp
 // w % 4 receives rows 16 (w % 4).. . P is read as a K-major operand (one
 // 128-byte-swizzled 64 x 64 block), V as an N-major one straight from the
-// KV tile's column blocks. WgmmaCovers (common/tiling.h) is the shape
-// rule.
+// KV tile's column blocks. WgmmaCovers (common/tiling.h) is the shape rule.
 template <class T>
 struct PvWgmma {
   static_assert(T::kWgmma && WgmmaCovers(T::kShape), "PvWgmma is selected by DecodeTraits::kMma");

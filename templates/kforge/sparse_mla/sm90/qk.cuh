@@ -14,8 +14,7 @@ namespace sparse_mla {
 // (kN = kTokenTile / kWarpsN: 32 of 64 tokens each, or all 64 on the
 // warp-specialised pipeline's first warpgroup) straight from shared-memory
 // descriptors (no ldmatrix); its 4 warps receive rows 16 * wm.. in the
-// mma.sync C layout. WgmmaCovers (common/tiling.h) is the shape
-// rule.
+// mma.sync C layout. WgmmaCovers (common/tiling.h) is the shape rule.
 template <class T>
 struct QkWgmma {
   static_assert(T::kWgmma && WgmmaCovers(T::kShape), "QkWgmma is selected by DecodeTraits::kMma");

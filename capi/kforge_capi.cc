@@ -34,7 +34,7 @@
 #include "model/selector.h"
 #include "model/spec.h"
 #include "runtime/client_settings.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 struct KforgeBundle {
   std::unique_ptr<kforge::BundleSource> source;

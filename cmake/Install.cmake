@@ -20,9 +20,13 @@ foreach(dir base model bundle runtime)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION ${kforge_include}/${dir}
     FILES_MATCHING PATTERN "*.h")
 endforeach()
-# model/decode_plan.h includes the parameter blocks the kernels use.
-install(FILES ${PROJECT_SOURCE_DIR}/templates/kforge/sparse_mla/config.h
-  DESTINATION ${kforge_include}/templates/kforge/sparse_mla)
+# model/decode_plan.h and runtime/ headers include the parameter blocks the
+# kernels use (params.h); the KV layouts and the tiling rule beside it are
+# the rest of the template tree's plain-C++ part (no CUDA, no template text).
+install(FILES ${PROJECT_SOURCE_DIR}/templates/kforge/sparse_mla/common/params.h
+  ${PROJECT_SOURCE_DIR}/templates/kforge/sparse_mla/common/kv_layout.h
+  ${PROJECT_SOURCE_DIR}/templates/kforge/sparse_mla/common/tiling.h
+  DESTINATION ${kforge_include}/templates/kforge/sparse_mla/common)
 install(DIRECTORY ${PROJECT_BINARY_DIR}/proto/kforge/v1/ DESTINATION ${kforge_include}/kforge/v1
   FILES_MATCHING PATTERN "*.pb.h")
 install(EXPORT kforgeTargets NAMESPACE kforge:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kforge)

@@ -8,7 +8,7 @@ namespace kforge {
 
 // A template header compiled into the kforge binary.
 struct EmbeddedFile {
-  std::string_view path;  // include name, e.g. "kforge/sparse_mla/decode.cuh"
+  std::string_view path;  // include name, e.g. "kforge/sparse_mla/common/decode.cuh"
   std::string_view contents;
 };
 

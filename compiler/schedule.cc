@@ -10,6 +10,8 @@
 #include "compiler/tuning.h"
 #include "model/launch.h"
 #include "model/spec.h"
+#include "templates/kforge/sparse_mla/common/kv_layout.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 namespace kforge {
 namespace {
@@ -36,11 +38,11 @@ const std::vector<TileShape>& CandidatesFor(int head_tile) {
   return k64;  // 48 and 64
 }
 
-// The register pipeline's tile (config.h RegisterPipelineCovers): 32
+// The register pipeline's tile (tiling.h RegisterPipelineCovers): 32
 // tokens, stages 1 (the next tile in registers), 4 warps.
 constexpr TileShape kRegisterPipelineTile = {32, 1, 4};
 
-// The staging bytes per token of the spec's pipeline (config.h
+// The staging bytes per token of the spec's pipeline (kv_layout.h
 // PipelineStagingBytes over its cache and its extra cache, if any).
 int StagingBytes(const v1::AttentionSpec& spec) {
   const int d_qk = static_cast<int>(spec.kv_lora_rank() + spec.rope_dim());
@@ -57,7 +59,7 @@ int StagingBytes(const v1::AttentionSpec& spec) {
 bool StagedKv(const v1::AttentionSpec& spec) { return StagingBytes(spec) > 0; }
 
 // The kernel's compile-time shape for a spec and a tiling candidate: the
-// input of config.h's CheckDecodeTiling and MakeDecodeSmemLayout, the same
+// input of tiling.h's CheckDecodeTiling and MakeDecodeSmemLayout, the same
 // functions DecodeTraits evaluates on the device.
 sparse_mla::DecodeShape ShapeOf(const v1::AttentionSpec& spec, int head_tile, int heads_per_group,
                                 int token_tile, int stages, int warps, bool wgmma,
@@ -129,7 +131,7 @@ void NameSchedule(const v1::AttentionSpec& spec, v1::KernelTiling* tiling) {
 }
 
 // Sets what follows from a tiling's CTA shape: wgmma (sm_90a only; which
-// shapes it covers is config.h's WgmmaCovers, the same rule DecodeTraits
+// shapes it covers is tiling.h's WgmmaCovers, the same rule DecodeTraits
 // checks, and its layout, P unpadded but 1024-B aligned, must fit too), the
 // producer warpgroup where the arch's tuning prefers it, and the head group
 // count.
@@ -140,9 +142,9 @@ void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTil
   tiling->set_wgmma(HasWgmma(arch) && sparse_mla::WgmmaCovers(shape) && ShapeFits(shape, arch));
   // The wgmma tiling of one cache of a format that measured faster with a
   // producer warpgroup (FormatTuning::warp_specialized) gets one where it
-  // fits (config.h WarpSpecialized), and so does that of a crossover
+  // fits (tiling.h WarpSpecialized), and so does that of a crossover
   // format (FormatTuning::crossover) whose head groups pair up, which then
-  // runs as crossover pairs (config.h PairCovers). Their producers (the
+  // runs as crossover pairs (tiling.h PairCovers). Their producers (the
   // formats' register seam, bf16's row copies) read the main cache only.
   const int heads = static_cast<int>(spec.num_q_heads());
   const int per_group = static_cast<int>(tiling->heads_per_group());
@@ -155,7 +157,7 @@ void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTil
   if (!tiling->wgmma()) {
     Why(why, "mma.sync: %s",
         HasWgmma(arch) ? "wgmma does not cover this tile or its layout "
-                         "does not fit (config.h WgmmaCovers)"
+                         "does not fit (tiling.h WgmmaCovers)"
                        : "wgmma is sm_90a only");
   } else if (tiling->land_warps() == 0 && (prefers.warp_specialized || pairs) &&
              !spec.has_extra_kv()) {
@@ -168,7 +170,7 @@ void FinishTiling(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTil
           tiling->crossover() ? "crossover (its head groups pair up: crossover pairs)"
                               : "warp_specialized");
     } else {
-      Why(why, "wgmma, lockstep: a producer warpgroup does not fit (config.h WarpSpecialized)");
+      Why(why, "wgmma, lockstep: a producer warpgroup does not fit (tiling.h WarpSpecialized)");
     }
   } else if (tiling->land_warps() == 0) {
     Why(why, "wgmma, lockstep: %s",
@@ -192,7 +194,7 @@ absl::StatusOr<v1::KernelTiling> RequestedTiling(const v1::AttentionSpec& spec, 
   if (e != sparse_mla::TilingError::kOk) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "tiling %d,%d,%d,%d (head tile, token tile, stages, warps) for %d heads: the tiling "
-        "rule rejects its %s (templates/kforge/sparse_mla/config.h, CheckDecodeTiling)",
+        "rule rejects its %s (templates/kforge/sparse_mla/common/tiling.h, CheckDecodeTiling)",
         r.head_tile, r.token_tile, r.stages, r.warps, heads, sparse_mla::TilingErrorName(e)));
   }
   const int bytes = sparse_mla::MakeDecodeSmemLayout(shape).bytes;
@@ -234,13 +236,29 @@ bool ClusterFits(const v1::AttentionSpec& spec, const Arch& arch, const v1::Kern
 
 }  // namespace
 
+// The templates' names and the proto's are one list (tiling.h, artifact.proto).
+static_assert(static_cast<int>(sparse_mla::Pipeline::kLockstep) == v1::PIPELINE_LOCKSTEP &&
+              static_cast<int>(sparse_mla::Pipeline::kRegister) == v1::PIPELINE_REGISTER &&
+              static_cast<int>(sparse_mla::Pipeline::kWarpSpecialized) ==
+                  v1::PIPELINE_WARP_SPECIALIZED &&
+              static_cast<int>(sparse_mla::Pipeline::kCrossoverPair) ==
+                  v1::PIPELINE_CROSSOVER_PAIR);
+static_assert(static_cast<int>(sparse_mla::Mma::kMmaSync) == v1::MMA_SYNC &&
+              static_cast<int>(sparse_mla::Mma::kWgmma) == v1::MMA_WGMMA);
+static_assert(static_cast<int>(sparse_mla::Epilogue::kSplit) == v1::EPILOGUE_SPLIT &&
+              static_cast<int>(sparse_mla::Epilogue::kClusterMerge) == v1::EPILOGUE_CLUSTER_MERGE);
+
 v1::Pipeline PipelineOf(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling) {
-  const sparse_mla::DecodeShape shape = DecodeShapeFor(spec, tiling);
-  if (sparse_mla::RegisterPipeline(shape)) return v1::PIPELINE_REGISTER;
-  if (sparse_mla::WarpSpecialized(shape)) {
-    return tiling.crossover() ? v1::PIPELINE_CROSSOVER_PAIR : v1::PIPELINE_WARP_SPECIALIZED;
-  }
-  return v1::PIPELINE_LOCKSTEP;
+  return static_cast<v1::Pipeline>(
+      sparse_mla::PipelineOf(DecodeShapeFor(spec, tiling), tiling.crossover()));
+}
+
+v1::Pipeline EntryPipeline(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
+                           bool paired_entry) {
+  const v1::Pipeline named =
+      tiling.pipeline() != v1::PIPELINE_UNSPECIFIED ? tiling.pipeline() : PipelineOf(spec, tiling);
+  if (!paired_entry && named == v1::PIPELINE_CROSSOVER_PAIR) return v1::PIPELINE_WARP_SPECIALIZED;
+  return named;
 }
 
 const char* PipelineName(v1::Pipeline pipeline) {
@@ -273,7 +291,7 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, con
     const int head_tile = RoundUp16(per_group);
     v1::KernelTiling tiling;
     // A 16-head tile of a staged format that reads one cache takes the
-    // register pipeline where it fits (config.h RegisterPipeline; H200, 16
+    // register pipeline where it fits (tiling.h RegisterPipeline; H200, 16
     // heads x batch 32..128: faster than the staged 16 x 32 tiling for
     // every record, BENCH.md "the register pipeline for 16-head tiles").
     const bool register_pipeline =

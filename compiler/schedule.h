@@ -6,7 +6,7 @@
 // groups, CTA shape, pipeline, MMA), the small-batch path, the cluster
 // entries and the launch rule, and says why at each choice. What fits is
 // decided by the tiling rule the kernels assert
-// (templates/kforge/sparse_mla/config.h); what is faster among fitting
+// (templates/kforge/sparse_mla/common/tiling.h); what is faster among fitting
 // choices comes from the arch's tuning table (compiler/tuning.h).
 //
 // The pipelines (v1::Pipeline, docs/KERNEL.md "Pipelines"):
@@ -24,7 +24,7 @@
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
 #include "model/arch.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/tiling.h"
 
 namespace kforge {
 
@@ -87,7 +87,7 @@ std::string ExplainSchedule(const v1::KernelArtifact& artifact);
 // The throughput tiling: the largest head tile whose pipeline fits the
 // arch's shared memory, heads spread evenly over the fewest groups so each
 // group is padded by less than one 16-row MMA tile; pipeline and mma set.
-// With a request, that shape if the tiling rule (config.h) and the arch's
+// With a request, that shape if the tiling rule (tiling.h) and the arch's
 // shared memory admit it, else InvalidArgument saying which rule refused.
 absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, const Arch& arch,
                                               const TilingRequest& request = {},
@@ -133,12 +133,18 @@ v1::Pipeline PipelineOf(const v1::AttentionSpec& spec, const v1::KernelTiling& t
 inline v1::Mma MmaOf(const v1::KernelTiling& tiling) {
   return tiling.wgmma() ? v1::MMA_WGMMA : v1::MMA_SYNC;
 }
+// The pipeline an entry compiled with `tiling` runs: the tiling's, except
+// that only the paired entry (the main entry) of a crossover tiling runs as
+// the pair; its cluster entries run the warp-specialised pipeline unpaired.
+// The codegen and the module's entry list both use it.
+v1::Pipeline EntryPipeline(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
+                           bool paired_entry);
 // "warp-specialized", "lockstep", ...: the names explain output uses.
 const char* PipelineName(v1::Pipeline pipeline);
 
 // The main kernel's compile-time shape for a spec and a tiling: the input of
 // the tiling rule and the shared-memory layout in
-// templates/kforge/sparse_mla/config.h (CheckDecodeTiling,
+// templates/kforge/sparse_mla/common/tiling.h (CheckDecodeTiling,
 // MakeDecodeSmemLayout), which DecodeTraits evaluates on the device too.
 sparse_mla::DecodeShape DecodeShapeFor(const v1::AttentionSpec& spec,
                                        const v1::KernelTiling& tiling);

@@ -13,28 +13,18 @@
 #include "compiler/key.h"
 #include "compiler/nvrtc.h"
 #include "model/spec.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 namespace kforge {
 namespace {
 
-// An entry's pipeline: its tiling's (the planner names it, compiler/
-// schedule.h), except that only a crossover tiling's main entry is compiled
-// as the pair (GenerateSource); its cluster entries run the
-// warp-specialised pipeline.
-v1::Pipeline EntryPipeline(const v1::KernelTiling& tiling, bool paired) {
-  if (!paired && tiling.pipeline() == v1::PIPELINE_CROSSOVER_PAIR) {
-    return v1::PIPELINE_WARP_SPECIALIZED;
-  }
-  return tiling.pipeline();
-}
-
-v1::KernelEntry AttentionEntry(const std::string& name, v1::TilingUse use,
-                               const v1::KernelTiling& tiling, v1::Epilogue epilogue,
-                               uint32_t cluster_ctas, bool paired = false) {
+v1::KernelEntry AttentionEntry(const v1::AttentionSpec& spec, const std::string& name,
+                               v1::TilingUse use, const v1::KernelTiling& tiling,
+                               v1::Epilogue epilogue, uint32_t cluster_ctas, bool paired = false) {
   v1::KernelEntry e =
       MakeEntry(name, v1::ENTRY_ROLE_ATTENTION, sizeof(sparse_mla::DecodeParams), cluster_ctas);
   e.set_tiling(use);
-  e.set_pipeline(EntryPipeline(tiling, paired));
+  e.set_pipeline(EntryPipeline(spec, tiling, paired));
   e.set_mma(tiling.mma());
   e.set_epilogue(epilogue);
   return e;
@@ -84,22 +74,22 @@ class SparseMlaDecode final : public KernelFamily {
     const v1::ClusterPath& cluster = plan.cluster;
     std::vector<v1::KernelEntry> entries;
     // A crossover tiling's main entry is a 2-CTA pair (__cluster_dims__(2)).
-    entries.push_back(AttentionEntry(kMainEntry, v1::TILING_USE_THROUGHPUT, main,
+    entries.push_back(AttentionEntry(plan.spec, kMainEntry, v1::TILING_USE_THROUGHPUT, main,
                                      v1::EPILOGUE_SPLIT, main.crossover() ? 2 : 0,
                                      /*paired=*/true));
     if (!cluster.entry().empty()) {
-      entries.push_back(AttentionEntry(cluster.entry(), v1::TILING_USE_THROUGHPUT, main,
+      entries.push_back(AttentionEntry(plan.spec, cluster.entry(), v1::TILING_USE_THROUGHPUT, main,
                                        v1::EPILOGUE_CLUSTER_MERGE, cluster.splits()));
     }
     if (!cluster.wide_entry().empty()) {
-      entries.push_back(AttentionEntry(cluster.wide_entry(), v1::TILING_USE_THROUGHPUT, main,
-                                       v1::EPILOGUE_CLUSTER_MERGE, cluster.wide_splits()));
+      entries.push_back(AttentionEntry(plan.spec, cluster.wide_entry(), v1::TILING_USE_THROUGHPUT,
+                                       main, v1::EPILOGUE_CLUSTER_MERGE, cluster.wide_splits()));
     }
     if (!small.entry().empty()) {
-      entries.push_back(AttentionEntry(small.entry(), v1::TILING_USE_LATENCY, small.tiling(),
-                                       v1::EPILOGUE_SPLIT, 0));
+      entries.push_back(AttentionEntry(plan.spec, small.entry(), v1::TILING_USE_LATENCY,
+                                       small.tiling(), v1::EPILOGUE_SPLIT, 0));
       if (!small.cluster_entry().empty()) {
-        entries.push_back(AttentionEntry(small.cluster_entry(), v1::TILING_USE_LATENCY,
+        entries.push_back(AttentionEntry(plan.spec, small.cluster_entry(), v1::TILING_USE_LATENCY,
                                          small.tiling(), v1::EPILOGUE_CLUSTER_MERGE,
                                          small.cluster_splits()));
       }

@@ -15,7 +15,7 @@
 #include "model/cubin.h"
 #include "model/format.h"
 #include "templates/kforge/dsa_indexer/config.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 namespace kforge {
 namespace {

@@ -166,7 +166,7 @@ struct CacheArgs {
 
 // A cache's strides step over whole records and pages, and keep every row
 // on a 16-byte boundary (cp.async gathers); a page-blocked cache
-// (config.h) has no row stride of its own: its data and scale rows sit at
+// (kv_layout.h) has no row stride of its own: its data and scale rows sit at
 // offsets the format fixes, and the row stride is the record the engine's
 // [pages, page_block_size, record] view strides by.
 absl::Status CheckCache(const CacheArgs& c) {

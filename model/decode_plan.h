@@ -15,7 +15,7 @@
 #include "kforge/v1/service.pb.h"
 #include "kforge/v1/spec.pb.h"
 #include "model/selector.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 namespace kforge {
 
@@ -44,7 +44,7 @@ struct DecodeArgs {
                              // count (values clamped to 0..topk; the rest
                              // are never read); 0 = all topk count
   uint64_t sink = 0;         // fp32 [num_q_heads] attention sink logits
-                             // (templates/kforge/sparse_mla/sink.cuh);
+                             // (templates/kforge/sparse_mla/common/sink.cuh);
                              // 0 = none
   // The extra KV cache, for kernels built with one (spec extra_kv; all 0
   // otherwise): attended in the same softmax as the top-k tokens.
@@ -91,7 +91,7 @@ struct DecodeArgs {
 };
 
 // Alignments the kernels rely on. q and kv rows are gathered with 16-byte
-// cp.async (templates/kforge/sparse_mla/decode.cuh), so their pointers and
+// cp.async (templates/kforge/sparse_mla/common/kv_format.cuh), so their pointers and
 // strides must keep every row on a 16-byte boundary; out is written as
 // pairs of bf16 (4-byte stores) by both kernels; indices, lse, topk_length
 // and sink are read/written as 4-byte scalars.
@@ -116,7 +116,7 @@ inline constexpr double kSoftmaxScaleTolerance = 1e-6;
 
 // How a spec's KV cache is addressed: the bytes of one token's record and
 // the size of the element its strides count (the layouts themselves are
-// templates/kforge/sparse_mla/config.h's, shared with the kernels).
+// templates/kforge/sparse_mla/common/kv_layout.h's, shared with the kernels).
 struct KvCacheLayout {
   int row_bytes;      // bf16: 2 * d_qk (1152); fp8_ds_mla: 656 (528 without rope); ...
   int element_bytes;  // 2 (bf16 elements) or 1 (quantised records: strides in bytes)

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 namespace kforge {
 namespace {

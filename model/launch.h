@@ -19,7 +19,7 @@ int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
               const v1::LaunchRule& rule, int num_tokens, int sm_count);
 
 // The key positions a token's splits cover for tiles of `token_tile` keys
-// (config.h KeySpan): topk, or with an extra cache (spec extra_kv) topk
+// (params.h KeySpan): topk, or with an extra cache (spec extra_kv) topk
 // rounded up to whole tiles plus the extra topk. The rules below split it.
 long long KeySpanOf(const v1::AttentionSpec& spec, long long token_tile);
 

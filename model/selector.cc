@@ -12,7 +12,8 @@
 #include "model/arch.h"
 #include "model/launch.h"
 #include "model/spec.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
+#include "templates/kforge/sparse_mla/common/tiling.h"
 
 namespace kforge {
 namespace {
@@ -101,16 +102,17 @@ std::vector<std::string> Missing(const std::string& manifest_arch, const v1::Att
 
 uint32_t CeilDiv(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
-// A cluster entry's size is compiled into it (config.h `constant`): a
+// A cluster entry's size is compiled into it (tiling.h `constant`): a
 // manifest that says another is refused by name rather than launched with
 // a grid that merges wrongly. An empty entry (none) passes; the message
 // names the field, not the manifest's entry string.
 absl::Status CheckCompiledSplits(int index, std::string_view field, const std::string& entry,
                                  uint32_t splits, int compiled, std::string_view constant) {
   if (entry.empty() || splits == static_cast<uint32_t>(compiled)) return absl::OkStatus();
-  return Invalid(absl::StrCat("manifest.variants[", index, "].", AsAbsl(field)),
-                 absl::StrCat("got ", splits, "; its cluster entry is compiled for ", compiled,
-                              " (templates/kforge/sparse_mla/config.h ", AsAbsl(constant), ")"));
+  return Invalid(
+      absl::StrCat("manifest.variants[", index, "].", AsAbsl(field)),
+      absl::StrCat("got ", splits, "; its cluster entry is compiled for ", compiled,
+                   " (templates/kforge/sparse_mla/common/tiling.h ", AsAbsl(constant), ")"));
 }
 
 }  // namespace
@@ -258,7 +260,7 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
                        "launch.combine_block_threads must be >= 32");
       }
       sel.combine_grid_x = static_cast<uint32_t>(sel.num_tokens);
-      // One warp per (token, head, column slice): templates' config.h.
+      // One warp per (token, head, column slice): templates' params.h.
       sel.combine_column_slices = sparse_mla::CombineColumnSlices(
           static_cast<int>(v.spec().kv_lora_rank()), sel.num_tokens,
           static_cast<int>(v.spec().num_q_heads()), device.sm_count);

@@ -35,7 +35,7 @@
 #include "model/format.h"
 #include "model/indexer_spec.h"
 #include "model/problems.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/kv_layout.h"
 
 namespace kforge {
 namespace {
@@ -103,7 +103,7 @@ void CheckKvDtype(Problems& problems, absl::string_view prefix, v1::KvCacheDtype
                  absl::StrJoin(names, ", "));
     return;
   }
-  // A quantised record exists for one geometry (config.h): other latent
+  // A quantised record exists for one geometry (kv_layout.h): other latent
   // widths have no such record in any engine.
   const int rank = static_cast<int>(spec.kv_lora_rank());
   const int rope = static_cast<int>(spec.rope_dim());

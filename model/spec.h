@@ -29,16 +29,16 @@ absl::StatusOr<v1::AttentionSpec> NormalizeSpec(const v1::AttentionSpec& spec);
 // their names, geometry, record sizes and device types. ValidateSpec admits
 // exactly these dtypes, the codegen names `device_type` in the
 // instantiation unit, and the decode plan checks a cache against the sizes.
-// The byte layouts are in templates/kforge/sparse_mla/config.h (the *Sizes
+// The byte layouts are in templates/kforge/sparse_mla/common/kv_layout.h (the *Sizes
 // structs whose functions these point at) and docs/DESIGN.md.
 struct KvFormatInfo {
   v1::KvCacheDtype dtype;
   const char* name;         // "bf16", "fp8_ds_mla", ...: KvDtypeName's spelling
-  const char* device_type;  // templates/kforge/sparse_mla/kv_format.cuh type
+  const char* device_type;  // templates/kforge/sparse_mla/common/kv_format.cuh type
   // The spec names how the scales were written (kv_scale_format), and the
   // device type takes it as its template argument (kScalePow2).
   bool takes_scale_format;
-  // Records are page-blocked (config.h): kv_row_stride must be the record.
+  // Records are page-blocked (kv_layout.h): kv_row_stride must be the record.
   bool page_blocked;
   // The geometry the record exists for; null: any.
   bool (*supports)(int kv_lora_rank, int rope_dim);

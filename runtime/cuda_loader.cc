@@ -22,7 +22,7 @@ absl::Status CheckRecordedSize(const v1::KernelArtifact& artifact, const char* f
   if (recorded == 0 || recorded == want) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrFormat("%s: %s = %u but this runtime's sizeof(%s) = %u: kernel and runtime were "
-                      "built from different templates/kforge/sparse_mla/config.h",
+                      "built from different templates/kforge/sparse_mla/common/params.h",
                       artifact.module_name(), field, recorded, struct_name, want));
 }
 

@@ -18,7 +18,7 @@
 #include "model/arch.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/kernel_module.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 namespace kforge {
 
@@ -27,9 +27,9 @@ namespace kforge {
 // The parameter blocks the sparse MLA runtime passes, by entry role.
 inline constexpr EntryParams kSparseMlaEntryParams[] = {
     {v1::ENTRY_ROLE_ATTENTION, sizeof(sparse_mla::DecodeParams), "DecodeParams",
-     "templates/kforge/sparse_mla/config.h"},
+     "templates/kforge/sparse_mla/common/params.h"},
     {v1::ENTRY_ROLE_COMBINE, sizeof(sparse_mla::CombineParams), "CombineParams",
-     "templates/kforge/sparse_mla/config.h"},
+     "templates/kforge/sparse_mla/common/params.h"},
 };
 
 // OK when the cubin's parameter blocks, as read back from its ELF
@@ -37,7 +37,8 @@ inline constexpr EntryParams kSparseMlaEntryParams[] = {
 // combine_params_bytes, entries), match the structs this loader passes
 // (CheckEntryParams with kSparseMlaEntryParams). A mismatch means the
 // kernel and this runtime disagree on the layout of
-// templates/kforge/sparse_mla/config.h; launching would corrupt memory.
+// templates/kforge/sparse_mla/common/params.h; launching would corrupt
+// memory.
 absl::Status CheckParamSizes(const v1::KernelArtifact& artifact);
 
 // One sparse MLA artifact's cubin (KernelModule) with its launch rules:

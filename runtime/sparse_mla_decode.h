@@ -32,7 +32,7 @@
 #include "model/selector.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/cuda_loader.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 namespace kforge {
 

@@ -21,7 +21,9 @@
 #include "kforge/v1/spec.pb.h"
 #include "model/arch.h"
 #include "model/spec.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/kv_layout.h"
+#include "templates/kforge/sparse_mla/common/params.h"
+#include "templates/kforge/sparse_mla/common/tiling.h"
 
 #ifndef KFORGE_SOURCE_DIR
 #error "KFORGE_SOURCE_DIR must name the source tree (see tests/CMakeLists.txt)"
@@ -141,7 +143,9 @@ TEST(CodegenSource, SmallBatchEntryBesideAThroughputTiling) {
         GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, ArchNamed(arch)), path);
     EXPECT_NE(src.find(absl::StrCat(kSmallBatchEntry, "(const ks::DecodeParams p)")),
               std::string::npos);
-    EXPECT_NE(src.find("ks::DecodeMain<SmallBatchTraits>(p)"), std::string::npos);
+    EXPECT_NE(src.find("ks::DecodeMain<SmallBatchTraits, ks::Pipeline::kLockstep, "
+                       "ks::Epilogue::kSplit>(p)"),
+              std::string::npos);
   }
 }
 
@@ -173,16 +177,19 @@ TEST(CodegenSource, Deterministic) {
 }
 
 // Replaces every C preprocessing number (decimal, hex float, exponent forms)
-// with "N" and every bool literal with "B".
+// with "N", every bool literal with "B" and every pipeline and MMA name (an
+// enumerator of the templates' own enums) with "E".
 std::string Skeleton(const std::string& src) {
   static const std::regex kNumber(R"(\.?[0-9](?:[eEpP][+-]|[0-9A-Za-z_.])*)");
   static const std::regex kBool(R"(\b(?:true|false)\b)");
-  return std::regex_replace(std::regex_replace(src, kNumber, "N"), kBool, "B");
+  static const std::regex kSchedule(R"(\bks::(?:Pipeline|Mma)::k[A-Za-z]+)");
+  return std::regex_replace(std::regex_replace(std::regex_replace(src, kNumber, "N"), kBool, "B"),
+                            kSchedule, "E");
 }
 
-// The unit carries the spec only as numbers and bools: no text from the spec
-// (or anything derived from it) can reach the compiler, so the skeleton is
-// the same fixed template text for every spec and arch.
+// The unit carries the spec only as numbers, bools and schedule names: no
+// text from the spec (or anything derived from it) can reach the compiler,
+// so the skeleton is the same fixed template text for every spec and arch.
 TEST(CodegenSource, OnlyNumbersVaryWithTheSpec) {
   const std::string reference = Skeleton(SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a")));
   ASSERT_FALSE(reference.empty());
@@ -589,9 +596,9 @@ TEST(KvRecordSizes, NewRecordLayouts) {
 
 TEST(CodegenSource, NewRecordsNameTheirFormatType) {
   for (const auto& [dtype, rope, type] :
-       {std::tuple{v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, 0, "ks::KvFp8DsMlaV4>"},
-        std::tuple{v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, 0, "ks::KvMxfp8DsMlaV41>"},
-        std::tuple{v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, 64, "ks::KvNvfp4DsMla>"}}) {
+       {std::tuple{v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, 0, "  using Kv = ks::KvFp8DsMlaV4;\n"},
+        std::tuple{v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, 0, "  using Kv = ks::KvMxfp8DsMlaV41;\n"},
+        std::tuple{v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, 64, "  using Kv = ks::KvNvfp4DsMla;\n"}}) {
     v1::AttentionSpec spec = SpecWith(64, 512, rope);
     spec.set_kv_cache_dtype(dtype);
     const std::string src = SourceFor(spec, ArchNamed("sm_120a"));
@@ -611,7 +618,12 @@ TEST(CodegenSource, ExtraCacheNamesItsFormatTopkAndPageSize) {
   x->set_page_block_size(16);
   ASSERT_TRUE(ValidateSpec(spec).ok()) << ValidateSpec(spec);
   const std::string src = SourceFor(spec, ArchNamed("sm_120a"));
-  EXPECT_NE(src.find("ks::KvFp8DsMla<false>, 100, 16, ks::KvBf16>"), std::string::npos) << src;
+  EXPECT_NE(src.find("  using Kv = ks::KvFp8DsMla<false>;\n"
+                     "  static constexpr int kExtraTopk = 100;\n"
+                     "  static constexpr int kExtraPageBlock = 16;\n"
+                     "  using ExtraKv = ks::KvBf16;\n"),
+            std::string::npos)
+      << src;
   EXPECT_EQ(ModuleName(spec, ArchNamed("sm_120a")),
             "sparse_mla_decode_h16_d512r64_topk1000_fp8_ds_mla_arbitrary_pb64_xtopk100_bf16_"
             "pb16_sc0p0625_lse_sm120a");
@@ -621,7 +633,7 @@ TEST(CodegenSource, ExtraCacheNamesItsFormatTopkAndPageSize) {
   EXPECT_EQ(DecodeShapeFor(spec, *tiling).kv_staging_bytes_per_token, 1152);
   x->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
   x->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
-  EXPECT_NE(SourceFor(spec, ArchNamed("sm_90a")).find(", 100, 16, ks::KvFp8DsMla<true>>"),
+  EXPECT_NE(SourceFor(spec, ArchNamed("sm_90a")).find("  using ExtraKv = ks::KvFp8DsMla<true>;\n"),
             std::string::npos);
   EXPECT_EQ(DecodeShapeFor(spec, *tiling).kv_staging_bytes_per_token, 656);
   // Two bf16 caches: the direct pipeline.
@@ -630,10 +642,11 @@ TEST(CodegenSource, ExtraCacheNamesItsFormatTopkAndPageSize) {
   both.mutable_extra_kv()->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
   both.mutable_extra_kv()->clear_kv_scale_format();
   EXPECT_EQ(DecodeShapeFor(both, *tiling).kv_staging_bytes_per_token, 0);
-  // Without one the traits end at the format (the golden units above are
-  // unchanged by the field).
-  EXPECT_NE(SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a")).find("ks::KvBf16> {"),
-            std::string::npos);
+  // Without one the config names no extra cache (the golden units above
+  // are unchanged by the field).
+  const std::string plain = SourceFor(Preset("glm-5", 8), ArchNamed("sm_120a"));
+  EXPECT_NE(plain.find("  using Kv = ks::KvBf16;\n"), std::string::npos);
+  EXPECT_EQ(plain.find("Extra"), std::string::npos);
 }
 
 TEST(KvFp8DsMlaSizes, RecordLayout) {
@@ -655,9 +668,10 @@ TEST(CodegenSource, Fp8NamesItsFormatAndScaleConvention) {
       SourceFor(Fp8Spec(64, 64, v1::KV_SCALE_FORMAT_POW2), ArchNamed("sm_90a"));
   const std::string arbitrary =
       SourceFor(Fp8Spec(64, 64, v1::KV_SCALE_FORMAT_ARBITRARY), ArchNamed("sm_90a"));
-  EXPECT_NE(pow2.find("ks::KvFp8DsMla<true>>"), std::string::npos) << pow2;
-  EXPECT_NE(arbitrary.find("ks::KvFp8DsMla<false>>"), std::string::npos) << arbitrary;
-  EXPECT_NE(SourceFor(Preset("glm-5", 1), ArchNamed("sm_90a")).find("ks::KvBf16>"),
+  EXPECT_NE(pow2.find("  using Kv = ks::KvFp8DsMla<true>;\n"), std::string::npos) << pow2;
+  EXPECT_NE(arbitrary.find("  using Kv = ks::KvFp8DsMla<false>;\n"), std::string::npos)
+      << arbitrary;
+  EXPECT_NE(SourceFor(Preset("glm-5", 1), ArchNamed("sm_90a")).find("  using Kv = ks::KvBf16;\n"),
             std::string::npos);
 }
 
@@ -686,7 +700,7 @@ TEST(ChooseTiling, FailsWhenNothingFits) {
 }
 
 // ---------------------------------------------------------------------------
-// config.h: CheckDecodeTiling, WgmmaCovers, MakeDecodeSmemLayout
+// tiling.h: CheckDecodeTiling, WgmmaCovers, MakeDecodeSmemLayout
 
 // glm-5 tp1 on sm_90a: 64 heads, 64-token tiles, 2 stages, 8 warps, wgmma.
 constexpr sparse_mla::DecodeShape kWgmmaShape = {512, 64, 64, 64, 64, 2, 8, true, 0, 0};
@@ -824,6 +838,52 @@ TEST(CheckDecodeTiling, WarpSpecialisedShapeAndLayout) {
             sparse_mla::MakeDecodeSmemLayout(staged).valid + 2 * 64 * 4);
 }
 
+// The one rule that names a shape's pipeline (PipelineOf), which
+// DecodeTraits checks a config against: the register pipeline where stages
+// is 1, the warp-specialised one (paired for a crossover main entry) where
+// a producer warpgroup feeds wgmma, else lockstep; the pair flag names
+// nothing else.
+TEST(PipelineOf, NamesEachShapesPipeline) {
+  using sparse_mla::Pipeline;
+  using sparse_mla::PipelineOf;
+  constexpr sparse_mla::DecodeShape kWs = {512, 64, 64, 64, 64, 2, 8, true, 656, 4};
+  constexpr sparse_mla::DecodeShape kReg = {512, 64, 16, 16, 32, 1, 4, false, 656, 0};
+  static_assert(PipelineOf(kWs, false) == Pipeline::kWarpSpecialized);
+  static_assert(PipelineOf(kWs, true) == Pipeline::kCrossoverPair);
+  static_assert(PipelineOf(kReg, false) == Pipeline::kRegister);
+  static_assert(PipelineOf(kReg, true) == Pipeline::kRegister);
+  static_assert(PipelineOf(kWgmmaShape, false) == Pipeline::kLockstep);
+  static_assert(PipelineOf(kWgmmaShape, true) == Pipeline::kLockstep);
+  static_assert(PipelineOf(kSmallShape, false) == Pipeline::kLockstep);
+  static_assert(sparse_mla::MmaOf(kWs) == sparse_mla::Mma::kWgmma);
+  static_assert(sparse_mla::MmaOf(kSmallShape) == sparse_mla::Mma::kMmaSync);
+  // Every preset's chosen tiling names its pipeline in the unit's config.
+  for (const char* arch : {"sm_80", "sm_90a", "sm_120a"}) {
+    for (v1::KvCacheDtype d : {v1::KV_CACHE_DTYPE_BF16, v1::KV_CACHE_DTYPE_FP8_DS_MLA}) {
+      for (int tp : {1, 8}) {
+        v1::AttentionSpec spec = Preset("deepseek-v3.2", tp);
+        spec.set_kv_cache_dtype(d);
+        if (d == v1::KV_CACHE_DTYPE_FP8_DS_MLA) spec.set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+        absl::StatusOr<v1::KernelTiling> t = ChooseTiling(spec, ArchNamed(arch));
+        ASSERT_TRUE(t.ok()) << t.status();
+        const sparse_mla::DecodeShape shape = DecodeShapeFor(spec, *t);
+        // The enumerators by number (the proto enum Pipeline's).
+        const char* const kNames[] = {"", "kLockstep", "kRegister", "kWarpSpecialized",
+                                      "kCrossoverPair"};
+        const char* name = kNames[static_cast<int>(PipelineOf(shape, t->crossover()))];
+        const std::string src = SourceFor(spec, ArchNamed(arch));
+        EXPECT_NE(src.find("struct Traits : ks::DecodeTraits<TraitsConfig> {\n"),
+                  std::string::npos);
+        EXPECT_NE(src.find(absl::StrCat("  static constexpr ks::Pipeline kPipeline = "
+                                        "ks::Pipeline::",
+                                        name, ";\n")),
+                  std::string::npos)
+            << arch << " tp" << tp << " " << KvDtypeName(d);
+      }
+    }
+  }
+}
+
 // Which specs get the warp-specialised pipeline: the formats whose row in
 // the KV format table says so (fp8_ds_mla, V4), one cache, the sm_90a wgmma
 // tiling; its launch is 384 threads, one CTA an SM.
@@ -841,8 +901,19 @@ TEST(ChooseTiling, WarpSpecialisedWhereMeasuredFaster) {
     EXPECT_EQ(rule.ctas_per_sm(), 1u) << where;
     EXPECT_LE(rule.dynamic_smem_bytes(), static_cast<uint32_t>(hopper.max_smem_per_block)) << where;
     const std::string src = SourceFor(fp8, hopper);
-    // Traits: head tile 64, its group, 64 tokens, 2 stages, 8 + 4 warps.
-    EXPECT_NE(src.find(absl::StrCat(", 64, ", t->heads_per_group(), ", 64, 2, 8, 4, ")),
+    // Traits: head tile 64, its group, 64 tokens, 2 stages, 8 + 4 warps,
+    // the warp-specialised pipeline on wgmma.
+    EXPECT_NE(src.find(absl::StrCat("  static constexpr int kHeadTile = 64;\n"
+                                    "  static constexpr int kHeadsPerGroup = ",
+                                    t->heads_per_group(),
+                                    ";\n"
+                                    "  static constexpr int kTokenTile = 64;\n"
+                                    "  static constexpr int kStages = 2;\n"
+                                    "  static constexpr int kWarps = 8;\n"
+                                    "  static constexpr int kLandWarps = 4;\n"
+                                    "  static constexpr ks::Pipeline kPipeline = "
+                                    "ks::Pipeline::kWarpSpecialized;\n"
+                                    "  static constexpr ks::Mma kMma = ks::Mma::kWgmma;\n")),
               std::string::npos)
         << where;
     // Other archs keep their tilings (no wgmma there).
@@ -898,7 +969,7 @@ TEST(ChooseTiling, CrossoverPairsWhereTheHeadGroupsPairUp) {
       "extern \"C\" __global__ void __cluster_dims__(2, 1, 1)\n"
       "__launch_bounds__(Traits::kThreads, 1)\n"
       "sparse_mla_decode_main(const ks::DecodeParams p) {\n"
-      "  ks::DecodeMain<Traits, 0, true>(p);\n}";
+      "  ks::DecodeMain<Traits, ks::Pipeline::kCrossoverPair, ks::Epilogue::kSplit>(p);\n}";
   for (v1::KvCacheDtype d :
        {v1::KV_CACHE_DTYPE_BF16, v1::KV_CACHE_DTYPE_FP8_DS_MLA, v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4,
         v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, v1::KV_CACHE_DTYPE_NVFP4_DS_MLA}) {
@@ -931,6 +1002,16 @@ TEST(ChooseTiling, CrossoverPairsWhereTheHeadGroupsPairUp) {
           GenerateSource(spec, *t, MakeLaunchRule(spec, *t, hopper), small, cluster);
       EXPECT_EQ(src.find(paired_main) != std::string::npos, pairs) << where;
       EXPECT_EQ(src.find("__cluster_dims__(2, 1, 1)") != std::string::npos, pairs) << where;
+      // The tiling's config names the pair; its cluster entries run the
+      // warp-specialised pipeline unpaired.
+      EXPECT_EQ(src.find("kPipeline = ks::Pipeline::kCrossoverPair;\n") != std::string::npos, pairs)
+          << where;
+      if (pairs) {
+        EXPECT_NE(src.find("  ks::DecodeMain<Traits, ks::Pipeline::kWarpSpecialized, "
+                           "ks::Epilogue::kClusterMerge, 16>(p);\n"),
+                  std::string::npos)
+            << where;
+      }
       // No other arch runs pairs (no warp-specialised tiling there).
       for (const char* arch : {"sm_80", "sm_100a", "sm_120a"}) {
         absl::StatusOr<v1::KernelTiling> other = ChooseTiling(spec, ArchNamed(arch));

@@ -22,7 +22,7 @@
 #include "kforge/v1/spec.pb.h"
 #include "model/arch.h"
 #include "model/spec.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 namespace kforge {
 namespace {

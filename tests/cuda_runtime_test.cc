@@ -31,6 +31,9 @@
 #include "runtime/cuda_loader.h"
 #include "runtime/kernel_module.h"
 #include "runtime/sparse_mla_decode.h"
+#include "templates/kforge/sparse_mla/common/kv_layout.h"
+#include "templates/kforge/sparse_mla/common/params.h"
+#include "templates/kforge/sparse_mla/common/tiling.h"
 #include "tests/reference/sparse_mla_reference.h"
 #include "tests/test_util.h"
 

@@ -17,7 +17,7 @@
 #include "model/indexer_spec.h"
 #include "model/spec.h"
 #include "templates/kforge/dsa_indexer/config.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
 
 namespace kforge {
 namespace {

@@ -18,8 +18,9 @@ symbols_of() { { nm -C "$1"; nm -D "$1"; } 2>/dev/null; }
 has_llvm() { symbols_of "$1" | grep -c 'llvm::' | grep -qv '^0$'; }
 has_nvrtc() { symbols_of "$1" | grep -c 'nvrtc[A-Z]' | grep -qv '^0$'; }
 # The include guard of the decode template: in the embedded text, never in
-# code that only includes config.h for the parameter blocks.
-has_templates() { grep -aq 'KFORGE_SPARSE_MLA_DECODE_CUH_' "$1"; }
+# code that only includes the plain-C++ headers (common/params.h, the
+# parameter blocks).
+has_templates() { grep -aq 'KFORGE_SPARSE_MLA_COMMON_DECODE_CUH_' "$1"; }
 
 # Control: the CLI embeds the templates and links NVRTC.
 has_nvrtc "$kforge" || fail "control: no NVRTC symbols found in $kforge (probe broken?)"

@@ -1144,7 +1144,7 @@ def info(name, shape, strides=None, dtype="bfloat16", device=("cuda", 0), ptr=1 
     return ops.TensorInfo(name, tuple(shape), tuple(strides), dtype, device, ptr, size)
 
 
-# templates/kforge/sparse_mla/config.h DecodeParams / CombineParams.
+# templates/kforge/sparse_mla/common/params.h DecodeParams / CombineParams.
 DECODE_PARAMS = (("q", "kv", "indices", "out", "lse", "o_accum", "lse_accum", "topk_length",
                   "sink", "extra_kv", "extra_indices", "extra_topk_length", "q_token_stride",
                   "q_head_stride", "kv_page_stride", "kv_row_stride", "num_kv_slots",
@@ -1342,7 +1342,7 @@ class OpsChecksTest(unittest.TestCase):
         got.ClearField("main_params")
         got.ClearField("combine_params")
         self.assertEqual(got, want)
-        # templates/kforge/sparse_mla/config.h DecodeParams / CombineParams.
+        # templates/kforge/sparse_mla/common/params.h DecodeParams / CombineParams.
         p = unpack_decode_params(sel.main_params)
         self.assertEqual((p["q"], p["kv"], p["indices"], p["out"], p["lse"]),
                          (q.data_ptr, kv.data_ptr, idx.data_ptr, 1 << 28, 1 << 27))
@@ -1840,7 +1840,7 @@ class PlanCacheTest(unittest.TestCase):
         self.check_hit(cache, self.call(32), 1)
 
     def test_offsets_and_modulus_from_the_library(self):
-        # templates/kforge/sparse_mla/config.h: twelve pointers first in
+        # templates/kforge/sparse_mla/common/params.h: twelve pointers first in
         # DecodeParams, five in CombineParams.
         self.assertEqual([_capi.offsetof("DecodeParams", f)
                           for f in DECODE_PARAMS[0][:DECODE_POINTERS]],

@@ -14,7 +14,8 @@
 #include "model/launch.h"
 #include "model/launch_plan.h"
 #include "model/spec.h"
-#include "templates/kforge/sparse_mla/config.h"
+#include "templates/kforge/sparse_mla/common/params.h"
+#include "templates/kforge/sparse_mla/common/tiling.h"
 
 namespace kforge {
 namespace {

@@ -1,7 +1,7 @@
 """The fp8_ds_mla KV cache record, for tests and for engines that migrate a
 bf16 cache: a reference quantizer and dequantizer on torch tensors.
 
-The record (templates/kforge/sparse_mla/config.h, KvFp8DsMlaSizes, where
+The record (templates/kforge/sparse_mla/common/kv_layout.h, KvFp8DsMlaSizes, where
 the kernels read it; the same bytes vLLM and FlashMLA write), per token:
   bytes [0, 512)    512 latent values, fp8 e4m3 (e4m3fn)
   bytes [512, 528)  4 fp32 scales, scale g for values [128 g, 128 g + 128)

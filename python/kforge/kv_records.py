@@ -5,8 +5,8 @@ dequantizers on torch tensors (fp8_ds_mla, V3.2's record, is kforge.fp8).
 The layouts are vLLM's module note in
 vllm/v1/attention/backends/mla/flashmla_sparse.py, cross-checked for V4
 against FlashMLA's reference quantizer tests/quant.py (MODEL1_FP8Sparse);
-the kernels read them in templates/kforge/sparse_mla/kv_format.cuh (sizes in
-config.h; docs/DESIGN.md). A page holds `pb` tokens (64 in vLLM, any >= 1
+the kernels read them in templates/kforge/sparse_mla/common/kv_format.cuh (sizes
+in kv_layout.h; docs/DESIGN.md). A page holds `pb` tokens (64 in vLLM, any >= 1
 here). ue8m0 e is the scale 2^(e - 127) (255: NaN).
 
   fp8_ds_mla_v4 (DeepSeek-V4), 584 B a token, width 512 (448 NoPE + 64

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kforge/sparse_mla/kv_format.cuh"
+#include "kforge/sparse_mla/common/kv_format.cuh"
 
 namespace ks = kforge::sparse_mla;
 

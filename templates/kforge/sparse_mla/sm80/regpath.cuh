@@ -1,6 +1,7 @@
-// The register pipeline of the sparse MLA main kernel (config.h
-// RegisterPipeline): a staged KV format's 16-head tile with no KV tile, no
-// staging buffer and no Q tile in shared memory.
+// The register pipeline of the sparse MLA main kernel (Pipeline::kRegister,
+// tiling.h RegisterPipeline; mma.sync, every arch): a staged KV format's
+// 16-head tile with no KV tile, no staging buffer and no Q tile in shared
+// memory.
 //
 // Warp w (of 4) owns a quarter of the latent columns: V columns
 // [128 w, 128 w + 128) as items 8 w .. 8 w + 7 (16 columns each) and, with
@@ -28,15 +29,16 @@
 // Partial S buffers alternate between tiles, so step 3's barrier is the
 // only one in the loop. O is the same fragment layout as PvMmaSync's, so
 // the epilogue is shared; every warp's row sum is the row's (RowSum).
-#ifndef KFORGE_SPARSE_MLA_REGPATH_CUH_
-#define KFORGE_SPARSE_MLA_REGPATH_CUH_
+#ifndef KFORGE_SPARSE_MLA_SM80_REGPATH_CUH_
+#define KFORGE_SPARSE_MLA_SM80_REGPATH_CUH_
 
 #include "kforge/common/ptx.cuh"
-#include "kforge/sparse_mla/config.h"
-#include "kforge/sparse_mla/decode_phases.cuh"
-#include "kforge/sparse_mla/decode_traits.cuh"
-#include "kforge/sparse_mla/kv_format.cuh"
-#include "kforge/sparse_mla/pv.cuh"
+#include "kforge/sparse_mla/common/decode_phases.cuh"
+#include "kforge/sparse_mla/common/decode_traits.cuh"
+#include "kforge/sparse_mla/common/kv_format.cuh"
+#include "kforge/sparse_mla/common/mma.cuh"
+#include "kforge/sparse_mla/common/params.h"
+#include "kforge/sparse_mla/common/tiling.h"
 
 namespace kforge {
 namespace sparse_mla {
@@ -78,10 +80,12 @@ struct RegQ {
   }
 };
 
-template <class T, int kClusterSplits_>
+// E: the entry (DecodeEntry), its epilogue.
+template <class T, class E>
 __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
-  static_assert(T::kRegPath && RegisterPipelineCovers(T::kShape),
-                "the register pipeline's shape (config.h RegisterPipelineCovers)");
+  static_assert(
+      E::kPipeline == Pipeline::kRegister && T::kRegPath && RegisterPipelineCovers(T::kShape),
+      "the register pipeline's shape (tiling.h RegisterPipelineCovers)");
   static_assert(T::kExtraTopk == 0, "the register pipeline reads one cache");
   static_assert(T::kVCols == 128 && T::kOM == 1 && T::kON == 16, "a warp's 128 V columns");
   using Kv = typename T::Kv;
@@ -93,7 +97,7 @@ __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
   const ThreadRoles r = MakeThreadRoles<T>();
   const int warp = r.warp, lane = r.lane, n = lane / 4, q = lane % 4;
 
-  BeginDecode<T, kClusterSplits_>(p, w);
+  BeginDecode<T, E>(p, w);
 
   const KvView v = MainKv(p);
   // Token 8 j + n of tile `tile`: its slot, or -1 past the split or length.
@@ -257,10 +261,10 @@ __device__ __forceinline__ void DecodeRegPath(const DecodeParams& p) {
       }
     }
   }
-  FinishDecode<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
+  FinishDecode<T, E>(p, w, sm, r, pv, o, stats);
 }
 
 }  // namespace sparse_mla
 }  // namespace kforge
 
-#endif  // KFORGE_SPARSE_MLA_REGPATH_CUH_
+#endif  // KFORGE_SPARSE_MLA_SM80_REGPATH_CUH_

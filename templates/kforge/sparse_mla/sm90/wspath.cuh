@@ -1,6 +1,7 @@
 // The warp-specialised pipeline of the sparse MLA main kernel (sm_90a;
-// config.h WarpSpecialized): the 64-head wgmma tiling of a staged KV format
-// (fp8_ds_mla, V4, V4.1, nvfp4) with a producer warpgroup.
+// Pipeline::kWarpSpecialized and kCrossoverPair, tiling.h WarpSpecialized):
+// the 64-head wgmma tiling of a staged KV format (fp8_ds_mla, V4, V4.1,
+// nvfp4) with a producer warpgroup.
 //
 // Warps 0..3 (the S warpgroup) compute S = Q K^T for all 64 tokens of a
 // tile (QkWgmma m64n64: Q is read from shared memory once a tile), mask,
@@ -34,16 +35,17 @@
 // columns 16 w + 4 q .. + 3. Eight lanes store the same item of eight rows
 // (distinct swizzled chunks: no bank conflicts), and each row's 16 units
 // are loaded by four lanes of one warp.
-#ifndef KFORGE_SPARSE_MLA_WSPATH_CUH_
-#define KFORGE_SPARSE_MLA_WSPATH_CUH_
+#ifndef KFORGE_SPARSE_MLA_SM90_WSPATH_CUH_
+#define KFORGE_SPARSE_MLA_SM90_WSPATH_CUH_
 
 #include "kforge/common/ptx.cuh"
-#include "kforge/sparse_mla/config.h"
-#include "kforge/sparse_mla/decode_phases.cuh"
-#include "kforge/sparse_mla/decode_traits.cuh"
-#include "kforge/sparse_mla/kv_format.cuh"
-#include "kforge/sparse_mla/pv.cuh"
-#include "kforge/sparse_mla/qk.cuh"
+#include "kforge/sparse_mla/common/decode_phases.cuh"
+#include "kforge/sparse_mla/common/decode_traits.cuh"
+#include "kforge/sparse_mla/common/kv_format.cuh"
+#include "kforge/sparse_mla/common/mma.cuh"
+#include "kforge/sparse_mla/common/params.h"
+#include "kforge/sparse_mla/common/tiling.h"
+#include "kforge/sparse_mla/sm90/qk.cuh"
 
 namespace kforge {
 namespace sparse_mla {
@@ -324,15 +326,17 @@ __device__ __forceinline__ void ReleaseTile(ptx::u32 empty) {
   }
 }
 
-// kPair: the crossover pair (WsProducePair), launched as clusters of 2
-// CTAs along the head groups (__cluster_dims__(2, 1, 1)).
-template <class T, int kClusterSplits_, bool kPair = false>
+// E: the entry (DecodeEntry), its pipeline and epilogue. E::kPair
+// (Pipeline::kCrossoverPair): the crossover pair (WsProducePair), launched
+// as clusters of 2 CTAs along the head groups (__cluster_dims__(2, 1, 1)).
+template <class T, class E>
 __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
+  constexpr bool kPair = E::kPair;
   static_assert(T::kWarpSpecialized && T::kWgmma && T::kWarps == 8 && T::kLandWarps == 4 &&
                     T::kTokenTile == 64 && T::kExtraTopk == 0,
-                "the warp-specialised pipeline: config.h WarpSpecialized, one cache");
-  static_assert(!kPair || (PairCovers(T::kShape) && kClusterSplits_ == 0),
-                "the crossover pair: config.h PairCovers, no split cluster");
+                "the warp-specialised pipeline: tiling.h WarpSpecialized, one cache");
+  static_assert(!kPair || (PairCovers(T::kShape) && E::kEpilogue == Epilogue::kSplit),
+                "the crossover pair: tiling.h PairCovers, no split cluster");
   // The pair's producer holds the next tile's records while converting.
   constexpr bool kAhead = PairLoadsAhead<T, kPair>();
   using Qk = QkWgmma<T>;
@@ -341,7 +345,7 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
   DecodeWork w = MakeDecodeWork<T>(p);
   const ThreadRoles r = MakeThreadRoles<T>();
   Qk::CheckSmemBase(sm.q_addr);
-  // config.h's bar region: full[kStages], empty[kStages], p_full, p_empty.
+  // tiling.h's bar region: full[kStages], empty[kStages], p_full, p_empty.
   const ptx::u32 full = ptx::SmemAddr(smem + T::kSmemBar);
   const ptx::u32 empty = full + 8 * T::kStages;
   const ptx::u32 p_full = empty + 8 * T::kStages, p_empty = p_full + 8;
@@ -365,7 +369,7 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
     __syncthreads();
   }
 
-  BeginDecode<T, kClusterSplits_>(p, w);
+  BeginDecode<T, E>(p, w);
   // Only the MMA warps copy Q and wait for it (the S warps read it): the
   // producer's first gather starts at once and flies while Q lands.
   if (r.mma) {
@@ -393,7 +397,7 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
       ptx::CpAsyncWait<0>();
     }
     OAccum<T> none;
-    FinishDecode<T, kClusterSplits_, false>(p, w, sm, r, pv, none, stats);
+    FinishDecode<T, E, false>(p, w, sm, r, pv, none, stats);
     // The pair: no CTA leaves while the other may still arrive on its
     // barriers.
     if constexpr (kPair) ptx::ClusterSync();
@@ -417,7 +421,7 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
       ReleaseTile<kPair>(empty + 8 * stage);
       ptx::MbarArrive(p_empty);
     }
-    FinishDecode<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
+    FinishDecode<T, E>(p, w, sm, r, pv, o, stats);
     if constexpr (kPair) ptx::ClusterSync();
     return;
   }
@@ -448,11 +452,11 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
     pv.Accumulate(o, sm, k_tile);
     ReleaseTile<kPair>(empty + 8 * stage);
   }
-  FinishDecode<T, kClusterSplits_>(p, w, sm, r, pv, o, stats);
+  FinishDecode<T, E>(p, w, sm, r, pv, o, stats);
   if constexpr (kPair) ptx::ClusterSync();
 }
 
 }  // namespace sparse_mla
 }  // namespace kforge
 
-#endif  // KFORGE_SPARSE_MLA_WSPATH_CUH_
+#endif  // KFORGE_SPARSE_MLA_SM90_WSPATH_CUH_

@@ -15,7 +15,7 @@
 //                       kv_row_stride (and the extra cache's) in units of
 //                       Elem.
 //   F::BytesPerToken(d_qk), F::StagingBytesPerToken(d_qk)
-//                       through F's base struct in config.h (the host sizes
+//                       through F's base struct in kv_layout.h (the host sizes
 //                       shared memory from the same constants). Staging 0
 //                       makes a direct format (`kStages` bf16 tiles), > 0 a
 //                       staged one (one bf16 tile and one staging buffer of
@@ -40,17 +40,17 @@
 //                       the tile. A staged format converts the staging
 //                       buffer into the bf16 tile (rows of invalid slots
 //                       must come out all zero) and ends with
-//                       PublishSmem<T>() (qk.cuh); after it returns the
-//                       staging buffer takes the next tile. A direct format
-//                       does nothing, or in a staged pipeline copies its
-//                       staged rows into the tile.
+//                       PublishSmem<T>() (decode_traits.cuh); after it
+//                       returns the staging buffer takes the next tile. A
+//                       direct format does nothing, or in a staged pipeline
+//                       copies its staged rows into the tile.
 //
 // A staged format may also provide the register pipeline's part
-// (regpath.cuh; config.h RegisterPipeline): warp w (of 4) owns latent items
-// 8 w .. 8 w + 7 (an item is 16 columns: V columns [128 w, 128 w + 128)) and,
-// with rope 64, rope item d_v / 16 + w; thread q = lane % 4 of a token takes
-// items 8 w + q and 8 w + 4 + q whole and columns 4 q .. 4 q + 3 of the rope
-// item:
+// (sm80/regpath.cuh; tiling.h RegisterPipeline): warp w (of 4) owns latent
+// items 8 w .. 8 w + 7 (an item is 16 columns: V columns [128 w, 128 w +
+// 128)) and, with rope 64, rope item d_v / 16 + w; thread q = lane % 4 of a
+// token takes items 8 w + q and 8 w + 4 + q whole and columns 4 q .. 4 q + 3
+// of the rope item:
 //   F::RegRaw           this thread's raw bytes of one token
 //   F::RegLoad<T, kPageBlock>(v, slot, ok, w, q, raw)
 //                       global loads into raw (zeros where !ok)
@@ -64,10 +64,10 @@
 //                       the rope columns 4 q .. 4 q + 3 as two bf16 pairs
 //                       (only formats with rope columns need it)
 //   F::kWsPrefetchL2, F::RegPrefetch<T, kPageBlock>(v, slot, ok)
-//                       the warp-specialised producer's (wspath.cuh): whether
-//                       it prefetches a token's bytes into L2 two tiles
-//                       ahead, and the prefetch (where true)
-//   F::kWsPairLoadAhead the crossover pair's producer (wspath.cuh
+//                       the warp-specialised producer's (sm90/wspath.cuh):
+//                       whether it prefetches a token's bytes into L2 two
+//                       tiles ahead, and the prefetch (where true)
+//   F::kWsPairLoadAhead the crossover pair's producer (sm90/wspath.cuh
 //                       WsProducePair): whether it loads the next tile's
 //                       bytes before converting this tile's (else after)
 //
@@ -76,16 +76,17 @@
 // of 512 e4m3, 4 fp32 scales and 64 bf16 rope), KvFp8DsMlaV4 (DeepSeek-V4,
 // 584 B page-blocked), KvMxfp8DsMlaV41 (DeepSeek-V4.1, 528 B page-blocked)
 // and KvNvfp4DsMla (352 B of e2m1, e4m3 rope and e4m3 scales); their byte
-// layouts are in config.h. The model's KV format table (model/spec.cc,
+// layouts are in kv_layout.h. The model's KV format table (model/spec.cc,
 // KvFormats) names the type for the codegen; DecodeMain does not change.
-#ifndef KFORGE_SPARSE_MLA_KV_FORMAT_CUH_
-#define KFORGE_SPARSE_MLA_KV_FORMAT_CUH_
+#ifndef KFORGE_SPARSE_MLA_COMMON_KV_FORMAT_CUH_
+#define KFORGE_SPARSE_MLA_COMMON_KV_FORMAT_CUH_
 
 #include "kforge/common/fp8.cuh"
 #include "kforge/common/ptx.cuh"
-#include "kforge/sparse_mla/config.h"
-#include "kforge/sparse_mla/decode_traits.cuh"
-#include "kforge/sparse_mla/qk.cuh"
+#include "kforge/sparse_mla/common/decode_traits.cuh"
+#include "kforge/sparse_mla/common/kv_layout.h"
+#include "kforge/sparse_mla/common/params.h"
+#include "kforge/sparse_mla/common/tiling.h"
 
 namespace kforge {
 namespace sparse_mla {
@@ -200,7 +201,7 @@ __device__ __forceinline__ void ForEachRowItem(const ThreadRoles& r, Fn&& fn) {
 
 // Stores item k of tile row `row` (out: 16 bf16, low column first) by
 // store(addr, 4 words) of its two 16-byte chunks: st.shared (StoreItem) or
-// a store into the crossover peer's tile (wspath.cuh). Lanes of odd column
+// a store into the crossover peer's tile (sm90/wspath.cuh). Lanes of odd column
 // blocks store their second chunk first, so each 8-lane phase of a 16-byte
 // store hits eight distinct chunks of 128 bytes when a warp converts one
 // row's consecutive items: no bank conflicts.
@@ -306,7 +307,7 @@ __device__ __forceinline__ void E2m1ItemToBf16(const ptx::u32 (&w)[2], float sca
   }
 }
 
-// The register pipelines' loads (regpath.cuh, wspath.cuh): read-only
+// The register pipelines' loads (sm80/regpath.cuh, sm90/wspath.cuh): read-only
 // global memory, zeros for an invalid slot. kL2Prefetch 0 is a plain load;
 // 256 adds ld's `.L2::256B` prefetch-size hint, so the L2 fetches the
 // aligned 256 bytes around a missed sector from DRAM at once (F::kL2Prefetch:
@@ -399,7 +400,7 @@ __device__ __forceinline__ void StageRecord(const KvView& v, int slot, bool ok,
   }
 }
 
-// A page-blocked format F's (config.h) data row and scale row of a slot:
+// A page-blocked format F's (kv_layout.h) data row and scale row of a slot:
 // within a page all kPageBlock data rows come first, then the scale rows.
 // An invalid slot gives page 0's first rows, for loads that are then
 // predicated off or zero-filled.
@@ -418,7 +419,7 @@ __device__ __forceinline__ PageBlockedRows PageBlockedRowsOf(const KvView& v, in
   return {page + i * F::kDataBytes, page + kPageBlock * F::kDataBytes + i * F::kScaleBytes};
 }
 
-// LoadRow of a page-blocked format F (config.h): the token's data row to
+// LoadRow of a page-blocked format F (kv_layout.h): the token's data row to
 // staging offset 0 and its scale row right after it (kDataBytes); an
 // invalid slot copies zeros (so its scales are ue8m0 0 and its values 0).
 template <class T, class F, int kPageBlock>
@@ -449,7 +450,7 @@ __device__ __forceinline__ void StagePageBlockedRecord(const KvView& v, int slot
   }
 }
 
-// fp8_ds_mla cache (KvFp8DsMlaSizes in config.h: 512 e4m3 + 4 fp32 scales
+// fp8_ds_mla cache (KvFp8DsMlaSizes in kv_layout.h: 512 e4m3 + 4 fp32 scales
 // + 64 bf16 rope = 656 B/token, 528 without rope). Staged whole; Land
 // converts e4m3 * scale to bf16 and copies the rope into the last block.
 // Invalid slots stage zeros, so their values, scales and rope are 0 and
@@ -505,7 +506,7 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
                              : make_uint2(0u, 0u);
   }
   // The warp-specialised producer does not prefetch these records into L2
-  // (wspath.cuh): measured 2% slower at 128 x 32 and 64 x 64, 2% faster at
+  // (sm90/wspath.cuh): measured 2% slower at 128 x 32 and 64 x 64, 2% faster at
   // 128 x 128 on the H200 (BENCH.md, "L2 prefetch").
   static constexpr bool kWsPrefetchL2 = false;
   // RegLoad's loads ask for the 256 bytes around each miss (RegLd16): the
@@ -527,7 +528,7 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
   }
 };
 
-// The ue8m0 page-blocked records (S: their Sizes in config.h): kE4m3Values
+// The ue8m0 page-blocked records (S: their Sizes in kv_layout.h): kE4m3Values
 // e4m3 columns with a ue8m0 scale per kScaleGroup, then any columns left
 // as bf16, data rows then scale rows per page. DeepSeek-V4
 // (KvFp8DsMlaV4Sizes: 448 e4m3 per 64, 64 bf16) and V4.1
@@ -595,8 +596,9 @@ struct KvUe8m0PageBlocked : S {
     }
   }
   // The warp-specialised producer prefetches a tile's data and scale rows
-  // into L2 two tiles ahead (wspath.cuh): DeepSeek-V4 on the H200, 128 x 32
-  // 75.8 -> 72.5 us, 64 x 64 79.7 -> 74.1 (BENCH.md, "L2 prefetch").
+  // into L2 two tiles ahead (sm90/wspath.cuh): DeepSeek-V4 on the H200,
+  // 128 x 32 75.8 -> 72.5 us, 64 x 64 79.7 -> 74.1 (BENCH.md, "L2
+  // prefetch").
   static constexpr bool kWsPrefetchL2 = true;
   // The pair's producer loads after converting: H200 128 x 128, V4 225-228
   // us against 240-244 loading ahead (BENCH.md, "crossover pairs"); V4.1
@@ -789,4 +791,4 @@ __device__ __forceinline__ void LandKvTile(const DecodeWork& w, int t, const Dec
 }  // namespace sparse_mla
 }  // namespace kforge
 
-#endif  // KFORGE_SPARSE_MLA_KV_FORMAT_CUH_
+#endif  // KFORGE_SPARSE_MLA_COMMON_KV_FORMAT_CUH_

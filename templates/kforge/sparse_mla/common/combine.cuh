@@ -1,7 +1,7 @@
 // Merges the per-split partial results of decode.cuh:
 //   lse = log(sum_i exp(lse_i)),  O = sum_i exp(lse_i - lse) O_i
 // One warp per (query token, head, column slice: CombineSlices in
-// config.h); each lane owns pairs of the slice's columns.
+// params.h); each lane owns pairs of the slice's columns.
 // A head whose splits are all empty (every index invalid) gets O = 0 and
 // lse = -inf, never NaN.
 //
@@ -10,12 +10,12 @@
 // round trip at a time: the split lse values of a chunk of 32 splits are
 // loaded at once, one per lane, and their weights broadcast with shuffles;
 // the partial rows of kUnroll splits are loaded before any is accumulated.
-#ifndef KFORGE_SPARSE_MLA_COMBINE_CUH_
-#define KFORGE_SPARSE_MLA_COMBINE_CUH_
+#ifndef KFORGE_SPARSE_MLA_COMMON_COMBINE_CUH_
+#define KFORGE_SPARSE_MLA_COMMON_COMBINE_CUH_
 
 #include "kforge/common/ptx.cuh"
-#include "kforge/sparse_mla/config.h"
-#include "kforge/sparse_mla/sink.cuh"
+#include "kforge/sparse_mla/common/params.h"
+#include "kforge/sparse_mla/common/sink.cuh"
 
 namespace kforge {
 namespace sparse_mla {
@@ -118,4 +118,4 @@ __device__ __forceinline__ void Combine(const CombineParams& p) {
 }  // namespace sparse_mla
 }  // namespace kforge
 
-#endif  // KFORGE_SPARSE_MLA_COMBINE_CUH_
+#endif  // KFORGE_SPARSE_MLA_COMMON_COMBINE_CUH_

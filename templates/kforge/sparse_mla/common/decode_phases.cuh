@@ -1,17 +1,18 @@
-// The phases of the sparse MLA main kernel (decode.cuh runs them in order).
+// The phases of the sparse MLA main kernel, shared by its pipelines
+// (decode.cuh picks one; lockstep.cuh runs them in order).
 // Each is __forceinline__: DecodeMain compiles to one straight function, the
 // split only names the steps. Register fragments follow the mma.sync m16n8
 // C layout: thread (lane) holds rows lane / 4 and lane / 4 + 8 of each m16
 // tile (index h = 0, 1) and columns 2 * (lane % 4) + {0, 1} of each n8 tile.
-#ifndef KFORGE_SPARSE_MLA_DECODE_PHASES_CUH_
-#define KFORGE_SPARSE_MLA_DECODE_PHASES_CUH_
+#ifndef KFORGE_SPARSE_MLA_COMMON_DECODE_PHASES_CUH_
+#define KFORGE_SPARSE_MLA_COMMON_DECODE_PHASES_CUH_
 
 #include "kforge/common/ptx.cuh"
-#include "kforge/sparse_mla/config.h"
-#include "kforge/sparse_mla/decode_traits.cuh"
-#include "kforge/sparse_mla/pv.cuh"
-#include "kforge/sparse_mla/qk.cuh"
-#include "kforge/sparse_mla/sink.cuh"
+#include "kforge/sparse_mla/common/decode_traits.cuh"
+#include "kforge/sparse_mla/common/mma.cuh"
+#include "kforge/sparse_mla/common/params.h"
+#include "kforge/sparse_mla/common/sink.cuh"
+#include "kforge/sparse_mla/common/tiling.h"
 
 namespace kforge {
 namespace sparse_mla {
@@ -205,7 +206,7 @@ __device__ __forceinline__ void RescaleO(OAccum<T>& o, const PvPhase<T>& pv, con
 // MMA warps), then a CTA barrier: after it no warp reads the Q or KV tiles
 // any more, and every thread's copies have landed (the caller waited).
 // kWithO false: the caller holds no statistics (the warp-specialised
-// pipeline's producer warps, wspath.cuh) and only meets the barrier.
+// pipeline's producer warps, sm90/wspath.cuh) and only meets the barrier.
 template <class T, bool kWithO = true>
 __device__ __forceinline__ void PublishRowStats(const DecodeSmem& sm, const ThreadRoles& r,
                                                 const RowStats<T>& stats) {
@@ -242,14 +243,15 @@ __device__ __forceinline__ float RowSum(const DecodeSmem& sm, int row) {
   return l;
 }
 
-// Row sums across warps, normalisation and the write: bf16 O and lse for a
-// single split, else fp32 partial O and lse to the workspace (combine.cuh).
+// The split epilogue (Epilogue::kSplit): row sums across warps,
+// normalisation and the write: bf16 O and lse for a single split, else fp32
+// partial O and lse to the workspace (combine.cuh).
 // kWithO false: a caller without O or statistics (PublishRowStats).
 template <class T, bool kWithO = true>
-__device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork& w,
-                                         const DecodeSmem& sm, const ThreadRoles& r,
-                                         const PvPhase<T>& pv, const OAccum<T>& o,
-                                         const RowStats<T>& stats) {
+__device__ __forceinline__ void SplitEpilogue(const DecodeParams& p, const DecodeWork& w,
+                                              const DecodeSmem& sm, const ThreadRoles& r,
+                                              const PvPhase<T>& pv, const OAccum<T>& o,
+                                              const RowStats<T>& stats) {
   PublishRowStats<T, kWithO>(sm, r, stats);
   if (!kWithO || !r.mma) return;
   const bool single = p.num_splits == 1;
@@ -292,11 +294,11 @@ __device__ __forceinline__ void Epilogue(const DecodeParams& p, const DecodeWork
   }
 }
 
-// The cluster entries' epilogue (kClusterSplits, kMainClusterSplits in
-// config.h): the CTAs of a
-// cluster are the splits of one (head group, query token). Each writes its
-// normalised O and lse (log2 domain) to its merge buffer; after a cluster
-// barrier, CTA `rank` merges column pairs [rank, rank + 1) * kPairs of
+// The cluster entries' epilogue (Epilogue::kClusterMerge; kClusterSplits,
+// kMainClusterSplits in tiling.h): the CTAs of a cluster are the splits of
+// one (head group, query token). Each writes its normalised O and lse (log2
+// domain) to its merge buffer; after a cluster barrier, CTA `rank` merges
+// column pairs [rank, rank + 1) * kPairs of
 // every real row over all the splits' buffers (distributed shared memory),
 //   lse = log(sum_j exp(lse_j)),  O = sum_j exp(lse_j - lse) O_j,
 // and writes bf16 O (and lse) itself: no workspace, no combine kernel. A
@@ -308,7 +310,7 @@ __device__ __forceinline__ void ClusterMergeEpilogue(const DecodeParams& p, cons
                                                      const PvPhase<T>& pv, const OAccum<T>& o,
                                                      const RowStats<T>& stats) {
   static_assert(ClusterMergeFits(T::kShape, kSplits),
-                "the cluster entry needs ClusterMergeFits (config.h)");
+                "the cluster entry needs ClusterMergeFits (tiling.h)");
   static_assert(T::kSmemQ == 0, "the merge buffer starts at the shared-memory base");
   constexpr ClusterMergeLayout kL = MakeClusterMergeLayout(T::kShape);
   constexpr int kPairs = T::kDv / 2 / kSplits;  // column pairs per CTA
@@ -379,23 +381,23 @@ __device__ __forceinline__ void ClusterMergeEpilogue(const DecodeParams& p, cons
   ptx::ClusterSync();
 }
 
-// A main-kernel entry's epilogue: the cluster merge in a cluster entry
-// (kClusterSplits_ > 0), else Epilogue. kWithO false: a caller without O or
-// statistics (the warp-specialised pipeline's producer) that meets the
-// barriers.
-template <class T, int kClusterSplits_, bool kWithO = true>
+// A main-kernel entry's epilogue, by the entry's name (E, a DecodeEntry):
+// the cluster merge (Epilogue::kClusterMerge), else SplitEpilogue (kSplit).
+// kWithO false: a caller without O or statistics (the warp-specialised
+// pipeline's producer) that meets the barriers.
+template <class T, class E, bool kWithO = true>
 __device__ __forceinline__ void FinishDecode(const DecodeParams& p, const DecodeWork& w,
                                              const DecodeSmem& sm, const ThreadRoles& r,
                                              const PvPhase<T>& pv, const OAccum<T>& o,
                                              const RowStats<T>& stats) {
-  if constexpr (kClusterSplits_ > 0) {
-    ClusterMergeEpilogue<T, kClusterSplits_, kWithO>(p, w, sm, r, pv, o, stats);
+  if constexpr (E::kEpilogue == Epilogue::kClusterMerge) {
+    ClusterMergeEpilogue<T, E::kClusterSplits, kWithO>(p, w, sm, r, pv, o, stats);
   } else {
-    Epilogue<T, kWithO>(p, w, sm, r, pv, o, stats);
+    SplitEpilogue<T, kWithO>(p, w, sm, r, pv, o, stats);
   }
 }
 
 }  // namespace sparse_mla
 }  // namespace kforge
 
-#endif  // KFORGE_SPARSE_MLA_DECODE_PHASES_CUH_
+#endif  // KFORGE_SPARSE_MLA_COMMON_DECODE_PHASES_CUH_

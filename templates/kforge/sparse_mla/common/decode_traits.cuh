@@ -1,12 +1,15 @@
-// Compile-time traits of the sparse MLA main kernel and the per-CTA context
-// its phases share (shared-memory pointers, the work item, thread roles).
-// Every number here is derived from config.h (DecodeShape -> DecodeDims,
-// DecodeSmemLayout), which the host codegen uses too.
-#ifndef KFORGE_SPARSE_MLA_DECODE_TRAITS_CUH_
-#define KFORGE_SPARSE_MLA_DECODE_TRAITS_CUH_
+// Compile-time traits of the sparse MLA main kernel, the schedule of one
+// entry, and the per-CTA context its phases share (shared-memory pointers,
+// the work item, thread roles). Every number here is derived from
+// tiling.h (DecodeShape -> DecodeDims, DecodeSmemLayout), which the host
+// planner and codegen use too.
+#ifndef KFORGE_SPARSE_MLA_COMMON_DECODE_TRAITS_CUH_
+#define KFORGE_SPARSE_MLA_COMMON_DECODE_TRAITS_CUH_
 
 #include "kforge/common/ptx.cuh"
-#include "kforge/sparse_mla/config.h"
+#include "kforge/sparse_mla/common/kv_layout.h"
+#include "kforge/sparse_mla/common/params.h"
+#include "kforge/sparse_mla/common/tiling.h"
 
 namespace kforge {
 namespace sparse_mla {
@@ -32,46 +35,77 @@ struct IsSame<A, A> {
   static constexpr bool value = true;
 };
 
+// Void<X...>::type is void (std::void_t): detects a config's optional
+// members.
+template <class...>
+struct Void {
+  using type = void;
+};
+
 // Instantiated by DecodeTraits only to report a rejected tiling: the
 // compiler's "during instantiation of AssertTilingOk<...>" note names the
-// TilingError (see CheckDecodeTiling in config.h).
+// TilingError (see CheckDecodeTiling in tiling.h).
 template <TilingError kError>
 struct AssertTilingOk {
   static_assert(kError == TilingError::kOk,
-                "CheckDecodeTiling (config.h) rejects this DecodeTraits "
+                "CheckDecodeTiling (tiling.h) rejects this DecodeTraits "
                 "tiling; the TilingError is this template's argument");
   static constexpr bool value = true;
 };
 
-// kWarps_ warps run the MMAs and the softmax; kLandWarps_ more only load Q,
-// gather, land (a staged format's dequantisation) and merge.
-// KvFormat_: a KV cache format type (kv_format.cuh), e.g. KvBf16.
-// kExtraTopk_ > 0: the kernel also attends an extra cache (spec extra_kv) of
-// format ExtraKvFormat_ with kExtraPageBlock_ tokens per page,
-// kExtraTopk_ indices per query token, in the same softmax.
-template <int kNumHeads_, int kDv_, int kRope_, int kTopk_, int kHeadTile_, int kHeadsPerGroup_,
-          int kTokenTile_, int kStages_, int kWarps_, int kLandWarps_, int kPageBlock_,
-          bool kReturnLse_, bool kWgmma_, class KvFormat_, int kExtraTopk_ = 0,
-          int kExtraPageBlock_ = 1, class ExtraKvFormat_ = KvFormat_>
+// The extra KV cache a config names (spec extra_kv: kExtraTopk indices per
+// query token of format ExtraKv, kExtraPageBlock tokens per page, attended
+// in the same softmax), or none: a config without ExtraKv has kExtraTopk 0.
+template <class C, class = void>
+struct ExtraKvOf {
+  using Kv = typename C::Kv;
+  static constexpr int kTopk = 0;
+  static constexpr int kPageBlock = 1;
+};
+template <class C>
+struct ExtraKvOf<C, typename Void<typename C::ExtraKv>::type> {
+  using Kv = typename C::ExtraKv;
+  static constexpr int kTopk = C::kExtraTopk;
+  static constexpr int kPageBlock = C::kExtraPageBlock;
+};
+
+// Config: the generated unit's named config (compiler/codegen.cc
+// GenerateSource), a struct of static constexpr members:
+//   the spec       kNumHeads, kDv (kv_lora_rank), kRope, kTopk, kPageBlock,
+//                  kReturnLse, and Kv, the KV cache format type
+//                  (kv_format.cuh, e.g. KvBf16); optionally the extra cache
+//                  (ExtraKvOf: kExtraTopk, kExtraPageBlock, ExtraKv)
+//   the tiling     kHeadTile, kHeadsPerGroup, kTokenTile, kStages, kWarps
+//                  (those that run the MMAs and the softmax), kLandWarps
+//                  (more that only load Q, gather, land a staged format's
+//                  dequantisation and merge)
+//   the schedule   kPipeline and kMma (tiling.h), checked against the
+//                  tiling: kMma sets the shape's wgmma, kPipeline must be
+//                  PipelineOf the shape
+template <class Config>
 struct DecodeTraits {
-  using Kv = KvFormat_;
-  using ExtraKv = ExtraKvFormat_;
-  static constexpr int kExtraTopk = kExtraTopk_;
-  static constexpr int kExtraPageBlock = kExtraPageBlock_;
-  static constexpr int kNumHeads = kNumHeads_;
-  static constexpr int kDv = kDv_;
-  static constexpr int kRope = kRope_;
-  static constexpr int kTopk = kTopk_;
-  static constexpr int kHeadTile = kHeadTile_;
-  static constexpr int kHeadsPerGroup = kHeadsPerGroup_;
-  static constexpr int kTokenTile = kTokenTile_;
-  static constexpr int kStages = kStages_;
-  static constexpr int kWarps = kWarps_;
-  static constexpr int kLandWarps = kLandWarps_;
-  static constexpr int kPageBlock = kPageBlock_;
-  static constexpr bool kReturnLse = kReturnLse_;
-  // S = Q K^T with sm_90a warpgroup MMA (wgmma) instead of mma.sync.
-  static constexpr bool kWgmma = kWgmma_;
+  using Kv = typename Config::Kv;
+  using ExtraKv = typename ExtraKvOf<Config>::Kv;
+  static constexpr int kExtraTopk = ExtraKvOf<Config>::kTopk;
+  static constexpr int kExtraPageBlock = ExtraKvOf<Config>::kPageBlock;
+  static constexpr int kNumHeads = Config::kNumHeads;
+  static constexpr int kDv = Config::kDv;
+  static constexpr int kRope = Config::kRope;
+  static constexpr int kTopk = Config::kTopk;
+  static constexpr int kHeadTile = Config::kHeadTile;
+  static constexpr int kHeadsPerGroup = Config::kHeadsPerGroup;
+  static constexpr int kTokenTile = Config::kTokenTile;
+  static constexpr int kStages = Config::kStages;
+  static constexpr int kWarps = Config::kWarps;
+  static constexpr int kLandWarps = Config::kLandWarps;
+  static constexpr int kPageBlock = Config::kPageBlock;
+  static constexpr bool kReturnLse = Config::kReturnLse;
+  static constexpr Pipeline kPipeline = Config::kPipeline;
+  static constexpr Mma kMma = Config::kMma;
+  static_assert(kMma == Mma::kMmaSync || kMma == Mma::kWgmma, "Mma: kMmaSync or kWgmma");
+  // S = Q K^T and O += P V with sm_90a warpgroup MMA (wgmma) instead of
+  // mma.sync.
+  static constexpr bool kWgmma = kMma == Mma::kWgmma;
 
   static constexpr DecodeShape kShape = {
       kDv,
@@ -87,6 +121,10 @@ struct DecodeTraits {
                            kExtraTopk > 0 ? ExtraKv::BytesPerToken(kDv + kRope) : 0),
       kLandWarps};
   static_assert(AssertTilingOk<CheckDecodeTiling(kShape)>::value, "");
+  static_assert(kPipeline == PipelineOf(kShape, kPipeline == Pipeline::kCrossoverPair),
+                "the config's Pipeline is not its tiling's (tiling.h PipelineOf)");
+  static_assert(kPipeline != Pipeline::kCrossoverPair || PairCovers(kShape),
+                "a crossover-pair tiling needs tiling.h PairCovers");
   static_assert(kNumHeads >= 1 && kNumHeads <= 128, "1..128 heads");
   static_assert(kPageBlock >= 1 && kExtraPageBlock >= 1, "page block size");
   static_assert(kExtraTopk >= 0, "extra topk");
@@ -111,12 +149,13 @@ struct DecodeTraits {
   static constexpr int kTileBytes = kTokenTile * kDqk * 2;
   // Staged formats: one bf16 tile and one staging buffer (StagedPipeline).
   static constexpr bool kStaged = StagedPipeline(kShape);
-  // The register pipeline (config.h RegisterPipeline, regpath.cuh): the KV
-  // format's bytes go to registers, not to a staging buffer.
-  static constexpr bool kRegPath = RegisterPipeline(kShape);
-  // The warp-specialised pipeline (config.h WarpSpecialized, wspath.cuh):
-  // the land-only warps are a producer warpgroup feeding kStages bf16 tiles.
-  static constexpr bool kWarpSpecialized = WarpSpecialized(kShape);
+  // The register pipeline (sm80/regpath.cuh): the KV format's bytes go to
+  // registers, not to a staging buffer.
+  static constexpr bool kRegPath = kPipeline == Pipeline::kRegister;
+  // The warp-specialised pipeline (sm90/wspath.cuh), paired or not: the
+  // land-only warps are a producer warpgroup feeding kStages bf16 tiles.
+  static constexpr bool kWarpSpecialized =
+      kPipeline == Pipeline::kWarpSpecialized || kPipeline == Pipeline::kCrossoverPair;
   static constexpr int kStagingBytesPerToken = kShape.kv_staging_bytes_per_token;
   static constexpr int kStagingBytes = kTokenTile * kStagingBytesPerToken;
   // S = Q K^T warp layout: kWarpsM x kWarpsN warps, each (kSM * 16) x
@@ -128,8 +167,8 @@ struct DecodeTraits {
   // O = P V with mma.sync: every warp owns all heads and kVCols columns.
   static constexpr int kVCols = DeriveDecodeDims(kShape).v_cols;
   static constexpr int kVN = DeriveDecodeDims(kShape).v_n;
-  // O accumulator per thread: kOM x kON m16n8 C fragments (pv.cuh says
-  // which rows and columns).
+  // O accumulator per thread: kOM x kON m16n8 C fragments (common/mma.cuh
+  // says which rows and columns).
   static constexpr int kOM = DeriveDecodeDims(kShape).o_m;
   static constexpr int kON = DeriveDecodeDims(kShape).o_n;
   static constexpr int kPStride = DeriveDecodeDims(kShape).p_stride;
@@ -147,6 +186,41 @@ struct DecodeTraits {
   static constexpr int kSmemBar = MakeDecodeSmemLayout(kShape).bar;
   static constexpr int kSmemBytes = MakeDecodeSmemLayout(kShape).bytes;
 };
+
+// One main-kernel entry's schedule (the generated unit names it:
+// DecodeMain<Traits, kPipeline, kEpilogue, kClusterSplits>): the pipeline
+// it runs, its tiling's (a crossover-pair tiling's cluster entries run it
+// unpaired, kWarpSpecialized), and how it finishes: kSplit, or
+// kClusterMerge over a compiled-in cluster of kClusterSplits CTAs along
+// grid.y (kClusterSplits, kMainClusterSplits in tiling.h).
+template <Pipeline kPipeline_, Epilogue kEpilogue_, int kClusterSplits_ = 0>
+struct DecodeEntry {
+  static constexpr Pipeline kPipeline = kPipeline_;
+  static constexpr Epilogue kEpilogue = kEpilogue_;
+  static constexpr int kClusterSplits = kClusterSplits_;
+  static_assert(kEpilogue == Epilogue::kSplit || kEpilogue == Epilogue::kClusterMerge,
+                "Epilogue: kSplit or kClusterMerge");
+  static_assert((kEpilogue == Epilogue::kClusterMerge) == (kClusterSplits > 0),
+                "a cluster merge, and only it, has its split count");
+  // The crossover pair: a 2-CTA cluster over two head groups.
+  static constexpr bool kPair = kPipeline == Pipeline::kCrossoverPair;
+};
+
+// The O accumulator of one thread: kOM x kON m16n8 C fragments (the MMA
+// implementation says which rows and columns: common/mma.cuh).
+template <class T>
+using OAccum = float[T::kOM][T::kON][4];
+
+// Makes this thread's shared-memory writes of a KV tile (cp.async landed,
+// or a KV format's conversion) visible to the whole CTA and to the S
+// phase's reads; every thread calls it after its last write of the tile.
+// cp.async and st.shared write through the generic proxy; wgmma reads
+// through the async proxy, so its tiles take a proxy fence first.
+template <class T>
+__device__ __forceinline__ void PublishSmem() {
+  if constexpr (T::kMma == Mma::kWgmma) ptx::FenceProxyAsync();
+  __syncthreads();
+}
 
 // This CTA's shared memory, carved by DecodeSmemLayout.
 struct DecodeSmem {
@@ -271,17 +345,17 @@ __device__ __forceinline__ void ApplyTopkLength(const DecodeParams& p, DecodeWor
 // call's combine, or the engine's kernel that wrote Q, the indices and
 // their lengths) has finished: wait for it before any global access, then
 // let the next kernel be scheduled, to wait in turn; then cut the work at
-// the token's lengths. A cluster entry (kClusterSplits > 0) traps unless
-// its grid.y is its cluster, one CTA per split: any other launch would
-// merge the wrong partials.
-template <class T, int kClusterSplits>
+// the token's lengths. A cluster-merge entry (E, a DecodeEntry) traps
+// unless its grid.y is its cluster, one CTA per split: any other launch
+// would merge the wrong partials.
+template <class T, class E>
 __device__ __forceinline__ void BeginDecode(const DecodeParams& p, DecodeWork& w) {
   ptx::WaitForPriorGrids();
   ptx::AllowDependentLaunch();
   ApplyTopkLength<T>(p, w);
-  if constexpr (kClusterSplits > 0) {
-    if (gridDim.y != kClusterSplits || p.num_splits != kClusterSplits ||
-        ptx::ClusterNumCtas() != kClusterSplits)
+  if constexpr (E::kEpilogue == Epilogue::kClusterMerge) {
+    if (gridDim.y != E::kClusterSplits || p.num_splits != E::kClusterSplits ||
+        ptx::ClusterNumCtas() != E::kClusterSplits)
       __trap();
   }
 }
@@ -314,4 +388,4 @@ __device__ __forceinline__ ThreadRoles MakeThreadRoles() {
 }  // namespace sparse_mla
 }  // namespace kforge
 
-#endif  // KFORGE_SPARSE_MLA_DECODE_TRAITS_CUH_
+#endif  // KFORGE_SPARSE_MLA_COMMON_DECODE_TRAITS_CUH_

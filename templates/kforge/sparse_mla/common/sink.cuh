@@ -8,8 +8,8 @@
 // vLLM's V4 reference keeps it. Applied once per (query token, head) where
 // the result is final: the single-split epilogue, the cluster merge and the
 // combine kernel.
-#ifndef KFORGE_SPARSE_MLA_SINK_CUH_
-#define KFORGE_SPARSE_MLA_SINK_CUH_
+#ifndef KFORGE_SPARSE_MLA_COMMON_SINK_CUH_
+#define KFORGE_SPARSE_MLA_COMMON_SINK_CUH_
 
 namespace kforge {
 namespace sparse_mla {
@@ -25,4 +25,4 @@ __device__ __forceinline__ float SinkFactor(const float* sink, int head, float l
 }  // namespace sparse_mla
 }  // namespace kforge
 
-#endif  // KFORGE_SPARSE_MLA_SINK_CUH_
+#endif  // KFORGE_SPARSE_MLA_COMMON_SINK_CUH_

@@ -1,268 +1,78 @@
-// Shared by the host (codegen, runtime) and the device templates: the kernel
-// parameter blocks, the tiling rule of the main kernel and its shared-memory
-// layout, each written once. Plain C++ with fundamental types only, so it
-// compiles under NVRTC with no toolkit headers and byte-for-byte identically
-// on the host.
-#ifndef KFORGE_SPARSE_MLA_CONFIG_H_
-#define KFORGE_SPARSE_MLA_CONFIG_H_
+// The tiling of the sparse MLA main kernel: its compile-time shape
+// (DecodeShape), the pipeline and MMA it runs, by name (Pipeline, Mma,
+// PipelineOf), the validity rule (CheckDecodeTiling), the quantities derived
+// from a shape and its shared-memory layout, and the cluster entries'
+// merge layout. Each is written once: DecodeTraits (decode_traits.cuh)
+// evaluates them on the device and the host planner and codegen call the
+// same functions, so a unit is never emitted that fails to compile. Plain
+// C++ with fundamental types only, shared by the host and NVRTC.
+#ifndef KFORGE_SPARSE_MLA_COMMON_TILING_H_
+#define KFORGE_SPARSE_MLA_COMMON_TILING_H_
 
+#if !defined(KFORGE_HD)
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define KFORGE_HD __host__ __device__
 #else
 #define KFORGE_HD
 #endif
+#endif
 
 namespace kforge {
 namespace sparse_mla {
 
-// Parameter block of the main kernel, passed by value. Strides are in
-// elements of the pointed-to type. All pointers are device pointers.
-struct DecodeParams {
-  const unsigned short* q;   // bf16 [num_tokens, num_q_heads, d_qk]; not null
-  const unsigned short* kv;  // bf16 cache; row of slot s at
-                             // (s / page_block) * kv_page_stride +
-                             // (s % page_block) * kv_row_stride; not null
-  const int* indices;        // int32 [num_tokens, topk]; -1 or >= num_kv_slots
-                             // means "no token"; not null
-  unsigned short* out;       // bf16 [num_tokens, num_q_heads, d_v]; not null
-  float* lse;                // fp32 [num_tokens, num_q_heads], natural log;
-                             // may be null (then not written)
-  float* o_accum;            // fp32 [num_splits, num_tokens, num_q_heads, d_v];
-                             // workspace, null when num_splits == 1
-  float* lse_accum;          // fp32 [num_splits, num_tokens, num_q_heads]; workspace,
-                             // null when num_splits == 1
-  const int* topk_length;    // int32, one per topk_length_tokens query tokens:
-                             // only the first topk_length[token /
-                             // topk_length_tokens] indices of a token count
-                             // (clamped to 0..topk; the rest are not read);
-                             // null: all topk
-  const float* sink;         // fp32 [num_q_heads] attention sink logits
-                             // (sink.cuh); null: none. Read where O is final
-                             // (num_splits == 1, cluster entries), else by
-                             // the combine
-  // The extra KV cache (spec extra_kv: DeepSeek-V4's sliding-window tokens
-  // beside the top-k ones), attended in the same softmax; its format, top-k
-  // and page size are the spec's extra_kv, compiled in. Null / 0 in a kernel
-  // built without one (never read there); not null in one built with one.
-  const unsigned short* extra_kv;  // addressed as kv, with the extra strides
-  const int* extra_indices;        // int32 [num_tokens, extra topk]; -1 or
-                                   // >= extra_num_kv_slots: no token
-  const int* extra_topk_length;    // like topk_length (same
-                                   // topk_length_tokens), for extra_indices
-  long long q_token_stride;
-  long long q_head_stride;
-  long long kv_page_stride;
-  long long kv_row_stride;
-  long long num_kv_slots;
-  long long indices_stride;  // between query tokens
-  long long out_token_stride;
-  long long out_head_stride;
-  long long extra_kv_page_stride;
-  long long extra_kv_row_stride;
-  long long extra_num_kv_slots;
-  long long extra_indices_stride;
-  int num_tokens;          // batch * s_q
-  int num_splits;          // >= 1; grid.y
-  int tokens_per_split;    // multiple of the token tile; splits cover the
-                           // key positions [0, KeySpan) (below)
-  int topk_length_tokens;  // query tokens per topk_length entry: 1 (one per
-                           // token) or s_q (one per request); >= 1
+// ---------------------------------------------------------------------------
+// A schedule by name. Each number is that of the proto enum of the same
+// name (proto/kforge/v1/artifact.proto Pipeline, Mma, Epilogue), which the
+// host asserts, so a tiling, the artifact and the generated unit name a
+// schedule alike.
+
+// How a tiling moves KV tiles through the CTA (docs/KERNEL.md,
+// "Pipelines"); PipelineOf names a shape's.
+enum class Pipeline : int {
+  // Every warp gathers (and lands) the next tile, then all compute this
+  // one, between CTA barriers; stages-deep (common/lockstep.cuh).
+  kLockstep = 1,
+  // A staged format's 16-head tile: each warp loads its quarter of the
+  // columns into registers one tile ahead and converts them there; no KV
+  // tile in shared memory (stages 1; sm80/regpath.cuh, mma.sync).
+  kRegister = 2,
+  // sm_90a: a producer warpgroup fills the bf16 tiles while two wgmma
+  // warpgroups compute, handed over through mbarriers (sm90/wspath.cuh).
+  kWarpSpecialized = 3,
+  // The warp-specialised pipeline run as 2-CTA clusters over two head
+  // groups, each CTA converting half of every tile into both CTAs' tiles
+  // (sm90/wspath.cuh WsProducePair).
+  kCrossoverPair = 4,
 };
 
-// Parameter block of the combine kernel (only launched when num_splits > 1).
-struct CombineParams {
-  const float* o_accum;    // fp32 [num_splits, num_tokens, num_q_heads, d_v]
-  const float* lse_accum;  // fp32 [num_splits, num_tokens, num_q_heads]
-  unsigned short* out;     // bf16 [num_tokens, num_q_heads, d_v]
-  float* lse;              // fp32 [num_tokens, num_q_heads]; may be null
-  const float* sink;       // fp32 [num_q_heads]; may be null (DecodeParams::sink)
-  long long out_token_stride;
-  long long out_head_stride;
-  int num_tokens;
-  int num_splits;
-  int column_slices;  // warps per (token, head): 1 or CombineSlices(d_v)
-                      // (CombineColumnSlices); grid.y = ceil(heads *
-                      // column_slices / kCombineWarps)
-  int reserved;       // keeps the block a multiple of 8 bytes
+// The instruction that computes S = Q K^T and O += P V.
+enum class Mma : int {
+  kMmaSync = 1,  // mma.sync m16n8k16, every arch (sm80/qk.cuh, sm80/pv.cuh)
+  kWgmma = 2,    // sm_90a warpgroup MMA (sm90/qk.cuh, sm90/pv.cuh)
 };
 
-// The key positions a query token's splits cover: its topk indices, then,
-// with an extra cache, its extra_topk ones from position
-// MainKeySpan = topk rounded up to whole token tiles, so every tile reads
-// one cache (one format). The launch rule (model/launch.cc) splits this
-// range; the kernel maps positions back (DecodeWork).
-KFORGE_HD constexpr int MainKeySpan(int topk, int extra_topk, int token_tile) {
-  return extra_topk > 0 ? (topk + token_tile - 1) / token_tile * token_tile : topk;
-}
-KFORGE_HD constexpr int KeySpan(int topk, int extra_topk, int token_tile) {
-  return MainKeySpan(topk, extra_topk, token_tile) + extra_topk;
-}
+// How a main-kernel entry finishes its split of the keys.
+enum class Epilogue : int {
+  // One CTA a split: with one split it writes O directly, else fp32
+  // partials that the combine kernel merges (decode_phases.cuh SplitEpilogue).
+  kSplit = 1,
+  // The splits are one thread-block cluster and merge through distributed
+  // shared memory in the kernel: no combine, no workspace
+  // (ClusterMergeEpilogue).
+  kClusterMerge = 2,
+};
 
 // Threads that gather one KV row together: 8 x 16 B = 128 contiguous bytes
 // per row per warp instruction (every d_qk is a multiple of 64 elements, so
 // a row is always a whole number of 8-chunk groups).
 constexpr int kThreadsPerRow = 8;
-// Warps of the combine kernel's block.
-constexpr int kCombineWarps = 4;
-
-// Column slices of one head's output row in the combine kernel: one warp per
-// (query token, head, slice), each lane a pair of columns per 64 (so d_v 512
-// gives 4 slices of 128 columns, 2 float2 per lane). A slice is a whole
-// number of 64-column groups: 4 where d_v / 64 divides by 4, else 2 where it
-// divides by 2, else 1.
-KFORGE_HD constexpr int CombineSlices(int d_v) {
-  return (d_v / 64) % 4 == 0 ? 4 : ((d_v / 64) % 2 == 0 ? 2 : 1);
-}
-
-// The slices a combine launch uses: CombineSlices(d_v) while the combine has
-// few warps (tokens x heads <= 8 per SM), where it is latency-bound and more
-// warps with fewer loads each finish sooner (H200, BENCH.md 2026-12-02: 64 x 1
-// 12.5 -> 11.9 us, fp8 8 x 1 13.6 -> 12.1); 1 above, where it is
-// bandwidth-bound and the per-warp fixed work (lse loads, reductions) of 4x
-// the warps cost 5-8% at 64 x 64 and 128 x 32.
-KFORGE_HD constexpr int CombineColumnSlices(int d_v, long long num_tokens, int num_heads,
-                                            int sm_count) {
-  return num_tokens * num_heads <= 8LL * sm_count ? CombineSlices(d_v) : 1;
-}
-
-// ---------------------------------------------------------------------------
-// KV cache formats: the numbers the host needs. The device half of a format
-// (how one cache record becomes a bf16 row of the KV tile) is the type of the
-// same name without "Sizes" in kv_format.cuh, which inherits these, so the
-// host sizes shared memory from the very constants the kernel uses.
-
-// bf16: the cache row is the d_qk-wide latent row itself, gathered straight
-// into the tile; nothing is staged.
-struct KvBf16Sizes {
-  static constexpr bool kPageBlocked = false;
-  KFORGE_HD static constexpr int BytesPerToken(int d_qk) { return 2 * d_qk; }
-  // Raw bytes per token that the format lands in shared memory before
-  // converting them into the bf16 tile (0: it gathers into the tile).
-  KFORGE_HD static constexpr int StagingBytesPerToken(int) { return 0; }
-};
-
-// fp8_ds_mla (FlashMLA / vLLM): one record per token, 656 bytes with rope 64
-// (528 without):
-//   bytes [0, 512)    the 512 latent values, fp8 e4m3 (e4m3fn: no inf)
-//   bytes [512, 528)  4 fp32 scales, scale g for values [128 g, 128 g + 128)
-//                     (value = e4m3 * scale)
-//   bytes [528, 656)  the 64 rope values, bf16 (absent when rope is 0)
-// Only kv_lora_rank 512 with rope 0 or 64 exists (Supports); both record
-// sizes are whole 16-byte chunks, as cp.async needs. The kernel stages whole
-// records and converts them into the bf16 tile.
-struct KvFp8DsMlaSizes {
-  static constexpr bool kPageBlocked = false;
-  static constexpr int kLatent = 512;      // kv_lora_rank (d_v)
-  static constexpr int kScaleGroup = 128;  // latent values per fp32 scale
-  static constexpr int kNumScales = kLatent / kScaleGroup;
-  static constexpr int kScalesOffset = kLatent;                       // 512
-  static constexpr int kRopeOffset = kScalesOffset + 4 * kNumScales;  // 528
-  KFORGE_HD static constexpr bool Supports(int d_v, int rope) {
-    return d_v == kLatent && (rope == 0 || rope == 64);
-  }
-  // d_qk = kv_lora_rank + rope_dim; meaningful where Supports(512, d_qk - 512).
-  KFORGE_HD static constexpr int BytesPerToken(int d_qk) {
-    return kRopeOffset + 2 * (d_qk - kLatent);
-  }
-  KFORGE_HD static constexpr int StagingBytesPerToken(int d_qk) { return BytesPerToken(d_qk); }
-};
-
-// The formats below (issue 15; byte layouts as vLLM's
-// vllm/v1/attention/backends/mla/flashmla_sparse.py module note and
-// FlashMLA's tests/quant.py state them, docs/DESIGN.md) each exist for one
-// geometry only (Supports). Page-blocked formats (kPageBlocked) do not
-// store records token by token: within a page of page_block_size tokens
-// all kDataBytes-wide data rows come first, then all kScaleBytes-wide scale
-// rows, so token i of a page has its data at page + kDataBytes * i and its
-// scales at page + kDataBytes * page_block_size + kScaleBytes * i. The
-// runtime's kv_row_stride is then the whole record (BytesPerToken) and
-// carries no freedom; kv_page_stride is the page (vLLM rounds it up to a
-// multiple of kDataBytes). Staged as data row then scale row, padded to
-// whole 16-byte chunks.
-
-// DeepSeek-V4, 584 B/token, d_qk = d_v = 512 (spec: kv_lora_rank 512,
-// rope_dim 0): data row [0, 448) e4m3 values of columns 0..447, [448, 576)
-// bf16 values of columns 448..511; scale row 7 ue8m0 exponents (scale g for
-// columns [64 g, 64 g + 64): value = e4m3 * 2^(e - 127)) and a pad byte.
-struct KvFp8DsMlaV4Sizes {
-  static constexpr bool kPageBlocked = true;
-  static constexpr int kLatent = 512;
-  static constexpr int kE4m3Values = 448;
-  static constexpr int kScaleGroup = 64;
-  static constexpr int kDataBytes = kE4m3Values + 2 * (kLatent - kE4m3Values);  // 576
-  static constexpr int kScaleBytes = 8;                                         // 7 ue8m0 + pad
-  KFORGE_HD static constexpr bool Supports(int d_v, int rope) {
-    return d_v == kLatent && rope == 0;
-  }
-  KFORGE_HD static constexpr int BytesPerToken(int) { return kDataBytes + kScaleBytes; }
-  KFORGE_HD static constexpr int StagingBytesPerToken(int) {
-    return (kDataBytes + kScaleBytes + 15) / 16 * 16;  // 592
-  }
-};
-
-// DeepSeek-V4.1 (MXFP8), 528 B/token, d_qk = d_v = 512: data row 512 e4m3
-// values (every column, rope included); scale row 16 ue8m0 exponents, one
-// per 32 columns.
-struct KvMxfp8DsMlaV41Sizes {
-  static constexpr bool kPageBlocked = true;
-  static constexpr int kLatent = 512;
-  static constexpr int kE4m3Values = kLatent;  // every column, no bf16 ones
-  static constexpr int kScaleGroup = 32;
-  static constexpr int kDataBytes = kLatent;                 // 512
-  static constexpr int kScaleBytes = kLatent / kScaleGroup;  // 16
-  KFORGE_HD static constexpr bool Supports(int d_v, int rope) {
-    return d_v == kLatent && rope == 0;
-  }
-  KFORGE_HD static constexpr int BytesPerToken(int) { return kDataBytes + kScaleBytes; }
-  KFORGE_HD static constexpr int StagingBytesPerToken(int) { return kDataBytes + kScaleBytes; }
-};
-
-// nvfp4_ds_mla, 352 B/token, DeepSeek-V3.2 geometry (kv_lora_rank 512,
-// rope_dim 64), one record per token: [0, 256) the 512 latent values as
-// e2m1, two per byte, the low nibble the even column; [256, 320) the 64
-// rope values as e4m3, unscaled; [320, 352) 32 e4m3 scales, one per 16
-// latent values, the scale of block s (columns [16 s, 16 s + 16)) at byte
-// 320 + 8 (s & 3) + (s >> 2). value = e2m1 * scale.
-struct KvNvfp4DsMlaSizes {
-  static constexpr bool kPageBlocked = false;
-  static constexpr int kLatent = 512;
-  static constexpr int kScaleGroup = 16;
-  static constexpr int kRopeOffset = kLatent / 2;         // 256
-  static constexpr int kScalesOffset = kRopeOffset + 64;  // 320
-  KFORGE_HD static constexpr bool Supports(int d_v, int rope) {
-    return d_v == kLatent && rope == 64;
-  }
-  KFORGE_HD static constexpr int BytesPerToken(int) {
-    return kScalesOffset + kLatent / kScaleGroup;
-  }
-  KFORGE_HD static constexpr int StagingBytesPerToken(int d_qk) { return BytesPerToken(d_qk); }
-  // The byte (from the record's start) of latent block s's scale.
-  KFORGE_HD static constexpr int ScaleByte(int s) { return kScalesOffset + 8 * (s & 3) + (s >> 2); }
-};
-
-// The staging bytes per token of a pipeline that gathers a cache of format
-// (staging, record) and, with an extra cache (x_record > 0), one of format
-// (x_staging, x_record); staging and record are a format's
-// StagingBytesPerToken and BytesPerToken. 0 (a direct pipeline) when every
-// cache is direct; else each staged row holds either cache's record, a
-// direct format's (bf16) rounded to whole 16-byte chunks and copied into
-// the tile by its Land.
-KFORGE_HD constexpr int StagedRowBytes(int staging, int record) {
-  return staging > 0 ? staging : (record + 15) / 16 * 16;
-}
-KFORGE_HD constexpr int PipelineStagingBytes(int staging, int record, int x_staging, int x_record) {
-  if (staging == 0 && (x_record == 0 || x_staging == 0)) return 0;
-  const int a = StagedRowBytes(staging, record);
-  const int b = x_record > 0 ? StagedRowBytes(x_staging, x_record) : 0;
-  return a > b ? a : b;
-}
 
 // ---------------------------------------------------------------------------
 // Tiling: the compile-time shape of the main kernel, its validity rule and
 // the quantities derived from it. DecodeTraits (decode_traits.cuh) asserts
-// CheckDecodeTiling; the codegen (compiler/codegen.cc) calls the same
-// function to choose a tiling, so it never emits a unit that fails to
-// compile and no rule is written twice.
+// CheckDecodeTiling; the host planner calls the same function to choose a
+// tiling, so the codegen never emits a unit that fails to compile and no
+// rule is written twice.
 
 struct DecodeShape {
   int d_v;                         // kv_lora_rank: V columns = first d_v columns of K
@@ -294,7 +104,7 @@ KFORGE_HD constexpr bool StagedPipeline(const DecodeShape& s) {
   return s.kv_staging_bytes_per_token > 0;
 }
 
-// The warp-specialised pipeline (sm_90a; wspath.cuh): the wgmma tiling
+// The warp-specialised pipeline (sm_90a; sm90/wspath.cuh): the wgmma tiling
 // with one producer warpgroup (land_warps 4) that fills one of `stages`
 // bf16 KV tiles per tile, handing tiles to the two MMA warpgroups and back
 // through mbarriers, so the next tile's gather (and conversion) runs beside
@@ -305,7 +115,7 @@ KFORGE_HD constexpr bool StagedPipeline(const DecodeShape& s) {
 KFORGE_HD constexpr bool WarpSpecialized(const DecodeShape& s) {
   return s.wgmma && s.land_warps == 4;
 }
-// The crossover pair (wspath.cuh WsProducePair): a staged format's
+// The crossover pair (sm90/wspath.cuh WsProducePair): a staged format's
 // warp-specialised tiling run as 2-CTA clusters over two head groups, each
 // CTA converting half of every tile's rows into both CTAs' tiles. Its
 // producer maps one row a lane over the 512 latent columns (and 64 rope).
@@ -322,7 +132,7 @@ KFORGE_HD constexpr int KvTiles(const DecodeShape& s) {
   return StagedPipeline(s) && !WarpSpecialized(s) ? 1 : s.stages;
 }
 
-// The register pipeline (stages == 1; regpath.cuh): a staged format's
+// The register pipeline (stages == 1; sm80/regpath.cuh): a staged format's
 // 16-head tile without a KV tile in shared memory. Each of the 4 warps owns
 // a quarter of the latent columns (d_v / 4 of V, and a quarter of the rope
 // columns): it loads those bytes of every token of the tile straight into
@@ -338,6 +148,23 @@ KFORGE_HD constexpr bool RegisterPipelineCovers(const DecodeShape& s) {
   return s.stages == 1 && StagedPipeline(s) && s.head_tile == 16 && s.warps == 4 &&
          s.land_warps == 0 && !s.wgmma && s.d_v == 512 && (s.rope == 0 || s.rope == 64) &&
          (s.token_tile == 16 || s.token_tile == 32);
+}
+
+// The pipeline a shape runs: the one rule that names it. DecodeTraits
+// asserts that its config's kPipeline is this; the host planner and the
+// codegen call it on the tiling's shape. crossover_pair: the
+// warp-specialised main entry compiled as 2-CTA pairs (KernelTiling
+// crossover; where it may be: PairCovers).
+KFORGE_HD constexpr Pipeline PipelineOf(const DecodeShape& s, bool crossover_pair) {
+  if (RegisterPipeline(s)) return Pipeline::kRegister;
+  if (WarpSpecialized(s))
+    return crossover_pair ? Pipeline::kCrossoverPair : Pipeline::kWarpSpecialized;
+  return Pipeline::kLockstep;
+}
+
+// The MMA of a shape: wgmma where the tiling asks for it (WgmmaCovers).
+KFORGE_HD constexpr Mma MmaOf(const DecodeShape& s) {
+  return s.wgmma ? Mma::kWgmma : Mma::kMmaSync;
 }
 
 KFORGE_HD constexpr int Gcd(int a, int b) { return b == 0 ? a : Gcd(b, a % b); }
@@ -387,17 +214,17 @@ KFORGE_HD constexpr DecodeDims DeriveDecodeDims(const DecodeShape& s) {
 }
 
 // The one wgmma eligibility rule (apart from the arch, sm_90a, which the
-// codegen checks). S (QkWgmma, qk.cuh): each warpgroup a 64-head x 32-token
-// slab of S (m64n32k16), its 4 warps one m16 row tile each; with a
+// codegen checks). S (QkWgmma, sm90/qk.cuh): each warpgroup a 64-head x
+// 32-token slab of S (m64n32k16), its 4 warps one m16 row tile each; with a
 // producer warpgroup (WarpSpecialized) the first warpgroup all 64 tokens
 // (m64n64k16), so Q is read from shared memory once a tile. O = P V
-// (PvWgmma, pv.cuh): each warpgroup all 64 heads x d_v / 2 columns
+// (PvWgmma, sm90/pv.cuh): each warpgroup all 64 heads x d_v / 2 columns
 // (m64n256k16 for d_v 512, m64n128k16 for 256). It is admitted only for the
 // pipeline it was measured and checked with on the H200, 8 warps (two
 // warpgroups) x 64 tokens (BENCH.md); other warp counts would compile but
 // have never run. A producer warpgroup (WarpSpecialized) only for the
 // 512 + 0 / 64 geometry, 64 tokens and two bf16 tiles, the shape its
-// producers' thread maps (wspath.cuh) cover.
+// producers' thread maps (sm90/wspath.cuh) cover.
 KFORGE_HD constexpr bool WgmmaCovers(const DecodeShape& s) {
   const DecodeDims d = DeriveDecodeDims(s);
   const bool producer = s.land_warps == 4 && s.stages == 2 && s.token_tile == 64 && s.d_v == 512 &&
@@ -521,7 +348,7 @@ KFORGE_HD constexpr DecodeSmemLayout MakeDecodeSmemLayout(const DecodeShape& s) 
   if (RegisterPipeline(s)) {
     // No Q tile and no staging. kv: each warp's own V tile, token_tile x
     // v_cols bf16 in 128-byte swizzled blocks; p: the partial S tiles, two
-    // buffers of warps x head_tile x token_tile fp32 (regpath.cuh).
+    // buffers of warps x head_tile x token_tile fp32 (sm80/regpath.cuh).
     l.kv = 0;
     l.kv_staging = l.kv + s.warps * s.token_tile * d.v_cols * 2;
     l.p = l.kv_staging;
@@ -592,4 +419,4 @@ KFORGE_HD constexpr bool ClusterMergeFits(const DecodeShape& s, int splits) {
 }  // namespace sparse_mla
 }  // namespace kforge
 
-#endif  // KFORGE_SPARSE_MLA_CONFIG_H_
+#endif  // KFORGE_SPARSE_MLA_COMMON_TILING_H_

@@ -132,24 +132,27 @@ std::string GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTiling
                             spec.extra_kv().topk(), spec.extra_kv().page_block_size(),
                             KvTypeName(*x, spec.extra_kv().kv_scale_format()));
     }
-    absl::StrAppendFormat(&src,
-                          "  static constexpr int kHeadTile = %d;\n"
-                          "  static constexpr int kHeadsPerGroup = %d;\n"
-                          "  static constexpr int kTokenTile = %d;\n"
-                          "  static constexpr int kStages = %d;\n"
-                          "  static constexpr int kWarps = %d;\n"
-                          "  static constexpr int kLandWarps = %d;\n"
-                          "  static constexpr ks::Pipeline kPipeline = %s;\n"
-                          "  static constexpr ks::Mma kMma = %s;\n"
-                          "};\n\n"
-                          "struct %s : ks::DecodeTraits<%sConfig> {\n"
-                          "  // softmax_scale %.9g times log2(e)\n"
-                          "  static constexpr float kScaleLog2 = %af;\n"
-                          "};\n\n",
-                          t.head_tile(), t.heads_per_group(), t.token_tile(), t.stages(), t.warps(),
-                          t.land_warps(), pipeline_name(pipeline_of(t, t.crossover())),
-                          mma_name(sparse_mla::MmaOf(shape)), name, name, spec.softmax_scale(),
-                          scale_log2);
+    absl::StrAppendFormat(
+        &src,
+        "  static constexpr int kHeadTile = %d;\n"
+        "  static constexpr int kHeadsPerGroup = %d;\n"
+        "  static constexpr int kTokenTile = %d;\n"
+        "  static constexpr int kStages = %d;\n"
+        "  static constexpr int kWarps = %d;\n"
+        "  static constexpr int kLandWarps = %d;\n"
+        "  static constexpr ks::Pipeline kPipeline = %s;\n"
+        "  static constexpr ks::Mma kMma = %s;\n"
+        "  static constexpr bool kProducerPrefetchL2 = %s;\n"
+        "  static constexpr bool kPairLoadAhead = %s;\n"
+        "};\n\n"
+        "struct %s : ks::DecodeTraits<%sConfig> {\n"
+        "  // softmax_scale %.9g times log2(e)\n"
+        "  static constexpr float kScaleLog2 = %af;\n"
+        "};\n\n",
+        t.head_tile(), t.heads_per_group(), t.token_tile(), t.stages(), t.warps(), t.land_warps(),
+        pipeline_name(pipeline_of(t, t.crossover())), mma_name(sparse_mla::MmaOf(shape)),
+        t.producer_prefetch_l2() ? "true" : "false", t.pair_load_ahead() ? "true" : "false", name,
+        name, spec.softmax_scale(), scale_log2);
   };
   // Each entry's minimum resident CTAs is its launch rule's ctas_per_sm
   // (MakeLaunchRule), which bounds its registers.

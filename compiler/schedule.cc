@@ -125,9 +125,15 @@ std::string Describe(const v1::AttentionSpec& spec, const v1::KernelTiling& t) {
 
 // Names the tiling's schedule (the last step of every tiling the planner
 // makes, after its shape is final).
-void NameSchedule(const v1::AttentionSpec& spec, v1::KernelTiling* tiling) {
+void NameSchedule(const v1::AttentionSpec& spec, const Arch& arch, v1::KernelTiling* tiling) {
   tiling->set_pipeline(PipelineOf(spec, *tiling));
   tiling->set_mma(MmaOf(*tiling));
+  // The producer's choices, for the pipelines that have one.
+  const bool producer = tiling->pipeline() == v1::PIPELINE_WARP_SPECIALIZED ||
+                        tiling->pipeline() == v1::PIPELINE_CROSSOVER_PAIR;
+  const FormatTuning& f = TuningFor(arch).format(spec.kv_cache_dtype());
+  tiling->set_producer_prefetch_l2(producer && f.producer_prefetch_l2);
+  tiling->set_pair_load_ahead(producer && tiling->crossover() && f.pair_load_ahead);
 }
 
 // Sets what follows from a tiling's CTA shape: wgmma (sm_90a only; which
@@ -213,7 +219,7 @@ absl::StatusOr<v1::KernelTiling> RequestedTiling(const v1::AttentionSpec& spec, 
   Why(why, "tiling %d,%d,%d,%d asked for by hand (--tiling); the rules admit it", r.head_tile,
       r.token_tile, r.stages, r.warps);
   FinishTiling(spec, arch, &tiling, why);
-  NameSchedule(spec, &tiling);
+  NameSchedule(spec, arch, &tiling);
   return tiling;
 }
 
@@ -315,7 +321,7 @@ absl::StatusOr<v1::KernelTiling> ChooseTiling(const v1::AttentionSpec& spec, con
           KvDtypeName(spec.kv_cache_dtype()));
     }
     FinishTiling(spec, arch, &tiling, why);
-    NameSchedule(spec, &tiling);
+    NameSchedule(spec, arch, &tiling);
     return tiling;
   }
   return absl::FailedPreconditionError(
@@ -464,7 +470,7 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
       }
     }
   }
-  NameSchedule(spec, &tiling);
+  NameSchedule(spec, arch, &tiling);
   path.set_entry(kSmallBatchEntry);
   *path.mutable_launch() = std::move(launch);
   const bool staged = StagedKv(spec);

@@ -3,7 +3,7 @@
 namespace kforge {
 
 const FormatTuning& SparseMlaTuning::format(v1::KvCacheDtype dtype) const {
-  static const FormatTuning kNeither = {v1::KV_CACHE_DTYPE_UNSPECIFIED, false, false};
+  static const FormatTuning kNeither = {v1::KV_CACHE_DTYPE_UNSPECIFIED, false, false, false, false};
   for (const FormatTuning& f : formats) {
     if (f.dtype == dtype) return f;
   }

@@ -32,6 +32,12 @@ struct FormatTuning {
   // Runs it as crossover pairs where its head groups pair up, even without
   // warp_specialized (then only as pairs: no 2-split cluster entry).
   bool crossover;
+  // The warp-specialised producer prefetches each token's bytes into L2 two
+  // tiles ahead (the format must have a RegPrefetch: kv_format.cuh).
+  bool producer_prefetch_l2;
+  // As crossover pairs, the producer loads the next tile's records before
+  // converting this one's (else after).
+  bool pair_load_ahead;
 };
 
 struct SparseMlaTuning {

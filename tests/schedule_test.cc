@@ -69,6 +69,19 @@ TEST(PlanSchedule, NamesThePipelineOfEachTiling) {
   s = Plan(Record(v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, 128), "sm_90a");
   EXPECT_EQ(s.tiling.pipeline(), v1::PIPELINE_CROSSOVER_PAIR);
   EXPECT_TRUE(s.tiling.crossover());
+  // The producer's tuned choices ride on the tiling: nvfp4's pair loads
+  // ahead, the V4 records prefetch into L2, fp8_ds_mla does neither.
+  EXPECT_TRUE(s.tiling.pair_load_ahead());
+  EXPECT_FALSE(s.tiling.producer_prefetch_l2());
+  s = Plan(Record(v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, 128), "sm_90a");
+  EXPECT_EQ(s.tiling.pipeline(), v1::PIPELINE_CROSSOVER_PAIR);
+  EXPECT_TRUE(s.tiling.producer_prefetch_l2());
+  EXPECT_FALSE(s.tiling.pair_load_ahead());
+  s = Plan(Preset("deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA), "sm_90a");
+  EXPECT_FALSE(s.tiling.producer_prefetch_l2() || s.tiling.pair_load_ahead());
+  // Off the producer pipelines they are never set.
+  s = Plan(Record(v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, 128), "sm_120a");
+  EXPECT_FALSE(s.tiling.producer_prefetch_l2() || s.tiling.pair_load_ahead());
 }
 
 TEST(PlanSchedule, PipelineOfAgreesWithTheShape) {

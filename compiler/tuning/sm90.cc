@@ -37,17 +37,24 @@ const SparseMlaTuning& Sm90Tuning() {
       // small-batch tiling needs 255 registers (8 warps).
       .throughput_warps_per_sm = 12,
       .latency_warps_per_sm = 8,
-      // BENCH.md "the warp-specialised pipeline for the 64-head wgmma
-      // tiling" (fp8_ds_mla), "bf16 on the warp-specialised pipeline" and
-      // "crossover pairs for the record formats" (V4, V4.1, nvfp4: the pair
-      // only, the plain pipeline spilled and ran slower for them).
+      // Which formats get the producer warpgroup: BENCH.md "the
+      // warp-specialised pipeline for the 64-head wgmma tiling"
+      // (fp8_ds_mla), "bf16 on the warp-specialised pipeline" and "crossover
+      // pairs for the record formats" (V4, V4.1, nvfp4: the pair only, the
+      // plain pipeline spilled and ran slower for them). The producer's L2
+      // prefetch two tiles ahead: faster for the V4 records, 2% slower at
+      // 128 x 32 and 64 x 64 for fp8_ds_mla (BENCH.md "L2 prefetch"). The
+      // pair's producer loading ahead: faster for nvfp4, slower for V4 and
+      // V4.1 (BENCH.md "crossover pairs for the record formats").
+      // {dtype, warp_specialized, crossover, producer_prefetch_l2,
+      //  pair_load_ahead}
       .formats =
           {
-              {v1::KV_CACHE_DTYPE_BF16, true, false},
-              {v1::KV_CACHE_DTYPE_FP8_DS_MLA, true, false},
-              {v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, true, true},
-              {v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, false, true},
-              {v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, false, true},
+              {v1::KV_CACHE_DTYPE_BF16, true, false, false, false},
+              {v1::KV_CACHE_DTYPE_FP8_DS_MLA, true, false, false, false},
+              {v1::KV_CACHE_DTYPE_FP8_DS_MLA_V4, true, true, true, false},
+              {v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, false, true, true, false},
+              {v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, false, true, false, true},
           },
   };
   return kTable;

@@ -20,6 +20,8 @@ struct TraitsConfig {
   static constexpr int kLandWarps = 4;
   static constexpr ks::Pipeline kPipeline = ks::Pipeline::kWarpSpecialized;
   static constexpr ks::Mma kMma = ks::Mma::kWgmma;
+  static constexpr bool kProducerPrefetchL2 = false;
+  static constexpr bool kPairLoadAhead = false;
 };
 
 struct Traits : ks::DecodeTraits<TraitsConfig> {
@@ -43,6 +45,8 @@ struct SmallBatchTraitsConfig {
   static constexpr int kLandWarps = 0;
   static constexpr ks::Pipeline kPipeline = ks::Pipeline::kLockstep;
   static constexpr ks::Mma kMma = ks::Mma::kMmaSync;
+  static constexpr bool kProducerPrefetchL2 = false;
+  static constexpr bool kPairLoadAhead = false;
 };
 
 struct SmallBatchTraits : ks::DecodeTraits<SmallBatchTraitsConfig> {

@@ -102,6 +102,10 @@ struct DecodeTraits {
   static constexpr bool kReturnLse = Config::kReturnLse;
   static constexpr Pipeline kPipeline = Config::kPipeline;
   static constexpr Mma kMma = Config::kMma;
+  // The warp-specialised producer's measured choices (the schedule's:
+  // KernelTiling producer_prefetch_l2, pair_load_ahead; sm90/wspath.cuh).
+  static constexpr bool kProducerPrefetchL2 = Config::kProducerPrefetchL2;
+  static constexpr bool kPairLoadAhead = Config::kPairLoadAhead;
   static_assert(kMma == Mma::kMmaSync || kMma == Mma::kWgmma, "Mma: kMmaSync or kWgmma");
   // S = Q K^T and O += P V with sm_90a warpgroup MMA (wgmma) instead of
   // mma.sync.

@@ -63,13 +63,13 @@
 //   F::RegRope(raw, out)
 //                       the rope columns 4 q .. 4 q + 3 as two bf16 pairs
 //                       (only formats with rope columns need it)
-//   F::kWsPrefetchL2, F::RegPrefetch<T, kPageBlock>(v, slot, ok)
-//                       the warp-specialised producer's (sm90/wspath.cuh):
-//                       whether it prefetches a token's bytes into L2 two
-//                       tiles ahead, and the prefetch (where true)
-//   F::kWsPairLoadAhead the crossover pair's producer (sm90/wspath.cuh
-//                       WsProducePair): whether it loads the next tile's
-//                       bytes before converting this tile's (else after)
+//   F::RegPrefetch<T, kPageBlock>(v, slot, ok)
+//                       the warp-specialised producer's L2 prefetch of a
+//                       token's bytes two tiles ahead (sm90/wspath.cuh), for
+//                       a format whose tuning asks for it (compiler/tuning.h
+//                       FormatTuning: where it prefetches and whether the
+//                       crossover pair's producer loads ahead are measured
+//                       per GPU and reach the traits as the schedule's)
 //
 // Formats: KvBf16 (direct: gathers straight into the tile, Land is empty)
 // and the staged ones, whose Land dequantises: KvFp8DsMla (656-byte records
@@ -505,18 +505,12 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
     raw.rope = T::kRope != 0 ? RegLd8<kL2Prefetch>(rec + kRopeOffset + 32 * w + 8 * q, ok)
                              : make_uint2(0u, 0u);
   }
-  // The warp-specialised producer does not prefetch these records into L2
-  // (sm90/wspath.cuh): measured 2% slower at 128 x 32 and 64 x 64, 2% faster at
-  // 128 x 128 on the H200 (BENCH.md, "L2 prefetch").
-  static constexpr bool kWsPrefetchL2 = false;
   // RegLoad's loads ask for the 256 bytes around each miss (RegLd16): the
   // warp-specialised producer, bound by its loads' latency, ran 128 x 32 and
   // 128 x 128 4-5% faster on the H200; the register pipeline and batch 1
   // unchanged (BENCH.md, "L2 prefetch-size hint"). The other records
   // measured no faster or slower with it.
   static constexpr int kL2Prefetch = 256;
-  // Not run as crossover pairs (model/spec.cc KvFormatInfo::crossover).
-  static constexpr bool kWsPairLoadAhead = false;
   template <bool kInProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {
@@ -595,15 +589,6 @@ struct KvUe8m0PageBlocked : S {
       }
     }
   }
-  // The warp-specialised producer prefetches a tile's data and scale rows
-  // into L2 two tiles ahead (sm90/wspath.cuh): DeepSeek-V4 on the H200,
-  // 128 x 32 75.8 -> 72.5 us, 64 x 64 79.7 -> 74.1 (BENCH.md, "L2
-  // prefetch").
-  static constexpr bool kWsPrefetchL2 = true;
-  // The pair's producer loads after converting: H200 128 x 128, V4 225-228
-  // us against 240-244 loading ahead (BENCH.md, "crossover pairs"); V4.1
-  // alike (226-229 against 229-233).
-  static constexpr bool kWsPairLoadAhead = false;
   // The token's data row (one bulk prefetch; sm_90+) and scale row into L2.
   template <class T, int kPageBlock>
   __device__ __forceinline__ static void RegPrefetch(const KvView& v, int slot, bool ok) {
@@ -688,11 +673,6 @@ struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
     raw.scales = RegLd2(rec + ScaleByte(8 * w + q), ok);
     raw.rope = RegLd4(rec + kRopeOffset + 16 * w + 4 * q, ok);
   }
-  // The warp-specialised producer does not prefetch these records into L2.
-  static constexpr bool kWsPrefetchL2 = false;
-  // The pair's producer loads ahead: H200 128 x 128 248-252 us against
-  // 306-307 loading after converting (BENCH.md, "crossover pairs").
-  static constexpr bool kWsPairLoadAhead = true;
   template <bool kInProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {

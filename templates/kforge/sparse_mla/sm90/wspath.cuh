@@ -59,7 +59,7 @@ constexpr int kWsRegsS = 208;
 constexpr int kWsRegsPv = 160;
 constexpr int kWsRegsProducer = 136;
 // A crossover pair's producer that loads the next tile's records before
-// converting this one's (F::kWsPairLoadAhead) holds two tiles' records of
+// converting this one's (T::kPairLoadAhead) holds two tiles' records of
 // one row: 8 more registers, from the S warps (spill-free at 200).
 constexpr int kWsAheadRegsS = 200;
 constexpr int kWsAheadRegsProducer = 144;
@@ -136,14 +136,14 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
       for (int u = 0; u < 4; ++u)
         Kv::template RegLoad<T, T::kPageBlock>(v, slot[j], ok[j], u, q, raw[j][u]);
     }
-    // Tile t + 2's slots (kWsPrefetchL2), read again as `slot` next tile:
+    // Tile t + 2's slots (kProducerPrefetchL2), read again as `slot` next tile:
     // keeping them from here instead measured no faster (BENCH.md, "V4's
     // producer: each slot read once").
     [[maybe_unused]] int ahead[kRows];
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       slot[j] = slot_of(t + 1, j);
-      if constexpr (Kv::kWsPrefetchL2) ahead[j] = slot_of(t + 2, j);
+      if constexpr (T::kProducerPrefetchL2) ahead[j] = slot_of(t + 2, j);
     }
     // The tile's previous use (t - kStages) was read by every MMA thread.
     ptx::MbarWait(empty + 8 * stage, ((t / T::kStages) & 1) ^ 1);
@@ -157,12 +157,12 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
     // wgmma reads the tile through the async proxy.
     ptx::FenceProxyAsync();
     ptx::MbarArrive(full + 8 * stage);
-    // A format with kWsPrefetchL2: tile t + 2's records into L2 once this
+    // With kProducerPrefetchL2: tile t + 2's records into L2 once this
     // tile's registers are free, so its loads (after the next tile's
     // conversion) hit L2 rather than wait for DRAM (ncu, fp8 128 x 32: the
     // S warps waited on `full` for over half their samples, the producer
     // on its loads).
-    if constexpr (Kv::kWsPrefetchL2) {
+    if constexpr (T::kProducerPrefetchL2) {
       if (q == 0) {
 #pragma unroll
         for (int j = 0; j < kRows; ++j) {
@@ -182,7 +182,7 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
 // `full` barrier counts those bytes (kPairBytes, announced by the peer's
 // producer thread 0). So each record is loaded and converted once for the
 // two head groups. With one row a lane the registers also hold the next
-// tile's records: a format with kWsPairLoadAhead loads them before this
+// tile's records: a tiling with kPairLoadAhead loads them before this
 // tile's conversion, the others once it is stored. The peer's MMA warps
 // arrive on this CTA's `empty` too (one arrival of 32 a warp): a slot is
 // refilled once both CTAs' MMA warps have read it.
@@ -216,7 +216,7 @@ __device__ __forceinline__ void WsProducePair(const DecodeParams& p, const Decod
     slot = slot_of(t + 1);
     const bool next_ok = v.Holds(slot);
     typename Kv::RegRaw next[4];
-    if constexpr (Kv::kWsPairLoadAhead) {
+    if constexpr (T::kPairLoadAhead) {
 #pragma unroll
       for (int u = 0; u < 4; ++u)
         Kv::template RegLoad<T, T::kPageBlock>(v, slot, next_ok, u, q, next[u]);
@@ -251,7 +251,7 @@ __device__ __forceinline__ void WsProducePair(const DecodeParams& p, const Decod
     } else {
       ptx::MbarArrive(full + 8 * stage);
     }
-    if constexpr (!Kv::kWsPairLoadAhead) {
+    if constexpr (!T::kPairLoadAhead) {
 #pragma unroll
       for (int u = 0; u < 4; ++u)
         Kv::template RegLoad<T, T::kPageBlock>(v, slot, next_ok, u, q, next[u]);
@@ -289,11 +289,11 @@ __device__ __forceinline__ void WsCopy(const DecodeParams& p, const DecodeWork& 
 }
 
 // Whether the crossover pair's producer loads ahead (a staged format's
-// kWsPairLoadAhead; a direct format has none and runs no pair).
+// kPairLoadAhead, from the tuning table; a direct format runs no pair).
 template <class T, bool kPair>
 __device__ __forceinline__ constexpr bool PairLoadsAhead() {
   if constexpr (kPair) {
-    return T::Kv::kWsPairLoadAhead;
+    return T::kPairLoadAhead;
   } else {
     return false;
   }

@@ -114,10 +114,10 @@ int HeadsPerGroup(int heads, int max_tile) {
 // "64 x 64 x 2 stages x 8 warps (+4 land), wgmma, warp-specialized"
 std::string Describe(const v1::AttentionSpec& spec, const v1::KernelTiling& t) {
   return absl::StrFormat(
-      "%d-head tile (%d heads x %d groups) x %d tokens x %d stage%s x %d warps%s, "
+      "%d-head tile (%d heads x %d group%s) x %d tokens x %d stage%s x %d warps%s, "
       "%s, %s, %d B shared memory",
-      t.head_tile(), t.heads_per_group(), t.num_head_groups(), t.token_tile(), t.stages(),
-      t.stages() == 1 ? "" : "s", t.warps(),
+      t.head_tile(), t.heads_per_group(), t.num_head_groups(), t.num_head_groups() == 1 ? "" : "s",
+      t.token_tile(), t.stages(), t.stages() == 1 ? "" : "s", t.warps(),
       t.land_warps() > 0 ? absl::StrCat(" + ", t.land_warps(), " land") : "",
       t.wgmma() ? "wgmma" : "mma.sync", PipelineName(PipelineOf(spec, t)),
       DecodeSmemBytesFor(spec, t));

@@ -135,10 +135,9 @@ constexpr int kLogitsWgmmaPagesPerCta = 32;
 // CTA (at most kLogitsWgmmaPagesPerCta). The plan halves the chunk from 32
 // pages down to kLogitsWgmmaMinPagesPerCta while the grid has fewer than
 // kLogitsTargetCtas CTAs: long chunks amortise a CTA's start (Q staged, the
-// first loads' latency), short ones fill the GPU at few rows. H200, 64
-// heads: 1 x 131072 11.6 us with 8 pages, 15.4 with 16; 128 x 32768 178.2
-// with 8, 167.9 with 16, 162.6 with 32 (BENCH.md, "wgmma logits: CTA
-// shape" and "the chunk from the grid").
+// first loads' latency), short ones fill the GPU at few rows: 8 pages won
+// at one long row, 32 at many (BENCH.md, "wgmma logits: CTA shape" and
+// "the chunk from the grid").
 constexpr int kLogitsWgmmaMinPagesPerCta = 8;
 constexpr int kLogitsTargetCtas = 1024;
 KFORGE_HD constexpr int LogitsWgmmaN(int heads) {
@@ -166,8 +165,7 @@ KFORGE_HD constexpr int LogitsMinBlocks(int heads, bool wgmma) {
 constexpr int kLogitsStages = 2;
 constexpr int kTopkThreads = 512;
 // Logits each top-k thread loads at once in a pass over a row (their loads
-// in flight together: one at a time, a pass was a chain of L2 round trips,
-// 265 us for the top-k of one 131072-position row on the H200).
+// in flight together: one at a time, a pass was a chain of L2 round trips).
 constexpr int kTopkUnroll = 8;
 // CTAs of a top-k row in the cluster entry (the portable cluster size, so
 // every sm_90+ part runs it without an opt-in), and the rows it takes: up

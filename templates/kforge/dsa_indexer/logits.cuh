@@ -371,10 +371,9 @@ __device__ __forceinline__ void FinishPage(float (&acc)[kN / 8][4], float scale,
 // mbarrier) as soon as its stage is free, the warpgroup converts the
 // staged keys to A fragments and the stage is refilled while the page's
 // MMAs run, which overlap the previous page's finish (two accumulators).
-// On the H200 at 4 CTAs of 128 threads an SM, bulk copies read the pages
-// at 4.3 TB/s where per-thread 16-byte loads reached 3.7, and the overlap
-// took the 128 x 32768 logits from 162-169 to 155-157 us (BENCH.md,
-// "Issue 16: the logits' pages by bulk copies").
+// Bulk copies read the pages faster than per-thread 16-byte loads, and the
+// overlap shortened the long-context logits (BENCH.md, "the logits' pages
+// by bulk copies").
 template <class T>
 __device__ __forceinline__ void LogitsWgmma(const LogitsParams& p) {
   // One module declares this array in each entry and the declarations must

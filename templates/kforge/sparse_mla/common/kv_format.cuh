@@ -279,9 +279,8 @@ __device__ __forceinline__ float Ue8m0ToFloat(ptx::u32 e) {
 // multiplies and a pack (BENCH.md, "e2m1 to bf16 in bf16 arithmetic").
 // kScaleBranch: where |scale| < 4 (scale * 2^126 is a bf16), one multiply
 // instead; a branch per item, which paid only in the crossover pair's
-// producer (H200 128 x 128 251-254 -> 240-244 us) and cost the register
-// pipeline (16 x 128 83 -> 93 us) and the unpaired producer (128 x 2 19-20
-// -> 22) (BENCH.md, "e2m1 to bf16 in bf16 arithmetic").
+// producer and cost the register pipeline and the unpaired producer
+// (BENCH.md, "e2m1 to bf16 in bf16 arithmetic").
 template <bool kScaleBranch = false>
 __device__ __forceinline__ void E2m1ItemToBf16(const ptx::u32 (&w)[2], float scale,
                                                ptx::u32 (&out)[8]) {

@@ -55,7 +55,7 @@ struct KvFp8DsMlaSizes {
   KFORGE_HD static constexpr int StagingBytesPerToken(int d_qk) { return BytesPerToken(d_qk); }
 };
 
-// The formats below (issue 15; byte layouts as vLLM's
+// The formats below (byte layouts as vLLM's
 // vllm/v1/attention/backends/mla/flashmla_sparse.py module note and
 // FlashMLA's tests/quant.py state them, docs/DESIGN.md) each exist for one
 // geometry only (Supports). Page-blocked formats (kPageBlocked) do not

@@ -116,10 +116,9 @@ KFORGE_HD constexpr int CombineSlices(int d_v) {
 
 // The slices a combine launch uses: CombineSlices(d_v) while the combine has
 // few warps (tokens x heads <= 8 per SM), where it is latency-bound and more
-// warps with fewer loads each finish sooner (H200, BENCH.md 2026-12-02: 64 x 1
-// 12.5 -> 11.9 us, fp8 8 x 1 13.6 -> 12.1); 1 above, where it is
+// warps with fewer loads each finish sooner; 1 above, where it is
 // bandwidth-bound and the per-warp fixed work (lse loads, reductions) of 4x
-// the warps cost 5-8% at 64 x 64 and 128 x 32.
+// the warps costs more than it saves (BENCH.md, "Combine column slices").
 KFORGE_HD constexpr int CombineColumnSlices(int d_v, long long num_tokens, int num_heads,
                                             int sm_count) {
   return num_tokens * num_heads <= 8LL * sm_count ? CombineSlices(d_v) : 1;

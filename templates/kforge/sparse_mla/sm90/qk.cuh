@@ -43,8 +43,8 @@ struct QkWgmma {
 #pragma unroll
       for (int e = 0; e < 4; ++e) ptx::FenceOperand(s[0][ni][e]);
     ptx::WgmmaFence();
-    // Fully unrolled: with a rolled block loop 128 heads x batch 128 ran
-    // 250.5 us instead of 243.8 us on the H200 (BENCH.md).
+    // Fully unrolled: a rolled block loop measured slower at 128 heads x
+    // batch 128 (BENCH.md).
 #pragma unroll
     for (int kg = 0; kg < T::kBlocks; ++kg) {
 #pragma unroll

@@ -293,8 +293,8 @@ int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec, si
     if (text_size > kMaxMessageBytes) {
       return absl::InvalidArgumentError(absl::StrCat("text: ", text_size, " bytes"));
     }
-    absl::StatusOr<kforge::v1::AttentionSpec> s =
-        kforge::ParseSpec(std::string_view(text == nullptr ? "" : text, text_size));
+    absl::StatusOr<kforge::v1::KernelSpec> s =
+        kforge::ParseSpecText(std::string_view(text == nullptr ? "" : text, text_size));
     if (!s.ok()) return s.status();
     return Output(*s, spec, spec_size, "spec");
   });

@@ -50,7 +50,13 @@ absl::StatusOr<v1::KernelSelector> SelectorFromArgs(const ParsedArgs& args) {
     return absl::InvalidArgumentError("--kind names a preset's kernel; a spec file has its own");
   }
   if (args.Has("spec")) {
-    absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(args.Get("spec"));
+    absl::StatusOr<v1::KernelSpec> file = LoadKernelSpecFile(args.Get("spec"));
+    if (!file.ok()) return file.status();
+    if (kv_dtype != v1::KV_CACHE_DTYPE_UNSPECIFIED && !file->has_sparse_mla_decode()) {
+      return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: a ", KindCaseName(*file),
+                                                     " spec has no KV cache dtype to replace"));
+    }
+    absl::StatusOr<v1::AttentionSpec> spec = FlatOfKernelSpec(*file);
     if (!spec.ok()) return spec.status();
     *selector.mutable_spec() =
         kv_dtype == v1::KV_CACHE_DTYPE_UNSPECIFIED

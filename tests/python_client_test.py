@@ -1167,6 +1167,24 @@ def unpack_combine_params(data):
     return dict(zip(COMBINE_PARAMS[0], struct.unpack(COMBINE_PARAMS[1], data)))
 
 
+class ParseSpecTest(unittest.TestCase):
+    """Spec files reach Python through the C++ parser (kforge_parse_spec):
+    the KernelSpec form and the older flat form give the same KernelSpec."""
+
+    def test_kernel_spec_and_flat_forms(self):
+        nested = _capi.parse_spec('{"dsa_indexer": {"index_heads": 32, "index_head_dim": 128,'
+                                  ' "topk": 2048, "page_block_size": 64}}')
+        flat = _capi.parse_spec("kind: ATTENTION_KIND_DSA_INDEXER index_heads: 32"
+                                " index_head_dim: 128 topk: 2048 page_block_size: 64")
+        self.assertEqual(nested.WhichOneof("kind"), "dsa_indexer")
+        self.assertEqual(nested, flat)
+        sparse = _capi.parse_spec('{"num_q_heads": 16, "kv_cache_dtype": "fp8_ds_mla"}')
+        self.assertEqual(sparse.WhichOneof("kind"), "sparse_mla_decode")
+        self.assertEqual(sparse.sparse_mla_decode.num_q_heads, 16)
+        with self.assertRaisesRegex(kforge.KforgeInvalidArgument, "num_q_heads: got set"):
+            _capi.parse_spec('{"kind": "ATTENTION_KIND_DSA_INDEXER", "num_q_heads": 16}')
+
+
 class OpsChecksTest(unittest.TestCase):
     """kforge.ops's tensor mapping and the checks PlanDecode makes of what it
     maps (no torch, no GPU)."""

@@ -25,7 +25,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 12  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 13  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -329,8 +329,10 @@ def normalize_spec(spec):
 
 
 def parse_spec(text):
+    """A spec file's text (JSON or text proto; the KernelSpec form or the
+    older flat one, converted by model/spec.h ParseSpecText) as a KernelSpec."""
     data = text.encode() if isinstance(text, str) else bytes(text)
-    return parse(pb().spec_pb2.AttentionSpec,
+    return parse(pb().spec_pb2.KernelSpec,
                  call("parse_spec", data, len(data), bytes_out=True))
 
 

@@ -286,6 +286,17 @@ int32_t kforge_normalize_spec(const uint8_t* spec, size_t spec_size, uint8_t** n
   });
 }
 
+int32_t kforge_kernel_spec_of_flat(const uint8_t* spec, size_t spec_size, uint8_t** kernel_spec,
+                                   size_t* kernel_spec_size, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    kforge::v1::AttentionSpec s;
+    if (absl::Status p = Parse(spec, spec_size, &s, "spec"); !p.ok()) return p;
+    absl::StatusOr<kforge::v1::KernelSpec> k = kforge::KernelSpecOfFlat(s);
+    if (!k.ok()) return k.status();
+    return Output(*k, kernel_spec, kernel_spec_size, "kernel_spec");
+  });
+}
+
 int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec, size_t* spec_size,
                           char** error) {
   return Call(error, [&]() -> absl::Status {

@@ -56,12 +56,11 @@ absl::StatusOr<v1::KernelSelector> SelectorFromArgs(const ParsedArgs& args) {
       return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: a ", KindCaseName(*file),
                                                      " spec has no KV cache dtype to replace"));
     }
-    absl::StatusOr<v1::AttentionSpec> spec = FlatOfKernelSpec(*file);
-    if (!spec.ok()) return spec.status();
-    *selector.mutable_spec() =
-        kv_dtype == v1::KV_CACHE_DTYPE_UNSPECIFIED
-            ? *std::move(spec)
-            : SpecWithKvDtype(*spec, kv_dtype, v1::KV_SCALE_FORMAT_UNSPECIFIED);
+    *selector.mutable_spec() = *std::move(file);
+    if (kv_dtype != v1::KV_CACHE_DTYPE_UNSPECIFIED) {
+      *selector.mutable_spec()->mutable_sparse_mla_decode() = SpecWithKvDtype(
+          selector.spec().sparse_mla_decode(), kv_dtype, v1::KV_SCALE_FORMAT_UNSPECIFIED);
+    }
     return selector;
   }
   selector.mutable_preset()->set_kv_cache_dtype(kv_dtype);

@@ -542,7 +542,7 @@ absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int64_t 
 absl::StatusOr<v1::AttentionSpec> SpecOfSelector(const v1::KernelSelector& selector) {
   switch (selector.source_case()) {
     case v1::KernelSelector::kSpec:
-      return selector.spec();
+      return FlatOfKernelSpec(selector.spec());
     case v1::KernelSelector::kPreset:
       if (selector.preset().kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
         if (selector.preset().kv_cache_dtype() != v1::KV_CACHE_DTYPE_UNSPECIFIED) {

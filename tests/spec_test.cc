@@ -36,6 +36,15 @@ using ::kforge::testing::Contains;
 
 v1::AttentionSpec GoodSpec() { return ::kforge::testing::DeepseekTp1Spec(); }
 
+// A KernelSpec whose case is the preset's sparse MLA spec (its kind
+// field cleared: the case says it).
+v1::KernelSpec SparseKernelSpec(v1::AttentionSpec spec) {
+  spec.clear_kind();
+  v1::KernelSpec out;
+  *out.mutable_sparse_mla_decode() = std::move(spec);
+  return out;
+}
+
 struct FieldCase {
   std::string name;   // test name suffix
   std::string field;  // expected in the message; empty for a good case
@@ -584,6 +593,30 @@ TEST(SpecOfSelectorTest, HugeTensorParallelIsReportedAsSent) {
       << spec.status();
 }
 
+// A selector's spec is a KernelSpec: one with no case is refused naming
+// kind, an indexer one resolves to the indexer's spec.
+TEST(SpecOfSelectorTest, SpecCaseChoosesTheKind) {
+  v1::KernelSelector selector;
+  selector.mutable_spec();
+  absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(selector);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(spec.status().message(), "kind: got none")) << spec.status();
+  v1::DsaIndexerSpec& indexer = *selector.mutable_spec()->mutable_dsa_indexer();
+  indexer.set_index_heads(32);
+  indexer.set_index_head_dim(128);
+  indexer.set_topk(2048);
+  indexer.set_page_block_size(64);
+  spec = SpecOfSelector(selector);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->kind(), v1::ATTENTION_KIND_DSA_INDEXER);
+  EXPECT_EQ(spec->index_heads(), 32u);
+  *selector.mutable_spec() = SparseKernelSpec(GoodSpec());
+  spec = SpecOfSelector(selector);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(MessageDifferencer::Equals(*spec, GoodSpec()));
+}
+
 TEST(ParseSpecTest, TextProtoErrorHasLineAndColumn) {
   absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec("num_q_heads: 16\n  topk: oops\n");
   ASSERT_FALSE(parsed.ok());
@@ -823,15 +856,6 @@ TEST_F(LoadSpecFileTest, DirectoryIsInvalidArgument) {
   absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(dir_.string());
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-}
-
-// A KernelSpec whose case is the preset's sparse MLA spec (its kind
-// field cleared: the case says it).
-v1::KernelSpec SparseKernelSpec(v1::AttentionSpec spec) {
-  spec.clear_kind();
-  v1::KernelSpec out;
-  *out.mutable_sparse_mla_decode() = std::move(spec);
-  return out;
 }
 
 TEST_F(LoadSpecFileTest, KernelSpecFormAndFlatFormGiveTheSameSpec) {

@@ -111,6 +111,7 @@ _SIGNATURES = {
     "kforge_parse_kv_scale_format": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _STR_OUT],
     "kforge_validate_spec": [_c_bytes, ctypes.c_size_t, _STR_OUT],
     "kforge_normalize_spec": [_c_bytes, ctypes.c_size_t, *_OUT, _STR_OUT],
+    "kforge_kernel_spec_of_flat": [_c_bytes, ctypes.c_size_t, *_OUT, _STR_OUT],
     "kforge_parse_spec": [ctypes.c_char_p, ctypes.c_size_t, *_OUT, _STR_OUT],
     "kforge_presets": [_STR_OUT, _STR_OUT],
     "kforge_canonical_arch": [ctypes.c_char_p, _STR_OUT, _STR_OUT],
@@ -326,6 +327,12 @@ def validate_spec(spec):
 def normalize_spec(spec):
     return parse(pb().spec_pb2.AttentionSpec,
                  call("normalize_spec", *serialized(spec), bytes_out=True))
+
+
+def kernel_spec_of_flat(spec):
+    """The KernelSpec of a flat AttentionSpec (model/spec.h KernelSpecOfFlat)."""
+    return parse(pb().spec_pb2.KernelSpec,
+                 call("kernel_spec_of_flat", *serialized(spec), bytes_out=True))
 
 
 def parse_spec(text):

@@ -51,8 +51,7 @@ def get_kernel(channel, topk):
         request_serializer=service_pb2.GetKernelRequest.SerializeToString,
         response_deserializer=service_pb2.GetKernelResponse.FromString)
     request = service_pb2.GetKernelRequest(arch="sm_90a")
-    spec = request.kernel.spec
-    spec.kind = 1  # ATTENTION_KIND_SPARSE_MLA_DECODE
+    spec = request.kernel.spec.sparse_mla_decode
     spec.num_q_heads, spec.kv_lora_rank, spec.rope_dim = 8, 512, 64
     spec.topk, spec.s_q, spec.kv_cache_dtype = topk, 1, 1
     spec.page_block_size, spec.softmax_scale, spec.return_lse = 64, 0.0625, True

@@ -289,7 +289,8 @@ void DriveLoad(v1::KernelService::Stub* stub, const v1::GetKernelRequest* reques
       call->miss_request = *miss->base;
       // A new key per miss: topk --miss-base and a softmax scale 1e-6 (8
       // float ulps) apart per miss.
-      v1::AttentionSpec* spec = call->miss_request.mutable_kernel()->mutable_spec();
+      v1::AttentionSpec* spec =
+          call->miss_request.mutable_kernel()->mutable_spec()->mutable_sparse_mla_decode();
       spec->set_topk(static_cast<uint32_t>(miss->base_topk));
       spec->set_softmax_scale(spec->softmax_scale() * (1.0f + 1e-6f * static_cast<float>(n + 1)));
       call->ctx.set_deadline(
@@ -529,7 +530,7 @@ int main(int argc, char** argv) {
 
   v1::GetKernelRequest miss_base;
   miss_base.set_arch(o.arch);
-  *miss_base.mutable_kernel()->mutable_spec() = *base;
+  *miss_base.mutable_kernel()->mutable_spec() = kforge::KernelSpecOfFlat(*base).value();
   std::atomic<int> misses_started{0};
   MissLoad miss{o.miss_fraction, &miss_base, o.miss_deadlines, o.miss_base, &misses_started};
 
@@ -559,7 +560,7 @@ int main(int argc, char** argv) {
     cold.set_arch(o.arch);
     v1::AttentionSpec spec = *base;
     spec.set_topk(static_cast<uint32_t>(c.topk));
-    *cold.mutable_kernel()->mutable_spec() = spec;
+    *cold.mutable_kernel()->mutable_spec() = kforge::KernelSpecOfFlat(spec).value();
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::duration_cast<std::chrono::seconds>(

@@ -119,6 +119,20 @@ absl::Status Output(const google::protobuf::Message& message, uint8_t** out, siz
   return absl::OkStatus();
 }
 
+// A serialized spec in, `convert`'s message out (a C ABI call that maps
+// one spec to another).
+template <typename Convert>
+int32_t ConvertSpec(const uint8_t* spec, size_t spec_size, uint8_t** out, size_t* out_size,
+                    std::string_view out_name, char** error, Convert convert) {
+  return Call(error, [&]() -> absl::Status {
+    kforge::v1::AttentionSpec s;
+    if (absl::Status p = Parse(spec, spec_size, &s, "spec"); !p.ok()) return p;
+    auto converted = convert(s);
+    if (!converted.ok()) return converted.status();
+    return Output(*converted, out, out_size, out_name);
+  });
+}
+
 absl::Status OutputString(std::string_view s, char** out, std::string_view what) {
   if (out == nullptr) return Null(what);
   *out = CopyString(s);
@@ -277,13 +291,14 @@ int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error
 
 int32_t kforge_normalize_spec(const uint8_t* spec, size_t spec_size, uint8_t** normalized,
                               size_t* normalized_size, char** error) {
-  return Call(error, [&]() -> absl::Status {
-    kforge::v1::AttentionSpec s;
-    if (absl::Status p = Parse(spec, spec_size, &s, "spec"); !p.ok()) return p;
-    absl::StatusOr<kforge::v1::AttentionSpec> n = kforge::NormalizeSpec(s);
-    if (!n.ok()) return n.status();
-    return Output(*n, normalized, normalized_size, "normalized");
-  });
+  return ConvertSpec(spec, spec_size, normalized, normalized_size, "normalized", error,
+                     kforge::NormalizeSpec);
+}
+
+int32_t kforge_kernel_spec_of_flat(const uint8_t* spec, size_t spec_size, uint8_t** kernel_spec,
+                                   size_t* kernel_spec_size, char** error) {
+  return ConvertSpec(spec, spec_size, kernel_spec, kernel_spec_size, "kernel_spec", error,
+                     kforge::KernelSpecOfFlat);
 }
 
 int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec, size_t* spec_size,
@@ -293,8 +308,8 @@ int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec, si
     if (text_size > kMaxMessageBytes) {
       return absl::InvalidArgumentError(absl::StrCat("text: ", text_size, " bytes"));
     }
-    absl::StatusOr<kforge::v1::AttentionSpec> s =
-        kforge::ParseSpec(std::string_view(text == nullptr ? "" : text, text_size));
+    absl::StatusOr<kforge::v1::KernelSpec> s =
+        kforge::ParseSpecText(std::string_view(text == nullptr ? "" : text, text_size));
     if (!s.ok()) return s.status();
     return Output(*s, spec, spec_size, "spec");
   });

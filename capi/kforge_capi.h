@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 12
+#define KFORGE_CAPI_VERSION 13
 
 int32_t kforge_capi_version(void);
 
@@ -139,7 +139,13 @@ int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error
 /* NormalizeSpec (validates first). */
 int32_t kforge_normalize_spec(const uint8_t* spec, size_t spec_size, uint8_t** normalized,
                               size_t* normalized_size, char** error);
-/* ParseSpec: JSON or text proto; not validated. */
+/* KernelSpecOfFlat: a serialized flat AttentionSpec (kind set or not) ->
+ * serialized kforge.v1.KernelSpec. */
+int32_t kforge_kernel_spec_of_flat(const uint8_t* spec, size_t spec_size, uint8_t** kernel_spec,
+                                   size_t* kernel_spec_size, char** error);
+/* ParseSpecText: a spec file's text (JSON or text proto, the KernelSpec
+ * form or the older flat one) -> serialized kforge.v1.KernelSpec (since
+ * version 13; AttentionSpec before); not validated. */
 int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec, size_t* spec_size,
                           char** error);
 /* The preset names, one per line. */

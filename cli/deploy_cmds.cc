@@ -41,6 +41,7 @@
 #include "deploy/prebuild.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
+#include "model/spec.h"
 
 namespace kforge::cli {
 namespace {
@@ -102,7 +103,8 @@ struct WarmCounts {
 void WarmGroup(v1::KernelService::Stub& stub, const SpecGroup& group, absl::Time deadline,
                Progress& progress, WarmCounts& counts) {
   v1::PrebuildRequest request;
-  *request.add_kernels()->mutable_spec() = group.spec;
+  // A group's spec was normalized, so it has its kind's fields only.
+  *request.add_kernels()->mutable_spec() = KernelSpecOfFlat(group.spec).value();
   for (const MatrixJob* job : group.jobs) request.add_archs(job->arch);
   grpc::ClientContext context;
   if (deadline != absl::InfiniteFuture()) {

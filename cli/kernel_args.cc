@@ -50,12 +50,17 @@ absl::StatusOr<v1::KernelSelector> SelectorFromArgs(const ParsedArgs& args) {
     return absl::InvalidArgumentError("--kind names a preset's kernel; a spec file has its own");
   }
   if (args.Has("spec")) {
-    absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(args.Get("spec"));
-    if (!spec.ok()) return spec.status();
-    *selector.mutable_spec() =
-        kv_dtype == v1::KV_CACHE_DTYPE_UNSPECIFIED
-            ? *std::move(spec)
-            : SpecWithKvDtype(*spec, kv_dtype, v1::KV_SCALE_FORMAT_UNSPECIFIED);
+    absl::StatusOr<v1::KernelSpec> file = LoadKernelSpecFile(args.Get("spec"));
+    if (!file.ok()) return file.status();
+    if (kv_dtype != v1::KV_CACHE_DTYPE_UNSPECIFIED && !file->has_sparse_mla_decode()) {
+      return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: a ", KindCaseName(*file),
+                                                     " spec has no KV cache dtype to replace"));
+    }
+    *selector.mutable_spec() = *std::move(file);
+    if (kv_dtype != v1::KV_CACHE_DTYPE_UNSPECIFIED) {
+      *selector.mutable_spec()->mutable_sparse_mla_decode() = SpecWithKvDtype(
+          selector.spec().sparse_mla_decode(), kv_dtype, v1::KV_SCALE_FORMAT_UNSPECIFIED);
+    }
     return selector;
   }
   selector.mutable_preset()->set_kv_cache_dtype(kv_dtype);

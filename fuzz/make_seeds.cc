@@ -29,6 +29,7 @@
 #include "kforge/v1/service.pb.h"
 #include "model/format.h"
 #include "model/selector.h"
+#include "model/spec.h"
 #include "service/cache_entry.h"
 #include "service/disk_cache.h"
 
@@ -146,7 +147,7 @@ int main(int argc, char** argv) {
 
   // request/
   kforge::v1::GetKernelRequest by_spec;
-  *by_spec.mutable_kernel()->mutable_spec() = variant.spec();
+  *by_spec.mutable_kernel()->mutable_spec() = kforge::KernelSpecOfFlat(variant.spec()).value();
   by_spec.set_arch(manifest.arch());
   Write(out + "/request", "seed_spec", by_spec.SerializeAsString());
   kforge::v1::GetKernelRequest lookup = by_spec;

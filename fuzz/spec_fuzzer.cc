@@ -57,6 +57,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                        " does not read back"));
   }
 
+  // Either form of a spec file: a KernelSpec with its case set prints as
+  // JSON that reads back the same.
+  if (absl::StatusOr<kforge::v1::KernelSpec> any = kforge::ParseSpecText(text);
+      any.ok() && any->kind_case() != kforge::v1::KernelSpec::KIND_NOT_SET) {
+    std::string printed;
+    Check(google::protobuf::util::MessageToJsonString(*any, &printed).ok(),
+          "a parsed KernelSpec does not print as JSON");
+    absl::StatusOr<kforge::v1::KernelSpec> again = kforge::ParseSpecText(printed);
+    Check(again.ok() && kforge::fuzz::SameMessage(*any, *again),
+          absl::StrCat("a KernelSpec printed as JSON reads back different: ", printed));
+  }
+
   absl::StatusOr<kforge::v1::AttentionSpec> spec = kforge::ParseSpec(text);
   if (!spec.ok()) return 0;
 

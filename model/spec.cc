@@ -231,9 +231,10 @@ absl::Status ExpandJsonMessage(const google::protobuf::Descriptor& message,
 }
 
 // JSON -> any-JSON tree -> short names expanded (ExpandKvEnumNames) ->
-// AttentionSpec. The detour through google.protobuf.Value costs one extra
-// parse of a small file and keeps the enum fields typed.
-absl::StatusOr<v1::AttentionSpec> ParseJson(std::string_view text) {
+// `out` (an AttentionSpec or a KernelSpec). The detour through
+// google.protobuf.Value costs one extra parse of a small file and keeps the
+// enum fields typed.
+absl::StatusOr<google::protobuf::Value> ParseJsonTree(std::string_view text) {
   if (absl::Status s = CheckNoDuplicateJsonKeys(text, /*proto_names=*/true); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid JSON spec: ", s.message()));
   }
@@ -244,21 +245,22 @@ absl::StatusOr<v1::AttentionSpec> ParseJson(std::string_view text) {
     return absl::InvalidArgumentError(
         absl::StrCat("invalid JSON spec: ", std::string(status.message())));
   }
-  if (absl::Status s = ExpandKvEnumNames(*v1::AttentionSpec::descriptor(), tree); !s.ok()) {
-    return s;
-  }
+  return tree;
+}
+
+absl::Status ParseJson(google::protobuf::Value tree, google::protobuf::Message& out) {
+  if (absl::Status s = ExpandKvEnumNames(*out.GetDescriptor(), tree); !s.ok()) return s;
   std::string json;
   // Printing a Value that was just parsed cannot fail.
   (void)google::protobuf::util::MessageToJsonString(tree, &json);
-  v1::AttentionSpec spec;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
-  status = google::protobuf::util::JsonStringToMessage(json, &spec, options);
+  auto status = google::protobuf::util::JsonStringToMessage(json, &out, options);
   if (!status.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("invalid JSON spec: ", std::string(status.message())));
   }
-  return spec;
+  return absl::OkStatus();
 }
 
 // io::Tokenizer's columns count a tab as reaching the next multiple of 8
@@ -285,7 +287,8 @@ class IgnoreErrors : public google::protobuf::io::ErrorCollector {
 // that is a short name, as an identifier or a string, replaced by its enum
 // name. Tokenized as TextFormat's parser does, following the nesting of
 // AttentionSpec's messages; syntax errors are left for that parser.
-absl::StatusOr<std::string> ExpandTextProtoKvEnumNames(std::string_view text) {
+absl::StatusOr<std::string> ExpandTextProtoKvEnumNames(const google::protobuf::Descriptor& message,
+                                                       std::string_view text) {
   using google::protobuf::io::Tokenizer;
   std::vector<size_t> line_starts = {0};
   for (size_t i = 0; i < text.size(); ++i) {
@@ -303,7 +306,7 @@ absl::StatusOr<std::string> ExpandTextProtoKvEnumNames(std::string_view text) {
     const google::protobuf::Descriptor* message;  // null inside a field it does not have
     std::string path;
   };
-  std::vector<Scope> scopes = {{v1::AttentionSpec::descriptor(), ""}};
+  std::vector<Scope> scopes = {{&message, ""}};
   struct Replacement {
     size_t begin;
     size_t size;
@@ -353,19 +356,63 @@ absl::StatusOr<std::string> ExpandTextProtoKvEnumNames(std::string_view text) {
   return out;
 }
 
-absl::StatusOr<v1::AttentionSpec> ParseTextProto(std::string_view text) {
-  absl::StatusOr<std::string> expanded = ExpandTextProtoKvEnumNames(text);
+absl::Status ParseTextProto(std::string_view text, google::protobuf::Message& out) {
+  absl::StatusOr<std::string> expanded = ExpandTextProtoKvEnumNames(*out.GetDescriptor(), text);
   if (!expanded.ok()) return expanded.status();
-  v1::AttentionSpec spec;
   CollectErrors errors;
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
   parser.AllowUnknownField(false);
   parser.AllowUnknownExtension(false);
-  if (!parser.ParseFromString(*expanded, &spec)) {
+  if (!parser.ParseFromString(*expanded, &out)) {
     return absl::InvalidArgumentError(absl::StrCat("invalid text-proto spec: ", errors.Joined()));
   }
-  return spec;
+  return absl::OkStatus();
+}
+
+// Whether a spec text is a KernelSpec (its top level names a case of
+// KernelSpec.kind) rather than the flat form of an AttentionSpec with its
+// kind field, which files written before KernelSpec use.
+bool IsKernelSpecForm(std::string_view text, const google::protobuf::Value* json_tree) {
+  const google::protobuf::OneofDescriptor& cases = *v1::KernelSpec::descriptor()->oneof_decl(0);
+  auto names_case = [&cases](absl::string_view name) {
+    for (int i = 0; i < cases.field_count(); ++i) {
+      if (name == cases.field(i)->name() || name == cases.field(i)->json_name()) return true;
+    }
+    return false;
+  };
+  if (json_tree != nullptr) {
+    if (json_tree->kind_case() != google::protobuf::Value::kStructValue) return false;
+    for (const auto& [key, value] : json_tree->struct_value().fields()) {
+      if (names_case(key)) return true;
+    }
+    return false;
+  }
+  // Text proto: the first identifier is the first field's name.
+  google::protobuf::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
+  IgnoreErrors errors;
+  google::protobuf::io::Tokenizer tokenizer(&input, &errors);
+  tokenizer.set_comment_style(google::protobuf::io::Tokenizer::SH_COMMENT_STYLE);
+  if (!tokenizer.Next()) return false;
+  return tokenizer.current().type == google::protobuf::io::Tokenizer::TYPE_IDENTIFIER &&
+         names_case(tokenizer.current().text);
+}
+
+// -0 is not a scale anyone means, and the JSON printer drops it (it reads
+// back as +0): make it +0 so a parsed spec prints and reads back the same
+// (found by fuzz/spec_fuzzer; validation then refuses the scale either way).
+void ClearNegativeZeroScale(v1::AttentionSpec& spec) {
+  if (spec.softmax_scale() == 0.0f) spec.set_softmax_scale(0.0f);
+}
+
+// The fields of a flat spec that `kind` has, besides kind itself.
+bool FlatFieldBelongsTo(v1::AttentionKind kind, const google::protobuf::FieldDescriptor& field) {
+  const bool indexer_only = field.number() == v1::AttentionSpec::kIndexHeadsFieldNumber ||
+                            field.number() == v1::AttentionSpec::kIndexHeadDimFieldNumber;
+  if (kind != v1::ATTENTION_KIND_DSA_INDEXER) return !indexer_only;
+  return indexer_only || field.number() == v1::AttentionSpec::kTopkFieldNumber ||
+         field.number() == v1::AttentionSpec::kPageBlockSizeFieldNumber ||
+         field.number() == v1::AttentionSpec::kSQFieldNumber;
 }
 
 }  // namespace
@@ -495,7 +542,7 @@ absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int64_t 
 absl::StatusOr<v1::AttentionSpec> SpecOfSelector(const v1::KernelSelector& selector) {
   switch (selector.source_case()) {
     case v1::KernelSelector::kSpec:
-      return selector.spec();
+      return FlatOfKernelSpec(selector.spec());
     case v1::KernelSelector::kPreset:
       if (selector.preset().kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
         if (selector.preset().kv_cache_dtype() != v1::KV_CACHE_DTYPE_UNSPECIFIED) {
@@ -539,16 +586,99 @@ absl::StatusOr<v1::AttentionSpec> ParseSpec(std::string_view text) {
   if (absl::StripTrailingAsciiWhitespace(body).empty()) {
     return absl::InvalidArgumentError("spec text is empty");
   }
-  absl::StatusOr<v1::AttentionSpec> spec =
-      body.front() == '{' ? ParseJson(AsStd(body)) : ParseTextProto(text);
-  // -0 is not a scale anyone means, and the JSON printer drops it (it reads
-  // back as +0): make it +0 so a parsed spec prints and reads back the same
-  // (found by fuzz/spec_fuzzer; validation then refuses the scale either way).
-  if (spec.ok() && spec->softmax_scale() == 0.0f) spec->set_softmax_scale(0.0f);
+  v1::AttentionSpec spec;
+  if (body.front() == '{') {
+    absl::StatusOr<google::protobuf::Value> tree = ParseJsonTree(AsStd(body));
+    if (!tree.ok()) return tree.status();
+    if (absl::Status s = ParseJson(*std::move(tree), spec); !s.ok()) return s;
+  } else if (absl::Status s = ParseTextProto(text, spec); !s.ok()) {
+    return s;
+  }
+  ClearNegativeZeroScale(spec);
   return spec;
 }
 
-absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path) {
+absl::StatusOr<v1::KernelSpec> KernelSpecOfFlat(const v1::AttentionSpec& flat) {
+  const v1::AttentionKind kind = flat.kind() == v1::ATTENTION_KIND_UNSPECIFIED
+                                     ? v1::ATTENTION_KIND_SPARSE_MLA_DECODE
+                                     : flat.kind();
+  if (kind != v1::ATTENTION_KIND_SPARSE_MLA_DECODE && kind != v1::ATTENTION_KIND_DSA_INDEXER) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kind: got ", KindName(flat.kind()),
+                     ", supported ATTENTION_KIND_SPARSE_MLA_DECODE or ATTENTION_KIND_DSA_INDEXER"));
+  }
+  Problems problems;
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  flat.GetReflection()->ListFields(flat, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    if (field->number() != v1::AttentionSpec::kKindFieldNumber &&
+        !FlatFieldBelongsTo(kind, *field)) {
+      problems.Add(field->name(), "set", absl::StrCat("unset for ", KindName(kind)));
+    }
+  }
+  if (absl::Status s = problems.ToStatus(); !s.ok()) return s;
+  v1::KernelSpec out;
+  if (kind == v1::ATTENTION_KIND_DSA_INDEXER) {
+    v1::DsaIndexerSpec& indexer = *out.mutable_dsa_indexer();
+    indexer.set_index_heads(flat.index_heads());
+    indexer.set_index_head_dim(flat.index_head_dim());
+    indexer.set_topk(flat.topk());
+    indexer.set_page_block_size(flat.page_block_size());
+    indexer.set_s_q(flat.s_q());
+  } else {
+    *out.mutable_sparse_mla_decode() = flat;
+    out.mutable_sparse_mla_decode()->clear_kind();
+  }
+  return out;
+}
+
+v1::AttentionKind KindOf(const v1::KernelSpec& spec) {
+  switch (spec.kind_case()) {
+    case v1::KernelSpec::kSparseMlaDecode:
+      return v1::ATTENTION_KIND_SPARSE_MLA_DECODE;
+    case v1::KernelSpec::kDsaIndexer:
+      return v1::ATTENTION_KIND_DSA_INDEXER;
+    case v1::KernelSpec::KIND_NOT_SET:
+      break;
+  }
+  return v1::ATTENTION_KIND_UNSPECIFIED;
+}
+
+std::string KindCaseName(const v1::KernelSpec& spec) {
+  if (spec.kind_case() == v1::KernelSpec::KIND_NOT_SET) return "none";
+  return v1::KernelSpec::descriptor()->FindFieldByNumber(spec.kind_case())->name();
+}
+
+absl::StatusOr<v1::KernelSpec> ParseSpecText(std::string_view text) {
+  const absl::string_view body = absl::StripLeadingAsciiWhitespace(AsAbsl(text));
+  if (absl::StripTrailingAsciiWhitespace(body).empty()) {
+    return absl::InvalidArgumentError("spec text is empty");
+  }
+  const bool json = body.front() == '{';
+  absl::StatusOr<google::protobuf::Value> tree;
+  if (json) {
+    tree = ParseJsonTree(AsStd(body));
+    if (!tree.ok()) return tree.status();
+  }
+  if (!IsKernelSpecForm(text, json ? &*tree : nullptr)) {
+    absl::StatusOr<v1::AttentionSpec> flat = ParseSpec(text);
+    if (!flat.ok()) return flat.status();
+    return KernelSpecOfFlat(*flat);
+  }
+  v1::KernelSpec spec;
+  if (json) {
+    if (absl::Status s = ParseJson(*std::move(tree), spec); !s.ok()) return s;
+  } else if (absl::Status s = ParseTextProto(text, spec); !s.ok()) {
+    return s;
+  }
+  if (spec.has_sparse_mla_decode()) ClearNegativeZeroScale(*spec.mutable_sparse_mla_decode());
+  return spec;
+}
+
+namespace {
+
+// The contents of a spec file, errors naming it.
+absl::StatusOr<std::string> ReadSpecFile(const std::string& path) {
   // A FIFO or device (/dev/zero) is refused from its type, without reading
   // it: --spec on a FIFO hung, on /dev/zero it aborted with bad_alloc.
   absl::StatusOr<std::string> read = ReadFile(path, kMaxSpecFileBytes, Symlinks::kFollow);
@@ -558,13 +688,68 @@ absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path) {
   if (absl::IsFailedPrecondition(read.status())) {
     return absl::InvalidArgumentError(absl::StrCat("spec file ", read.status().message()));
   }
-  if (!read.ok()) return read.status();
-  const std::string& contents = *read;
-  absl::StatusOr<v1::AttentionSpec> spec = ParseSpec(contents);
-  if (!spec.ok()) {
-    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
+  return read;
+}
+
+template <typename T>
+absl::StatusOr<T> NameFile(const std::string& path, absl::StatusOr<T> parsed) {
+  if (!parsed.ok()) {
+    return absl::Status(parsed.status().code(),
+                        absl::StrCat(path, ": ", parsed.status().message()));
   }
-  return spec;
+  return parsed;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path) {
+  absl::StatusOr<std::string> contents = ReadSpecFile(path);
+  if (!contents.ok()) return contents.status();
+  return NameFile(path, ParseSpec(*contents));
+}
+
+absl::StatusOr<v1::KernelSpec> LoadKernelSpecFile(const std::string& path) {
+  absl::StatusOr<std::string> contents = ReadSpecFile(path);
+  if (!contents.ok()) return contents.status();
+  return NameFile(path, ParseSpecText(*contents));
+}
+
+absl::StatusOr<v1::AttentionSpec> FlatOfKernelSpec(const v1::KernelSpec& spec) {
+  v1::AttentionSpec flat;
+  switch (spec.kind_case()) {
+    case v1::KernelSpec::kSparseMlaDecode:
+      flat = spec.sparse_mla_decode();
+      if (flat.kind() != v1::ATTENTION_KIND_UNSPECIFIED || flat.index_heads() != 0 ||
+          flat.index_head_dim() != 0) {
+        return absl::InvalidArgumentError(
+            "sparse_mla_decode: kind, index_heads and index_head_dim must be unset (the case "
+            "names the kind)");
+      }
+      break;
+    case v1::KernelSpec::kDsaIndexer: {
+      const v1::DsaIndexerSpec& indexer = spec.dsa_indexer();
+      flat.set_index_heads(indexer.index_heads());
+      flat.set_index_head_dim(indexer.index_head_dim());
+      flat.set_topk(indexer.topk());
+      flat.set_page_block_size(indexer.page_block_size());
+      flat.set_s_q(indexer.s_q());
+      break;
+    }
+    case v1::KernelSpec::KIND_NOT_SET:
+      return absl::InvalidArgumentError(
+          "kind: got none, supported sparse_mla_decode or dsa_indexer (a KernelSpec names its "
+          "kind)");
+  }
+  flat.set_kind(KindOf(spec));
+  return flat;
+}
+
+absl::StatusOr<v1::KernelSpec> NormalizeKernelSpec(const v1::KernelSpec& spec) {
+  absl::StatusOr<v1::AttentionSpec> flat = FlatOfKernelSpec(spec);
+  if (!flat.ok()) return flat.status();
+  absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(*flat);
+  if (!normalized.ok()) return normalized.status();
+  return KernelSpecOfFlat(*normalized);
 }
 
 namespace {

@@ -141,6 +141,42 @@ absl::StatusOr<v1::AttentionSpec> ParseSpec(std::string_view text);
 // Reads and parses a spec file; errors name the file.
 absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path);
 
+// A spec of any kind (KernelSpec) given as JSON or text proto:
+// `{"sparse_mla_decode": {...}}`, `dsa_indexer { ... }`. A text whose top
+// level names no case of KernelSpec is the flat form spec files had before
+// KernelSpec (AttentionSpec's fields with an optional `kind`; the indexer's
+// index_heads and index_head_dim beside topk, page_block_size and s_q) and
+// is converted (KernelSpecOfFlat). The one parser of spec files: the CLI's
+// --spec and, through the C ABI, Python use it. Does not validate.
+absl::StatusOr<v1::KernelSpec> ParseSpecText(std::string_view text);
+
+// Reads and parses a spec file (ParseSpecText); errors name the file.
+absl::StatusOr<v1::KernelSpec> LoadKernelSpecFile(const std::string& path);
+
+// The KernelSpec of a flat spec: kind unset or ATTENTION_KIND_SPARSE_MLA_DECODE
+// gives sparse_mla_decode, ATTENTION_KIND_DSA_INDEXER gives dsa_indexer.
+// InvalidArgument naming each field the kind does not have, or the kind.
+absl::StatusOr<v1::KernelSpec> KernelSpecOfFlat(const v1::AttentionSpec& flat);
+
+// The flat AttentionSpec (kind set) that the request, manifest and artifact
+// protos still carry for a KernelSpec: the inverse of KernelSpecOfFlat, for
+// the code that has not moved to KernelSpec yet. InvalidArgument naming
+// `kind` when no case is set.
+absl::StatusOr<v1::AttentionSpec> FlatOfKernelSpec(const v1::KernelSpec& spec);
+
+// The user-facing name of a spec's case (CLI --kind, PresetRef.kind,
+// matrix kinds); ATTENTION_KIND_UNSPECIFIED when no case is set. The one
+// place a case and an AttentionKind meet.
+v1::AttentionKind KindOf(const v1::KernelSpec& spec);
+
+// The name of a spec's case as the proto spells it ("sparse_mla_decode",
+// "dsa_indexer"), "none" when unset: for errors.
+std::string KindCaseName(const v1::KernelSpec& spec);
+
+// NormalizeSpec for a spec of any kind: the case's own validation and
+// normalization. InvalidArgument naming `kind` when no case is set.
+absl::StatusOr<v1::KernelSpec> NormalizeKernelSpec(const v1::KernelSpec& spec);
+
 }  // namespace kforge
 
 #endif  // KFORGE_MODEL_SPEC_H_

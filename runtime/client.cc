@@ -15,6 +15,7 @@
 #include "bundle/bundle.h"
 #include "grpcpp/grpcpp.h"
 #include "kforge/v1/service.grpc.pb.h"
+#include "model/spec.h"
 
 namespace kforge {
 namespace {
@@ -261,7 +262,9 @@ absl::StatusOr<ArtifactRef> ServiceClient::GetKernel(const v1::ManifestVariant& 
     if (hit != s.kernels.end()) return hit->second;
   }
   v1::GetKernelRequest request;
-  *request.mutable_kernel()->mutable_spec() = variant.spec();
+  absl::StatusOr<v1::KernelSpec> spec = KernelSpecOfFlat(variant.spec());
+  if (!spec.ok()) return spec.status();
+  *request.mutable_kernel()->mutable_spec() = *std::move(spec);
   request.set_arch(std::string(arch));
   v1::GetKernelResponse response;
   absl::Status called =

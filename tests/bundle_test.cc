@@ -33,6 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::google::protobuf::util::MessageDifferencer;
+using ::kforge::testing::AsKernelSpec;
 using ::kforge::testing::Contains;
 using ::kforge::testing::Glm5Selector;
 using ::kforge::testing::ReadFileOrEmpty;
@@ -150,7 +151,7 @@ TEST_F(BundleTest, RoundTripAnswersTheSameKernelAndManifest) {
   ASSERT_EQ((*source)->manifests().size(), 1u);
   // A preset, its spec spelled out, and another arch spelling: one manifest.
   v1::KernelSelector by_spec;
-  *by_spec.mutable_spec() = *SpecFromPreset("glm-5", 8);
+  *by_spec.mutable_spec() = AsKernelSpec(*SpecFromPreset("glm-5", 8));
   for (const auto& [selector, arch] :
        {std::pair{Glm5Selector(8), "sm_90a"}, std::pair{by_spec, "90a"}}) {
     absl::StatusOr<v1::Manifest> got = (*source)->GetManifest(selector, arch);

@@ -184,6 +184,17 @@ grep -q "sparse_mla_decode_h24_d512r64_topk1024_" <<<"$sel" || fail "select --sp
   fail "kforge manifest --spec failed"
 grep -q '"num_q_heads": 24' "$TMP/custom_manifest.json" ||
   fail "manifest --spec does not describe the custom model"
+# The same model as a KernelSpec (the spec file form since KernelSpec; the
+# flat form above is converted): the same kernel.
+cat >"$TMP/custom_nested.txtpb" <<'TXT'
+sparse_mla_decode {
+  num_q_heads: 24 kv_lora_rank: 512 rope_dim: 64 topk: 1024 s_q: 1
+  kv_cache_dtype: bf16 page_block_size: 64 softmax_scale: 0.1 return_lse: true
+}
+TXT
+nested=$("$KFORGE" select --spec "$TMP/custom_nested.txtpb" --arch sm_90a --sms 132 --batch 4) ||
+  fail "kforge select --spec (KernelSpec form) failed"
+[[ "$nested" == "$sel" ]] || fail "KernelSpec form selects differently: $nested vs $sel"
 
 # --- special files ---------------------------------------------------------
 # A FIFO, a device or a link to one is refused from its type, at once: --spec

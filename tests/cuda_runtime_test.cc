@@ -50,7 +50,7 @@ class CompilingSource : public KernelSource {
                                            std::string_view arch) override {
     ++manifest_calls;
     absl::StatusOr<v1::AttentionSpec> spec =
-        kernel.has_spec() ? absl::StatusOr<v1::AttentionSpec>(kernel.spec())
+        kernel.has_spec() ? FlatOfKernelSpec(kernel.spec())
                           : SpecFromPreset(kernel.preset().name(),
                                            static_cast<int>(kernel.preset().tensor_parallel()));
     if (!spec.ok()) return spec.status();
@@ -1101,7 +1101,7 @@ class SparseMlaDecodeGpu : public ::testing::Test {
   // stream_ of that context.
   void StartDecode(const v1::AttentionSpec& spec) {
     v1::KernelSelector model;
-    *model.mutable_spec() = spec;
+    *model.mutable_spec() = ::kforge::testing::AsKernelSpec(spec);
     absl::StatusOr<std::unique_ptr<SparseMlaDecode>> decode =
         SparseMlaDecode::Create(source_, model, 0);
     ASSERT_TRUE(decode.ok()) << decode.status();

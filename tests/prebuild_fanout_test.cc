@@ -67,7 +67,7 @@ TEST(ExpandPrebuildRequestTest, NoWorkOrABadKernelFailsTheWholeRequest) {
 // is kept in fuzz/corpus/warm_request/).
 TEST(ExpandPrebuildRequestTest, AnIncompleteSpecFailsTheWholeRequest) {
   v1::PrebuildRequest request;
-  request.add_kernels()->mutable_spec()->set_num_q_heads(8);
+  request.add_kernels()->mutable_spec()->mutable_sparse_mla_decode()->set_num_q_heads(8);
   *request.add_kernels() = Preset("glm-5", 8);
   request.add_archs("sm_90a");
   absl::Status bad = ExpandPrebuildRequest(request, kMaxJobs).status();

@@ -46,6 +46,7 @@ namespace kforge {
 namespace {
 
 namespace fs = std::filesystem;
+using ::kforge::testing::AsKernelSpec;
 using ::kforge::testing::Contains;
 using ::kforge::testing::ReadFileOrEmpty;
 using ::kforge::testing::ServeProcess;
@@ -213,7 +214,7 @@ class PrebuildTest : public ::testing::Test {
 v1::GetKernelResponse GetKernel(v1::KernelService::Stub& stub, int tp, uint32_t s_q,
                                 grpc::Status* status) {
   v1::GetKernelRequest request;
-  *request.mutable_kernel()->mutable_spec() = Glm5Spec(tp, s_q);
+  *request.mutable_kernel()->mutable_spec() = AsKernelSpec(Glm5Spec(tp, s_q));
   request.set_arch(kArch);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));

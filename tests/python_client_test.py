@@ -190,7 +190,10 @@ class RetryAndAnswerTest(unittest.TestCase):
         self.assertEqual((request.kernel.preset.name, request.kernel.preset.tensor_parallel,
                           request.arch), ("glm-5", 8, ARCH))
         request = fake.requests["GetKernel"][-1]
-        self.assertEqual(request.kernel.spec, self.manifest.variants[0].spec)
+        flat = spec_pb2.AttentionSpec()
+        flat.CopyFrom(self.manifest.variants[0].spec)
+        flat.ClearField("kind")
+        self.assertEqual(request.kernel.spec.sparse_mla_decode, flat)
         self.assertEqual(request.arch, ARCH)
 
     def test_too_few_attempts_is_unavailable(self):
@@ -1165,6 +1168,24 @@ def unpack_decode_params(data):
 
 def unpack_combine_params(data):
     return dict(zip(COMBINE_PARAMS[0], struct.unpack(COMBINE_PARAMS[1], data)))
+
+
+class ParseSpecTest(unittest.TestCase):
+    """Spec files reach Python through the C++ parser (kforge_parse_spec):
+    the KernelSpec form and the older flat form give the same KernelSpec."""
+
+    def test_kernel_spec_and_flat_forms(self):
+        nested = _capi.parse_spec('{"dsa_indexer": {"index_heads": 32, "index_head_dim": 128,'
+                                  ' "topk": 2048, "page_block_size": 64}}')
+        flat = _capi.parse_spec("kind: ATTENTION_KIND_DSA_INDEXER index_heads: 32"
+                                " index_head_dim: 128 topk: 2048 page_block_size: 64")
+        self.assertEqual(nested.WhichOneof("kind"), "dsa_indexer")
+        self.assertEqual(nested, flat)
+        sparse = _capi.parse_spec('{"num_q_heads": 16, "kv_cache_dtype": "fp8_ds_mla"}')
+        self.assertEqual(sparse.WhichOneof("kind"), "sparse_mla_decode")
+        self.assertEqual(sparse.sparse_mla_decode.num_q_heads, 16)
+        with self.assertRaisesRegex(kforge.KforgeInvalidArgument, "num_q_heads: got set"):
+            _capi.parse_spec('{"kind": "ATTENTION_KIND_DSA_INDEXER", "num_q_heads": 16}')
 
 
 class OpsChecksTest(unittest.TestCase):

@@ -36,6 +36,15 @@ using ::kforge::testing::Contains;
 
 v1::AttentionSpec GoodSpec() { return ::kforge::testing::DeepseekTp1Spec(); }
 
+// A KernelSpec whose case is the preset's sparse MLA spec (its kind
+// field cleared: the case says it).
+v1::KernelSpec SparseKernelSpec(v1::AttentionSpec spec) {
+  spec.clear_kind();
+  v1::KernelSpec out;
+  *out.mutable_sparse_mla_decode() = std::move(spec);
+  return out;
+}
+
 struct FieldCase {
   std::string name;   // test name suffix
   std::string field;  // expected in the message; empty for a good case
@@ -584,6 +593,30 @@ TEST(SpecOfSelectorTest, HugeTensorParallelIsReportedAsSent) {
       << spec.status();
 }
 
+// A selector's spec is a KernelSpec: one with no case is refused naming
+// kind, an indexer one resolves to the indexer's spec.
+TEST(SpecOfSelectorTest, SpecCaseChoosesTheKind) {
+  v1::KernelSelector selector;
+  selector.mutable_spec();
+  absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(selector);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(spec.status().message(), "kind: got none")) << spec.status();
+  v1::DsaIndexerSpec& indexer = *selector.mutable_spec()->mutable_dsa_indexer();
+  indexer.set_index_heads(32);
+  indexer.set_index_head_dim(128);
+  indexer.set_topk(2048);
+  indexer.set_page_block_size(64);
+  spec = SpecOfSelector(selector);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->kind(), v1::ATTENTION_KIND_DSA_INDEXER);
+  EXPECT_EQ(spec->index_heads(), 32u);
+  *selector.mutable_spec() = SparseKernelSpec(GoodSpec());
+  spec = SpecOfSelector(selector);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(MessageDifferencer::Equals(*spec, GoodSpec()));
+}
+
 TEST(ParseSpecTest, TextProtoErrorHasLineAndColumn) {
   absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec("num_q_heads: 16\n  topk: oops\n");
   ASSERT_FALSE(parsed.ok());
@@ -823,6 +856,100 @@ TEST_F(LoadSpecFileTest, DirectoryIsInvalidArgument) {
   absl::StatusOr<v1::AttentionSpec> spec = LoadSpecFile(dir_.string());
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(LoadSpecFileTest, KernelSpecFormAndFlatFormGiveTheSameSpec) {
+  const v1::KernelSpec expected = SparseKernelSpec(*SpecFromPreset("glm-5", 2));
+  std::string nested_json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(expected, &nested_json).ok());
+  std::string nested_text;
+  ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(expected, &nested_text));
+  std::string flat_json;
+  ASSERT_TRUE(
+      google::protobuf::util::MessageToJsonString(*SpecFromPreset("glm-5", 2), &flat_json).ok());
+  std::string flat_text;
+  ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(*SpecFromPreset("glm-5", 2), &flat_text));
+  std::string flat_no_kind_json;
+  ASSERT_TRUE(
+      google::protobuf::util::MessageToJsonString(expected.sparse_mla_decode(), &flat_no_kind_json)
+          .ok());
+  ASSERT_TRUE(Contains(nested_json, "sparseMlaDecode")) << nested_json;
+  ASSERT_TRUE(Contains(flat_text, "kind: ATTENTION_KIND_SPARSE_MLA_DECODE")) << flat_text;
+  for (const auto& [name, contents] :
+       {std::pair{"nested.json", nested_json}, std::pair{"nested.textproto", nested_text},
+        std::pair{"flat.json", flat_json}, std::pair{"flat.textproto", flat_text},
+        std::pair{"flat_no_kind.json", flat_no_kind_json}}) {
+    absl::StatusOr<v1::KernelSpec> spec = LoadKernelSpecFile(Write(name, contents));
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    EXPECT_EQ(KindOf(*spec), v1::ATTENTION_KIND_SPARSE_MLA_DECODE) << name;
+    absl::StatusOr<v1::KernelSpec> normalized = NormalizeKernelSpec(*spec);
+    ASSERT_TRUE(normalized.ok()) << name << ": " << normalized.status();
+    EXPECT_TRUE(MessageDifferencer::Equals(*normalized, expected))
+        << name << ": " << normalized->DebugString() << " vs " << expected.DebugString();
+  }
+}
+
+TEST(ParseSpecTextTest, FlatIndexerSpecIsItsKernelSpec) {
+  v1::KernelSpec expected;
+  v1::DsaIndexerSpec& indexer = *expected.mutable_dsa_indexer();
+  indexer.set_index_heads(64);
+  indexer.set_index_head_dim(128);
+  indexer.set_topk(2048);
+  indexer.set_page_block_size(64);
+  indexer.set_s_q(2);
+  for (const char* text : {
+           R"({"kind": "ATTENTION_KIND_DSA_INDEXER", "index_heads": 64, "index_head_dim": 128,
+               "topk": 2048, "page_block_size": 64, "s_q": 2})",
+           "kind: ATTENTION_KIND_DSA_INDEXER index_heads: 64 index_head_dim: 128 topk: 2048\n"
+           "page_block_size: 64 s_q: 2\n",
+           R"({"dsa_indexer": {"index_heads": 64, "index_head_dim": 128, "topk": 2048,
+               "page_block_size": 64, "s_q": 2}})",
+           "# the indexer\ndsa_indexer { index_heads: 64 index_head_dim: 128 topk: 2048 "
+           "page_block_size: 64 s_q: 2 }\n",
+       }) {
+    absl::StatusOr<v1::KernelSpec> spec = ParseSpecText(text);
+    ASSERT_TRUE(spec.ok()) << text << ": " << spec.status();
+    EXPECT_TRUE(MessageDifferencer::Equals(*spec, expected)) << text << ": " << spec->DebugString();
+    EXPECT_EQ(KindOf(*spec), v1::ATTENTION_KIND_DSA_INDEXER);
+    EXPECT_EQ(KindCaseName(*spec), "dsa_indexer");
+    absl::StatusOr<v1::KernelSpec> normalized = NormalizeKernelSpec(*spec);
+    ASSERT_TRUE(normalized.ok()) << normalized.status();
+    EXPECT_EQ(normalized->dsa_indexer().s_q(), 0u);
+  }
+}
+
+TEST(ParseSpecTextTest, FlatFieldsOfTheOtherKindAreNamed) {
+  absl::StatusOr<v1::KernelSpec> spec = ParseSpecText(
+      R"({"kind": "ATTENTION_KIND_DSA_INDEXER", "index_heads": 64, "num_q_heads": 16})");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(spec.status().message(), "num_q_heads: got set")) << spec.status();
+  spec = ParseSpecText("num_q_heads: 16 index_heads: 64");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_TRUE(Contains(spec.status().message(), "index_heads: got set")) << spec.status();
+}
+
+TEST(ParseSpecTextTest, KernelSpecFormTakesShortNamesAndRefusesUnknownFields) {
+  absl::StatusOr<v1::KernelSpec> spec =
+      ParseSpecText(R"({"sparse_mla_decode": {"kv_cache_dtype": "fp8_ds_mla"}})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->sparse_mla_decode().kv_cache_dtype(), v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  spec = ParseSpecText("sparse_mla_decode { kv_cache_dtype: fp8_ds_mla kv_scale_format: pow2 }");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->sparse_mla_decode().kv_scale_format(), v1::KV_SCALE_FORMAT_POW2);
+  spec = ParseSpecText(R"({"dsa_indexer": {"num_q_heads": 16}})");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_TRUE(Contains(spec.status().message(), "num_q_heads")) << spec.status();
+}
+
+TEST(NormalizeKernelSpecTest, NoCaseIsRefusedNamingKind) {
+  absl::StatusOr<v1::KernelSpec> normalized = NormalizeKernelSpec(v1::KernelSpec());
+  ASSERT_FALSE(normalized.ok());
+  EXPECT_EQ(normalized.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(normalized.status().message(), "kind: got none"))
+      << normalized.status();
+  EXPECT_EQ(KindOf(v1::KernelSpec()), v1::ATTENTION_KIND_UNSPECIFIED);
+  EXPECT_EQ(KindCaseName(v1::KernelSpec()), "none");
 }
 
 }  // namespace

@@ -181,6 +181,14 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// The KernelSpec a request carries for a flat spec (kind set or not; one
+// that has fields of another kind fails the test).
+inline v1::KernelSpec AsKernelSpec(const v1::AttentionSpec& spec) {
+  absl::StatusOr<v1::KernelSpec> out = KernelSpecOfFlat(spec);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *std::move(out) : v1::KernelSpec();
+}
+
 // The glm-5 preset at tensor-parallel degree `tp`.
 inline v1::KernelSelector Glm5Selector(int tp) {
   v1::KernelSelector selector;

@@ -18,7 +18,7 @@ from kforge._proto import pb
 from kforge.bundle import LocalCopy
 from kforge.errors import KforgeError, KforgeNotFound, KforgeRpcError, KforgeUnavailable
 from kforge.source import KernelSource, check_artifact, check_manifest
-from kforge.spec import canonical_arch, selector
+from kforge.spec import canonical_arch, kernel_spec, selector
 
 _SERVICE = "/kforge.v1.KernelService/"
 _RETRIED = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
@@ -216,7 +216,7 @@ class Client(KernelSource):
             artifact = self._local.kernel(variant, arch)
         if artifact is None:
             request = pb().service_pb2.GetKernelRequest(arch=arch)
-            request.kernel.spec.CopyFrom(variant.spec)
+            request.kernel.spec.CopyFrom(kernel_spec(variant.spec))
             answer = self._call(self._get_kernel, request,
                                 f"GetKernel({variant.module_name}, {arch})")
             artifact = answer.artifact

@@ -34,6 +34,17 @@ def make_spec(*, num_q_heads, kv_lora_rank, rope_dim, topk, s_q, page_block_size
         kv_scale_format=kv_scale_format_value(kv_scale_format))
 
 
+def kernel_spec(spec):
+    """A KernelSpec as given, or that of a flat AttentionSpec (its kind
+    set or not; C++'s KernelSpecOfFlat): what a request carries."""
+    if isinstance(spec, pb().spec_pb2.KernelSpec):
+        return spec
+    if not isinstance(spec, pb().spec_pb2.AttentionSpec):
+        raise TypeError("spec: expected kforge.v1.KernelSpec or kforge.v1.AttentionSpec, got "
+                        f"{type(spec).__name__}")
+    return _capi.kernel_spec_of_flat(spec)
+
+
 def validate_spec(spec):
     """ValidateSpec (model/spec.h): KforgeInvalidArgument (a ValueError)
     naming every field kforge cannot build, with what it supports."""
@@ -111,9 +122,7 @@ def selector(preset=None, tp=None, spec=None, kv_dtype=None, kind=None):
         raise ValueError("kv_dtype= goes with preset=; a spec already fixes its cache dtype")
     sel = pb().service_pb2.KernelSelector()
     if spec is not None:
-        if not isinstance(spec, pb().spec_pb2.AttentionSpec):
-            raise TypeError(f"spec: expected kforge.v1.AttentionSpec, got {type(spec).__name__}")
-        sel.spec.CopyFrom(spec)
+        sel.spec.CopyFrom(kernel_spec(spec))
     else:
         sel.preset.name = preset
         sel.preset.tensor_parallel = 1 if tp is None else tp

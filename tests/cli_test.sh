@@ -323,6 +323,9 @@ start_server() {
   local name=$1
   shift
   SERVER_LOG=$TMP/$name.log
+  # Created here: the background job opens it for itself, maybe after the
+  # first read below.
+  : >"$SERVER_LOG"
   "$KFORGE" serve --listen 127.0.0.1:0 --cache-dir "$TMP/sec_cache" --workers 1 "$@" \
     >"$SERVER_LOG" 2>&1 &
   SERVER_PID=$!
@@ -569,6 +572,7 @@ stop_server
 # KFORGE_LISTEN and KFORGE_CACHE_DIR stand for the flags; KFORGE_SERVER for
 # --server.
 SERVER_LOG=$TMP/env_server.log
+: >"$SERVER_LOG"
 KFORGE_LISTEN=127.0.0.1:0 KFORGE_CACHE_DIR=$TMP/env_cache "$KFORGE" serve >"$SERVER_LOG" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 300); do

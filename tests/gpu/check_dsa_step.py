@@ -162,7 +162,11 @@ def main():
     tag = arch_tag()
     indexers = [kdi.DsaIndexer.from_files(p) for p in
                 sorted(glob.glob(os.path.join(args.indexer_dir, f"dsa_indexer_*_{tag}.cubin")))]
-    mlas = sorted(glob.glob(os.path.join(args.mla_dir, f"sparse_mla_decode_*bf16*_{tag}.cubin")))
+    # The step attends one cache: modules built with an extra cache (their
+    # names carry "_xtopk") take a second one and are not this step's.
+    mlas = sorted(p for p in glob.glob(os.path.join(args.mla_dir,
+                                                    f"sparse_mla_decode_*bf16*_{tag}.cubin"))
+                  if "_xtopk" not in os.path.basename(p))
     if not indexers or not mlas:
         print(f"no modules for {tag}: {len(indexers)} indexer, {len(mlas)} sparse MLA")
         return 1

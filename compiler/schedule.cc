@@ -119,7 +119,7 @@ std::string Describe(const v1::AttentionSpec& spec, const v1::KernelTiling& t) {
       t.head_tile(), t.heads_per_group(), t.num_head_groups(), t.num_head_groups() == 1 ? "" : "s",
       t.token_tile(), t.stages(), t.stages() == 1 ? "" : "s", t.warps(),
       t.land_warps() > 0 ? absl::StrCat(" + ", t.land_warps(), " land") : "",
-      t.wgmma() ? "wgmma" : "mma.sync", PipelineName(PipelineOf(spec, t)),
+      t.wgmma() ? "wgmma" : "mma.sync", PipelineName(EntryPipeline(spec, t, /*paired_entry=*/true)),
       DecodeSmemBytesFor(spec, t));
 }
 

@@ -20,7 +20,7 @@ case "$dtype" in
     enum=KV_CACHE_DTYPE_$(echo "$dtype" | tr a-z A-Z)
     for hs in 128:0.135234 16:0.135234 64:0.0625 8:0.0625; do
       cat >"$specs/h${hs%%:*}.json" <<JSON
-{"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": ${hs%%:*}, "kv_lora_rank": 512,
+{"num_q_heads": ${hs%%:*}, "kv_lora_rank": 512,
  "rope_dim": 0, "topk": 2048, "kv_cache_dtype": "$enum", "page_block_size": 64,
  "softmax_scale": ${hs##*:}, "return_lse": true}
 JSON

@@ -530,7 +530,7 @@ int main(int argc, char** argv) {
 
   v1::GetKernelRequest miss_base;
   miss_base.set_arch(o.arch);
-  *miss_base.mutable_kernel()->mutable_spec() = kforge::KernelSpecOfFlat(*base).value();
+  *miss_base.mutable_kernel()->mutable_spec() = kforge::KernelSpecOf(*base);
   std::atomic<int> misses_started{0};
   MissLoad miss{o.miss_fraction, &miss_base, o.miss_deadlines, o.miss_base, &misses_started};
 
@@ -560,7 +560,7 @@ int main(int argc, char** argv) {
     cold.set_arch(o.arch);
     v1::AttentionSpec spec = *base;
     spec.set_topk(static_cast<uint32_t>(c.topk));
-    *cold.mutable_kernel()->mutable_spec() = kforge::KernelSpecOfFlat(spec).value();
+    *cold.mutable_kernel()->mutable_spec() = kforge::KernelSpecOf(spec);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::duration_cast<std::chrono::seconds>(

@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<kforge::v1::AttentionSpec> spec = kforge::SpecFromPreset(preset, tp);
     if (!spec.ok()) return 1;
     absl::StatusOr<kforge::v1::Manifest> manifest =
-        kforge::BuildManifest(compiler, *spec, "sm_90a");
+        kforge::BuildManifest(compiler, kforge::KernelSpecOf(*spec), "sm_90a");
     if (!manifest.ok()) {
       std::fprintf(stderr, "%s\n", std::string(manifest.status().message()).c_str());
       return 1;

@@ -316,8 +316,8 @@ absl::Status CheckManifestCanBeFound(const v1::Manifest& manifest) {
                                                    arch->name, "\""));
   }
   for (int i = 0; i < manifest.variants_size(); ++i) {
-    const v1::AttentionSpec& spec = manifest.variants(i).spec();
-    absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec);
+    const v1::KernelSpec& spec = manifest.variants(i).spec();
+    absl::StatusOr<v1::KernelSpec> normalized = NormalizeKernelSpec(spec);
     if (!normalized.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("manifest variants[", i, "].spec: ", normalized.status().message()));
@@ -332,10 +332,10 @@ absl::Status CheckManifestCanBeFound(const v1::Manifest& manifest) {
 }
 
 // The normalized spec a selector names (model's SpecOfSelector).
-absl::StatusOr<v1::AttentionSpec> NormalizedSpecOfSelector(const v1::KernelSelector& selector) {
-  absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(selector);
+absl::StatusOr<v1::KernelSpec> NormalizedSpecOfSelector(const v1::KernelSelector& selector) {
+  absl::StatusOr<v1::KernelSpec> spec = SpecOfSelector(selector);
   if (!spec.ok()) return spec.status();
-  return NormalizeSpec(*spec);
+  return NormalizeKernelSpec(*spec);
 }
 
 }  // namespace
@@ -860,7 +860,7 @@ std::vector<std::string> BundleSource::UnlistedFiles() const {
 
 absl::StatusOr<v1::Manifest> BundleSource::GetManifest(const v1::KernelSelector& kernel,
                                                        std::string_view arch) {
-  absl::StatusOr<v1::AttentionSpec> spec = NormalizedSpecOfSelector(kernel);
+  absl::StatusOr<v1::KernelSpec> spec = NormalizedSpecOfSelector(kernel);
   if (!spec.ok()) return spec.status();
   absl::StatusOr<Arch> target = ParseArch(arch);
   if (!target.ok()) return target.status();

@@ -125,7 +125,7 @@ template <typename Convert>
 int32_t ConvertSpec(const uint8_t* spec, size_t spec_size, uint8_t** out, size_t* out_size,
                     std::string_view out_name, char** error, Convert convert) {
   return Call(error, [&]() -> absl::Status {
-    kforge::v1::AttentionSpec s;
+    kforge::v1::KernelSpec s;
     if (absl::Status p = Parse(spec, spec_size, &s, "spec"); !p.ok()) return p;
     auto converted = convert(s);
     if (!converted.ok()) return converted.status();
@@ -283,22 +283,16 @@ int32_t kforge_parse_kv_scale_format(const char* name, int32_t* kv_scale_format,
 
 int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error) {
   return Call(error, [&]() -> absl::Status {
-    kforge::v1::AttentionSpec s;
+    kforge::v1::KernelSpec s;
     if (absl::Status p = Parse(spec, spec_size, &s, "spec"); !p.ok()) return p;
-    return kforge::ValidateSpec(s);
+    return kforge::NormalizeKernelSpec(s).status();
   });
 }
 
 int32_t kforge_normalize_spec(const uint8_t* spec, size_t spec_size, uint8_t** normalized,
                               size_t* normalized_size, char** error) {
   return ConvertSpec(spec, spec_size, normalized, normalized_size, "normalized", error,
-                     kforge::NormalizeSpec);
-}
-
-int32_t kforge_kernel_spec_of_flat(const uint8_t* spec, size_t spec_size, uint8_t** kernel_spec,
-                                   size_t* kernel_spec_size, char** error) {
-  return ConvertSpec(spec, spec_size, kernel_spec, kernel_spec_size, "kernel_spec", error,
-                     kforge::KernelSpecOfFlat);
+                     kforge::NormalizeKernelSpec);
 }
 
 int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec, size_t* spec_size,
@@ -407,11 +401,15 @@ kforge::v1::LaunchPlan IndexerLaunchPlan(const kforge::IndexerKernelLaunch<Param
 template <typename Plan>
 absl::Status PlanIndexer(const uint8_t* spec, size_t spec_size, const uint8_t* launch,
                          size_t launch_size, uint8_t** out, size_t* out_size, Plan plan) {
-  kforge::v1::AttentionSpec s;
+  kforge::v1::KernelSpec s;
   if (absl::Status p = Parse(spec, spec_size, &s, "spec"); !p.ok()) return p;
+  if (!s.has_dsa_indexer()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: got a ", kforge::KindCaseName(s),
+                                                   " spec, supported dsa_indexer (the module's)"));
+  }
   kforge::v1::IndexerLaunch l;
   if (absl::Status p = Parse(launch, launch_size, &l, "launch"); !p.ok()) return p;
-  auto planned = plan(s, l);
+  auto planned = plan(s.dsa_indexer(), l);
   if (!planned.ok()) return planned.status();
   return Output(IndexerLaunchPlan(*planned), out, out_size, "plan");
 }
@@ -445,10 +443,11 @@ int32_t kforge_plan_indexer_logits(const uint8_t* spec, size_t spec_size, const 
     d.max_context = a.max_context;
     d.rows = a.rows;
     d.query_start = a.query_start;
-    return PlanIndexer(spec, spec_size, launch, launch_size, plan, plan_size,
-                       [&](const kforge::v1::AttentionSpec& s, const kforge::v1::IndexerLaunch& l) {
-                         return kforge::PlanIndexerLogits(s, l, d);
-                       });
+    return PlanIndexer(
+        spec, spec_size, launch, launch_size, plan, plan_size,
+        [&](const kforge::v1::DsaIndexerSpec& s, const kforge::v1::IndexerLaunch& l) {
+          return kforge::PlanIndexerLogits(s, l, d);
+        });
   });
 }
 
@@ -474,10 +473,11 @@ int32_t kforge_plan_indexer_topk(const uint8_t* spec, size_t spec_size, const ui
     d.max_context = a.max_context;
     d.query_start = a.query_start;
     d.rows = a.rows;
-    return PlanIndexer(spec, spec_size, launch, launch_size, plan, plan_size,
-                       [&](const kforge::v1::AttentionSpec& s, const kforge::v1::IndexerLaunch& l) {
-                         return kforge::PlanIndexerTopk(s, l, d);
-                       });
+    return PlanIndexer(
+        spec, spec_size, launch, launch_size, plan, plan_size,
+        [&](const kforge::v1::DsaIndexerSpec& s, const kforge::v1::IndexerLaunch& l) {
+          return kforge::PlanIndexerTopk(s, l, d);
+        });
   });
 }
 

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct below. */
-#define KFORGE_CAPI_VERSION 13
+#define KFORGE_CAPI_VERSION 14
 
 int32_t kforge_capi_version(void);
 
@@ -125,7 +125,9 @@ typedef struct KforgeDecodeArgs {
 
 /* ---- specs (model/spec.h) ---- */
 
-/* AttentionSpec of a preset at a tensor-parallel degree. */
+/* The sparse MLA spec (serialized kforge.v1.AttentionSpec, the
+ * KernelSpec.sparse_mla_decode case) of a preset at a tensor-parallel
+ * degree. */
 int32_t kforge_spec_from_preset(const char* name, int32_t tensor_parallel, int32_t kv_dtype,
                                 uint8_t** spec, size_t* spec_size, char** error);
 /* ParseKvDtype: a KV cache dtype name ("bf16", "fp8_ds_mla", ...; any
@@ -134,18 +136,18 @@ int32_t kforge_parse_kv_dtype(const char* name, int32_t* kv_dtype, char** error)
 /* ParseKvScaleFormat: "pow2" / "arbitrary" (any case; or a
  * KV_SCALE_FORMAT_* name) -> its kforge.v1.KvScaleFormat value. */
 int32_t kforge_parse_kv_scale_format(const char* name, int32_t* kv_scale_format, char** error);
-/* ValidateSpec. */
+/* Validates a serialized kforge.v1.KernelSpec of any kind (its case's
+ * rules: model/spec.h ValidateSpec, model/indexer_spec.h
+ * ValidateIndexerSpec; since version 14, a flat AttentionSpec before). */
 int32_t kforge_validate_spec(const uint8_t* spec, size_t spec_size, char** error);
-/* NormalizeSpec (validates first). */
+/* NormalizeKernelSpec (validates first): KernelSpec in, KernelSpec out
+ * (since version 14). */
 int32_t kforge_normalize_spec(const uint8_t* spec, size_t spec_size, uint8_t** normalized,
                               size_t* normalized_size, char** error);
-/* KernelSpecOfFlat: a serialized flat AttentionSpec (kind set or not) ->
- * serialized kforge.v1.KernelSpec. */
-int32_t kforge_kernel_spec_of_flat(const uint8_t* spec, size_t spec_size, uint8_t** kernel_spec,
-                                   size_t* kernel_spec_size, char** error);
 /* ParseSpecText: a spec file's text (JSON or text proto, the KernelSpec
- * form or the older flat one) -> serialized kforge.v1.KernelSpec (since
- * version 13; AttentionSpec before); not validated. */
+ * form or the flat form of a sparse MLA spec) -> serialized
+ * kforge.v1.KernelSpec (since version 13; AttentionSpec before); not
+ * validated. */
 int32_t kforge_parse_spec(const char* text, size_t text_size, uint8_t** spec, size_t* spec_size,
                           char** error);
 /* The preset names, one per line. */
@@ -314,7 +316,8 @@ typedef struct KforgeIndexerTopkArgs {
   int32_t reserved; /* 0 */
 } KforgeIndexerTopkArgs;
 
-/* PlanIndexerLogits / PlanIndexerTopk for a module's spec and its
+/* PlanIndexerLogits / PlanIndexerTopk for a module's spec (a serialized
+ * kforge.v1.KernelSpec of the dsa_indexer case, since version 14) and its
  * IndexerLaunch (serialized kforge.v1 messages): the launch as a
  * serialized LaunchPlan (main_entry, grid_x/y/z, block_threads,
  * dynamic_smem_bytes, main_params = the parameter block). */

@@ -73,7 +73,7 @@ absl::StatusOr<std::vector<MatrixJob>> MatrixJobsFromArgs(const ParsedArgs& args
 // by arch, key and module name but, on failure, only by arch and error, so
 // a call carries a single spec and every message is tied to its job.
 struct SpecGroup {
-  v1::AttentionSpec spec;
+  v1::KernelSpec spec;
   std::vector<const MatrixJob*> jobs;  // distinct archs
 };
 
@@ -103,8 +103,7 @@ struct WarmCounts {
 void WarmGroup(v1::KernelService::Stub& stub, const SpecGroup& group, absl::Time deadline,
                Progress& progress, WarmCounts& counts) {
   v1::PrebuildRequest request;
-  // A group's spec was normalized, so it has its kind's fields only.
-  *request.add_kernels()->mutable_spec() = KernelSpecOfFlat(group.spec).value();
+  *request.add_kernels()->mutable_spec() = group.spec;
   for (const MatrixJob* job : group.jobs) request.add_archs(job->arch);
   grpc::ClientContext context;
   if (deadline != absl::InfiniteFuture()) {

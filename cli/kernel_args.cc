@@ -12,7 +12,7 @@ const std::vector<FlagSpec>& KernelChoiceFlags() {
   static const std::vector<FlagSpec> kFlags = {
       {"preset", "NAME", "model preset: deepseek-v3.2 or glm-5"},
       {"tp", "N", "tensor-parallel degree (divides the preset's heads)", "1"},
-      {"spec", "FILE", "full AttentionSpec as JSON or text proto (instead of --preset)"},
+      {"spec", "FILE", "a spec file, JSON or text proto (instead of --preset; docs/USAGE.md)"},
       {"kv-dtype", "DTYPE",
        "KV cache dtype: bf16, fp8_ds_mla, fp8_ds_mla_v4, mxfp8_ds_mla_v41 or nvfp4_ds_mla "
        "(fp8_ds_mla: a preset brings its scale format, a spec file must set kv_scale_format; "

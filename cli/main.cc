@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/absl_compat.h"
 #include "base/io.h"
 #include "cli/deploy_cmds.h"
 #include "cli/flags.h"
@@ -21,6 +22,7 @@
 #include "compiler/compiler.h"
 #include "compiler/key.h"
 #include "compiler/nvrtc.h"
+#include "google/protobuf/message.h"
 #include "model/arch.h"
 #include "model/cubin.h"
 #include "model/format.h"
@@ -46,26 +48,43 @@ const std::vector<FlagSpec>& SpecFlags() {
   return kFlags;
 }
 
-// Builds the spec from --preset/--tp or --spec, then applies overrides.
-absl::StatusOr<v1::AttentionSpec> SpecFromArgs(const ParsedArgs& args) {
+// The field `name` of the spec's case (the message of its kind), or
+// InvalidArgument naming the flag when that kind has no such field.
+absl::StatusOr<const google::protobuf::FieldDescriptor*> CaseField(
+    const google::protobuf::Message& message, std::string_view flag, std::string_view name,
+    const v1::KernelSpec& spec) {
+  const google::protobuf::FieldDescriptor* field =
+      message.GetDescriptor()->FindFieldByName(std::string(name));
+  if (field == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--", AsAbsl(flag), ": a ", KindCaseName(spec),
+                                                   " spec has no ", AsAbsl(name)));
+  }
+  return field;
+}
+
+// Builds the spec from --preset/--tp or --spec, then applies overrides to
+// the fields of its kind that have them.
+absl::StatusOr<v1::KernelSpec> SpecFromArgs(const ParsedArgs& args) {
   absl::StatusOr<v1::KernelSelector> selector = SelectorFromArgs(args);
   if (!selector.ok()) return selector.status();
-  absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(*selector);
+  absl::StatusOr<v1::KernelSpec> spec = KernelStore::Resolve(*selector);
   if (!spec.ok()) return spec.status();
-  struct Override {
-    const char* flag;
-    void (v1::AttentionSpec::*set)(uint32_t);
-  };
-  for (const Override& o : {Override{"s-q", &v1::AttentionSpec::set_s_q},
-                            Override{"topk", &v1::AttentionSpec::set_topk},
-                            Override{"page-block-size", &v1::AttentionSpec::set_page_block_size}}) {
-    if (!args.Has(o.flag)) continue;
-    absl::StatusOr<long long> v = ParseIntFlag(o.flag, args.Get(o.flag));
+  const google::protobuf::FieldDescriptor* kind =
+      v1::KernelSpec::descriptor()->FindFieldByNumber(spec->kind_case());
+  if (kind == nullptr) return spec;  // no case: Plan names it
+  google::protobuf::Message& message = *spec->GetReflection()->MutableMessage(&*spec, kind);
+  for (auto [flag, name] : {std::pair{"s-q", "s_q"}, std::pair{"topk", "topk"},
+                            std::pair{"page-block-size", "page_block_size"}}) {
+    if (!args.Has(flag)) continue;
+    absl::StatusOr<long long> v = ParseIntFlag(flag, args.Get(flag));
     if (!v.ok()) return v.status();
     if (*v > 0xffffffffLL) {
-      return absl::InvalidArgumentError(absl::StrCat("--", o.flag, ": too large"));
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": too large"));
     }
-    ((*spec).*(o.set))(static_cast<uint32_t>(*v));
+    absl::StatusOr<const google::protobuf::FieldDescriptor*> field =
+        CaseField(message, flag, name, *spec);
+    if (!field.ok()) return field.status();
+    message.GetReflection()->SetUInt32(&message, *field, static_cast<uint32_t>(*v));
   }
   if (args.Has("lse")) {
     const std::string v = args.Get("lse");
@@ -73,7 +92,10 @@ absl::StatusOr<v1::AttentionSpec> SpecFromArgs(const ParsedArgs& args) {
       return absl::InvalidArgumentError(
           absl::StrCat("--lse: got '", v, "', expected true or false"));
     }
-    spec->set_return_lse(v == "true");
+    absl::StatusOr<const google::protobuf::FieldDescriptor*> field =
+        CaseField(message, "lse", "return_lse", *spec);
+    if (!field.ok()) return field.status();
+    message.GetReflection()->SetBool(&message, *field, v == "true");
   }
   return spec;
 }
@@ -131,7 +153,7 @@ int Compile(const std::vector<std::string>& argv) {
   if (archs.empty()) {
     return Fail(absl::InvalidArgumentError("--arch is required (e.g. --arch sm_90a)"));
   }
-  absl::StatusOr<v1::AttentionSpec> spec = SpecFromArgs(*args);
+  absl::StatusOr<v1::KernelSpec> spec = SpecFromArgs(*args);
   if (!spec.ok()) return Fail(spec.status());
   const std::string out_dir = args->Get("out");
   PlanOptions plan_options;

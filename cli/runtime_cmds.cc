@@ -36,13 +36,13 @@ std::vector<FlagSpec> WithModelFlags(const std::vector<FlagSpec>& own) {
 }
 
 // --preset/--tp or --spec -> spec; --arch -> manifest.
-absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args, v1::AttentionSpec* spec_out) {
+absl::StatusOr<v1::Manifest> ManifestFromArgs(const ParsedArgs& args, v1::KernelSpec* spec_out) {
   if (!args.Has("arch")) {
     return absl::InvalidArgumentError("--arch is required (e.g. --arch sm_90a)");
   }
   absl::StatusOr<v1::KernelSelector> selector = SelectorFromArgs(args);
   if (!selector.ok()) return selector.status();
-  absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(*selector);
+  absl::StatusOr<v1::KernelSpec> spec = KernelStore::Resolve(*selector);
   if (!spec.ok()) return spec.status();
   if (spec_out != nullptr) *spec_out = *spec;
   KernelCompiler compiler;
@@ -117,7 +117,7 @@ int Select(const std::vector<std::string>& argv) {
       return Fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
     }
   }
-  v1::AttentionSpec spec;
+  v1::KernelSpec spec;
   absl::StatusOr<v1::Manifest> manifest = ManifestFromArgs(*args, &spec);
   if (!manifest.ok()) return Fail(manifest.status());
   // Only a module with attention entries is selected among; another
@@ -130,7 +130,7 @@ int Select(const std::vector<std::string>& argv) {
       });
   if (!selectable) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "select: ", v1::AttentionKind_Name(spec.kind()),
+        "select: ", KindCaseName(spec),
         " has no runtime selection; its manifest's one variant carries the launch (kforge "
         "manifest)")));
   }
@@ -149,10 +149,11 @@ int Select(const std::vector<std::string>& argv) {
   absl::StatusOr<int> s_q = IntFlag(*args, "s-q", 1);
   if (!s_q.ok()) return Fail(s_q.status());
   shape.s_q = *s_q;
-  shape.num_q_heads = static_cast<int>(spec.num_q_heads());
-  shape.topk = static_cast<int>(spec.topk());
-  shape.kv_dtype = spec.kv_cache_dtype();
-  shape.page_block_size = static_cast<int>(spec.page_block_size());
+  const v1::AttentionSpec& attention = spec.sparse_mla_decode();  // selectable above
+  shape.num_q_heads = static_cast<int>(attention.num_q_heads());
+  shape.topk = static_cast<int>(attention.topk());
+  shape.kv_dtype = attention.kv_cache_dtype();
+  shape.page_block_size = static_cast<int>(attention.page_block_size());
   struct Override {
     const char* flag;
     int* field;

@@ -367,12 +367,7 @@ int Get(const std::vector<std::string>& argv) {
   }
   const v1::ManifestVariant& variant = FirstChoice(manifest);
   v1::GetKernelRequest request;
-  absl::StatusOr<v1::KernelSpec> spec = KernelSpecOfFlat(variant.spec());
-  if (!spec.ok()) {
-    return Fail(absl::DataLossError(absl::StrCat(
-        "kforge server at ", address, " answered a bad manifest: ", spec.status().message())));
-  }
-  *request.mutable_kernel()->mutable_spec() = *std::move(spec);
+  *request.mutable_kernel()->mutable_spec() = variant.spec();
   request.set_arch(arch);
   request.set_lookup_only(args->Has("lookup-only"));
   v1::GetKernelResponse response;

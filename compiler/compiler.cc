@@ -21,13 +21,12 @@ std::string CompilerVersion() {
   return absl::StrCat("kforge ", KFORGE_VERSION, " / nvrtc ", NvrtcVersion());
 }
 
-absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::AttentionSpec& spec,
-                                                 std::string_view arch,
+absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::KernelSpec& spec, std::string_view arch,
                                                  const PlanOptions& options) const {
-  absl::StatusOr<const KernelFamily*> family = FamilyFor(spec.kind());
+  absl::StatusOr<const KernelFamily*> family = FamilyFor(spec);
   if (!family.ok()) return family.status();
   CompilePlan plan;
-  absl::StatusOr<v1::AttentionSpec> normalized = (*family)->Normalize(spec);
+  absl::StatusOr<v1::KernelSpec> normalized = (*family)->Normalize(spec);
   if (!normalized.ok()) return normalized.status();
   plan.spec = *std::move(normalized);
   absl::StatusOr<Arch> parsed = ParseArch(arch);
@@ -109,7 +108,7 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   return artifact;
 }
 
-absl::StatusOr<v1::KernelArtifact> KernelCompiler::Compile(const v1::AttentionSpec& spec,
+absl::StatusOr<v1::KernelArtifact> KernelCompiler::Compile(const v1::KernelSpec& spec,
                                                            std::string_view arch,
                                                            const PlanOptions& options) const {
   absl::StatusOr<CompilePlan> plan = Plan(spec, arch, options);

@@ -16,7 +16,7 @@ namespace kforge {
 // Everything known about a kernel before NVRTC runs: enough to look it up
 // in a cache by key without compiling.
 struct CompilePlan {
-  v1::AttentionSpec spec;  // normalized
+  v1::KernelSpec spec;  // normalized; a registered family's case
   Arch arch;
   v1::KernelTiling tiling;
   v1::LaunchRule launch;                      // the tiling's (MakeLaunchRule): the unit's
@@ -47,7 +47,7 @@ class KernelCompiler {
  public:
   // Validates the spec (InvalidArgument naming the field) and the arch
   // (FailedPrecondition), chooses the tiling and computes the cache key.
-  absl::StatusOr<CompilePlan> Plan(const v1::AttentionSpec& spec, std::string_view arch,
+  absl::StatusOr<CompilePlan> Plan(const v1::KernelSpec& spec, std::string_view arch,
                                    const PlanOptions& options = {}) const;
 
   // Compiles a plan and inspects the cubin. Internal with the NVRTC log on a
@@ -56,7 +56,7 @@ class KernelCompiler {
   absl::StatusOr<v1::KernelArtifact> Build(const CompilePlan& plan) const;
 
   // Plan + Build.
-  absl::StatusOr<v1::KernelArtifact> Compile(const v1::AttentionSpec& spec, std::string_view arch,
+  absl::StatusOr<v1::KernelArtifact> Compile(const v1::KernelSpec& spec, std::string_view arch,
                                              const PlanOptions& options = {}) const;
 };
 

@@ -1,4 +1,4 @@
-// The DSA lightning indexer family (ATTENTION_KIND_DSA_INDEXER): one shape
+// The DSA lightning indexer family (KernelSpec.dsa_indexer): one shape
 // per spec and arch (compiler/indexer_codegen.h), no tiling to choose; its
 // module exports the logits, the top-k and, where the arch has clusters,
 // the top-k over a cluster of CTAs.
@@ -11,6 +11,7 @@
 #include "compiler/key.h"
 #include "compiler/nvrtc.h"
 #include "model/indexer_spec.h"
+#include "model/spec.h"
 #include "templates/kforge/dsa_indexer/config.h"
 
 namespace kforge {
@@ -18,16 +19,22 @@ namespace {
 
 class DsaIndexer final : public KernelFamily {
  public:
-  DsaIndexer() : KernelFamily(v1::ATTENTION_KIND_DSA_INDEXER, &NormalizeIndexerSpec) {}
+  DsaIndexer() : KernelFamily(v1::KernelSpec::kDsaIndexer) {}
+
+  absl::StatusOr<v1::KernelSpec> Normalize(const v1::KernelSpec& spec) const override {
+    absl::StatusOr<v1::DsaIndexerSpec> normalized = NormalizeIndexerSpec(spec.dsa_indexer());
+    if (!normalized.ok()) return normalized.status();
+    return KernelSpecOf(*normalized);
+  }
 
   absl::Status Plan(const PlanOptions& options, CompilePlan& plan) const override {
     if (options.max_smem_per_block > 0 || !options.tiling.empty()) {
       return absl::InvalidArgumentError(
-          "max_smem_per_block and tiling: supported only for ATTENTION_KIND_SPARSE_MLA_DECODE "
-          "(the indexer's kernels have one shape)");
+          "max_smem_per_block and tiling: supported only for sparse_mla_decode (the indexer's "
+          "kernels have one shape)");
     }
-    plan.module_name = IndexerModuleName(plan.spec, plan.arch);
-    plan.source = GenerateIndexerSource(plan.spec, plan.arch);
+    plan.module_name = IndexerModuleName(plan.spec.dsa_indexer(), plan.arch);
+    plan.source = GenerateIndexerSource(plan.spec.dsa_indexer(), plan.arch);
     plan.options = BaseNvrtcOptions(plan.arch.name);
     plan.key = ComputeCacheKey(PlanKeyInputs(plan));
     return absl::OkStatus();
@@ -48,7 +55,7 @@ class DsaIndexer final : public KernelFamily {
   // No tiling, launch rule or selection: the launch is the indexer's own,
   // and its entries are named there (IndexerLaunch), not in main_entry.
   void DescribeLaunch(const CompilePlan& plan, v1::ManifestVariant& v) const override {
-    *v.mutable_indexer() = MakeIndexerLaunch(plan.spec, plan.arch);
+    *v.mutable_indexer() = MakeIndexerLaunch(plan.spec.dsa_indexer(), plan.arch);
   }
 };
 

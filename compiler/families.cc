@@ -26,22 +26,24 @@ const std::vector<const KernelFamily*>& Registry() {
   return *families;
 }
 
-// The enum's name, or its number for a value this build does not know.
-std::string KindName(v1::AttentionKind kind) {
-  const std::string& name = v1::AttentionKind_Name(kind);
-  return name.empty() ? absl::StrCat(static_cast<int>(kind)) : name;
+// The case's field name ("sparse_mla_decode"), "none" when unset.
+std::string CaseName(v1::KernelSpec::KindCase kind) {
+  v1::KernelSpec spec;
+  const google::protobuf::FieldDescriptor* field =
+      v1::KernelSpec::descriptor()->FindFieldByNumber(kind);
+  return field == nullptr ? "none" : field->name();
 }
 
 }  // namespace
 
-absl::StatusOr<const KernelFamily*> FamilyFor(v1::AttentionKind kind) {
+absl::StatusOr<const KernelFamily*> FamilyFor(const v1::KernelSpec& spec) {
   for (const KernelFamily* family : Registry()) {
-    if (family->kind() == kind) return family;
+    if (family->kind() == spec.kind_case()) return family;
   }
   std::vector<std::string> names;
-  for (const KernelFamily* family : Registry()) names.push_back(KindName(family->kind()));
-  return absl::InvalidArgumentError(
-      absl::StrCat("kind: got ", KindName(kind), ", supported ", absl::StrJoin(names, " or ")));
+  for (const KernelFamily* family : Registry()) names.push_back(CaseName(family->kind()));
+  return absl::InvalidArgumentError(absl::StrCat("kind: got ", CaseName(spec.kind_case()),
+                                                 ", supported ", absl::StrJoin(names, " or ")));
 }
 
 std::vector<const KernelFamily*> RegisteredFamilies() { return Registry(); }

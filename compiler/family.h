@@ -1,8 +1,8 @@
 #ifndef KFORGE_COMPILER_FAMILY_H_
 #define KFORGE_COMPILER_FAMILY_H_
 
-// A kernel family: one kind of kernel (v1::AttentionKind) as the compiler
-// sees it. KernelCompiler (Plan, Build) and the manifest (VariantOfPlan)
+// A kernel family: one kind of kernel (a case of v1::KernelSpec) as the
+// compiler sees it. KernelCompiler (Plan, Build) and the manifest (VariantOfPlan)
 // dispatch through the registry below and never test the kind themselves,
 // so a new kind is its own <kind>_family.cc plus one registration line in
 // compiler/families.cc.
@@ -28,19 +28,15 @@ namespace kforge {
 
 class KernelFamily {
  public:
-  // The spec validated (InvalidArgument naming every bad field) and with
-  // what does not change the kernel cleared (model/spec.h's rules).
-  using Normalizer = absl::StatusOr<v1::AttentionSpec> (*)(const v1::AttentionSpec&);
-
-  KernelFamily(v1::AttentionKind kind, Normalizer normalize) : kind_(kind), normalize_(normalize) {}
+  explicit KernelFamily(v1::KernelSpec::KindCase kind) : kind_(kind) {}
   virtual ~KernelFamily() = default;
 
-  // The spec.kind this family compiles.
-  v1::AttentionKind kind() const { return kind_; }
+  // The case of KernelSpec this family compiles.
+  v1::KernelSpec::KindCase kind() const { return kind_; }
 
-  absl::StatusOr<v1::AttentionSpec> Normalize(const v1::AttentionSpec& spec) const {
-    return normalize_(spec);
-  }
+  // A spec of this family's case validated (InvalidArgument naming every
+  // bad field) and with what does not change the kernel cleared.
+  virtual absl::StatusOr<v1::KernelSpec> Normalize(const v1::KernelSpec& spec) const = 0;
 
   // Completes `plan` (its spec normalized, its arch parsed with the
   // options' shared-memory cap applied): the module name, instantiation
@@ -60,13 +56,12 @@ class KernelFamily {
   virtual void DescribeLaunch(const CompilePlan& plan, v1::ManifestVariant& variant) const = 0;
 
  private:
-  v1::AttentionKind kind_;
-  Normalizer normalize_;
+  v1::KernelSpec::KindCase kind_;
 };
 
-// The family registered for `kind`; InvalidArgument naming the kind and
-// the registered ones otherwise.
-absl::StatusOr<const KernelFamily*> FamilyFor(v1::AttentionKind kind);
+// The family registered for the spec's case; InvalidArgument naming the
+// case and the registered ones otherwise.
+absl::StatusOr<const KernelFamily*> FamilyFor(const v1::KernelSpec& spec);
 
 // Every registered family, in registration order (one per kind).
 std::vector<const KernelFamily*> RegisteredFamilies();

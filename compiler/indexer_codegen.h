@@ -23,16 +23,16 @@ bool IndexerLogitsWgmma(const Arch& arch);
 
 // Readable, deterministic name from every kernel-changing parameter of a
 // valid indexer spec, e.g. dsa_indexer_h32_d128_topk2048_pb64_sm120a.
-std::string IndexerModuleName(const v1::AttentionSpec& spec, const Arch& arch);
+std::string IndexerModuleName(const v1::DsaIndexerSpec& spec, const Arch& arch);
 
 // The instantiation unit: one IndexerTraits with the spec's numbers and the
 // extern "C" entries (templates/kforge/dsa_indexer/): logits, top-k, and
 // the top-k cluster entry where `arch` has clusters.
-std::string GenerateIndexerSource(const v1::AttentionSpec& spec, const Arch& arch);
+std::string GenerateIndexerSource(const v1::DsaIndexerSpec& spec, const Arch& arch);
 
 // The launch of both kernels (config.h's rules), entries and parameter
 // block sizes included.
-v1::IndexerLaunch MakeIndexerLaunch(const v1::AttentionSpec& spec, const Arch& arch);
+v1::IndexerLaunch MakeIndexerLaunch(const v1::DsaIndexerSpec& spec, const Arch& arch);
 
 }  // namespace kforge
 

@@ -15,7 +15,7 @@ namespace kforge {
 const std::string& TemplateDigest();
 
 struct KeyInputs {
-  v1::AttentionSpec spec;  // normalized
+  v1::KernelSpec spec;  // normalized
   std::string template_digest;
   std::string nvrtc_version;  // NvrtcBuildIdentity(): version and build
   std::vector<std::string> options;

@@ -13,7 +13,7 @@ v1::ManifestVariant VariantOfPlan(const CompilePlan& plan) {
   v.set_key(plan.key);
   *v.mutable_spec() = plan.spec;
   // A plan exists only for a registered family (KernelCompiler::Plan).
-  absl::StatusOr<const KernelFamily*> family = FamilyFor(plan.spec.kind());
+  absl::StatusOr<const KernelFamily*> family = FamilyFor(plan.spec);
   if (!family.ok()) return v;
   (*family)->DescribeLaunch(plan, v);
   for (v1::KernelEntry& entry : (*family)->Entries(plan)) *v.add_entries() = std::move(entry);
@@ -21,7 +21,7 @@ v1::ManifestVariant VariantOfPlan(const CompilePlan& plan) {
 }
 
 absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
-                                           const v1::AttentionSpec& spec, std::string_view arch) {
+                                           const v1::KernelSpec& spec, std::string_view arch) {
   absl::StatusOr<CompilePlan> plan = compiler.Plan(spec, arch);
   if (!plan.ok()) return plan.status();
   v1::Manifest manifest;

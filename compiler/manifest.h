@@ -22,7 +22,7 @@ namespace kforge {
 v1::ManifestVariant VariantOfPlan(const CompilePlan& plan);
 
 absl::StatusOr<v1::Manifest> BuildManifest(const KernelCompiler& compiler,
-                                           const v1::AttentionSpec& spec, std::string_view arch);
+                                           const v1::KernelSpec& spec, std::string_view arch);
 
 }  // namespace kforge
 

@@ -597,7 +597,9 @@ std::string DescribeEntry(const v1::KernelEntry& e) {
 
 std::string ExplainSchedule(const v1::KernelArtifact& a) {
   std::string text = absl::StrFormat("%s (%s)\n", a.module_name(), a.arch());
-  const v1::AttentionSpec& spec = a.spec();
+  // Only sparse MLA modules have tilings (an indexer's spec case is
+  // another; its tiling and small batch are unset).
+  const v1::AttentionSpec& spec = a.spec().sparse_mla_decode();
   if (a.has_tiling() && a.tiling().head_tile() > 0) {
     absl::StrAppend(&text, "  throughput: ", Describe(spec, a.tiling()), "\n");
   }

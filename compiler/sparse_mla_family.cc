@@ -1,4 +1,4 @@
-// The sparse MLA decode family (ATTENTION_KIND_SPARSE_MLA_DECODE): the
+// The sparse MLA decode family (KernelSpec.sparse_mla_decode): the
 // planner's schedule (compiler/schedule.h), its instantiation unit,
 // and the entries a module exports: up to five attention entries and the
 // combine.
@@ -32,20 +32,27 @@ v1::KernelEntry AttentionEntry(const v1::AttentionSpec& spec, const std::string&
 
 class SparseMlaDecode final : public KernelFamily {
  public:
-  SparseMlaDecode() : KernelFamily(v1::ATTENTION_KIND_SPARSE_MLA_DECODE, &NormalizeSpec) {}
+  SparseMlaDecode() : KernelFamily(v1::KernelSpec::kSparseMlaDecode) {}
+
+  absl::StatusOr<v1::KernelSpec> Normalize(const v1::KernelSpec& spec) const override {
+    absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec.sparse_mla_decode());
+    if (!normalized.ok()) return normalized.status();
+    return KernelSpecOf(*normalized);
+  }
 
   absl::Status Plan(const PlanOptions& options, CompilePlan& plan) const override {
+    const v1::AttentionSpec& spec = plan.spec.sparse_mla_decode();
     ScheduleOptions schedule_options;
     schedule_options.tiling = options.tiling;
     schedule_options.smem_capped = options.max_smem_per_block > 0;
-    absl::StatusOr<Schedule> schedule = PlanSchedule(plan.spec, plan.arch, schedule_options);
+    absl::StatusOr<Schedule> schedule = PlanSchedule(spec, plan.arch, schedule_options);
     if (!schedule.ok()) return schedule.status();
     plan.tiling = std::move(schedule->tiling);
     plan.launch = std::move(schedule->launch);
     plan.small_batch = std::move(schedule->small_batch);
     plan.cluster = std::move(schedule->cluster);
     plan.schedule_reasons = std::move(schedule->reasons);
-    plan.module_name = ModuleName(plan.spec, plan.arch);
+    plan.module_name = ModuleName(spec, plan.arch);
     if (options.max_smem_per_block > 0) {
       absl::StrAppend(&plan.module_name, "_smem", plan.arch.max_smem_per_block);
     }
@@ -54,8 +61,7 @@ class SparseMlaDecode final : public KernelFamily {
       absl::StrAppend(&plan.module_name, "_t", t.head_tile, "_", t.token_tile, "_", t.stages, "_",
                       t.warps);
     }
-    plan.source =
-        GenerateSource(plan.spec, plan.tiling, plan.launch, plan.small_batch, plan.cluster);
+    plan.source = GenerateSource(spec, plan.tiling, plan.launch, plan.small_batch, plan.cluster);
     plan.options = BaseNvrtcOptions(plan.arch.name);
 
     KeyInputs key = PlanKeyInputs(plan);
@@ -72,24 +78,25 @@ class SparseMlaDecode final : public KernelFamily {
     const v1::KernelTiling& main = plan.tiling;
     const v1::SmallBatchPath& small = plan.small_batch;
     const v1::ClusterPath& cluster = plan.cluster;
+    const v1::AttentionSpec& spec = plan.spec.sparse_mla_decode();
     std::vector<v1::KernelEntry> entries;
     // A crossover tiling's main entry is a 2-CTA pair (__cluster_dims__(2)).
-    entries.push_back(AttentionEntry(plan.spec, kMainEntry, v1::TILING_USE_THROUGHPUT, main,
+    entries.push_back(AttentionEntry(spec, kMainEntry, v1::TILING_USE_THROUGHPUT, main,
                                      v1::EPILOGUE_SPLIT, main.crossover() ? 2 : 0,
                                      /*paired=*/true));
     if (!cluster.entry().empty()) {
-      entries.push_back(AttentionEntry(plan.spec, cluster.entry(), v1::TILING_USE_THROUGHPUT, main,
+      entries.push_back(AttentionEntry(spec, cluster.entry(), v1::TILING_USE_THROUGHPUT, main,
                                        v1::EPILOGUE_CLUSTER_MERGE, cluster.splits()));
     }
     if (!cluster.wide_entry().empty()) {
-      entries.push_back(AttentionEntry(plan.spec, cluster.wide_entry(), v1::TILING_USE_THROUGHPUT,
-                                       main, v1::EPILOGUE_CLUSTER_MERGE, cluster.wide_splits()));
+      entries.push_back(AttentionEntry(spec, cluster.wide_entry(), v1::TILING_USE_THROUGHPUT, main,
+                                       v1::EPILOGUE_CLUSTER_MERGE, cluster.wide_splits()));
     }
     if (!small.entry().empty()) {
-      entries.push_back(AttentionEntry(plan.spec, small.entry(), v1::TILING_USE_LATENCY,
-                                       small.tiling(), v1::EPILOGUE_SPLIT, 0));
+      entries.push_back(AttentionEntry(spec, small.entry(), v1::TILING_USE_LATENCY, small.tiling(),
+                                       v1::EPILOGUE_SPLIT, 0));
       if (!small.cluster_entry().empty()) {
-        entries.push_back(AttentionEntry(plan.spec, small.cluster_entry(), v1::TILING_USE_LATENCY,
+        entries.push_back(AttentionEntry(spec, small.cluster_entry(), v1::TILING_USE_LATENCY,
                                          small.tiling(), v1::EPILOGUE_CLUSTER_MERGE,
                                          small.cluster_splits()));
       }

@@ -282,7 +282,7 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
       job.model = name;
       job.tp = tp.tp;
       job.kv_dtype = static_cast<v1::KvCacheDtype>(dtype);
-      job.spec = with_dtype(tp.spec, dtype);
+      job.spec = KernelSpecOf(with_dtype(tp.spec, dtype));
       for (const std::string& arch : *archs) {
         job.arch = arch;
         job.label = absl::StrCat(name, " tp", tp.tp, " ", KvDtypeName(job.kv_dtype), " ", arch);
@@ -291,12 +291,12 @@ absl::Status ExpandModel(const v1::ModelEntry& model, int index,
     }
   }
   if (indexer) {
-    absl::StatusOr<v1::AttentionSpec> spec = IndexerSpecFromPreset(model.preset(), 1);
+    absl::StatusOr<v1::DsaIndexerSpec> spec = IndexerSpecFromPreset(model.preset(), 1);
     if (!spec.ok()) return AtPath(absl::StrCat(path, ".kinds"), spec.status());
     for (const std::string& arch : *archs) {
       MatrixJob job;
       job.model = name;
-      job.spec = *spec;
+      job.spec = KernelSpecOf(*spec);
       job.arch = arch;
       job.label = absl::StrCat(name, " dsa-indexer ", arch);
       expansion.Add(job);

@@ -41,9 +41,9 @@ struct MatrixJob {
   std::string model;  // the preset, the entry's name, or "models[i]"
   uint32_t tp = 1;
   v1::KvCacheDtype kv_dtype = v1::KV_CACHE_DTYPE_UNSPECIFIED;
-  std::string arch;        // canonical, e.g. "sm_90a"
-  v1::AttentionSpec spec;  // normalized, per-GPU heads
-  std::string label;       // "glm-5 tp8 bf16 sm_90a"
+  std::string arch;     // canonical, e.g. "sm_90a"
+  v1::KernelSpec spec;  // normalized; an attention spec has per-GPU heads
+  std::string label;    // "glm-5 tp8 bf16 sm_90a"
 };
 
 // Every combination of the matrix, each (spec, arch) once (the first

@@ -214,7 +214,8 @@ int Main(int argc, char** argv) {
   }
   // The model's spec, from the manifest's first choice (every variant
   // serves any s_q; this example decodes one token per request).
-  const v1::AttentionSpec& spec = FirstChoice(attention.manifest()).spec();
+  // (SparseMlaDecode::Create refused a manifest of another kind.)
+  const v1::AttentionSpec& spec = FirstChoice(attention.manifest()).spec().sparse_mla_decode();
   const HostDecodeProblem problem = MakeRandomDecodeProblem(
       spec, {.batch = flags->batch, .s_q = 1, .seed = static_cast<uint64_t>(flags->seed)});
   absl::StatusOr<std::unique_ptr<DeviceDecodeProblem>> tensors =

@@ -64,10 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           absl::StrCat("GetKernel for arch ", manifest.arch(), " served arch ", (*kernel)->arch()));
     }
     kforge::v1::KernelSelector selector;
-    absl::StatusOr<kforge::v1::KernelSpec> spec =
-        kforge::KernelSpecOfFlat(kforge::FirstChoice(manifest).spec());
-    if (!spec.ok()) return 0;
-    *selector.mutable_spec() = *std::move(spec);
+    *selector.mutable_spec() = kforge::FirstChoice(manifest).spec();
     absl::StatusOr<kforge::v1::Manifest> found = (*source)->GetManifest(selector, manifest.arch());
     // A manifest can hold a spec or an arch no selector asks for (NotFound
     // or an invalid spec is then the answer); verify names such a bundle.

@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
 
   // request/
   kforge::v1::GetKernelRequest by_spec;
-  *by_spec.mutable_kernel()->mutable_spec() = kforge::KernelSpecOfFlat(variant.spec()).value();
+  *by_spec.mutable_kernel()->mutable_spec() = variant.spec();
   by_spec.set_arch(manifest.arch());
   Write(out + "/request", "seed_spec", by_spec.SerializeAsString());
   kforge::v1::GetKernelRequest lookup = by_spec;

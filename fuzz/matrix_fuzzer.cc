@@ -37,10 +37,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(job.label == other.label && job.arch == other.arch &&
               kforge::fuzz::SameMessage(job.spec, other.spec),
           absl::StrCat("ExpandMatrix is not deterministic at job ", i));
-    absl::StatusOr<kforge::v1::AttentionSpec> normalized = kforge::NormalizeSpec(job.spec);
+    absl::StatusOr<kforge::v1::KernelSpec> normalized = kforge::NormalizeKernelSpec(job.spec);
     Check(normalized.ok() && kforge::fuzz::SameMessage(*normalized, job.spec),
           absl::StrCat(job.label, ": spec is not normalized"));
-    Check(job.spec.kv_cache_dtype() == job.kv_dtype,
+    Check(!job.spec.has_sparse_mla_decode() ||
+              job.spec.sparse_mla_decode().kv_cache_dtype() == job.kv_dtype,
           absl::StrCat(job.label, ": kv_dtype differs from the spec's"));
     Check(kforge::ParseArch(job.arch).ok() && kforge::CanonicalArchName(job.arch) == job.arch,
           absl::StrCat(job.label, ": arch ", job.arch, " is not canonical"));

@@ -42,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!kforge::fuzz::DecodeFromWire(data, size, &request)) return 0;
 
   static const kforge::KernelCompiler compiler;
-  absl::StatusOr<kforge::v1::AttentionSpec> spec = kforge::KernelStore::Resolve(request.kernel());
+  absl::StatusOr<kforge::v1::KernelSpec> spec = kforge::KernelStore::Resolve(request.kernel());
   if (!spec.ok()) return 0;
   absl::StatusOr<kforge::CompilePlan> plan = compiler.Plan(*spec, request.arch());
   if (!plan.ok()) return 0;
@@ -62,7 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kforge::v1::GetManifestRequest manifest_request;
   Check(manifest_request.ParseFromArray(data, static_cast<int>(size)),
         "a GetKernelRequest does not parse as a GetManifestRequest");
-  absl::StatusOr<kforge::v1::AttentionSpec> manifest_spec =
+  absl::StatusOr<kforge::v1::KernelSpec> manifest_spec =
       kforge::KernelStore::Resolve(manifest_request.kernel());
   Check(manifest_spec.ok(), "the selector resolves for GetKernel but not for GetManifest");
   absl::StatusOr<kforge::v1::Manifest> manifest =

@@ -299,7 +299,13 @@ absl::StatusOr<RuntimeShape> ValidateDecodeArgs(const DecodeArgs& args,
   if (manifest.variants_size() == 0) {
     return absl::FailedPreconditionError("the manifest has no kernel variants");
   }
-  const v1::AttentionSpec& spec = FirstChoice(manifest).spec();
+  const v1::KernelSpec& first = FirstChoice(manifest).spec();
+  if (!first.has_sparse_mla_decode()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the manifest's first choice ", FirstChoice(manifest).module_name(), " is a ",
+                     KindCaseName(first), " module, not a sparse_mla_decode one"));
+  }
+  const v1::AttentionSpec& spec = first.sparse_mla_decode();
   // In order, each only once the ones before passed (the stride checks
   // multiply sizes that must be positive and the model's first).
   absl::Status s = CheckPointers(args);
@@ -313,7 +319,7 @@ absl::StatusOr<RuntimeShape> ValidateDecodeArgs(const DecodeArgs& args,
 }
 
 DecodeParams MakeDecodeParams(const Selection& sel, const DecodeArgs& a, uint64_t workspace) {
-  const v1::AttentionSpec& spec = sel.variant->spec();
+  const v1::AttentionSpec& spec = sel.variant->spec().sparse_mla_decode();
   DecodeParams p{};
   p.q = reinterpret_cast<const unsigned short*>(a.q);
   p.kv = reinterpret_cast<const unsigned short*>(a.kv);
@@ -390,12 +396,14 @@ absl::StatusOr<uint64_t> WorkspaceBytesFor(const v1::Manifest& manifest, const D
   // no combine. s_q does not change the kernel: tokens are tokens.
   uint64_t need = 0;
   for (const v1::ManifestVariant& v : manifest.variants()) {
+    if (!v.spec().has_sparse_mla_decode()) continue;  // never selected for decode
+    const v1::AttentionSpec& spec = v.spec().sparse_mla_decode();
     RuntimeShape shape{0,
                        1,
-                       static_cast<int>(v.spec().num_q_heads()),
-                       static_cast<int>(v.spec().topk()),
-                       v.spec().kv_cache_dtype(),
-                       static_cast<int>(v.spec().page_block_size())};
+                       static_cast<int>(spec.num_q_heads()),
+                       static_cast<int>(spec.topk()),
+                       spec.kv_cache_dtype(),
+                       static_cast<int>(spec.page_block_size())};
     for (shape.batch = 1; shape.batch <= max_tokens; ++shape.batch) {
       absl::StatusOr<Selection> sel = Select(manifest, device, shape);
       if (!sel.ok()) return sel.status();

@@ -18,7 +18,10 @@ namespace kforge {
 //      (KernelEntry); the DSA indexer's no longer fill main_entry,
 //      combine_entry and the parameter sizes meant for sparse MLA. Older
 //      artifacts are refused (CheckArtifactForVariant).
-inline constexpr int kFormatVersion = 3;
+//   4: the spec of an artifact, a manifest variant and a compile job is a
+//      KernelSpec (one message per kind) instead of the flat AttentionSpec
+//      with a kind; the key hashes the KernelSpec.
+inline constexpr int kFormatVersion = 4;
 
 // The largest file of each kind kforge reads. Sizes are judged before
 // reading (base/io.h OpenRegularFile), so a huge or endless file (a link to

@@ -17,10 +17,7 @@ using dsa_indexer::IndexKeyPage;
 constexpr int64_t kMaxGridY = 65535;
 
 // The module itself: an indexer spec and the launch its compile recorded.
-void CheckModule(const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch, Problems& p) {
-  if (spec.kind() != v1::ATTENTION_KIND_DSA_INDEXER) {
-    p.Add("spec.kind", v1::AttentionKind_Name(spec.kind()), "ATTENTION_KIND_DSA_INDEXER");
-  }
+void CheckModule(const v1::DsaIndexerSpec& spec, const v1::IndexerLaunch& launch, Problems& p) {
   if (launch.logits_params_bytes() != sizeof(dsa_indexer::LogitsParams) ||
       launch.topk_params_bytes() != sizeof(dsa_indexer::TopkParams)) {
     p.Add("launch.logits_params_bytes / topk_params_bytes",
@@ -90,7 +87,7 @@ int64_t CheckRows(const Args& a, Problems& p) {
 }  // namespace
 
 absl::StatusOr<IndexerKernelLaunch<dsa_indexer::LogitsParams>> PlanIndexerLogits(
-    const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch, const IndexerLogitsArgs& a) {
+    const v1::DsaIndexerSpec& spec, const v1::IndexerLaunch& launch, const IndexerLogitsArgs& a) {
   Problems p;
   CheckModule(spec, launch, p);
   const int64_t rows = CheckRows(a, p);
@@ -165,7 +162,7 @@ absl::StatusOr<IndexerKernelLaunch<dsa_indexer::LogitsParams>> PlanIndexerLogits
 }
 
 absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> PlanIndexerTopk(
-    const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch, const IndexerTopkArgs& a) {
+    const v1::DsaIndexerSpec& spec, const v1::IndexerLaunch& launch, const IndexerTopkArgs& a) {
   Problems p;
   CheckModule(spec, launch, p);
   const int64_t rows = CheckRows(a, p);

@@ -81,9 +81,9 @@ struct IndexerKernelLaunch {
 // ("s_q: got 5, supported 1..4") when the arguments do not fit the module
 // (spec, launch: an indexer artifact's or manifest variant's).
 absl::StatusOr<IndexerKernelLaunch<dsa_indexer::LogitsParams>> PlanIndexerLogits(
-    const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch, const IndexerLogitsArgs& args);
+    const v1::DsaIndexerSpec& spec, const v1::IndexerLaunch& launch, const IndexerLogitsArgs& args);
 absl::StatusOr<IndexerKernelLaunch<dsa_indexer::TopkParams>> PlanIndexerTopk(
-    const v1::AttentionSpec& spec, const v1::IndexerLaunch& launch, const IndexerTopkArgs& args);
+    const v1::DsaIndexerSpec& spec, const v1::IndexerLaunch& launch, const IndexerTopkArgs& args);
 
 }  // namespace kforge
 

@@ -14,51 +14,10 @@
 #include "templates/kforge/dsa_indexer/config.h"
 
 namespace kforge {
-namespace {
-
 using dsa_indexer::IndexKeyPage;
 
-constexpr char kUnsetForIndexer[] = "unset (ATTENTION_KIND_DSA_INDEXER)";
-
-}  // namespace
-
-absl::Status ValidateIndexerSpec(const v1::AttentionSpec& spec) {
+absl::Status ValidateIndexerSpec(const v1::DsaIndexerSpec& spec) {
   Problems problems;
-  if (spec.kind() != v1::ATTENTION_KIND_DSA_INDEXER) {
-    problems.Add("kind", v1::AttentionKind_Name(spec.kind()), "ATTENTION_KIND_DSA_INDEXER");
-  }
-  // The sparse MLA fields mean nothing to the indexer: a value there is a
-  // spec meant for the other kernel.
-  if (spec.num_q_heads() != 0) problems.Add("num_q_heads", spec.num_q_heads(), kUnsetForIndexer);
-  if (spec.kv_lora_rank() != 0) {
-    problems.Add("kv_lora_rank", spec.kv_lora_rank(), kUnsetForIndexer);
-  }
-  if (spec.has_rope_dim()) problems.Add("rope_dim", spec.rope_dim(), kUnsetForIndexer);
-  if (spec.topk() < 1 || spec.topk() > static_cast<uint32_t>(dsa_indexer::kMaxTopk)) {
-    problems.Add("topk", spec.topk(), absl::StrCat("1..", dsa_indexer::kMaxTopk));
-  }
-  if (spec.s_q() > static_cast<uint32_t>(dsa_indexer::kMaxSq)) {
-    problems.Add("s_q", spec.s_q(), absl::StrCat("0 (not given) or 1..", dsa_indexer::kMaxSq));
-  }
-  if (spec.kv_cache_dtype() != v1::KV_CACHE_DTYPE_UNSPECIFIED) {
-    problems.Add("kv_cache_dtype", KvDtypeName(spec.kv_cache_dtype()),
-                 "unset (ATTENTION_KIND_DSA_INDEXER: the index-key cache is e4m3 with one fp32 "
-                 "scale per token, 132 bytes per token)");
-  }
-  if (spec.page_block_size() != static_cast<uint32_t>(IndexKeyPage::kPageTokens)) {
-    problems.Add("page_block_size", spec.page_block_size(),
-                 absl::StrCat(IndexKeyPage::kPageTokens, " (the index-key cache's page)"));
-  }
-  if (spec.softmax_scale() != 0.0f) {
-    problems.Add("softmax_scale", spec.softmax_scale(),
-                 "unset (ATTENTION_KIND_DSA_INDEXER: the weights carry the scales)");
-  }
-  if (spec.return_lse()) problems.Add("return_lse", "true", kUnsetForIndexer);
-  if (spec.has_extra_kv()) problems.Add("extra_kv", "set", kUnsetForIndexer);
-  if (spec.kv_scale_format() != v1::KV_SCALE_FORMAT_UNSPECIFIED) {
-    problems.Add("kv_scale_format", v1::KvScaleFormat_Name(spec.kv_scale_format()),
-                 kUnsetForIndexer);
-  }
   if (spec.index_heads() < 1 ||
       spec.index_heads() > static_cast<uint32_t>(dsa_indexer::kMaxIndexHeads)) {
     problems.Add("index_heads", spec.index_heads(),
@@ -67,12 +26,22 @@ absl::Status ValidateIndexerSpec(const v1::AttentionSpec& spec) {
   if (spec.index_head_dim() != static_cast<uint32_t>(IndexKeyPage::kHeadDim)) {
     problems.Add("index_head_dim", spec.index_head_dim(), absl::StrCat(IndexKeyPage::kHeadDim));
   }
+  if (spec.topk() < 1 || spec.topk() > static_cast<uint32_t>(dsa_indexer::kMaxTopk)) {
+    problems.Add("topk", spec.topk(), absl::StrCat("1..", dsa_indexer::kMaxTopk));
+  }
+  if (spec.page_block_size() != static_cast<uint32_t>(IndexKeyPage::kPageTokens)) {
+    problems.Add("page_block_size", spec.page_block_size(),
+                 absl::StrCat(IndexKeyPage::kPageTokens, " (the index-key cache's page)"));
+  }
+  if (spec.s_q() > static_cast<uint32_t>(dsa_indexer::kMaxSq)) {
+    problems.Add("s_q", spec.s_q(), absl::StrCat("0 (not given) or 1..", dsa_indexer::kMaxSq));
+  }
   return problems.ToStatus();
 }
 
-absl::StatusOr<v1::AttentionSpec> NormalizeIndexerSpec(const v1::AttentionSpec& spec) {
+absl::StatusOr<v1::DsaIndexerSpec> NormalizeIndexerSpec(const v1::DsaIndexerSpec& spec) {
   if (absl::Status status = ValidateIndexerSpec(spec); !status.ok()) return status;
-  v1::AttentionSpec normalized = spec;
+  v1::DsaIndexerSpec normalized = spec;
   normalized.DiscardUnknownFields();
   normalized.clear_s_q();
   return normalized;
@@ -88,8 +57,8 @@ const std::vector<IndexerPresetInfo>& IndexerPresets() {
   return *kPresets;
 }
 
-absl::StatusOr<v1::AttentionSpec> IndexerSpecFromPreset(std::string_view name,
-                                                        int64_t tensor_parallel) {
+absl::StatusOr<v1::DsaIndexerSpec> IndexerSpecFromPreset(std::string_view name,
+                                                         int64_t tensor_parallel) {
   const IndexerPresetInfo* preset = nullptr;
   for (const IndexerPresetInfo& p : IndexerPresets()) {
     if (p.name == name) preset = &p;
@@ -106,8 +75,7 @@ absl::StatusOr<v1::AttentionSpec> IndexerSpecFromPreset(std::string_view name,
                                                    ", supported a divisor of ", model->total_heads,
                                                    " (", model->name, " heads)"));
   }
-  v1::AttentionSpec spec;
-  spec.set_kind(v1::ATTENTION_KIND_DSA_INDEXER);
+  v1::DsaIndexerSpec spec;
   spec.set_index_heads(preset->index_heads);
   spec.set_index_head_dim(preset->index_head_dim);
   spec.set_topk(preset->topk);

@@ -12,19 +12,18 @@
 
 namespace kforge {
 
-// The DSA lightning indexer's specs (ATTENTION_KIND_DSA_INDEXER): what
-// ValidateSpec and NormalizeSpec (model/spec.h) do for that kind, and the
+// The DSA lightning indexer's specs (KernelSpec.dsa_indexer): what
+// ValidateSpec and NormalizeSpec (model/spec.h) do for sparse MLA, and the
 // models' indexer presets. The computation is stated in docs/DESIGN.md ("The
 // DSA lightning indexer"); the limits are templates/kforge/dsa_indexer/config.h's.
 
 // Checks an indexer spec: InvalidArgument naming each field, the value given
-// and what is supported, e.g. "topk: got 5000, supported 1..4096"; the
-// sparse MLA fields must be unset.
-absl::Status ValidateIndexerSpec(const v1::AttentionSpec& spec);
+// and what is supported, e.g. "topk: got 5000, supported 1..4096".
+absl::Status ValidateIndexerSpec(const v1::DsaIndexerSpec& spec);
 
 // The canonical indexer spec (validated; s_q cleared: every launch passes
 // its own, the kernel does not depend on it).
-absl::StatusOr<v1::AttentionSpec> NormalizeIndexerSpec(const v1::AttentionSpec& spec);
+absl::StatusOr<v1::DsaIndexerSpec> NormalizeIndexerSpec(const v1::DsaIndexerSpec& spec);
 
 struct IndexerPresetInfo {
   std::string name;  // the model preset's name (model/spec.h Presets)
@@ -40,8 +39,8 @@ const std::vector<IndexerPresetInfo>& IndexerPresets();
 // attention preset checks it (a divisor of the model's heads) but changes
 // nothing: the indexer runs whole on every rank. InvalidArgument for an
 // unknown preset or degree.
-absl::StatusOr<v1::AttentionSpec> IndexerSpecFromPreset(std::string_view name,
-                                                        int64_t tensor_parallel);
+absl::StatusOr<v1::DsaIndexerSpec> IndexerSpecFromPreset(std::string_view name,
+                                                         int64_t tensor_parallel);
 
 // "sparse-mla" / "dsa-indexer" (also the enum names) to a kind;
 // InvalidArgument listing the names otherwise.

@@ -24,8 +24,8 @@ v1::LaunchPlan ToLaunchPlan(const Selection& sel) {
   plan.set_num_tokens(static_cast<uint32_t>(sel.num_tokens));
   plan.set_num_splits(static_cast<uint32_t>(sel.num_splits));
   plan.set_tokens_per_split(static_cast<uint32_t>(sel.tokens_per_split));
-  plan.set_max_splits(
-      static_cast<uint32_t>(MaxSplits(v.spec(), sel.launch != nullptr ? *sel.launch : v.launch())));
+  plan.set_max_splits(static_cast<uint32_t>(
+      MaxSplits(v.spec().sparse_mla_decode(), sel.launch != nullptr ? *sel.launch : v.launch())));
   plan.set_grid_x(sel.grid_x);
   plan.set_grid_y(sel.grid_y);
   plan.set_grid_z(sel.grid_z);

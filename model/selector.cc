@@ -68,14 +68,19 @@ absl::Status ValidateInputs(const v1::Manifest& manifest, const DeviceInfo& devi
   return absl::OkStatus();
 }
 
-std::string Supports(const v1::Manifest& m, const v1::AttentionSpec& s) {
+std::string Supports(const v1::Manifest& m, const v1::KernelSpec& spec) {
+  if (!spec.has_sparse_mla_decode()) {
+    return absl::StrFormat("arch %s, kind %s", m.arch(), KindCaseName(spec));
+  }
+  const v1::AttentionSpec& s = spec.sparse_mla_decode();
   return absl::StrFormat("arch %s, heads %d, dtype %s, topk %d, page size %d", m.arch(),
                          s.num_q_heads(), KvDtypeName(s.kv_cache_dtype()), s.topk(),
                          s.page_block_size());
 }
 
-// Names of the features `spec` (in a manifest for `manifest_arch`) lacks.
-std::vector<std::string> Missing(const std::string& manifest_arch, const v1::AttentionSpec& s,
+// Names of the features a variant's spec (in a manifest for
+// `manifest_arch`) lacks.
+std::vector<std::string> Missing(const std::string& manifest_arch, const v1::KernelSpec& spec,
                                  const std::string& device_arch, const RuntimeShape& shape) {
   std::vector<std::string> missing;
   auto num = [&](const char* name, long long want, long long has) {
@@ -86,10 +91,13 @@ std::vector<std::string> Missing(const std::string& manifest_arch, const v1::Att
   if (manifest_arch != device_arch) {
     missing.push_back(absl::StrFormat("arch %s (is %s)", device_arch, manifest_arch));
   }
-  if (s.kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
-    // Launched from the variant's indexer launch, never selected for decode.
-    missing.push_back("kind sparse MLA decode (is ATTENTION_KIND_DSA_INDEXER)");
+  if (!spec.has_sparse_mla_decode()) {
+    // Another family's module (the indexer's is launched from its own
+    // IndexerLaunch), never selected for decode.
+    missing.push_back(absl::StrCat("kind sparse_mla_decode (is ", KindCaseName(spec), ")"));
+    return missing;
   }
+  const v1::AttentionSpec& s = spec.sparse_mla_decode();
   num("heads", shape.num_q_heads, s.num_q_heads());
   if (shape.kv_dtype != s.kv_cache_dtype()) {
     missing.push_back(absl::StrFormat("dtype=%s (supports %s)", KvDtypeName(shape.kv_dtype),
@@ -142,6 +150,7 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
       misfits.emplace_back(index, std::move(missing));
       continue;
     }
+    const v1::AttentionSpec& spec = v.spec().sparse_mla_decode();  // Missing checked the case
     const int num_tokens = shape.batch * shape.s_q;
     // The small-batch path (v1::SmallBatchPath) up to its max_tokens.
     const bool small = !v.small_batch().entry().empty() &&
@@ -190,7 +199,7 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
     sel.launch = &launch;
     sel.num_tokens = num_tokens;
     if (device.forced_num_splits != 0) {
-      const int max_splits = MaxSplits(v.spec(), launch);
+      const int max_splits = MaxSplits(spec, launch);
       if (device.forced_num_splits < 1 || device.forced_num_splits > max_splits) {
         return Invalid("device.forced_num_splits",
                        absl::StrCat("got ", device.forced_num_splits, ", supported 1..", max_splits,
@@ -198,7 +207,7 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
       }
       sel.num_splits = device.forced_num_splits;
     } else {
-      sel.num_splits = NumSplits(v.spec(), tiling, launch, sel.num_tokens, device.sm_count);
+      sel.num_splits = NumSplits(spec, tiling, launch, sel.num_tokens, device.sm_count);
       // The cluster entry (SmallBatchPath.cluster_entry) replaces the split
       // and the combine where the rule splits exactly cluster_splits ways
       // (fewer splits in a cluster cost more than the combine) and its
@@ -239,9 +248,9 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
     // "the split rule at small batch"). Cluster entries keep their compiled
     // split count, forced counts their own.
     if (!sel.cluster && device.forced_num_splits == 0) {
-      sel.num_splits = SplitsHoldingKeys(v.spec(), launch, sel.num_splits);
+      sel.num_splits = SplitsHoldingKeys(spec, launch, sel.num_splits);
     }
-    sel.tokens_per_split = TokensPerSplit(v.spec(), launch, sel.num_splits);
+    sel.tokens_per_split = TokensPerSplit(spec, launch, sel.num_splits);
     if (sel.num_splits > kMaxGridYZ) {
       return absl::InternalError(
           absl::StrCat("split count ", sel.num_splits, " exceeds the grid limit"));
@@ -261,11 +270,11 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
       }
       sel.combine_grid_x = static_cast<uint32_t>(sel.num_tokens);
       // One warp per (token, head, column slice): templates' params.h.
-      sel.combine_column_slices = sparse_mla::CombineColumnSlices(
-          static_cast<int>(v.spec().kv_lora_rank()), sel.num_tokens,
-          static_cast<int>(v.spec().num_q_heads()), device.sm_count);
+      sel.combine_column_slices =
+          sparse_mla::CombineColumnSlices(static_cast<int>(spec.kv_lora_rank()), sel.num_tokens,
+                                          static_cast<int>(spec.num_q_heads()), device.sm_count);
       sel.combine_grid_y =
-          CeilDiv(v.spec().num_q_heads() * static_cast<uint32_t>(sel.combine_column_slices), warps);
+          CeilDiv(spec.num_q_heads() * static_cast<uint32_t>(sel.combine_column_slices), warps);
       sel.combine_block_threads = launch.combine_block_threads();
       sel.workspace_bytes = static_cast<uint64_t>(sel.num_splits) *
                             static_cast<uint64_t>(sel.num_tokens) *
@@ -289,6 +298,7 @@ absl::StatusOr<Selection> Select(const v1::Manifest& manifest, const DeviceInfo&
 
 std::string DescribeSelection(const Selection& sel) {
   const v1::ManifestVariant& v = *sel.variant;
+  const v1::AttentionSpec& spec = v.spec().sparse_mla_decode();  // Select chose it
   std::string out = absl::StrFormat(
       "variant %d: %s\n"
       "  key            %s\n"
@@ -296,9 +306,9 @@ std::string DescribeSelection(const Selection& sel) {
       "  tokens         %d (batch * s_q)\n"
       "  splits         %d (%d keys each)\n"
       "  main           %s%s%s grid (%u, %u, %u) block %u dynamic smem %u B\n",
-      sel.variant_index, v.module_name(), v.key(), v.spec().num_q_heads(),
-      KvDtypeName(v.spec().kv_cache_dtype()), v.spec().topk(), v.spec().page_block_size(),
-      sel.num_tokens, sel.num_splits, sel.tokens_per_split,
+      sel.variant_index, v.module_name(), v.key(), spec.num_q_heads(),
+      KvDtypeName(spec.kv_cache_dtype()), spec.topk(), spec.page_block_size(), sel.num_tokens,
+      sel.num_splits, sel.tokens_per_split,
       sel.main_entry != nullptr ? *sel.main_entry : v.main_entry(),
       sel.small_batch ? " (small-batch path)" : "",
       sel.cluster

@@ -1,5 +1,6 @@
 #include "model/spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -398,6 +400,59 @@ bool IsKernelSpecForm(std::string_view text, const google::protobuf::Value* json
          names_case(tokenizer.current().text);
 }
 
+// Spec files written before KernelSpec named the kind beside the sparse MLA
+// fields (`kind: ATTENTION_KIND_SPARSE_MLA_DECODE`); AttentionSpec has no
+// such field now. These drop that one field so the file still reads as the
+// spec it was; any other kind there stays, for the parser to refuse.
+constexpr std::string_view kFlatSparseKind = "ATTENTION_KIND_SPARSE_MLA_DECODE";
+
+void DropFlatSparseKind(google::protobuf::Value& tree) {
+  if (tree.kind_case() != google::protobuf::Value::kStructValue) return;
+  auto& fields = *tree.mutable_struct_value()->mutable_fields();
+  auto it = fields.find("kind");
+  if (it != fields.end() && it->second.kind_case() == google::protobuf::Value::kStringValue &&
+      it->second.string_value() == kFlatSparseKind) {
+    fields.erase(it);
+  }
+}
+
+bool IsIdentifierChar(char c) { return absl::ascii_isalnum(c) || c == '_'; }
+
+// Text proto: each `kind: ATTENTION_KIND_SPARSE_MLA_DECODE` (the only
+// message with a kind field was the spec itself) becomes blanks.
+std::string DropFlatSparseKind(absl::string_view text) {
+  std::string out(text);
+  for (size_t at = out.find(kFlatSparseKind); at != std::string::npos;
+       at = out.find(kFlatSparseKind, at + 1)) {
+    const size_t end = at + kFlatSparseKind.size();
+    if (end < out.size() && IsIdentifierChar(out[end])) continue;
+    size_t i = at;
+    while (i > 0 && absl::ascii_isspace(out[i - 1])) --i;
+    if (i == 0 || out[i - 1] != ':') continue;
+    --i;
+    while (i > 0 && absl::ascii_isspace(out[i - 1])) --i;
+    if (i < 4 || out.compare(i - 4, 4, "kind") != 0) continue;
+    i -= 4;
+    if (i > 0 && IsIdentifierChar(out[i - 1])) continue;
+    std::fill(out.begin() + static_cast<std::ptrdiff_t>(i),
+              out.begin() + static_cast<std::ptrdiff_t>(end), ' ');
+  }
+  return out;
+}
+
+// A flat spec text that failed to parse as an AttentionSpec because it names
+// a kind or the indexer's fields (as flat spec files did before KernelSpec):
+// the error says how such a spec is written now.
+absl::Status WithKernelSpecHint(const absl::Status& status, absl::string_view text) {
+  if (!absl::StrContains(text, "kind") && !absl::StrContains(text, "index_head")) return status;
+  return absl::Status(
+      status.code(),
+      absl::StrCat(status.message(),
+                   " (a spec names its kind by its top-level field: sparse_mla_decode { ... } or "
+                   "dsa_indexer { index_heads: ... }, in JSON {\"dsa_indexer\": {...}}; the flat "
+                   "form is a sparse MLA spec's fields alone)"));
+}
+
 // -0 is not a scale anyone means, and the JSON printer drops it (it reads
 // back as +0): make it +0 so a parsed spec prints and reads back the same
 // (found by fuzz/spec_fuzzer; validation then refuses the scale either way).
@@ -405,25 +460,10 @@ void ClearNegativeZeroScale(v1::AttentionSpec& spec) {
   if (spec.softmax_scale() == 0.0f) spec.set_softmax_scale(0.0f);
 }
 
-// The fields of a flat spec that `kind` has, besides kind itself.
-bool FlatFieldBelongsTo(v1::AttentionKind kind, const google::protobuf::FieldDescriptor& field) {
-  const bool indexer_only = field.number() == v1::AttentionSpec::kIndexHeadsFieldNumber ||
-                            field.number() == v1::AttentionSpec::kIndexHeadDimFieldNumber;
-  if (kind != v1::ATTENTION_KIND_DSA_INDEXER) return !indexer_only;
-  return indexer_only || field.number() == v1::AttentionSpec::kTopkFieldNumber ||
-         field.number() == v1::AttentionSpec::kPageBlockSizeFieldNumber ||
-         field.number() == v1::AttentionSpec::kSQFieldNumber;
-}
-
 }  // namespace
 
 absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
-  if (spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) return ValidateIndexerSpec(spec);
   Problems problems;
-  if (spec.kind() != v1::ATTENTION_KIND_SPARSE_MLA_DECODE) {
-    problems.Add("kind", KindName(spec.kind()),
-                 "ATTENTION_KIND_SPARSE_MLA_DECODE or ATTENTION_KIND_DSA_INDEXER");
-  }
   if (spec.num_q_heads() < 1 || spec.num_q_heads() > kMaxQHeads) {
     problems.Add("num_q_heads", spec.num_q_heads(), absl::StrCat("1..", kMaxQHeads));
   }
@@ -472,19 +512,10 @@ absl::Status ValidateSpec(const v1::AttentionSpec& spec) {
                    absl::StrCat("1..", kMaxPageBlockSize));
     }
   }
-  // The indexer's fields (model/indexer_spec.h) are not this kernel's.
-  if (spec.index_heads() != 0) {
-    problems.Add("index_heads", spec.index_heads(), "unset (ATTENTION_KIND_DSA_INDEXER only)");
-  }
-  if (spec.index_head_dim() != 0) {
-    problems.Add("index_head_dim", spec.index_head_dim(),
-                 "unset (ATTENTION_KIND_DSA_INDEXER only)");
-  }
   return problems.ToStatus();
 }
 
 absl::StatusOr<v1::AttentionSpec> NormalizeSpec(const v1::AttentionSpec& spec) {
-  if (spec.kind() == v1::ATTENTION_KIND_DSA_INDEXER) return NormalizeIndexerSpec(spec);
   if (absl::Status status = ValidateSpec(spec); !status.ok()) return status;
   v1::AttentionSpec normalized = spec;
   // A spec decoded from the wire may carry fields from a newer schema; they
@@ -526,7 +557,6 @@ absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int64_t 
                                                    " (", preset->name, " heads)"));
   }
   v1::AttentionSpec spec;
-  spec.set_kind(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
   spec.set_num_q_heads(preset->total_heads / tensor_parallel);
   spec.set_kv_lora_rank(preset->kv_lora_rank);
   spec.set_rope_dim(preset->rope_dim);
@@ -539,22 +569,40 @@ absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int64_t 
       preset->kv_scale_format));
 }
 
-absl::StatusOr<v1::AttentionSpec> SpecOfSelector(const v1::KernelSelector& selector) {
+absl::StatusOr<v1::KernelSpec> SpecOfSelector(const v1::KernelSelector& selector) {
   switch (selector.source_case()) {
     case v1::KernelSelector::kSpec:
-      return FlatOfKernelSpec(selector.spec());
-    case v1::KernelSelector::kPreset:
-      if (selector.preset().kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
-        if (selector.preset().kv_cache_dtype() != v1::KV_CACHE_DTYPE_UNSPECIFIED) {
+      if (selector.spec().kind_case() == v1::KernelSpec::KIND_NOT_SET) {
+        return absl::InvalidArgumentError(
+            "kind: got none, supported sparse_mla_decode or dsa_indexer (a KernelSpec names its "
+            "kind)");
+      }
+      return selector.spec();
+    case v1::KernelSelector::kPreset: {
+      const v1::PresetRef& preset = selector.preset();
+      if (preset.kind() == v1::ATTENTION_KIND_DSA_INDEXER) {
+        if (preset.kv_cache_dtype() != v1::KV_CACHE_DTYPE_UNSPECIFIED) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "kv_cache_dtype: got ", KvDtypeName(selector.preset().kv_cache_dtype()),
+              "kv_cache_dtype: got ", KvDtypeName(preset.kv_cache_dtype()),
               ", supported unset (ATTENTION_KIND_DSA_INDEXER: the index-key cache is fp8)"));
         }
-        return IndexerSpecFromPreset(selector.preset().name(),
-                                     int64_t{selector.preset().tensor_parallel()});
+        absl::StatusOr<v1::DsaIndexerSpec> indexer =
+            IndexerSpecFromPreset(preset.name(), int64_t{preset.tensor_parallel()});
+        if (!indexer.ok()) return indexer.status();
+        return KernelSpecOf(*indexer);
       }
-      return SpecFromPreset(selector.preset().name(), int64_t{selector.preset().tensor_parallel()},
-                            selector.preset().kv_cache_dtype());
+      if (preset.kind() != v1::ATTENTION_KIND_UNSPECIFIED &&
+          preset.kind() != v1::ATTENTION_KIND_SPARSE_MLA_DECODE) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("kind: got ", KindName(preset.kind()),
+                         ", supported ATTENTION_KIND_SPARSE_MLA_DECODE or "
+                         "ATTENTION_KIND_DSA_INDEXER"));
+      }
+      absl::StatusOr<v1::AttentionSpec> attention =
+          SpecFromPreset(preset.name(), int64_t{preset.tensor_parallel()}, preset.kv_cache_dtype());
+      if (!attention.ok()) return attention.status();
+      return KernelSpecOf(*attention);
+    }
     default:
       return absl::InvalidArgumentError(
           "kernel: got nothing, supported a spec or a preset (name + tensor_parallel)");
@@ -587,48 +635,29 @@ absl::StatusOr<v1::AttentionSpec> ParseSpec(std::string_view text) {
     return absl::InvalidArgumentError("spec text is empty");
   }
   v1::AttentionSpec spec;
+  absl::Status parsed;
   if (body.front() == '{') {
     absl::StatusOr<google::protobuf::Value> tree = ParseJsonTree(AsStd(body));
     if (!tree.ok()) return tree.status();
-    if (absl::Status s = ParseJson(*std::move(tree), spec); !s.ok()) return s;
-  } else if (absl::Status s = ParseTextProto(text, spec); !s.ok()) {
-    return s;
+    DropFlatSparseKind(*tree);
+    parsed = ParseJson(*std::move(tree), spec);
+  } else {
+    parsed = ParseTextProto(DropFlatSparseKind(AsAbsl(text)), spec);
   }
+  if (!parsed.ok()) return WithKernelSpecHint(parsed, body);
   ClearNegativeZeroScale(spec);
   return spec;
 }
 
-absl::StatusOr<v1::KernelSpec> KernelSpecOfFlat(const v1::AttentionSpec& flat) {
-  const v1::AttentionKind kind = flat.kind() == v1::ATTENTION_KIND_UNSPECIFIED
-                                     ? v1::ATTENTION_KIND_SPARSE_MLA_DECODE
-                                     : flat.kind();
-  if (kind != v1::ATTENTION_KIND_SPARSE_MLA_DECODE && kind != v1::ATTENTION_KIND_DSA_INDEXER) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kind: got ", KindName(flat.kind()),
-                     ", supported ATTENTION_KIND_SPARSE_MLA_DECODE or ATTENTION_KIND_DSA_INDEXER"));
-  }
-  Problems problems;
-  std::vector<const google::protobuf::FieldDescriptor*> fields;
-  flat.GetReflection()->ListFields(flat, &fields);
-  for (const google::protobuf::FieldDescriptor* field : fields) {
-    if (field->number() != v1::AttentionSpec::kKindFieldNumber &&
-        !FlatFieldBelongsTo(kind, *field)) {
-      problems.Add(field->name(), "set", absl::StrCat("unset for ", KindName(kind)));
-    }
-  }
-  if (absl::Status s = problems.ToStatus(); !s.ok()) return s;
+v1::KernelSpec KernelSpecOf(const v1::AttentionSpec& spec) {
   v1::KernelSpec out;
-  if (kind == v1::ATTENTION_KIND_DSA_INDEXER) {
-    v1::DsaIndexerSpec& indexer = *out.mutable_dsa_indexer();
-    indexer.set_index_heads(flat.index_heads());
-    indexer.set_index_head_dim(flat.index_head_dim());
-    indexer.set_topk(flat.topk());
-    indexer.set_page_block_size(flat.page_block_size());
-    indexer.set_s_q(flat.s_q());
-  } else {
-    *out.mutable_sparse_mla_decode() = flat;
-    out.mutable_sparse_mla_decode()->clear_kind();
-  }
+  *out.mutable_sparse_mla_decode() = spec;
+  return out;
+}
+
+v1::KernelSpec KernelSpecOf(const v1::DsaIndexerSpec& spec) {
+  v1::KernelSpec out;
+  *out.mutable_dsa_indexer() = spec;
   return out;
 }
 
@@ -661,9 +690,10 @@ absl::StatusOr<v1::KernelSpec> ParseSpecText(std::string_view text) {
     if (!tree.ok()) return tree.status();
   }
   if (!IsKernelSpecForm(text, json ? &*tree : nullptr)) {
+    // The flat form: a sparse MLA spec's fields at the top level.
     absl::StatusOr<v1::AttentionSpec> flat = ParseSpec(text);
     if (!flat.ok()) return flat.status();
-    return KernelSpecOfFlat(*flat);
+    return KernelSpecOf(*flat);
   }
   v1::KernelSpec spec;
   if (json) {
@@ -714,42 +744,23 @@ absl::StatusOr<v1::KernelSpec> LoadKernelSpecFile(const std::string& path) {
   return NameFile(path, ParseSpecText(*contents));
 }
 
-absl::StatusOr<v1::AttentionSpec> FlatOfKernelSpec(const v1::KernelSpec& spec) {
-  v1::AttentionSpec flat;
+absl::StatusOr<v1::KernelSpec> NormalizeKernelSpec(const v1::KernelSpec& spec) {
   switch (spec.kind_case()) {
-    case v1::KernelSpec::kSparseMlaDecode:
-      flat = spec.sparse_mla_decode();
-      if (flat.kind() != v1::ATTENTION_KIND_UNSPECIFIED || flat.index_heads() != 0 ||
-          flat.index_head_dim() != 0) {
-        return absl::InvalidArgumentError(
-            "sparse_mla_decode: kind, index_heads and index_head_dim must be unset (the case "
-            "names the kind)");
-      }
-      break;
+    case v1::KernelSpec::kSparseMlaDecode: {
+      absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec.sparse_mla_decode());
+      if (!normalized.ok()) return normalized.status();
+      return KernelSpecOf(*normalized);
+    }
     case v1::KernelSpec::kDsaIndexer: {
-      const v1::DsaIndexerSpec& indexer = spec.dsa_indexer();
-      flat.set_index_heads(indexer.index_heads());
-      flat.set_index_head_dim(indexer.index_head_dim());
-      flat.set_topk(indexer.topk());
-      flat.set_page_block_size(indexer.page_block_size());
-      flat.set_s_q(indexer.s_q());
-      break;
+      absl::StatusOr<v1::DsaIndexerSpec> normalized = NormalizeIndexerSpec(spec.dsa_indexer());
+      if (!normalized.ok()) return normalized.status();
+      return KernelSpecOf(*normalized);
     }
     case v1::KernelSpec::KIND_NOT_SET:
-      return absl::InvalidArgumentError(
-          "kind: got none, supported sparse_mla_decode or dsa_indexer (a KernelSpec names its "
-          "kind)");
+      break;
   }
-  flat.set_kind(KindOf(spec));
-  return flat;
-}
-
-absl::StatusOr<v1::KernelSpec> NormalizeKernelSpec(const v1::KernelSpec& spec) {
-  absl::StatusOr<v1::AttentionSpec> flat = FlatOfKernelSpec(spec);
-  if (!flat.ok()) return flat.status();
-  absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(*flat);
-  if (!normalized.ok()) return normalized.status();
-  return KernelSpecOfFlat(*normalized);
+  return absl::InvalidArgumentError(
+      "kind: got none, supported sparse_mla_decode or dsa_indexer (a KernelSpec names its kind)");
 }
 
 namespace {

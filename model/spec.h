@@ -15,9 +15,10 @@
 
 namespace kforge {
 
-// Checks every field of a spec. Returns InvalidArgument whose message names
-// the field, the value given and what is supported, e.g.
+// Checks every field of a sparse MLA spec. Returns InvalidArgument whose
+// message names the field, the value given and what is supported, e.g.
 //   "num_q_heads: got 0, supported 1..128".
+// (The DSA indexer's: model/indexer_spec.h.)
 absl::Status ValidateSpec(const v1::AttentionSpec& spec);
 
 // Returns the canonical form of a valid spec (fields that cannot influence
@@ -116,10 +117,11 @@ absl::StatusOr<v1::AttentionSpec> SpecFromPreset(
     std::string_view name, int64_t tensor_parallel,
     v1::KvCacheDtype kv_dtype = v1::KV_CACHE_DTYPE_BF16);
 
-// The spec a KernelSelector names: its spec as given, or the preset's at
-// its tensor-parallel degree and KV cache dtype. Not normalized;
-// InvalidArgument for an empty selector or a bad preset.
-absl::StatusOr<v1::AttentionSpec> SpecOfSelector(const v1::KernelSelector& selector);
+// The spec a KernelSelector names: its spec as given, or the preset's
+// (PresetRef.kind: the attention at its tensor-parallel degree and KV cache
+// dtype, or the model's indexer). Not normalized; InvalidArgument for an
+// empty selector or a bad preset.
+absl::StatusOr<v1::KernelSpec> SpecOfSelector(const v1::KernelSelector& selector);
 
 // The preset named `name`, or null.
 const PresetInfo* FindPreset(std::string_view name);
@@ -131,8 +133,9 @@ const PresetInfo* FindPreset(std::string_view name);
 v1::AttentionSpec SpecWithKvDtype(const v1::AttentionSpec& spec, v1::KvCacheDtype kv_dtype,
                                   v1::KvScaleFormat default_scale_format);
 
-// Parses a spec given as JSON or as text proto (chosen by content: a leading
-// '{' means JSON). Unknown fields are errors. kv_cache_dtype and
+// Parses a sparse MLA spec (AttentionSpec) given as JSON or as text proto
+// (chosen by content: a leading '{' means JSON). Unknown fields are errors
+// (one naming a kind or the indexer's fields says how to write a KernelSpec). kv_cache_dtype and
 // kv_scale_format (the spec's and extra_kv's) take the short names too
 // ("fp8_ds_mla", "pow2": ExpandKvEnumNames), as JSON strings, and in text
 // proto as identifiers or strings. Does not validate.
@@ -143,26 +146,17 @@ absl::StatusOr<v1::AttentionSpec> LoadSpecFile(const std::string& path);
 
 // A spec of any kind (KernelSpec) given as JSON or text proto:
 // `{"sparse_mla_decode": {...}}`, `dsa_indexer { ... }`. A text whose top
-// level names no case of KernelSpec is the flat form spec files had before
-// KernelSpec (AttentionSpec's fields with an optional `kind`; the indexer's
-// index_heads and index_head_dim beside topk, page_block_size and s_q) and
-// is converted (KernelSpecOfFlat). The one parser of spec files: the CLI's
-// --spec and, through the C ABI, Python use it. Does not validate.
+// level names no case of KernelSpec is the flat form: a sparse MLA spec's
+// fields (ParseSpec). The one parser of spec files: the CLI's --spec and,
+// through the C ABI, Python use it. Does not validate.
 absl::StatusOr<v1::KernelSpec> ParseSpecText(std::string_view text);
 
 // Reads and parses a spec file (ParseSpecText); errors name the file.
 absl::StatusOr<v1::KernelSpec> LoadKernelSpecFile(const std::string& path);
 
-// The KernelSpec of a flat spec: kind unset or ATTENTION_KIND_SPARSE_MLA_DECODE
-// gives sparse_mla_decode, ATTENTION_KIND_DSA_INDEXER gives dsa_indexer.
-// InvalidArgument naming each field the kind does not have, or the kind.
-absl::StatusOr<v1::KernelSpec> KernelSpecOfFlat(const v1::AttentionSpec& flat);
-
-// The flat AttentionSpec (kind set) that the request, manifest and artifact
-// protos still carry for a KernelSpec: the inverse of KernelSpecOfFlat, for
-// the code that has not moved to KernelSpec yet. InvalidArgument naming
-// `kind` when no case is set.
-absl::StatusOr<v1::AttentionSpec> FlatOfKernelSpec(const v1::KernelSpec& spec);
+// A KernelSpec of one case.
+v1::KernelSpec KernelSpecOf(const v1::AttentionSpec& spec);
+v1::KernelSpec KernelSpecOf(const v1::DsaIndexerSpec& spec);
 
 // The user-facing name of a spec's case (CLI --kind, PresetRef.kind,
 // matrix kinds); ATTENTION_KIND_UNSPECIFIED when no case is set. The one
@@ -174,7 +168,8 @@ v1::AttentionKind KindOf(const v1::KernelSpec& spec);
 std::string KindCaseName(const v1::KernelSpec& spec);
 
 // NormalizeSpec for a spec of any kind: the case's own validation and
-// normalization. InvalidArgument naming `kind` when no case is set.
+// normalization (NormalizeSpec, NormalizeIndexerSpec). InvalidArgument
+// naming `kind` when no case is set.
 absl::StatusOr<v1::KernelSpec> NormalizeKernelSpec(const v1::KernelSpec& spec);
 
 }  // namespace kforge

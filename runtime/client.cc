@@ -262,9 +262,7 @@ absl::StatusOr<ArtifactRef> ServiceClient::GetKernel(const v1::ManifestVariant& 
     if (hit != s.kernels.end()) return hit->second;
   }
   v1::GetKernelRequest request;
-  absl::StatusOr<v1::KernelSpec> spec = KernelSpecOfFlat(variant.spec());
-  if (!spec.ok()) return spec.status();
-  *request.mutable_kernel()->mutable_spec() = *std::move(spec);
+  *request.mutable_kernel()->mutable_spec() = variant.spec();
   request.set_arch(std::string(arch));
   v1::GetKernelResponse response;
   absl::Status called =

@@ -3,22 +3,23 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "model/spec.h"
 
 namespace kforge {
 
 absl::StatusOr<std::unique_ptr<DsaIndexerModule>> DsaIndexerModule::Load(
     const v1::KernelArtifact& artifact, CUdevice device) {
-  if (artifact.spec().kind() != v1::ATTENTION_KIND_DSA_INDEXER || !artifact.has_indexer()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        artifact.module_name(), ": not a DSA indexer module (kind ",
-        v1::AttentionKind_Name(artifact.spec().kind()), "); SparseMlaDecode loads attention"));
+  if (!artifact.spec().has_dsa_indexer() || !artifact.has_indexer()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(artifact.module_name(), ": not a DSA indexer module (kind ",
+                     KindCaseName(artifact.spec()), "); SparseMlaDecode loads attention"));
   }
   const v1::IndexerLaunch& launch = artifact.indexer();
   absl::StatusOr<std::unique_ptr<KernelModule>> loaded =
       KernelModule::Load(artifact, kDsaIndexerEntryParams, device);
   if (!loaded.ok()) return loaded.status();
   std::unique_ptr<DsaIndexerModule> m(new DsaIndexerModule(*std::move(loaded)));
-  m->spec_ = artifact.spec();
+  m->spec_ = artifact.spec().dsa_indexer();
   m->launch_ = launch;
   const KernelModule& module = *m->module_;
   for (auto [entry, kernel, smem] :

@@ -47,7 +47,7 @@ class DsaIndexerModule {
   absl::Status Logits(const IndexerLogitsArgs& args, CUstream stream) const;
   absl::Status Topk(const IndexerTopkArgs& args, CUstream stream) const;
 
-  const v1::AttentionSpec& spec() const { return spec_; }
+  const v1::DsaIndexerSpec& spec() const { return spec_; }
   const std::string& module_name() const { return module_->module_name(); }
 
  private:
@@ -56,7 +56,7 @@ class DsaIndexerModule {
   absl::Status Launch(CUkernel kernel, const IndexerKernelLaunch<Params>& l, CUstream stream) const;
 
   std::unique_ptr<KernelModule> module_;
-  v1::AttentionSpec spec_;
+  v1::DsaIndexerSpec spec_;
   v1::IndexerLaunch launch_;
   CUkernel logits_ = nullptr;
   CUkernel topk_ = nullptr;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/absl_compat.h"
+#include "model/spec.h"
 
 namespace kforge {
 namespace {
@@ -77,6 +78,12 @@ absl::StatusOr<std::unique_ptr<SparseMlaDecode>> SparseMlaDecode::Create(
   if (manifest->variants_size() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("the manifest for ", self->arch_, " has no kernel variants"));
+  }
+  if (const v1::ManifestVariant& first = FirstChoice(*manifest);
+      !first.spec().has_sparse_mla_decode()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the manifest for ", self->arch_, " is for ", first.module_name(), ", a ",
+        KindCaseName(first.spec()), " module; SparseMlaDecode runs sparse_mla_decode modules"));
   }
   self->manifest_ = *std::move(manifest);
   return self;

@@ -35,7 +35,7 @@ SM_COUNTS = {"sm_80": (108,), "sm_90a": (132, 78), "sm_100a": (148,), "sm_120a":
 
 def spec_json(heads, dtype, rope, scale_format=None, topk=2048, extra=None):
     spec = {
-        "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": heads, "kv_lora_rank": 512,
+        "num_q_heads": heads, "kv_lora_rank": 512,
         "rope_dim": rope, "topk": topk, "kv_cache_dtype": dtype, "page_block_size": 64,
         "softmax_scale": 0.0625, "return_lse": True,
     }

@@ -380,6 +380,11 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
   return run;
 }
 
+// The top-k of a spec of either kind (fault injection and labels key on it).
+uint32_t TopkOf(const v1::KernelSpec& spec) {
+  return spec.has_dsa_indexer() ? spec.dsa_indexer().topk() : spec.sparse_mla_decode().topk();
+}
+
 // Names a job in error messages: its module name when the spec is valid.
 std::string JobLabel(const v1::CompileJob& job) {
   absl::string_view arch = job.arch();
@@ -388,7 +393,7 @@ std::string JobLabel(const v1::CompileJob& job) {
       KernelCompiler().Plan(job.spec(), std::string_view(arch.data(), arch.size()),
                             PlanOptions{job.max_smem_per_block(), {}});
   if (plan.ok()) return absl::StrCat(plan->module_name, " (", arch, ")");
-  return absl::StrCat("topk ", job.spec().topk(), " kernel (", arch, ")");
+  return absl::StrCat("topk ", TopkOf(job.spec()), " kernel (", arch, ")");
 }
 
 std::string StderrSuffix(const std::string& tail) {
@@ -890,17 +895,17 @@ int RunCompileWorker(int expected_parent, WorkerFaults faults) {
     return 2;
   }
 
-  if (faults.crash_topk != 0 && job.spec().topk() == faults.crash_topk) {
+  if (faults.crash_topk != 0 && TopkOf(job.spec()) == faults.crash_topk) {
     std::abort();
   }
-  if (faults.hang_topk != 0 && job.spec().topk() == faults.hang_topk) {
+  if (faults.hang_topk != 0 && TopkOf(job.spec()) == faults.hang_topk) {
     for (;;) ::pause();
   }
 
   PlanOptions plan_options;
   plan_options.max_smem_per_block = job.max_smem_per_block();
   ArtifactOr artifact =
-      faults.fail_topk != 0 && job.spec().topk() == faults.fail_topk
+      faults.fail_topk != 0 && TopkOf(job.spec()) == faults.fail_topk
           ? ArtifactOr(absl::InternalError("kforge_unit.cu(1): error: injected compile failure"))
           : KernelCompiler().Compile(job.spec(), job.arch(), plan_options);
   v1::CompileResult result;

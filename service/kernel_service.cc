@@ -102,7 +102,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
       }
       reactor->Finish(ToGrpcStatus(result.status()));
     };
-    absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(request->kernel());
+    absl::StatusOr<v1::KernelSpec> spec = KernelStore::Resolve(request->kernel());
     if (!spec.ok()) return finish(spec.status());
     absl::StatusOr<KernelStore::Result> cached = store_->CachedKernel(*spec, request->arch());
     if (!absl::IsNotFound(cached.status())) return finish(cached);
@@ -128,7 +128,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetManifest(grpc::CallbackServerCon
     reactor->Finish(parsed);
     return reactor;
   }
-  absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(request.kernel());
+  absl::StatusOr<v1::KernelSpec> spec = KernelStore::Resolve(request.kernel());
   absl::StatusOr<v1::Manifest> manifest = spec.ok() ? store_->GetManifest(*spec, request.arch())
                                                     : absl::StatusOr<v1::Manifest>(spec.status());
   if (manifest.ok()) *response = Serialize(*manifest);

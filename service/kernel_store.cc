@@ -501,7 +501,7 @@ absl::StatusOr<std::unique_ptr<KernelStore>> KernelStore::Create(KernelStoreOpti
   return std::unique_ptr<KernelStore>(new KernelStore(std::move(state)));
 }
 
-absl::StatusOr<v1::AttentionSpec> KernelStore::Resolve(const v1::KernelSelector& selector) {
+absl::StatusOr<v1::KernelSpec> KernelStore::Resolve(const v1::KernelSelector& selector) {
   return SpecOfSelector(selector);
 }
 
@@ -519,7 +519,7 @@ absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(const v1::KernelSelector& sel
     if (it != s.memo.end()) key = it->second;
   }
   if (key.empty()) {
-    absl::StatusOr<v1::AttentionSpec> spec = Resolve(selector);
+    absl::StatusOr<v1::KernelSpec> spec = Resolve(selector);
     if (!spec.ok()) return spec.status();
     absl::StatusOr<CompilePlan> plan = s.compiler.Plan(*spec, arch);
     if (!plan.ok()) return plan.status();
@@ -536,7 +536,7 @@ absl::StatusOr<ArtifactPtr> KernelStore::MemoryHit(const v1::KernelSelector& sel
   return hit;
 }
 
-absl::StatusOr<KernelStore::Result> KernelStore::CachedKernel(const v1::AttentionSpec& spec,
+absl::StatusOr<KernelStore::Result> KernelStore::CachedKernel(const v1::KernelSpec& spec,
                                                               std::string_view arch) {
   State& s = *state_;
   const absl::Time start = absl::Now();
@@ -614,7 +614,7 @@ void KernelStore::State::Start(const CompilePlan& plan, bool lookup_only, absl::
   if (starts) Drive(flight, plan);
 }
 
-void KernelStore::GetKernelAsync(const v1::AttentionSpec& spec, std::string_view arch,
+void KernelStore::GetKernelAsync(const v1::KernelSpec& spec, std::string_view arch,
                                  bool lookup_only, absl::Time deadline, Done done) {
   const absl::Time start = absl::Now();
   absl::StatusOr<CompilePlan> plan = state_->compiler.Plan(spec, arch);
@@ -622,7 +622,7 @@ void KernelStore::GetKernelAsync(const v1::AttentionSpec& spec, std::string_view
   state_->Start(*plan, lookup_only, deadline, start, std::move(done));
 }
 
-absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSpec& spec,
+absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::KernelSpec& spec,
                                                            std::string_view arch, bool lookup_only,
                                                            absl::Time deadline) {
   const absl::Time start = absl::Now();
@@ -649,7 +649,7 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::AttentionSp
   return *std::move(answer->result);
 }
 
-absl::StatusOr<v1::Manifest> KernelStore::GetManifest(const v1::AttentionSpec& spec,
+absl::StatusOr<v1::Manifest> KernelStore::GetManifest(const v1::KernelSpec& spec,
                                                       std::string_view arch) const {
   return BuildManifest(state_->compiler, spec, arch);
 }

@@ -75,7 +75,7 @@ class KernelStore {
   // never starts), Internal (compile failure, with the NVRTC log),
   // Unavailable (shutting down). Blocks until answered: GetKernelAsync on a
   // waiting thread.
-  absl::StatusOr<Result> GetKernel(const v1::AttentionSpec& spec, std::string_view arch,
+  absl::StatusOr<Result> GetKernel(const v1::KernelSpec& spec, std::string_view arch,
                                    bool lookup_only, absl::Time deadline = absl::InfiniteFuture());
 
   // GetKernel without a thread waiting for a compile: `done` runs once,
@@ -92,7 +92,7 @@ class KernelStore {
   // itself is answered when it ends (a gRPC client has gone by then).
   // `done` must not block; it may call the store.
   using Done = std::function<void(absl::StatusOr<Result>)>;
-  void GetKernelAsync(const v1::AttentionSpec& spec, std::string_view arch, bool lookup_only,
+  void GetKernelAsync(const v1::KernelSpec& spec, std::string_view arch, bool lookup_only,
                       absl::Time deadline, Done done);
 
   // The memory tier, then the disk tier, then Redis, never a compile nor a
@@ -100,7 +100,7 @@ class KernelStore {
   // what GetKernel answers before it would compile. NotFound on a miss
   // (not counted as one: GetKernel, which the caller goes on to, counts
   // it); the errors of planning (bad spec, unknown arch) as GetKernel.
-  absl::StatusOr<Result> CachedKernel(const v1::AttentionSpec& spec, std::string_view arch);
+  absl::StatusOr<Result> CachedKernel(const v1::KernelSpec& spec, std::string_view arch);
 
   // The hot path for cache hits: the memory tier only, with the
   // (selector, arch) -> key mapping remembered so a hit skips planning and
@@ -110,12 +110,11 @@ class KernelStore {
                                         const std::string& arch);
 
   // Resolves a KernelSelector (spec or preset) to a spec.
-  static absl::StatusOr<v1::AttentionSpec> Resolve(const v1::KernelSelector& selector);
+  static absl::StatusOr<v1::KernelSpec> Resolve(const v1::KernelSelector& selector);
 
   // The selection manifest for a spec on an arch (no compile needed: keys,
   // tilings and launch rules come from planning).
-  absl::StatusOr<v1::Manifest> GetManifest(const v1::AttentionSpec& spec,
-                                           std::string_view arch) const;
+  absl::StatusOr<v1::Manifest> GetManifest(const v1::KernelSpec& spec, std::string_view arch) const;
 
   // Warm-up from a bundle: puts a prebuilt kernel into the memory and disk
   // tiers, its disk entry recording `origin` (a signed or unsigned

@@ -50,8 +50,8 @@ absl::StatusOr<std::vector<PrebuildJob>> ExpandPrebuildRequest(const v1::Prebuil
   for (int i = 0; i < request.kernels_size(); ++i) {
     // A spec given as such is checked here too (a preset's already is), so
     // a bad kernel fails the request rather than each of its jobs later.
-    absl::StatusOr<v1::AttentionSpec> spec = KernelStore::Resolve(request.kernels(i));
-    if (spec.ok()) spec = NormalizeSpec(*spec);
+    absl::StatusOr<v1::KernelSpec> spec = KernelStore::Resolve(request.kernels(i));
+    if (spec.ok()) spec = NormalizeKernelSpec(*spec);
     if (!spec.ok()) {
       return absl::Status(spec.status().code(),
                           absl::StrCat("kernels[", i, "]: ", spec.status().message()));

@@ -22,7 +22,7 @@ namespace kforge {
 
 // One kernel of a Prebuild request on one arch.
 struct PrebuildJob {
-  v1::AttentionSpec spec;
+  v1::KernelSpec spec;
   std::string arch;
 };
 

@@ -33,7 +33,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::google::protobuf::util::MessageDifferencer;
-using ::kforge::testing::AsKernelSpec;
 using ::kforge::testing::Contains;
 using ::kforge::testing::Glm5Selector;
 using ::kforge::testing::ReadFileOrEmpty;
@@ -76,9 +75,10 @@ class BundleTest : public ::testing::Test {
     ASSERT_TRUE(compiled.ok()) << compiled.status();
     full_manifest_ = new v1::Manifest(std::move(compiled->manifest));
     for (uint32_t page : {1u, 16u, 32u}) {
-      v1::AttentionSpec spec = full_manifest_->variants(0).spec();
+      v1::AttentionSpec spec = full_manifest_->variants(0).spec().sparse_mla_decode();
       spec.set_page_block_size(page);
-      absl::StatusOr<v1::Manifest> other = BuildManifest(KernelCompiler(), spec, kArch);
+      absl::StatusOr<v1::Manifest> other =
+          BuildManifest(KernelCompiler(), KernelSpecOf(spec), kArch);
       ASSERT_TRUE(other.ok()) << other.status();
       full_manifest_->add_choice_order(full_manifest_->variants_size());
       *full_manifest_->add_variants() = other->variants(0);
@@ -151,7 +151,7 @@ TEST_F(BundleTest, RoundTripAnswersTheSameKernelAndManifest) {
   ASSERT_EQ((*source)->manifests().size(), 1u);
   // A preset, its spec spelled out, and another arch spelling: one manifest.
   v1::KernelSelector by_spec;
-  *by_spec.mutable_spec() = AsKernelSpec(*SpecFromPreset("glm-5", 8));
+  *by_spec.mutable_spec() = KernelSpecOf(*SpecFromPreset("glm-5", 8));
   for (const auto& [selector, arch] :
        {std::pair{Glm5Selector(8), "sm_90a"}, std::pair{by_spec, "90a"}}) {
     absl::StatusOr<v1::Manifest> got = (*source)->GetManifest(selector, arch);
@@ -263,7 +263,7 @@ TEST_F(BundleTest, ManifestsNoLookupCanFindAreRefused) {
   v1::Manifest short_arch = OneVariantManifest();
   short_arch.set_arch("90a");
   v1::Manifest with_s_q = OneVariantManifest();
-  with_s_q.mutable_variants(0)->mutable_spec()->set_s_q(2);
+  with_s_q.mutable_variants(0)->mutable_spec()->mutable_sparse_mla_decode()->set_s_q(2);
   const std::pair<const v1::Manifest*, const char*> cases[] = {
       {&short_arch, "manifest arch: got \"90a\", supported its canonical name \"sm_90a\""},
       {&with_s_q, "manifest variants[0].spec: got {"}};
@@ -337,9 +337,9 @@ TEST_F(BundleTest, HasKernelTreatsDamagedFilesAsAbsent) {
   const fs::path file = dir / KernelFile();
   const std::string whole = ReadFileOrEmpty(file);
   // Fields are written in number order and the params sizes, the
-  // small-batch path, the cluster entry, the entries and the schedule's
-  // reasons come last, so cutting exactly them off leaves a file that still
-  // parses.
+  // small-batch path, the cluster entry, the entries, the schedule's
+  // reasons and the spec come last, so cutting exactly them off leaves a
+  // file that still parses.
   v1::KernelArtifact no_params = *artifact_;
   no_params.clear_params_bytes();
   no_params.clear_combine_params_bytes();
@@ -347,6 +347,7 @@ TEST_F(BundleTest, HasKernelTreatsDamagedFilesAsAbsent) {
   no_params.clear_cluster();
   no_params.clear_entries();
   no_params.clear_schedule_reasons();
+  no_params.clear_spec();
   const size_t without_params = no_params.ByteSizeLong();
   ASSERT_LT(without_params, whole.size());
   ASSERT_TRUE(no_params.ParseFromString(whole.substr(0, without_params)));
@@ -689,7 +690,8 @@ TEST_F(BundleTest, ArtifactCheckNamesTheFirstMismatch) {
       {"combine_entry", [](v1::KernelArtifact& a) { a.set_combine_entry("other"); }},
       {"params_bytes: expected", [](v1::KernelArtifact& a) { a.set_params_bytes(8); }},
       {"combine_params_bytes", [](v1::KernelArtifact& a) { a.set_combine_params_bytes(8); }},
-      {"spec: expected", [](v1::KernelArtifact& a) { a.mutable_spec()->set_topk(7); }},
+      {"spec: expected",
+       [](v1::KernelArtifact& a) { a.mutable_spec()->mutable_sparse_mla_decode()->set_topk(7); }},
       {"tiling: expected", [](v1::KernelArtifact& a) { a.mutable_tiling()->set_token_tile(8); }},
       {"launch: expected",
        [](v1::KernelArtifact& a) { a.mutable_launch()->set_block_threads(32); }},
@@ -760,12 +762,12 @@ TEST_F(BundleTest, ArtifactCheckRefusesUnnamedEntriesOtherArchsAndOversizedCubin
 // A DSA indexer module on sm_90a also exports its cluster top-k, which its
 // artifact names in indexer.topk_cluster: exactly those three entries pass.
 TEST(ArtifactCheckTest, AnIndexerModuleWithItsClusterTopkPasses) {
-  absl::StatusOr<v1::AttentionSpec> spec = IndexerSpecFromPreset("glm-5", 8);
+  absl::StatusOr<v1::DsaIndexerSpec> spec = IndexerSpecFromPreset("glm-5", 8);
   ASSERT_TRUE(spec.ok()) << spec.status();
   KernelCompiler compiler;
-  absl::StatusOr<v1::Manifest> manifest = BuildManifest(compiler, *spec, kArch);
+  absl::StatusOr<v1::Manifest> manifest = BuildManifest(compiler, KernelSpecOf(*spec), kArch);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
-  absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(*spec, kArch);
+  absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(KernelSpecOf(*spec), kArch);
   ASSERT_TRUE(artifact.ok()) << artifact.status();
   ASSERT_FALSE(artifact->indexer().topk_cluster().entry().empty());
   EXPECT_TRUE(CheckArtifactForVariant(manifest->variants(0), kArch, *artifact).ok());

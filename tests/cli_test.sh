@@ -105,7 +105,7 @@ expect_error "--kv-dtype fp4" "--kv-dtype: got \"fp4\"" compile --preset glm-5 -
 grep -q '"kv_cache_dtype": "KV_CACHE_DTYPE_NVFP4_DS_MLA"' "$TMP/fp4_manifest.json" ||
   fail "nvfp4 manifest does not carry its dtype"
 cat >"$TMP/v41.json" <<'JSON'
-{"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64, "kv_lora_rank": 512,
+{"num_q_heads": 64, "kv_lora_rank": 512,
  "rope_dim": 0, "topk": 1152, "kv_cache_dtype": "KV_CACHE_DTYPE_MXFP8_DS_MLA_V41",
  "page_block_size": 64,
  "softmax_scale": 0.0625, "return_lse": true}
@@ -173,7 +173,7 @@ set -e
 grep -q "missing arch sm_120a" <<<"$nofit" || fail "nothing-fits report lacks the arch: $nofit"
 # A custom model through --spec: 24 heads, topk 1024.
 cat >"$TMP/custom.json" <<'JSON'
-{"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 24, "kv_lora_rank": 512,
+{"num_q_heads": 24, "kv_lora_rank": 512,
  "rope_dim": 64, "topk": 1024, "s_q": 1, "kv_cache_dtype": "KV_CACHE_DTYPE_BF16",
  "page_block_size": 64, "softmax_scale": 0.1, "return_lse": true}
 JSON
@@ -282,7 +282,7 @@ expect_error_within "serve --warm-from with a 1.5 GB unlisted kernel file" \
 rm -rf "$TMP/big_bundle"
 
 # --- duplicate keys ----------------------------------------------------------
-printf '{"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 16, "kv_lora_rank": 512,\n "rope_dim": 64, "topk": 2048, "topk": 1024, "kv_cache_dtype": "KV_CACHE_DTYPE_BF16",\n "page_block_size": 64, "softmax_scale": 0.1}\n' >"$TMP/dup.json"
+printf '{"num_q_heads": 16, "kv_lora_rank": 512,\n "rope_dim": 64, "topk": 2048, "topk": 1024, "kv_cache_dtype": "KV_CACHE_DTYPE_BF16",\n "page_block_size": 64, "softmax_scale": 0.1}\n' >"$TMP/dup.json"
 expect_error "duplicate key in a JSON spec" 'line 2: key "topk" is given twice' \
   compile --spec "$TMP/dup.json" --arch sm_90a -o "$TMP/bad"
 # --tp beyond uint32 and a softmax_scale that overflows the kernel's constant.

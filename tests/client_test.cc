@@ -206,7 +206,7 @@ TEST_F(ClientTest, RetriesUnavailableAndQueueFullThenSucceeds) {
   EXPECT_EQ((*kernel)->cubin(), artifact_->cubin());
   EXPECT_EQ(service_.kernel_calls.load(), 2);
   EXPECT_TRUE(MessageDifferencer::Equals(service_.last_kernel_request.kernel().spec(),
-                                         ::kforge::testing::AsKernelSpec(FirstChoice().spec())));
+                                         FirstChoice().spec()));
   EXPECT_EQ(service_.last_kernel_request.arch(), kArch);
   EXPECT_FALSE(service_.last_kernel_request.lookup_only());
   EXPECT_EQ(client->rpc_attempts(), 5);

@@ -45,7 +45,7 @@ std::vector<Outcome> CompileAll(const std::vector<Job>& jobs) {
   const KernelCompiler compiler;
   auto worker = [&] {
     for (size_t i = next++; i < jobs.size(); i = next++) {
-      outcomes[i].artifact = compiler.Compile(jobs[i].spec, jobs[i].arch);
+      outcomes[i].artifact = compiler.Compile(KernelSpecOf(jobs[i].spec), jobs[i].arch);
     }
   };
   const unsigned n = std::max(1u, std::thread::hardware_concurrency());
@@ -323,7 +323,7 @@ TEST(CompileMatrix, NewRecordsOnEveryArch) {
     const v1::KernelResources* main_k = FindKernel(*a, kMainEntry);
     ASSERT_NE(main_k, nullptr) << jobs[i].label;
     const v1::KernelTiling& t = a->tiling();
-    EXPECT_EQ(t.crossover(), a->spec().num_q_heads() == 128) << jobs[i].label;
+    EXPECT_EQ(t.crossover(), a->spec().sparse_mla_decode().num_q_heads() == 128) << jobs[i].label;
     // No entry spills.
     for (const v1::KernelResources& k : a->cubin_info().kernels()) {
       EXPECT_EQ(k.local_bytes(), 0u) << jobs[i].label << ": " << k.name() << " spills";

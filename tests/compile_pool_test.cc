@@ -43,8 +43,8 @@ v1::CompileJob Glm5Job(uint32_t topk = 0) {
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
   EXPECT_TRUE(spec.ok()) << spec.status();
   v1::CompileJob job;
-  if (spec.ok()) *job.mutable_spec() = *spec;
-  if (topk != 0) job.mutable_spec()->set_topk(topk);
+  if (spec.ok()) *job.mutable_spec() = KernelSpecOf(*spec);
+  if (topk != 0) job.mutable_spec()->mutable_sparse_mla_decode()->set_topk(topk);
   job.set_arch("sm_90a");
   return job;
 }
@@ -117,7 +117,7 @@ TEST_F(CompilePoolTest, CompilesInWorkerProcess) {
   EXPECT_FALSE(artifact->cubin().empty());
   EXPECT_EQ(artifact->arch(), "sm_90a");
   EXPECT_EQ(artifact->cubin_info().arch(), "sm_90a");
-  EXPECT_EQ(artifact->spec().num_q_heads(), 8u);
+  EXPECT_EQ(artifact->spec().sparse_mla_decode().num_q_heads(), 8u);
   EXPECT_FALSE(artifact->main_entry().empty());
   EXPECT_EQ(pool.in_flight(), 0);
   EXPECT_EQ(pool.queue_depth(), 0);
@@ -127,7 +127,7 @@ TEST_F(CompilePoolTest, CompilesInWorkerProcess) {
 TEST_F(CompilePoolTest, WorkerStatusComesBackWithItsCode) {
   CompilePool pool(PoolOptions());
   v1::CompileJob bad_spec = Glm5Job();
-  bad_spec.mutable_spec()->set_num_q_heads(0);
+  bad_spec.mutable_spec()->mutable_sparse_mla_decode()->set_num_q_heads(0);
   absl::StatusOr<v1::KernelArtifact> r = SubmitAndWait(pool, bad_spec);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_TRUE(Contains(r.status().message(), "num_q_heads"));

@@ -33,7 +33,7 @@ v1::AttentionSpec Glm5Tp8() {
 
 CompilePlan MustPlan(const v1::AttentionSpec& spec, const std::string& arch,
                      const PlanOptions& options = {}) {
-  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec, arch, options);
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(KernelSpecOf(spec), arch, options);
   EXPECT_TRUE(plan.ok()) << arch << ": " << plan.status();
   return plan.ok() ? *std::move(plan) : CompilePlan();
 }
@@ -134,7 +134,7 @@ TEST(KernelCompilerPlan, SmemCapIsPartOfTheKeyAndMatchesSm120Tiling) {
       EXPECT_TRUE(MessageDifferencer::Equals(capped.tiling, sm120.tiling))
           << preset << " tp" << tp << "\ncapped sm_90a: " << capped.tiling.ShortDebugString()
           << "\nsm_120a: " << sm120.tiling.ShortDebugString();
-      EXPECT_LE(DecodeSmemBytesFor(capped.spec, capped.tiling), 101376);
+      EXPECT_LE(DecodeSmemBytesFor(capped.spec.sparse_mla_decode(), capped.tiling), 101376);
       // Same tiling and spec: the same instantiation unit.
       EXPECT_EQ(capped.source, sm120.source);
     }
@@ -149,7 +149,7 @@ TEST(KernelCompilerPlan, CapAboveTheArchLimitDoesNotRaiseIt) {
 
 TEST(KernelCompilerPlan, NegativeCapIsInvalid) {
   absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(
-      Glm5Tp8(), "sm_90a", PlanOptions{.max_smem_per_block = -1, .tiling = {}});
+      KernelSpecOf(Glm5Tp8()), "sm_90a", PlanOptions{.max_smem_per_block = -1, .tiling = {}});
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(plan.status().message(), "max_smem_per_block")) << plan.status();
@@ -168,14 +168,13 @@ TEST(KernelCompilerPlan, BadSpecNamesTheField) {
       {"softmax_scale", [](v1::AttentionSpec& s) { s.set_softmax_scale(0.0f); }},
       {"softmax_scale",
        [](v1::AttentionSpec& s) { s.set_softmax_scale(std::numeric_limits<float>::quiet_NaN()); }},
-      {"kind", [](v1::AttentionSpec& s) { s.set_kind(v1::ATTENTION_KIND_UNSPECIFIED); }},
       {"kv_cache_dtype",
        [](v1::AttentionSpec& s) { s.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_UNSPECIFIED); }},
   };
   for (const auto& [field, change] : bad) {
     v1::AttentionSpec spec = Glm5Tp8();
     change(spec);
-    absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec, "sm_90a");
+    absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(KernelSpecOf(spec), "sm_90a");
     ASSERT_FALSE(plan.ok()) << field;
     EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument)
         << field << ": " << plan.status();
@@ -186,7 +185,7 @@ TEST(KernelCompilerPlan, BadSpecNamesTheField) {
 
 TEST(KernelCompilerPlan, UnknownArchIsFailedPrecondition) {
   for (const char* arch : {"sm_75", "sm_70", "sm_999", "compute_90", "", "gpu"}) {
-    absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(Glm5Tp8(), arch);
+    absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(KernelSpecOf(Glm5Tp8()), arch);
     ASSERT_FALSE(plan.ok()) << arch;
     EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition)
         << arch << ": " << plan.status();
@@ -198,13 +197,13 @@ TEST(KernelCompilerPlan, UnknownArchIsFailedPrecondition) {
 TEST(KernelCompilerPlan, Fp8CacheNeedsAScaleFormatAndPlansTheFp8Format) {
   v1::AttentionSpec spec = Glm5Tp8();
   spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
-  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec, "sm_90a");
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(KernelSpecOf(spec), "sm_90a");
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(plan.status().message(), "kv_scale_format")) << plan.status();
 
   spec.set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
-  plan = KernelCompiler().Plan(spec, "sm_90a");
+  plan = KernelCompiler().Plan(KernelSpecOf(spec), "sm_90a");
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(absl::StrContains(plan->source, "ks::KvFp8DsMla<false>")) << plan->source;
 }
@@ -235,8 +234,8 @@ TEST(KernelCompilerBuild, ArtifactAndDescription) {
   EXPECT_EQ(artifact->arch(), "sm_120a");
   EXPECT_FALSE(artifact->cubin().empty());
   EXPECT_TRUE(MessageDifferencer::Equals(artifact->tiling(), plan.tiling));
-  EXPECT_TRUE(MessageDifferencer::Equals(artifact->launch(),
-                                         MakeLaunchRule(plan.spec, plan.tiling, plan.arch)));
+  EXPECT_TRUE(MessageDifferencer::Equals(
+      artifact->launch(), MakeLaunchRule(plan.spec.sparse_mla_decode(), plan.tiling, plan.arch)));
 
   const std::string json = ArtifactDescriptionJson(*artifact);
   for (const char* field :
@@ -261,7 +260,7 @@ TEST(KernelCompilerBuild, ArtifactAndDescription) {
 
 TEST(KernelCompilerBuild, CompileIsPlanPlusBuild) {
   const KernelCompiler compiler;
-  absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(Glm5Tp8(), "sm_90a");
+  absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(KernelSpecOf(Glm5Tp8()), "sm_90a");
   ASSERT_TRUE(artifact.ok()) << artifact.status();
   EXPECT_EQ(artifact->key(), MustPlan(Glm5Tp8(), "sm_90a").key);
   EXPECT_EQ(artifact->cubin_info().arch(), "sm_90a");

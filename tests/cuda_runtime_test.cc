@@ -49,10 +49,7 @@ class CompilingSource : public KernelSource {
   absl::StatusOr<v1::Manifest> GetManifest(const v1::KernelSelector& kernel,
                                            std::string_view arch) override {
     ++manifest_calls;
-    absl::StatusOr<v1::AttentionSpec> spec =
-        kernel.has_spec() ? FlatOfKernelSpec(kernel.spec())
-                          : SpecFromPreset(kernel.preset().name(),
-                                           static_cast<int>(kernel.preset().tensor_parallel()));
+    absl::StatusOr<v1::KernelSpec> spec = SpecOfSelector(kernel);
     if (!spec.ok()) return spec.status();
     return BuildManifest(compiler_, *spec, arch);
   }
@@ -79,7 +76,7 @@ v1::KernelSelector Glm5Tp8Selector() {
 }
 
 v1::Manifest ManifestFor(const v1::AttentionSpec& spec, const std::string& arch) {
-  absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), spec, arch);
+  absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), KernelSpecOf(spec), arch);
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? *m : v1::Manifest();
 }
@@ -732,7 +729,7 @@ TEST(MakeDecodeParams, ExtraCacheFieldsAndTheKeySpanSplit) {
   EXPECT_EQ(p.tokens_per_split % tile, 0);
   EXPECT_LT(2 * p.tokens_per_split, keys);
   // The most splits: one tile each over the span.
-  EXPECT_EQ(MaxSplits(m.variants(0).spec(), m.variants(0).launch()),
+  EXPECT_EQ(MaxSplits(m.variants(0).spec().sparse_mla_decode(), m.variants(0).launch()),
             (keys + static_cast<int>(m.variants(0).launch().split_granularity_tokens()) - 1) /
                 static_cast<int>(m.variants(0).launch().split_granularity_tokens()));
   // Without one, the extra fields stay null.
@@ -1101,7 +1098,7 @@ class SparseMlaDecodeGpu : public ::testing::Test {
   // stream_ of that context.
   void StartDecode(const v1::AttentionSpec& spec) {
     v1::KernelSelector model;
-    *model.mutable_spec() = ::kforge::testing::AsKernelSpec(spec);
+    *model.mutable_spec() = KernelSpecOf(spec);
     absl::StatusOr<std::unique_ptr<SparseMlaDecode>> decode =
         SparseMlaDecode::Create(source_, model, 0);
     ASSERT_TRUE(decode.ok()) << decode.status();

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "model/arch.h"
 #include "model/indexer_spec.h"
+#include "model/spec.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/dsa_indexer.h"
 #include "templates/kforge/dsa_indexer/config.h"
@@ -30,7 +31,7 @@ v1::KernelArtifact FakeIndexerArtifact() {
   v1::KernelArtifact a;
   a.set_module_name("dsa_indexer_h32_d128_topk2048_pb64_sm90a");
   a.set_arch("sm_90a");
-  *a.mutable_spec() = *IndexerSpecFromPreset("glm-5", 8);
+  *a.mutable_spec() = KernelSpecOf(*IndexerSpecFromPreset("glm-5", 8));
   a.mutable_indexer()->set_logits_entry("dsa_indexer_logits");
   a.mutable_indexer()->set_topk_entry("dsa_indexer_topk");
   v1::KernelResources* k = a.mutable_cubin_info()->add_kernels();
@@ -52,7 +53,7 @@ v1::KernelArtifact FakeIndexerArtifact() {
 
 TEST(DsaIndexerModule, RefusesWhatIsNotAnIndexerOrOtherParamBlocks) {
   v1::KernelArtifact a = FakeIndexerArtifact();
-  a.mutable_spec()->set_kind(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
+  *a.mutable_spec() = KernelSpecOf(*SpecFromPreset("glm-5", 8));
   EXPECT_EQ(DsaIndexerModule::Load(a, 0).status().code(), absl::StatusCode::kInvalidArgument);
   a = FakeIndexerArtifact();
   a.mutable_cubin_info()->mutable_kernels(1)->set_param_bytes(80);
@@ -134,9 +135,9 @@ void DsaIndexerGpu::RunAndCheck(bool prefill) {
   cu_->DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_);
   absl::StatusOr<std::string> arch = ArchForComputeCapability(major, minor);
   ASSERT_TRUE(arch.ok()) << arch.status();
-  v1::AttentionSpec spec = *IndexerSpecFromPreset("glm-5", 8);
+  v1::DsaIndexerSpec spec = *IndexerSpecFromPreset("glm-5", 8);
   spec.set_topk(100);  // contexts both shorter and longer than k
-  absl::StatusOr<v1::KernelArtifact> artifact = KernelCompiler().Compile(spec, *arch);
+  absl::StatusOr<v1::KernelArtifact> artifact = KernelCompiler().Compile(KernelSpecOf(spec), *arch);
   ASSERT_TRUE(artifact.ok()) << artifact.status();
   absl::StatusOr<std::unique_ptr<DsaIndexerModule>> module =
       DsaIndexerModule::Load(*artifact, device_);

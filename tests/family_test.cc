@@ -22,42 +22,37 @@
 namespace kforge {
 namespace {
 
+// Every case of KernelSpec has exactly one family, found from a spec of
+// that case.
 TEST(FamilyRegistry, EveryKindOnce) {
   std::set<int> kinds;
   for (const KernelFamily* family : RegisteredFamilies()) {
-    EXPECT_TRUE(kinds.insert(family->kind()).second)
-        << v1::AttentionKind_Name(family->kind()) << " registered twice";
+    EXPECT_TRUE(kinds.insert(family->kind()).second) << family->kind() << " registered twice";
   }
-  const google::protobuf::EnumDescriptor* e = v1::AttentionKind_descriptor();
-  for (int i = 0; i < e->value_count(); ++i) {
-    const int kind = e->value(i)->number();
-    if (kind == v1::ATTENTION_KIND_UNSPECIFIED) continue;
-    EXPECT_TRUE(kinds.count(kind)) << e->value(i)->name() << " has no family";
-    absl::StatusOr<const KernelFamily*> family = FamilyFor(static_cast<v1::AttentionKind>(kind));
+  const google::protobuf::OneofDescriptor& cases = *v1::KernelSpec::descriptor()->oneof_decl(0);
+  EXPECT_EQ(static_cast<int>(kinds.size()), cases.field_count());
+  for (int i = 0; i < cases.field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = cases.field(i);
+    EXPECT_TRUE(kinds.count(field->number())) << field->name() << " has no family";
+    v1::KernelSpec spec;
+    spec.GetReflection()->MutableMessage(&spec, field);  // the case set
+    absl::StatusOr<const KernelFamily*> family = FamilyFor(spec);
     ASSERT_TRUE(family.ok()) << family.status();
-    EXPECT_EQ((*family)->kind(), kind);
+    EXPECT_EQ((*family)->kind(), field->number());
   }
 }
 
-TEST(FamilyRegistry, UnknownKindIsRefusedByName) {
-  for (int kind : {0, 7}) {
-    absl::StatusOr<const KernelFamily*> family = FamilyFor(static_cast<v1::AttentionKind>(kind));
-    ASSERT_FALSE(family.ok()) << kind;
-    EXPECT_EQ(family.status().code(), absl::StatusCode::kInvalidArgument);
-    const std::string got = kind == 0 ? "ATTENTION_KIND_UNSPECIFIED" : "7";
-    EXPECT_TRUE(absl::StrContains(family.status().message(),
-                                  "kind: got " + got +
-                                      ", supported ATTENTION_KIND_SPARSE_MLA_DECODE or "
-                                      "ATTENTION_KIND_DSA_INDEXER"))
-        << family.status();
-  }
-  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
-  ASSERT_TRUE(spec.ok());
-  spec->set_kind(static_cast<v1::AttentionKind>(7));
-  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(*spec, "sm_90a");
+TEST(FamilyRegistry, ASpecWithoutACaseIsRefusedByName) {
+  absl::StatusOr<const KernelFamily*> family = FamilyFor(v1::KernelSpec());
+  ASSERT_FALSE(family.ok());
+  EXPECT_EQ(family.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(family.status().message(),
+                                "kind: got none, supported sparse_mla_decode or dsa_indexer"))
+      << family.status();
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(v1::KernelSpec(), "sm_90a");
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(plan.status().message(), "kind: got 7")) << plan.status();
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "kind: got none")) << plan.status();
 }
 
 const v1::KernelEntry* Find(const v1::ManifestVariant& v, const std::string& name) {
@@ -130,7 +125,7 @@ TEST(SparseMlaFamily, EntriesOfEveryPresetArchAndFormat) {
         absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(preset, tp, dtype);
         ASSERT_TRUE(spec.ok()) << spec.status();
         for (const char* arch : {"sm_80", "sm_90a", "sm_100a", "sm_120a"}) {
-          absl::StatusOr<CompilePlan> plan = compiler.Plan(*spec, arch);
+          absl::StatusOr<CompilePlan> plan = compiler.Plan(KernelSpecOf(*spec), arch);
           ASSERT_TRUE(plan.ok()) << plan.status();
           const v1::ManifestVariant v = VariantOfPlan(*plan);
           ExpectSparseMlaEntries(v, plan->module_name);
@@ -147,7 +142,7 @@ TEST(SparseMlaFamily, ACappedModuleListsNoClusterEntries) {
   ASSERT_TRUE(spec.ok());
   PlanOptions options;
   options.max_smem_per_block = 101376;
-  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(*spec, "sm_90a", options);
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(KernelSpecOf(*spec), "sm_90a", options);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const v1::ManifestVariant v = VariantOfPlan(*plan);
   ExpectSparseMlaEntries(v, plan->module_name);
@@ -157,10 +152,10 @@ TEST(SparseMlaFamily, ACappedModuleListsNoClusterEntries) {
 }
 
 TEST(DsaIndexerFamily, EntriesByArch) {
-  absl::StatusOr<v1::AttentionSpec> spec = IndexerSpecFromPreset("deepseek-v3.2", 1);
+  absl::StatusOr<v1::DsaIndexerSpec> spec = IndexerSpecFromPreset("deepseek-v3.2", 1);
   ASSERT_TRUE(spec.ok());
   for (const char* arch : {"sm_80", "sm_90a", "sm_120a"}) {
-    absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(*spec, arch);
+    absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(KernelSpecOf(*spec), arch);
     ASSERT_TRUE(plan.ok()) << plan.status();
     const v1::ManifestVariant v = VariantOfPlan(*plan);
     const bool clusters = IndexerHasTopkCluster(plan->arch);

@@ -45,8 +45,8 @@ std::vector<v1::KernelArtifact> Artifacts() {
   big.set_cubin(std::string(300 * 1024, '\x7f'));  // a 3-byte length varint
   big.set_arch("sm_90a");
   big.set_compile_seconds(1.5);
-  big.mutable_spec()->set_topk(2048);
-  big.mutable_spec()->set_num_q_heads(8);
+  big.mutable_spec()->mutable_sparse_mla_decode()->set_topk(2048);
+  big.mutable_spec()->mutable_sparse_mla_decode()->set_num_q_heads(8);
   out.push_back(big);
   v1::KernelArtifact long_one = small;
   long_one.set_cubin(std::string(200, '\0'));  // a 2-byte length varint

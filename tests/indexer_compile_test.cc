@@ -11,6 +11,7 @@
 #include "kforge/v1/artifact.pb.h"
 #include "model/arch.h"
 #include "model/indexer_spec.h"
+#include "model/spec.h"
 #include "templates/kforge/dsa_indexer/config.h"
 
 namespace kforge {
@@ -20,12 +21,12 @@ TEST(IndexerCompileTest, EveryPresetOnEveryArch) {
   const KernelCompiler compiler;
   int built = 0;
   for (const IndexerPresetInfo& preset : IndexerPresets()) {
-    absl::StatusOr<v1::AttentionSpec> spec = IndexerSpecFromPreset(preset.name, 1);
+    absl::StatusOr<v1::DsaIndexerSpec> spec = IndexerSpecFromPreset(preset.name, 1);
     ASSERT_TRUE(spec.ok()) << spec.status();
     for (const char* arch :
          {"sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a", "sm_121a"}) {
       SCOPED_TRACE(absl::StrCat(preset.name, " ", arch));
-      absl::StatusOr<v1::KernelArtifact> a = compiler.Compile(*spec, arch);
+      absl::StatusOr<v1::KernelArtifact> a = compiler.Compile(KernelSpecOf(*spec), arch);
       ASSERT_TRUE(a.ok()) << a.status();
       EXPECT_EQ(a->cubin_info().arch(), arch);
       EXPECT_EQ(a->indexer().logits_entry(), kIndexerLogitsEntry);
@@ -65,11 +66,11 @@ TEST(IndexerCompileTest, EveryPresetOnEveryArch) {
 // The largest shapes the family admits still compile without spills.
 TEST(IndexerCompileTest, LimitsCompile) {
   const KernelCompiler compiler;
-  v1::AttentionSpec spec = *IndexerSpecFromPreset("deepseek-v3.2", 1);
+  v1::DsaIndexerSpec spec = *IndexerSpecFromPreset("deepseek-v3.2", 1);
   spec.set_index_heads(128);
   spec.set_topk(4096);
   for (const char* arch : {"sm_80", "sm_90a", "sm_120a"}) {
-    absl::StatusOr<v1::KernelArtifact> a = compiler.Compile(spec, arch);
+    absl::StatusOr<v1::KernelArtifact> a = compiler.Compile(KernelSpecOf(spec), arch);
     ASSERT_TRUE(a.ok()) << a.status();
     for (const v1::KernelResources& k : a->cubin_info().kernels()) {
       EXPECT_EQ(k.local_bytes(), 0u) << arch << " " << k.name();

@@ -26,11 +26,11 @@ TEST(IndexerMatrixTest, KindsAddTheIndexerOncePerArchAfterTheAttention) {
       "archs": ["sm_90a", "sm_120a"]})");
   ASSERT_EQ(jobs.size(), 6u);  // 2 tp x 2 archs of attention, then 2 indexers
   for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(jobs[i].spec.kind(), v1::ATTENTION_KIND_SPARSE_MLA_DECODE) << jobs[i].label;
+    EXPECT_TRUE(jobs[i].spec.has_sparse_mla_decode()) << jobs[i].label;
   }
   for (int i = 4; i < 6; ++i) {
-    EXPECT_EQ(jobs[i].spec.kind(), v1::ATTENTION_KIND_DSA_INDEXER) << jobs[i].label;
-    EXPECT_EQ(jobs[i].spec.index_heads(), 32u);
+    EXPECT_TRUE(jobs[i].spec.has_dsa_indexer()) << jobs[i].label;
+    EXPECT_EQ(jobs[i].spec.dsa_indexer().index_heads(), 32u);
     EXPECT_TRUE(absl::StrContains(jobs[i].label, "glm-5 dsa-indexer sm_")) << jobs[i].label;
   }
   EXPECT_NE(jobs[4].arch, jobs[5].arch);
@@ -41,15 +41,15 @@ TEST(IndexerMatrixTest, IndexerAloneAndTheDefaultIsAttentionOnly) {
       R"({"models": [{"preset": "deepseek-v3.2", "tp": [1, 2, 8],
           "kinds": ["ATTENTION_KIND_DSA_INDEXER"]}], "archs": ["sm_90a"]})");
   ASSERT_EQ(jobs.size(), 1u);
-  EXPECT_EQ(jobs[0].spec.index_heads(), 64u);
+  EXPECT_EQ(jobs[0].spec.dsa_indexer().index_heads(), 64u);
   jobs = Expand(R"({"models": [{"preset": "glm-5", "tp": [8]}], "archs": ["sm_90a"]})");
   ASSERT_EQ(jobs.size(), 1u);
-  EXPECT_EQ(jobs[0].spec.kind(), v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
+  EXPECT_TRUE(jobs[0].spec.has_sparse_mla_decode());
 }
 
 TEST(IndexerMatrixTest, IndexerNeedsAPreset) {
   absl::StatusOr<v1::DeploymentMatrix> m = ParseMatrix(
-      R"({"models": [{"spec": {"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+      R"({"models": [{"spec": {"num_q_heads": 64,
           "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048, "kv_cache_dtype": "bf16",
           "page_block_size": 64, "softmax_scale": 0.0625},
           "kinds": ["ATTENTION_KIND_DSA_INDEXER"]}], "archs": ["sm_90a"]})",

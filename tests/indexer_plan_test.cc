@@ -39,7 +39,7 @@ static_assert(offsetof(TopkParams, max_context) == 96);
 static_assert(sizeof(TopkParams) == 104);
 
 struct Module {
-  v1::AttentionSpec spec = *IndexerSpecFromPreset("deepseek-v3.2", 1);
+  v1::DsaIndexerSpec spec = *IndexerSpecFromPreset("deepseek-v3.2", 1);
   v1::IndexerLaunch launch = MakeIndexerLaunch(spec, *ParseArch("sm_90a"));
 };
 
@@ -248,12 +248,6 @@ TEST(IndexerPlanTest, LogitsProblemsNameTheField) {
   a = GoodLogits();
   a.batch = 40000;
   ExpectLogitsProblem(a, "batch * s_q: got 80000, supported 1..65535");
-  // A sparse MLA module is not an indexer.
-  const Module m;
-  v1::AttentionSpec other = m.spec;
-  other.set_kind(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
-  EXPECT_TRUE(absl::StrContains(PlanIndexerLogits(other, m.launch, GoodLogits()).status().message(),
-                                "spec.kind: got ATTENTION_KIND_SPARSE_MLA_DECODE"));
 }
 
 // Prefill: query_start's ragged rows, `rows` of them, s_q 0.

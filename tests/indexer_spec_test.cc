@@ -17,9 +17,8 @@
 namespace kforge {
 namespace {
 
-v1::AttentionSpec GoodSpec() {
-  v1::AttentionSpec spec;
-  spec.set_kind(v1::ATTENTION_KIND_DSA_INDEXER);
+v1::DsaIndexerSpec GoodSpec() {
+  v1::DsaIndexerSpec spec;
   spec.set_index_heads(64);
   spec.set_index_head_dim(128);
   spec.set_topk(2048);
@@ -27,33 +26,37 @@ v1::AttentionSpec GoodSpec() {
   return spec;
 }
 
-void ExpectProblem(const v1::AttentionSpec& spec, const std::string& text) {
-  const absl::Status status = ValidateSpec(spec);
+void ExpectProblem(const v1::DsaIndexerSpec& spec, const std::string& text) {
+  const absl::Status status = ValidateIndexerSpec(spec);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << text;
   EXPECT_TRUE(absl::StrContains(status.message(), text)) << status << " lacks " << text;
-  EXPECT_EQ(NormalizeSpec(spec).status(), status);
+  EXPECT_EQ(NormalizeIndexerSpec(spec).status(), status);
+  EXPECT_EQ(NormalizeKernelSpec(KernelSpecOf(spec)).status(), status);
 }
 
 TEST(IndexerSpecTest, AcceptsTheModelsShapesAndClearsSq) {
-  v1::AttentionSpec spec = GoodSpec();
+  v1::DsaIndexerSpec spec = GoodSpec();
   spec.set_s_q(4);
-  ASSERT_TRUE(ValidateSpec(spec).ok()) << ValidateSpec(spec);
-  absl::StatusOr<v1::AttentionSpec> n = NormalizeSpec(spec);
+  ASSERT_TRUE(ValidateIndexerSpec(spec).ok()) << ValidateIndexerSpec(spec);
+  absl::StatusOr<v1::DsaIndexerSpec> n = NormalizeIndexerSpec(spec);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(n->s_q(), 0u);
-  EXPECT_FALSE(n->has_rope_dim());  // the sparse MLA normalization is not applied
+  absl::StatusOr<v1::KernelSpec> k = NormalizeKernelSpec(KernelSpecOf(spec));
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE(k->has_dsa_indexer());
+  EXPECT_EQ(k->dsa_indexer().SerializeAsString(), n->SerializeAsString());
   for (int topk : {1, 2048, 4096}) {
     spec.set_topk(topk);
-    EXPECT_TRUE(ValidateSpec(spec).ok()) << topk;
+    EXPECT_TRUE(ValidateIndexerSpec(spec).ok()) << topk;
   }
   for (int heads : {1, 32, 64, 100, 128}) {
     spec.set_index_heads(heads);
-    EXPECT_TRUE(ValidateSpec(spec).ok()) << heads;
+    EXPECT_TRUE(ValidateIndexerSpec(spec).ok()) << heads;
   }
 }
 
 TEST(IndexerSpecTest, NamesEachBadFieldWithItsRange) {
-  v1::AttentionSpec spec = GoodSpec();
+  v1::DsaIndexerSpec spec = GoodSpec();
   spec.set_topk(0);
   ExpectProblem(spec, "topk: got 0, supported 1..4096");
   spec.set_topk(4097);
@@ -72,48 +75,30 @@ TEST(IndexerSpecTest, NamesEachBadFieldWithItsRange) {
   spec = GoodSpec();
   spec.set_s_q(5);
   ExpectProblem(spec, "s_q: got 5, supported 0 (not given) or 1..4");
-  // The sparse MLA fields belong to the other kernel.
-  spec = GoodSpec();
-  spec.set_num_q_heads(8);
-  ExpectProblem(spec, "num_q_heads: got 8, supported unset");
-  spec = GoodSpec();
-  spec.set_rope_dim(64);
-  ExpectProblem(spec, "rope_dim: got 64, supported unset");
-  spec = GoodSpec();
-  spec.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_BF16);
-  ExpectProblem(spec, "kv_cache_dtype: got bf16, supported unset");
-  spec = GoodSpec();
-  spec.set_softmax_scale(0.5f);
-  ExpectProblem(spec, "softmax_scale: got 0.5, supported unset");
-  spec = GoodSpec();
-  spec.mutable_extra_kv()->set_topk(128);
-  ExpectProblem(spec, "extra_kv: got set, supported unset");
+  // Every problem at once.
+  spec.set_topk(0);
+  spec.set_index_heads(0);
+  const std::string message(ValidateIndexerSpec(spec).message());
+  for (const char* field : {"topk", "index_heads", "s_q"}) {
+    EXPECT_TRUE(absl::StrContains(message, field)) << message;
+  }
 }
 
-TEST(IndexerSpecTest, SparseMlaSpecsMayNotCarryIndexerFields) {
-  absl::StatusOr<v1::AttentionSpec> mla = SpecFromPreset("glm-5", 8);
-  ASSERT_TRUE(mla.ok());
-  v1::AttentionSpec spec = *mla;
-  spec.set_index_heads(32);
-  EXPECT_TRUE(
-      absl::StrContains(ValidateSpec(spec).message(), "index_heads: got 32, supported unset"))
-      << ValidateSpec(spec);
-  spec.set_kind(static_cast<v1::AttentionKind>(7));
-  EXPECT_TRUE(absl::StrContains(ValidateSpec(spec).message(),
-                                "kind: got 7, supported ATTENTION_KIND_SPARSE_MLA_DECODE or "
-                                "ATTENTION_KIND_DSA_INDEXER"))
-      << ValidateSpec(spec);
+TEST(IndexerSpecTest, AKernelSpecWithoutACaseIsNamed) {
+  EXPECT_TRUE(absl::StrContains(NormalizeKernelSpec(v1::KernelSpec()).status().message(),
+                                "kind: got none, supported sparse_mla_decode or dsa_indexer"))
+      << NormalizeKernelSpec(v1::KernelSpec()).status();
 }
 
 TEST(IndexerSpecTest, PresetsKeepTheirHeadsAtEveryTensorParallelDegree) {
   for (int tp : {1, 2, 8}) {
-    absl::StatusOr<v1::AttentionSpec> glm = IndexerSpecFromPreset("glm-5", tp);
+    absl::StatusOr<v1::DsaIndexerSpec> glm = IndexerSpecFromPreset("glm-5", tp);
     ASSERT_TRUE(glm.ok()) << glm.status();
     EXPECT_EQ(glm->index_heads(), 32u);
     EXPECT_EQ(glm->index_head_dim(), 128u);
     EXPECT_EQ(glm->topk(), 2048u);
     EXPECT_EQ(glm->page_block_size(), 64u);
-    absl::StatusOr<v1::AttentionSpec> ds = IndexerSpecFromPreset("deepseek-v3.2", tp);
+    absl::StatusOr<v1::DsaIndexerSpec> ds = IndexerSpecFromPreset("deepseek-v3.2", tp);
     ASSERT_TRUE(ds.ok()) << ds.status();
     EXPECT_EQ(ds->index_heads(), 64u);
   }
@@ -128,10 +113,10 @@ TEST(IndexerSpecTest, SelectorWithTheIndexerKindResolvesToTheIndexerSpec) {
   selector.mutable_preset()->set_name("glm-5");
   selector.mutable_preset()->set_tensor_parallel(8);
   selector.mutable_preset()->set_kind(v1::ATTENTION_KIND_DSA_INDEXER);
-  absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(selector);
+  absl::StatusOr<v1::KernelSpec> spec = SpecOfSelector(selector);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->kind(), v1::ATTENTION_KIND_DSA_INDEXER);
-  EXPECT_EQ(spec->index_heads(), 32u);
+  ASSERT_TRUE(spec->has_dsa_indexer());
+  EXPECT_EQ(spec->dsa_indexer().index_heads(), 32u);
   selector.mutable_preset()->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
   EXPECT_TRUE(absl::StrContains(SpecOfSelector(selector).status().message(),
                                 "kv_cache_dtype: got fp8_ds_mla, supported unset"));
@@ -140,7 +125,12 @@ TEST(IndexerSpecTest, SelectorWithTheIndexerKindResolvesToTheIndexerSpec) {
   selector.mutable_preset()->clear_kv_cache_dtype();
   spec = SpecOfSelector(selector);
   ASSERT_TRUE(spec.ok());
-  EXPECT_EQ(spec->kind(), v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
+  EXPECT_TRUE(spec->has_sparse_mla_decode());
+  EXPECT_EQ(spec->sparse_mla_decode().num_q_heads(), 8u);
+  // A kind this build does not know is named.
+  selector.mutable_preset()->set_kind(static_cast<v1::AttentionKind>(7));
+  EXPECT_TRUE(absl::StrContains(SpecOfSelector(selector).status().message(), "kind: got 7"))
+      << SpecOfSelector(selector).status();
 }
 
 TEST(IndexerSpecTest, ParsesKindNames) {
@@ -153,7 +143,8 @@ TEST(IndexerSpecTest, ParsesKindNames) {
 
 TEST(IndexerCodegenTest, PlanNamesTheModuleAndInstantiatesTheTraits) {
   const KernelCompiler compiler;
-  absl::StatusOr<CompilePlan> plan = compiler.Plan(*IndexerSpecFromPreset("glm-5", 8), "sm_120a");
+  absl::StatusOr<CompilePlan> plan =
+      compiler.Plan(KernelSpecOf(*IndexerSpecFromPreset("glm-5", 8)), "sm_120a");
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->module_name, "dsa_indexer_h32_d128_topk2048_pb64_sm120a");
   EXPECT_TRUE(absl::StrContains(plan->source, "kdi::IndexerTraits<32, 2048, false>"))
@@ -161,16 +152,16 @@ TEST(IndexerCodegenTest, PlanNamesTheModuleAndInstantiatesTheTraits) {
   EXPECT_TRUE(absl::StrContains(plan->source, "dsa_indexer_logits(const kdi::LogitsParams p)"));
   EXPECT_TRUE(absl::StrContains(plan->source, "dsa_indexer_topk(const kdi::TopkParams p)"));
   // Another top-k, another key and module.
-  v1::AttentionSpec other = *IndexerSpecFromPreset("glm-5", 8);
+  v1::DsaIndexerSpec other = *IndexerSpecFromPreset("glm-5", 8);
   other.set_topk(1024);
-  absl::StatusOr<CompilePlan> plan2 = compiler.Plan(other, "sm_120a");
+  absl::StatusOr<CompilePlan> plan2 = compiler.Plan(KernelSpecOf(other), "sm_120a");
   ASSERT_TRUE(plan2.ok());
   EXPECT_NE(plan2->key, plan->key);
   EXPECT_NE(plan2->module_name, plan->module_name);
   // The sparse MLA plan knobs do not apply.
   PlanOptions capped;
   capped.max_smem_per_block = 101376;
-  EXPECT_EQ(compiler.Plan(other, "sm_90a", capped).status().code(),
+  EXPECT_EQ(compiler.Plan(KernelSpecOf(other), "sm_90a", capped).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -178,8 +169,8 @@ TEST(IndexerCodegenTest, PlanNamesTheModuleAndInstantiatesTheTraits) {
 // picks it (it names why), and does not divide by its empty tiling.
 TEST(IndexerCodegenTest, ManifestHasOneVariantTheSelectorNeverPicks) {
   const KernelCompiler compiler;
-  const v1::AttentionSpec spec = *IndexerSpecFromPreset("glm-5", 8);
-  absl::StatusOr<v1::Manifest> m = BuildManifest(compiler, spec, "sm_90a");
+  const v1::DsaIndexerSpec spec = *IndexerSpecFromPreset("glm-5", 8);
+  absl::StatusOr<v1::Manifest> m = BuildManifest(compiler, KernelSpecOf(spec), "sm_90a");
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ(m->variants_size(), 1);
   const v1::ManifestVariant& v = m->variants(0);
@@ -195,7 +186,7 @@ TEST(IndexerCodegenTest, ManifestHasOneVariantTheSelectorNeverPicks) {
   EXPECT_EQ(v.entries(2).name(), kIndexerTopkClusterEntry);
   EXPECT_EQ(v.entries(2).cluster_ctas(), static_cast<uint32_t>(dsa_indexer::kTopkClusterCtas));
   EXPECT_EQ(v.indexer().logits_block_threads(), 128u);  // one warpgroup
-  EXPECT_EQ(v.key(), compiler.Plan(spec, "sm_90a")->key);
+  EXPECT_EQ(v.key(), compiler.Plan(KernelSpecOf(spec), "sm_90a")->key);
   DeviceInfo device;
   device.arch = "sm_90a";
   device.sm_count = 132;
@@ -208,7 +199,7 @@ TEST(IndexerCodegenTest, ManifestHasOneVariantTheSelectorNeverPicks) {
   shape.kv_dtype = v1::KV_CACHE_DTYPE_BF16;
   absl::StatusOr<Selection> sel = Select(*m, device, shape);
   EXPECT_FALSE(sel.ok());
-  EXPECT_TRUE(absl::StrContains(sel.status().message(), "ATTENTION_KIND_DSA_INDEXER"))
+  EXPECT_TRUE(absl::StrContains(sel.status().message(), "kind sparse_mla_decode (is dsa_indexer)"))
       << sel.status();
 }
 
@@ -240,7 +231,7 @@ TEST(IndexerCodegenTest, LaunchFollowsConfig) {
   EXPECT_EQ(l.topk_cluster().long_context(),
             static_cast<uint32_t>(dsa_indexer::kTopkClusterLongContext));
   // Before sm_90: none, and no cluster entry in the source.
-  const v1::AttentionSpec spec = *IndexerSpecFromPreset("glm-5", 8);
+  const v1::DsaIndexerSpec spec = *IndexerSpecFromPreset("glm-5", 8);
   EXPECT_FALSE(MakeIndexerLaunch(spec, *ParseArch("sm_80")).has_topk_cluster());
   EXPECT_FALSE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch("sm_89")),
                                  kIndexerTopkClusterEntry));
@@ -249,7 +240,7 @@ TEST(IndexerCodegenTest, LaunchFollowsConfig) {
 }
 
 TEST(IndexerCodegenTest, Sm90aLogitsRunOnWarpgroupMma) {
-  const v1::AttentionSpec spec = *IndexerSpecFromPreset("deepseek-v3.2", 1);
+  const v1::DsaIndexerSpec spec = *IndexerSpecFromPreset("deepseek-v3.2", 1);
   const v1::IndexerLaunch l = MakeIndexerLaunch(spec, *ParseArch("sm_90a"));
   EXPECT_EQ(l.logits_block_threads(), 128u);  // one warpgroup
   EXPECT_EQ(l.logits_keys_per_cta(), 64u * dsa_indexer::kLogitsWgmmaPagesPerCta);

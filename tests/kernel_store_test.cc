@@ -60,19 +60,19 @@ TEST_F(KernelStoreTest, CompilesOnceThenServesFromMemoryThenDiskAfterRestart) {
   std::string cubin;
   {
     auto store = Open();
-    auto first = store->GetKernel(Glm5Tp8(), "sm_90a", false);
+    auto first = store->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_90a", false);
     ASSERT_TRUE(first.ok()) << first.status();
     EXPECT_EQ(first->source, v1::ARTIFACT_SOURCE_COMPILED);
     EXPECT_FALSE(first->artifact->cubin().empty());
     cubin = first->artifact->cubin();
-    auto second = store->GetKernel(Glm5Tp8(), "sm_90a", false);
+    auto second = store->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_90a", false);
     ASSERT_TRUE(second.ok());
     EXPECT_EQ(second->source, v1::ARTIFACT_SOURCE_MEMORY);
     EXPECT_EQ(second->artifact->cubin(), cubin);
     EXPECT_EQ(store->Stats().compiles(), 1u);
   }
   auto restarted = Open();
-  auto third = restarted->GetKernel(Glm5Tp8(), "sm_90a", true);
+  auto third = restarted->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_90a", true);
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ(third->source, v1::ARTIFACT_SOURCE_DISK);
   EXPECT_EQ(third->artifact->cubin(), cubin);
@@ -94,14 +94,14 @@ uint64_t TimedAnswers(const KernelStore& store, const std::string& source) {
 TEST_F(KernelStoreTest, CachedKernelHitsAreTimedBySource) {
   {
     auto store = Open();
-    ASSERT_TRUE(store->GetKernel(Glm5Tp8(), "sm_90a", false).ok());
+    ASSERT_TRUE(store->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_90a", false).ok());
     EXPECT_EQ(TimedAnswers(*store, "compiled"), 1u);
   }
   auto restarted = Open();
-  auto disk = restarted->CachedKernel(Glm5Tp8(), "sm_90a");
+  auto disk = restarted->CachedKernel(KernelSpecOf(Glm5Tp8()), "sm_90a");
   ASSERT_TRUE(disk.ok()) << disk.status();
   EXPECT_EQ(disk->source, v1::ARTIFACT_SOURCE_DISK);
-  auto memory = restarted->CachedKernel(Glm5Tp8(), "sm_90a");
+  auto memory = restarted->CachedKernel(KernelSpecOf(Glm5Tp8()), "sm_90a");
   ASSERT_TRUE(memory.ok()) << memory.status();
   EXPECT_EQ(memory->source, v1::ARTIFACT_SOURCE_MEMORY);
   EXPECT_EQ(TimedAnswers(*restarted, "disk"), 1u);
@@ -109,7 +109,7 @@ TEST_F(KernelStoreTest, CachedKernelHitsAreTimedBySource) {
   // A miss is not an answer.
   v1::AttentionSpec other = Glm5Tp8();
   other.set_topk(other.topk() * 2);
-  EXPECT_TRUE(absl::IsNotFound(restarted->CachedKernel(other, "sm_90a").status()));
+  EXPECT_TRUE(absl::IsNotFound(restarted->CachedKernel(KernelSpecOf(other), "sm_90a").status()));
   EXPECT_EQ(TimedAnswers(*restarted, "disk") + TimedAnswers(*restarted, "memory"), 2u);
 }
 
@@ -119,7 +119,8 @@ TEST_F(KernelStoreTest, ConcurrentColdRequestsShareOneCompile) {
   std::vector<std::thread> threads;
   std::vector<absl::StatusOr<KernelStore::Result>> results(kThreads);
   for (int i = 0; i < kThreads; ++i) {
-    threads.emplace_back([&, i] { results[i] = store->GetKernel(Glm5Tp8(), "sm_120a", false); });
+    threads.emplace_back(
+        [&, i] { results[i] = store->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_120a", false); });
   }
   for (auto& t : threads) t.join();
   for (const auto& r : results) {
@@ -133,7 +134,7 @@ TEST_F(KernelStoreTest, ConcurrentColdRequestsShareOneCompile) {
 
 TEST_F(KernelStoreTest, LookupOnlyMissIsNotFound) {
   auto store = Open();
-  auto r = store->GetKernel(Glm5Tp8(), "sm_90a", true);
+  auto r = store->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_90a", true);
   EXPECT_TRUE(absl::IsNotFound(r.status())) << r.status();
   EXPECT_TRUE(Contains(r.status().message(), "lookup_only"));
   EXPECT_EQ(store->Stats().compiles(), 0u);
@@ -143,20 +144,21 @@ TEST_F(KernelStoreTest, BadSpecAndArchAreRejectedBeforeAnyCompile) {
   auto store = Open();
   v1::AttentionSpec bad = Glm5Tp8();
   bad.set_num_q_heads(0);
-  auto r = store->GetKernel(bad, "sm_90a", false);
+  auto r = store->GetKernel(KernelSpecOf(bad), "sm_90a", false);
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
   EXPECT_TRUE(Contains(r.status().message(), "num_q_heads"));
-  auto a = store->GetKernel(Glm5Tp8(), "sm_75", false);
+  auto a = store->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_75", false);
   EXPECT_TRUE(absl::IsFailedPrecondition(a.status())) << a.status();
   EXPECT_EQ(store->Stats().compiles(), 0u);
 }
 
 TEST_F(KernelStoreTest, WaiterDeadlineLeavesTheCompileRunning) {
   auto store = Open();
-  auto r = store->GetKernel(Glm5Tp8(), "sm_80", false, absl::Now() + absl::Milliseconds(50));
+  auto r = store->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_80", false,
+                            absl::Now() + absl::Milliseconds(50));
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
   // The compile finishes for the next caller and is cached.
-  auto later = store->GetKernel(Glm5Tp8(), "sm_80", false);
+  auto later = store->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_80", false);
   ASSERT_TRUE(later.ok()) << later.status();
   EXPECT_EQ(store->Stats().compiles(), 1u);
 }
@@ -178,12 +180,14 @@ TEST_F(KernelStoreTest, AMissHoldsNoThreadOfItsOwn) {
   const int before = ThreadCount();
   // The caller gives up; the compile goes on (hung) in the pool's worker,
   // with no thread of its own waiting for it.
-  auto r = store->GetKernel(hanging, "sm_90a", false, absl::Now() + absl::Milliseconds(300));
+  auto r = store->GetKernel(KernelSpecOf(hanging), "sm_90a", false,
+                            absl::Now() + absl::Milliseconds(300));
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
   EXPECT_EQ(store->Stats().in_flight_compiles(), 1u);
   EXPECT_EQ(ThreadCount(), before);
   // A second caller joins the flight rather than starting another compile.
-  auto joined = store->GetKernel(hanging, "sm_90a", false, absl::Now() + absl::Milliseconds(100));
+  auto joined = store->GetKernel(KernelSpecOf(hanging), "sm_90a", false,
+                                 absl::Now() + absl::Milliseconds(100));
   EXPECT_TRUE(absl::IsDeadlineExceeded(joined.status())) << joined.status();
   EXPECT_EQ(store->Stats().shared_compile_waits(), 1u);
   EXPECT_EQ(store->Stats().compiles(), 1u);
@@ -213,7 +217,8 @@ TEST_F(KernelStoreTest, AsyncWaitersHoldNoThreadAndAreAnsweredByTheCompile) {
   const int threads_before = ThreadCount();
   const absl::Time start = absl::Now();
   for (int i = 0; i < kCallers; ++i) {
-    (*store)->GetKernelAsync(hanging, "sm_90a", false, absl::Now() + absl::Seconds(60),
+    (*store)->GetKernelAsync(KernelSpecOf(hanging), "sm_90a", false,
+                             absl::Now() + absl::Seconds(60),
                              [&](absl::StatusOr<KernelStore::Result> r) {
                                absl::MutexLock lock(&mu);
                                answers.push_back(r.status());
@@ -251,7 +256,7 @@ TEST_F(KernelStoreTest, MissThatWouldWaitPastItsDeadlineIsRefusedAtOnce) {
   v1::AttentionSpec hanging = Glm5Tp8();
   hanging.set_topk(kHangTopk);
   // Takes the only worker until abandoned.
-  store->GetKernelAsync(hanging, "sm_90a", false, absl::InfiniteFuture(),
+  store->GetKernelAsync(KernelSpecOf(hanging), "sm_90a", false, absl::InfiniteFuture(),
                         [](absl::StatusOr<KernelStore::Result>) {});
   const absl::Time until = absl::Now() + absl::Seconds(10);
   while (store->Stats().in_flight_compiles() == 0 && absl::Now() < until) {
@@ -262,7 +267,8 @@ TEST_F(KernelStoreTest, MissThatWouldWaitPastItsDeadlineIsRefusedAtOnce) {
   // guess), and this one would first wait for the hung one: not within
   // 500 ms.
   const absl::Time start = absl::Now();
-  auto r = store->GetKernel(Glm5Tp8(), "sm_90a", false, start + absl::Milliseconds(500));
+  auto r =
+      store->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_90a", false, start + absl::Milliseconds(500));
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(500)) << "answered before its deadline";
   EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
   EXPECT_TRUE(Contains(std::string(r.status().message()), "after its deadline")) << r.status();
@@ -296,7 +302,7 @@ TEST_F(KernelStoreTest, QueuedCompileWhoseCallersAllLeftNeverStarts) {
   crashing.set_topk(kCrashTopk);
   absl::Mutex mu;
   std::vector<absl::Status> hung_answers, queued_answers;
-  (*store)->GetKernelAsync(hanging, "sm_90a", false, absl::InfiniteFuture(),
+  (*store)->GetKernelAsync(KernelSpecOf(hanging), "sm_90a", false, absl::InfiniteFuture(),
                            [&](absl::StatusOr<KernelStore::Result> r) {
                              absl::MutexLock lock(&mu);
                              hung_answers.push_back(r.status());
@@ -307,7 +313,8 @@ TEST_F(KernelStoreTest, QueuedCompileWhoseCallersAllLeftNeverStarts) {
   }
   ASSERT_EQ((*store)->Stats().in_flight_compiles(), 1u);
   // Estimated at about 2 s (a second's wait, a second's compile): queued.
-  (*store)->GetKernelAsync(crashing, "sm_90a", false, absl::Now() + absl::Milliseconds(2500),
+  (*store)->GetKernelAsync(KernelSpecOf(crashing), "sm_90a", false,
+                           absl::Now() + absl::Milliseconds(2500),
                            [&](absl::StatusOr<KernelStore::Result> r) {
                              absl::MutexLock lock(&mu);
                              queued_answers.push_back(r.status());
@@ -345,7 +352,8 @@ TEST_F(KernelStoreTest, CrashingCompileRunsOnceForFiveRequests) {
   v1::AttentionSpec crashing = Glm5Tp8();
   crashing.set_topk(kCrashTopk);
   for (int i = 0; i < 5; ++i) {
-    auto r = store->GetKernel(crashing, "sm_90a", false, absl::Now() + absl::Seconds(60));
+    auto r =
+        store->GetKernel(KernelSpecOf(crashing), "sm_90a", false, absl::Now() + absl::Seconds(60));
     EXPECT_TRUE(absl::IsInternal(r.status())) << i << ": " << r.status();
     EXPECT_TRUE(Contains(std::string(r.status().message()), "SIGABRT")) << r.status();
     if (i > 0) {
@@ -371,7 +379,8 @@ TEST_F(KernelStoreTest, TimedOutCompileRunsOnceForThreeRequests) {
   v1::AttentionSpec hanging = Glm5Tp8();
   hanging.set_topk(kHangTopk);
   for (int i = 0; i < 3; ++i) {
-    auto r = (*store)->GetKernel(hanging, "sm_90a", false, absl::Now() + absl::Seconds(60));
+    auto r = (*store)->GetKernel(KernelSpecOf(hanging), "sm_90a", false,
+                                 absl::Now() + absl::Seconds(60));
     EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << i << ": " << r.status();
     EXPECT_TRUE(Contains(std::string(r.status().message()), "exceeded 0.5 s")) << r.status();
   }
@@ -381,7 +390,7 @@ TEST_F(KernelStoreTest, TimedOutCompileRunsOnceForThreeRequests) {
 TEST_F(KernelStoreTest, WaitsForAnotherProcessHoldingTheKeyLock) {
   auto store = Open();
   const v1::AttentionSpec spec = Glm5Tp8();
-  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec, "sm_90a");
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(KernelSpecOf(spec), "sm_90a");
   ASSERT_TRUE(plan.ok()) << plan.status();
   const std::string key = plan->key;
   // Another server process sharing the cache directory compiles this key:
@@ -390,13 +399,14 @@ TEST_F(KernelStoreTest, WaitsForAnotherProcessHoldingTheKeyLock) {
   absl::StatusOr<FileLock> other = FileLock::Acquire(
       (dir_ / "locks" / (key.substr(0, 3) + ".lock")).string(), FileLock::Wait::kBlock);
   ASSERT_TRUE(other.ok()) << other.status();
-  auto r = store->GetKernel(spec, "sm_90a", false, absl::Now() + absl::Milliseconds(200));
+  auto r =
+      store->GetKernel(KernelSpecOf(spec), "sm_90a", false, absl::Now() + absl::Milliseconds(200));
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
   EXPECT_EQ(store->Stats().compiles(), 0u);
   // Nobody waits any more: the flight is dropped, and the next caller
   // takes the lock once it is free and compiles.
   other->Release();
-  auto later = store->GetKernel(spec, "sm_90a", false);
+  auto later = store->GetKernel(KernelSpecOf(spec), "sm_90a", false);
   ASSERT_TRUE(later.ok()) << later.status();
   EXPECT_EQ(later->artifact->key(), key);
   EXPECT_EQ(store->Stats().compiles(), 1u);
@@ -418,7 +428,8 @@ TEST_F(KernelStoreTest, LockFilesAreStripedAndRefusedRequestsMakeNone) {
   v1::AttentionSpec hanging = Glm5Tp8();
   hanging.set_topk(1000);
   // Takes the only worker (and one lock file) until abandoned.
-  auto r = (*store)->GetKernel(hanging, "sm_90a", false, absl::Now() + absl::Milliseconds(300));
+  auto r = (*store)->GetKernel(KernelSpecOf(hanging), "sm_90a", false,
+                               absl::Now() + absl::Milliseconds(300));
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
   auto lock_files = [&] {
     std::vector<std::string> names;
@@ -431,7 +442,8 @@ TEST_F(KernelStoreTest, LockFilesAreStripedAndRefusedRequestsMakeNone) {
   for (int i = 0; i < 50; ++i) {
     v1::AttentionSpec spec = Glm5Tp8();
     spec.set_softmax_scale(0.05f + 0.001f * static_cast<float>(i));
-    auto refused = (*store)->GetKernel(spec, "sm_90a", false, absl::Now() + absl::Seconds(10));
+    auto refused =
+        (*store)->GetKernel(KernelSpecOf(spec), "sm_90a", false, absl::Now() + absl::Seconds(10));
     EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
   }
   const std::vector<std::string> names = lock_files();
@@ -451,7 +463,7 @@ TEST_F(KernelStoreTest, MissesCompileWhenNoLockFileCanBeMade) {
   { std::ofstream(dir_ / "locks") << "not a directory"; }
   auto store = Open();
   ASSERT_NE(store, nullptr);
-  auto r = store->GetKernel(Glm5Tp8(), "sm_90a", false);
+  auto r = store->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_90a", false);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, v1::ARTIFACT_SOURCE_COMPILED);
   EXPECT_EQ(store->Stats().compiles(), 1u);
@@ -462,21 +474,21 @@ TEST_F(KernelStoreTest, ManifestHasOneVariantForEverySq) {
   auto store = Open();
   v1::AttentionSpec spec = Glm5Tp8();
   spec.set_s_q(2);
-  auto m = store->GetManifest(spec, "sm_90a");
+  auto m = store->GetManifest(KernelSpecOf(spec), "sm_90a");
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ(m->variants_size(), 1);
   EXPECT_EQ(m->arch(), "sm_90a");
   ASSERT_EQ(m->choice_order_size(), 1);
-  EXPECT_EQ(m->variants(m->choice_order(0)).spec().s_q(), 0u);
+  EXPECT_EQ(m->variants(m->choice_order(0)).spec().sparse_mla_decode().s_q(), 0u);
   const auto& v = m->variants(m->choice_order(0));
   EXPECT_FALSE(v.key().empty());
   spec.set_s_q(1);
-  auto m1 = store->GetManifest(spec, "sm_90a");
+  auto m1 = store->GetManifest(KernelSpecOf(spec), "sm_90a");
   ASSERT_TRUE(m1.ok()) << m1.status();
   EXPECT_EQ(m1->variants(0).key(), v.key());  // s_q 1 and 2: one kernel
   // The split count is the selector's, for the device it runs on: 8 heads,
   // one token on 132 SMs splits 16 ways.
-  EXPECT_EQ(NumSplits(v.spec(), v.tiling(), v.launch(), 1, 132), 16);
+  EXPECT_EQ(NumSplits(v.spec().sparse_mla_decode(), v.tiling(), v.launch(), 1, 132), 16);
   EXPECT_EQ(store->Stats().compiles(), 0u);  // planning only
 }
 
@@ -486,7 +498,7 @@ TEST_F(KernelStoreTest, ResolveSelector) {
   sel.mutable_preset()->set_tensor_parallel(8);
   auto spec = KernelStore::Resolve(sel);
   ASSERT_TRUE(spec.ok());
-  EXPECT_EQ(spec->num_q_heads(), 16u);
+  EXPECT_EQ(spec->sparse_mla_decode().num_q_heads(), 16u);
   EXPECT_TRUE(absl::IsInvalidArgument(KernelStore::Resolve(v1::KernelSelector()).status()));
 }
 

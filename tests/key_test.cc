@@ -3,12 +3,15 @@
 #include <cmath>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "gtest/gtest.h"
+#include "model/indexer_spec.h"
+#include "model/spec.h"
 #include "tests/test_util.h"
 
 namespace kforge {
@@ -22,7 +25,7 @@ v1::AttentionSpec GoldenSpec() { return ::kforge::testing::DeepseekTp1Spec(); }
 
 KeyInputs GoldenInputs() {
   KeyInputs inputs;
-  inputs.spec = GoldenSpec();
+  inputs.spec = KernelSpecOf(GoldenSpec());
   // Fixed strings, not TemplateDigest() / NvrtcVersion(), so the golden key
   // does not move when the templates or the toolkit do.
   inputs.template_digest = Sha256Hex("templates");
@@ -54,20 +57,21 @@ TEST(CacheKeyTest, IsDeterministic) {
 // the recipe on purpose requires bumping kFormatVersion (so no old cache entry
 // is served under a new meaning) and then updating this literal. Adding a field
 // to AttentionSpec also changes it (by design: every field is hashed; the
-// last change: extra_kv, the extra KV cache, and the DSA indexer's index_heads
-// and index_head_dim).
+// last change: the spec became a KernelSpec, its case hashed with it).
 TEST(CacheKeyTest, GoldenKey) {
   EXPECT_EQ(ComputeCacheKey(GoldenInputs()),
-            "d39e76b85f3e76c54b15c393d22c0ec0b7e111bdb64997985dc624b6f8739335");
+            "93aa2565de1bc3c588eef77641dfb4c4ef98fb9cbfaeb533b71b80d5c3d06fe1");
 }
 
 TEST(CacheKeyTest, DefaultFormatVersionIsCurrent) {
   EXPECT_EQ(KeyInputs().format_version, kFormatVersion);
 }
 
-// Returns a copy of `spec` with `field` changed to another value.
-v1::AttentionSpec Mutated(const v1::AttentionSpec& spec, const FieldDescriptor* field) {
-  v1::AttentionSpec out = spec;
+// Returns a copy of `spec` (an AttentionSpec or a DsaIndexerSpec) with
+// `field` changed to another value.
+template <typename Spec>
+Spec Mutated(const Spec& spec, const FieldDescriptor* field) {
+  Spec out = spec;
   const Reflection& r = *out.GetReflection();
   switch (field->cpp_type()) {
     case FieldDescriptor::CPPTYPE_INT32:
@@ -112,7 +116,9 @@ v1::AttentionSpec Mutated(const v1::AttentionSpec& spec, const FieldDescriptor* 
         break;
       }
       // Present when absent; else its topk moved.
-      out.mutable_extra_kv()->set_topk(out.extra_kv().topk() + 1);
+      if constexpr (std::is_same_v<Spec, v1::AttentionSpec>) {
+        out.mutable_extra_kv()->set_topk(out.extra_kv().topk() + 1);
+      }
       break;
   }
   return out;
@@ -127,23 +133,54 @@ TEST(CacheKeyTest, EveryFieldOfTheSpecChangesTheKey) {
     const FieldDescriptor* field = descriptor->field(i);
     ASSERT_FALSE(field->is_repeated()) << "extend this test for " << field->name();
     KeyInputs changed = base;
-    changed.spec = Mutated(base.spec, field);
+    changed.spec = KernelSpecOf(Mutated(base.spec.sparse_mla_decode(), field));
     ASSERT_NE(changed.spec.SerializeAsString(), base.spec.SerializeAsString()) << field->name();
     EXPECT_NE(ComputeCacheKey(changed), base_key) << field->name();
   }
+}
+
+// The indexer's spec: every field is hashed too.
+TEST(CacheKeyTest, EveryIndexerFieldChangesTheKey) {
+  KeyInputs base = GoldenInputs();
+  absl::StatusOr<v1::DsaIndexerSpec> indexer = IndexerSpecFromPreset("glm-5", 1);
+  ASSERT_TRUE(indexer.ok()) << indexer.status();
+  for (const v1::DsaIndexerSpec& from : {*indexer, v1::DsaIndexerSpec()}) {
+    base.spec = KernelSpecOf(from);
+    const std::string base_key = ComputeCacheKey(base);
+    const auto* descriptor = v1::DsaIndexerSpec::descriptor();
+    ASSERT_GT(descriptor->field_count(), 0);
+    for (int i = 0; i < descriptor->field_count(); ++i) {
+      const FieldDescriptor* field = descriptor->field(i);
+      KeyInputs changed = base;
+      changed.spec = KernelSpecOf(Mutated(from, field));
+      EXPECT_NE(ComputeCacheKey(changed), base_key) << field->name();
+    }
+  }
+}
+
+// The case is part of the key: two kinds' specs whose fields encode alike
+// (here both empty) are different kernels.
+TEST(CacheKeyTest, TheSpecCaseChangesTheKey) {
+  KeyInputs attention = GoldenInputs(), indexer = GoldenInputs(), none = GoldenInputs();
+  attention.spec = KernelSpecOf(v1::AttentionSpec());
+  indexer.spec = KernelSpecOf(v1::DsaIndexerSpec());
+  none.spec.Clear();
+  const std::set<std::string> keys = {ComputeCacheKey(attention), ComputeCacheKey(indexer),
+                                      ComputeCacheKey(none)};
+  EXPECT_EQ(keys.size(), 3u);
 }
 
 // From the all-defaults spec too, so a field whose mutation from zero is
 // what matters (the common case for a newly added field) is covered.
 TEST(CacheKeyTest, EveryFieldChangesTheKeyFromDefaults) {
   KeyInputs base = GoldenInputs();
-  base.spec.Clear();
+  base.spec = KernelSpecOf(v1::AttentionSpec());  // the case set, every field default
   const std::string base_key = ComputeCacheKey(base);
   const auto* descriptor = v1::AttentionSpec::descriptor();
   for (int i = 0; i < descriptor->field_count(); ++i) {
     const FieldDescriptor* field = descriptor->field(i);
     KeyInputs changed = base;
-    changed.spec = Mutated(base.spec, field);
+    changed.spec = KernelSpecOf(Mutated(base.spec.sparse_mla_decode(), field));
     EXPECT_NE(ComputeCacheKey(changed), base_key) << field->name();
   }
 }
@@ -158,24 +195,26 @@ TEST(CacheKeyTest, PresenceOfOptionalFieldsChangesTheKey) {
     if (field->is_repeated() || !field->has_presence()) continue;
     ++optional_fields;
     KeyInputs unset = GoldenInputs();
-    unset.spec.GetReflection()->ClearField(&unset.spec, field);
+    v1::AttentionSpec& u = *unset.spec.mutable_sparse_mla_decode();
+    u.GetReflection()->ClearField(&u, field);
     // Setting the default value through reflection marks it present.
     KeyInputs zero = unset;
+    v1::AttentionSpec& z = *zero.spec.mutable_sparse_mla_decode();
     switch (field->cpp_type()) {
       case FieldDescriptor::CPPTYPE_UINT32:
-        zero.spec.GetReflection()->SetUInt32(&zero.spec, field, 0);
+        z.GetReflection()->SetUInt32(&z, field, 0);
         break;
       case FieldDescriptor::CPPTYPE_INT32:
-        zero.spec.GetReflection()->SetInt32(&zero.spec, field, 0);
+        z.GetReflection()->SetInt32(&z, field, 0);
         break;
       case FieldDescriptor::CPPTYPE_MESSAGE:
-        zero.spec.GetReflection()->MutableMessage(&zero.spec, field);  // present, all default
+        z.GetReflection()->MutableMessage(&z, field);  // present, all default
         break;
       default:
         ADD_FAILURE() << "extend this test for optional field " << field->name();
         continue;
     }
-    ASSERT_TRUE(zero.spec.GetReflection()->HasField(zero.spec, field));
+    ASSERT_TRUE(z.GetReflection()->HasField(z, field));
     EXPECT_NE(ComputeCacheKey(unset), ComputeCacheKey(zero)) << field->name();
   }
   EXPECT_GE(optional_fields, 2);  // rope_dim, extra_kv
@@ -183,8 +222,8 @@ TEST(CacheKeyTest, PresenceOfOptionalFieldsChangesTheKey) {
 
 TEST(CacheKeyTest, NegativeZeroScaleIsADifferentKey) {
   KeyInputs a = GoldenInputs(), b = GoldenInputs();
-  a.spec.set_softmax_scale(0.0f);
-  b.spec.set_softmax_scale(-0.0f);
+  a.spec.mutable_sparse_mla_decode()->set_softmax_scale(0.0f);
+  b.spec.mutable_sparse_mla_decode()->set_softmax_scale(-0.0f);
   EXPECT_NE(ComputeCacheKey(a), ComputeCacheKey(b));
 }
 

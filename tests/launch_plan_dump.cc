@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     std::cerr << "cannot read a manifest from " << argv[1] << "\n";
     return 2;
   }
-  const kforge::v1::AttentionSpec& spec = manifest.variants(0).spec();
+  const kforge::v1::AttentionSpec& spec = manifest.variants(0).spec().sparse_mla_decode();
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);

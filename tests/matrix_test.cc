@@ -57,12 +57,12 @@ TEST(MatrixTest, DefaultMatrixExpandsToEveryPresetTpArch) {
     SCOPED_TRACE(job.label);
     absl::StatusOr<v1::AttentionSpec> preset = SpecFromPreset(job.model, job.tp, job.kv_dtype);
     ASSERT_TRUE(preset.ok()) << preset.status();
-    EXPECT_EQ(job.spec.num_q_heads(), preset->num_q_heads());
-    EXPECT_EQ(job.spec.softmax_scale(), preset->softmax_scale());
-    EXPECT_EQ(job.spec.s_q(), 0u);  // not part of the kernel
-    EXPECT_EQ(job.spec.kv_cache_dtype(), job.kv_dtype);
-    EXPECT_EQ(job.spec.kv_scale_format(), preset->kv_scale_format());
-    EXPECT_TRUE(ValidateSpec(job.spec).ok());
+    EXPECT_EQ(job.spec.sparse_mla_decode().num_q_heads(), preset->num_q_heads());
+    EXPECT_EQ(job.spec.sparse_mla_decode().softmax_scale(), preset->softmax_scale());
+    EXPECT_EQ(job.spec.sparse_mla_decode().s_q(), 0u);  // not part of the kernel
+    EXPECT_EQ(job.spec.sparse_mla_decode().kv_cache_dtype(), job.kv_dtype);
+    EXPECT_EQ(job.spec.sparse_mla_decode().kv_scale_format(), preset->kv_scale_format());
+    EXPECT_TRUE(ValidateSpec(job.spec.sparse_mla_decode()).ok());
   }
 }
 
@@ -90,7 +90,7 @@ TEST(MatrixTest, EqualSpecOnEqualArchIsOneJob) {
       {"preset": "glm-5", "tp": [8]},
       {"preset": "glm-5", "tp": [8]},
       {"name": "glm-5 by hand", "tp": [8], "spec": {
-         "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+         "num_q_heads": 64,
          "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048,
          "page_block_size": 64, "softmax_scale": 0.0625, "return_lse": true}}],
       "archs": ["sm_90a"]})");
@@ -100,23 +100,23 @@ TEST(MatrixTest, EqualSpecOnEqualArchIsOneJob) {
 TEST(MatrixTest, SpecModelIsDividedByTpAndNamed) {
   const std::vector<MatrixJob> jobs = Expand(R"({"models": [
       {"name": "tiny", "tp": [2, 4], "spec": {
-         "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 32,
+         "num_q_heads": 32,
          "kv_lora_rank": 256, "rope_dim": 0, "topk": 512, "s_q": 3,
          "kv_cache_dtype": "bf16", "page_block_size": 16,
          "softmax_scale": 0.1}},
       {"spec": {
-         "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 8,
+         "num_q_heads": 8,
          "kv_lora_rank": 512, "rope_dim": 64, "topk": 64,
          "page_block_size": 64, "softmax_scale": 0.1}}],
       "archs": ["sm_89"]})");
   ASSERT_EQ(Labels(jobs), (std::vector<std::string>{"tiny tp2 bf16 sm_89", "tiny tp4 bf16 sm_89",
                                                     "models[1] tp1 bf16 sm_89"}));
-  EXPECT_EQ(jobs[0].spec.num_q_heads(), 16u);
-  EXPECT_EQ(jobs[1].spec.num_q_heads(), 8u);
-  EXPECT_EQ(jobs[1].spec.kv_lora_rank(), 256u);
-  EXPECT_TRUE(jobs[1].spec.has_rope_dim());
-  EXPECT_EQ(jobs[1].spec.rope_dim(), 0u);
-  EXPECT_EQ(jobs[2].spec.kv_cache_dtype(), v1::KV_CACHE_DTYPE_BF16);
+  EXPECT_EQ(jobs[0].spec.sparse_mla_decode().num_q_heads(), 16u);
+  EXPECT_EQ(jobs[1].spec.sparse_mla_decode().num_q_heads(), 8u);
+  EXPECT_EQ(jobs[1].spec.sparse_mla_decode().kv_lora_rank(), 256u);
+  EXPECT_TRUE(jobs[1].spec.sparse_mla_decode().has_rope_dim());
+  EXPECT_EQ(jobs[1].spec.sparse_mla_decode().rope_dim(), 0u);
+  EXPECT_EQ(jobs[2].spec.sparse_mla_decode().kv_cache_dtype(), v1::KV_CACHE_DTYPE_BF16);
 }
 
 TEST(MatrixTest, ModelArchsReplaceTheMatrixArchs) {
@@ -160,7 +160,7 @@ TEST(MatrixTest, TheNewRecordsExpandForAPresetOfTheirGeometry) {
 TEST(MatrixTest, SpecModelsTakeShortKvNames) {
   const std::vector<MatrixJob> jobs = Expand(R"({"models": [{"name": "v4-like", "tp": [2],
       "kv_dtypes": ["FP8_DS_MLA_V4", "mxfp8_ds_mla_v41"],
-      "spec": {"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+      "spec": {"num_q_heads": 64,
                "kv_lora_rank": 512, "rope_dim": 0, "topk": 512, "page_block_size": 64,
                "softmax_scale": 0.0441941738, "kvCacheDtype": "bf16",
                "extra_kv": {"kv_cache_dtype": "fp8_ds_mla", "kvScaleFormat": "Pow2",
@@ -170,18 +170,19 @@ TEST(MatrixTest, SpecModelsTakeShortKvNames) {
   EXPECT_EQ(Labels(jobs), (std::vector<std::string>{"v4-like tp2 fp8_ds_mla_v4 sm_90a",
                                                     "v4-like tp2 mxfp8_ds_mla_v41 sm_90a"}));
   for (const MatrixJob& job : jobs) {
-    EXPECT_EQ(job.spec.num_q_heads(), 32u);
-    EXPECT_EQ(job.spec.extra_kv().kv_cache_dtype(), v1::KV_CACHE_DTYPE_FP8_DS_MLA);
-    EXPECT_EQ(job.spec.extra_kv().kv_scale_format(), v1::KV_SCALE_FORMAT_POW2);
+    EXPECT_EQ(job.spec.sparse_mla_decode().num_q_heads(), 32u);
+    EXPECT_EQ(job.spec.sparse_mla_decode().extra_kv().kv_cache_dtype(),
+              v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+    EXPECT_EQ(job.spec.sparse_mla_decode().extra_kv().kv_scale_format(), v1::KV_SCALE_FORMAT_POW2);
   }
   // The spec's own dtype and scale format, short, when kv_dtypes is absent.
   const std::vector<MatrixJob> own = Expand(R"({"models": [{"spec": {
-      "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 8, "kv_lora_rank": 512,
+      "num_q_heads": 8, "kv_lora_rank": 512,
       "rope_dim": 64, "topk": 2048, "page_block_size": 64, "softmax_scale": 0.0625,
       "kv_cache_dtype": "fp8_ds_mla", "kv_scale_format": "arbitrary"}}], "archs": ["sm_120a"]})");
   ASSERT_EQ(own.size(), 1u);
   EXPECT_EQ(own[0].kv_dtype, v1::KV_CACHE_DTYPE_FP8_DS_MLA);
-  EXPECT_EQ(own[0].spec.kv_scale_format(), v1::KV_SCALE_FORMAT_ARBITRARY);
+  EXPECT_EQ(own[0].spec.sparse_mla_decode().kv_scale_format(), v1::KV_SCALE_FORMAT_ARBITRARY);
 }
 
 struct BadMatrix {
@@ -202,7 +203,7 @@ TEST(MatrixTest, EachBadFieldIsNamedWithItsValue) {
        {"models[0].tp[0]", "got 0"}},
       // A spec model with an fp8 cache must say how its scales were written.
       {R"({"models": [{"spec": {
-          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+          "num_q_heads": 64,
           "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048,
           "page_block_size": 64, "softmax_scale": 0.0625},
           "kv_dtypes": ["bf16", "fp8_ds_mla"]}], "archs": ["sm_90a"]})",
@@ -216,13 +217,13 @@ TEST(MatrixTest, EachBadFieldIsNamedWithItsValue) {
       {R"({"models": [{"preset": "glm-5", "kv_dtypes": [99]}], "archs": ["sm_90a"]})",
        {"m.json: models[0].kv_dtypes[0]", "kv_cache_dtype: got 99"}},
       {R"({"models": [{"spec": {
-          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+          "num_q_heads": 64,
           "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048, "kv_cache_dtype": "fp8_ds_mla",
           "kv_scale_format": "pow3", "page_block_size": 64, "softmax_scale": 0.0625}}],
           "archs": ["sm_90a"]})",
        {"m.json: models[0].spec.kv_scale_format: got \"pow3\"", "pow2, arbitrary"}},
       {R"({"models": [{"spec": {
-          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+          "num_q_heads": 64,
           "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048, "page_block_size": 64,
           "softmax_scale": 0.0625, "extraKv": {"kvCacheDtype": "fp8_ds_mla_v5"}}}],
           "archs": ["sm_90a"]})",
@@ -238,17 +239,17 @@ TEST(MatrixTest, EachBadFieldIsNamedWithItsValue) {
        {"m.json: not a deployment matrix", "tpp"}},
       {R"({"models": [{"preset": "glm-5")", {"m.json: invalid JSON"}},
       {R"({"models": [{"tp": [3], "spec": {
-          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+          "num_q_heads": 64,
           "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048,
           "page_block_size": 64, "softmax_scale": 0.0625}}], "archs": ["sm_90a"]})",
        {"m.json: models[0].tp[0]", "got 3", "divisor of 64"}},
       {R"({"models": [{"spec": {
-          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+          "num_q_heads": 64,
           "kv_lora_rank": 512, "topk": 2048,
           "page_block_size": 64, "softmax_scale": 0.0625}}], "archs": ["sm_90a"]})",
        {"m.json: models[0].spec", "rope_dim"}},
       {R"({"models": [{"spec": {
-          "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 256,
+          "num_q_heads": 256,
           "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048,
           "page_block_size": 64, "softmax_scale": 0.0625}}], "archs": ["sm_90a"]})",
        {"m.json: models[0].tp", "num_q_heads: got 256", "1..128"}},

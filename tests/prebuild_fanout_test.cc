@@ -43,8 +43,10 @@ TEST(ExpandPrebuildRequestTest, EveryKernelOnEveryArch) {
   ASSERT_EQ(jobs->size(), 4u);
   EXPECT_EQ((*jobs)[0].arch, "sm_90a");
   EXPECT_EQ((*jobs)[1].arch, "sm_120a");
-  EXPECT_EQ((*jobs)[0].spec.num_q_heads(), (*jobs)[1].spec.num_q_heads());
-  EXPECT_NE((*jobs)[0].spec.num_q_heads(), (*jobs)[2].spec.num_q_heads());
+  EXPECT_EQ((*jobs)[0].spec.sparse_mla_decode().num_q_heads(),
+            (*jobs)[1].spec.sparse_mla_decode().num_q_heads());
+  EXPECT_NE((*jobs)[0].spec.sparse_mla_decode().num_q_heads(),
+            (*jobs)[2].spec.sparse_mla_decode().num_q_heads());
 }
 
 TEST(ExpandPrebuildRequestTest, NoWorkOrABadKernelFailsTheWholeRequest) {
@@ -116,7 +118,7 @@ TEST(ExpandPrebuildRequestTest, AnUnknownArchFailsTheWholeRequestNamingIt) {
 std::vector<PrebuildJob> Jobs(int n) {
   std::vector<PrebuildJob> jobs(n);
   for (int i = 0; i < n; ++i) {
-    jobs[i].spec.set_topk(1000 + i);
+    jobs[i].spec.mutable_sparse_mla_decode()->set_topk(1000 + i);
     jobs[i].arch = "sm_90a";
   }
   return jobs;
@@ -172,7 +174,7 @@ TEST(PrebuildFanOutTest, OneMessagePerJobNumberedInCompletionOrder) {
     }
     absl::SleepFor(absl::Milliseconds(5));
     --running;
-    const uint32_t topk = job.spec.topk();
+    const uint32_t topk = job.spec.sparse_mla_decode().topk();
     if (topk == 1003) return absl::InternalError("nvrtc: error: boom");
     return KernelStore::Result{
         Artifact(topk), topk % 2 == 0 ? v1::ARTIFACT_SOURCE_DISK : v1::ARTIFACT_SOURCE_COMPILED};
@@ -214,7 +216,8 @@ TEST(PrebuildFanOutTest, PassesTheDeadlineToEveryJob) {
   std::atomic<int> right{0};
   auto get = [&](const PrebuildJob& job, absl::Time d) -> absl::StatusOr<KernelStore::Result> {
     if (d == deadline) ++right;
-    return KernelStore::Result{Artifact(job.spec.topk()), v1::ARTIFACT_SOURCE_MEMORY};
+    return KernelStore::Result{Artifact(job.spec.sparse_mla_decode().topk()),
+                               v1::ARTIFACT_SOURCE_MEMORY};
   };
   auto fanout = PrebuildFanOut::Create(Jobs(3), {.parallelism = 2, .deadline = deadline}, get,
                                        consumer.Ready());
@@ -232,7 +235,8 @@ TEST(PrebuildFanOutTest, CancelStartsNoFurtherJobAndDropsMessages) {
   auto get = [&](const PrebuildJob& job, absl::Time) -> absl::StatusOr<KernelStore::Result> {
     if (++calls == 1) first_started.Notify();
     release.WaitForNotification();
-    return KernelStore::Result{Artifact(job.spec.topk()), v1::ARTIFACT_SOURCE_COMPILED};
+    return KernelStore::Result{Artifact(job.spec.sparse_mla_decode().topk()),
+                               v1::ARTIFACT_SOURCE_COMPILED};
   };
   auto fanout = PrebuildFanOut::Create(Jobs(20), {.parallelism = 1}, get, consumer.Ready());
   consumer.Attach(fanout);

@@ -46,7 +46,6 @@ namespace kforge {
 namespace {
 
 namespace fs = std::filesystem;
-using ::kforge::testing::AsKernelSpec;
 using ::kforge::testing::Contains;
 using ::kforge::testing::ReadFileOrEmpty;
 using ::kforge::testing::ServeProcess;
@@ -214,7 +213,7 @@ class PrebuildTest : public ::testing::Test {
 v1::GetKernelResponse GetKernel(v1::KernelService::Stub& stub, int tp, uint32_t s_q,
                                 grpc::Status* status) {
   v1::GetKernelRequest request;
-  *request.mutable_kernel()->mutable_spec() = AsKernelSpec(Glm5Spec(tp, s_q));
+  *request.mutable_kernel()->mutable_spec() = KernelSpecOf(Glm5Spec(tp, s_q));
   request.set_arch(kArch);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
@@ -522,7 +521,7 @@ TEST_F(PrebuildTest, FailedKernelIsNamedItsManifestLeftOutAndTheRestVerifies) {
   const std::string matrix = R"({"models": [
       {"preset": "glm-5", "tp": [8]},
       {"name": "crashy", "tp": [8], "spec": {
-         "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+         "num_q_heads": 64,
          "kv_lora_rank": 512, "rope_dim": 64, "topk": 1000,
          "page_block_size": 64, "softmax_scale": 0.0625}}],
       "archs": ["sm_90a"]})";

@@ -834,7 +834,7 @@ DUMP_PAGES, DUMP_PAGE_GAP = 64, 64
 
 def spec_manifest(arch, heads, topk=2048, page=64, return_lse=True, scale=0.0625):
     """`kforge manifest` for a spec (written to a file), as (manifest, path)."""
-    spec = {"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": heads,
+    spec = {"num_q_heads": heads,
             "kv_lora_rank": 512, "rope_dim": 64, "topk": topk, "s_q": 1,
             "kv_cache_dtype": "KV_CACHE_DTYPE_BF16", "page_block_size": page,
             "softmax_scale": scale, "return_lse": return_lse}
@@ -1530,7 +1530,7 @@ class ExtraCachePlanTest(unittest.TestCase):
     def setUpClass(cls):
         from kforge import launch
         cls.launch = launch
-        spec = {"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 8,
+        spec = {"num_q_heads": 8,
                 "kv_lora_rank": 512, "rope_dim": 64, "topk": 2048,
                 "kv_cache_dtype": "KV_CACHE_DTYPE_BF16", "page_block_size": 64,
                 "softmax_scale": cls.SCALE, "return_lse": True,

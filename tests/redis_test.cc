@@ -589,13 +589,13 @@ TEST_F(WithRedis, MissBehindALockWithoutExpiryWaitsOneLockTtlNotACompileTimeout)
   ASSERT_EQ((*store)->Stats().redis_up(), 1u);
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(*spec, kArch);
+  absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(KernelSpecOf(*spec), kArch);
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto probe = RedisCache::Create(OptionsFor(redis_->port()));
   ASSERT_TRUE(probe.ok());
   ASSERT_NE(redis_->Command({"SET", LockKey(**probe, plan->key), "left-by-an-old-server"}),
             nullptr);
-  auto r = (*store)->GetKernel(*spec, kArch, false, absl::Now() + absl::Seconds(20));
+  auto r = (*store)->GetKernel(KernelSpecOf(*spec), kArch, false, absl::Now() + absl::Seconds(20));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, v1::ARTIFACT_SOURCE_COMPILED);
   const v1::StatsResponse stats = (*store)->Stats();
@@ -713,7 +713,7 @@ class FleetWaitTest : public WithRedis {
     absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
     ASSERT_TRUE(spec.ok()) << spec.status();
     spec_ = *spec;
-    absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(spec_, kArch);
+    absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(KernelSpecOf(spec_), kArch);
     ASSERT_TRUE(plan.ok()) << plan.status();
     auto other = RedisCache::Create(OptionsFor(redis_->port()));
     ASSERT_TRUE(other.ok()) << other.status();
@@ -773,12 +773,14 @@ TEST_F(FleetWaitTest, WaitEndsAtTheLatestCallerDeadlineAndAnswersEveryCaller) {
   const absl::Time start = absl::Now();
   // The first caller drives the flight on its own thread.
   std::thread driver([&] {
-    store_->GetKernelAsync(spec_, kArch, false, start + absl::Seconds(1), Answer(&answers));
+    store_->GetKernelAsync(KernelSpecOf(spec_), kArch, false, start + absl::Seconds(1),
+                           Answer(&answers));
   });
   ASSERT_TRUE(AwaitFleetWait());
   // A caller joining with a later deadline returns at once.
   const absl::Time joined = absl::Now();
-  store_->GetKernelAsync(spec_, kArch, false, start + absl::Seconds(2), Answer(&answers));
+  store_->GetKernelAsync(KernelSpecOf(spec_), kArch, false, start + absl::Seconds(2),
+                         Answer(&answers));
   EXPECT_LT(absl::Now() - joined, absl::Milliseconds(500));
   ASSERT_TRUE(answers.AwaitCount(2, absl::Seconds(30)));
   driver.join();
@@ -798,7 +800,8 @@ TEST_F(FleetWaitTest, WaitEndsAtTheLatestCallerDeadlineAndAnswersEveryCaller) {
   // The other server gives up without storing it: a new flight takes the
   // lock and compiles, once.
   other_->Unlock(key_);
-  auto later = store_->GetKernel(spec_, kArch, false, absl::Now() + absl::Seconds(120));
+  auto later =
+      store_->GetKernel(KernelSpecOf(spec_), kArch, false, absl::Now() + absl::Seconds(120));
   ASSERT_TRUE(later.ok()) << later.status();
   EXPECT_EQ(later->source, v1::ARTIFACT_SOURCE_COMPILED);
   EXPECT_EQ(later->artifact->key(), key_);
@@ -820,16 +823,18 @@ TEST_F(FleetWaitTest, ValueStoredByTheHolderAnswersEveryCaller) {
     o.pool.timeout = absl::Seconds(60);
     auto other_store = KernelStore::Create(o);
     ASSERT_TRUE(other_store.ok()) << other_store.status();
-    auto r = (*other_store)->GetKernel(spec_, kArch, false);
+    auto r = (*other_store)->GetKernel(KernelSpecOf(spec_), kArch, false);
     ASSERT_TRUE(r.ok()) << r.status();
     built = r->artifact;
   }
   Answers answers;
   std::thread driver([&] {
-    store_->GetKernelAsync(spec_, kArch, false, absl::Now() + absl::Seconds(60), Answer(&answers));
+    store_->GetKernelAsync(KernelSpecOf(spec_), kArch, false, absl::Now() + absl::Seconds(60),
+                           Answer(&answers));
   });
   ASSERT_TRUE(AwaitFleetWait());
-  store_->GetKernelAsync(spec_, kArch, false, absl::Now() + absl::Seconds(60), Answer(&answers));
+  store_->GetKernelAsync(KernelSpecOf(spec_), kArch, false, absl::Now() + absl::Seconds(60),
+                         Answer(&answers));
   ASSERT_TRUE(other_->Put(key_, built).ok());
   other_->Unlock(key_);
   ASSERT_TRUE(answers.AwaitCount(2, absl::Seconds(30)));
@@ -843,7 +848,7 @@ TEST_F(FleetWaitTest, ValueStoredByTheHolderAnswersEveryCaller) {
     }
   }
   EXPECT_EQ(store_->Stats().compiles(), 0u);
-  auto cached = store_->CachedKernel(spec_, kArch);
+  auto cached = store_->CachedKernel(KernelSpecOf(spec_), kArch);
   ASSERT_TRUE(cached.ok()) << cached.status();
   EXPECT_EQ(cached->source, v1::ARTIFACT_SOURCE_MEMORY);
 }
@@ -853,7 +858,8 @@ TEST_F(FleetWaitTest, ValueStoredByTheHolderAnswersEveryCaller) {
 TEST_F(FleetWaitTest, ShutdownEndsTheWaitAndAnswersItsCallers) {
   Answers answers;
   std::thread driver([&] {
-    store_->GetKernelAsync(spec_, kArch, false, absl::InfiniteFuture(), Answer(&answers));
+    store_->GetKernelAsync(KernelSpecOf(spec_), kArch, false, absl::InfiniteFuture(),
+                           Answer(&answers));
   });
   ASSERT_TRUE(AwaitFleetWait());
   const absl::Time start = absl::Now();

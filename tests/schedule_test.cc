@@ -155,8 +155,8 @@ TEST(Tuning, EveryArchHasATableAndEveryFormatAPreference) {
 TEST(ExplainSchedule, PrintsTheEntriesAndTheReasons) {
   // A real compile: the artifact carries the entries and the reasons.
   KernelCompiler compiler;
-  absl::StatusOr<v1::KernelArtifact> a =
-      compiler.Compile(Preset("deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA), "sm_90a");
+  absl::StatusOr<v1::KernelArtifact> a = compiler.Compile(
+      KernelSpecOf(Preset("deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA)), "sm_90a");
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_GT(a->schedule_reasons_size(), 3);
   const std::string text = ExplainSchedule(*a);

@@ -32,7 +32,7 @@ v1::Manifest MakeManifest(const std::string& preset, int tp, const std::string& 
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(preset, tp);
   EXPECT_TRUE(spec.ok()) << spec.status();
   KernelCompiler compiler;
-  absl::StatusOr<v1::Manifest> m = BuildManifest(compiler, *spec, arch);
+  absl::StatusOr<v1::Manifest> m = BuildManifest(compiler, KernelSpecOf(*spec), arch);
   EXPECT_TRUE(m.ok()) << m.status();
   return *m;
 }
@@ -49,7 +49,7 @@ absl::StatusOr<v1::Manifest> ManifestWithKv(const std::string& preset, int tp,
     spec->set_kv_scale_format(v1::KV_SCALE_FORMAT_ARBITRARY);
   }
   if (topk > 0) spec->set_topk(topk);
-  return BuildManifest(KernelCompiler(), *spec, arch);
+  return BuildManifest(KernelCompiler(), KernelSpecOf(*spec), arch);
 }
 
 RuntimeShape ShapeFor(const v1::AttentionSpec& spec, int batch, int s_q) {
@@ -79,7 +79,8 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   const v1::LaunchRule& l = small ? v.small_batch().launch() : v.launch();
   // The cluster entry where the small-batch rule splits exactly
   // cluster_splits ways and its clusters fit the device at once.
-  const int rule_splits = NumSplits(v.spec(), t, l, shape.batch * shape.s_q, sm_count);
+  const int rule_splits =
+      NumSplits(v.spec().sparse_mla_decode(), t, l, shape.batch * shape.s_q, sm_count);
   const bool small_cluster =
       small && !v.small_batch().cluster_entry().empty() &&
       rule_splits == static_cast<int>(v.small_batch().cluster_splits()) &&
@@ -101,21 +102,24 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
                              : small        ? v.small_batch().entry()
                                             : v.main_entry());
   EXPECT_EQ(sel.launch, &l);
-  EXPECT_EQ(v.spec().s_q(), 0u);  // not part of the kernel: any s_q fits
-  EXPECT_EQ(v.spec().num_q_heads(), static_cast<uint32_t>(shape.num_q_heads));
+  EXPECT_EQ(v.spec().sparse_mla_decode().s_q(), 0u);  // not part of the kernel: any s_q fits
+  EXPECT_EQ(v.spec().sparse_mla_decode().num_q_heads(), static_cast<uint32_t>(shape.num_q_heads));
   EXPECT_EQ(sel.num_tokens, shape.batch * shape.s_q);
   EXPECT_GE(sel.num_splits, 1);
   // Split + combine launches only the rule's splits that hold keys.
   EXPECT_EQ(sel.num_splits, small_cluster ? static_cast<int>(v.small_batch().cluster_splits())
-                            : cluster     ? rule_splits
-                                          : SplitsHoldingKeys(v.spec(), l, rule_splits));
+                            : cluster
+                                ? rule_splits
+                                : SplitsHoldingKeys(v.spec().sparse_mla_decode(), l, rule_splits));
   EXPECT_LE(sel.num_splits, rule_splits);
-  EXPECT_EQ(sel.tokens_per_split, TokensPerSplit(v.spec(), l, sel.num_splits));
+  EXPECT_EQ(sel.tokens_per_split, TokensPerSplit(v.spec().sparse_mla_decode(), l, sel.num_splits));
   EXPECT_EQ(sel.tokens_per_split % l.split_granularity_tokens(), 0u);
-  EXPECT_GE(static_cast<long long>(sel.tokens_per_split) * sel.num_splits, v.spec().topk());
+  EXPECT_GE(static_cast<long long>(sel.tokens_per_split) * sel.num_splits,
+            v.spec().sparse_mla_decode().topk());
   // Splits never exceed the top-k tiles, and the grid stays within one wave
   // unless a single split already overflows it.
-  const uint32_t tiles = (v.spec().topk() + t.token_tile() - 1) / t.token_tile();
+  const uint32_t tiles =
+      (v.spec().sparse_mla_decode().topk() + t.token_tile() - 1) / t.token_tile();
   EXPECT_LE(static_cast<uint32_t>(sel.num_splits), tiles);
   if (sel.num_splits > 1) {
     EXPECT_LE(static_cast<long long>(t.num_head_groups()) * sel.num_splits * sel.num_tokens,
@@ -123,7 +127,7 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
   }
   // Main kernel.
   EXPECT_EQ(sel.grid_x, t.num_head_groups());
-  EXPECT_GE(t.num_head_groups() * t.heads_per_group(), v.spec().num_q_heads());
+  EXPECT_GE(t.num_head_groups() * t.heads_per_group(), v.spec().sparse_mla_decode().num_q_heads());
   EXPECT_EQ(sel.grid_y, static_cast<uint32_t>(sel.num_splits));
   EXPECT_EQ(sel.grid_z, static_cast<uint32_t>(sel.num_tokens));
   EXPECT_EQ(sel.block_threads, l.block_threads());
@@ -138,13 +142,15 @@ void CheckSelection(const v1::Manifest& m, const Selection& sel, const RuntimeSh
     const uint32_t warps = l.combine_block_threads() / 32;
     // Column slices while the combine is small (<= 8 heads x tokens per SM).
     const bool few =
-        static_cast<long long>(sel.num_tokens) * v.spec().num_q_heads() <= 8LL * sm_count;
-    const uint32_t slices = few ? static_cast<uint32_t>(sparse_mla::CombineSlices(
-                                      static_cast<int>(v.spec().kv_lora_rank())))
+        static_cast<long long>(sel.num_tokens) * v.spec().sparse_mla_decode().num_q_heads() <=
+        8LL * sm_count;
+    const uint32_t slices = few ? static_cast<uint32_t>(sparse_mla::CombineSlices(static_cast<int>(
+                                      v.spec().sparse_mla_decode().kv_lora_rank())))
                                 : 1u;
     EXPECT_EQ(static_cast<uint32_t>(sel.combine_column_slices), slices);
-    EXPECT_EQ(sel.combine_grid_y, (v.spec().num_q_heads() * slices + warps - 1) / warps);
-    EXPECT_GE(sel.combine_grid_y * warps, v.spec().num_q_heads() * slices);
+    EXPECT_EQ(sel.combine_grid_y,
+              (v.spec().sparse_mla_decode().num_q_heads() * slices + warps - 1) / warps);
+    EXPECT_GE(sel.combine_grid_y * warps, v.spec().sparse_mla_decode().num_q_heads() * slices);
     EXPECT_EQ(sel.combine_block_threads, l.combine_block_threads());
     EXPECT_EQ(sel.workspace_bytes, static_cast<uint64_t>(sel.num_splits) * sel.num_tokens *
                                        l.workspace_bytes_per_split_token());
@@ -164,7 +170,7 @@ TEST_P(SelectorTable, EveryBatchGetsAConsistentLaunch) {
   ASSERT_EQ(m.variants_size(), 1);
   ASSERT_EQ(m.choice_order_size(), 1);
   EXPECT_EQ(m.arch(), arch);
-  const v1::AttentionSpec& spec = m.variants(m.choice_order(0)).spec();
+  const v1::AttentionSpec& spec = m.variants(m.choice_order(0)).spec().sparse_mla_decode();
   EXPECT_EQ(spec.s_q(), 0u);
   int previous_splits = 1 << 30;
   bool previous_small = true;
@@ -228,7 +234,7 @@ TEST(Select, SmallBatchPathUpToItsMaxTokens) {
     EXPECT_EQ(v.small_batch().tiling().head_tile(), c.head_tile);
     EXPECT_EQ(v.small_batch().tiling().token_tile(), 64u);
     for (int batch : {1, 2, 4, 8, 16, 32, 33, 64}) {
-      const RuntimeShape shape = ShapeFor(v.spec(), batch, 1);
+      const RuntimeShape shape = ShapeFor(v.spec().sparse_mla_decode(), batch, 1);
       absl::StatusOr<Selection> sel = Select(*m, DeviceInfo{"sm_90a", kSms}, shape);
       ASSERT_TRUE(sel.ok()) << sel.status();
       EXPECT_EQ(sel->small_batch, static_cast<uint32_t>(batch) <= c.max_tokens) << batch;
@@ -238,7 +244,7 @@ TEST(Select, SmallBatchPathUpToItsMaxTokens) {
   // 99 KB parts: 8 heads already run the 16 x 32 tile, so no second kernel.
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, "sm_120a");
+  absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), KernelSpecOf(*spec), "sm_120a");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_FALSE(m->variants(0).has_small_batch());
 }
@@ -273,7 +279,7 @@ TEST(Select, SmallBatchSplitsOneTileEach) {
     SCOPED_TRACE(absl::StrCat(c.preset, " tp ", c.tp, " dtype ", c.dtype, " topk ", c.topk));
     absl::StatusOr<v1::Manifest> m = ManifestWithKv(c.preset, c.tp, c.dtype, "sm_90a", c.topk);
     ASSERT_TRUE(m.ok()) << m.status();
-    const RuntimeShape shape = ShapeFor(m->variants(0).spec(), 1, 1);
+    const RuntimeShape shape = ShapeFor(m->variants(0).spec().sparse_mla_decode(), 1, 1);
     absl::StatusOr<Selection> sel = Select(*m, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, shape);
     ASSERT_TRUE(sel.ok()) << sel.status();
     EXPECT_TRUE(sel->small_batch);
@@ -285,9 +291,11 @@ TEST(Select, SmallBatchSplitsOneTileEach) {
   // glm-5 TP8 (8 heads, one group) x batch 10: the rule's 13 splits take 3
   // of the 32 tiles each, so only 11 hold keys; split + combine launches 11.
   const v1::Manifest m = MakeManifest("glm-5", 8, "sm_90a");
-  const RuntimeShape ten = ShapeFor(m.variants(0).spec(), 10, 1);
+  const RuntimeShape ten = ShapeFor(m.variants(0).spec().sparse_mla_decode(), 10, 1);
   const v1::SmallBatchPath& small = m.variants(0).small_batch();
-  EXPECT_EQ(NumSplits(m.variants(0).spec(), small.tiling(), small.launch(), 10, kSms), 13);
+  EXPECT_EQ(
+      NumSplits(m.variants(0).spec().sparse_mla_decode(), small.tiling(), small.launch(), 10, kSms),
+      13);
   absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, ten);
   ASSERT_TRUE(sel.ok()) << sel.status();
   EXPECT_TRUE(sel->small_batch);
@@ -312,7 +320,7 @@ TEST(Select, ClusterEntryReplacesSplitAndCombine) {
     const v1::SmallBatchPath& small = m.variants(0).small_batch();
     EXPECT_EQ(small.cluster_entry(), kClusterEntry);
     EXPECT_EQ(small.cluster_splits(), static_cast<uint32_t>(sparse_mla::kClusterSplits));
-    const RuntimeShape shape = ShapeFor(m.variants(0).spec(), 1, 1);
+    const RuntimeShape shape = ShapeFor(m.variants(0).spec().sparse_mla_decode(), 1, 1);
     const DeviceInfo device{arch, kSms, 0, kH200Clusters};
     absl::StatusOr<Selection> sel = Select(m, device, shape);
     ASSERT_TRUE(sel.ok()) << sel.status();
@@ -340,7 +348,7 @@ TEST(Select, ClusterEntryReplacesSplitAndCombine) {
       EXPECT_EQ(f->needs_combine, forced > 1);
     }
     // 4 groups x 2 tokens = 8 clusters > 7 at once: split + combine.
-    const RuntimeShape two = ShapeFor(m.variants(0).spec(), 2, 1);
+    const RuntimeShape two = ShapeFor(m.variants(0).spec().sparse_mla_decode(), 2, 1);
     absl::StatusOr<Selection> wide = Select(m, device, two);
     ASSERT_TRUE(wide.ok()) << wide.status();
     EXPECT_FALSE(wide->cluster);
@@ -355,7 +363,7 @@ TEST(Select, ClusterEntryReplacesSplitAndCombine) {
   absl::StatusOr<v1::Manifest> fm =
       ManifestWithKv("glm-5", 8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, "sm_90a");
   ASSERT_TRUE(fm.ok()) << fm.status();
-  const RuntimeShape one = ShapeFor(fm->variants(0).spec(), 1, 1);
+  const RuntimeShape one = ShapeFor(fm->variants(0).spec().sparse_mla_decode(), 1, 1);
   absl::StatusOr<Selection> f = Select(*fm, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, one);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->num_splits, 32);
@@ -370,7 +378,8 @@ TEST(Select, ClusterEntryReplacesSplitAndCombine) {
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("deepseek-v3.2", 1);
   ASSERT_TRUE(spec.ok()) << spec.status();
   spec->set_topk(512);
-  absl::StatusOr<v1::Manifest> short_topk = BuildManifest(KernelCompiler(), *spec, "sm_90a");
+  absl::StatusOr<v1::Manifest> short_topk =
+      BuildManifest(KernelCompiler(), KernelSpecOf(*spec), "sm_90a");
   ASSERT_TRUE(short_topk.ok()) << short_topk.status();
   EXPECT_TRUE(short_topk->variants(0).small_batch().cluster_entry().empty());
   // A negative capacity is a caller's bug, named.
@@ -388,7 +397,7 @@ TEST(Select, MainClusterEntryWhereTheRuleSplitsTwoWays) {
   const v1::ManifestVariant& v = m.variants(0);
   EXPECT_EQ(v.cluster().entry(), kMainClusterEntry);
   EXPECT_EQ(v.cluster().splits(), static_cast<uint32_t>(sparse_mla::kMainClusterSplits));
-  const RuntimeShape shape = ShapeFor(v.spec(), 32, 1);
+  const RuntimeShape shape = ShapeFor(v.spec().sparse_mla_decode(), 32, 1);
   absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms}, shape);
   ASSERT_TRUE(sel.ok()) << sel.status();
   EXPECT_FALSE(sel->small_batch);
@@ -405,7 +414,7 @@ TEST(Select, MainClusterEntryWhereTheRuleSplitsTwoWays) {
   EXPECT_TRUE(forced->needs_combine);
   // One split (batch 128) or more than two (batch 16): the plain kernels.
   for (int batch : {16, 128}) {
-    const RuntimeShape other = ShapeFor(v.spec(), batch, 1);
+    const RuntimeShape other = ShapeFor(v.spec().sparse_mla_decode(), batch, 1);
     absl::StatusOr<Selection> o = Select(m, DeviceInfo{"sm_90a", kSms}, other);
     ASSERT_TRUE(o.ok()) << o.status();
     EXPECT_FALSE(o->cluster) << batch;
@@ -431,7 +440,7 @@ TEST(Select, CrossoverNeedsAnEvenHeadGroupCount) {
   spec->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41);
   spec->set_kv_scale_format(v1::KV_SCALE_FORMAT_UNSPECIFIED);
   spec->set_rope_dim(0);
-  absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, "sm_90a");
+  absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), KernelSpecOf(*spec), "sm_90a");
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_TRUE(m->variants(0).tiling().crossover());
   ASSERT_EQ(m->variants(0).tiling().num_head_groups(), 2u);
@@ -440,11 +449,11 @@ TEST(Select, CrossoverNeedsAnEvenHeadGroupCount) {
   // takes on a 7-cluster H200.
   EXPECT_TRUE(m->variants(0).cluster().entry().empty());
   EXPECT_EQ(m->variants(0).cluster().wide_entry(), kMainWideClusterEntry);
-  absl::StatusOr<Selection> two =
-      Select(*m, DeviceInfo{"sm_90a", kSms, 0, 7}, ShapeFor(m->variants(0).spec(), 2, 1));
+  absl::StatusOr<Selection> two = Select(*m, DeviceInfo{"sm_90a", kSms, 0, 7},
+                                         ShapeFor(m->variants(0).spec().sparse_mla_decode(), 2, 1));
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_EQ(*two->main_entry, kMainWideClusterEntry);
-  const RuntimeShape shape = ShapeFor(m->variants(0).spec(), 64, 1);
+  const RuntimeShape shape = ShapeFor(m->variants(0).spec().sparse_mla_decode(), 64, 1);
   absl::StatusOr<Selection> sel = Select(*m, DeviceInfo{"sm_90a", kSms}, shape);
   ASSERT_TRUE(sel.ok()) << sel.status();
   EXPECT_FALSE(sel->small_batch);
@@ -470,7 +479,7 @@ TEST(Select, WideMainClusterEntryForTheWarpSpecialisedTiling) {
     ASSERT_TRUE(spec.ok()) << spec.status();
     spec->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
     spec->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
-    absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *spec, "sm_90a");
+    absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), KernelSpecOf(*spec), "sm_90a");
     ASSERT_TRUE(m.ok()) << m.status();
     const v1::ManifestVariant& v = m->variants(0);
     ASSERT_EQ(v.tiling().land_warps(), 4u);  // the warp-specialised pipeline
@@ -480,7 +489,7 @@ TEST(Select, WideMainClusterEntryForTheWarpSpecialisedTiling) {
     int wide = 0;
     for (int batch = 1; batch <= 64; ++batch) {
       SCOPED_TRACE(batch);
-      const RuntimeShape shape = ShapeFor(v.spec(), batch, 1);
+      const RuntimeShape shape = ShapeFor(v.spec().sparse_mla_decode(), batch, 1);
       absl::StatusOr<Selection> sel =
           Select(*m, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, shape);
       ASSERT_TRUE(sel.ok()) << sel.status();
@@ -506,8 +515,8 @@ TEST(Select, WideMainClusterEntryForTheWarpSpecialisedTiling) {
     // Its size is compiled in: another is refused by name.
     v1::Manifest bad = *m;
     bad.mutable_variants(0)->mutable_cluster()->set_wide_splits(8);
-    absl::StatusOr<Selection> refused =
-        Select(bad, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, ShapeFor(v.spec(), 32, 1));
+    absl::StatusOr<Selection> refused = Select(bad, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters},
+                                               ShapeFor(v.spec().sparse_mla_decode(), 32, 1));
     ASSERT_FALSE(refused.ok());
     EXPECT_NE(refused.status().message().find("cluster.wide_splits"), std::string::npos)
         << refused.status();
@@ -520,7 +529,7 @@ TEST(Select, WideMainClusterEntryForTheWarpSpecialisedTiling) {
   EXPECT_EQ(bf16.variants(0).cluster().wide_entry(), kMainWideClusterEntry);
   for (int batch = 1; batch <= 4; ++batch) {
     SCOPED_TRACE(batch);
-    const RuntimeShape shape = ShapeFor(bf16.variants(0).spec(), batch, 1);
+    const RuntimeShape shape = ShapeFor(bf16.variants(0).spec().sparse_mla_decode(), batch, 1);
     absl::StatusOr<Selection> sel =
         Select(bf16, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, shape);
     ASSERT_TRUE(sel.ok()) << sel.status();
@@ -534,7 +543,7 @@ TEST(Select, WideMainClusterEntryForTheWarpSpecialisedTiling) {
   fp8->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
   fp8->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
   for (const char* arch : {"sm_80", "sm_100a", "sm_120a"}) {
-    absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), *fp8, arch);
+    absl::StatusOr<v1::Manifest> m = BuildManifest(KernelCompiler(), KernelSpecOf(*fp8), arch);
     ASSERT_TRUE(m.ok()) << m.status();
     EXPECT_TRUE(m->variants(0).cluster().wide_entry().empty()) << arch;
   }
@@ -546,8 +555,8 @@ TEST(Select, ClusterSplitsOtherThanTheTemplatesAreRefused) {
   v1::Manifest m = MakeManifest("glm-5", 8, "sm_90a");
   ASSERT_FALSE(m.variants(0).small_batch().cluster_entry().empty());
   m.mutable_variants(0)->mutable_small_batch()->set_cluster_splits(sparse_mla::kClusterSplits / 2);
-  absl::StatusOr<Selection> sel =
-      Select(m, DeviceInfo{"sm_90a", kSms, 0, 7}, ShapeFor(m.variants(0).spec(), 1, 1));
+  absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms, 0, 7},
+                                         ShapeFor(m.variants(0).spec().sparse_mla_decode(), 1, 1));
   ASSERT_FALSE(sel.ok());
   EXPECT_EQ(sel.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(sel.status().message().find("small_batch.cluster_splits"), std::string::npos)
@@ -575,15 +584,16 @@ TEST(BuildManifest, OneVariantServesEverySqAndTheSelectorEvaluatesSplits) {
   absl::StatusOr<v1::AttentionSpec> asked = SpecFromPreset("glm-5", 8);
   ASSERT_TRUE(asked.ok()) << asked.status();
   asked->set_s_q(3);
-  absl::StatusOr<v1::Manifest> with_sq = BuildManifest(KernelCompiler(), *asked, "sm_90a");
+  absl::StatusOr<v1::Manifest> with_sq =
+      BuildManifest(KernelCompiler(), KernelSpecOf(*asked), "sm_90a");
   ASSERT_TRUE(with_sq.ok()) << with_sq.status();
   const v1::Manifest m = MakeManifest("glm-5", 8, "sm_90a");
   // Asking with an s_q gives the same manifest, byte for byte.
   EXPECT_EQ(with_sq->SerializeAsString(), m.SerializeAsString());
   ASSERT_EQ(m.variants_size(), 1);
-  EXPECT_EQ(m.variants(m.choice_order(0)).spec().s_q(), 0u);
+  EXPECT_EQ(m.variants(m.choice_order(0)).spec().sparse_mla_decode().s_q(), 0u);
   // The selector evaluates it for a concrete device.
-  const RuntimeShape shape = ShapeFor(m.variants(0).spec(), 32, 3);
+  const RuntimeShape shape = ShapeFor(m.variants(0).spec().sparse_mla_decode(), 32, 3);
   absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms}, shape);
   ASSERT_TRUE(sel.ok()) << sel.status();
   EXPECT_EQ(sel->variant_index, static_cast<int>(m.choice_order(0)));
@@ -592,7 +602,7 @@ TEST(BuildManifest, OneVariantServesEverySqAndTheSelectorEvaluatesSplits) {
 
 TEST(Select, FollowsChoiceOrderAndAcceptsShortArchNames) {
   v1::Manifest m = MakeManifest("deepseek-v3.2", 8, "sm_90a");
-  const RuntimeShape shape = ShapeFor(m.variants(0).spec(), 4, 2);
+  const RuntimeShape shape = ShapeFor(m.variants(0).spec().sparse_mla_decode(), 4, 2);
   absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"90a", kSms}, shape);
   ASSERT_TRUE(sel.ok()) << sel.status();
   EXPECT_EQ(sel->num_tokens, 8);
@@ -605,7 +615,7 @@ TEST(Select, FollowsChoiceOrderAndAcceptsShortArchNames) {
 
 TEST(Select, SplitsShrinkAsTheBatchGrows) {
   const v1::Manifest m = MakeManifest("deepseek-v3.2", 1, "sm_90a");
-  const v1::AttentionSpec& spec = m.variants(0).spec();
+  const v1::AttentionSpec& spec = m.variants(0).spec().sparse_mla_decode();
   int previous = 1 << 30;
   bool previous_small = true;
   for (int batch = 1; batch <= 256; batch *= 2) {
@@ -625,7 +635,7 @@ class NothingFits : public ::testing::Test {
  protected:
   void SetUp() override {
     m_ = MakeManifest("glm-5", 8, "sm_90a");
-    shape_ = ShapeFor(m_.variants(0).spec(), 4, 1);
+    shape_ = ShapeFor(m_.variants(0).spec().sparse_mla_decode(), 4, 1);
   }
   // Selects and expects NotFound whose report names every `needle`.
   std::string ExpectReport(const DeviceInfo& device, const RuntimeShape& shape) {
@@ -704,7 +714,7 @@ TEST(SelectInvalid, BrokenSmallBatchPathIsNamed) {
   v1::Manifest m = MakeManifest("deepseek-v3.2", 1, "sm_90a");
   ASSERT_FALSE(m.variants(0).small_batch().entry().empty());
   m.mutable_variants(0)->mutable_small_batch()->mutable_tiling()->set_num_head_groups(0);
-  const v1::AttentionSpec& spec = m.variants(0).spec();
+  const v1::AttentionSpec& spec = m.variants(0).spec().sparse_mla_decode();
   absl::StatusOr<Selection> sel = Select(m, DeviceInfo{"sm_90a", kSms}, ShapeFor(spec, 1, 1));
   EXPECT_EQ(sel.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_CONTAINS(sel.status().message(), "manifest.variants[0].small_batch");
@@ -715,7 +725,7 @@ TEST(SelectInvalid, BrokenSmallBatchPathIsNamed) {
 
 TEST(SelectInvalid, ShapeDeviceAndManifestFieldsAreNamed) {
   const v1::Manifest m = MakeManifest("glm-5", 8, "sm_90a");
-  const RuntimeShape good = ShapeFor(m.variants(0).spec(), 4, 1);
+  const RuntimeShape good = ShapeFor(m.variants(0).spec().sparse_mla_decode(), 4, 1);
   ASSERT_TRUE(Select(m, {"sm_90a", kSms}, good).ok());
   struct Case {
     const char* field;

@@ -47,7 +47,6 @@ namespace kforge {
 namespace {
 
 namespace fs = std::filesystem;
-using ::kforge::testing::AsKernelSpec;
 using ::kforge::testing::Contains;
 
 constexpr char kBinary[] = KFORGE_BINARY;
@@ -148,7 +147,7 @@ Reply GetKernel(v1::KernelService::Stub& stub, const v1::AttentionSpec& spec,
                 const std::string& arch = kArch, bool lookup_only = false,
                 absl::Duration timeout = absl::Seconds(120)) {
   v1::GetKernelRequest request;
-  *request.mutable_kernel()->mutable_spec() = AsKernelSpec(spec);
+  *request.mutable_kernel()->mutable_spec() = KernelSpecOf(spec);
   request.set_arch(arch);
   request.set_lookup_only(lookup_only);
   grpc::ClientContext context;
@@ -480,7 +479,7 @@ TEST_F(ServerTest, WaitersOnASlowCompileHoldNoThreadAndDoNotDelayHits) {
   ASSERT_NE(server, nullptr);
   constexpr int kWaiters = 600;
   v1::GetKernelRequest request;
-  *request.mutable_kernel()->mutable_spec() = AsKernelSpec(Glm5(8, kFaultTopk));
+  *request.mutable_kernel()->mutable_spec() = KernelSpecOf(Glm5(8, kFaultTopk));
   request.set_arch(kArch);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   std::vector<v1::GetKernelResponse> responses(kWaiters);
@@ -878,7 +877,7 @@ TEST_F(ServerTest, RequestsAreCappedPerMethod) {
   std::unique_ptr<ServerProcess> server = StartServer();
   ASSERT_NE(server, nullptr);
   v1::GetKernelRequest get;
-  *get.mutable_kernel()->mutable_spec() = AsKernelSpec(Glm5());
+  *get.mutable_kernel()->mutable_spec() = KernelSpecOf(Glm5());
   get.set_arch(kArch);
   std::string response;
   const std::string padded_get = get.SerializeAsString() + PaddingField(100 << 10);
@@ -962,7 +961,7 @@ TEST_F(ServerTest, CancelledPrebuildStartsNoMoreKernels) {
   ASSERT_NE(server, nullptr);
   v1::PrebuildRequest request;
   const std::vector<uint32_t> topks = {2048, 1024, 512, 256, 128, 4096, 8192, 3072};
-  for (uint32_t topk : topks) *request.add_kernels()->mutable_spec() = AsKernelSpec(Glm5(8, topk));
+  for (uint32_t topk : topks) *request.add_kernels()->mutable_spec() = KernelSpecOf(Glm5(8, topk));
   request.add_archs(kArch);
   {
     grpc::ClientContext context;

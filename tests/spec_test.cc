@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "base/json_keys.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
@@ -36,14 +37,7 @@ using ::kforge::testing::Contains;
 
 v1::AttentionSpec GoodSpec() { return ::kforge::testing::DeepseekTp1Spec(); }
 
-// A KernelSpec whose case is the preset's sparse MLA spec (its kind
-// field cleared: the case says it).
-v1::KernelSpec SparseKernelSpec(v1::AttentionSpec spec) {
-  spec.clear_kind();
-  v1::KernelSpec out;
-  *out.mutable_sparse_mla_decode() = std::move(spec);
-  return out;
-}
+v1::KernelSpec SparseKernelSpec(const v1::AttentionSpec& spec) { return KernelSpecOf(spec); }
 
 struct FieldCase {
   std::string name;   // test name suffix
@@ -91,11 +85,6 @@ INSTANTIATE_TEST_SUITE_P(
     Table, ValidateSpecTest,
     ::testing::Values(
         FieldCase{"GoodBaseline", "", "", [](S&) {}},
-        // kind
-        FieldCase{"KindUnspecified", "kind", "ATTENTION_KIND_UNSPECIFIED",
-                  [](S& s) { s.set_kind(v1::ATTENTION_KIND_UNSPECIFIED); }},
-        FieldCase{"KindOutOfRange", "kind", "7",
-                  [](S& s) { s.set_kind(static_cast<v1::AttentionKind>(7)); }},
         // num_q_heads
         FieldCase{"Heads1", "", "", [](S& s) { s.set_num_q_heads(1); }},
         FieldCase{"Heads3", "", "", [](S& s) { s.set_num_q_heads(3); }},
@@ -321,8 +310,8 @@ TEST(ValidateSpecTest, ReportsAllBadFieldsInFieldOrder) {
   absl::Status status = ValidateSpec(spec);
   ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   const std::vector<std::string> fields = {
-      "kind: got", "num_q_heads: got",    "kv_lora_rank: got",    "rope_dim: got",     "topk: got",
-      "s_q: got",  "kv_cache_dtype: got", "page_block_size: got", "softmax_scale: got"};
+      "num_q_heads: got", "kv_lora_rank: got",   "rope_dim: got",        "topk: got",
+      "s_q: got",         "kv_cache_dtype: got", "page_block_size: got", "softmax_scale: got"};
   size_t last = 0;
   for (const std::string& field : fields) {
     size_t pos = status.message().find(field);
@@ -395,7 +384,6 @@ TEST_P(SpecFromPresetTest, SplitsHeads) {
   const PresetCase& c = GetParam();
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset(c.preset, c.tp);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->kind(), v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
   EXPECT_EQ(spec->num_q_heads(), c.heads);
   EXPECT_EQ(spec->kv_lora_rank(), 512u);
   ASSERT_TRUE(spec->has_rope_dim());
@@ -460,7 +448,6 @@ TEST(ParseSpecTest, JsonRoundTrip) {
 TEST(ParseSpecTest, JsonSnakeAndCamelCaseNamesAndEnumNames) {
   absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(R"(
     {
-      "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE",
       "num_q_heads": 16,
       "kvLoraRank": 512,
       "rope_dim": 0,
@@ -472,7 +459,6 @@ TEST(ParseSpecTest, JsonSnakeAndCamelCaseNamesAndEnumNames) {
       "return_lse": false
     })");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->kind(), v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
   EXPECT_EQ(parsed->num_q_heads(), 16u);
   EXPECT_EQ(parsed->kv_lora_rank(), 512u);
   // An explicit 0 sets presence: NoPE is only ever chosen on purpose.
@@ -521,7 +507,6 @@ TEST(ParseSpecTest, NegativeZeroScaleIsPlusZeroAndRoundTrips) {
 TEST(ParseSpecTest, TextProtoWithComments) {
   absl::StatusOr<v1::AttentionSpec> parsed = ParseSpec(R"(
     # deepseek-v3.2 at tp 8
-    kind: ATTENTION_KIND_SPARSE_MLA_DECODE
     num_q_heads: 16
     kv_lora_rank: 512
     rope_dim: 64
@@ -587,7 +572,7 @@ TEST(SpecOfSelectorTest, HugeTensorParallelIsReportedAsSent) {
   v1::KernelSelector selector;
   selector.mutable_preset()->set_name("glm-5");
   selector.mutable_preset()->set_tensor_parallel(4294967295u);
-  absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(selector);
+  absl::StatusOr<v1::KernelSpec> spec = SpecOfSelector(selector);
   ASSERT_FALSE(spec.ok());
   EXPECT_TRUE(Contains(spec.status().message(), "tensor_parallel: got 4294967295,"))
       << spec.status();
@@ -598,7 +583,7 @@ TEST(SpecOfSelectorTest, HugeTensorParallelIsReportedAsSent) {
 TEST(SpecOfSelectorTest, SpecCaseChoosesTheKind) {
   v1::KernelSelector selector;
   selector.mutable_spec();
-  absl::StatusOr<v1::AttentionSpec> spec = SpecOfSelector(selector);
+  absl::StatusOr<v1::KernelSpec> spec = SpecOfSelector(selector);
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StartsWith(spec.status().message(), "kind: got none")) << spec.status();
@@ -609,12 +594,12 @@ TEST(SpecOfSelectorTest, SpecCaseChoosesTheKind) {
   indexer.set_page_block_size(64);
   spec = SpecOfSelector(selector);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->kind(), v1::ATTENTION_KIND_DSA_INDEXER);
-  EXPECT_EQ(spec->index_heads(), 32u);
+  ASSERT_TRUE(spec->has_dsa_indexer());
+  EXPECT_EQ(spec->dsa_indexer().index_heads(), 32u);
   *selector.mutable_spec() = SparseKernelSpec(GoodSpec());
   spec = SpecOfSelector(selector);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_TRUE(MessageDifferencer::Equals(*spec, GoodSpec()));
+  EXPECT_TRUE(MessageDifferencer::Equals(spec->sparse_mla_decode(), GoodSpec()));
 }
 
 TEST(ParseSpecTest, TextProtoErrorHasLineAndColumn) {
@@ -674,14 +659,14 @@ TEST(ParseSpecTest, ShortKvNamesInJsonAndTextProto) {
 TEST(ParseSpecTest, ShortNamesGiveTheSpecOfTheEnumNames) {
   v1::AttentionSpec want;
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
-      R"(kind: ATTENTION_KIND_SPARSE_MLA_DECODE num_q_heads: 64 kv_lora_rank: 512 rope_dim: 0
+      R"(num_q_heads: 64 kv_lora_rank: 512 rope_dim: 0
          topk: 512 kv_cache_dtype: KV_CACHE_DTYPE_FP8_DS_MLA_V4 page_block_size: 64
          softmax_scale: 0.0441941738 return_lse: true
          extra_kv { kv_cache_dtype: KV_CACHE_DTYPE_FP8_DS_MLA kv_scale_format: KV_SCALE_FORMAT_POW2
                     topk: 128 page_block_size: 64 })",
       &want));
   for (const char* text : {
-           R"({"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64, "kv_lora_rank": 512,
+           R"({"num_q_heads": 64, "kv_lora_rank": 512,
                "rope_dim": 0, "topk": 512, "kv_cache_dtype": "fp8_ds_mla_v4",
                "page_block_size": 64, "softmax_scale": 0.0441941738, "return_lse": true,
                "extraKv": {"kvCacheDtype": "fp8_ds_mla", "kvScaleFormat": "pow2", "topk": 128,
@@ -742,7 +727,7 @@ TEST(ParseSpecTest, BadKvNamesAreNamedWithWhatIsAccepted) {
       {"kv_cache_dtype: [bf16]", {"invalid text-proto spec"}},
       // Short names belong to the KV fields only.
       {R"({"kind": "sparse_mla_decode"})", {"invalid JSON spec", "kind"}},
-      {"kind: bf16", {"invalid text-proto spec", "bf16"}},
+      {"kind: bf16", {"invalid text-proto spec", "no field named \"kind\""}},
   };
   for (const BadName& c : cases) {
     SCOPED_TRACE(c.text);
@@ -869,16 +854,16 @@ TEST_F(LoadSpecFileTest, KernelSpecFormAndFlatFormGiveTheSameSpec) {
       google::protobuf::util::MessageToJsonString(*SpecFromPreset("glm-5", 2), &flat_json).ok());
   std::string flat_text;
   ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(*SpecFromPreset("glm-5", 2), &flat_text));
-  std::string flat_no_kind_json;
-  ASSERT_TRUE(
-      google::protobuf::util::MessageToJsonString(expected.sparse_mla_decode(), &flat_no_kind_json)
-          .ok());
   ASSERT_TRUE(Contains(nested_json, "sparseMlaDecode")) << nested_json;
-  ASSERT_TRUE(Contains(flat_text, "kind: ATTENTION_KIND_SPARSE_MLA_DECODE")) << flat_text;
+  // Files written before KernelSpec named the kind beside the fields.
+  const std::string old_json = absl::StrCat(R"({"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", )",
+                                            absl::StripPrefix(flat_json, "{"));
+  const std::string old_text =
+      absl::StrCat("# an older file\nkind: ATTENTION_KIND_SPARSE_MLA_DECODE\n", flat_text);
   for (const auto& [name, contents] :
        {std::pair{"nested.json", nested_json}, std::pair{"nested.textproto", nested_text},
         std::pair{"flat.json", flat_json}, std::pair{"flat.textproto", flat_text},
-        std::pair{"flat_no_kind.json", flat_no_kind_json}}) {
+        std::pair{"old.json", old_json}, std::pair{"old.textproto", old_text}}) {
     absl::StatusOr<v1::KernelSpec> spec = LoadKernelSpecFile(Write(name, contents));
     ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
     EXPECT_EQ(KindOf(*spec), v1::ATTENTION_KIND_SPARSE_MLA_DECODE) << name;
@@ -889,7 +874,7 @@ TEST_F(LoadSpecFileTest, KernelSpecFormAndFlatFormGiveTheSameSpec) {
   }
 }
 
-TEST(ParseSpecTextTest, FlatIndexerSpecIsItsKernelSpec) {
+TEST(ParseSpecTextTest, IndexerSpecIsItsKernelSpec) {
   v1::KernelSpec expected;
   v1::DsaIndexerSpec& indexer = *expected.mutable_dsa_indexer();
   indexer.set_index_heads(64);
@@ -898,10 +883,6 @@ TEST(ParseSpecTextTest, FlatIndexerSpecIsItsKernelSpec) {
   indexer.set_page_block_size(64);
   indexer.set_s_q(2);
   for (const char* text : {
-           R"({"kind": "ATTENTION_KIND_DSA_INDEXER", "index_heads": 64, "index_head_dim": 128,
-               "topk": 2048, "page_block_size": 64, "s_q": 2})",
-           "kind: ATTENTION_KIND_DSA_INDEXER index_heads: 64 index_head_dim: 128 topk: 2048\n"
-           "page_block_size: 64 s_q: 2\n",
            R"({"dsa_indexer": {"index_heads": 64, "index_head_dim": 128, "topk": 2048,
                "page_block_size": 64, "s_q": 2}})",
            "# the indexer\ndsa_indexer { index_heads: 64 index_head_dim: 128 topk: 2048 "
@@ -918,15 +899,27 @@ TEST(ParseSpecTextTest, FlatIndexerSpecIsItsKernelSpec) {
   }
 }
 
-TEST(ParseSpecTextTest, FlatFieldsOfTheOtherKindAreNamed) {
-  absl::StatusOr<v1::KernelSpec> spec = ParseSpecText(
-      R"({"kind": "ATTENTION_KIND_DSA_INDEXER", "index_heads": 64, "num_q_heads": 16})");
-  ASSERT_FALSE(spec.ok());
-  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(spec.status().message(), "num_q_heads: got set")) << spec.status();
-  spec = ParseSpecText("num_q_heads: 16 index_heads: 64");
-  ASSERT_FALSE(spec.ok());
-  EXPECT_TRUE(Contains(spec.status().message(), "index_heads: got set")) << spec.status();
+// The flat form is a sparse MLA spec's fields: an indexer written flat (as
+// files were before KernelSpec), or the other kind's fields, are refused
+// with how to write the spec instead.
+TEST(ParseSpecTextTest, FlatIndexerFieldsAreRefusedSayingHowToWriteThem) {
+  for (const char* text : {
+           R"({"kind": "ATTENTION_KIND_DSA_INDEXER", "index_heads": 64, "topk": 2048})",
+           "kind: ATTENTION_KIND_DSA_INDEXER index_heads: 64 topk: 2048\n",
+           "num_q_heads: 16 index_heads: 64",
+           R"({"num_q_heads": 16, "index_head_dim": 128})",
+       }) {
+    absl::StatusOr<v1::KernelSpec> spec = ParseSpecText(text);
+    ASSERT_FALSE(spec.ok()) << text;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Contains(spec.status().message(), "dsa_indexer { index_heads: ... }"))
+        << text << ": " << spec.status();
+  }
+  // The sparse kind named in a string or a comment is not a field.
+  absl::StatusOr<v1::AttentionSpec> flat =
+      ParseSpec("num_q_heads: 16 # kind: ATTENTION_KIND_SPARSE_MLA_DECODE\nmykind: 3\n");
+  ASSERT_FALSE(flat.ok());
+  EXPECT_TRUE(Contains(flat.status().message(), "mykind")) << flat.status();
 }
 
 TEST(ParseSpecTextTest, KernelSpecFormTakesShortNamesAndRefusesUnknownFields) {

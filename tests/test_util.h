@@ -53,7 +53,6 @@ inline ::testing::AssertionResult Contains(absl::string_view haystack, absl::str
 // field set, none left to SpecFromPreset) so tests pin exact values.
 inline v1::AttentionSpec DeepseekTp1Spec() {
   v1::AttentionSpec spec;
-  spec.set_kind(v1::ATTENTION_KIND_SPARSE_MLA_DECODE);
   spec.set_num_q_heads(128);
   spec.set_kv_lora_rank(512);
   spec.set_rope_dim(64);
@@ -96,10 +95,10 @@ inline absl::StatusOr<CompiledFirstChoice> CompileGlm5Tp8(const std::string& arc
   absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
   if (!spec.ok()) return spec.status();
   CompiledFirstChoice compiled;
-  absl::StatusOr<v1::Manifest> manifest = BuildManifest(compiler, *spec, arch);
+  absl::StatusOr<v1::Manifest> manifest = BuildManifest(compiler, KernelSpecOf(*spec), arch);
   if (!manifest.ok()) return manifest.status();
   compiled.manifest = *std::move(manifest);
-  absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(*spec, arch);
+  absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(KernelSpecOf(*spec), arch);
   if (!artifact.ok()) return artifact.status();
   compiled.artifact = *std::move(artifact);
   return compiled;
@@ -180,14 +179,6 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
-
-// The KernelSpec a request carries for a flat spec (kind set or not; one
-// that has fields of another kind fails the test).
-inline v1::KernelSpec AsKernelSpec(const v1::AttentionSpec& spec) {
-  absl::StatusOr<v1::KernelSpec> out = KernelSpecOfFlat(spec);
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? *std::move(out) : v1::KernelSpec();
-}
 
 // The glm-5 preset at tensor-parallel degree `tp`.
 inline v1::KernelSelector Glm5Selector(int tp) {

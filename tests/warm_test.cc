@@ -138,7 +138,7 @@ TEST_F(WarmTest, FailedKernelsAreListedAndExitOne) {
   const std::string matrix = Matrix(R"({"models": [
       {"preset": "glm-5", "tp": [8]},
       {"name": "crashy", "tp": [8], "spec": {
-         "kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": 64,
+         "num_q_heads": 64,
          "kv_lora_rank": 512, "rope_dim": 64, "topk": 1000,
          "page_block_size": 64, "softmax_scale": 0.0625}}],
       "archs": ["sm_90a"]})");

@@ -25,7 +25,7 @@ from kforge.errors import (KforgeBadAnswer, KforgeError, KforgeInvalidArgument,
 
 ENV_VAR = "KFORGE_CAPI_LIB"
 LIB_NAME = "libkforge_capi.so"
-CAPI_VERSION = 13  # KFORGE_CAPI_VERSION this module mirrors
+CAPI_VERSION = 14  # KFORGE_CAPI_VERSION this module mirrors
 
 # absl::StatusCode values.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, OUT_OF_RANGE, DATA_LOSS = 0, 3, 5, 9, 11, 15
@@ -111,7 +111,6 @@ _SIGNATURES = {
     "kforge_parse_kv_scale_format": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _STR_OUT],
     "kforge_validate_spec": [_c_bytes, ctypes.c_size_t, _STR_OUT],
     "kforge_normalize_spec": [_c_bytes, ctypes.c_size_t, *_OUT, _STR_OUT],
-    "kforge_kernel_spec_of_flat": [_c_bytes, ctypes.c_size_t, *_OUT, _STR_OUT],
     "kforge_parse_spec": [ctypes.c_char_p, ctypes.c_size_t, *_OUT, _STR_OUT],
     "kforge_presets": [_STR_OUT, _STR_OUT],
     "kforge_canonical_arch": [ctypes.c_char_p, _STR_OUT, _STR_OUT],
@@ -320,24 +319,21 @@ def parse_kv_scale_format(name):
     return out.value
 
 
-def validate_spec(spec):
-    call("validate_spec", *serialized(spec))
+def validate_spec(kernel_spec):
+    """The case's validation of a KernelSpec (model/spec.h NormalizeKernelSpec)."""
+    call("validate_spec", *serialized(kernel_spec))
 
 
-def normalize_spec(spec):
-    return parse(pb().spec_pb2.AttentionSpec,
-                 call("normalize_spec", *serialized(spec), bytes_out=True))
-
-
-def kernel_spec_of_flat(spec):
-    """The KernelSpec of a flat AttentionSpec (model/spec.h KernelSpecOfFlat)."""
+def normalize_spec(kernel_spec):
+    """NormalizeKernelSpec: a KernelSpec in, its normalized KernelSpec out."""
     return parse(pb().spec_pb2.KernelSpec,
-                 call("kernel_spec_of_flat", *serialized(spec), bytes_out=True))
+                 call("normalize_spec", *serialized(kernel_spec), bytes_out=True))
 
 
 def parse_spec(text):
     """A spec file's text (JSON or text proto; the KernelSpec form or the
-    older flat one, converted by model/spec.h ParseSpecText) as a KernelSpec."""
+    flat form of a sparse MLA spec: model/spec.h ParseSpecText) as a
+    KernelSpec."""
     data = text.encode() if isinstance(text, str) else bytes(text)
     return parse(pb().spec_pb2.KernelSpec,
                  call("parse_spec", data, len(data), bytes_out=True))

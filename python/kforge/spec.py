@@ -10,7 +10,6 @@ from kforge._proto import pb
 from kforge.errors import KforgeError, KforgeInvalidArgument
 
 # Enum values of spec.proto, usable without the generated modules.
-ATTENTION_KIND_SPARSE_MLA_DECODE = 1
 KV_CACHE_DTYPE_BF16 = 1
 KV_CACHE_DTYPE_FP8_DS_MLA = 2
 KV_CACHE_DTYPE_FP8_DS_MLA_V4 = 3
@@ -27,7 +26,7 @@ def make_spec(*, num_q_heads, kv_lora_rank, rope_dim, topk, s_q, page_block_size
     kv_dtype_value takes it (bf16 by default); an fp8_ds_mla cache needs
     kv_scale_format "pow2" or "arbitrary" (how its scales were written)."""
     return pb().spec_pb2.AttentionSpec(
-        kind=ATTENTION_KIND_SPARSE_MLA_DECODE, num_q_heads=num_q_heads,
+        num_q_heads=num_q_heads,
         kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, topk=topk, s_q=s_q,
         kv_cache_dtype=kv_dtype_value(kv_dtype) or KV_CACHE_DTYPE_BF16,
         page_block_size=page_block_size, softmax_scale=softmax_scale, return_lse=return_lse,
@@ -35,20 +34,25 @@ def make_spec(*, num_q_heads, kv_lora_rank, rope_dim, topk, s_q, page_block_size
 
 
 def kernel_spec(spec):
-    """A KernelSpec as given, or that of a flat AttentionSpec (its kind
-    set or not; C++'s KernelSpecOfFlat): what a request carries."""
-    if isinstance(spec, pb().spec_pb2.KernelSpec):
+    """A KernelSpec as given, or the sparse MLA one of an AttentionSpec (or
+    the indexer one of a DsaIndexerSpec): what a request carries."""
+    spec_pb2 = pb().spec_pb2
+    if isinstance(spec, spec_pb2.KernelSpec):
         return spec
-    if not isinstance(spec, pb().spec_pb2.AttentionSpec):
-        raise TypeError("spec: expected kforge.v1.KernelSpec or kforge.v1.AttentionSpec, got "
-                        f"{type(spec).__name__}")
-    return _capi.kernel_spec_of_flat(spec)
+    if isinstance(spec, spec_pb2.AttentionSpec):
+        return spec_pb2.KernelSpec(sparse_mla_decode=spec)
+    if isinstance(spec, spec_pb2.DsaIndexerSpec):
+        return spec_pb2.KernelSpec(dsa_indexer=spec)
+    raise TypeError("spec: expected kforge.v1.KernelSpec, AttentionSpec or DsaIndexerSpec, got "
+                    f"{type(spec).__name__}")
 
 
 def validate_spec(spec):
-    """ValidateSpec (model/spec.h): KforgeInvalidArgument (a ValueError)
-    naming every field kforge cannot build, with what it supports."""
-    _capi.validate_spec(spec)
+    """The spec's validation (model/spec.h ValidateSpec for sparse MLA,
+    model/indexer_spec.h for the indexer): KforgeInvalidArgument (a
+    ValueError) naming every field kforge cannot build, with what it
+    supports. Takes what kernel_spec takes."""
+    _capi.validate_spec(kernel_spec(spec))
 
 
 def kv_dtype_value(kv_dtype):
@@ -167,7 +171,7 @@ def infer_latent_dims(d_qk, d_v=None, *, kv_lora_rank=None, rope_dim=None):
     d_v (the output width, = kv_lora_rank: an out= tensor's last dim)."""
     def valid(rank, rope):
         try:
-            _capi.validate_spec(make_spec(num_q_heads=1, kv_lora_rank=rank, rope_dim=rope,
+            validate_spec(make_spec(num_q_heads=1, kv_lora_rank=rank, rope_dim=rope,
                                           topk=1, s_q=1, page_block_size=64,
                                           softmax_scale=1.0, return_lse=False))
             return True

@@ -23,7 +23,7 @@ write_spec() {  # heads topk scale lse page [fmt rope kv_lora_rank]
     KV_CACHE_DTYPE_*) dtype='"kv_cache_dtype": "'$fmt'"' ;;
   esac
   cat >"$f" <<JSON
-{"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": $1, "kv_lora_rank": $rank,
+{"num_q_heads": $1, "kv_lora_rank": $rank,
  "rope_dim": $rope, "topk": $2, $dtype,
  "page_block_size": $5, "softmax_scale": $3, "return_lse": $4}
 JSON
@@ -87,7 +87,7 @@ jobs+=("$(write_spec 128 2048 0.0625 true 64 "" 0 384) sm_90a 0")
 write_extra_spec() {  # name heads topk main-dtype-json rope extra-json
   local f="$specs/x_$1.json"
   cat >"$f" <<JSON
-{"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", "num_q_heads": $2, "kv_lora_rank": 512,
+{"num_q_heads": $2, "kv_lora_rank": 512,
  "rope_dim": $5, "topk": $3, $4, "page_block_size": 64, "softmax_scale": 0.0441941738,
  "return_lse": true, "extra_kv": {$6}}
 JSON

@@ -53,8 +53,8 @@ void BytesField(std::string& out, int field, std::string_view bytes) {
 struct Entry {
   std::string name;
   int32_t role;
-  uint32_t params_bytes;        // KernelEntry.params_bytes (0: not recorded)
-  uint32_t cubin_param_bytes;   // cubin_info's; 0: not listed there
+  uint32_t params_bytes;       // KernelEntry.params_bytes (0: not recorded)
+  uint32_t cubin_param_bytes;  // cubin_info's; 0: not listed there
 };
 
 // A KernelArtifact: module_name 2, arch 4, cubin_info 10 (kernels 3: name
@@ -141,8 +141,9 @@ TEST(CapiModule, AGoodArtifactWithoutADriverIsAClearError) {
   if (HaveDriver()) GTEST_SKIP() << "a CUDA driver is present; this checks machines without one";
   auto [code, message] = Load(SparseMlaArtifact(), kSparseMla, 2);
   EXPECT_EQ(code, kFailedPrecondition) << message;
-  EXPECT_TRUE(Contains(message, "loading kforge kernels needs the CUDA driver (m): no CUDA driver "
-                                "(libcuda.so.1 not found)"))
+  EXPECT_TRUE(Contains(message,
+                       "loading kforge kernels needs the CUDA driver (m): no CUDA driver "
+                       "(libcuda.so.1 not found)"))
       << message;
   // Sizes given as numbers instead of names: the same checks pass.
   const KforgeEntryParams by_size[] = {
@@ -166,24 +167,26 @@ TEST(CapiModule, BadArtifactsAreRefusedBeforeAnythingLoads) {
   // Another family's module: the indexer's roles for a sparse MLA one.
   std::tie(code, message) = Load(SparseMlaArtifact(), kIndexer, 2);
   EXPECT_EQ(code, kFailedPrecondition);
-  EXPECT_TRUE(Contains(message, "main in m has role ENTRY_ROLE_ATTENTION, which this runtime "
-                                "does not launch"))
+  EXPECT_TRUE(Contains(message,
+                       "main in m has role ENTRY_ROLE_ATTENTION, which this runtime "
+                       "does not launch"))
       << message;
   // A block of another size than this library's, as recorded...
   const auto main = static_cast<uint32_t>(kforge_sizeof("DecodeParams"));
   const auto combine = static_cast<uint32_t>(kforge_sizeof("CombineParams"));
-  std::tie(code, message) = Load(
-      Artifact({{"main", kAttention, 8, main}, {"combine", kCombine, combine, combine}}),
-      kSparseMla, 2);
+  std::tie(code, message) =
+      Load(Artifact({{"main", kAttention, 8, main}, {"combine", kCombine, combine, combine}}),
+           kSparseMla, 2);
   EXPECT_EQ(code, kFailedPrecondition);
-  EXPECT_TRUE(Contains(message, "entries[main].params_bytes = 8 but this runtime's "
-                                "sizeof(DecodeParams)"))
+  EXPECT_TRUE(Contains(message,
+                       "entries[main].params_bytes = 8 but this runtime's "
+                       "sizeof(DecodeParams)"))
       << message;
   EXPECT_TRUE(Contains(message, "templates/kforge/sparse_mla/common/params.h")) << message;
   // ...and as the cubin says.
-  std::tie(code, message) = Load(
-      Artifact({{"main", kAttention, 0, 8}, {"combine", kCombine, combine, combine}}),
-      kSparseMla, 2);
+  std::tie(code, message) =
+      Load(Artifact({{"main", kAttention, 0, 8}, {"combine", kCombine, combine, combine}}),
+           kSparseMla, 2);
   EXPECT_EQ(code, kFailedPrecondition);
   EXPECT_TRUE(Contains(message, "main in m takes 8 parameter bytes")) << message;
   // The caller's own size, checked the same way.
@@ -193,9 +196,9 @@ TEST(CapiModule, BadArtifactsAreRefusedBeforeAnythingLoads) {
   EXPECT_EQ(code, kFailedPrecondition);
   EXPECT_TRUE(Contains(message, "sizeof(Mine)")) << message;
   // An entry cubin_info lacks.
-  std::tie(code, message) = Load(
-      Artifact({{"main", kAttention, main, 0}, {"combine", kCombine, combine, combine}}),
-      kSparseMla, 2);
+  std::tie(code, message) =
+      Load(Artifact({{"main", kAttention, main, 0}, {"combine", kCombine, combine, combine}}),
+           kSparseMla, 2);
   EXPECT_EQ(code, kDataLoss);
   EXPECT_TRUE(Contains(message, "cubin_info lists no kernel named \"main\"")) << message;
   // No cubin.
@@ -267,9 +270,9 @@ TEST(CapiModule, NullHandlesAndOutputsAreRefused) {
   EXPECT_EQ(kforge_module_max_active_clusters(nullptr, 0, 2, 1, 1, 128, 0, &clusters, nullptr),
             kInvalidArgument);
   EXPECT_EQ(clusters, -1);
-  EXPECT_EQ(kforge_module_launch(nullptr, 0, block, sizeof(block), 1, 1, 1, 128, 0, nullptr, 0,
-                                 &error),
-            kInvalidArgument);
+  EXPECT_EQ(
+      kforge_module_launch(nullptr, 0, block, sizeof(block), 1, 1, 1, 128, 0, nullptr, 0, &error),
+      kInvalidArgument);
   EXPECT_STREQ(error, "module: NULL");
   kforge_free(error);
   kforge_module_close(nullptr);  // a no-op, as free(NULL)

@@ -39,9 +39,9 @@ int32_t kforge_capi_version(void);
 /* sizeof of a struct as this library was built, for bindings to check
  * their mirrors: "KforgeDevice", "KforgeShape", "KforgeDecodeArgs",
  * "DecodeParams", "CombineParams", "KforgeIndexerLogitsArgs",
- * "KforgeIndexerTopkArgs", "KforgeEntryParams", and the indexer's parameter blocks
- * "LogitsParams", "TopkParams" (what a loader checks an entry's
- * params_bytes against, by role). 0 for any other name. */
+ * "KforgeIndexerTopkArgs", "KforgeEntryParams", and the indexer's
+ * parameter blocks "LogitsParams", "TopkParams" (what a loader checks an
+ * entry's params_bytes against, by role). 0 for any other name. */
 size_t kforge_sizeof(const char* struct_name);
 
 void kforge_free(void* p);
@@ -365,9 +365,9 @@ int32_t kforge_module_load(const uint8_t* artifact, size_t artifact_size,
                            int32_t device_ordinal, KforgeModule** module, char** error);
 void kforge_module_close(KforgeModule* module);
 /* The index of the entry named `name` (its place in the artifact's
- * entries), which the calls below take, and the block size it takes;
- * FAILED_PRECONDITION when the artifact lists no such entry.
- * params_bytes may be NULL. */
+ * entries), which the calls below take (OUT_OF_RANGE for another), and
+ * the block size it takes; FAILED_PRECONDITION when the artifact lists no
+ * such entry. params_bytes may be NULL. */
 int32_t kforge_module_entry(const KforgeModule* module, const char* name, int32_t* index,
                             uint64_t* params_bytes, char** error);
 /* Opts the entry into `bytes` of dynamic shared memory on the module's

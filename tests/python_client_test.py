@@ -511,6 +511,7 @@ class RealServerTest(unittest.TestCase):
                 load(art)
         else:
             self.assertGreaterEqual(version, 12000)
+            self.check_loaded_module(load, art)
         # The indexer's module, from its JSON description: its own roles.
         description, cubin = description_from_source(self.client, "glm-5", ARCH, tp=8)
         indexer = _module.artifact_of(description, cubin)
@@ -528,6 +529,31 @@ class RealServerTest(unittest.TestCase):
             self.assertIn("needs the CUDA driver", str(e))
         # The indexer no longer fills sparse MLA's entry fields.
         self.assertNotIn("main_entry", {k for k, v in description.items() if v})
+
+    def check_loaded_module(self, load, art):
+        """Where a driver and a GPU this sm_90a module runs on are present:
+        the loaded module's entries and what its launch refuses before
+        anything is enqueued."""
+        from kforge.errors import KforgeError, KforgeInvalidArgument
+        try:
+            module = load(art)
+        except KforgeError as e:
+            print(f"loaded-module checks skipped: {e}", file=sys.stderr)
+            return
+        try:
+            index, nbytes = module.entry("sparse_mla_decode_main")
+            self.assertEqual((index, nbytes), (0, param_sizes()[0]))
+            with self.assertRaisesRegex(KforgeError, "has no entry named 'nope'"):
+                module.entry("nope")
+            block = bytes(nbytes)
+            with self.assertRaisesRegex(KforgeInvalidArgument, "params_size: 8 bytes"):
+                module.launch(index, block, 8, 1, 1, 1, 128, 0, 0)
+            with self.assertRaisesRegex(KforgeInvalidArgument, "entry 99"):
+                module.launch(99, block, nbytes, 1, 1, 1, 128, 0, 0)
+        finally:
+            module.close()
+        with self.assertRaisesRegex(KforgeError, "used after close"):
+            module.entry("sparse_mla_decode_combine")
 
     def test_second_requests_make_no_rpc(self):
         before = self.client.rpc_calls

@@ -944,6 +944,13 @@ int32_t kforge_module_entry(const KforgeModule* module, const char* name, int32_
   });
 }
 
+int32_t kforge_module_load_into_current_context(const KforgeModule* module, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (module == nullptr) return Null("module");
+    return module->module->LoadIntoCurrentContext();
+  });
+}
+
 int32_t kforge_module_set_max_dynamic_smem(const KforgeModule* module, int32_t entry,
                                            uint32_t bytes, char** error) {
   return Call(error, [&]() -> absl::Status {

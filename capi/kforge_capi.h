@@ -370,6 +370,11 @@ void kforge_module_close(KforgeModule* module);
  * such entry. params_bytes may be NULL. */
 int32_t kforge_module_entry(const KforgeModule* module, const char* name, int32_t* index,
                             uint64_t* params_bytes, char** error);
+/* KernelModule::LoadIntoCurrentContext: loads every entry into the calling
+ * thread's current context (e.g. PyTorch's), so a first launch there, say
+ * inside a CUDA graph capture, does not load it lazily; an error without a
+ * current context. */
+int32_t kforge_module_load_into_current_context(const KforgeModule* module, char** error);
 /* Opts the entry into `bytes` of dynamic shared memory on the module's
  * device (a kernel needs it above 48 KB). */
 int32_t kforge_module_set_max_dynamic_smem(const KforgeModule* module, int32_t entry,

@@ -201,6 +201,19 @@ absl::StatusOr<int> KernelModule::MaxActiveClusters(CUkernel kernel, std::string
   return clusters;
 }
 
+absl::Status KernelModule::LoadIntoCurrentContext() const {
+  for (const ModuleEntry& e : entries_) {
+    CUfunction function = nullptr;
+    if (absl::Status s =
+            cu_.Check(cu_.KernelGetFunction(&function, e.kernel),
+                      absl::StrCat("cuKernelGetFunction(", module_name_, ", ", e.name, ")"));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 CUresult LaunchWithDims(const CudaDriver& cu, CUkernel kernel, void** args, const LaunchDims& d,
                         CUstream stream) {
   if (!d.programmatic) {

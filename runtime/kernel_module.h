@@ -122,6 +122,12 @@ class KernelModule {
   absl::StatusOr<int> MaxActiveClusters(CUkernel kernel, std::string_view entry,
                                         const LaunchDims& one_cluster) const;
 
+  // Loads every entry into the context current on the calling thread
+  // (cuKernelGetFunction), so that its first launch there does not load it
+  // lazily (CUDA_MODULE_LOADING=LAZY), e.g. inside a CUDA graph capture; an
+  // error without a current context. Launches need no such call.
+  absl::Status LoadIntoCurrentContext() const;
+
   // Enqueues `kernel` with one by-value parameter block on `stream`, in
   // the stream's context; errors name the module, entry, grid and block.
   absl::Status Launch(CUkernel kernel, std::string_view entry, void* params, const LaunchDims& d,

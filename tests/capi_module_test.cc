@@ -265,6 +265,7 @@ TEST(CapiModule, NullHandlesAndOutputsAreRefused) {
   EXPECT_STREQ(error, "module: NULL");
   kforge_free(error);
   EXPECT_EQ(index, -1);
+  EXPECT_EQ(kforge_module_load_into_current_context(nullptr, nullptr), kInvalidArgument);
   EXPECT_EQ(kforge_module_set_max_dynamic_smem(nullptr, 0, 100 << 10, nullptr), kInvalidArgument);
   EXPECT_EQ(kforge_module_allow_non_portable_cluster(nullptr, 0, nullptr), kInvalidArgument);
   EXPECT_EQ(kforge_module_max_active_clusters(nullptr, 0, 2, 1, 1, 128, 0, &clusters, nullptr),

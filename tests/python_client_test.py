@@ -550,6 +550,10 @@ class RealServerTest(unittest.TestCase):
                 module.launch(index, block, 8, 1, 1, 1, 128, 0, 0)
             with self.assertRaisesRegex(KforgeInvalidArgument, "entry 99"):
                 module.launch(99, block, nbytes, 1, 1, 1, 128, 0, 0)
+            try:  # no context is current here, unless something made one
+                module.load_into_current_context()
+            except KforgeError as e:
+                self.assertIn("cuKernelGetFunction(", str(e))
         finally:
             module.close()
         with self.assertRaisesRegex(KforgeError, "used after close"):
@@ -1182,6 +1186,7 @@ class CapiGarbageTest(unittest.TestCase):
         block = ctypes.create_string_buffer(64)
         for call, args in (
                 ("module_entry", (None, b"x", ctypes.byref(ctypes.c_int32()), None)),
+                ("module_load_into_current_context", (None,)),
                 ("module_set_max_dynamic_smem", (None, 0, 1 << 16)),
                 ("module_allow_non_portable_cluster", (None, 0)),
                 ("module_max_active_clusters", (None, 0, 1, 1, 1, 128, 0,

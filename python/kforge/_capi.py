@@ -172,6 +172,7 @@ _SIGNATURES = {
     "kforge_module_close": [ctypes.c_void_p],
     "kforge_module_entry": [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32),
                             ctypes.POINTER(ctypes.c_uint64), _STR_OUT],
+    "kforge_module_load_into_current_context": [ctypes.c_void_p, _STR_OUT],
     "kforge_module_set_max_dynamic_smem": [ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32,
                                            _STR_OUT],
     "kforge_module_allow_non_portable_cluster": [ctypes.c_void_p, ctypes.c_int32, _STR_OUT],

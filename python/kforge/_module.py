@@ -88,6 +88,12 @@ class KernelModule(_capi._Handle):
             found = self._entries[name] = (index.value, nbytes.value)
         return found
 
+    def load_into_current_context(self):
+        """Loads every entry into the current context (the one torch made
+        current), so that a first launch there, e.g. inside a CUDA graph
+        capture, does not load it lazily."""
+        _capi.call("module_load_into_current_context", self.handle)
+
     def set_max_dynamic_smem(self, entry, nbytes):
         """Opts `entry` into nbytes of dynamic shared memory on the device
         (a kernel needs it above 48 KB)."""

@@ -153,6 +153,9 @@ class DsaIndexer:
                     self._module.set_max_dynamic_smem(entry, int(smem))
             # (index, block bytes) of each, as the module's launch takes them.
             self._entries = {e: self._module.entry(e) for e, _ in entries}
+            # Into torch's context now, not at a first launch (which may
+            # come inside a CUDA graph capture).
+            self._module.load_into_current_context()
 
     def _launch(self, kind, args):
         """Plans one kernel (PlanIndexerLogits / PlanIndexerTopk: raises

@@ -426,6 +426,10 @@ class LoadedKernel:
         # them): a plan launches the one its main_entry names.
         self.combine = module.entry(artifact.combine_entry)
         self._mains = {entry: module.entry(entry) for entry, _ in mains}
+        # Loaded into the current context (the caller made the device
+        # current) now rather than at a first launch, which may come inside
+        # a CUDA graph capture.
+        module.load_into_current_context()
         self.name = name
         # How many of those entries' clusters this GPU runs at once, the
         # fewer of the two (0: none, no such entry, or the driver would not

@@ -13,11 +13,13 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/types/span.h"
 #include "base/absl_compat.h"
 #include "base/credentials.h"
 #include "bundle/bundle.h"
@@ -34,6 +36,10 @@
 #include "model/selector.h"
 #include "model/spec.h"
 #include "runtime/client_settings.h"
+#include "runtime/cuda_driver.h"
+#include "runtime/cuda_loader.h"
+#include "runtime/dsa_indexer.h"
+#include "runtime/kernel_module.h"
 #include "templates/kforge/sparse_mla/common/params.h"
 
 struct KforgeBundle {
@@ -42,6 +48,10 @@ struct KforgeBundle {
 
 struct KforgeBundleWriter {
   std::unique_ptr<kforge::BundleWriter> writer;
+};
+
+struct KforgeModule {
+  std::unique_ptr<kforge::KernelModule> module;
 };
 
 namespace {
@@ -209,6 +219,86 @@ int32_t ParseEnumName(const char* name, int32_t* out, const char* out_field,
   });
 }
 
+// The parameter blocks this library knows (each family's runtime's
+// EntryParams), for a KforgeEntryParams that names one.
+const kforge::EntryParams* KnownParams(std::string_view struct_name) {
+  for (absl::Span<const kforge::EntryParams> family :
+       {absl::Span<const kforge::EntryParams>(kforge::kSparseMlaEntryParams),
+        absl::Span<const kforge::EntryParams>(kforge::kDsaIndexerEntryParams)}) {
+    for (const kforge::EntryParams& p : family) {
+      if (struct_name == p.struct_name) return &p;
+    }
+  }
+  return nullptr;
+}
+
+// The C structs as the loader's EntryParams (pointing into `expected`).
+absl::StatusOr<std::vector<kforge::EntryParams>> ExpectedParams(const KforgeEntryParams* expected,
+                                                                size_t count) {
+  constexpr size_t kMaxRoles = 64;
+  if (expected == nullptr && count != 0) return Null("expected");
+  if (count == 0 || count > kMaxRoles) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected_count: ", count, ", supported 1..", kMaxRoles));
+  }
+  std::vector<kforge::EntryParams> out;
+  for (size_t i = 0; i < count; ++i) {
+    const KforgeEntryParams& e = expected[i];
+    const std::string what = absl::StrCat("expected[", i, "]");
+    if (!kforge::v1::EntryRole_IsValid(e.role) || e.role == kforge::v1::ENTRY_ROLE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ".role: ", e.role, " is not a kforge.v1.EntryRole"));
+    }
+    if (e.reserved != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ".reserved: ", e.reserved, ", not 0"));
+    }
+    const auto role = static_cast<kforge::v1::EntryRole>(e.role);
+    for (const kforge::EntryParams& seen : out) {
+      if (seen.role == role) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ".role: ", kforge::v1::EntryRole_Name(role), " is given twice"));
+      }
+    }
+    const kforge::EntryParams* known =
+        e.struct_name != nullptr ? KnownParams(e.struct_name) : nullptr;
+    uint64_t bytes = e.params_bytes;
+    if (bytes == 0 && known != nullptr) bytes = known->bytes;
+    if (bytes == 0 || bytes > kMaxMessageBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ".params_bytes: ", e.params_bytes, ", with struct_name ",
+                       e.struct_name != nullptr ? absl::StrCat("\"", e.struct_name, "\"") : "NULL",
+                       ": not a size, nor a parameter block this library knows"));
+    }
+    out.push_back({role, static_cast<size_t>(bytes),
+                   e.struct_name != nullptr ? e.struct_name : "the caller's block",
+                   known != nullptr ? known->defined_in : "templates"});
+  }
+  return out;
+}
+
+absl::StatusOr<const kforge::KernelModule::ModuleEntry*> ModuleEntryAt(const KforgeModule* module,
+                                                                       int32_t entry) {
+  if (module == nullptr) return Null("module");
+  const std::vector<kforge::KernelModule::ModuleEntry>& entries = module->module->entries();
+  if (entry < 0 || static_cast<size_t>(entry) >= entries.size()) {
+    return absl::OutOfRangeError(absl::StrCat("entry ", entry, ": ", module->module->module_name(),
+                                              " lists ", entries.size(), " entries"));
+  }
+  return &entries[entry];
+}
+
+kforge::LaunchDims Dims(uint32_t grid_x, uint32_t grid_y, uint32_t grid_z, uint32_t block_threads,
+                        uint32_t dynamic_smem_bytes, bool programmatic) {
+  kforge::LaunchDims d;
+  d.grid_x = grid_x;
+  d.grid_y = grid_y;
+  d.grid_z = grid_z;
+  d.block_threads = block_threads;
+  d.dynamic_smem_bytes = dynamic_smem_bytes;
+  d.programmatic = programmatic;
+  return d;
+}
+
 }  // namespace
 
 extern "C" {
@@ -227,6 +317,7 @@ size_t kforge_sizeof(const char* struct_name) {
   if (name == "KforgeIndexerTopkArgs") return sizeof(KforgeIndexerTopkArgs);
   if (name == "LogitsParams") return sizeof(kforge::dsa_indexer::LogitsParams);
   if (name == "TopkParams") return sizeof(kforge::dsa_indexer::TopkParams);
+  if (name == "KforgeEntryParams") return sizeof(KforgeEntryParams);
   return 0;
 }
 
@@ -802,6 +893,119 @@ int32_t kforge_verify_bundle(const char* dir, int32_t* problems, char** report, 
     *report = CopyString(text);
     *problems = static_cast<int32_t>(found.size());
     return absl::OkStatus();
+  });
+}
+
+int32_t kforge_cuda_driver_version(int32_t* version, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (version == nullptr) return Null("version");
+    absl::StatusOr<const kforge::CudaDriver*> cu = kforge::CudaDriver::Get();
+    if (!cu.ok()) return cu.status();
+    *version = (*cu)->version();
+    return absl::OkStatus();
+  });
+}
+
+int32_t kforge_module_load(const uint8_t* artifact, size_t artifact_size,
+                           const KforgeEntryParams* expected, size_t expected_count,
+                           int32_t device_ordinal, KforgeModule** module, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (module == nullptr) return Null("module");
+    KernelArtifact a;
+    if (absl::Status p = Parse(artifact, artifact_size, &a, "artifact"); !p.ok()) return p;
+    absl::StatusOr<std::vector<kforge::EntryParams>> want =
+        ExpectedParams(expected, expected_count);
+    if (!want.ok()) return want.status();
+    if (device_ordinal < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device_ordinal: ", device_ordinal, ", not a CUDA device ordinal"));
+    }
+    absl::StatusOr<std::unique_ptr<kforge::KernelModule>> loaded =
+        kforge::KernelModule::LoadOnOrdinal(a, *want, device_ordinal);
+    if (!loaded.ok()) return loaded.status();
+    *module = new KforgeModule{*std::move(loaded)};
+    return absl::OkStatus();
+  });
+}
+
+void kforge_module_close(KforgeModule* module) { delete module; }
+
+int32_t kforge_module_entry(const KforgeModule* module, const char* name, int32_t* index,
+                            uint64_t* params_bytes, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (module == nullptr) return Null("module");
+    if (name == nullptr) return Null("name");
+    if (index == nullptr) return Null("index");
+    absl::StatusOr<size_t> i = module->module->EntryIndex(name);
+    if (!i.ok()) return i.status();
+    *index = static_cast<int32_t>(*i);
+    if (params_bytes != nullptr) *params_bytes = module->module->entries()[*i].params_bytes;
+    return absl::OkStatus();
+  });
+}
+
+int32_t kforge_module_load_into_current_context(const KforgeModule* module, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    if (module == nullptr) return Null("module");
+    return module->module->LoadIntoCurrentContext();
+  });
+}
+
+int32_t kforge_module_set_max_dynamic_smem(const KforgeModule* module, int32_t entry,
+                                           uint32_t bytes, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    absl::StatusOr<const kforge::KernelModule::ModuleEntry*> e = ModuleEntryAt(module, entry);
+    if (!e.ok()) return e.status();
+    const kforge::KernelModule& m = *module->module;
+    return m.SetMaxDynamicSmem((*e)->kernel, (*e)->name, bytes, m.device());
+  });
+}
+
+int32_t kforge_module_allow_non_portable_cluster(const KforgeModule* module, int32_t entry,
+                                                 char** error) {
+  return Call(error, [&]() -> absl::Status {
+    absl::StatusOr<const kforge::KernelModule::ModuleEntry*> e = ModuleEntryAt(module, entry);
+    if (!e.ok()) return e.status();
+    const kforge::KernelModule& m = *module->module;
+    return m.AllowNonPortableCluster((*e)->kernel, (*e)->name, m.device());
+  });
+}
+
+int32_t kforge_module_max_active_clusters(const KforgeModule* module, int32_t entry,
+                                          uint32_t grid_x, uint32_t grid_y, uint32_t grid_z,
+                                          uint32_t block_threads, uint32_t dynamic_smem_bytes,
+                                          int32_t* clusters, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    absl::StatusOr<const kforge::KernelModule::ModuleEntry*> e = ModuleEntryAt(module, entry);
+    if (!e.ok()) return e.status();
+    if (clusters == nullptr) return Null("clusters");
+    absl::StatusOr<int> n = module->module->MaxActiveClusters(
+        (*e)->kernel, (*e)->name,
+        Dims(grid_x, grid_y, grid_z, block_threads, dynamic_smem_bytes, false));
+    if (!n.ok()) return n.status();
+    *clusters = *n;
+    return absl::OkStatus();
+  });
+}
+
+int32_t kforge_module_launch(const KforgeModule* module, int32_t entry, const void* params,
+                             size_t params_size, uint32_t grid_x, uint32_t grid_y, uint32_t grid_z,
+                             uint32_t block_threads, uint32_t dynamic_smem_bytes, void* stream,
+                             int32_t programmatic, char** error) {
+  return Call(error, [&]() -> absl::Status {
+    absl::StatusOr<const kforge::KernelModule::ModuleEntry*> e = ModuleEntryAt(module, entry);
+    if (!e.ok()) return e.status();
+    if (params == nullptr) return Null("params");
+    if (params_size != (*e)->params_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("params_size: ", params_size, " bytes, but ", (*e)->name, " in ",
+                       module->module->module_name(), " takes ", (*e)->params_bytes));
+    }
+    // cuLaunchKernel copies the block before it returns; it is never written.
+    return module->module->Launch(
+        (*e)->kernel, (*e)->name, const_cast<void*>(params),
+        Dims(grid_x, grid_y, grid_z, block_threads, dynamic_smem_bytes, programmatic != 0),
+        static_cast<CUstream>(stream));
   });
 }
 

@@ -2,8 +2,9 @@
 #define KFORGE_CAPI_KFORGE_CAPI_H_
 
 /* A C ABI over kforge's model and bundle libraries (specs, presets, arch
- * rules, the selector, the decode plan, artifact checks, bundles), so that
- * other languages use these rules instead of re-implementing them. The
+ * rules, the selector, the decode plan, artifact checks, bundles) and its
+ * kernel module loader (runtime/kernel_module.h), so that other languages
+ * use these rules and that loader instead of re-implementing them. The
  * Python package binds it with ctypes (python/kforge/_capi.py): one shared
  * library serves every Python version and needs no Python headers.
  *
@@ -20,7 +21,8 @@
  *  - Nothing throws across the ABI; NULL or hostile input gives an error.
  *    No pointer to an input is kept after a call returns.
  *  - Thread safety: free functions may be called concurrently; a bundle or
- *    bundle writer handle is used by one thread at a time. */
+ *    bundle writer handle is used by one thread at a time; a module handle
+ *    by any number of threads until it is closed. */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -37,9 +39,9 @@ int32_t kforge_capi_version(void);
 /* sizeof of a struct as this library was built, for bindings to check
  * their mirrors: "KforgeDevice", "KforgeShape", "KforgeDecodeArgs",
  * "DecodeParams", "CombineParams", "KforgeIndexerLogitsArgs",
- * "KforgeIndexerTopkArgs", and the indexer's parameter blocks
- * "LogitsParams", "TopkParams" (what a loader checks an entry's
- * params_bytes against, by role). 0 for any other name. */
+ * "KforgeIndexerTopkArgs", "KforgeEntryParams", and the indexer's
+ * parameter blocks "LogitsParams", "TopkParams" (what a loader checks an
+ * entry's params_bytes against, by role). 0 for any other name. */
 size_t kforge_sizeof(const char* struct_name);
 
 void kforge_free(void* p);
@@ -327,6 +329,83 @@ int32_t kforge_plan_indexer_logits(const uint8_t* spec, size_t spec_size, const 
 int32_t kforge_plan_indexer_topk(const uint8_t* spec, size_t spec_size, const uint8_t* launch,
                                  size_t launch_size, const KforgeIndexerTopkArgs* args,
                                  uint8_t** plan, size_t* plan_size, char** error);
+
+/* ---- kernel modules (runtime/kernel_module.h) ----
+ *
+ * One artifact's cubin loaded with the CUDA Driver API, whatever its
+ * family: the driver (libcuda.so.1) is loaded at run time by the first
+ * kforge_module_load or kforge_cuda_driver_version, never linked, so this
+ * library loads and everything above works on a machine without one. The
+ * cubin is loaded as a context-independent CUlibrary; launches run in the
+ * stream's context (for stream NULL, the calling thread's current one). */
+
+/* CudaDriver::Get: the driver's CUDA version (12040 = 12.4);
+ * FAILED_PRECONDITION without a usable driver (none installed, older than
+ * CUDA 12.0, no device), saying which. */
+int32_t kforge_cuda_driver_version(int32_t* version, char** error);
+
+/* What the caller passes to the entries of one role (EntryParams). */
+typedef struct KforgeEntryParams {
+  int32_t role;            /* kforge.v1.EntryRole value (not UNSPECIFIED) */
+  int32_t reserved;        /* 0 */
+  uint64_t params_bytes;   /* sizeof the by-value block; 0: kforge_sizeof(struct_name) */
+  const char* struct_name; /* its name, for messages; NULL: none (then params_bytes) */
+} KforgeEntryParams;
+
+typedef struct KforgeModule KforgeModule;
+
+/* KernelModule::LoadOnOrdinal: `artifact` (a serialized KernelArtifact with
+ * its cubin) for the CUDA device of ordinal `device_ordinal`, each listed
+ * entry checked to take the block `expected` gives for its role before
+ * anything is loaded (FAILED_PRECONDITION for an artifact without entries,
+ * a role outside `expected`, another block size; DATA_LOSS for a listed
+ * entry cubin_info lacks; INVALID_ARGUMENT for no cubin); then the driver
+ * (FAILED_PRECONDITION "loading kforge kernels needs the CUDA driver ..."
+ * without one) and the device's compute capability against artifact.arch.
+ * Close with kforge_module_close. */
+int32_t kforge_module_load(const uint8_t* artifact, size_t artifact_size,
+                           const KforgeEntryParams* expected, size_t expected_count,
+                           int32_t device_ordinal, KforgeModule** module, char** error);
+void kforge_module_close(KforgeModule* module);
+/* The index of the entry named `name` (its place in the artifact's
+ * entries), which the calls below take (OUT_OF_RANGE for another), and
+ * the block size it takes; FAILED_PRECONDITION when the artifact lists no
+ * such entry. params_bytes may be NULL. */
+int32_t kforge_module_entry(const KforgeModule* module, const char* name, int32_t* index,
+                            uint64_t* params_bytes, char** error);
+/* KernelModule::LoadIntoCurrentContext: loads every entry into the calling
+ * thread's current context (e.g. PyTorch's), so a first launch there, say
+ * inside a CUDA graph capture, does not load it lazily; an error without a
+ * current context. */
+int32_t kforge_module_load_into_current_context(const KforgeModule* module, char** error);
+/* Opts the entry into `bytes` of dynamic shared memory on the module's
+ * device (a kernel needs it above 48 KB). */
+int32_t kforge_module_set_max_dynamic_smem(const KforgeModule* module, int32_t entry,
+                                           uint32_t bytes, char** error);
+/* Lets the entry launch clusters past the portable 8 CTAs on the module's
+ * device (its cluster size is compiled in); an error where the device
+ * refuses (then none of its clusters launch). */
+int32_t kforge_module_allow_non_portable_cluster(const KforgeModule* module, int32_t entry,
+                                                 char** error);
+/* cuOccupancyMaxActiveClusters of the entry for a launch of one cluster
+ * (grid = the cluster, block threads, dynamic smem): *clusters 0 where the
+ * driver cannot say. Resolves the entry in the calling thread's current
+ * context (e.g. the one PyTorch made current); an error without one. */
+int32_t kforge_module_max_active_clusters(const KforgeModule* module, int32_t entry,
+                                          uint32_t grid_x, uint32_t grid_y, uint32_t grid_z,
+                                          uint32_t block_threads, uint32_t dynamic_smem_bytes,
+                                          int32_t* clusters, char** error);
+/* Enqueues the entry with one by-value parameter block (`params`,
+ * `params_size` bytes: the size the entry takes, else INVALID_ARGUMENT
+ * before anything is launched) on `stream` (a CUstream / cudaStream_t;
+ * NULL: the legacy default stream), in the stream's context, so a launch
+ * on a capturing stream is captured. programmatic != 0: cuLaunchKernelEx
+ * with programmatic stream serialization; else cuLaunchKernel. The block
+ * is copied before the call returns. */
+int32_t kforge_module_launch(const KforgeModule* module, int32_t entry, const void* params,
+                             size_t params_size, uint32_t grid_x, uint32_t grid_y, uint32_t grid_z,
+                             uint32_t block_threads, uint32_t dynamic_smem_bytes, void* stream,
+                             int32_t programmatic, char** error);
 
 #ifdef __cplusplus
 } /* extern "C" */

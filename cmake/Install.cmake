@@ -5,7 +5,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(KFORGE_ENGINE_TARGETS kforge_runtime kforge_client kforge_client_settings kforge_bundle kforge_model kforge_base
+set(KFORGE_ENGINE_TARGETS kforge_runtime kforge_module_loader kforge_client kforge_client_settings kforge_bundle kforge_model kforge_base
   kforge_proto kforge_grpc_proto)
 set(kforge_include ${CMAKE_INSTALL_INCLUDEDIR}/kforge)
 foreach(target ${KFORGE_ENGINE_TARGETS})

@@ -108,7 +108,9 @@ absl::Status CudaErrorToStatus(CUresult result, std::string_view call, const cha
     case CUDA_ERROR_STUB_LIBRARY:
     case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
     case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE:
-    case CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER:
+    // CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: named in CUDA 13's cuda.h, not
+    // in 12.x's (the wheel builds against 12.x headers); drivers return it.
+    case static_cast<CUresult>(36):
     case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
       return absl::FailedPreconditionError(message);
     case CUDA_ERROR_INVALID_VALUE:

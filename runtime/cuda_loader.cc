@@ -104,38 +104,13 @@ absl::StatusOr<std::unique_ptr<CudaKernelModule>> CudaKernelModule::Load(
   // Clusters past the portable 8 CTAs (the cluster entry's size is
   // compiled in) launch only once the kernel opts in; a device that refuses
   // runs none of them (MaxActiveClusters answers 0).
-  for (CUkernel* kernel : {&module->cluster_, &module->wide_cluster_}) {
-    if (*kernel != nullptr &&
-        cu.KernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, *kernel,
-                              device) != CUDA_SUCCESS) {
+  for (auto [kernel, entry] : {std::pair{&module->cluster_, &module->cluster_entry_},
+                               std::pair{&module->wide_cluster_, &module->wide_cluster_entry_}}) {
+    if (*kernel != nullptr && !m.AllowNonPortableCluster(*kernel, *entry, device).ok()) {
       *kernel = nullptr;
     }
   }
   return module;
-}
-
-absl::StatusOr<int> CudaKernelModule::ClustersOf(CUkernel kernel, const std::string& entry,
-                                                 const LaunchDims& one_cluster) const {
-  CUfunction function = nullptr;
-  if (absl::Status s = module_->driver().Check(
-          module_->driver().KernelGetFunction(&function, kernel),
-          absl::StrCat("cuKernelGetFunction(", module_name(), ", ", entry, ")"));
-      !s.ok()) {
-    return s;
-  }
-  CUlaunchConfig config{};
-  config.gridDimX = one_cluster.grid_x;
-  config.gridDimY = one_cluster.grid_y;
-  config.gridDimZ = 1;
-  config.blockDimX = one_cluster.block_threads;
-  config.blockDimY = 1;
-  config.blockDimZ = 1;
-  config.sharedMemBytes = one_cluster.dynamic_smem_bytes;
-  int clusters = 0;
-  // A driver that cannot say: none (the selector then never picks it).
-  if (module_->driver().OccupancyMaxActiveClusters(&clusters, function, &config) != CUDA_SUCCESS)
-    return 0;
-  return clusters;
 }
 
 absl::StatusOr<int> CudaKernelModule::MaxActiveClusters() const {
@@ -151,7 +126,7 @@ absl::StatusOr<int> CudaKernelModule::MaxActiveClusters() const {
        {std::tuple{cluster_, &cluster_entry_, &cluster_dims_},
         std::tuple{wide_cluster_, &wide_cluster_entry_, &wide_cluster_dims_}}) {
     if (kernel == nullptr) continue;
-    absl::StatusOr<int> clusters = ClustersOf(kernel, *entry, *dims);
+    absl::StatusOr<int> clusters = module_->MaxActiveClusters(kernel, *entry, *dims);
     if (!clusters.ok()) return clusters.status();
     fewest = fewest < 0 ? *clusters : std::min(fewest, *clusters);
   }

@@ -84,8 +84,6 @@ class CudaKernelModule {
 
   std::unique_ptr<KernelModule> module_;
   std::string key_;
-  absl::StatusOr<int> ClustersOf(CUkernel kernel, const std::string& entry,
-                                 const LaunchDims& one_cluster) const;
 
   std::string main_entry_, combine_entry_, small_entry_, cluster_entry_, main_cluster_entry_,
       wide_cluster_entry_;

@@ -72,16 +72,47 @@ absl::Status CheckEntryParams(const v1::KernelArtifact& artifact,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<KernelModule>> KernelModule::Load(
-    const v1::KernelArtifact& artifact, absl::Span<const EntryParams> expected, CUdevice device) {
+absl::StatusOr<const CudaDriver*> KernelModule::CheckLoadable(
+    const v1::KernelArtifact& artifact, absl::Span<const EntryParams> expected) {
   if (absl::Status s = CheckEntryParams(artifact, expected); !s.ok()) return s;
   if (artifact.cubin().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(artifact.module_name(), ": the artifact carries no cubin"));
   }
   absl::StatusOr<const CudaDriver*> driver = CudaDriver::Get();
+  if (!driver.ok()) {
+    return absl::Status(driver.status().code(),
+                        absl::StrCat("loading kforge kernels needs the CUDA driver (",
+                                     artifact.module_name(), "): ", driver.status().message()));
+  }
+  return driver;
+}
+
+absl::StatusOr<std::unique_ptr<KernelModule>> KernelModule::Load(
+    const v1::KernelArtifact& artifact, absl::Span<const EntryParams> expected, CUdevice device) {
+  absl::StatusOr<const CudaDriver*> driver = CheckLoadable(artifact, expected);
+  if (!driver.ok()) return driver.status();
+  return LoadChecked(**driver, artifact, expected, device);
+}
+
+absl::StatusOr<std::unique_ptr<KernelModule>> KernelModule::LoadOnOrdinal(
+    const v1::KernelArtifact& artifact, absl::Span<const EntryParams> expected,
+    int device_ordinal) {
+  absl::StatusOr<const CudaDriver*> driver = CheckLoadable(artifact, expected);
   if (!driver.ok()) return driver.status();
   const CudaDriver& cu = **driver;
+  CUdevice device = 0;
+  if (absl::Status s = cu.Check(cu.DeviceGet(&device, device_ordinal),
+                                absl::StrCat("cuDeviceGet(", device_ordinal, ")"));
+      !s.ok()) {
+    return s;
+  }
+  return LoadChecked(cu, artifact, expected, device);
+}
+
+absl::StatusOr<std::unique_ptr<KernelModule>> KernelModule::LoadChecked(
+    const CudaDriver& cu, const v1::KernelArtifact& artifact,
+    absl::Span<const EntryParams> expected, CUdevice device) {
   absl::StatusOr<int> major =
       DeviceAttribute(cu, device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "cc major");
   if (!major.ok()) return major.status();
@@ -90,7 +121,7 @@ absl::StatusOr<std::unique_ptr<KernelModule>> KernelModule::Load(
   if (!minor.ok()) return minor.status();
   if (absl::Status s = CheckDeviceArch(artifact.arch(), *major, *minor); !s.ok()) return s;
 
-  std::unique_ptr<KernelModule> module(new KernelModule(cu, artifact.module_name()));
+  std::unique_ptr<KernelModule> module(new KernelModule(cu, artifact.module_name(), device));
   const std::string& name = module->module_name_;
   if (absl::Status s = cu.Check(cu.LibraryLoadData(&module->library_, artifact.cubin().data(),
                                                    nullptr, nullptr, 0, nullptr, nullptr, 0),
@@ -98,6 +129,7 @@ absl::StatusOr<std::unique_ptr<KernelModule>> KernelModule::Load(
       !s.ok()) {
     return s;
   }
+  module->entries_.reserve(artifact.entries_size());
   for (const v1::KernelEntry& entry : artifact.entries()) {
     CUkernel kernel = nullptr;
     if (absl::Status s =
@@ -106,7 +138,8 @@ absl::StatusOr<std::unique_ptr<KernelModule>> KernelModule::Load(
         !s.ok()) {
       return s;
     }
-    module->entries_[entry.name()] = kernel;
+    // CheckEntryParams found every role among `expected`.
+    module->entries_.push_back({entry.name(), kernel, ParamsFor(expected, entry.role())->bytes});
   }
   return module;
 }
@@ -115,13 +148,18 @@ KernelModule::~KernelModule() {
   if (library_ != nullptr) (void)cu_.LibraryUnload(library_);
 }
 
-absl::StatusOr<CUkernel> KernelModule::Entry(std::string_view name) const {
-  auto it = entries_.find(name);
-  if (it == entries_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        module_name_, " has no entry named '", AsAbsl(name), "' among the artifact's entries"));
+absl::StatusOr<size_t> KernelModule::EntryIndex(std::string_view name) const {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].name == name) return i;
   }
-  return it->second;
+  return absl::FailedPreconditionError(absl::StrCat(
+      module_name_, " has no entry named '", AsAbsl(name), "' among the artifact's entries"));
+}
+
+absl::StatusOr<CUkernel> KernelModule::Entry(std::string_view name) const {
+  absl::StatusOr<size_t> index = EntryIndex(name);
+  if (!index.ok()) return index.status();
+  return entries_[*index].kernel;
 }
 
 absl::Status KernelModule::SetMaxDynamicSmem(CUkernel kernel, std::string_view entry,
@@ -130,6 +168,50 @@ absl::Status KernelModule::SetMaxDynamicSmem(CUkernel kernel, std::string_view e
                                           static_cast<int>(bytes), kernel, device),
                    absl::StrCat("cuKernelSetAttribute(", module_name_, ", ", AsAbsl(entry),
                                 ", max dynamic shared memory ", bytes, ")"));
+}
+
+absl::Status KernelModule::AllowNonPortableCluster(CUkernel kernel, std::string_view entry,
+                                                   CUdevice device) const {
+  return cu_.Check(cu_.KernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1,
+                                          kernel, device),
+                   absl::StrCat("cuKernelSetAttribute(", module_name_, ", ", AsAbsl(entry),
+                                ", non-portable cluster size allowed)"));
+}
+
+absl::StatusOr<int> KernelModule::MaxActiveClusters(CUkernel kernel, std::string_view entry,
+                                                    const LaunchDims& one_cluster) const {
+  CUfunction function = nullptr;
+  if (absl::Status s =
+          cu_.Check(cu_.KernelGetFunction(&function, kernel),
+                    absl::StrCat("cuKernelGetFunction(", module_name_, ", ", AsAbsl(entry), ")"));
+      !s.ok()) {
+    return s;
+  }
+  CUlaunchConfig config{};
+  config.gridDimX = one_cluster.grid_x;
+  config.gridDimY = one_cluster.grid_y;
+  config.gridDimZ = one_cluster.grid_z;
+  config.blockDimX = one_cluster.block_threads;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = one_cluster.dynamic_smem_bytes;
+  int clusters = 0;
+  // A driver that cannot say: none (the selector then never picks it).
+  if (cu_.OccupancyMaxActiveClusters(&clusters, function, &config) != CUDA_SUCCESS) return 0;
+  return clusters;
+}
+
+absl::Status KernelModule::LoadIntoCurrentContext() const {
+  for (const ModuleEntry& e : entries_) {
+    CUfunction function = nullptr;
+    if (absl::Status s =
+            cu_.Check(cu_.KernelGetFunction(&function, e.kernel),
+                      absl::StrCat("cuKernelGetFunction(", module_name_, ", ", e.name, ")"));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 CUresult LaunchWithDims(const CudaDriver& cu, CUkernel kernel, void** args, const LaunchDims& d,

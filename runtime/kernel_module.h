@@ -10,12 +10,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -65,16 +64,33 @@ CUresult LaunchWithDims(const CudaDriver& cu, CUkernel kernel, void** args, cons
 
 // A cubin loaded as a context-independent CUlibrary: usable in every
 // context of the process, on the device it was checked for. The driver
-// keeps its own copy of the cubin. Thread-safe after Load.
+// keeps its own copy of the cubin (cuLibraryLoadData without
+// CU_LIBRARY_BINARY_IS_PRESERVED), so the artifact may go once loaded.
+// Thread-safe after Load. The C ABI's KforgeModule (capi/kforge_capi.h)
+// is one of these, so the Python package loads through it too.
 class KernelModule {
  public:
+  // One entry the artifact lists (KernelArtifact.entries), resolved.
+  struct ModuleEntry {
+    std::string name;
+    CUkernel kernel = nullptr;
+    size_t params_bytes = 0;  // the block its role takes (EntryParams.bytes)
+  };
+
   // CheckEntryParams, a non-empty cubin, the device's compute capability
   // against artifact.arch (so a wrong-arch kernel fails with a readable
   // message instead of CUDA_ERROR_NO_BINARY_FOR_GPU); then loads the cubin
-  // and resolves every listed entry.
+  // and resolves every listed entry. The checks that need no device come
+  // first, so a bad artifact is refused the same way on a machine with no
+  // driver; there, a good one is a FailedPrecondition that starts
+  // "loading kforge kernels needs the CUDA driver".
   static absl::StatusOr<std::unique_ptr<KernelModule>> Load(const v1::KernelArtifact& artifact,
                                                             absl::Span<const EntryParams> expected,
                                                             CUdevice device);
+  // The same for the device of CUDA ordinal `device_ordinal` (cuDeviceGet).
+  static absl::StatusOr<std::unique_ptr<KernelModule>> LoadOnOrdinal(
+      const v1::KernelArtifact& artifact, absl::Span<const EntryParams> expected,
+      int device_ordinal);
   ~KernelModule();  // cuLibraryUnload
   KernelModule(const KernelModule&) = delete;
   KernelModule& operator=(const KernelModule&) = delete;
@@ -82,11 +98,35 @@ class KernelModule {
   // The entry named `name`; FailedPrecondition naming the module when the
   // artifact lists no such entry.
   absl::StatusOr<CUkernel> Entry(std::string_view name) const;
+  // Its index in entries(); the same error.
+  absl::StatusOr<size_t> EntryIndex(std::string_view name) const;
+  // Every listed entry, in the artifact's order.
+  const std::vector<ModuleEntry>& entries() const { return entries_; }
 
   // Opts `entry` into `bytes` of dynamic shared memory on `device` (a
   // kernel needs it above 48 KB).
   absl::Status SetMaxDynamicSmem(CUkernel kernel, std::string_view entry, uint32_t bytes,
                                  CUdevice device) const;
+
+  // Lets `kernel` launch clusters past the portable 8 CTAs on `device`
+  // (its cluster size is compiled in); an error where the device refuses,
+  // and then none of its clusters can launch.
+  absl::Status AllowNonPortableCluster(CUkernel kernel, std::string_view entry,
+                                       CUdevice device) const;
+
+  // How many clusters of `kernel` the device runs at once for a launch of
+  // `one_cluster` (grid = one cluster; block, dynamic smem):
+  // cuOccupancyMaxActiveClusters, 0 where the driver cannot say. Resolves
+  // the kernel in the context current on the calling thread
+  // (cuKernelGetFunction), an error without one.
+  absl::StatusOr<int> MaxActiveClusters(CUkernel kernel, std::string_view entry,
+                                        const LaunchDims& one_cluster) const;
+
+  // Loads every entry into the context current on the calling thread
+  // (cuKernelGetFunction), so that its first launch there does not load it
+  // lazily (CUDA_MODULE_LOADING=LAZY), e.g. inside a CUDA graph capture; an
+  // error without a current context. Launches need no such call.
+  absl::Status LoadIntoCurrentContext() const;
 
   // Enqueues `kernel` with one by-value parameter block on `stream`, in
   // the stream's context; errors name the module, entry, grid and block.
@@ -95,15 +135,25 @@ class KernelModule {
 
   const CudaDriver& driver() const { return cu_; }
   const std::string& module_name() const { return module_name_; }
+  // The device it was checked for and loaded on.
+  CUdevice device() const { return device_; }
 
  private:
-  KernelModule(const CudaDriver& cu, std::string module_name)
-      : cu_(cu), module_name_(std::move(module_name)) {}
+  KernelModule(const CudaDriver& cu, std::string module_name, CUdevice device)
+      : cu_(cu), module_name_(std::move(module_name)), device_(device) {}
+
+  // The checks Load makes before it needs a driver, then the driver.
+  static absl::StatusOr<const CudaDriver*> CheckLoadable(const v1::KernelArtifact& artifact,
+                                                         absl::Span<const EntryParams> expected);
+  static absl::StatusOr<std::unique_ptr<KernelModule>> LoadChecked(
+      const CudaDriver& cu, const v1::KernelArtifact& artifact,
+      absl::Span<const EntryParams> expected, CUdevice device);
 
   const CudaDriver& cu_;
   std::string module_name_;
+  CUdevice device_;
   CUlibrary library_ = nullptr;
-  std::map<std::string, CUkernel, std::less<>> entries_;
+  std::vector<ModuleEntry> entries_;
 };
 
 }  // namespace kforge

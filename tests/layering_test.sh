@@ -33,6 +33,21 @@ for f in "$example" "$@"; do
   has_templates "$f" && fail "$f: contains the CUDA template text"
   echo "ok: $(basename "$f"): no LLVM, no NVRTC, no template text"
 done
+# The C ABI library (what the Python wheel ships) loads kernels through the
+# module loader: the driver is dlopen()ed, never a link dependency (so the
+# wheel imports without one and auditwheel grafts no libcuda), and it
+# carries no gRPC.
+for f in "$@"; do
+  [[ "$(basename "$f")" == libkforge_capi.so ]] || continue
+  grep -aq 'libcuda.so.1' "$f" || fail "control: $f does not name libcuda.so.1 (probe broken?)"
+  if readelf -d "$f" | grep -E 'NEEDED' | grep -q 'libcuda'; then
+    fail "$f: links libcuda: $(readelf -d "$f" | grep libcuda)"
+  elif symbols_of "$f" | grep -c 'grpc' | grep -qv '^0$'; then
+    fail "$f: contains gRPC symbols"
+  else
+    echo "ok: $(basename "$f"): libcuda only through dlopen, no gRPC"
+  fi
+done
 if ldd "$example" | grep -Eq 'libLLVM|libnvrtc'; then
   fail "$example: dynamically links LLVM or NVRTC: $(ldd "$example" | grep -E 'libLLVM|libnvrtc')"
 fi

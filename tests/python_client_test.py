@@ -449,43 +449,115 @@ class RealServerTest(unittest.TestCase):
             self.client.get_manifest(preset="glm-5", arch=ARCH, kind="indexer")
 
     def test_one_module_loader_checks_entries_by_role(self):
-        # kforge._module, the loader both families use: the entries the
-        # artifact lists (the served cubin's kernels, each with the block
-        # its role takes), checked before anything touches a driver.
+        # kforge._module, the loader both families use (the C++
+        # KernelModule through the C ABI): the entries the artifact lists
+        # (the served cubin's kernels, each with the block its role takes),
+        # checked before anything touches a driver, so the same refusals
+        # come on this GPU-less machine.
         from kforge import _module
         from kforge.dsa_indexer import description_from_source
-        from kforge.errors import KforgeError
+        from kforge.errors import KforgeBadAnswer, KforgeError, KforgeInvalidArgument
         art = self.artifacts[0]
-        entries = _module.entries_of(art)
+        role_name = artifact_pb2.EntryRole.Name
+        entries = [(e.name, role_name(e.role), e.params_bytes) for e in art.entries]
         self.assertEqual(sorted(name for name, _, _ in entries),
                          sorted(k.name for k in art.cubin_info.kernels))
         self.assertEqual(entries[0][:2], ("sparse_mla_decode_main", "ENTRY_ROLE_ATTENTION"))
         self.assertEqual(entries[-1][:2], ("sparse_mla_decode_combine", "ENTRY_ROLE_COMBINE"))
         self.assertEqual((entries[0][2], entries[-1][2]), param_sizes())
-        _module.check_entry_params(art.module_name, entries, _module.SPARSE_MLA_PARAMS)
+        self.assertTrue(art.cubin)
+
+        def load(artifact, expected=_module.SPARSE_MLA_PARAMS, device=0):
+            return _module.KernelModule(artifact, expected, device)
+
         with self.assertRaisesRegex(KforgeError, "role ENTRY_ROLE_ATTENTION, which this "
                                                  "runtime does not launch"):
-            _module.check_entry_params(art.module_name, entries, _module.DSA_INDEXER_PARAMS)
-        bad = [(entries[0][0], entries[0][1], 8)] + entries[1:]
+            load(art, _module.DSA_INDEXER_PARAMS)
+        bad = artifact_pb2.KernelArtifact()
+        bad.CopyFrom(art)
+        bad.entries[0].params_bytes = 8
+        with self.assertRaisesRegex(KforgeError, r"entries\[sparse_mla_decode_main\]"
+                                                 r"\.params_bytes = 8 but this runtime's "
+                                                 r"sizeof\(DecodeParams\)"):
+            load(bad)
+        bad.CopyFrom(art)
+        bad.entries[0].params_bytes = 0  # not recorded: the cubin's size still checks
+        bad.cubin_info.kernels[0].param_bytes = 8
         with self.assertRaisesRegex(KforgeError, "takes 8 parameter bytes but this runtime "
                                                  "passes sizeof.DecodeParams."):
-            _module.check_entry_params(art.module_name, bad, _module.SPARSE_MLA_PARAMS)
+            load(bad)
+        bad.CopyFrom(art)
+        del bad.cubin_info.kernels[:]
+        with self.assertRaisesRegex(KforgeBadAnswer, "cubin_info lists no kernel"):
+            load(bad)
+        bad.CopyFrom(art)
+        del bad.entries[:]
         with self.assertRaisesRegex(KforgeError, "lists no entries"):
-            _module.check_entry_params(art.module_name, [], _module.SPARSE_MLA_PARAMS)
+            load(bad)
+        bad.CopyFrom(art)
+        bad.cubin = b""
+        with self.assertRaisesRegex(KforgeInvalidArgument, "carries no cubin"):
+            load(bad)
+        with self.assertRaisesRegex(ValueError, "device_ordinal: -1"):
+            load(art, device=-1)
+        # A good module: on a machine without a driver, the clear error
+        # (and never at import).
+        try:
+            version = _module.driver()
+        except KforgeError as e:
+            self.assertIn("loading kforge kernels needs the CUDA driver", str(e))
+            with self.assertRaisesRegex(KforgeError, "loading kforge kernels needs the CUDA "
+                                                     "driver"):
+                load(art)
+        else:
+            self.assertGreaterEqual(version, 12000)
+            self.check_loaded_module(load, art)
         # The indexer's module, from its JSON description: its own roles.
-        description, _ = description_from_source(self.client, "glm-5", ARCH, tp=8)
-        indexer = _module.entries_of(description)
-        self.assertEqual([role for _, role, _ in indexer],
+        description, cubin = description_from_source(self.client, "glm-5", ARCH, tp=8)
+        indexer = _module.artifact_of(description, cubin)
+        self.assertEqual(indexer.cubin, cubin)
+        self.assertEqual([role_name(e.role) for e in indexer.entries],
                          ["ENTRY_ROLE_INDEXER_LOGITS", "ENTRY_ROLE_INDEXER_TOPK",
                           "ENTRY_ROLE_INDEXER_TOPK"])
-        self.assertEqual(indexer[0][2], int(description["indexer"]["logits_params_bytes"]))
-        _module.check_entry_params(description["module_name"], indexer,
-                                   _module.DSA_INDEXER_PARAMS)
+        self.assertEqual(indexer.entries[0].params_bytes,
+                         int(description["indexer"]["logits_params_bytes"]))
         with self.assertRaisesRegex(KforgeError, "ENTRY_ROLE_INDEXER_LOGITS"):
-            _module.check_entry_params(description["module_name"], indexer,
-                                       _module.SPARSE_MLA_PARAMS)
+            load(indexer)
+        try:
+            load(indexer, _module.DSA_INDEXER_PARAMS).close()
+        except KforgeError as e:  # no driver here: the checks passed
+            self.assertIn("needs the CUDA driver", str(e))
         # The indexer no longer fills sparse MLA's entry fields.
         self.assertNotIn("main_entry", {k for k, v in description.items() if v})
+
+    def check_loaded_module(self, load, art):
+        """Where a driver and a GPU this sm_90a module runs on are present:
+        the loaded module's entries and what its launch refuses before
+        anything is enqueued."""
+        from kforge.errors import KforgeError, KforgeInvalidArgument
+        try:
+            module = load(art)
+        except KforgeError as e:
+            print(f"loaded-module checks skipped: {e}", file=sys.stderr)
+            return
+        try:
+            index, nbytes = module.entry("sparse_mla_decode_main")
+            self.assertEqual((index, nbytes), (0, param_sizes()[0]))
+            with self.assertRaisesRegex(KforgeError, "has no entry named 'nope'"):
+                module.entry("nope")
+            block = bytes(nbytes)
+            with self.assertRaisesRegex(KforgeInvalidArgument, "params_size: 8 bytes"):
+                module.launch(index, block, 8, 1, 1, 1, 128, 0, 0)
+            with self.assertRaisesRegex(KforgeInvalidArgument, "entry 99"):
+                module.launch(99, block, nbytes, 1, 1, 1, 128, 0, 0)
+            try:  # no context is current here, unless something made one
+                module.load_into_current_context()
+            except KforgeError as e:
+                self.assertIn("cuKernelGetFunction(", str(e))
+        finally:
+            module.close()
+        with self.assertRaisesRegex(KforgeError, "used after close"):
+            module.entry("sparse_mla_decode_combine")
 
     def test_second_requests_make_no_rpc(self):
         before = self.client.rpc_calls
@@ -981,6 +1053,9 @@ class CapiGarbageTest(unittest.TestCase):
         shape = Shape(4, 1, 8, 2048, 64).c_struct()
         args = random_struct(_capi.DecodeArgs, self.rng)
         variant = _capi.serialized(_capi.manifest_for_artifact(self.art).variants[0])
+        expected = (_capi.EntryParams * 2)(_capi.EntryParams(1, 0, 0, b"DecodeParams"),
+                                           _capi.EntryParams(2, 0, 0, b"CombineParams"))
+        handle = ctypes.c_void_p()
         del err
         refs = (ctypes.byref(out), ctypes.byref(size))
         for blob in self.blobs():
@@ -997,7 +1072,8 @@ class CapiGarbageTest(unittest.TestCase):
                     ("check_artifact", lambda b: (*b, ARCH.encode(), *b)),
                     ("check_artifact", lambda b: (*variant, ARCH.encode(), *b)),
                     ("manifest_for_artifact", lambda b: (*b, *refs)),
-                    ("bundle_manifest_path", lambda b: (*b, ctypes.byref(string)))):
+                    ("bundle_manifest_path", lambda b: (*b, ctypes.byref(string))),
+                    ("module_load", lambda b: (*b, expected, 2, 0, ctypes.byref(handle)))):
                 with self.subTest(name=name, size=blob[1]):
                     error = ctypes.c_void_p()
                     code = getattr(lib, "kforge_" + name)(*call(blob), ctypes.byref(error))
@@ -1105,6 +1181,36 @@ class CapiGarbageTest(unittest.TestCase):
         lib.kforge_bundle_close(None)
         lib.kforge_bundle_writer_close(None)
         lib.kforge_free(None)
+        # Kernel modules: NULL handles, outputs and roles; bad sizes.
+        art = _capi.serialized(self.art)
+        block = ctypes.create_string_buffer(64)
+        for call, args in (
+                ("module_entry", (None, b"x", ctypes.byref(ctypes.c_int32()), None)),
+                ("module_load_into_current_context", (None,)),
+                ("module_set_max_dynamic_smem", (None, 0, 1 << 16)),
+                ("module_allow_non_portable_cluster", (None, 0)),
+                ("module_max_active_clusters", (None, 0, 1, 1, 1, 128, 0,
+                                                ctypes.byref(ctypes.c_int32()))),
+                ("module_launch", (None, 0, block, 64, 1, 1, 1, 128, 0, None, 0)),
+                ("module_load", (*art, None, 2, 0, ctypes.byref(handle))),
+                ("module_load", (*art, None, 0, 0, ctypes.byref(handle))),
+                ("module_load", (*art, (_capi.EntryParams * 1)(), 1, 0, ctypes.byref(handle))),
+                ("module_load", (*art, (_capi.EntryParams * 1)(_capi.EntryParams(1, 0, 0, None)),
+                                 1, 0, ctypes.byref(handle))),
+                ("module_load", (*art, (_capi.EntryParams * 1)(
+                    _capi.EntryParams(1, 0, 0, b"NoSuchParams")), 1, 0, ctypes.byref(handle))),
+                ("module_load", (*art, (_capi.EntryParams * 1)(_capi.EntryParams(99, 0, 8, None)),
+                                 1, 0, ctypes.byref(handle))),
+                ("module_load", (*art, (_capi.EntryParams * 1)(
+                    _capi.EntryParams(1, 0, 1 << 62, None)), 1, 0, ctypes.byref(handle))),
+                ("module_load", (*art, (_capi.EntryParams * 1)(_capi.EntryParams(1, 0, 8, None)),
+                                 1, -2 ** 31, ctypes.byref(handle))),
+                ("module_load", (*art, (_capi.EntryParams * 1)(_capi.EntryParams(1, 0, 8, None)),
+                                 1, 0, None)),
+                ("cuda_driver_version", (None,))):
+            code, _ = self.expect_error(call, *args)
+            self.assertEqual(code, _capi.INVALID_ARGUMENT, call)
+        lib.kforge_module_close(None)
         # A real bundle handle given garbage.
         directory = os.path.join(TMP, "garbage_bundle")
         copy = kbundle.LocalCopy(directory)

@@ -8,12 +8,12 @@ on PyTorch tensors.
                                         return_lse=True)
 
 Every rule (presets, arch names, selection, launch math, argument checks,
-the bundle format, artifact checks) is kforge's C++ model and bundle
-library, bound through its C ABI (kforge/_native/libkforge_capi.so, see
-kforge._capi). Importing kforge needs neither that library, torch,
-cuda-python, grpcio nor the generated message modules (kforge/v1/*_pb2.py,
-written by the build): each is loaded when first used, with an error saying
-what is missing.
+the bundle format, artifact checks) and the kernel module loader are
+kforge's C++ model, bundle and runtime libraries, bound through its C ABI
+(kforge/_native/libkforge_capi.so, see kforge._capi). Importing kforge needs
+neither that library, torch, a CUDA driver, grpcio nor the generated
+message modules (kforge/v1/*_pb2.py, written by the build): each is loaded
+when first used, with an error saying what is missing.
 """
 
 from kforge.bundle import Bundle, verify_bundle

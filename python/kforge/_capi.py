@@ -1,7 +1,8 @@
 """kforge's C ABI (capi/kforge_capi.h) through ctypes: the model and bundle
 rules (presets, arch spellings, the selector, the decode plan with its
 argument checks and parameter blocks, artifact checks, the bundle format)
-exist once, in C++, and the package calls them here.
+and the kernel module loader (kforge._module) exist once, in C++, and the
+package calls them here.
 
 The library is libkforge_capi.so, which the build copies into
 kforge/_native/ (git-ignored, like the kforge/v1 message modules); the
@@ -94,6 +95,14 @@ class IndexerTopkArgs(ctypes.Structure):
                 [(name, ctypes.c_int32) for name in ("rows", "reserved")])
 
 
+class EntryParams(ctypes.Structure):
+    """KforgeEntryParams (runtime/kernel_module.h EntryParams): what a
+    caller passes to the entries of one role. params_bytes 0: the size of
+    the block struct_name names, as the library was built."""
+    _fields_ = [("role", ctypes.c_int32), ("reserved", ctypes.c_int32),
+                ("params_bytes", ctypes.c_uint64), ("struct_name", ctypes.c_char_p)]
+
+
 # (name, argument types) of every function; each returns int32 except where
 # _RESTYPES says otherwise.
 _ERR = ctypes.POINTER(ctypes.c_char_p)
@@ -156,10 +165,26 @@ _SIGNATURES = {
     "kforge_bundle_writer_add_manifest": [ctypes.c_void_p, _c_bytes, ctypes.c_size_t, _STR_OUT],
     "kforge_bundle_writer_finish": [ctypes.c_void_p, _STR_OUT],
     "kforge_verify_bundle": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _STR_OUT, _STR_OUT],
+    "kforge_cuda_driver_version": [ctypes.POINTER(ctypes.c_int32), _STR_OUT],
+    "kforge_module_load": [_c_bytes, ctypes.c_size_t, ctypes.POINTER(EntryParams), ctypes.c_size_t,
+                           ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p), _STR_OUT],
+    "kforge_module_close": [ctypes.c_void_p],
+    "kforge_module_entry": [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32),
+                            ctypes.POINTER(ctypes.c_uint64), _STR_OUT],
+    "kforge_module_load_into_current_context": [ctypes.c_void_p, _STR_OUT],
+    "kforge_module_set_max_dynamic_smem": [ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32,
+                                           _STR_OUT],
+    "kforge_module_allow_non_portable_cluster": [ctypes.c_void_p, ctypes.c_int32, _STR_OUT],
+    "kforge_module_max_active_clusters": [ctypes.c_void_p, ctypes.c_int32, *[ctypes.c_uint32] * 5,
+                                          ctypes.POINTER(ctypes.c_int32), _STR_OUT],
+    # params: bytes, a ctypes buffer or an address; stream: a CUstream as an int.
+    "kforge_module_launch": [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t,
+                             *[ctypes.c_uint32] * 5, ctypes.c_void_p, ctypes.c_int32, _STR_OUT],
 }
 _RESTYPES = {"kforge_sizeof": ctypes.c_size_t, "kforge_offsetof": ctypes.c_size_t,
              "kforge_free": None,
-             "kforge_bundle_close": None, "kforge_bundle_writer_close": None}
+             "kforge_bundle_close": None, "kforge_bundle_writer_close": None,
+             "kforge_module_close": None}
 
 _lib = None
 _lock = threading.Lock()
@@ -197,7 +222,8 @@ def lib():
         if version != CAPI_VERSION:
             raise KforgeError(f"{path}: C ABI version {version}, this package binds version "
                               f"{CAPI_VERSION}; rebuild kforge_capi from the same tree")
-        for struct in (Device, Shape, DecodeArgs, IndexerLogitsArgs, IndexerTopkArgs):
+        for struct in (Device, Shape, DecodeArgs, IndexerLogitsArgs, IndexerTopkArgs,
+                       EntryParams):
             name = "Kforge" + struct.__name__
             if handle.kforge_sizeof(name.encode()) != ctypes.sizeof(struct):
                 raise KforgeError(f"{path}: {name} is {handle.kforge_sizeof(name.encode())} "

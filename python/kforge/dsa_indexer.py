@@ -63,7 +63,8 @@ def _torch():
 
 
 def _driver():
-    """The CUDA driver kforge loads kernels with (KforgeError without one)."""
+    """The CUDA driver's version, loaded as kforge loads kernels
+    (KforgeError without one)."""
     return _module.driver()
 
 
@@ -135,13 +136,11 @@ class DsaIndexer:
         if int(want) // 10 != major or int(want) % 10 > minor:
             raise KforgeError(
                 f"{self.module_name} is for {self.arch}; this GPU is sm_{major}{minor}")
-        self._cu = _driver()
+        self._image = bytes(cubin)
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # torch's context is current
-            self._module = _module.KernelModule(
-                self.module_name, cubin, _module.entries_of(description),
-                _module.DSA_INDEXER_PARAMS, self.device.index)
-            self._image = self._module._image
+            self._module = _module.KernelModule(_module.artifact_of(description, self._image),
+                                                _module.DSA_INDEXER_PARAMS, self.device.index)
             # Every entry the plans may name (the top-k cluster entry on
             # sm_90+), by name, with its dynamic shared memory.
             entries = [(launch["logits_entry"], launch["logits_smem_bytes"]),
@@ -152,7 +151,11 @@ class DsaIndexer:
             for entry, smem in entries:
                 if int(smem) > 48 * 1024:  # above 48 KB a kernel opts in, per device
                     self._module.set_max_dynamic_smem(entry, int(smem))
-            self._functions = {e: self._module.function(e) for e, _ in entries}
+            # (index, block bytes) of each, as the module's launch takes them.
+            self._entries = {e: self._module.entry(e) for e, _ in entries}
+            # Into torch's context now, not at a first launch (which may
+            # come inside a CUDA graph capture).
+            self._module.load_into_current_context()
 
     def _launch(self, kind, args):
         """Plans one kernel (PlanIndexerLogits / PlanIndexerTopk: raises
@@ -161,13 +164,13 @@ class DsaIndexer:
         plan = _capi.plan_indexer(kind, self._spec_bytes, self._launch_bytes, args)
         grid = (plan.grid_x, plan.grid_y, plan.grid_z)
         stream = self._torch.cuda.current_stream(self.device).cuda_stream
-        function = self._functions.get(plan.main_entry)
-        if function is None:
+        entry = self._entries.get(plan.main_entry)
+        if entry is None:
             raise KforgeError(f"{self.module_name}: the plan names {plan.main_entry!r}, which "
                               f"the module's launch does not name")
-        self._cu.launch(function, grid, plan.block_threads, plan.dynamic_smem_bytes, stream,
-                        plan.main_params, f"cuLaunchKernel({self.module_name}, {plan.main_entry}, "
-                        f"grid {grid})", plan.programmatic)
+        self._module.launch(entry[0], plan.main_params, len(plan.main_params), *grid,
+                            plan.block_threads, plan.dynamic_smem_bytes, stream,
+                            plan.programmatic)
 
     # ------------------------------------------------------------ checks
 

@@ -14,7 +14,7 @@ classes must give exactly the blocks this module writes for them, else
 KforgeError (so a change to what PlanDecode derives from a pointer cannot
 make a cached plan wrong silently).
 
-Needs neither torch nor cuda-python: tensors are anything with shape,
+Needs no torch: tensors are anything with shape,
 stride(), dtype, device and data_ptr().
 """
 
@@ -49,13 +49,14 @@ class _Block:
     """One kernel's parameter block, prebuilt: its bytes as PlanDecode made
     them, and how to write another call's pointers into them."""
 
-    __slots__ = ("buffer", "args", "address", "runs")
+    __slots__ = ("buffer", "pointer", "size", "runs")
 
     def __init__(self, struct_name, data, fields, workspace, with_workspace):
         self.buffer = ctypes.create_string_buffer(bytes(data), len(data))
-        # cuLaunchKernel's kernelParams: one by-value struct.
-        self.args = (ctypes.c_void_p * 1)(ctypes.addressof(self.buffer))
-        self.address = ctypes.addressof(self.args)
+        # What a launch passes (kforge_module_launch): the block's address
+        # and size; the launch copies it.
+        self.pointer = ctypes.addressof(self.buffer)
+        self.size = len(data)
         words = []  # (offset, source, delta)
         for field, source in fields:
             if source == _WORKSPACE and not with_workspace:
@@ -91,8 +92,7 @@ class BoundPlan:
     until the launch has copied them (cuLaunchKernel copies)."""
 
     __slots__ = ("selection", "variant", "kernel", "workspace_bytes", "launch",
-                 "combine_launch", "main", "combine", "entry", "programmatic", "configs",
-                 "lock")
+                 "combine_launch", "main", "combine", "entry", "programmatic", "lock")
 
     def __init__(self, selection, workspace):
         p = selection.plan
@@ -106,8 +106,6 @@ class BoundPlan:
         # cuLaunchKernelEx with programmatic stream serialization (the
         # selector's rule, model/arch.h LaunchesProgrammatically).
         self.programmatic = p.programmatic
-        # The kernel's cuLaunchKernelEx configs (main, combine) per stream.
-        self.configs = {}
         self.main = _Block("DecodeParams", p.main_params, _MAIN_FIELDS, workspace,
                            p.needs_combine)
         self.combine = self.combine_launch = None

@@ -21,7 +21,8 @@ attention's own, without the sink.
 The kernels come from a source: a server (Client) or a bundle (Bundle), set
 with kforge.configure() or the KFORGE_* environment variables (KFORGE_SERVER
 or KFORGE_BUNDLE, and a server's TLS and token settings: default_source).
-Kernels are loaded with cuda-python (cuda.bindings.driver) and launched on
+Kernels are loaded and launched through kforge's C ABI (kforge._module:
+the C++ module loader, with the CUDA driver it loads at run time) on
 torch's current stream; the split-K workspace comes from torch's
 caching allocator on that stream, so it is stream-ordered like any tensor.
 
@@ -40,7 +41,6 @@ Python torch.compile does not trace).
 """
 
 import collections
-import ctypes
 import math
 import threading
 
@@ -382,38 +382,18 @@ def _torch():
     return torch
 
 
-def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError as e:
-        raise KforgeError(f"loading kforge kernels needs cuda-python's cuda.bindings ({e}); "
-                          "install the cuda-python (or cuda-bindings) package") from e
-    return driver
-
-
-def _cu_check(cu, result, what):
-    """The outputs of a cuda.bindings call, or KforgeError naming the call."""
-    err = result[0]
-    if err != cu.CUresult.CUDA_SUCCESS:
-        name = cu.cuGetErrorName(err)[1]
-        name = name.decode() if isinstance(name, bytes) else name
-        raise KforgeError(f"{what} failed: {name}")
-    return result[1] if len(result) == 2 else result[1:]
-
-
 class LoadedKernel:
     """One artifact's two entry points, loaded for one device, launching
     the plans PlanDecode makes."""
 
     def __init__(self, artifact, device_index, capability):
         check_arch_runs(artifact.arch, capability)
-        cu = self._cu = _driver()
         name = artifact.module_name
-        # Loaded and resolved by the one Python loader (kforge._module,
-        # every family's); launched here through cuda.bindings.
-        module = self._module = _module.KernelModule(
-            name, artifact.cubin, _module.entries_of(artifact), _module.SPARSE_MLA_PARAMS,
-            device_index)
+        # Loaded, resolved and launched by the one module loader
+        # (kforge._module: the C++ KernelModule through the C ABI, every
+        # family's).
+        module = self._module = _module.KernelModule(artifact, _module.SPARSE_MLA_PARAMS,
+                                                     device_index)
         small = artifact.small_batch  # entries "" when the module has none
         # (entry, dynamic smem to opt into) of the main kernels the
         # artifact names.
@@ -440,104 +420,59 @@ class LoadedKernel:
                      if entry]
         cluster_ok = bool(clustered) and all(
             module.allow_non_portable_cluster(entry) for entry, *_ in clustered)
-        # Bound to the current context: the caller made the device current.
-        self.combine = cu.CUfunction(module.function(artifact.combine_entry))
-        # The main kernels by entry name (the throughput one and its cluster
-        # entry, the small-batch path's entry and cluster entry, where the
-        # module has them): a plan launches the one its main_entry names.
-        self._mains = {entry: cu.CUfunction(module.function(entry)) for entry, _ in mains}
+        # (index, block bytes) of the combine and of the main kernels by
+        # entry name (the throughput one and its cluster entry, the
+        # small-batch path's entry and cluster entry, where the module has
+        # them): a plan launches the one its main_entry names.
+        self.combine = module.entry(artifact.combine_entry)
+        self._mains = {entry: module.entry(entry) for entry, _ in mains}
+        # Loaded into the current context (the caller made the device
+        # current) now rather than at a first launch, which may come inside
+        # a CUDA graph capture.
+        module.load_into_current_context()
         self.name = name
         # How many of those entries' clusters this GPU runs at once, the
         # fewer of the two (0: none, no such entry, or the driver would not
-        # say): the selector's Device.max_active_clusters.
+        # say): the selector's Device.max_active_clusters. Asked in the
+        # current context: the caller made the device current.
         self.max_active_clusters = 0
         if cluster_ok:
             self.max_active_clusters = min(module.max_active_clusters(*c) for c in clustered)
-        self._success = cu.CUresult.CUDA_SUCCESS
-        self._streams = {}  # cudaStream_t -> CUstream
 
     def run(self, sel, stream):
         """Enqueues a Selection made by plan_decode on `stream` (a
         cudaStream_t as an int): the main kernel, then the combine."""
         p = sel.plan
-        self._launch(self._main_for(p.main_entry), (p.grid_x, p.grid_y, p.grid_z), p.block_threads,
-                     p.dynamic_smem_bytes, p.main_params, stream, p.programmatic)
+        launch = self._module.launch
+        index, _ = self._main_for(p.main_entry)
+        launch(index, p.main_params, len(p.main_params), p.grid_x, p.grid_y, p.grid_z,
+               p.block_threads, p.dynamic_smem_bytes, stream, p.programmatic)
         if p.needs_combine:
-            self._launch(self.combine, (p.combine_grid_x, p.combine_grid_y, 1),
-                         p.combine_block_threads, 0, p.combine_params, stream, p.programmatic)
+            launch(self.combine[0], p.combine_params, len(p.combine_params), p.combine_grid_x,
+                   p.combine_grid_y, 1, p.combine_block_threads, 0, stream, p.programmatic)
 
     def launch(self, plan, stream):
         """Enqueues a kforge.launch.BoundPlan whose blocks hold the call's
-        pointers (the caller holds plan.lock) on `stream` (an int)."""
-        cu = self._cu
-        handle = self._streams.get(stream)
-        if handle is None:
-            if len(self._streams) > 64:
-                self._streams.clear()
-            handle = self._streams[stream] = cu.CUstream(stream)
-        main = self._main_for(plan.entry)
-        if plan.programmatic:
-            configs = plan.configs.get(stream)
-            if configs is None:
-                if len(plan.configs) > 64:
-                    plan.configs.clear()
-                configs = plan.configs[stream] = (
-                    self._config(plan.launch, handle),
-                    self._config(plan.combine_launch, handle) if plan.combine else None)
-            err = cu.cuLaunchKernelEx(configs[0], main, plan.main.address, 0)[0]
-            if err != self._success:
-                _cu_check(cu, (err,), f"cuLaunchKernelEx({self.name}, {plan.selection!r})")
-            if plan.combine is not None:
-                err = cu.cuLaunchKernelEx(configs[1], self.combine, plan.combine.address, 0)[0]
-                if err != self._success:
-                    _cu_check(cu, (err,),
-                              f"cuLaunchKernelEx({self.name} combine, {plan.selection!r})")
-            return
-        err = cu.cuLaunchKernel(main, *plan.launch, handle, plan.main.address, 0)[0]
-        if err != self._success:
-            _cu_check(cu, (err,), f"cuLaunchKernel({self.name}, {plan.selection!r})")
-        if plan.combine is not None:
-            err = cu.cuLaunchKernel(self.combine, *plan.combine_launch, handle,
-                                    plan.combine.address, 0)[0]
-            if err != self._success:
-                _cu_check(cu, (err,), f"cuLaunchKernel({self.name} combine, {plan.selection!r})")
-
-    def _config(self, launch, stream):
-        """A CUlaunchConfig for cuLaunchKernelEx: launch = (grid x, y, z,
-        block x, y, z, dynamic smem) on `stream` (a CUstream), with
-        programmatic stream serialization."""
-        cu = self._cu
-        config = cu.CUlaunchConfig()
-        (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY,
-         config.blockDimZ, config.sharedMemBytes) = launch
-        config.hStream = stream
-        attribute = cu.CUlaunchAttribute()
-        attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attribute.value.programmaticStreamSerializationAllowed = 1
-        config.attrs = [attribute]
-        config.numAttrs = 1
-        return config
+        pointers (the caller holds plan.lock) on `stream` (an int); the
+        blocks are copied before this returns."""
+        launch = self._module.launch
+        main, combine = plan.main, plan.combine
+        gx, gy, gz, block, _, _, smem = plan.launch
+        launch(self._main_for(plan.entry)[0], main.pointer, main.size, gx, gy, gz, block, smem,
+               stream, plan.programmatic)
+        if combine is not None:
+            gx, gy, gz, block, _, _, smem = plan.combine_launch
+            launch(self.combine[0], combine.pointer, combine.size, gx, gy, gz, block, smem,
+                   stream, plan.programmatic)
 
     def _main_for(self, entry):
-        """The main kernel named `entry` (a LaunchPlan's main_entry)."""
-        function = self._mains.get(entry)
-        if function is None:
+        """(index, block bytes) of the main kernel named `entry` (a
+        LaunchPlan's main_entry)."""
+        found = self._mains.get(entry)
+        if found is None:
             raise KforgeError(f"{self.name} has no main kernel named {entry!r}; "
                               "the plan asked for it")
-        return function
-
-    def _launch(self, function, grid, block, smem, params, stream, programmatic):
-        cu = self._cu
-        block_bytes = ctypes.create_string_buffer(params, len(params))
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(block_bytes))  # one by-value struct
-        if programmatic:
-            config = self._config((*grid, block, 1, 1, smem), cu.CUstream(stream))
-            _cu_check(cu, cu.cuLaunchKernelEx(config, function, ctypes.addressof(args), 0),
-                      f"cuLaunchKernelEx({self.name}, grid {grid}, block {block})")
-            return
-        _cu_check(cu, cu.cuLaunchKernel(function, *grid, block, 1, 1, smem,
-                                        cu.CUstream(stream), ctypes.addressof(args), 0),
-                  f"cuLaunchKernel({self.name}, grid {grid}, block {block})")
+        return found
 
 
 def kv_row_bytes_for(spec, extra=False):

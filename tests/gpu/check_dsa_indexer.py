@@ -30,7 +30,7 @@ cluster entry takes, boundary bins past the candidates' room. Modules with
 the top-k cluster entry (sm_90+) run every case three times: as shipped,
 the cluster entry forced on, and off.
 
-Without a GPU (or torch / cuda-python) it prints SKIP and exits 0.
+Without a GPU (or torch, or a CUDA driver) it prints SKIP and exits 0.
 """
 
 import argparse

@@ -4,7 +4,7 @@
 Loads every module under MODULE_DIR (written by `kforge compile`, see
 tests/gpu/compile_check_modules.sh) with the kforge package
 (kforge.Kernel.from_files: launches planned by the C++ PlanDecode through
-the C ABI, loaded with cuda-python) and compares it
+the C ABI, loaded and launched by the C++ module loader through it) and compares it
 with an fp64 PyTorch reference on fresh random inputs: -1 padding,
 out-of-range slots, a query token whose indices are all invalid, a paged
 cache with a gap between pages, outputs poisoned with NaN before each run,

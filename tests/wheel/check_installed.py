@@ -1,6 +1,7 @@
 """Run inside a fresh container after `pip install kforge-*.whl`: the
 installed wheel, configured only by environment, imports, plans a decode,
-reads a signed bundle and talks to a `kforge serve` over TLS with a token.
+reads a signed bundle and talks to a `kforge serve` over TLS with a token;
+loading a kernel there (no CUDA driver) is a clear KforgeError.
 Prints one line per check; any failure raises.
 
 Environment (set by scripts/test_wheel.sh): KFORGE_SERVER, KFORGE_TLS_CA,
@@ -50,6 +51,18 @@ sel = kforge.select(manifest, kforge.Device(arch, 132), shape)
 assert sel.grid[0] >= 1 and sel.block_threads > 0, sel
 print(f"server {os.environ['KFORGE_SERVER']} (TLS, token from KFORGE_TOKEN_FILE): manifest "
       f"{len(manifest.variants)} variant(s), cubin {len(kernel.cubin)} B; select: {sel}")
+
+# Loading the kernel needs the CUDA driver, which this container lacks: the
+# native library opens it only now (it never links it) and says so.
+from kforge import _module  # noqa: E402
+assert not [n for n in os.listdir(os.path.dirname(lib)) if "libcuda" in n], "libcuda in the wheel"
+try:
+    _module.KernelModule(kernel, _module.SPARSE_MLA_PARAMS, 0)
+    sys.exit("a kernel module loaded without a CUDA driver")
+except kforge.KforgeError as e:
+    no_driver = str(e)
+assert "loading kforge kernels needs the CUDA driver" in no_driver, no_driver
+print(f"kernel load without a driver: {no_driver}")
 
 # Without the token the same server refuses: the token really came from the
 # environment.

@@ -61,7 +61,7 @@ def main():
 
     plain, extra = {}, []
     for path in sorted(glob.glob(os.path.join(args.module_dir, "*.cubin"))):
-        spec = read_artifact(path).spec
+        spec = read_artifact(path).spec.sparse_mla_decode
         if spec.HasField("extra_kv"):
             extra.append(path)
         else:

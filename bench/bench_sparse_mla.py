@@ -100,7 +100,7 @@ def main():
     mods = {}
     want = kv_dtype_value(args.kv_dtype)
     for c in glob.glob(os.path.join(args.module_dir, "*.cubin")):
-        spec = read_artifact(c).spec
+        spec = read_artifact(c).spec.sparse_mla_decode
         if spec.topk == args.topk and spec.s_q <= 1 and spec.kv_cache_dtype == want:
             mods[spec.num_q_heads] = c
     from kforge import kv_records

@@ -15,7 +15,7 @@ run() { "$kforge" compile "$@" --arch "$arch" -o "$out" > /dev/null; }
 run --preset deepseek-v3.2 --kind dsa-indexer
 for k in 2048 3 4096; do run --preset glm-5 --tp 8 --topk "$k" --kind dsa-indexer; done
 for hk in 8:2048 20:100 128:4096; do
-  echo "{\"kind\":\"ATTENTION_KIND_DSA_INDEXER\",\"topk\":${hk#*:},\"page_block_size\":64,\"index_heads\":${hk%:*},\"index_head_dim\":128}" \
+  echo "{\"dsa_indexer\":{\"topk\":${hk#*:},\"page_block_size\":64,\"index_heads\":${hk%:*},\"index_head_dim\":128}}" \
     > "$specs/h${hk%:*}.json"
   run --spec "$specs/h${hk%:*}.json"
 done

@@ -49,7 +49,7 @@ def main():
     fp8 = args.kv_dtype == "fp8_ds_mla"
     mods = {}
     for c in glob.glob(os.path.join(args.module_dir, "*.cubin")):
-        spec = read_artifact(c).spec
+        spec = read_artifact(c).spec.sparse_mla_decode
         if spec.topk == 2048 and spec.s_q <= 1 and (spec.kv_cache_dtype == 2) == fp8:
             mods.setdefault(spec.num_q_heads, []).append(c)
     D = 576

@@ -46,7 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                      request.archs_size(), " archs"));
   for (const kforge::PrebuildJob& job : *jobs) {
     Check(kforge::ParseArch(job.arch).ok(), absl::StrCat("a job for an unknown arch: ", job.arch));
-    Check(kforge::NormalizeSpec(job.spec).ok(), "a job whose spec does not validate");
+    Check(kforge::NormalizeKernelSpec(job.spec).ok(), "a job whose spec does not validate");
   }
   return 0;
 }

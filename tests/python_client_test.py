@@ -190,10 +190,7 @@ class RetryAndAnswerTest(unittest.TestCase):
         self.assertEqual((request.kernel.preset.name, request.kernel.preset.tensor_parallel,
                           request.arch), ("glm-5", 8, ARCH))
         request = fake.requests["GetKernel"][-1]
-        flat = spec_pb2.AttentionSpec()
-        flat.CopyFrom(self.manifest.variants[0].spec)
-        flat.ClearField("kind")
-        self.assertEqual(request.kernel.spec.sparse_mla_decode, flat)
+        self.assertEqual(request.kernel.spec, self.manifest.variants[0].spec)
         self.assertEqual(request.arch, ARCH)
 
     def test_too_few_attempts_is_unavailable(self):
@@ -228,7 +225,7 @@ class RetryAndAnswerTest(unittest.TestCase):
             "spec": (service_pb2.GetKernelResponse(artifact=self.artifact), "spec"),
             "tiling": (self.kernel_reply(), "tiling"),
         }
-        cases["spec"][0].artifact.spec.CopyFrom(other_spec)
+        cases["spec"][0].artifact.spec.sparse_mla_decode.CopyFrom(other_spec)
         cases["tiling"][0].artifact.tiling.token_tile += 1
         # The right metadata around a cubin of other entries: the ELF is read.
         other = compiled(ARCH, "deepseek-v3.2", 1)
@@ -380,9 +377,10 @@ class RealServerTest(unittest.TestCase):
         m = self.manifest
         # One variant: it serves every s_q.
         self.assertEqual((m.arch, len(m.variants)), (ARCH, 1))
-        self.assertEqual([v.spec.s_q for v in m.variants], [0])
+        self.assertEqual([v.spec.sparse_mla_decode.s_q for v in m.variants], [0])
         # The Python preset table matches the server's.
-        self.assertEqual(m.variants[m.choice_order[0]].spec, kforge.spec_from_preset("glm-5", 8))
+        self.assertEqual(m.variants[m.choice_order[0]].spec.sparse_mla_decode,
+                         kforge.spec_from_preset("glm-5", 8))
         self.assertEqual([a.key for a in self.artifacts], [v.key for v in m.variants])
         for art in self.artifacts:
             self.assertGreater(len(art.cubin), 1000)
@@ -396,14 +394,14 @@ class RealServerTest(unittest.TestCase):
         description, cubin = description_from_source(self.client, "glm-5", ARCH, tp=8)
         self.assertEqual(description["module_name"],
                          f"dsa_indexer_h32_d128_topk2048_pb64_{ARCH.replace('_', '')}")
-        self.assertEqual(description["spec"]["kind"], "ATTENTION_KIND_DSA_INDEXER")
+        self.assertEqual(description["spec"]["dsa_indexer"]["index_heads"], 32)
         self.assertEqual(description["indexer"]["logits_entry"], "dsa_indexer_logits")
         self.assertGreater(len(cubin), 1000)
         # The launches are the C++ plan's (kforge._capi.plan_indexer), with
         # the parameter blocks the module was compiled for.
         from google.protobuf import json_format
         from kforge import _capi
-        spec = json_format.ParseDict(description["spec"], spec_pb2.AttentionSpec(),
+        spec = json_format.ParseDict(description["spec"], spec_pb2.KernelSpec(),
                                      ignore_unknown_fields=True).SerializeToString()
         launch = json_format.ParseDict(description["indexer"], artifact_pb2.IndexerLaunch(),
                                        ignore_unknown_fields=True).SerializeToString()
@@ -836,7 +834,7 @@ class SelectorParityTest(unittest.TestCase):
                                       for t in (1, 8) for a in ("sm_90a", "sm_120a")
                                       for s in (1, 2)):
             manifest = cli_manifest(preset, tp, arch, s_q)
-            spec = manifest.variants[manifest.choice_order[0]].spec
+            spec = manifest.variants[manifest.choice_order[0]].spec.sparse_mla_decode
             # Cluster capacity unknown (0) and the H200's 7.
             for batch, clusters in ((b, c) for b in (1, 7, 32, 128) for c in (0, 7)):
                 with self.subTest(preset=preset, tp=tp, arch=arch, s_q=s_q, batch=batch,
@@ -926,7 +924,7 @@ def spec_manifest(arch, heads, topk=2048, page=64, return_lse=True, scale=0.0625
 def python_decode_plan(manifest, device, batch, s_q):
     """PlanDecode through the package's tensor mapping, for the tensors
     launch_plan_dump describes."""
-    spec = manifest.variants[0].spec
+    spec = manifest.variants[0].spec.sparse_mla_decode
     heads, d_v, pbs = spec.num_q_heads, spec.kv_lora_rank, spec.page_block_size
     d_qk = d_v + spec.rope_dim
     q = info("q", (batch, s_q, heads, d_qk), ptr=DUMP_Q)
@@ -962,7 +960,7 @@ class PlanParityTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         out = r.stdout.splitlines()
         self.assertEqual(len(out), 2 * len(self.CASES))
-        spec_ = manifest.variants[0].spec
+        spec_ = manifest.variants[0].spec.sparse_mla_decode
         plans = 0
         for i, (sms, forced, batch, s_q) in enumerate(self.CASES):
             device = Device(arch, sms, forced)
@@ -1278,20 +1276,28 @@ def unpack_combine_params(data):
 
 class ParseSpecTest(unittest.TestCase):
     """Spec files reach Python through the C++ parser (kforge_parse_spec):
-    the KernelSpec form and the older flat form give the same KernelSpec."""
+    the KernelSpec form, and the flat form of a sparse MLA spec."""
 
     def test_kernel_spec_and_flat_forms(self):
         nested = _capi.parse_spec('{"dsa_indexer": {"index_heads": 32, "index_head_dim": 128,'
                                   ' "topk": 2048, "page_block_size": 64}}')
-        flat = _capi.parse_spec("kind: ATTENTION_KIND_DSA_INDEXER index_heads: 32"
-                                " index_head_dim: 128 topk: 2048 page_block_size: 64")
         self.assertEqual(nested.WhichOneof("kind"), "dsa_indexer")
-        self.assertEqual(nested, flat)
+        self.assertEqual(nested.dsa_indexer.index_heads, 32)
         sparse = _capi.parse_spec('{"num_q_heads": 16, "kv_cache_dtype": "fp8_ds_mla"}')
         self.assertEqual(sparse.WhichOneof("kind"), "sparse_mla_decode")
         self.assertEqual(sparse.sparse_mla_decode.num_q_heads, 16)
-        with self.assertRaisesRegex(kforge.KforgeInvalidArgument, "num_q_heads: got set"):
-            _capi.parse_spec('{"kind": "ATTENTION_KIND_DSA_INDEXER", "num_q_heads": 16}')
+        # An older file naming the sparse kind reads as before; a flat
+        # indexer is refused saying how to write it.
+        self.assertEqual(_capi.parse_spec("kind: ATTENTION_KIND_SPARSE_MLA_DECODE num_q_heads: 16"
+                                          " kv_cache_dtype: fp8_ds_mla"), sparse)
+        with self.assertRaisesRegex(kforge.KforgeInvalidArgument, r"dsa_indexer \{ index_heads"):
+            _capi.parse_spec("kind: ATTENTION_KIND_DSA_INDEXER index_heads: 32 topk: 2048")
+        # validate_spec and normalize_spec take the KernelSpec of either kind.
+        kforge.spec.validate_spec(nested)
+        self.assertEqual(_capi.normalize_spec(nested).dsa_indexer.index_heads, 32)
+        with self.assertRaisesRegex(kforge.KforgeInvalidArgument, "index_heads: got 0"):
+            kforge.spec.validate_spec(spec_pb2.DsaIndexerSpec(topk=1, page_block_size=64,
+                                                              index_head_dim=128))
 
 
 class OpsChecksTest(unittest.TestCase):
@@ -1652,7 +1658,7 @@ class ExtraCachePlanTest(unittest.TestCase):
         if r.returncode != 0:
             raise AssertionError(f"kforge manifest failed: {r.stderr}")
         cls.manifest = json_format.Parse(r.stdout, service_pb2.Manifest())
-        cls.spec = cls.manifest.variants[0].spec
+        cls.spec = cls.manifest.variants[0].spec.sparse_mla_decode
         cls.device = Device(ARCH, 132)
         cls.extra_row_bytes = ops.extra_kv_row_bytes_for(cls.spec)
 
@@ -1676,7 +1682,7 @@ class ExtraCachePlanTest(unittest.TestCase):
     def test_record_size_of_the_extra_format(self):
         # The C++ ExtraKvLayoutOf, through the C ABI.
         self.assertEqual(self.extra_row_bytes, 656)
-        plain = cli_manifest("glm-5", 8, ARCH, 1).variants[0].spec
+        plain = cli_manifest("glm-5", 8, ARCH, 1).variants[0].spec.sparse_mla_decode
         self.assertIsNone(ops.extra_kv_row_bytes_for(plain))
         from kforge import _capi
         with self.assertRaisesRegex(ValueError, "extra_kv: unset"):

@@ -228,7 +228,7 @@ def _():
         # The backend's own request, answered from the bundle alone.
         manifest = kforge.Bundle(out).get_manifest(spec=spec, arch="sm_90a")
         assert len(manifest.variants) >= 1
-        got = manifest.variants[0].spec
+        got = manifest.variants[0].spec.sparse_mla_decode
         assert (got.softmax_scale, got.num_q_heads, got.kv_scale_format) == \
             (spec.softmax_scale, 128, 2), got
     # tp: the matrix counts every head, the backend one rank's.

@@ -108,18 +108,21 @@ class DsaIndexer:
 
     def __init__(self, description, cubin, device=None):
         torch = self._torch = _torch()
-        spec = description.get("spec", {})
-        # An indexer module is one with the indexer's launch (its entries'
-        # roles are checked again when it loads).
-        if not description.get("indexer"):
+        kernel_spec = description.get("spec", {})
+        spec = kernel_spec.get("dsa_indexer")
+        # An indexer module is one with the indexer's spec and launch (its
+        # entries' roles are checked again when it loads).
+        if spec is None or not description.get("indexer"):
+            kind = ", ".join(kernel_spec) or "none"
             raise KforgeError(f"{description.get('module_name')}: not a DSA indexer module "
-                              f"(kind {spec.get('kind')}, no indexer launch)")
+                              f"(kind {kind}, no indexer launch)")
         launch = description["indexer"]
         # The module's spec and launch as the C++ plan reads them.
         from google.protobuf import json_format
         from kforge._proto import pb
         self._spec_bytes = json_format.ParseDict(
-            spec, pb().spec_pb2.AttentionSpec(), ignore_unknown_fields=True).SerializeToString()
+            kernel_spec, pb().spec_pb2.KernelSpec(),
+            ignore_unknown_fields=True).SerializeToString()
         self._launch_bytes = json_format.ParseDict(
             launch, pb().artifact_pb2.IndexerLaunch(),
             ignore_unknown_fields=True).SerializeToString()

@@ -19,6 +19,7 @@ from kforge.errors import KforgeError
 from kforge.ops import (LoadedKernel, _torch, check_decode_inputs, cuda_device, decode_args,
                         extra_kv_row_bytes_for, kv_row_bytes_for, tensor_info)
 from kforge.plan import Device, ManifestRef, Shape, plan_decode, select
+from kforge.spec import sparse_mla_spec
 
 
 def read_artifact(cubin_path, json_path=None):
@@ -47,7 +48,7 @@ class Kernel:
     def __init__(self, artifact, device=None):
         torch = self._torch = _torch()
         self.artifact = artifact
-        self.spec = artifact.spec
+        self.spec = sparse_mla_spec(artifact.spec, artifact.module_name)
         self._kv_row_bytes = kv_row_bytes_for(self.spec)  # None for a bf16 cache
         self.manifest = _capi.manifest_for_artifact(artifact)
         self._manifest = ManifestRef(self.manifest)

@@ -49,7 +49,8 @@ from kforge.bundle import Bundle, first_choice
 from kforge.errors import KforgeError
 from kforge.launch import PlanCache
 from kforge.plan import Device, ManifestRef, Shape, plan_decode, select
-from kforge.spec import arch_for_capability, check_arch_runs, infer_latent_dims, make_spec
+from kforge.spec import (arch_for_capability, check_arch_runs, infer_latent_dims, make_spec,
+                         sparse_mla_spec)
 
 # ---------------------------------------------------------------- sources
 
@@ -591,7 +592,8 @@ class SparseMlaDecoder:
                                                  kv_dtype=kv_dtype)
         self._manifest = ManifestRef(self.manifest)
         self._device = Device(self.arch, self.sm_count).c_struct()
-        self.spec = first_choice(self.manifest).spec
+        first = first_choice(self.manifest)
+        self.spec = sparse_mla_spec(first.spec, first.module_name)
         self._kv_row_bytes = kv_row_bytes_for(self.spec)
         self._extra_row_bytes = extra_kv_row_bytes_for(self.spec)
         self._extra_kv_dtype = (int(self.spec.extra_kv.kv_cache_dtype)

@@ -47,6 +47,15 @@ def kernel_spec(spec):
                     f"{type(spec).__name__}")
 
 
+def sparse_mla_spec(spec, what):
+    """The AttentionSpec of a KernelSpec of the sparse_mla_decode case;
+    KforgeError naming `what` (a module) and its case otherwise."""
+    case = spec.WhichOneof("kind")
+    if case != "sparse_mla_decode":
+        raise KforgeError(f"{what} is a {case or 'kind-less'} module, not a sparse_mla_decode one")
+    return spec.sparse_mla_decode
+
+
 def validate_spec(spec):
     """The spec's validation (model/spec.h ValidateSpec for sparse MLA,
     model/indexer_spec.h for the indexer): KforgeInvalidArgument (a

@@ -136,7 +136,7 @@ grep -q '"module_name": "dsa_indexer_h64_d128_topk2048_pb64_sm90a"' "$TMP/ix_man
   fail "the deepseek-v3.2 indexer manifest does not name its 64-head module"
 grep -q '"topk_entry": "dsa_indexer_topk"' "$TMP/ix_manifest.json" ||
   fail "the indexer manifest has no launch"
-expect_error "select --kind dsa-indexer" "ATTENTION_KIND_DSA_INDEXER" \
+expect_error "select --kind dsa-indexer" "dsa_indexer has no runtime selection" \
   select --preset glm-5 --kind dsa-indexer --arch sm_90a --sms 132 --batch 1 --s-q 1
 
 # manifest / select (runtime selector, no server).
@@ -560,11 +560,11 @@ expect_error "--trust without --warm-from, with a missing key" "--trust: cannot 
 
 # --- versions, environment ------------------------------------------------
 expect_ok "--version" --version
-"$KFORGE" --version | grep -qx "format 3" || fail "--version does not print 'format 3'"
+"$KFORGE" --version | grep -qx "format 4" || fail "--version does not print 'format 4'"
 "$KFORGE" version --json | "${KFORGE_TEST_PYTHON:-python3}" -c '
 import json, sys
 d = json.load(sys.stdin)
-assert d["format_version"] == 3 and "sm_90a" in d["archs"] and len(d["template_digest"]) == 64, d
+assert d["format_version"] == 4 and "sm_90a" in d["archs"] and len(d["template_digest"]) == 64, d
 ' || fail "version --json is not the JSON expected"
 KFORGE_WORKERS=0 expect_error "a serve flag from the environment" "--workers: got 0" \
   serve --listen 127.0.0.1:0 --cache-dir "$TMP/env_cache"

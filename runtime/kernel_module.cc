@@ -16,6 +16,20 @@ const EntryParams* ParamsFor(absl::Span<const EntryParams> expected, v1::EntryRo
   return it == expected.end() ? nullptr : &*it;
 }
 
+// The grid, block and dynamic shared memory of `d` as a launch config (no
+// stream, no attributes).
+CUlaunchConfig LaunchConfigOf(const LaunchDims& d) {
+  CUlaunchConfig config{};
+  config.gridDimX = d.grid_x;
+  config.gridDimY = d.grid_y;
+  config.gridDimZ = d.grid_z;
+  config.blockDimX = d.block_threads;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = d.dynamic_smem_bytes;
+  return config;
+}
+
 }  // namespace
 
 absl::StatusOr<int> DeviceAttribute(const CudaDriver& cu, CUdevice device,
@@ -187,14 +201,7 @@ absl::StatusOr<int> KernelModule::MaxActiveClusters(CUkernel kernel, std::string
       !s.ok()) {
     return s;
   }
-  CUlaunchConfig config{};
-  config.gridDimX = one_cluster.grid_x;
-  config.gridDimY = one_cluster.grid_y;
-  config.gridDimZ = one_cluster.grid_z;
-  config.blockDimX = one_cluster.block_threads;
-  config.blockDimY = 1;
-  config.blockDimZ = 1;
-  config.sharedMemBytes = one_cluster.dynamic_smem_bytes;
+  CUlaunchConfig config = LaunchConfigOf(one_cluster);
   int clusters = 0;
   // A driver that cannot say: none (the selector then never picks it).
   if (cu_.OccupancyMaxActiveClusters(&clusters, function, &config) != CUDA_SUCCESS) return 0;
@@ -225,14 +232,7 @@ CUresult LaunchWithDims(const CudaDriver& cu, CUkernel kernel, void** args, cons
   CUlaunchAttribute attribute{};
   attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
   attribute.value.programmaticStreamSerializationAllowed = 1;
-  CUlaunchConfig config{};
-  config.gridDimX = d.grid_x;
-  config.gridDimY = d.grid_y;
-  config.gridDimZ = d.grid_z;
-  config.blockDimX = d.block_threads;
-  config.blockDimY = 1;
-  config.blockDimZ = 1;
-  config.sharedMemBytes = d.dynamic_smem_bytes;
+  CUlaunchConfig config = LaunchConfigOf(d);
   config.hStream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;

@@ -56,6 +56,22 @@ absl::StatusOr<v1::DeploymentMatrix> ParseJson(std::string_view text) {
   if (absl::Status s = ExpandKvEnumNames(*v1::DeploymentMatrix::descriptor(), tree); !s.ok()) {
     return s;
   }
+  // A spec model written before KernelSpec may name the sparse kind.
+  if (tree.kind_case() == Value::kStructValue) {
+    auto models = tree.struct_value().fields().find("models");
+    if (models != tree.struct_value().fields().end() &&
+        models->second.kind_case() == Value::kListValue) {
+      for (Value& model : *(*tree.mutable_struct_value()->mutable_fields())["models"]
+                               .mutable_list_value()
+                               ->mutable_values()) {
+        if (model.kind_case() != Value::kStructValue) continue;
+        auto spec = model.mutable_struct_value()->mutable_fields()->find("spec");
+        if (spec != model.mutable_struct_value()->mutable_fields()->end()) {
+          DropFlatSparseKind(spec->second);
+        }
+      }
+    }
+  }
   std::string json;
   // Printing a Value that was just parsed cannot fail.
   (void)google::protobuf::util::MessageToJsonString(tree, &json);

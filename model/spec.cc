@@ -406,16 +406,6 @@ bool IsKernelSpecForm(std::string_view text, const google::protobuf::Value* json
 // spec it was; any other kind there stays, for the parser to refuse.
 constexpr std::string_view kFlatSparseKind = "ATTENTION_KIND_SPARSE_MLA_DECODE";
 
-void DropFlatSparseKind(google::protobuf::Value& tree) {
-  if (tree.kind_case() != google::protobuf::Value::kStructValue) return;
-  auto& fields = *tree.mutable_struct_value()->mutable_fields();
-  auto it = fields.find("kind");
-  if (it != fields.end() && it->second.kind_case() == google::protobuf::Value::kStringValue &&
-      it->second.string_value() == kFlatSparseKind) {
-    fields.erase(it);
-  }
-}
-
 bool IsIdentifierChar(char c) { return absl::ascii_isalnum(c) || c == '_'; }
 
 // Text proto: each `kind: ATTENTION_KIND_SPARSE_MLA_DECODE` (the only
@@ -647,6 +637,16 @@ absl::StatusOr<v1::AttentionSpec> ParseSpec(std::string_view text) {
   if (!parsed.ok()) return WithKernelSpecHint(parsed, body);
   ClearNegativeZeroScale(spec);
   return spec;
+}
+
+void DropFlatSparseKind(google::protobuf::Value& tree) {
+  if (tree.kind_case() != google::protobuf::Value::kStructValue) return;
+  auto& fields = *tree.mutable_struct_value()->mutable_fields();
+  auto it = fields.find("kind");
+  if (it != fields.end() && it->second.kind_case() == google::protobuf::Value::kStringValue &&
+      it->second.string_value() == kFlatSparseKind) {
+    fields.erase(it);
+  }
 }
 
 v1::KernelSpec KernelSpecOf(const v1::AttentionSpec& spec) {

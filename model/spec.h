@@ -133,6 +133,13 @@ const PresetInfo* FindPreset(std::string_view name);
 v1::AttentionSpec SpecWithKvDtype(const v1::AttentionSpec& spec, v1::KvCacheDtype kv_dtype,
                                   v1::KvScaleFormat default_scale_format);
 
+// Spec files and matrices written before KernelSpec named the kind beside
+// a sparse MLA spec's fields (`"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE"`);
+// AttentionSpec has no such field now. Removes exactly that key from the
+// JSON tree of such a spec, so it reads as the spec it was; any other kind
+// stays for the parser to refuse.
+void DropFlatSparseKind(google::protobuf::Value& spec_tree);
+
 // Parses a sparse MLA spec (AttentionSpec) given as JSON or as text proto
 // (chosen by content: a leading '{' means JSON). Unknown fields are errors
 // (one naming a kind or the indexer's fields says how to write a KernelSpec). kv_cache_dtype and

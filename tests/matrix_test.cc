@@ -119,6 +119,26 @@ TEST(MatrixTest, SpecModelIsDividedByTpAndNamed) {
   EXPECT_EQ(jobs[2].spec.sparse_mla_decode().kv_cache_dtype(), v1::KV_CACHE_DTYPE_BF16);
 }
 
+// A matrix written before KernelSpec named the sparse kind inside a spec
+// model; it still expands to the same jobs. Another kind there is refused.
+TEST(MatrixTest, AnOlderSpecModelNamingTheSparseKindStillReads) {
+  const char* body = R"("num_q_heads": 8, "kv_lora_rank": 512, "rope_dim": 64, "topk": 64,
+      "page_block_size": 64, "softmax_scale": 0.1})";
+  const std::vector<MatrixJob> plain =
+      Expand(absl::StrCat(R"({"models": [{"spec": {)", body, R"(}], "archs": ["sm_89"]})"));
+  const std::vector<MatrixJob> old =
+      Expand(absl::StrCat(R"({"models": [{"spec": {"kind": "ATTENTION_KIND_SPARSE_MLA_DECODE", )",
+                          body, R"(}], "archs": ["sm_89"]})"));
+  ASSERT_EQ(plain.size(), 1u);
+  ASSERT_EQ(old.size(), 1u);
+  EXPECT_EQ(old[0].spec.SerializeAsString(), plain[0].spec.SerializeAsString());
+  absl::StatusOr<v1::DeploymentMatrix> other =
+      ParseMatrix(absl::StrCat(R"({"models": [{"spec": {"kind": "ATTENTION_KIND_DSA_INDEXER", )",
+                               body, R"(}], "archs": ["sm_89"]})"),
+                  "test");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(MatrixTest, ModelArchsReplaceTheMatrixArchs) {
   const std::vector<MatrixJob> jobs = Expand(R"({"models": [
       {"preset": "glm-5", "tp": [8], "archs": ["sm_120a"]},

@@ -12,6 +12,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "model/cubin.h"
 #include "model/format.h"
+#include "model/spec.h"
 
 namespace kforge {
 
@@ -26,7 +27,7 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::KernelSpec& spec, std
   absl::StatusOr<const KernelFamily*> family = FamilyFor(spec);
   if (!family.ok()) return family.status();
   CompilePlan plan;
-  absl::StatusOr<v1::KernelSpec> normalized = (*family)->Normalize(spec);
+  absl::StatusOr<v1::KernelSpec> normalized = NormalizeKernelSpec(spec);
   if (!normalized.ok()) return normalized.status();
   plan.spec = *std::move(normalized);
   absl::StatusOr<Arch> parsed = ParseArch(arch);

@@ -10,8 +10,6 @@
 #include "compiler/indexer_codegen.h"
 #include "compiler/key.h"
 #include "compiler/nvrtc.h"
-#include "model/indexer_spec.h"
-#include "model/spec.h"
 #include "templates/kforge/dsa_indexer/config.h"
 
 namespace kforge {
@@ -20,12 +18,6 @@ namespace {
 class DsaIndexer final : public KernelFamily {
  public:
   DsaIndexer() : KernelFamily(v1::KernelSpec::kDsaIndexer) {}
-
-  absl::StatusOr<v1::KernelSpec> Normalize(const v1::KernelSpec& spec) const override {
-    absl::StatusOr<v1::DsaIndexerSpec> normalized = NormalizeIndexerSpec(spec.dsa_indexer());
-    if (!normalized.ok()) return normalized.status();
-    return KernelSpecOf(*normalized);
-  }
 
   absl::Status Plan(const PlanOptions& options, CompilePlan& plan) const override {
     if (options.max_smem_per_block > 0 || !options.tiling.empty()) {

@@ -34,9 +34,9 @@ class KernelFamily {
   // The case of KernelSpec this family compiles.
   v1::KernelSpec::KindCase kind() const { return kind_; }
 
-  // A spec of this family's case validated (InvalidArgument naming every
-  // bad field) and with what does not change the kernel cleared.
-  virtual absl::StatusOr<v1::KernelSpec> Normalize(const v1::KernelSpec& spec) const = 0;
+  // Validation and normalization are the model library's
+  // (NormalizeKernelSpec: the engine side checks specs with the same rule
+  // and links no compiler); KernelCompiler::Plan applies them before Plan.
 
   // Completes `plan` (its spec normalized, its arch parsed with the
   // options' shared-memory cap applied): the module name, instantiation

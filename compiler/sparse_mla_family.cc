@@ -34,12 +34,6 @@ class SparseMlaDecode final : public KernelFamily {
  public:
   SparseMlaDecode() : KernelFamily(v1::KernelSpec::kSparseMlaDecode) {}
 
-  absl::StatusOr<v1::KernelSpec> Normalize(const v1::KernelSpec& spec) const override {
-    absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec.sparse_mla_decode());
-    if (!normalized.ok()) return normalized.status();
-    return KernelSpecOf(*normalized);
-  }
-
   absl::Status Plan(const PlanOptions& options, CompilePlan& plan) const override {
     const v1::AttentionSpec& spec = plan.spec.sparse_mla_decode();
     ScheduleOptions schedule_options;

@@ -38,6 +38,23 @@ namespace {
 using google::protobuf::RepeatedField;
 using google::protobuf::Value;
 
+// Spec models written before KernelSpec may name the sparse kind
+// (DropFlatSparseKind); a tree that is not an object with a list of models
+// is left for the parser to refuse.
+void DropFlatSparseKinds(Value& tree) {
+  if (tree.kind_case() != Value::kStructValue) return;
+  auto& fields = *tree.mutable_struct_value()->mutable_fields();
+  auto models = fields.find("models");
+  if (models == fields.end() || models->second.kind_case() != Value::kListValue) return;
+  for (Value& model : *models->second.mutable_list_value()->mutable_values()) {
+    if (model.kind_case() != Value::kStructValue) continue;
+    auto& model_fields = *model.mutable_struct_value()->mutable_fields();
+    if (auto spec = model_fields.find("spec"); spec != model_fields.end()) {
+      DropFlatSparseKind(spec->second);
+    }
+  }
+}
+
 // JSON -> any-JSON tree -> short names expanded (ExpandKvEnumNames: kv_dtypes,
 // and a spec model's kv_cache_dtype and kv_scale_format) -> DeploymentMatrix. The
 // detour through google.protobuf.Value costs one extra parse of a small file
@@ -56,22 +73,7 @@ absl::StatusOr<v1::DeploymentMatrix> ParseJson(std::string_view text) {
   if (absl::Status s = ExpandKvEnumNames(*v1::DeploymentMatrix::descriptor(), tree); !s.ok()) {
     return s;
   }
-  // A spec model written before KernelSpec may name the sparse kind.
-  if (tree.kind_case() == Value::kStructValue) {
-    auto models = tree.struct_value().fields().find("models");
-    if (models != tree.struct_value().fields().end() &&
-        models->second.kind_case() == Value::kListValue) {
-      for (Value& model : *(*tree.mutable_struct_value()->mutable_fields())["models"]
-                               .mutable_list_value()
-                               ->mutable_values()) {
-        if (model.kind_case() != Value::kStructValue) continue;
-        auto spec = model.mutable_struct_value()->mutable_fields()->find("spec");
-        if (spec != model.mutable_struct_value()->mutable_fields()->end()) {
-          DropFlatSparseKind(spec->second);
-        }
-      }
-    }
-  }
+  DropFlatSparseKinds(tree);
   std::string json;
   // Printing a Value that was just parsed cannot fail.
   (void)google::protobuf::util::MessageToJsonString(tree, &json);

@@ -443,6 +443,19 @@ absl::Status WithKernelSpecHint(const absl::Status& status, absl::string_view te
                    "form is a sparse MLA spec's fields alone)"));
 }
 
+// A KernelSpec with no case, refused where one is read.
+absl::Status NoKindError() {
+  return absl::InvalidArgumentError(
+      "kind: got none, supported sparse_mla_decode or dsa_indexer (a KernelSpec names its kind)");
+}
+
+// KernelSpecOf a spec that was made or checked, its error as it is.
+template <typename Spec>
+absl::StatusOr<v1::KernelSpec> KernelSpecOfResult(const absl::StatusOr<Spec>& spec) {
+  if (!spec.ok()) return spec.status();
+  return KernelSpecOf(*spec);
+}
+
 // -0 is not a scale anyone means, and the JSON printer drops it (it reads
 // back as +0): make it +0 so a parsed spec prints and reads back the same
 // (found by fuzz/spec_fuzzer; validation then refuses the scale either way).
@@ -562,11 +575,7 @@ absl::StatusOr<v1::AttentionSpec> SpecFromPreset(std::string_view name, int64_t 
 absl::StatusOr<v1::KernelSpec> SpecOfSelector(const v1::KernelSelector& selector) {
   switch (selector.source_case()) {
     case v1::KernelSelector::kSpec:
-      if (selector.spec().kind_case() == v1::KernelSpec::KIND_NOT_SET) {
-        return absl::InvalidArgumentError(
-            "kind: got none, supported sparse_mla_decode or dsa_indexer (a KernelSpec names its "
-            "kind)");
-      }
+      if (selector.spec().kind_case() == v1::KernelSpec::KIND_NOT_SET) return NoKindError();
       return selector.spec();
     case v1::KernelSelector::kPreset: {
       const v1::PresetRef& preset = selector.preset();
@@ -576,10 +585,8 @@ absl::StatusOr<v1::KernelSpec> SpecOfSelector(const v1::KernelSelector& selector
               "kv_cache_dtype: got ", KvDtypeName(preset.kv_cache_dtype()),
               ", supported unset (ATTENTION_KIND_DSA_INDEXER: the index-key cache is fp8)"));
         }
-        absl::StatusOr<v1::DsaIndexerSpec> indexer =
-            IndexerSpecFromPreset(preset.name(), int64_t{preset.tensor_parallel()});
-        if (!indexer.ok()) return indexer.status();
-        return KernelSpecOf(*indexer);
+        return KernelSpecOfResult(
+            IndexerSpecFromPreset(preset.name(), int64_t{preset.tensor_parallel()}));
       }
       if (preset.kind() != v1::ATTENTION_KIND_UNSPECIFIED &&
           preset.kind() != v1::ATTENTION_KIND_SPARSE_MLA_DECODE) {
@@ -588,10 +595,8 @@ absl::StatusOr<v1::KernelSpec> SpecOfSelector(const v1::KernelSelector& selector
                          ", supported ATTENTION_KIND_SPARSE_MLA_DECODE or "
                          "ATTENTION_KIND_DSA_INDEXER"));
       }
-      absl::StatusOr<v1::AttentionSpec> attention =
-          SpecFromPreset(preset.name(), int64_t{preset.tensor_parallel()}, preset.kv_cache_dtype());
-      if (!attention.ok()) return attention.status();
-      return KernelSpecOf(*attention);
+      return KernelSpecOfResult(SpecFromPreset(preset.name(), int64_t{preset.tensor_parallel()},
+                                               preset.kv_cache_dtype()));
     }
     default:
       return absl::InvalidArgumentError(
@@ -746,21 +751,14 @@ absl::StatusOr<v1::KernelSpec> LoadKernelSpecFile(const std::string& path) {
 
 absl::StatusOr<v1::KernelSpec> NormalizeKernelSpec(const v1::KernelSpec& spec) {
   switch (spec.kind_case()) {
-    case v1::KernelSpec::kSparseMlaDecode: {
-      absl::StatusOr<v1::AttentionSpec> normalized = NormalizeSpec(spec.sparse_mla_decode());
-      if (!normalized.ok()) return normalized.status();
-      return KernelSpecOf(*normalized);
-    }
-    case v1::KernelSpec::kDsaIndexer: {
-      absl::StatusOr<v1::DsaIndexerSpec> normalized = NormalizeIndexerSpec(spec.dsa_indexer());
-      if (!normalized.ok()) return normalized.status();
-      return KernelSpecOf(*normalized);
-    }
+    case v1::KernelSpec::kSparseMlaDecode:
+      return KernelSpecOfResult(NormalizeSpec(spec.sparse_mla_decode()));
+    case v1::KernelSpec::kDsaIndexer:
+      return KernelSpecOfResult(NormalizeIndexerSpec(spec.dsa_indexer()));
     case v1::KernelSpec::KIND_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError(
-      "kind: got none, supported sparse_mla_decode or dsa_indexer (a KernelSpec names its kind)");
+  return NoKindError();
 }
 
 namespace {

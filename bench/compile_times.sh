@@ -2,37 +2,47 @@
 # Cold compile time of every preset module, one `kforge compile` at a time
 # (no cache is involved: compile always runs NVRTC): both presets x TP
 # 1/2/4/8 x bf16 / fp8_ds_mla x sm_90a / sm_120a, plus each preset's DSA
-# indexer module on both archs (36 modules). Prints a markdown table (one
-# row a module, the seconds `kforge compile` reports for it) with the
-# median and the max, and writes it to OUT_TABLE when given. Run it on an
-# idle machine: a timing is never a test assertion (BENCH.md keeps them).
+# indexer module on both archs (36 modules). Prints a markdown table, one
+# row a module: the seconds `kforge compile` reports for it (NVRTC, wall),
+# the whole process's wall seconds and its CPU seconds (user + sys, every
+# thread: what a compile costs a loaded machine); then the median and max
+# of each column and the sums. Writes the table to OUT_TABLE when given.
+# Run it on an idle machine: a timing is never a test assertion (BENCH.md
+# keeps them); on a shared machine read the CPU column.
 #
 #   bench/compile_times.sh KFORGE_BINARY [OUT_TABLE]
 #
 # Environment: COMPILE_TIMES_ARCHS (default "sm_90a sm_120a"),
-# COMPILE_TIMES_TPS (default "1 2 4 8").
+# COMPILE_TIMES_TPS (default "1 2 4 8"), COMPILE_TIMES_ARGS (more
+# `kforge compile` arguments for every module).
 set -euo pipefail
 KFORGE=${1:?usage: compile_times.sh KFORGE_BINARY [OUT_TABLE]}
 OUT_TABLE=${2:-}
 ARCHS=${COMPILE_TIMES_ARCHS:-sm_90a sm_120a}
 TPS=${COMPILE_TIMES_TPS:-1 2 4 8}
+read -r -a EXTRA <<<"${COMPILE_TIMES_ARGS:-}"
 [[ -x $KFORGE ]] || { echo "compile_times.sh: $KFORGE is not an executable" >&2; exit 2; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 rows=$tmp/rows
 : >"$rows"
-# One module: the seconds the CLI prints last on its line ("... 1.20 s").
+# One module: the seconds the CLI prints last on its line ("... 1.20 s"),
+# and bash's `time` of the process (real, user + sys).
 compile() {
   local label=$1; shift
-  local line
-  if ! line=$("$KFORGE" compile "$@" -o "$tmp/out" 2>&1 | tail -n 1); then
-    echo "compile_times.sh: $label failed: $line" >&2
+  local line times
+  rm -rf "$tmp/out"
+  if ! times=$( { TIMEFORMAT='%R %U %S'; time "$KFORGE" compile "$@" "${EXTRA[@]}" -o "$tmp/out" \
+      >"$tmp/line" 2>&1; } 2>&1); then
+    echo "compile_times.sh: $label failed: $(tail -n 3 "$tmp/line")" >&2
     exit 1
   fi
-  local seconds
+  line=$(tail -n 1 "$tmp/line")
+  local seconds real cpu
   seconds=$(awk '{print $(NF-1)}' <<<"$line")
-  printf '%s\t%s\n' "$label" "$seconds" >>"$rows"
-  printf '%-44s %6s s\n' "$label" "$seconds" >&2
+  read -r real cpu < <(awk '{printf "%.2f %.2f\n", $1, $2 + $3}' <<<"$times")
+  printf '%s\t%s\t%s\t%s\n' "$label" "$seconds" "$real" "$cpu" >>"$rows"
+  printf '%-44s %6s s  process %5s s  cpu %5s s\n' "$label" "$seconds" "$real" "$cpu" >&2
 }
 for preset in deepseek-v3.2 glm-5; do
   for arch in $ARCHS; do
@@ -44,12 +54,21 @@ for preset in deepseek-v3.2 glm-5; do
     compile "$preset dsa-indexer $arch" --preset "$preset" --kind dsa-indexer --arch "$arch"
   done
 done
-{
-  echo "| module | seconds |"
-  echo "|---|---:|"
-  awk -F'\t' '{printf "| %s | %.2f |\n", $1, $2}' "$rows"
-  sort -t$'\t' -k2 -g "$rows" | awk -F'\t' '{t[NR] = $2} END {
+# The median and the max of column `col` of the rows.
+stats() {
+  sort -t$'\t' -k"$1" -g "$rows" | awk -F'\t' -v c="$1" '{t[NR] = $c; s += $c} END {
     m = (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2
-    printf "\n%d modules: median %.2f s, max %.2f s, sum %.1f s\n", NR, m, t[NR], s }
-    { s += $2 }'
+    printf "median %.2f s, max %.2f s, sum %.1f s", m, t[NR], s }'
+}
+{
+  echo "date $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
+  echo
+  echo "| module | compile (s, wall) | process (s, wall) | CPU (s, user + sys) |"
+  echo "|---|---:|---:|---:|"
+  awk -F'\t' '{printf "| %s | %.2f | %.2f | %.2f |\n", $1, $2, $3, $4}' "$rows"
+  echo
+  echo "$(wc -l <"$rows") modules:"
+  echo "- compile (wall): $(stats 2)"
+  echo "- process (wall): $(stats 3)"
+  echo "- CPU: $(stats 4)"
 } | tee "${OUT_TABLE:-/dev/null}"

@@ -69,8 +69,8 @@ say "- matrix: ${MATRIX:-the built-in default (deploy/default_matrix.json)}"
 say ""
 
 # --- prebuild at each -j -----------------------------------------------------
-say "| jobs | wall s | kernels | kernels/s | speedup vs -j1 | parallel efficiency |"
-say "|---:|---:|---:|---:|---:|---:|"
+say "| jobs | wall s | CPU s (user + sys) | kernels | kernels/s | speedup vs -j1 | parallel efficiency |"
+say "|---:|---:|---:|---:|---:|---:|---:|"
 BASE_WALL=
 FIRST_BUNDLE=
 SAME_CHECKSUMS=yes
@@ -80,9 +80,12 @@ for jobs in $JOBS_LIST; do
   echo "prebuild_bench.sh: prebuild -j $jobs ..." >&2
   start=$(now)
   rc=0
-  timeout "$TIMEOUT" "$KFORGE" prebuild ${MATRIX:+"$MATRIX"} --out "$bundle" -j "$jobs" \
-    >"$log" 2>&1 || rc=$?
+  # CPU of the prebuild and its compile workers (bash's `time`: user, sys):
+  # on a shared machine the column to read.
+  { TIMEFORMAT='%U %S'; time timeout "$TIMEOUT" "$KFORGE" prebuild ${MATRIX:+"$MATRIX"} \
+      --out "$bundle" -j "$jobs" >"$log" 2>&1 || rc=$?; } 2>"$WORK/cpu_j$jobs"
   end=$(now)
+  cpu=$(awk '{ printf "%.1f", $1 + $2 }' "$WORK/cpu_j$jobs")
   if [[ $rc -ne 0 ]]; then
     echo "prebuild_bench.sh: prebuild -j $jobs exited $rc; last lines:" >&2
     tail -n 20 "$log" >&2
@@ -102,11 +105,11 @@ for jobs in $JOBS_LIST; do
   elif ! cmp -s "$FIRST_BUNDLE/checksums.sha256" "$bundle/checksums.sha256"; then
     SAME_CHECKSUMS=no
   fi
-  awk -v j="$jobs" -v w="$wall" -v k="$kernels" -v b="$BASE_WALL" -v first="${JOBS_LIST%% *}" 'BEGIN {
+  awk -v j="$jobs" -v w="$wall" -v c="$cpu" -v k="$kernels" -v b="$BASE_WALL" -v first="${JOBS_LIST%% *}" 'BEGIN {
     speedup = b / w
     # Efficiency is relative to the first -j value (normally 1).
     eff = speedup * first / j
-    printf "| %d | %.1f | %d | %.2f | %.2fx | %.0f%% |\n", j, w, k, k / w, speedup, 100 * eff
+    printf "| %d | %.1f | %s | %d | %.2f | %.2fx | %.0f%% |\n", j, w, c, k, k / w, speedup, 100 * eff
   }' >>"$REPORT"
 done
 say ""

@@ -133,6 +133,9 @@ int Compile(const std::vector<std::string>& argv) {
               {"explain", "",
                "also print each module's schedule (pipelines, entries) and why the planner "
                "chose it"},
+              {"source", "",
+               "also write the instantiation unit NVRTC compiles, DIR/<module>.cu (its "
+               "headers are templates/; bench/compile_phases.py times it)"},
               {"help", "", "show this help", "", 'h'}});
   absl::StatusOr<ParsedArgs> args = ParseFlags(flags, argv);
   if (!args.ok()) return Fail(args.status());
@@ -171,7 +174,16 @@ int Compile(const std::vector<std::string>& argv) {
   KernelCompiler compiler;
   int failures = 0;
   for (const std::string& arch : archs) {
-    absl::StatusOr<v1::KernelArtifact> artifact = compiler.Compile(*spec, arch, plan_options);
+    absl::StatusOr<CompilePlan> plan = compiler.Plan(*spec, arch, plan_options);
+    absl::StatusOr<v1::KernelArtifact> artifact =
+        plan.ok() ? compiler.Build(*plan) : absl::StatusOr<v1::KernelArtifact>(plan.status());
+    if (plan.ok() && args->Has("source")) {
+      if (absl::Status s =
+              WriteFileAtomic(absl::StrCat(out_dir, "/", plan->module_name, ".cu"), plan->source);
+          !s.ok()) {
+        return Fail(s);
+      }
+    }
     if (!artifact.ok()) {
       std::cerr << "kforge: " << arch << ": " << artifact.status().message() << "\n";
       ++failures;

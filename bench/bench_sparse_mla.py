@@ -84,6 +84,8 @@ def main():
     ap.add_argument("--cases", default="128x128,64x64,16x128,8x1",
                     help="heads x batch list")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
+    ap.add_argument("--auto-only", action="store_true",
+                    help="time only the launch rule's split count (A/B runs of variants)")
     ap.add_argument("--topk", type=int, default=2048,
                     help="time the modules of this top-k (a small one shows a call's fixed costs)")
     ap.add_argument("--kv-dtype", default="bf16",
@@ -144,8 +146,8 @@ def main():
         # kernel: key "Nc").
         auto_sel = mod.selection(T)
         auto = f"{auto_sel.num_splits}c" if auto_sel.plan.cluster else auto_sel.num_splits
-        cands = sorted({1, 2, 4, 8, 16, 32, auto_sel.num_splits} &
-                       set(range(1, mod.max_splits + 1)))
+        cands = [] if args.auto_only else sorted({1, 2, 4, 8, 16, 32, auto_sel.num_splits} &
+                                                 set(range(1, mod.max_splits + 1)))
         for splits in cands:
             ws = mod.workspace(T, splits)
             results[splits] = time_fn(

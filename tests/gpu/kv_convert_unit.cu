@@ -90,7 +90,8 @@ template <bool kPow2>
 __global__ void ConvertE4m3(uint32_t* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const uint4 d = make_uint4(ItemWord(i, 0), ItemWord(i, 1), ~ItemWord(i + 1, 0), ItemWord(i + 7, 0));
+  const uint4 d =
+      make_uint4(ItemWord(i, 0), ItemWord(i, 1), ~ItemWord(i + 1, 0), ItemWord(i + 7, 0));
   const float scale = ldexpf(1.f, i / 256 - 133);
   kforge::ptx::u32 o[8];
   if constexpr (kPow2) {
@@ -121,8 +122,8 @@ long CheckE4m3Route(const std::vector<uint32_t>& got, const char* route) {
       const double want = E4m3(byte) * scale;
       const uint32_t bits = (got[8 * i + v / 2] >> (16 * (v % 2))) & 0xFFFFu;
       const uint32_t want_bits = Bf16Bits(static_cast<float>(want));
-      const bool ok = std::isnan(want) ? (bits & 0x7F80u) == 0x7F80u && (bits & 0x7Fu) != 0
-                                       : bits == want_bits;
+      const bool ok =
+          std::isnan(want) ? (bits & 0x7F80u) == 0x7F80u && (bits & 0x7Fu) != 0 : bits == want_bits;
       if (!ok && bad++ < 8) {
         std::printf("%s: item %d value %d (byte 0x%02x, scale 2^%d): got 0x%04x, want 0x%04x\n",
                     route, i, v, byte, i / 256 - 133, bits, want_bits);

@@ -387,8 +387,7 @@ __device__ __forceinline__ void E4m3Item16ToBf16Pow2(const uint4& d, float scale
     fp8::Half2ToFloat2(h01, f0, f1);
     fp8::Half2ToFloat2(h23, f2, f3);
     out[2 * q] = ptx::FmaBf16x2(ptx::PackBf16x2(E4m3Value(f0), E4m3Value(f1)), s2, 0x80008000u);
-    out[2 * q + 1] =
-        ptx::FmaBf16x2(ptx::PackBf16x2(E4m3Value(f2), E4m3Value(f3)), s2, 0x80008000u);
+    out[2 * q + 1] = ptx::FmaBf16x2(ptx::PackBf16x2(E4m3Value(f2), E4m3Value(f3)), s2, 0x80008000u);
   }
 }
 

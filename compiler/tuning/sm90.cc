@@ -46,6 +46,9 @@ const SparseMlaTuning& Sm90Tuning() {
       // 128 x 32 and 64 x 64 for fp8_ds_mla (BENCH.md "L2 prefetch"). The
       // pair's producer loading ahead: faster for nvfp4, slower for V4 and
       // V4.1 (BENCH.md "crossover pairs for the record formats").
+      // fp8_ds_mla stays unpaired: paired, loading ahead and spill-free, it
+      // ran 128 x 128 23% slower on an H100 (BENCH.md "Issue 45: the fp8
+      // producer's instructions").
       // {dtype, warp_specialized, crossover, producer_prefetch_l2,
       //  pair_load_ahead}
       .formats =

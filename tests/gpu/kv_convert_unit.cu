@@ -5,6 +5,11 @@
 // exactly the bf16 of value * scale (an exact product: 2 significant bits
 // times 4), NaN for a NaN scale code. Checks that the hardware keeps bf16
 // subnormal inputs (no flush to zero) where the template relies on it.
+// Then the fp8_ds_mla conversion (E4m3Item16ToBf16, fp32 multiplies, and
+// E4m3Item16ToBf16Pow2, one bf16x2 multiply: the power-of-two scale
+// modules'): every byte value in every position of an item times every
+// power of two from 2^-133 (bf16's least subnormal) to 2^127 must give the
+// bf16 (round to nearest even) of value * scale, NaN for a NaN code.
 // Build and run on the GPU machine (tests/gpu/run_device_suite.sh):
 //   nvcc -std=c++17 -arch=sm_90a -I templates -o /tmp/kv_convert_unit \
 //       tests/gpu/kv_convert_unit.cu && /tmp/kv_convert_unit
@@ -78,6 +83,59 @@ long CheckRoute(const std::vector<uint32_t>& got, const char* route) {
   return bad;
 }
 
+// fp8_ds_mla: item i holds 16 codes from byte i % 256 (ItemWord's four
+// words), scale 2^(i / 256 - 133).
+constexpr int kPow2Scales = 261;
+template <bool kPow2>
+__global__ void ConvertE4m3(uint32_t* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const uint4 d =
+      make_uint4(ItemWord(i, 0), ItemWord(i, 1), ~ItemWord(i + 1, 0), ItemWord(i + 7, 0));
+  const float scale = ldexpf(1.f, i / 256 - 133);
+  kforge::ptx::u32 o[8];
+  if constexpr (kPow2) {
+    ks::E4m3Item16ToBf16Pow2(d, scale, o);
+  } else {
+    ks::E4m3Item16ToBf16(d, scale, o);
+  }
+  for (int j = 0; j < 8; ++j) out[8 * i + j] = o[j];
+}
+
+// bf16 bits (round to nearest even) of an exactly representable float.
+uint32_t Bf16Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  if (std::isnan(f)) return 0x7FC0u;
+  return (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+}
+
+long CheckE4m3Route(const std::vector<uint32_t>& got, const char* route) {
+  long bad = 0, values = 0;
+  for (int i = 0; i < static_cast<int>(got.size() / 8); ++i) {
+    const uint32_t w[4] = {ItemWord(i, 0), ItemWord(i, 1), ~ItemWord(i + 1, 0), ItemWord(i + 7, 0)};
+    const double scale = std::ldexp(1.0, i / 256 - 133);
+    for (int v = 0; v < 16; ++v) {
+      const uint32_t byte = (w[v / 4] >> (8 * (v % 4))) & 0xFFu;
+      // value * scale has at most 4 significant bits: exact as a float
+      // whenever it is at least 2^-149 (here >= 2^-142) and in range.
+      const double want = E4m3(byte) * scale;
+      const uint32_t bits = (got[8 * i + v / 2] >> (16 * (v % 2))) & 0xFFFFu;
+      const uint32_t want_bits = Bf16Bits(static_cast<float>(want));
+      const bool ok =
+          std::isnan(want) ? (bits & 0x7F80u) == 0x7F80u && (bits & 0x7Fu) != 0 : bits == want_bits;
+      if (!ok && bad++ < 8) {
+        std::printf("%s: item %d value %d (byte 0x%02x, scale 2^%d): got 0x%04x, want 0x%04x\n",
+                    route, i, v, byte, i / 256 - 133, bits, want_bits);
+      }
+      ++values;
+    }
+  }
+  std::printf("e4m3 x power-of-two scale -> bf16, %s: %ld values, %ld wrong: %s\n", route, values,
+              bad, bad == 0 ? "PASS" : "FAIL");
+  return bad;
+}
+
 int main() {
   constexpr int kItems = 256 * 256;
   uint32_t* d = nullptr;
@@ -93,6 +151,21 @@ int main() {
     std::printf("FAIL: %s\n", cudaGetErrorString(e));
     return 2;
   }
-  const long bad = CheckRoute(two, "two multiplies") + CheckRoute(branch, "scale branch");
+  long bad = CheckRoute(two, "two multiplies") + CheckRoute(branch, "scale branch");
+  constexpr int kE4m3Items = 256 * kPow2Scales;
+  uint32_t* d8 = nullptr;
+  if (cudaMalloc(&d8, sizeof(uint32_t) * 8 * kE4m3Items) != cudaSuccess) return 2;
+  std::vector<uint32_t> fp32(8 * kE4m3Items), pow2(8 * kE4m3Items);
+  ConvertE4m3<false><<<(kE4m3Items + 127) / 128, 128>>>(d8, kE4m3Items);
+  e = cudaMemcpy(fp32.data(), d8, fp32.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost);
+  ConvertE4m3<true><<<(kE4m3Items + 127) / 128, 128>>>(d8, kE4m3Items);
+  if (e == cudaSuccess) {
+    e = cudaMemcpy(pow2.data(), d8, pow2.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost);
+  }
+  if (e != cudaSuccess) {
+    std::printf("FAIL: %s\n", cudaGetErrorString(e));
+    return 2;
+  }
+  bad += CheckE4m3Route(fp32, "fp32 multiplies") + CheckE4m3Route(pow2, "bf16x2 multiply (pow2)");
   return bad == 0 ? 0 : 1;
 }

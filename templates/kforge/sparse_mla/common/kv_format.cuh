@@ -199,23 +199,31 @@ __device__ __forceinline__ void ForEachRowItem(const ThreadRoles& r, Fn&& fn) {
   }
 }
 
-// Stores item k of tile row `row` (out: 16 bf16, low column first) by
-// store(addr, 4 words) of its two 16-byte chunks: st.shared (StoreItem) or
-// a store into the crossover peer's tile (sm90/wspath.cuh). Lanes of odd column
-// blocks store their second chunk first, so each 8-lane phase of a 16-byte
-// store hits eight distinct chunks of 128 bytes when a warp converts one
-// row's consecutive items: no bank conflicts.
+// Stores the two 16-byte chunks `first` and first ^ 1 of column block
+// `block` of tile row `row` (out: 16 bf16, low column first) by store(addr,
+// 4 words): st.shared (StoreItem) or a store into the crossover peer's tile
+// (sm90/wspath.cuh). Lanes of odd column blocks store their second chunk
+// first, so each 8-lane phase of a 16-byte store hits eight distinct chunks
+// of 128 bytes when a warp converts one row's consecutive items: no bank
+// conflicts.
 template <class T, class Store>
-__device__ __forceinline__ void StoreItemWith(ptx::u32 tile, int row, int k,
-                                              const ptx::u32 (&out)[8], Store&& store) {
-  const bool odd_block = (k >> 2) & 1;
-  const int first = 2 * (k & 3) + (odd_block ? 1 : 0);
-  const ptx::u32 base = tile + (k >> 2) * T::kKvBlockBytes + row * 128;
+__device__ __forceinline__ void StoreChunkPair(ptx::u32 tile, int row, int block, int first,
+                                               bool odd_block, const ptx::u32 (&out)[8],
+                                               Store&& store) {
+  const ptx::u32 base = tile + block * T::kKvBlockBytes + row * 128;
   const int swz = row & 7;
   store(base + ((first ^ swz) << 4), odd_block ? out[4] : out[0], odd_block ? out[5] : out[1],
         odd_block ? out[6] : out[2], odd_block ? out[7] : out[3]);
   store(base + (((first ^ 1) ^ swz) << 4), odd_block ? out[0] : out[4], odd_block ? out[1] : out[5],
         odd_block ? out[2] : out[6], odd_block ? out[3] : out[7]);
+}
+// Item k (16 columns) of tile row `row`: column block k / 4, chunks
+// 2 (k % 4) and + 1.
+template <class T, class Store>
+__device__ __forceinline__ void StoreItemWith(ptx::u32 tile, int row, int k,
+                                              const ptx::u32 (&out)[8], Store&& store) {
+  const bool odd_block = (k >> 2) & 1;
+  StoreChunkPair<T>(tile, row, k >> 2, 2 * (k & 3) + (odd_block ? 1 : 0), odd_block, out, store);
 }
 // StoreItemWith's store into this CTA's shared memory.
 struct StoreShared128 {
@@ -358,6 +366,29 @@ __device__ __forceinline__ ptx::u32 RegLd1(const unsigned char* p, bool ok) {
 __device__ __forceinline__ void E4m3Item16ToBf16(const uint4& d, float scale, ptx::u32 (&out)[8]) {
   const ptx::u32 w[4] = {d.x, d.y, d.z, d.w};
   E4m3ItemToBf16(w, scale, out);
+}
+
+// E4m3Item16ToBf16 for a power-of-two scale: each code to bf16 first
+// (exact: an e4m3 value has 4 significant bits), then one bf16x2 multiply by
+// the scale (fma with -0, which keeps a zero's sign). The product is exact
+// and rounded once, as the fp32 path's, for every scale bf16 holds: every
+// power of two from 2^-133 (its least subnormal) up. A smaller scale, which
+// no quantiser writes, rounds to 0 or 2^-133: its tile's values are below
+// 2^-124. One instruction fewer a pair of codes than the fp32 multiplies.
+__device__ __forceinline__ void E4m3Item16ToBf16Pow2(const uint4& d, float scale,
+                                                     ptx::u32 (&out)[8]) {
+  const ptx::u32 w[4] = {d.x, d.y, d.z, d.w};
+  const ptx::u32 s2 = ptx::PackBf16x2(scale, scale);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    ptx::u32 h01, h23;
+    fp8::E4m3x4ToHalf2(w[q], h01, h23);
+    float f0, f1, f2, f3;
+    fp8::Half2ToFloat2(h01, f0, f1);
+    fp8::Half2ToFloat2(h23, f2, f3);
+    out[2 * q] = ptx::FmaBf16x2(ptx::PackBf16x2(E4m3Value(f0), E4m3Value(f1)), s2, 0x80008000u);
+    out[2 * q + 1] = ptx::FmaBf16x2(ptx::PackBf16x2(E4m3Value(f2), E4m3Value(f3)), s2, 0x80008000u);
+  }
 }
 
 // Copies `kChunks` 16-byte chunks of bf16 columns from staging offset
@@ -513,7 +544,11 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
   template <bool kInProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {
-    E4m3Item16ToBf16(raw.d[gi], raw.scale, out);
+    if constexpr (kPow2Scales) {
+      E4m3Item16ToBf16Pow2(raw.d[gi], raw.scale, out);
+    } else {
+      E4m3Item16ToBf16(raw.d[gi], raw.scale, out);
+    }
   }
   __device__ __forceinline__ static void RegRope(const RegRaw& raw, ptx::u32 (&out)[2]) {
     out[0] = raw.rope.x;

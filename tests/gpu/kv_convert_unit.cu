@@ -6,7 +6,7 @@
 // times 4), NaN for a NaN scale code. Checks that the hardware keeps bf16
 // subnormal inputs (no flush to zero) where the template relies on it.
 // Then the fp8_ds_mla conversion (E4m3Item16ToBf16, fp32 multiplies, and
-// E4m3Item16ToBf16Pow2, one bf16x2 multiply: the power-of-two scale
+// E4m3Item16ToBf16<true>, one bf16x2 multiply: the power-of-two scale
 // modules'): every byte value in every position of an item times every
 // power of two from 2^-133 (bf16's least subnormal) to 2^127 must give the
 // bf16 (round to nearest even) of value * scale, NaN for a NaN code.
@@ -94,11 +94,7 @@ __global__ void ConvertE4m3(uint32_t* out, int n) {
       make_uint4(ItemWord(i, 0), ItemWord(i, 1), ~ItemWord(i + 1, 0), ItemWord(i + 7, 0));
   const float scale = ldexpf(1.f, i / 256 - 133);
   kforge::ptx::u32 o[8];
-  if constexpr (kPow2) {
-    ks::E4m3Item16ToBf16Pow2(d, scale, o);
-  } else {
-    ks::E4m3Item16ToBf16(d, scale, o);
-  }
+  ks::E4m3Item16ToBf16<kPow2>(d, scale, o);
   for (int j = 0; j < 8; ++j) out[8 * i + j] = o[j];
 }
 

@@ -247,8 +247,18 @@ __device__ __forceinline__ float E4m3Value(float half_value) {
 
 // 16 e4m3 codes (w, low byte first) times `scale` as 16 bf16: the product
 // in fp32, rounded once to bf16 (exact for power-of-two scales in range).
+// kPow2Scale (a power-of-two scale): each code to bf16 first (exact: an
+// e4m3 value has 4 significant bits), then one bf16x2 multiply by the scale
+// (fma with -0, which keeps a zero's sign), one instruction fewer a pair of
+// codes. The product is as exact and rounded once for every scale bf16
+// holds, every power of two from 2^-133 (its least subnormal) up; a smaller
+// scale, which no quantiser writes, rounds to 0 or 2^-133 (its tile's
+// values are below 2^-124).
+template <bool kPow2Scale = false>
 __device__ __forceinline__ void E4m3ItemToBf16(const ptx::u32 (&w)[4], float scale,
                                                ptx::u32 (&out)[8]) {
+  [[maybe_unused]] ptx::u32 s2 = 0u;
+  if constexpr (kPow2Scale) s2 = ptx::PackBf16x2(scale, scale);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     ptx::u32 h01, h23;
@@ -256,8 +266,14 @@ __device__ __forceinline__ void E4m3ItemToBf16(const ptx::u32 (&w)[4], float sca
     float f0, f1, f2, f3;
     fp8::Half2ToFloat2(h01, f0, f1);
     fp8::Half2ToFloat2(h23, f2, f3);
-    out[2 * q] = ptx::PackBf16x2(E4m3Value(f0) * scale, E4m3Value(f1) * scale);
-    out[2 * q + 1] = ptx::PackBf16x2(E4m3Value(f2) * scale, E4m3Value(f3) * scale);
+    if constexpr (kPow2Scale) {
+      out[2 * q] = ptx::FmaBf16x2(ptx::PackBf16x2(E4m3Value(f0), E4m3Value(f1)), s2, 0x80008000u);
+      out[2 * q + 1] =
+          ptx::FmaBf16x2(ptx::PackBf16x2(E4m3Value(f2), E4m3Value(f3)), s2, 0x80008000u);
+    } else {
+      out[2 * q] = ptx::PackBf16x2(E4m3Value(f0) * scale, E4m3Value(f1) * scale);
+      out[2 * q + 1] = ptx::PackBf16x2(E4m3Value(f2) * scale, E4m3Value(f3) * scale);
+    }
   }
 }
 
@@ -363,32 +379,10 @@ __device__ __forceinline__ ptx::u32 RegLd1(const unsigned char* p, bool ok) {
 }
 
 // 16 e4m3 codes of a uint4 times `scale` (E4m3ItemToBf16).
+template <bool kPow2Scale = false>
 __device__ __forceinline__ void E4m3Item16ToBf16(const uint4& d, float scale, ptx::u32 (&out)[8]) {
   const ptx::u32 w[4] = {d.x, d.y, d.z, d.w};
-  E4m3ItemToBf16(w, scale, out);
-}
-
-// E4m3Item16ToBf16 for a power-of-two scale: each code to bf16 first
-// (exact: an e4m3 value has 4 significant bits), then one bf16x2 multiply by
-// the scale (fma with -0, which keeps a zero's sign). The product is exact
-// and rounded once, as the fp32 path's, for every scale bf16 holds: every
-// power of two from 2^-133 (its least subnormal) up. A smaller scale, which
-// no quantiser writes, rounds to 0 or 2^-133: its tile's values are below
-// 2^-124. One instruction fewer a pair of codes than the fp32 multiplies.
-__device__ __forceinline__ void E4m3Item16ToBf16Pow2(const uint4& d, float scale,
-                                                     ptx::u32 (&out)[8]) {
-  const ptx::u32 w[4] = {d.x, d.y, d.z, d.w};
-  const ptx::u32 s2 = ptx::PackBf16x2(scale, scale);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    ptx::u32 h01, h23;
-    fp8::E4m3x4ToHalf2(w[q], h01, h23);
-    float f0, f1, f2, f3;
-    fp8::Half2ToFloat2(h01, f0, f1);
-    fp8::Half2ToFloat2(h23, f2, f3);
-    out[2 * q] = ptx::FmaBf16x2(ptx::PackBf16x2(E4m3Value(f0), E4m3Value(f1)), s2, 0x80008000u);
-    out[2 * q + 1] = ptx::FmaBf16x2(ptx::PackBf16x2(E4m3Value(f2), E4m3Value(f3)), s2, 0x80008000u);
-  }
+  E4m3ItemToBf16<kPow2Scale>(w, scale, out);
 }
 
 // Copies `kChunks` 16-byte chunks of bf16 columns from staging offset
@@ -544,11 +538,7 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
   template <bool kInProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {
-    if constexpr (kPow2Scales) {
-      E4m3Item16ToBf16Pow2(raw.d[gi], raw.scale, out);
-    } else {
-      E4m3Item16ToBf16(raw.d[gi], raw.scale, out);
-    }
+    E4m3Item16ToBf16<kPow2Scales>(raw.d[gi], raw.scale, out);
   }
   __device__ __forceinline__ static void RegRope(const RegRaw& raw, ptx::u32 (&out)[2]) {
     out[0] = raw.rope.x;

@@ -83,7 +83,7 @@ struct StoreRopeShared {
 
 // Converts one tile row's four register units (raw[u], u = 0..3: the
 // format's RegLoad of lane (n, q)) into the bf16 KV tile: items 8 u + 4 gi +
-// q through `store` (StoreItemWith's 16-byte stores) and the rope columns
+// q through `store` (StoreChunkPair's 16-byte stores) and the rope columns
 // of unit (u, q) through `store_rope` (address, two words). Both producers
 // run it: WsProduce with plain shared stores, the crossover pair's with
 // stores to this CTA and its peer (kInProducer: the pair's RegItem).

@@ -54,12 +54,16 @@
 //   F::RegRaw           this thread's raw bytes of one token
 //   F::RegLoad<T, kPageBlock>(v, slot, ok, w, q, raw)
 //                       global loads into raw (zeros where !ok)
-//   F::RegItem<kInProducer = false>(raw, gi, w, q, out)
+//   F::RegItem<kInProducer = false, kInWsProducer = false>(raw, gi, w, q, out)
 //                       item 8 w + 4 gi + q as 16 bf16 (out[k] holds
 //                       columns 2 k, 2 k + 1), as Land would store it;
 //                       kInProducer: called by the crossover pair's
 //                       producer, whose loop only converts and stores
-//                       (a format may branch there: nvfp4_ds_mla)
+//                       (a format may branch there: nvfp4_ds_mla);
+//                       kInWsProducer: by either warp-specialised
+//                       producer (fp8_ds_mla's power-of-two route)
+//   F::kConstChunkOrder  whether the producers store its items with the
+//                       chunk order known at compile time (StoreChunkPair)
 //   F::RegRope(raw, out)
 //                       the rope columns 4 q .. 4 q + 3 as two bf16 pairs
 //                       (only formats with rope columns need it)
@@ -535,10 +539,16 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
   // unchanged (BENCH.md, "L2 prefetch-size hint"). The other records
   // measured no faster or slower with it.
   static constexpr int kL2Prefetch = 256;
-  template <bool kInProducer = false>
+  // The producers: stores in a compile-time chunk order and, for
+  // power-of-two scales, one bf16x2 multiply (H100: 128 x 128 239 -> 221
+  // us; BENCH.md "Issue 45: the fp8 producer's instructions"). The register
+  // pipeline keeps the fp32 route: with the other it spilled 8 bytes on
+  // sm_80 at 255 registers.
+  static constexpr bool kConstChunkOrder = true;
+  template <bool kInProducer = false, bool kInWsProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {
-    E4m3Item16ToBf16<kPow2Scales>(raw.d[gi], raw.scale, out);
+    E4m3Item16ToBf16<kPow2Scales && kInWsProducer>(raw.d[gi], raw.scale, out);
   }
   __device__ __forceinline__ static void RegRope(const RegRaw& raw, ptx::u32 (&out)[2]) {
     out[0] = raw.rope.x;
@@ -622,7 +632,9 @@ struct KvUe8m0PageBlocked : S {
     ptx::BulkPrefetchL2(rows.data, S::kDataBytes);
     ptx::PrefetchL2(rows.scales);
   }
-  template <bool kInProducer = false>
+  // Not measured with the compile-time chunk order (fp8_ds_mla's).
+  static constexpr bool kConstChunkOrder = false;
+  template <bool kInProducer = false, bool kInWsProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int w, int,
                                                  ptx::u32 (&out)[8]) {
     if (S::kE4m3Values < S::kLatent && gi == 1 && w == kBf16Warp) {
@@ -697,7 +709,10 @@ struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
     raw.scales = RegLd2(rec + ScaleByte(8 * w + q), ok);
     raw.rope = RegLd4(rec + kRopeOffset + 16 * w + 4 * q, ok);
   }
-  template <bool kInProducer = false>
+  // With the compile-time chunk order (fp8_ds_mla's) its unpaired
+  // producer (the wide cluster entry) spilled 8 bytes; not measured.
+  static constexpr bool kConstChunkOrder = false;
+  template <bool kInProducer = false, bool kInWsProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {
     const ptx::u32 w[2] = {raw.d[gi].x, raw.d[gi].y};

@@ -96,11 +96,16 @@ __device__ __forceinline__ void ConvertRow(const typename T::Kv::RegRaw (&raw)[4
 #pragma unroll
     for (int gi = 0; gi < 2; ++gi) {
       ptx::u32 out[8];
-      Kv::template RegItem<kInProducer>(raw[u], gi, u, q, out);
+      Kv::template RegItem<kInProducer, true>(raw[u], gi, u, q, out);
       // Item 8 u + 4 gi + q: block 2 u + gi, whose parity (gi) is known here,
-      // so the chunk order needs no selects (StoreItemWith's runtime item
-      // cost the producer 128 SEL a tile).
-      StoreChunkPair<T>(tile, row, 2 * u + gi, 2 * q + gi, gi == 1, out, store);
+      // so the chunk order needs no selects where the format takes it
+      // (StoreItemWith's runtime item cost fp8_ds_mla's producer 128 SEL a
+      // tile).
+      if constexpr (Kv::kConstChunkOrder) {
+        StoreChunkPair<T>(tile, row, 2 * u + gi, 2 * q + gi, gi == 1, out, store);
+      } else {
+        StoreItemWith<T>(tile, row, 8 * u + 4 * gi + q, out, store);
+      }
     }
     if constexpr (T::kRope != 0) {
       ptx::u32 rope[2];

@@ -84,15 +84,19 @@ long CheckRoute(const std::vector<uint32_t>& got, const char* route) {
 }
 
 // fp8_ds_mla: item i holds 16 codes from byte i % 256 (ItemWord's four
-// words), scale 2^(i / 256 - 133).
+// words, E4m3ItemWords), scale 2^E4m3ScaleExponent(i).
 constexpr int kPow2Scales = 261;
+__host__ __device__ inline uint4 E4m3ItemWords(int i) {
+  return make_uint4(ItemWord(i, 0), ItemWord(i, 1), ~ItemWord(i + 1, 0), ItemWord(i + 7, 0));
+}
+__host__ __device__ inline int E4m3ScaleExponent(int i) { return i / 256 - 133; }
+
 template <bool kPow2>
 __global__ void ConvertE4m3(uint32_t* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const uint4 d =
-      make_uint4(ItemWord(i, 0), ItemWord(i, 1), ~ItemWord(i + 1, 0), ItemWord(i + 7, 0));
-  const float scale = ldexpf(1.f, i / 256 - 133);
+  const uint4 d = E4m3ItemWords(i);
+  const float scale = ldexpf(1.f, E4m3ScaleExponent(i));
   kforge::ptx::u32 o[8];
   ks::E4m3Item16ToBf16<kPow2>(d, scale, o);
   for (int j = 0; j < 8; ++j) out[8 * i + j] = o[j];
@@ -109,8 +113,9 @@ uint32_t Bf16Bits(float f) {
 long CheckE4m3Route(const std::vector<uint32_t>& got, const char* route) {
   long bad = 0, values = 0;
   for (int i = 0; i < static_cast<int>(got.size() / 8); ++i) {
-    const uint32_t w[4] = {ItemWord(i, 0), ItemWord(i, 1), ~ItemWord(i + 1, 0), ItemWord(i + 7, 0)};
-    const double scale = std::ldexp(1.0, i / 256 - 133);
+    const uint4 d = E4m3ItemWords(i);
+    const uint32_t w[4] = {d.x, d.y, d.z, d.w};
+    const double scale = std::ldexp(1.0, E4m3ScaleExponent(i));
     for (int v = 0; v < 16; ++v) {
       const uint32_t byte = (w[v / 4] >> (8 * (v % 4))) & 0xFFu;
       // value * scale has at most 4 significant bits: exact as a float
@@ -122,7 +127,7 @@ long CheckE4m3Route(const std::vector<uint32_t>& got, const char* route) {
           std::isnan(want) ? (bits & 0x7F80u) == 0x7F80u && (bits & 0x7Fu) != 0 : bits == want_bits;
       if (!ok && bad++ < 8) {
         std::printf("%s: item %d value %d (byte 0x%02x, scale 2^%d): got 0x%04x, want 0x%04x\n",
-                    route, i, v, byte, i / 256 - 133, bits, want_bits);
+                    route, i, v, byte, E4m3ScaleExponent(i), bits, want_bits);
       }
       ++values;
     }
@@ -132,36 +137,31 @@ long CheckE4m3Route(const std::vector<uint32_t>& got, const char* route) {
   return bad;
 }
 
+// Runs `kernel` over `items` items (8 output words each) and copies its
+// output into `out`; false (and the error printed) on a CUDA failure.
+bool Run(void (*kernel)(uint32_t*, int), int items, std::vector<uint32_t>& out) {
+  out.assign(8 * static_cast<size_t>(items), 0u);
+  uint32_t* d = nullptr;
+  cudaError_t e = cudaMalloc(&d, sizeof(uint32_t) * out.size());
+  if (e == cudaSuccess) {
+    kernel<<<(items + 127) / 128, 128>>>(d, items);
+    e = cudaMemcpy(out.data(), d, out.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+  }
+  if (e != cudaSuccess) std::printf("FAIL: %s\n", cudaGetErrorString(e));
+  return e == cudaSuccess;
+}
+
 int main() {
   constexpr int kItems = 256 * 256;
-  uint32_t* d = nullptr;
-  if (cudaMalloc(&d, sizeof(uint32_t) * 8 * kItems) != cudaSuccess) return 2;
-  std::vector<uint32_t> two(8 * kItems), branch(8 * kItems);
-  Convert<false><<<kItems / 128, 128>>>(d, kItems);
-  cudaError_t e = cudaMemcpy(two.data(), d, two.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost);
-  Convert<true><<<kItems / 128, 128>>>(d, kItems);
-  if (e == cudaSuccess) {
-    e = cudaMemcpy(branch.data(), d, branch.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost);
-  }
-  if (e != cudaSuccess) {
-    std::printf("FAIL: %s\n", cudaGetErrorString(e));
-    return 2;
-  }
-  long bad = CheckRoute(two, "two multiplies") + CheckRoute(branch, "scale branch");
   constexpr int kE4m3Items = 256 * kPow2Scales;
-  uint32_t* d8 = nullptr;
-  if (cudaMalloc(&d8, sizeof(uint32_t) * 8 * kE4m3Items) != cudaSuccess) return 2;
-  std::vector<uint32_t> fp32(8 * kE4m3Items), pow2(8 * kE4m3Items);
-  ConvertE4m3<false><<<(kE4m3Items + 127) / 128, 128>>>(d8, kE4m3Items);
-  e = cudaMemcpy(fp32.data(), d8, fp32.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost);
-  ConvertE4m3<true><<<(kE4m3Items + 127) / 128, 128>>>(d8, kE4m3Items);
-  if (e == cudaSuccess) {
-    e = cudaMemcpy(pow2.data(), d8, pow2.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost);
-  }
-  if (e != cudaSuccess) {
-    std::printf("FAIL: %s\n", cudaGetErrorString(e));
+  std::vector<uint32_t> two, branch, fp32, pow2;
+  if (!Run(Convert<false>, kItems, two) || !Run(Convert<true>, kItems, branch) ||
+      !Run(ConvertE4m3<false>, kE4m3Items, fp32) || !Run(ConvertE4m3<true>, kE4m3Items, pow2)) {
     return 2;
   }
-  bad += CheckE4m3Route(fp32, "fp32 multiplies") + CheckE4m3Route(pow2, "bf16x2 multiply (pow2)");
+  const long bad = CheckRoute(two, "two multiplies") + CheckRoute(branch, "scale branch") +
+                   CheckE4m3Route(fp32, "fp32 multiplies") +
+                   CheckE4m3Route(pow2, "bf16x2 multiply (pow2)");
   return bad == 0 ? 0 : 1;
 }

@@ -90,6 +90,20 @@ std::vector<std::string> BaseNvrtcOptions(const std::string& arch) {
       // different option list (and so a different cache key) rather than a
       // silent dialect change.
       "-std=c++17",
+      // ptxas translates a module's entries on two threads. Each entry's
+      // SASS is byte-identical to a one-thread ptxas (ptxas compiles every
+      // function apart: tests/nvrtc_test.cc checks it, and the behaviour
+      // digest of every preset module was unchanged), and the cubin is the
+      // same on every host: the count is fixed here, never the host's cores
+      // (the cubin's .note.nv.tkinfo records ptxas's options, so a count
+      // taken from the host would make bundles differ between hosts). Two,
+      // not more: on 2 cores it took a multi-entry module's ptxas phase from
+      // about 1.1 to 0.75 s for 0-7% more CPU, where 4 threads cost 3-17%
+      // more CPU for no more speed (BENCH.md, "Cold compile time: ptxas on
+      // two threads"), and prebuilds are CPU-bound. NVRTC's own
+      // -split-compile is deliberately absent: it splits the NVVM optimizer
+      // too, and that changes the code of most entries.
+      "--ptxas-options=--split-compile=2",
       // Deliberately absent: -default-device (the templates annotate every
       // function, as nvcc requires, so nvcc tests catch a missing
       // __device__); -DNDEBUG (no <cassert> without toolkit headers);

@@ -1,7 +1,11 @@
 #include "compiler/nvrtc.h"
 
+#include <gelf.h>
+#include <libelf.h>
+
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -174,6 +178,67 @@ TEST(NvrtcTest, ConcurrentCompilesSucceed) {
   }
   // Same input, same bytes: NVRTC output is deterministic.
   EXPECT_EQ(results[1]->cubin, results[3]->cubin);
+}
+
+// Three entries with enough work for ptxas to take a while: each its own
+// loop nest, so a parallel ptxas has something to share out.
+constexpr char kThreeKernels[] = R"(
+template <int kN>
+__device__ __forceinline__ float Poly(float x) {
+  float y = 0.f;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) y = y * x + 1.f / (i + 1);
+  return y;
+}
+extern "C" __global__ void kforge_a(float* x, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = Poly<24>(x[i]);
+}
+extern "C" __global__ void kforge_b(float* x, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = Poly<40>(x[i]) * x[n - 1 - i];
+}
+extern "C" __global__ void kforge_c(double* x, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = sqrt(x[i]) + Poly<16>(float(x[i]));
+}
+)";
+
+// Every .text.<entry> section of a cubin: the entries' machine code.
+std::map<std::string, std::string> TextSections(const std::string& cubin) {
+  std::map<std::string, std::string> out;
+  elf_version(EV_CURRENT);
+  Elf* elf = elf_memory(const_cast<char*>(cubin.data()), cubin.size());
+  if (elf == nullptr) return out;
+  size_t names = 0;
+  elf_getshdrstrndx(elf, &names);
+  for (Elf_Scn* scn = elf_nextscn(elf, nullptr); scn != nullptr; scn = elf_nextscn(elf, scn)) {
+    GElf_Shdr shdr;
+    if (gelf_getshdr(scn, &shdr) == nullptr) continue;
+    const char* name = elf_strptr(elf, names, shdr.sh_name);
+    Elf_Data* data = elf_getdata(scn, nullptr);
+    if (name == nullptr || data == nullptr || data->d_buf == nullptr) continue;
+    if (std::string_view(name).substr(0, 6) == ".text.") {
+      out[name] = std::string(static_cast<const char*>(data->d_buf), data->d_size);
+    }
+  }
+  elf_end(elf);
+  return out;
+}
+
+// The base options run ptxas on several threads: the machine code must be
+// what one thread makes, and the cubin the same every time (bundles are
+// compared byte for byte across hosts).
+TEST(NvrtcTest, ParallelPtxasKeepsMachineCodeAndIsReproducible) {
+  for (const char* arch : {"sm_80", "sm_90a", "sm_120a"}) {
+    absl::StatusOr<NvrtcResult> a = CompileWithNvrtc(Request(kThreeKernels, arch));
+    absl::StatusOr<NvrtcResult> b = CompileWithNvrtc(Request(kThreeKernels, arch));
+    NvrtcRequest one_thread = Request(kThreeKernels, arch);
+    one_thread.extra_options = {"--ptxas-options=--split-compile=1"};
+    absl::StatusOr<NvrtcResult> c = CompileWithNvrtc(one_thread);
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << arch;
+    EXPECT_EQ(a->cubin, b->cubin) << arch;
+    const std::map<std::string, std::string> text = TextSections(a->cubin);
+    EXPECT_EQ(text.size(), 3u) << arch;
+    EXPECT_EQ(text, TextSections(c->cubin)) << arch;
+  }
 }
 
 TEST(NvrtcTest, VersionIsMajorDotMinor) {

@@ -37,6 +37,13 @@
 #include "kforge/dsa_indexer/logits.cuh"
 #include "kforge/dsa_indexer/traits.cuh"
 
+// A phase mark of the top-k (ids in bench/topk_phases.cu, which records
+// thread 0's %globaltimer at each): nothing in a module, where it is left
+// undefined.
+#ifndef KFORGE_TOPK_PHASE
+#define KFORGE_TOPK_PHASE(id) ((void)0)
+#endif
+
 namespace kforge {
 namespace dsa_indexer {
 
@@ -311,7 +318,9 @@ __device__ __forceinline__ bool NextDigit(const Src& src, int pass, Selection& s
   const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
   const u32 digit = pass == 2 ? 1023u : 2047u;
   CountDigit<T>(src, s.mask, s.prefix, shift, digit, sm);
+  KFORGE_TOPK_PHASE(10 + 2 * pass);
   FindBoundary<T, kC>(s.rem, sm, rank);
+  KFORGE_TOPK_PHASE(11 + 2 * pass);
   s.bin = sm.sel_bin();
   s.prefix |= static_cast<u32>(s.bin) << shift;
   s.mask |= digit << shift;
@@ -576,7 +585,8 @@ __device__ __forceinline__ void MergeSelect(const RowSource& row, const RowPart 
         }
       });
   const int n_above = kept.gt;  // this CTA's keys above the bin
-  int above_lower = 0;          // the lower-ranked CTAs'
+  KFORGE_TOPK_PHASE(20);
+  int above_lower = 0;  // the lower-ranked CTAs'
   if constexpr (kC > 1) {
     if (threadIdx.x < kC) {
       ptx::StClusterU32(ptx::MapShared(ptx::SmemAddr(sm.above_all + part.rank), threadIdx.x),
@@ -586,6 +596,7 @@ __device__ __forceinline__ void MergeSelect(const RowSource& row, const RowPart 
     for (u32 q = 0; q < part.rank; ++q) above_lower += sm.above_all[q];
   }
   const CandidateSource cands{sm.cand, total};
+  KFORGE_TOPK_PHASE(21);
   if (!whole) FinishSelect<T, 1>(cands, s, sm, 0);
   // The candidates above the threshold, or equal to it within the first
   // rem: b[0, n_b), position order (the row's, not only the part's).
@@ -596,6 +607,7 @@ __device__ __forceinline__ void MergeSelect(const RowSource& row, const RowPart 
                                      if (is_above || eq < s.rem) b[gt + min(eq, s.rem)] = pos;
                                    });
   const int n_b = bc.gt + min(bc.eq, s.rem);
+  KFORGE_TOPK_PHASE(22);
   // This CTA's survivors take consecutive ranks from `first`: its keys
   // above the bin and the surviving candidates inside its part.
   const int b_lo = kC == 1 ? 0 : CountBelow(b, n_b, part.beg);
@@ -616,6 +628,7 @@ __device__ __forceinline__ void MergeSelect(const RowSource& row, const RowPart 
     out.indices[first + rank] = pos;
     if (out.slots != nullptr) staged[rank] = pos;
   }
+  KFORGE_TOPK_PHASE(23);
   if (out.slots != nullptr) {
     __syncthreads();
     out.WriteSlots<T::kTopkThreads>(first, n, [&](int i) { return staged[i]; });
@@ -673,8 +686,10 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   const u32 rank = kC == 1 ? 0u : ptx::ClusterCtaRank();
   if (row >= p.rows) return;  // a grid past the rows (a launch not this build's)
 
+  KFORGE_TOPK_PHASE(0);
   ptx::WaitForPriorGrids();
   ptx::AllowDependentLaunch();  // the next kernel waits for this grid in turn
+  KFORGE_TOPK_PHASE(1);
   const QueryRow qr = LocateRow(p, row);
   const int b = qr.b;
   const int len = min(qr.len, p.max_context);
@@ -687,6 +702,7 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
                   : nullptr;
   out.page = p.slot_page_size;
 
+  KFORGE_TOPK_PHASE(2);
   if (len <= kK) {
     if (rank != 0) return;  // the whole row is the rank-0 CTA's (no cluster traffic)
     for (int j = tid; j < kK; j += T::kTopkThreads) out.indices[j] = j < len ? j : -1;
@@ -700,6 +716,7 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
                        min(len, static_cast<int>(rank + 1) * chunk), rank};
     SelectLargest<T, kC>(logits, part, sm, out);
   }
+  KFORGE_TOPK_PHASE(30);
 }
 
 }  // namespace dsa_indexer

@@ -47,13 +47,13 @@ __global__ void __launch_bounds__(Traits::kTopkThreads, 1) TopkOne(const kdi::To
   kdi::TopkMain<Traits>(p);
 }
 
-#define CHECK(x)                                                               \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
+#define CHECK(x)                                                                     \
+  do {                                                                               \
+    cudaError_t e = (x);                                                             \
+    if (e != cudaSuccess) {                                                          \
       std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      std::exit(1);                                                            \
-    }                                                                          \
+      std::exit(1);                                                                  \
+    }                                                                                \
   } while (0)
 
 struct Phase {
@@ -105,8 +105,8 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&logits, h_logits.size() * sizeof(float)));
   CHECK(cudaMalloc(&ctx, rows * sizeof(int)));
   CHECK(cudaMalloc(&idx, static_cast<size_t>(rows) * kK * sizeof(int)));
-  CHECK(cudaMemcpy(logits, h_logits.data(), h_logits.size() * sizeof(float),
-                   cudaMemcpyHostToDevice));
+  CHECK(
+      cudaMemcpy(logits, h_logits.data(), h_logits.size() * sizeof(float), cudaMemcpyHostToDevice));
   std::vector<int> h_ctx(rows, len);
   CHECK(cudaMemcpy(ctx, h_ctx.data(), rows * sizeof(int), cudaMemcpyHostToDevice));
 

@@ -40,12 +40,25 @@ def capture(fn, sets, warmup=3):
     return g
 
 
-def replay_times(g, calls, reps):
-    """Microseconds per call of each of reps replays of g (calls per replay)."""
+# GPU cycles of the busy wait queued before each timed replay when the
+# host's graph submission is to be left out (about 100 us at 2 GHz: longer
+# than a submission takes).
+HIDE_HOST_CYCLES = 200_000
+
+
+def replay_times(g, calls, reps, hide_host=False):
+    """Microseconds per call of each of reps replays of g (calls per replay).
+    The start event is recorded when the GPU reaches it; with an idle GPU it
+    then waits for the host to submit the graph, and that wait is timed too
+    (about 18 us on one H100 host: BENCH.md "Method"). hide_host queues a
+    busy wait first, so the graph is on the GPU's queue before the start
+    event runs and only the GPU's own time is measured."""
     import torch
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if hide_host:
+            torch.cuda._sleep(HIDE_HOST_CYCLES)
         s.record()
         g.replay()
         e.record()
@@ -54,11 +67,13 @@ def replay_times(g, calls, reps):
     return times
 
 
-def time_fn(fn, sets, reps, warmup=3):
+def time_fn(fn, sets, reps, warmup=3, hide_host=False):
     """Median microseconds per call. The calls (one per input set) are
     captured into a CUDA graph and replayed, so host launch overhead (Python,
-    ctypes) never shows up as GPU time."""
-    return statistics.median(replay_times(capture(fn, sets, warmup), len(sets), reps))
+    ctypes) never shows up as GPU time (the graph's submission does unless
+    hide_host: replay_times)."""
+    return statistics.median(replay_times(capture(fn, sets, warmup), len(sets), reps,
+                                          hide_host))
 
 
 def torch_reference_impl(kv, scale, d_v):

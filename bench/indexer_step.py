@@ -4,7 +4,7 @@ in one CUDA graph (kforge.dsa_indexer_topk, no slots), the logits kernel
 alone and the top-k kernel alone, for each case.
 
 usage: indexer_step.py MODULE.cubin [--cases CASE,...] [--calls N] [--reps N]
-                       [--profile] [--out FILE]
+                       [--hide-host] [--profile] [--out FILE]
 
 A case is BATCHxS_QxCONTEXT[/MAX_CONTEXT]: every request holds CONTEXT
 tokens, or, with an "r" before it (64x1xr4096), a random length in
@@ -19,7 +19,10 @@ Two timings of each (CUDA events around graph replays, median of --reps):
            time a call, with the gaps between dependent kernels but not the
            host's submission.
 The "floor" row times a graph of one 4-byte fill kernel the same two ways:
-the smallest any step can read on this host and card.
+the smallest any step can read on this host and card. --hide-host queues
+a GPU busy wait before each timed replay, so the host's graph submission
+falls outside the events in both columns (not yet run on a GPU: check the
+floor row drops to about a kernel's own time before trusting it).
 
 --profile runs each case's step three times without graphs (for ncu to
 attach to, e.g. ncu --metrics gpu__time_duration.sum -k regex:dsa_indexer)."""
@@ -77,8 +80,9 @@ def calls(ix, d, max_ctx, s_q):
     return step, logits, topk
 
 
-def both_times(fn, n, reps):
-    return time_fn(fn, [None], reps), time_fn(fn, [None] * n, reps)
+def both_times(fn, n, reps, hide_host=False):
+    return (time_fn(fn, [None], reps, hide_host=hide_host),
+            time_fn(fn, [None] * n, reps, hide_host=hide_host))
 
 
 def main():
@@ -88,17 +92,21 @@ def main():
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--hide-host", action="store_true",
+                    help="queue a GPU busy wait before each timed replay, so the host's graph "
+                         "submission is not timed (bench_sparse_mla.replay_times)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     ix = kdi.DsaIndexer.from_files(a.module)
     gpu = torch.cuda.get_device_name()
     lines = [f"{os.path.basename(a.module)}, {ix.heads} index heads, top-k {ix.topk_k}, {gpu}; "
-             f"us, 1 call a graph / {a.calls} calls a graph", "",
+             f"us, 1 call a graph / {a.calls} calls a graph"
+             f"{', host submission hidden' if a.hide_host else ''}", "",
              "| case (batch x s_q x context / max) | step | logits alone | top-k alone |",
              "|---|---|---|---|"]
     if not a.profile:
         one = torch.zeros(1, dtype=torch.int32, device="cuda")
-        f1, fn = both_times(lambda _: one.fill_(1), a.calls, a.reps)
+        f1, fn = both_times(lambda _: one.fill_(1), a.calls, a.reps, a.hide_host)
         lines.append(f"| floor: one fill kernel | {f1:.1f} / {fn:.1f} | | |")
         print(lines[-1], flush=True)
     for text in a.cases.split(","):
@@ -114,7 +122,7 @@ def main():
             continue
         cells = []
         for fn in (step, logits, topk):
-            t1, tn = both_times(fn, a.calls, a.reps)
+            t1, tn = both_times(fn, a.calls, a.reps, a.hide_host)
             cells.append(f"{t1:.1f} / {tn:.1f}")
         lines.append(f"| {text} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)

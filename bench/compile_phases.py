@@ -15,6 +15,14 @@ phase timer (`--time`):
              sparse MLA throughput and small-batch tilings; an indexer has
              one), the combine on its own
 
+  rdc + link (--rdc-link) the "by traits" programs compiled with
+             -rdc=true on 2 threads at once (ctypes releases the GIL
+             around NVRTC), their cubins linked into one image by
+             nvJitLink: one cubin, entries compiled in parallel; prints
+             the wall seconds to the linked cubin and, per entry, whether
+             its .text is identical and how many SASS instructions it
+             gained or lost (16 bytes each)
+
   alone where identical  (no compile of its own) each traits group as
              single entries where all of them kept their .text alone, else
              as the group: the best split this NVRTC allows with every
@@ -28,7 +36,7 @@ program's CPU seconds; the module's "whole" figure is CPU seconds too).
 Timings on a shared machine: read the CPU column. A timing is never a
 test assertion.
 
-    bench/compile_phases.py KFORGE_BINARY [--module "ARGS"]... [--all] [--out TABLE]
+    bench/compile_phases.py KFORGE_BINARY [--module "ARGS"]... [--all] [--rdc-link] [--out TABLE]
 
 --module takes `kforge compile` arguments (without -o); the default is the
 slowest preset module and three typical ones; --all takes the 36 preset
@@ -36,6 +44,7 @@ modules of bench/compile_times.sh. Needs libnvrtc (KFORGE_CUDA_ROOT or
 /usr/local/cuda) and the templates/ folder beside this script.
 """
 import argparse
+import concurrent.futures
 import ctypes
 import json
 import os
@@ -124,6 +133,34 @@ class Nvrtc:
         return cubin.raw, phases, wall, (c1.user - c0.user) + (c1.system - c0.system)
 
 
+def link_cubins(cubins, arch):
+    """One cubin of relocatable cubins (nvJitLink, -arch=ARCH)."""
+    root = os.environ.get("KFORGE_CUDA_ROOT", "/usr/local/cuda")
+    jl = ctypes.CDLL(os.path.join(root, "lib64", "libnvJitLink.so"))
+    handle = ctypes.c_void_p()
+    opts = [f"-arch={arch}".encode()]
+    if jl.nvJitLinkCreate(ctypes.byref(handle), 1, (ctypes.c_char_p * 1)(*opts)) != 0:
+        raise RuntimeError("nvJitLinkCreate failed")
+    try:
+        for i, cubin in enumerate(cubins):
+            if jl.nvJitLinkAddData(handle, 1, cubin, ctypes.c_size_t(len(cubin)),
+                                   f"p{i}.cubin".encode()) != 0:  # NVJITLINK_INPUT_CUBIN
+                raise RuntimeError("nvJitLinkAddData failed")
+        if jl.nvJitLinkComplete(handle) != 0:
+            size = ctypes.c_size_t()
+            jl.nvJitLinkGetErrorLogSize(handle, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            jl.nvJitLinkGetErrorLog(handle, log)
+            raise RuntimeError(log.value.decode(errors="replace")[-2000:])
+        size = ctypes.c_size_t()
+        jl.nvJitLinkGetLinkedCubinSize(handle, ctypes.byref(size))
+        out = ctypes.create_string_buffer(size.value)
+        jl.nvJitLinkGetLinkedCubin(handle, out)
+        return out.raw
+    finally:
+        jl.nvJitLinkDestroy(ctypes.byref(handle))
+
+
 def text_digests(cubin, tmp):
     """{entry: digest of its .text section} (behaviour_digest's reader)."""
     path = os.path.join(tmp, "program.cubin")
@@ -154,6 +191,8 @@ def main():
     parser.add_argument("kforge")
     parser.add_argument("--module", action="append", help="kforge compile arguments")
     parser.add_argument("--all", action="store_true", help="the 36 preset modules")
+    parser.add_argument("--rdc-link", action="store_true",
+                        help="also: the traits programs with -rdc=true on 2 threads, linked")
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args()
     modules = all_modules() if args.all else (args.module or DEFAULT_MODULES)
@@ -203,6 +242,29 @@ def main():
                              [[e for e, _ in entries if "combine" in e]],
             }
             result = [f"{label}: whole {whole_cpu:.2f} s"]
+            if args.rdc_link:
+                programs = [names for names in splits["by traits"] if names]
+                arch = next(o.split("=", 1)[1] for o in options
+                            if o.startswith("--gpu-architecture="))
+
+                def rdc(job):
+                    i, names = job
+                    return nvrtc.compile(only(source, set(names)), list(options) + ["-rdc=true"],
+                                         os.path.join(tmp, f"rdc{i}.csv"))[0]
+                c0, t0 = os.times(), time.monotonic()
+                with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                    linked = link_cubins(list(pool.map(rdc, enumerate(programs))), arch)
+                wall, c1 = time.monotonic() - t0, os.times()
+                cpu = (c1.user - c0.user) + (c1.system - c0.system)
+                text = text_digests(linked, tmp)
+                same = sum(text.get(e) == whole_text[e] for e, _ in entries)
+                lines.append(f"| {label} | rdc + link, {len(programs)} programs on 2 threads | "
+                             f"{len(entries)} | | | | {wall:.2f} | {cpu:.2f} | "
+                             f"{same}/{len(entries)} |")
+                delta = ", ".join(f"{e.replace('sparse_mla_decode_', '').replace('dsa_indexer_', '')} {(text[e][1] - whole_text[e][1]) // 16:+d}"
+                                  for e, _ in entries if e in text)
+                result.append(f"rdc + link {wall:.2f} s wall on 2 threads, {same}/{len(entries)} "
+                              f"identical (SASS instructions gained: {delta})")
             measured = {}  # split -> [(entries, CPU s, identical)]
             for split, programs in splits.items():
                 measured[split] = []

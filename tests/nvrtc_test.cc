@@ -1,8 +1,5 @@
 #include "compiler/nvrtc.h"
 
-#include <gelf.h>
-#include <libelf.h>
-
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -14,10 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace kforge {
 namespace {
 
+using ::kforge::testing::TextSection;
+using ::kforge::testing::TextSections;
 using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::HasSubstr;
@@ -201,25 +201,12 @@ extern "C" __global__ void kforge_c(double* x, int n) {
 }
 )";
 
-// Every .text.<entry> section of a cubin: the entries' machine code.
-std::map<std::string, std::string> TextSections(const std::string& cubin) {
+// Every entry's machine code: its .text.<entry> section's bytes.
+std::map<std::string, std::string> EntryCode(const std::string& cubin) {
   std::map<std::string, std::string> out;
-  elf_version(EV_CURRENT);
-  Elf* elf = elf_memory(const_cast<char*>(cubin.data()), cubin.size());
-  if (elf == nullptr) return out;
-  size_t names = 0;
-  elf_getshdrstrndx(elf, &names);
-  for (Elf_Scn* scn = elf_nextscn(elf, nullptr); scn != nullptr; scn = elf_nextscn(elf, scn)) {
-    GElf_Shdr shdr;
-    if (gelf_getshdr(scn, &shdr) == nullptr) continue;
-    const char* name = elf_strptr(elf, names, shdr.sh_name);
-    Elf_Data* data = elf_getdata(scn, nullptr);
-    if (name == nullptr || data == nullptr || data->d_buf == nullptr) continue;
-    if (std::string_view(name).substr(0, 6) == ".text.") {
-      out[name] = std::string(static_cast<const char*>(data->d_buf), data->d_size);
-    }
+  for (const TextSection& text : TextSections(cubin)) {
+    out[text.name] = cubin.substr(text.offset, text.size);
   }
-  elf_end(elf);
   return out;
 }
 
@@ -235,9 +222,9 @@ TEST(NvrtcTest, ParallelPtxasKeepsMachineCodeAndIsReproducible) {
     absl::StatusOr<NvrtcResult> c = CompileWithNvrtc(one_thread);
     ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << arch;
     EXPECT_EQ(a->cubin, b->cubin) << arch;
-    const std::map<std::string, std::string> text = TextSections(a->cubin);
-    EXPECT_EQ(text.size(), 3u) << arch;
-    EXPECT_EQ(text, TextSections(c->cubin)) << arch;
+    const std::map<std::string, std::string> code = EntryCode(a->cubin);
+    EXPECT_EQ(code.size(), 3u) << arch;
+    EXPECT_EQ(code, EntryCode(c->cubin)) << arch;
   }
 }
 

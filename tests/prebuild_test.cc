@@ -50,6 +50,8 @@ using ::kforge::testing::Contains;
 using ::kforge::testing::ReadFileOrEmpty;
 using ::kforge::testing::ServeProcess;
 using ::kforge::testing::TempDir;
+using ::kforge::testing::TextSection;
+using ::kforge::testing::TextSections;
 
 constexpr char kBinary[] = KFORGE_BINARY;
 constexpr char kArch[] = "sm_90a";
@@ -273,23 +275,10 @@ constexpr char kGlm5Tp8Only[] =
     R"({"models": [{"preset": "glm-5", "tp": [8]}], "archs": ["sm_90a"]})";
 
 // The offset of a byte in the middle of the first .text.<kernel> section of
-// an ELF64 cubin (read by hand: the header fields of the ELF spec), or 0.
+// an ELF64 cubin (longer than 16 bytes), or 0.
 size_t KernelCodeOffset(const std::string& elf) {
-  auto le = [&elf](size_t at, int bytes) {
-    uint64_t v = 0;
-    for (int i = 0; i < bytes && at + i < elf.size(); ++i) {
-      v |= uint64_t{static_cast<unsigned char>(elf[at + i])} << (8 * i);
-    }
-    return v;
-  };
-  const uint64_t shoff = le(0x28, 8), shentsize = le(0x3a, 2), shnum = le(0x3c, 2);
-  const uint64_t strtab = le(shoff + le(0x3e, 2) * shentsize + 24, 8);
-  for (uint64_t i = 0; i < shnum; ++i) {
-    const uint64_t sh = shoff + i * shentsize;
-    const uint64_t name = strtab + le(sh, 4);
-    if (name < elf.size() && elf.compare(name, 6, ".text.") == 0 && le(sh + 32, 8) > 16) {
-      return le(sh + 24, 8) + le(sh + 32, 8) / 2;
-    }
+  for (const TextSection& text : TextSections(elf)) {
+    if (text.size > 16) return text.offset + text.size / 2;
   }
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -110,6 +111,42 @@ inline std::string ReadFileOrEmpty(const std::filesystem::path& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// A .text.<entry> section of an ELF64 cubin: the entry's machine code.
+struct TextSection {
+  std::string name;  // without ".text."
+  uint64_t offset = 0, size = 0;
+};
+
+// Every .text.<entry> section of an ELF64 cubin, in section-header order,
+// read by hand from the ELF header fields (tests need no libelf); sections
+// whose name or bytes lie outside the file are left out.
+inline std::vector<TextSection> TextSections(const std::string& elf) {
+  auto le = [&elf](uint64_t at, int bytes) {
+    uint64_t v = 0;
+    for (int i = 0; i < bytes && at + i < elf.size(); ++i) {
+      v |= uint64_t{static_cast<unsigned char>(elf[at + i])} << (8 * i);
+    }
+    return v;
+  };
+  std::vector<TextSection> out;
+  const uint64_t shoff = le(0x28, 8), shentsize = le(0x3a, 2), shnum = le(0x3c, 2);
+  const uint64_t strtab = le(shoff + le(0x3e, 2) * shentsize + 24, 8);
+  for (uint64_t i = 0; i < shnum; ++i) {
+    const uint64_t sh = shoff + i * shentsize;
+    const uint64_t name = strtab + le(sh, 4);
+    const uint64_t offset = le(sh + 24, 8), size = le(sh + 32, 8);
+    if (name >= elf.size() || elf.compare(name, 6, ".text.") != 0 || offset > elf.size() ||
+        size > elf.size() - offset) {
+      continue;
+    }
+    const uint64_t end = elf.find('\0', name);
+    out.push_back(
+        {elf.substr(name + 6, end == std::string::npos ? std::string::npos : end - name - 6),
+         offset, size});
+  }
+  return out;
 }
 
 // A socket connected to 127.0.0.1:`port` whose reads time out after 5 s,

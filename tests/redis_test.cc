@@ -413,11 +413,16 @@ struct KernelReply {
   v1::GetKernelResponse response;
 };
 
-// Writes `key` to a 0600 file in `dir` and returns its path.
+// Writes `key` to a 0600 file in `dir` and returns its path. Servers that
+// share a key share the file, and one may be reading it while the next is
+// set up: the file is written beside it and renamed into place, so a
+// reader never sees it truncated (CI once saw "the file is empty").
 std::string FleetKeyFile(const fs::path& dir, const std::string& key) {
   const fs::path path = dir / absl::StrCat("fleet-", Sha256Hex(key).substr(0, 8), ".key");
-  std::ofstream(path) << key << "\n";
-  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+  const fs::path tmp = fs::path(path.string() + ".tmp");
+  std::ofstream(tmp) << key << "\n";
+  fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write);
+  fs::rename(tmp, path);
   return path.string();
 }
 

@@ -236,14 +236,21 @@ __device__ __forceinline__ const int* MergeHistogram(const TopkSmem<T>& sm, u32 
   }
 }
 
+// sm.hist zeroed, visible to the block.
+template <class T>
+__device__ __forceinline__ void ZeroHistogram(const TopkSmem<T>& sm) {
+  for (int j = threadIdx.x; j < kTopkBins; j += T::kTopkThreads) sm.hist[j] = 0;
+  __syncthreads();
+}
+
 // This CTA's counts of digit (key >> shift) & digit over the keys of src
-// with (key & mask) == prefix, into sm.hist (zeroed first).
+// with (key & mask) == prefix, into sm.hist (zeroed first, unless the
+// caller already has: `zeroed`).
 template <class T, class Src>
 __device__ __forceinline__ void CountDigit(const Src& src, u32 mask, u32 prefix, int shift,
-                                           u32 digit, const TopkSmem<T>& sm) {
+                                           u32 digit, const TopkSmem<T>& sm, bool zeroed) {
   constexpr int kU = Src::kU, kV = Src::kV, kThreads = T::kTopkThreads;
-  for (int j = threadIdx.x; j < kTopkBins; j += kThreads) sm.hist[j] = 0;
-  __syncthreads();
+  if (!zeroed) ZeroHistogram<T>(sm);
   for (int r0 = src.Begin(); r0 < src.End(); r0 += kU * kThreads * kV) {
     const auto slot = [&](int u) -> int { return r0 + (u * kThreads + threadIdx.x) * kV; };
     u32 key[kU][kV];
@@ -310,14 +317,31 @@ struct Selection {
   int above;
 };
 
+// This CTA's keys in the bins above the selection's last digit (sm.hist
+// holds its own counts of that digit): above the threshold whatever the
+// later digits are. Added to s.above (cluster entry: SurvivorsBefore).
+template <class T>
+__device__ __forceinline__ void CountAbove(Selection& s, const TopkSmem<T>& sm) {
+  int mine = 0;
+  for (int j = threadIdx.x; j < kTopkBins; j += T::kTopkThreads) {
+    mine += j > s.bin ? sm.hist[j] : 0;
+  }
+  s.above += BlockSum<T::kTopkThreads>(mine, sm.counters);
+}
+
 // Counts one digit over src and fixes it; true when its bin is taken whole
 // (every key equal to the new prefix survives: the select ends).
-template <class T, int kC, class Src>
+// kCountAbove (cluster entry): keep s.above; the first digit skips it and
+// its two barriers, since only the general path needs it
+// (SelectLargest counts it there).
+// The first digit's histogram is zeroed before the kernel's prior-grid
+// wait (TopkMain), off the critical path.
+template <class T, int kC, class Src, bool kCountAbove = true>
 __device__ __forceinline__ bool NextDigit(const Src& src, int pass, Selection& s,
                                           const TopkSmem<T>& sm, u32 rank) {
   const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
   const u32 digit = pass == 2 ? 1023u : 2047u;
-  CountDigit<T>(src, s.mask, s.prefix, shift, digit, sm);
+  CountDigit<T>(src, s.mask, s.prefix, shift, digit, sm, /*zeroed=*/pass == 0);
   KFORGE_TOPK_PHASE(10 + 2 * pass);
   FindBoundary<T, kC>(s.rem, sm, rank);
   KFORGE_TOPK_PHASE(11 + 2 * pass);
@@ -326,17 +350,14 @@ __device__ __forceinline__ bool NextDigit(const Src& src, int pass, Selection& s
   s.mask |= digit << shift;
   const bool whole = sm.sel_count() == sm.sel_rem();
   s.rem = sm.sel_rem();
-  if constexpr (kC > 1) {
-    // This CTA's keys in the bins above: above the threshold whatever the
-    // later digits are.
-    int mine = 0;
-    for (int j = threadIdx.x; j < kTopkBins; j += T::kTopkThreads) {
-      mine += j > s.bin ? sm.hist[j] : 0;
-    }
-    s.above += BlockSum<T::kTopkThreads>(mine, sm.counters);
-  } else {
-    __syncthreads();  // sel_* and counters are rewritten by the next pass
-  }
+  // No barrier is needed after the reads of sel_* above: they are
+  // rewritten only by the next digit's FindBoundary, which every thread
+  // reaches through CountDigit's barriers (so after its reads here), and
+  // the position-ordered pass that may come next writes only excl, sel,
+  // the candidates and counters below the scalars. FindBoundary's
+  // reads of sm.hist are done before its first barrier, so the next
+  // CountDigit may zero it at once.
+  if constexpr (kC > 1 && kCountAbove) CountAbove<T>(s, sm);
   return whole;
 }
 
@@ -642,11 +663,12 @@ __device__ __forceinline__ void SelectLargest(const float* logits, const RowPart
                                               const TopkSmem<T>& sm, const RowOutput& out) {
   const RowSource row{logits, part.beg, part.end};
   Selection s{0u, 0u, T::kTopk, 0, 0};
-  const bool whole = NextDigit<T, kC>(row, 0, s, sm, part.rank);
+  const bool whole = NextDigit<T, kC, RowSource, false>(row, 0, s, sm, part.rank);
   if (sm.sel_count() <= kTopkCandidates) {  // the row's boundary bin fits one CTA
     MergeSelect<T, kC>(row, part, whole, s, sm, out);
     return;
   }
+  if constexpr (kC > 1) CountAbove<T>(s, sm);  // the first digit's, for SurvivorsBefore
   if (!whole) {
     // Each CTA keeps its own share of the bin when it fits, else reads its
     // part again for each later digit; the cluster merges every digit.
@@ -687,6 +709,9 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   if (row >= p.rows) return;  // a grid past the rows (a launch not this build's)
 
   KFORGE_TOPK_PHASE(0);
+  // The first digit's histogram, zeroed while the logits kernel finishes
+  // (shared memory only: nothing global comes before the wait).
+  ZeroHistogram<T>(sm);
   ptx::WaitForPriorGrids();
   ptx::AllowDependentLaunch();  // the next kernel waits for this grid in turn
   KFORGE_TOPK_PHASE(1);

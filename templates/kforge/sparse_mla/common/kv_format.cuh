@@ -64,6 +64,12 @@
 //                       producer (fp8_ds_mla's power-of-two route)
 //   F::kConstChunkOrder  whether the producers store its items with the
 //                       chunk order known at compile time (StoreChunkPair)
+//   F::kWsRowLoad       whether the unpaired warp-specialised producer
+//                       loads a row through the format's WsRow,
+//                       WsRowLoad<T, kPageBlock>(v, slot, ok, q, raw) and
+//                       WsRowItem(raw, u, gi, out) (wider loads than
+//                       RegLoad's units, the rope stored as loaded:
+//                       sm90/wspath.cuh ConvertWsRow)
 //   F::RegRope(raw, out)
 //                       the rope columns 4 q .. 4 q + 3 as two bf16 pairs
 //                       (only formats with rope columns need it)
@@ -554,6 +560,44 @@ struct KvFp8DsMla : KvFp8DsMlaSizes {
     out[0] = raw.rope.x;
     out[1] = raw.rope.y;
   }
+
+  // The unpaired warp-specialised producer's row (kWsRowLoad): lane q's part
+  // of one record in 16-byte loads only: items 8 u + 4 gi + q (d[2 u + gi],
+  // as RegLoad's), the four scales at once and rope bytes 32 q .. 32 q + 31
+  // (columns 16 q .. 16 q + 15, stored as they are: chunks d_v / 8 + 2 q and
+  // + 1). 11 loads a row where four RegLoads take 16 (four 4-byte scale
+  // loads, four 8-byte rope loads), and 2 rope stores where RegRope's units
+  // take 8. Power-of-two scales only: the fp32 route's conversion needs
+  // more registers beside a WsRow, and its producer spilled 32-56 bytes
+  // (64 heads, even at 144 registers).
+  static constexpr bool kWsRowLoad = kScalePow2;
+  struct WsRow {
+    uint4 d[8];
+    uint4 scales;
+    uint4 rope[2];
+  };
+  template <class T, int kPageBlock>
+  __device__ __forceinline__ static void WsRowLoad(const KvView& v, int slot, bool ok, int q,
+                                                   WsRow& raw) {
+    static_assert(Supports(T::kDv, T::kRope), "fp8_ds_mla: kv_lora_rank 512, rope_dim 0 or 64");
+    static_assert(kScalesOffset % 16 == 0 && kRopeOffset % 16 == 0, "16-byte loads");
+    const unsigned char* rec = RowOf<Elem, kPageBlock>(v, slot, ok);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) raw.d[i] = RegLd16<kL2Prefetch>(rec + 16 * (4 * i + q), ok);
+    raw.scales = RegLd16<kL2Prefetch>(rec + kScalesOffset, ok);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      raw.rope[i] = T::kRope != 0 ? RegLd16<kL2Prefetch>(rec + kRopeOffset + 32 * q + 16 * i, ok)
+                                  : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  // Item 8 u + 4 gi + q of the row as 16 bf16 (RegItem's values).
+  __device__ __forceinline__ static void WsRowItem(const WsRow& raw, int u, int gi,
+                                                   ptx::u32 (&out)[8]) {
+    const ptx::u32 s =
+        u == 0 ? raw.scales.x : (u == 1 ? raw.scales.y : (u == 2 ? raw.scales.z : raw.scales.w));
+    E4m3Item16ToBf16<kPow2Scales>(raw.d[2 * u + gi], __uint_as_float(s), out);
+  }
 };
 
 // The ue8m0 page-blocked records (S: their Sizes in kv_layout.h): kE4m3Values
@@ -634,6 +678,7 @@ struct KvUe8m0PageBlocked : S {
   }
   // Not measured with the compile-time chunk order (fp8_ds_mla's).
   static constexpr bool kConstChunkOrder = false;
+  static constexpr bool kWsRowLoad = false;
   template <bool kInProducer = false, bool kInWsProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int w, int,
                                                  ptx::u32 (&out)[8]) {
@@ -712,6 +757,7 @@ struct KvNvfp4DsMla : KvNvfp4DsMlaSizes {
   // With the compile-time chunk order (fp8_ds_mla's) its unpaired
   // producer (the wide cluster entry) spilled 8 bytes; not measured.
   static constexpr bool kConstChunkOrder = false;
+  static constexpr bool kWsRowLoad = false;
   template <bool kInProducer = false, bool kInWsProducer = false>
   __device__ __forceinline__ static void RegItem(const RegRaw& raw, int gi, int, int,
                                                  ptx::u32 (&out)[8]) {

@@ -34,7 +34,9 @@
 // format's register unit (w, q): items 8 w + q and 8 w + 4 + q and rope
 // columns 16 w + 4 q .. + 3. Eight lanes store the same item of eight rows
 // (distinct swizzled chunks: no bank conflicts), and each row's 16 units
-// are loaded by four lanes of one warp.
+// are loaded by four lanes of one warp. A format with kWsRowLoad (fp8_ds_mla
+// with power-of-two scales) loads the same items, a row's scales in one
+// 16-byte load, and rope columns 16 q .. 16 q + 15 (ConvertWsRow).
 #ifndef KFORGE_SPARSE_MLA_SM90_WSPATH_CUH_
 #define KFORGE_SPARSE_MLA_SM90_WSPATH_CUH_
 
@@ -60,7 +62,11 @@ constexpr int kWsRegsPv = 160;
 constexpr int kWsRegsProducer = 136;
 // A crossover pair's producer that loads the next tile's records before
 // converting this one's (T::kPairLoadAhead) holds two tiles' records of
-// one row: 8 more registers, from the S warps (spill-free at 200).
+// one row: 8 more registers, from the S warps (spill-free at 200). The
+// unpaired producer of a WsRow format (F::kWsRowLoad) takes the same 8:
+// at 136 fp8_ds_mla's 128-head main entry spilled 8 bytes and ran 128 x
+// 128 in 212.8 us, at 144 spill-free in 204.7 (H200, BENCH.md "Issue 45:
+// the fp8 producer's row in 16-byte loads").
 constexpr int kWsAheadRegsS = 200;
 constexpr int kWsAheadRegsProducer = 144;
 
@@ -115,6 +121,46 @@ __device__ __forceinline__ void ConvertRow(const typename T::Kv::RegRaw (&raw)[4
   }
 }
 
+// ConvertRow for a format's WsRow (F::kWsRowLoad): items 8 u + 4 gi + q
+// through StoreChunkPair, and lane q's rope columns 16 q .. 16 q + 15 as
+// loaded, two 16-byte stores (chunks d_v / 8 + 2 q and + 1: each 8-lane
+// phase stores one chunk of eight rows, no bank conflicts).
+template <class T>
+__device__ __forceinline__ void ConvertWsRow(const typename T::Kv::WsRow& raw, ptx::u32 tile,
+                                             int row, int q) {
+  using Kv = typename T::Kv;
+  static_assert(Kv::kConstChunkOrder, "a WsRow format stores in the compile-time chunk order");
+  // The rope first: its registers are free before the conversion's.
+  if constexpr (T::kRope != 0) {
+    static_assert(T::kRope == 64, "four lanes of 16 rope columns");
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4& c = raw.rope[i];
+      ptx::StShared128(TileChunkAddr<T>(tile, row, T::kDv / 8 + 2 * q + i), c.x, c.y, c.z, c.w);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi) {
+      ptx::u32 out[8];
+      Kv::WsRowItem(raw, u, gi, out);
+      StoreChunkPair<T>(tile, row, 2 * u + gi, 2 * q + gi, gi == 1, out, StoreShared128{});
+    }
+  }
+}
+
+// What WsProduce holds of one row: the format's WsRow, or RegLoad's four
+// units.
+template <class Kv, bool = Kv::kWsRowLoad>
+struct WsRaw {
+  using type = typename Kv::RegRaw[4];
+};
+template <class Kv>
+struct WsRaw<Kv, true> {
+  using type = typename Kv::WsRow;
+};
+
 // The producer warpgroup: fills the bf16 KV tiles of every tile of the work
 // item in turn.
 template <class T>
@@ -135,14 +181,19 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
 #pragma unroll 1
   for (int t = 0; t < w.num_tiles; ++t) {
     const int stage = t % T::kStages;
-    typename Kv::RegRaw raw[kRows][4];
+    // A format's WsRow (kWsRowLoad) or RegLoad's four units a row.
+    typename WsRaw<Kv>::type raw[kRows];
     bool ok[kRows];
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       ok[j] = v.Holds(slot[j]);
+      if constexpr (Kv::kWsRowLoad) {
+        Kv::template WsRowLoad<T, T::kPageBlock>(v, slot[j], ok[j], q, raw[j]);
+      } else {
 #pragma unroll
-      for (int u = 0; u < 4; ++u)
-        Kv::template RegLoad<T, T::kPageBlock>(v, slot[j], ok[j], u, q, raw[j][u]);
+        for (int u = 0; u < 4; ++u)
+          Kv::template RegLoad<T, T::kPageBlock>(v, slot[j], ok[j], u, q, raw[j][u]);
+      }
     }
     // Tile t + 2's slots (kProducerPrefetchL2), read again as `slot` next tile:
     // keeping them from here instead measured no faster (BENCH.md, "V4's
@@ -159,7 +210,11 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       const int row = 16 * pw + 8 * j + n;
-      ConvertRow<T, false>(raw[j], tile, row, q, StoreShared128{}, StoreRopeShared{});
+      if constexpr (Kv::kWsRowLoad) {
+        ConvertWsRow<T>(raw[j], tile, row, q);
+      } else {
+        ConvertRow<T, false>(raw[j], tile, row, q, StoreShared128{}, StoreRopeShared{});
+      }
       if (q == 0) sm.valid[stage * T::kTokenTile + row] = ok[j];
     }
     // wgmma reads the tile through the async proxy.
@@ -307,6 +362,17 @@ __device__ __forceinline__ constexpr bool PairLoadsAhead() {
   }
 }
 
+// Whether the unpaired producer of a staged format loads WsRows (the
+// format's kWsRowLoad; a direct format has no producer conversion).
+template <class T, bool kPair>
+__device__ __forceinline__ constexpr bool WsRowProducer() {
+  if constexpr (!kPair && T::kStaged) {
+    return T::Kv::kWsRowLoad;
+  } else {
+    return false;
+  }
+}
+
 // An MMA warp's wait for a tile's `full` barrier. A tile written by
 // cp.async (a direct format) or partly by the pair's peer (StAsync): to
 // wgmma's async proxy on this side, and the peer's bytes acquired at
@@ -345,8 +411,9 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
                 "the warp-specialised pipeline: tiling.h WarpSpecialized, one cache");
   static_assert(!kPair || (PairCovers(T::kShape) && E::kEpilogue == Epilogue::kSplit),
                 "the crossover pair: tiling.h PairCovers, no split cluster");
-  // The pair's producer holds the next tile's records while converting.
-  constexpr bool kAhead = PairLoadsAhead<T, kPair>();
+  // The pair's producer holding the next tile's records, or the unpaired
+  // one loading WsRows: 8 more producer registers (from the S warps).
+  constexpr bool kAhead = PairLoadsAhead<T, kPair>() || WsRowProducer<T, kPair>();
   using Qk = QkWgmma<T>;
   extern __shared__ __align__(128) unsigned char smem[];
   const DecodeSmem sm = CarveDecodeSmem<T>(smem);

@@ -445,6 +445,14 @@ __device__ __forceinline__ void ClusterSync() {
                    "barrier.cluster.wait.acquire.aligned;\n" ::
                        : "memory"));
 }
+// ClusterSync in two halves, for work between them: every thread arrives
+// (release), later waits (acquire); a thread waits before it arrives again.
+__device__ __forceinline__ void ClusterArrive() {
+  KFORGE_SM90_ONLY(asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"));
+}
+__device__ __forceinline__ void ClusterWait() {
+  KFORGE_SM90_ONLY(asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"));
+}
 // This CTA's rank in its cluster.
 __device__ __forceinline__ u32 ClusterCtaRank() {
   u32 r = 0;
@@ -500,6 +508,10 @@ __device__ __forceinline__ void StClusterU32(u32 addr, u32 v) {
 }
 __device__ __forceinline__ void StClusterU64(u32 addr, unsigned long long v) {
   KFORGE_SM90_ONLY(asm volatile("st.shared::cluster.u64 [%0], %1;\n" ::"r"(addr), "l"(v)
+                                : "memory"));
+}
+__device__ __forceinline__ void RedAddClusterU32(u32 addr, u32 v) {
+  KFORGE_SM90_ONLY(asm volatile("red.shared::cluster.add.u32 [%0], %1;\n" ::"r"(addr), "r"(v)
                                 : "memory"));
 }
 __device__ __forceinline__ u32 AtomAddClusterU32(u32 addr, u32 v) {

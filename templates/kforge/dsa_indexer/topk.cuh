@@ -215,10 +215,28 @@ struct CandidateSource {
 // kC CTAs per row: the cluster's histogram, summed bin by bin into every
 // CTA's hist_sum (CTA r sums bins [r, r + 1) * kTopkBins / kC of all kC
 // histograms and writes the sums to all of them); the histogram to scan.
+// The first digit (`first`): each CTA adds its nonzero counts into every
+// CTA's hist_sum (zeroed at the kernel's start, before a cluster arrival
+// this waits for), so one cluster barrier and no load round trip.
 template <class T, int kC>
-__device__ __forceinline__ const int* MergeHistogram(const TopkSmem<T>& sm, u32 rank) {
+__device__ __forceinline__ const int* MergeHistogram(const TopkSmem<T>& sm, u32 rank, bool first) {
   if constexpr (kC == 1) {
     return sm.hist;
+  } else if (first) {
+    ptx::ClusterWait();  // every CTA's hist_sum is zeroed (TopkMain)
+    const u32 sum = ptx::SmemAddr(sm.hist_sum);
+    for (int j = threadIdx.x; j < kTopkBins; j += T::kTopkThreads) {
+      const int c = sm.hist[j];
+      if (c != 0) {
+#pragma unroll
+        for (int q = 0; q < kC; ++q) {
+          ptx::RedAddClusterU32(ptx::MapShared(sum + 4u * static_cast<u32>(j), q),
+                                static_cast<u32>(c));
+        }
+      }
+    }
+    ptx::ClusterSync();  // every CTA's adds are in
+    return sm.hist_sum;
   } else {
     constexpr int kSlice = kTopkBins / kC;
     ptx::ClusterSync();  // every CTA's counts are in
@@ -276,10 +294,10 @@ __device__ __forceinline__ void CountDigit(const Src& src, u32 mask, u32 prefix,
 // inclusive scan. Sets sm.sel_bin (the bin), sm.sel_rem (the keys still
 // wanted from it) and sm.sel_count (the keys in it, cluster-wide).
 template <class T, int kC>
-__device__ __forceinline__ void FindBoundary(int rem, const TopkSmem<T>& sm, u32 rank) {
+__device__ __forceinline__ void FindBoundary(int rem, const TopkSmem<T>& sm, u32 rank, bool first) {
   constexpr int kPer = kTopkBins / T::kTopkThreads;  // bins each thread scans
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int* hist = MergeHistogram<T, kC>(sm, rank);
+  const int* hist = MergeHistogram<T, kC>(sm, rank, first);
   int c[kPer];
   int local = 0;
 #pragma unroll
@@ -343,7 +361,7 @@ __device__ __forceinline__ bool NextDigit(const Src& src, int pass, Selection& s
   const u32 digit = pass == 2 ? 1023u : 2047u;
   CountDigit<T>(src, s.mask, s.prefix, shift, digit, sm, /*zeroed=*/pass == 0);
   KFORGE_TOPK_PHASE(10 + 2 * pass);
-  FindBoundary<T, kC>(s.rem, sm, rank);
+  FindBoundary<T, kC>(s.rem, sm, rank, pass == 0);
   KFORGE_TOPK_PHASE(11 + 2 * pass);
   s.bin = sm.sel_bin();
   s.prefix |= static_cast<u32>(s.bin) << shift;
@@ -760,6 +778,12 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
   // The first digit's histogram, zeroed while the logits kernel finishes
   // (shared memory only: nothing global comes before the wait).
   ZeroHistogram<T>(sm);
+  if constexpr (kC > 1) {
+    // The cluster's first-digit sums, zeroed before any CTA adds to them
+    // (MergeHistogram waits for this arrival).
+    for (int j = tid; j < kTopkBins; j += T::kTopkThreads) sm.hist_sum[j] = 0;
+    ptx::ClusterArrive();
+  }
   ptx::WaitForPriorGrids();
   ptx::AllowDependentLaunch();  // the next kernel waits for this grid in turn
   KFORGE_TOPK_PHASE(1);
@@ -777,6 +801,7 @@ __device__ __forceinline__ void TopkMain(const TopkParams& p) {
 
   KFORGE_TOPK_PHASE(2);
   if (len <= kK) {
+    if constexpr (kC > 1) ptx::ClusterWait();  // the start's arrival, matched
     if (rank != 0) return;  // the whole row is the rank-0 CTA's (no cluster traffic)
     for (int j = tid; j < kK; j += T::kTopkThreads) out.indices[j] = j < len ? j : -1;
     if (out.slots != nullptr) {

@@ -264,6 +264,15 @@ TEST(CompileMatrix, Fp8DsMlaOnEveryArch) {
           {absl::StrCat("fp8 heads ", heads, " rope ", spec.rope_dim(), " ", arch), spec, arch});
     }
   }
+  // NoPE with power-of-two scales on the warp-specialised tilings (64 and
+  // 128 heads): the producer's WsRow route is the rope-64 geometry's only
+  // (with rope 0 it spilled 8 bytes at 128 heads).
+  for (int heads : {64, 128}) {
+    v1::AttentionSpec spec = *SpecFromPreset("deepseek-v3.2", 1, v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+    spec.set_num_q_heads(heads);
+    spec.set_rope_dim(0);
+    jobs.push_back({absl::StrCat("fp8 pow2 heads ", heads, " rope 0 sm_90a"), spec, "sm_90a"});
+  }
   const std::vector<Outcome> outcomes = CompileAll(jobs);
   const std::vector<const v1::KernelArtifact*> good = GoodArtifacts(jobs, outcomes);
   for (size_t i = 0; i < jobs.size(); ++i) {

@@ -150,15 +150,27 @@ __device__ __forceinline__ void ConvertWsRow(const typename T::Kv::WsRow& raw, p
   }
 }
 
+// Whether WsProduce (a staged format's unpaired producer) loads WsRows:
+// the format's kWsRowLoad, with rope 64 (the geometry measured; with rope 0
+// the 128-head main entry spilled 8 bytes).
+template <class T>
+__device__ __forceinline__ constexpr bool WsRowLoads() {
+  if constexpr (T::kStaged) {
+    return T::Kv::kWsRowLoad && T::kRope == 64;
+  } else {
+    return false;
+  }
+}
+
 // What WsProduce holds of one row: the format's WsRow, or RegLoad's four
 // units.
-template <class Kv, bool = Kv::kWsRowLoad>
+template <class T, bool = WsRowLoads<T>()>
 struct WsRaw {
-  using type = typename Kv::RegRaw[4];
+  using type = typename T::Kv::RegRaw[4];
 };
-template <class Kv>
-struct WsRaw<Kv, true> {
-  using type = typename Kv::WsRow;
+template <class T>
+struct WsRaw<T, true> {
+  using type = typename T::Kv::WsRow;
 };
 
 // The producer warpgroup: fills the bf16 KV tiles of every tile of the work
@@ -182,12 +194,12 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
   for (int t = 0; t < w.num_tiles; ++t) {
     const int stage = t % T::kStages;
     // A format's WsRow (kWsRowLoad) or RegLoad's four units a row.
-    typename WsRaw<Kv>::type raw[kRows];
+    typename WsRaw<T>::type raw[kRows];
     bool ok[kRows];
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       ok[j] = v.Holds(slot[j]);
-      if constexpr (Kv::kWsRowLoad) {
+      if constexpr (WsRowLoads<T>()) {
         Kv::template WsRowLoad<T, T::kPageBlock>(v, slot[j], ok[j], q, raw[j]);
       } else {
 #pragma unroll
@@ -210,7 +222,7 @@ __device__ __forceinline__ void WsProduce(const DecodeParams& p, const DecodeWor
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       const int row = 16 * pw + 8 * j + n;
-      if constexpr (Kv::kWsRowLoad) {
+      if constexpr (WsRowLoads<T>()) {
         ConvertWsRow<T>(raw[j], tile, row, q);
       } else {
         ConvertRow<T, false>(raw[j], tile, row, q, StoreShared128{}, StoreRopeShared{});
@@ -362,17 +374,6 @@ __device__ __forceinline__ constexpr bool PairLoadsAhead() {
   }
 }
 
-// Whether the unpaired producer of a staged format loads WsRows (the
-// format's kWsRowLoad; a direct format has no producer conversion).
-template <class T, bool kPair>
-__device__ __forceinline__ constexpr bool WsRowProducer() {
-  if constexpr (!kPair && T::kStaged) {
-    return T::Kv::kWsRowLoad;
-  } else {
-    return false;
-  }
-}
-
 // An MMA warp's wait for a tile's `full` barrier. A tile written by
 // cp.async (a direct format) or partly by the pair's peer (StAsync): to
 // wgmma's async proxy on this side, and the peer's bytes acquired at
@@ -413,7 +414,7 @@ __device__ __forceinline__ void DecodeWarpSpecialized(const DecodeParams& p) {
                 "the crossover pair: tiling.h PairCovers, no split cluster");
   // The pair's producer holding the next tile's records, or the unpaired
   // one loading WsRows: 8 more producer registers (from the S warps).
-  constexpr bool kAhead = PairLoadsAhead<T, kPair>() || WsRowProducer<T, kPair>();
+  constexpr bool kAhead = PairLoadsAhead<T, kPair>() || (!kPair && WsRowLoads<T>());
   using Qk = QkWgmma<T>;
   extern __shared__ __align__(128) unsigned char smem[];
   const DecodeSmem sm = CarveDecodeSmem<T>(smem);

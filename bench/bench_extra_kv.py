@@ -13,7 +13,6 @@ are in BENCH.md).
 """
 
 import argparse
-import glob
 import os
 import sys
 
@@ -54,13 +53,13 @@ def main():
 
     import kforge
     from kforge import kv_records
-    from kforge.kernel import read_artifact
+    from kforge.kernel import module_cubins, read_artifact
 
     def key(spec, topk):
         return (spec.num_q_heads, spec.kv_lora_rank, spec.rope_dim, spec.kv_cache_dtype, topk)
 
     plain, extra = {}, []
-    for path in sorted(glob.glob(os.path.join(args.module_dir, "*.cubin"))):
+    for path in module_cubins(args.module_dir):
         spec = read_artifact(path).spec.sparse_mla_decode
         if spec.HasField("extra_kv"):
             extra.append(path)

@@ -11,7 +11,6 @@ H200 (docs/DESIGN.md). Prints a markdown table and writes it to --out.
 """
 
 import argparse
-import glob
 import os
 import statistics
 import sys
@@ -111,12 +110,12 @@ def main():
     args = ap.parse_args()
     import torch
     import kforge
-    from kforge.kernel import read_artifact
+    from kforge.kernel import module_cubins, read_artifact
     from kforge.spec import kv_dtype_value
 
     mods = {}
     want = kv_dtype_value(args.kv_dtype)
-    for c in glob.glob(os.path.join(args.module_dir, "*.cubin")):
+    for c in module_cubins(args.module_dir):
         spec = read_artifact(c).spec.sparse_mla_decode
         if spec.topk == args.topk and spec.s_q <= 1 and spec.kv_cache_dtype == want:
             mods[spec.num_q_heads] = c

@@ -36,7 +36,6 @@ def main():
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--cache-slots", type=int, default=1 << 20)
     args = ap.parse_args()
-    import glob
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -44,11 +43,11 @@ def main():
     from bench_sparse_mla import capture, replay_times
 
     import kforge
-    from kforge.kernel import read_artifact
+    from kforge.kernel import module_cubins, read_artifact
 
     fp8 = args.kv_dtype == "fp8_ds_mla"
     mods = {}
-    for c in glob.glob(os.path.join(args.module_dir, "*.cubin")):
+    for c in module_cubins(args.module_dir):
         spec = read_artifact(c).spec.sparse_mla_decode
         if spec.topk == 2048 and spec.s_q <= 1 and (spec.kv_cache_dtype == 2) == fp8:
             mods.setdefault(spec.num_q_heads, []).append(c)

@@ -8,7 +8,6 @@ the rule's choice and how much slower the rule's choice is than the best.
 """
 
 import argparse
-import glob
 import os
 import sys
 
@@ -28,12 +27,13 @@ def main():
     args = ap.parse_args()
     import torch
     import kforge
+    from kforge.kernel import module_cubins
     slots = 1 << 20
     lines = ["| heads | batch | best splits | best (us) | rule splits | rule (us) | rule / best |",
              "|---|---|---|---|---|---|---|"]
     print(lines[0], flush=True)
     kv = None
-    mods = sorted(glob.glob(os.path.join(args.module_dir, "*.cubin")),
+    mods = sorted(module_cubins(args.module_dir),
                   key=lambda c: int(os.path.basename(c).split("_h")[1].split("_")[0]))
     for cubin in mods:
         mod = kforge.Kernel.from_files(cubin)

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -143,7 +145,8 @@ int Compile(const std::vector<std::string>& argv) {
     std::cout << "usage: kforge compile (--preset NAME [--tp N] | --spec FILE) "
                  "--arch ARCH [-o DIR]\n\n"
                  "Compiles one sparse MLA kernel module per arch and writes "
-                 "DIR/<module>.cubin and DIR/<module>.json.\n\n"
+                 "DIR/<module>.cubin (and DIR/<module>.<i>.cubin for a module's\n"
+                 "further images) and DIR/<module>.json.\n\n"
               << FlagsHelp(flags);
     return 0;
   }
@@ -190,16 +193,14 @@ int Compile(const std::vector<std::string>& argv) {
       continue;
     }
     const std::string base = absl::StrCat(out_dir, "/", artifact->module_name());
-    absl::Status s = WriteFileAtomic(base + ".cubin", artifact->cubin());
-    if (s.ok()) s = WriteFileAtomic(base + ".json", ArtifactDescriptionJson(*artifact));
-    if (!s.ok()) return Fail(s);
+    if (absl::Status s = WriteArtifactFiles(base, *artifact); !s.ok()) return Fail(s);
     const v1::KernelResources* main_k = nullptr;
     for (const auto& k : artifact->cubin_info().kernels()) {
       // The module's first entry: the main attention entry, or the logits.
       if (!artifact->entries().empty() && k.name() == artifact->entries(0).name()) main_k = &k;
     }
     std::cout << absl::StrFormat("%s.cubin  %s  %zu bytes  %d regs  %d B smem  %.2f s\n", base,
-                                 artifact->arch(), artifact->cubin().size(),
+                                 artifact->arch(), CubinBytes(*artifact),
                                  main_k ? main_k->registers() : 0,
                                  artifact->has_indexer() ? artifact->indexer().logits_smem_bytes()
                                                          : artifact->launch().dynamic_smem_bytes(),
@@ -217,37 +218,78 @@ int Inspect(const std::vector<std::string>& argv) {
   if (args->Has("help") || args->positional.size() != 1) {
     std::cout << "usage: kforge inspect [--json] FILE.cubin\n\n"
                  "Reads a cubin's ELF: SM arch, kernel entries, registers, "
-                 "static shared memory, parameter and local bytes.\n\n"
+                 "static shared memory, parameter and local bytes. For a module's\n"
+                 "FILE.cubin that `kforge compile` wrote, its further images beside it "
+                 "(FILE.1.cubin, ...) too, each kernel with its image.\n\n"
               << FlagsHelp(flags);
     return args->Has("help") ? 0 : 2;
   }
   const std::string& path = args->positional[0];
-  absl::StatusOr<std::string> bytes = ReadFile(path, kMaxArtifactFileBytes, Symlinks::kFollow);
-  if (!bytes.ok()) return Fail(bytes.status());
-  absl::StatusOr<v1::CubinInfo> info = InspectCubin(*bytes);
-  if (!info.ok())
-    return Fail(
-        absl::Status(info.status().code(), absl::StrCat(path, ": ", info.status().message())));
+  // The file, then the module's further images beside it where it is an
+  // image 0 (<stem>.cubin, the stem not ending in .<i>).
+  std::vector<std::string> paths = {path};
+  const std::string stem = path.size() > 6 && absl::EndsWith(path, ".cubin")
+                               ? path.substr(0, path.size() - 6)
+                               : std::string();
+  const size_t dot = stem.rfind('.');
+  const bool image_zero =
+      !stem.empty() && (dot == std::string::npos || dot + 1 == stem.size() ||
+                        stem.find_first_not_of("0123456789", dot + 1) != std::string::npos);
+  for (size_t i = 1; image_zero && i < kMaxCubinImages; ++i) {
+    const std::string next = absl::StrCat(stem, ".", i, ".cubin");
+    if (!std::filesystem::exists(next)) break;
+    paths.push_back(next);
+  }
+  v1::CubinInfo info;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    absl::StatusOr<std::string> bytes =
+        ReadFile(paths[i], kMaxArtifactFileBytes, Symlinks::kFollow);
+    if (!bytes.ok()) return Fail(bytes.status());
+    absl::StatusOr<v1::CubinInfo> image = InspectCubin(*bytes);
+    if (!image.ok()) {
+      return Fail(absl::Status(image.status().code(),
+                               absl::StrCat(paths[i], ": ", image.status().message())));
+    }
+    if (i > 0 && image->arch() != info.arch()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          paths[i], ": for ", image->arch(), ", but ", path, " is for ", info.arch())));
+    }
+    info.set_arch(image->arch());
+    info.set_elf_abi_version(image->elf_abi_version());
+    for (v1::KernelResources& k : *image->mutable_kernels()) {
+      k.set_image(static_cast<uint32_t>(i));
+      *info.add_kernels() = std::move(k);
+    }
+  }
   if (args->Has("json")) {
     v1::KernelArtifact wrapper;
-    *wrapper.mutable_cubin_info() = *info;
+    *wrapper.mutable_cubin_info() = info;
     std::string json = ArtifactDescriptionJson(wrapper);
     std::cout << json;
     return 0;
   }
-  std::cout << absl::StrFormat("%s: %s (ELF ABI %d), %d kernels\n", path, info->arch(),
-                               info->elf_abi_version(), info->kernels_size());
+  std::cout << absl::StrFormat("%s: %s (ELF ABI %d), %d kernels", path, info.arch(),
+                               info.elf_abi_version(), info.kernels_size());
+  if (paths.size() > 1) {
+    std::vector<std::string> beside;
+    for (size_t i = 1; i < paths.size(); ++i) {
+      beside.push_back(std::filesystem::path(paths[i]).filename().string());
+    }
+    std::cout << absl::StrFormat(" in %d images (and %s beside it)", paths.size(),
+                                 absl::StrJoin(beside, ", "));
+  }
+  std::cout << "\n";
   // The name column as wide as the longest entry name (at least 32).
   int width = 32;
-  for (const v1::KernelResources& k : info->kernels()) {
+  for (const v1::KernelResources& k : info.kernels()) {
     width = std::max(width, static_cast<int>(std::min<size_t>(k.name().size(), 128)));
   }
-  std::cout << absl::StrFormat("  %-*s %5s %10s %7s %7s %8s\n", width, "kernel", "regs", "smem(B)",
-                               "param", "local", "maxthr");
-  for (const v1::KernelResources& k : info->kernels()) {
-    std::cout << absl::StrFormat("  %-*s %5d %10d %7d %7d %8d\n", width, k.name(), k.registers(),
-                                 k.static_smem_bytes(), k.param_bytes(), k.local_bytes(),
-                                 k.max_threads());
+  std::cout << absl::StrFormat("  %-*s %5s %10s %7s %7s %8s %5s\n", width, "kernel", "regs",
+                               "smem(B)", "param", "local", "maxthr", "image");
+  for (const v1::KernelResources& k : info.kernels()) {
+    std::cout << absl::StrFormat("  %-*s %5d %10d %7d %7d %8d %5d\n", width, k.name(),
+                                 k.registers(), k.static_smem_bytes(), k.param_bytes(),
+                                 k.local_bytes(), k.max_threads(), k.image());
   }
   return 0;
 }

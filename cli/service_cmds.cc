@@ -328,7 +328,8 @@ int Get(const std::vector<std::string>& argv) {
                  "                 [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] "
                  "[--token-file FILE]\n\n"
                  "Fetches one kernel module from a kforge server and writes "
-                 "DIR/<module>.cubin and DIR/<module>.json.\n\n"
+                 "DIR/<module>.cubin (and DIR/<module>.<i>.cubin for a module's\n"
+                 "further images) and DIR/<module>.json.\n\n"
               << FlagsHelp(flags);
     return 0;
   }
@@ -383,11 +384,9 @@ int Get(const std::vector<std::string>& argv) {
         absl::StrCat("kforge server at ", address, " answered a wrong kernel: ", c.message())));
   }
   const std::string base = absl::StrCat(args->Get("out"), "/", artifact.module_name());
-  absl::Status s = WriteFileAtomic(base + ".cubin", artifact.cubin());
-  if (s.ok()) s = WriteFileAtomic(base + ".json", ArtifactDescriptionJson(artifact));
-  if (!s.ok()) return Fail(s);
+  if (absl::Status s = WriteArtifactFiles(base, artifact); !s.ok()) return Fail(s);
   std::cout << absl::StrFormat("%s.cubin  %s  %zu bytes  source %s  %.3f s\n", base,
-                               artifact.arch(), artifact.cubin().size(),
+                               artifact.arch(), CubinBytes(artifact),
                                ArtifactSourceName(response.source()), response.seconds());
   return 0;
 }

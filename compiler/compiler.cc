@@ -1,15 +1,21 @@
 #include "compiler/compiler.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/io.h"
 #include "compiler/family.h"
 #include "compiler/key.h"
 #include "compiler/manifest.h"
 #include "compiler/nvrtc.h"
 #include "google/protobuf/util/json_util.h"
+#include "model/artifact_check.h"
 #include "model/cubin.h"
 #include "model/format.h"
 #include "model/spec.h"
@@ -43,31 +49,87 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::KernelSpec& spec, std
   return plan;
 }
 
-absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan) const {
-  NvrtcRequest request;
-  request.source = plan.source;
-  request.program_name = plan.module_name + ".cu";
-  request.arch = plan.arch.name;
-  absl::StatusOr<NvrtcResult> compiled = CompileWithNvrtc(request);
-  if (!compiled.ok()) return compiled.status();
+namespace {
 
-  absl::StatusOr<v1::CubinInfo> info = InspectCubin(compiled->cubin);
-  if (!info.ok()) {
-    return absl::InternalError(
-        absl::StrCat(plan.module_name,
-                     ": NVRTC produced a cubin kforge cannot read: ", info.status().message()));
+// Compiles every program of `plan` on up to `threads` threads (longest
+// first is the plan's order: the throughput entries come first); each
+// program's result in its slot.
+std::vector<absl::StatusOr<NvrtcResult>> CompilePrograms(const CompilePlan& plan, size_t threads) {
+  const size_t n = plan.programs.size();
+  std::vector<absl::StatusOr<NvrtcResult>> results(n, absl::UnknownError("not compiled"));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) {
+      NvrtcRequest request;
+      request.source = plan.programs[i].source;
+      request.program_name =
+          n == 1 ? plan.module_name + ".cu" : absl::StrCat(plan.module_name, ".", i, ".cu");
+      request.arch = plan.arch.name;
+      results[i] = CompileWithNvrtc(request);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < std::min(threads, n); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  return results;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan) const {
+  if (plan.programs.empty() || plan.programs.size() > kMaxCubinImages) {
+    return absl::InternalError(absl::StrCat(plan.module_name, ": the plan has ",
+                                            plan.programs.size(), " programs, supported 1 to ",
+                                            kMaxCubinImages));
   }
-  if (info->arch() != plan.arch.name) {
-    return absl::InternalError(absl::StrCat(plan.module_name, ": cubin is for ", info->arch(),
-                                            ", asked for ", plan.arch.name,
-                                            "; refusing to serve it"));
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<absl::StatusOr<NvrtcResult>> compiled =
+      CompilePrograms(plan, std::max(1u, std::thread::hardware_concurrency()));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const absl::StatusOr<NvrtcResult>& c : compiled) {
+    if (!c.ok()) return c.status();
+  }
+
+  // Every image's kernels, each with its image; a program exports exactly
+  // its own entries.
+  v1::CubinInfo info;
+  info.set_arch(plan.arch.name);
+  for (size_t i = 0; i < compiled.size(); ++i) {
+    absl::StatusOr<v1::CubinInfo> image = InspectCubin(compiled[i]->cubin);
+    if (!image.ok()) {
+      return absl::InternalError(absl::StrCat(plan.module_name, ": NVRTC produced a cubin (image ",
+                                              i,
+                                              ") kforge cannot read: ", image.status().message()));
+    }
+    if (image->arch() != plan.arch.name) {
+      return absl::InternalError(absl::StrCat(plan.module_name, ": cubin is for ", image->arch(),
+                                              ", asked for ", plan.arch.name,
+                                              "; refusing to serve it"));
+    }
+    info.set_elf_abi_version(image->elf_abi_version());
+    std::vector<std::string> exported;
+    for (v1::KernelResources& k : *image->mutable_kernels()) {
+      exported.push_back(k.name());
+      k.set_image(static_cast<uint32_t>(i));
+      *info.add_kernels() = std::move(k);
+    }
+    std::vector<std::string> defined = plan.programs[i].entries;
+    std::sort(exported.begin(), exported.end());
+    std::sort(defined.begin(), defined.end());
+    if (exported != defined) {
+      return absl::InternalError(
+          absl::StrCat(plan.module_name, ": image ", i, " exports ", absl::StrJoin(exported, ", "),
+                       "; its program defines ", absl::StrJoin(plan.programs[i].entries, ", ")));
+    }
   }
   // The module's entries and launch description, as its manifest variant
-  // lists them (the family's); the cubin must export every entry.
+  // lists them (the family's); the images must export every entry.
   const v1::ManifestVariant variant = VariantOfPlan(plan);
   for (const v1::KernelEntry& entry : variant.entries()) {
     const bool found =
-        std::any_of(info->kernels().begin(), info->kernels().end(),
+        std::any_of(info.kernels().begin(), info.kernels().end(),
                     [&](const v1::KernelResources& k) { return k.name() == entry.name(); });
     if (!found) {
       return absl::InternalError(
@@ -100,12 +162,16 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
       artifact.set_combine_params_bytes(entry.params_bytes());
     }
   }
-  *artifact.mutable_cubin_info() = *std::move(info);
+  *artifact.mutable_cubin_info() = std::move(info);
   artifact.set_compiler_version(CompilerVersion());
-  for (const std::string& o : compiled->options) artifact.add_nvrtc_options(o);
+  // Every program is compiled with the same options.
+  for (const std::string& o : compiled[0]->options) artifact.add_nvrtc_options(o);
   artifact.set_template_digest(TemplateDigest());
-  artifact.set_compile_seconds(compiled->seconds);
-  artifact.set_cubin(std::move(compiled->cubin));
+  artifact.set_compile_seconds(seconds);
+  artifact.set_cubin(std::move(compiled[0]->cubin));
+  for (size_t i = 1; i < compiled.size(); ++i) {
+    artifact.add_more_cubins(std::move(compiled[i]->cubin));
+  }
   return artifact;
 }
 
@@ -120,6 +186,7 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Compile(const v1::KernelSpec&
 std::string ArtifactDescriptionJson(const v1::KernelArtifact& artifact) {
   v1::KernelArtifact description = artifact;
   description.clear_cubin();
+  description.clear_more_cubins();
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
   options.preserve_proto_field_names = true;
@@ -128,6 +195,20 @@ std::string ArtifactDescriptionJson(const v1::KernelArtifact& artifact) {
   // Printing a valid message cannot fail.
   (void)google::protobuf::util::MessageToJsonString(description, &json, options);
   return json;
+}
+
+absl::Status WriteArtifactFiles(const std::string& base, const v1::KernelArtifact& artifact) {
+  for (size_t i = 0; i < CubinImageCount(artifact); ++i) {
+    const std::string path = i == 0 ? base + ".cubin" : absl::StrCat(base, ".", i, ".cubin");
+    if (absl::Status s = WriteFileAtomic(path, ImageOf(artifact, i)); !s.ok()) return s;
+  }
+  return WriteFileAtomic(base + ".json", ArtifactDescriptionJson(artifact));
+}
+
+size_t CubinBytes(const v1::KernelArtifact& artifact) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < CubinImageCount(artifact); ++i) bytes += ImageOf(artifact, i).size();
+  return bytes;
 }
 
 }  // namespace kforge

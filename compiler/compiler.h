@@ -25,7 +25,10 @@ struct CompilePlan {
   v1::ClusterPath cluster;                    // the throughput tiling's; entry empty: none
   std::vector<std::string> schedule_reasons;  // why (PlanSchedule)
   std::string module_name;
-  std::string source;  // the instantiation unit
+  std::string source;  // the instantiation unit, whole
+  // What NVRTC compiles: the unit's entries in groups, one program and one
+  // cubin image each (the first: the main entry's), compiled in parallel.
+  std::vector<ProgramUnit> programs;
   std::vector<std::string> options;
   std::string key;
 };
@@ -69,6 +72,15 @@ std::string CompilerVersion();
 // The artifact as indented JSON, without the cubin bytes (the description
 // written beside a .cubin).
 std::string ArtifactDescriptionJson(const v1::KernelArtifact& artifact);
+
+// Writes an artifact as files: BASE.cubin (image 0), BASE.<i>.cubin for
+// each of more_cubins (i from 1), then BASE.json (the description), each
+// atomically. What `kforge compile` and `kforge get -o` write; the Python
+// package's Kernel.from_files reads them back.
+absl::Status WriteArtifactFiles(const std::string& base, const v1::KernelArtifact& artifact);
+
+// The bytes of all its cubin images.
+size_t CubinBytes(const v1::KernelArtifact& artifact);
 
 }  // namespace kforge
 

@@ -26,7 +26,9 @@ class DsaIndexer final : public KernelFamily {
           "kernels have one shape)");
     }
     plan.module_name = IndexerModuleName(plan.spec.dsa_indexer(), plan.arch);
-    plan.source = GenerateIndexerSource(plan.spec.dsa_indexer(), plan.arch);
+    const GeneratedUnit unit = GenerateIndexerSource(plan.spec.dsa_indexer(), plan.arch);
+    plan.source = unit.Whole();
+    plan.programs = unit.Programs();
     plan.options = BaseNvrtcOptions(plan.arch.name);
     plan.key = ComputeCacheKey(PlanKeyInputs(plan));
     return absl::OkStatus();

@@ -65,6 +65,9 @@ KeyInputs PlanKeyInputs(const CompilePlan& plan) {
   key.nvrtc_version = NvrtcBuildIdentity();
   key.options = plan.options;
   key.arch = plan.arch.name;
+  for (const ProgramUnit& program : plan.programs) {
+    key.programs.push_back(absl::StrJoin(program.entries, ","));
+  }
   return key;
 }
 

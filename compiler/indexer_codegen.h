@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "compiler/unit.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
 #include "model/arch.h"
@@ -28,7 +29,7 @@ std::string IndexerModuleName(const v1::DsaIndexerSpec& spec, const Arch& arch);
 // The instantiation unit: one IndexerTraits with the spec's numbers and the
 // extern "C" entries (templates/kforge/dsa_indexer/): logits, top-k, and
 // the top-k cluster entry where `arch` has clusters.
-std::string GenerateIndexerSource(const v1::DsaIndexerSpec& spec, const Arch& arch);
+GeneratedUnit GenerateIndexerSource(const v1::DsaIndexerSpec& spec, const Arch& arch);
 
 // The launch of both kernels (config.h's rules), entries and parameter
 // block sizes included.

@@ -165,6 +165,9 @@ std::string ComputeCacheKey(const KeyInputs& inputs) {
 
   AppendItem("arch", &encoding);
   AppendItem(inputs.arch, &encoding);
+  // How the unit is split into programs: the cubin images follow it.
+  AppendItem(absl::StrCat("programs[", inputs.programs.size(), "]"), &encoding);
+  for (const std::string& program : inputs.programs) AppendItem(program, &encoding);
   AppendItem("max_smem_per_block", &encoding);
   AppendItem(absl::StrCat(inputs.max_smem_per_block), &encoding);
   // Only a requested tiling is encoded, so the keys of planned kernels do

@@ -20,6 +20,8 @@ struct KeyInputs {
   std::string nvrtc_version;  // NvrtcBuildIdentity(): version and build
   std::vector<std::string> options;
   std::string arch;
+  // CompilePlan::programs, each as its entry names joined by ','.
+  std::vector<std::string> programs;
   // PlanOptions::max_smem_per_block: 0 for the arch's own tiling, else the
   // shared-memory budget the tiling was chosen for.
   int max_smem_per_block = 0;

@@ -55,7 +55,10 @@ class SparseMlaDecode final : public KernelFamily {
       absl::StrAppend(&plan.module_name, "_t", t.head_tile, "_", t.token_tile, "_", t.stages, "_",
                       t.warps);
     }
-    plan.source = GenerateSource(spec, plan.tiling, plan.launch, plan.small_batch, plan.cluster);
+    const GeneratedUnit unit =
+        GenerateSource(spec, plan.tiling, plan.launch, plan.small_batch, plan.cluster);
+    plan.source = unit.Whole();
+    plan.programs = unit.Programs();
     plan.options = BaseNvrtcOptions(plan.arch.name);
 
     KeyInputs key = PlanKeyInputs(plan);

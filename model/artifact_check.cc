@@ -80,33 +80,67 @@ absl::Status ExactlyTheNamed(const v1::ManifestVariant& variant, const char* fie
   return absl::OkStatus();
 }
 
-// The cubin itself, read back from its ELF: a server or bundle could carry
-// correct metadata around the wrong (or a damaged) binary.
+// The cubin images themselves, read back from their ELF: a server or
+// bundle could carry correct metadata around the wrong (or a damaged)
+// binary, or route an entry to an image that does not hold it.
 absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& arch,
                         const v1::KernelArtifact& artifact) {
   if (artifact.cubin().empty()) return Mismatch(variant, "cubin", "non-empty", "empty");
-  if (artifact.cubin().size() > kMaxCubinBytes) {
+  const size_t images = CubinImageCount(artifact);
+  if (images > kMaxCubinImages) {
+    return Mismatch(variant, "cubin images", absl::StrCat("at most ", kMaxCubinImages),
+                    absl::StrCat(images));
+  }
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < images; ++i) bytes += ImageOf(artifact, i).size();
+  if (bytes > kMaxCubinBytes) {
     return Mismatch(variant, "cubin size", absl::StrCat("at most ", kMaxCubinBytes, " bytes"),
-                    absl::StrCat(artifact.cubin().size(), " bytes"));
+                    absl::StrCat(bytes, " bytes"));
   }
-  absl::StatusOr<v1::CubinInfo> info = InspectCubin(artifact.cubin());
-  if (!info.ok()) {
-    return absl::DataLossError(absl::StrCat("kernel artifact for ", variant.module_name(),
-                                            ": cubin is unreadable: ", info.status().message()));
+  // Every image's kernels, each with the image that exports it.
+  v1::CubinInfo info;
+  for (size_t i = 0; i < images; ++i) {
+    const std::string& image = ImageOf(artifact, i);
+    const std::string which = i == 0 ? "cubin" : absl::StrCat("more_cubins[", i - 1, "]");
+    if (image.empty()) return Mismatch(variant, which, "non-empty", "empty");
+    absl::StatusOr<v1::CubinInfo> read = InspectCubin(image);
+    if (!read.ok()) {
+      return absl::DataLossError(absl::StrCat("kernel artifact for ", variant.module_name(), ": ",
+                                              which, " is unreadable: ", read.status().message()));
+    }
+    if (read->arch() != arch)
+      return Mismatch(variant, absl::StrCat(which, " arch"), arch, read->arch());
+    if (read->kernels().empty()) return Mismatch(variant, which, "an image with entries", "none");
+    for (v1::KernelResources& k : *read->mutable_kernels()) {
+      if (FindEntry(info, k.name()) != nullptr) {
+        return Mismatch(variant, "cubin entries", "each entry in one image",
+                        absl::StrCat(absl::CHexEscape(AsAbsl(k.name().substr(0, 200))), " in two"));
+      }
+      k.set_image(static_cast<uint32_t>(i));
+      *info.add_kernels() = std::move(k);
+    }
   }
-  if (info->arch() != arch) return Mismatch(variant, "cubin arch", arch, info->arch());
   // Exactly the entries the artifact's launch fields name.
   std::vector<const std::string*> exported;
-  for (const v1::KernelResources& kernel : info->kernels()) exported.push_back(&kernel.name());
+  for (const v1::KernelResources& kernel : info.kernels()) exported.push_back(&kernel.name());
   if (absl::Status s = ExactlyTheNamed(variant, "cubin entries", NamedEntries(artifact), exported,
                                        "no such entry");
       !s.ok()) {
     return s;
   }
+  for (const v1::KernelResources& k : info.kernels()) {
+    // The runtime loads an entry from the image cubin_info names.
+    const v1::KernelResources* listed = FindEntry(artifact.cubin_info(), k.name());
+    const std::string listed_image = listed == nullptr ? "none" : absl::StrCat(listed->image());
+    if (listed == nullptr || listed->image() != k.image()) {
+      return Mismatch(variant, absl::StrCat("cubin_info ", k.name(), " image"),
+                      absl::StrCat(k.image()), listed_image);
+    }
+  }
   // Each listed entry takes the block the list says (CheckEntries holds
   // the list to the named entries and the host's structs).
   for (const v1::KernelEntry& e : artifact.entries()) {
-    const v1::KernelResources* entry = FindEntry(*info, e.name());
+    const v1::KernelResources* entry = FindEntry(info, e.name());
     if (entry != nullptr && entry->param_bytes() != e.params_bytes()) {
       return Mismatch(variant, absl::StrCat("cubin ", e.name(), " param_bytes"),
                       absl::StrCat(e.params_bytes()), absl::StrCat(entry->param_bytes()));

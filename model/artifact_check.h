@@ -1,6 +1,7 @@
 #ifndef KFORGE_MODEL_ARTIFACT_CHECK_H_
 #define KFORGE_MODEL_ARTIFACT_CHECK_H_
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,12 +36,21 @@ v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact);
 std::vector<const std::string*> OptionalMainEntries(const v1::SmallBatchPath& small,
                                                     const v1::ClusterPath& cluster);
 
+// The artifact's cubin images: `cubin` (image 0), then `more_cubins`.
+inline size_t CubinImageCount(const v1::KernelArtifact& artifact) {
+  return 1 + static_cast<size_t>(artifact.more_cubins_size());
+}
+inline const std::string& ImageOf(const v1::KernelArtifact& artifact, size_t image) {
+  return image == 0 ? artifact.cubin() : artifact.more_cubins(static_cast<int>(image - 1));
+}
+
 // OK when `artifact` is the kernel `variant` names for `arch`: module name
 // and key usable as file names (CheckFileStem), same key, module, arch,
-// entry points and parameter sizes, a non-empty cubin of at most
-// kMaxCubinBytes that is an ELF whose inspected arch is `arch` and which
-// exports exactly the entries the artifact names (main, combine, the
-// optional main entries and an indexer's cluster top-k), each with the
+// entry points and parameter sizes, at most kMaxCubinImages non-empty cubin
+// images of at most kMaxCubinBytes in all, each an ELF whose inspected arch
+// is `arch`, which together export exactly the entries the artifact names
+// (main, combine, the optional main entries and an indexer's cluster
+// top-k), each once, from the image its cubin_info record names, with the
 // host's parameter size. Otherwise
 // DataLoss naming the first mismatch (a server, bundle or cache tier
 // answered with something else). The one check of a kernel: clients run it

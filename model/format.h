@@ -1,6 +1,7 @@
 #ifndef KFORGE_MODEL_FORMAT_H_
 #define KFORGE_MODEL_FORMAT_H_
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kforge {
@@ -21,7 +22,10 @@ namespace kforge {
 //   4: the spec of an artifact, a manifest variant and a compile job is a
 //      KernelSpec (one message per kind) instead of the flat AttentionSpec
 //      with a kind; the key hashes the KernelSpec.
-inline constexpr int kFormatVersion = 4;
+//   5: a module is several cubin images (KernelArtifact.more_cubins, each
+//      kernel's CubinInfo image), its entries compiled as separate programs
+//      in parallel; the key hashes the split.
+inline constexpr int kFormatVersion = 5;
 
 // The largest file of each kind kforge reads. Sizes are judged before
 // reading (base/io.h OpenRegularFile), so a huge or endless file (a link to
@@ -32,6 +36,9 @@ inline constexpr uint64_t kMaxArtifactFileBytes = uint64_t{256} << 20;
 // The largest cubin a server serves or a client accepts: the biggest
 // modules are a few MB, and a Redis value is capped at 64 MB.
 inline constexpr uint64_t kMaxCubinBytes = uint64_t{64} << 20;
+// The most cubin images one artifact holds (a module compiled as programs,
+// compiler/unit.h: at most one per entry); kMaxCubinBytes bounds them all.
+inline constexpr size_t kMaxCubinImages = 16;
 inline constexpr uint64_t kMaxManifestFileBytes = uint64_t{16} << 20;
 inline constexpr uint64_t kMaxChecksumsFileBytes = uint64_t{16} << 20;
 inline constexpr uint64_t kMaxMarkerFileBytes = uint64_t{64} << 10;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "base/absl_compat.h"
 #include "model/arch.h"
+#include "model/artifact_check.h"
 
 namespace kforge {
 namespace {
@@ -89,9 +90,12 @@ absl::Status CheckEntryParams(const v1::KernelArtifact& artifact,
 absl::StatusOr<const CudaDriver*> KernelModule::CheckLoadable(
     const v1::KernelArtifact& artifact, absl::Span<const EntryParams> expected) {
   if (absl::Status s = CheckEntryParams(artifact, expected); !s.ok()) return s;
-  if (artifact.cubin().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(artifact.module_name(), ": the artifact carries no cubin"));
+  for (size_t i = 0; i < CubinImageCount(artifact); ++i) {
+    if (ImageOf(artifact, i).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(artifact.module_name(), ": the artifact carries no cubin",
+                       i == 0 ? std::string() : absl::StrCat(" for image ", i)));
+    }
   }
   absl::StatusOr<const CudaDriver*> driver = CudaDriver::Get();
   if (!driver.ok()) {
@@ -137,17 +141,32 @@ absl::StatusOr<std::unique_ptr<KernelModule>> KernelModule::LoadChecked(
 
   std::unique_ptr<KernelModule> module(new KernelModule(cu, artifact.module_name(), device));
   const std::string& name = module->module_name_;
-  if (absl::Status s = cu.Check(cu.LibraryLoadData(&module->library_, artifact.cubin().data(),
-                                                   nullptr, nullptr, 0, nullptr, nullptr, 0),
-                                absl::StrCat("cuLibraryLoadData(", name, ")"));
-      !s.ok()) {
-    return s;
+  const size_t images = CubinImageCount(artifact);
+  module->libraries_.reserve(images);
+  for (size_t i = 0; i < images; ++i) {
+    CUlibrary library = nullptr;
+    if (absl::Status s = cu.Check(cu.LibraryLoadData(&library, ImageOf(artifact, i).data(), nullptr,
+                                                     nullptr, 0, nullptr, nullptr, 0),
+                                  absl::StrCat("cuLibraryLoadData(", name, ", image ", i, ")"));
+        !s.ok()) {
+      return s;
+    }
+    module->libraries_.push_back(library);
   }
   module->entries_.reserve(artifact.entries_size());
   for (const v1::KernelEntry& entry : artifact.entries()) {
+    // CheckEntryParams found its cubin_info record.
+    const uint32_t image =
+        std::find_if(artifact.cubin_info().kernels().begin(), artifact.cubin_info().kernels().end(),
+                     [&](const v1::KernelResources& r) { return r.name() == entry.name(); })
+            ->image();
+    if (image >= images) {
+      return absl::DataLossError(absl::StrFormat("%s: cubin_info puts %s in image %u of %u", name,
+                                                 entry.name(), image, images));
+    }
     CUkernel kernel = nullptr;
     if (absl::Status s =
-            cu.Check(cu.LibraryGetKernel(&kernel, module->library_, entry.name().c_str()),
+            cu.Check(cu.LibraryGetKernel(&kernel, module->libraries_[image], entry.name().c_str()),
                      absl::StrCat("cuLibraryGetKernel(", name, ", ", entry.name(), ")"));
         !s.ok()) {
       return s;
@@ -159,7 +178,7 @@ absl::StatusOr<std::unique_ptr<KernelModule>> KernelModule::LoadChecked(
 }
 
 KernelModule::~KernelModule() {
-  if (library_ != nullptr) (void)cu_.LibraryUnload(library_);
+  for (CUlibrary library : libraries_) (void)cu_.LibraryUnload(library);
 }
 
 absl::StatusOr<size_t> KernelModule::EntryIndex(std::string_view name) const {

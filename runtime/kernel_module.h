@@ -62,7 +62,8 @@ struct LaunchDims {
 CUresult LaunchWithDims(const CudaDriver& cu, CUkernel kernel, void** args, const LaunchDims& d,
                         CUstream stream);
 
-// A cubin loaded as a context-independent CUlibrary: usable in every
+// A module's cubin images (KernelArtifact.cubin and more_cubins) loaded as
+// context-independent CUlibraries, one each: usable in every
 // context of the process, on the device it was checked for. The driver
 // keeps its own copy of the cubin (cuLibraryLoadData without
 // CU_LIBRARY_BINARY_IS_PRESERVED), so the artifact may go once loaded.
@@ -152,7 +153,7 @@ class KernelModule {
   const CudaDriver& cu_;
   std::string module_name_;
   CUdevice device_;
-  CUlibrary library_ = nullptr;
+  std::vector<CUlibrary> libraries_;  // one per cubin image
   std::vector<ModuleEntry> entries_;
 };
 

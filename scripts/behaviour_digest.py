@@ -114,12 +114,18 @@ def one(build, label, args, spec, tmp):
         return [f"{label}\tcompile-error\t{run.stderr.strip().splitlines()[-1:]}"]
     lines = []
     for name in sorted(os.listdir(out_dir)):
-        if not name.endswith(".cubin"):
+        if not name.endswith(".json"):
             continue
-        module = name[:-6]
-        artifact = json.load(open(os.path.join(out_dir, module + ".json")))
+        module = name[:-5]
+        artifact = json.load(open(os.path.join(out_dir, name)))
         kernels = {k["name"]: k for k in artifact.get("cubin_info", {}).get("kernels", [])}
-        for entry, (digest, size) in sorted(text_sections(os.path.join(out_dir, name)).items()):
+        # Every cubin image of the module: <module>.cubin, <module>.<i>.cubin.
+        images = 1 + max((int(k.get("image", 0)) for k in kernels.values()), default=0)
+        sections = {}
+        for i in range(images):
+            image = f"{module}.cubin" if i == 0 else f"{module}.{i}.cubin"
+            sections.update(text_sections(os.path.join(out_dir, image)))
+        for entry, (digest, size) in sorted(sections.items()):
             k = kernels.get(entry, {})
             stats = ",".join(f"{f}={k.get(f, 0)}" for f in (
                 "registers", "static_smem_bytes", "local_bytes", "max_threads"))

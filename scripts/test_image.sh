@@ -189,7 +189,8 @@ fi
 phase "run 1: kforge get (compile)"
 kf_log "client: $([ -x "$host_cli" ] && echo "$host_cli" || echo "the image's kforge")"
 client_get "$work/get1" --preset glm-5 --tp 8 --arch sm_120a
-cubin=$(ls "$work"/get1/*.cubin)
+description=$(ls "$work"/get1/*.json)  # one module: its image 0 beside it
+cubin=${description%.json}.cubin
 [ "$(head -c 4 "$cubin" | od -An -tx1 | tr -d ' ')" = 7f454c46 ] || fail "$cubin is not an ELF file"
 kf_log "got $(basename "$cubin") ($(stat -c %s "$cubin") bytes)"
 metrics=$(curl -sf "http://127.0.0.1:$metrics_port/metrics") || fail "no metrics on 127.0.0.1:$metrics_port"

@@ -61,7 +61,7 @@ using ArtifactOr = absl::StatusOr<v1::KernelArtifact>;
 // How much of a worker's stderr an error message quotes: enough for an
 // NVRTC log's last errors or an abort message, small enough for a status.
 constexpr size_t kStderrTailBytes = 8 * 1024;
-// A CompileResult holds one cubin (a few hundred KB for today's kernels);
+// A CompileResult holds one module's cubin images (a few MB at most today);
 // more than this means a runaway worker, not a result.
 constexpr size_t kMaxResultBytes = size_t{256} << 20;
 

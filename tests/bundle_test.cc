@@ -338,8 +338,8 @@ TEST_F(BundleTest, HasKernelTreatsDamagedFilesAsAbsent) {
   const std::string whole = ReadFileOrEmpty(file);
   // Fields are written in number order and the params sizes, the
   // small-batch path, the cluster entry, the entries, the schedule's
-  // reasons and the spec come last, so cutting exactly them off leaves a
-  // file that still parses.
+  // reasons, the spec and the further cubin images come last, so cutting
+  // exactly them off leaves a file that still parses.
   v1::KernelArtifact no_params = *artifact_;
   no_params.clear_params_bytes();
   no_params.clear_combine_params_bytes();
@@ -348,6 +348,7 @@ TEST_F(BundleTest, HasKernelTreatsDamagedFilesAsAbsent) {
   no_params.clear_entries();
   no_params.clear_schedule_reasons();
   no_params.clear_spec();
+  no_params.clear_more_cubins();
   const size_t without_params = no_params.ByteSizeLong();
   ASSERT_LT(without_params, whole.size());
   ASSERT_TRUE(no_params.ParseFromString(whole.substr(0, without_params)));
@@ -701,7 +702,33 @@ TEST_F(BundleTest, ArtifactCheckNamesTheFirstMismatch) {
        [](v1::KernelArtifact& a) { a.mutable_small_batch()->set_entry("other"); }},
       {"cubin: expected \"non-empty\"", [](v1::KernelArtifact& a) { a.clear_cubin(); }},
       {"cubin is unreadable", [](v1::KernelArtifact& a) { a.set_cubin("not an ELF"); }},
+      // The module's further images (compiler/unit.h): each one whole,
+      // readable and of the arch, every entry in exactly one of them and
+      // where cubin_info says, at most kMaxCubinImages of them.
+      {"more_cubins[0] is unreadable",
+       [](v1::KernelArtifact& a) { a.set_more_cubins(0, "not an ELF"); }},
+      {"more_cubins[2]: expected \"non-empty\"",
+       [](v1::KernelArtifact& a) { a.add_more_cubins(""); }},
+      {"each entry in one image", [](v1::KernelArtifact& a) { a.add_more_cubins(a.cubin()); }},
+      {"no such entry", [](v1::KernelArtifact& a) { a.mutable_more_cubins()->RemoveLast(); }},
+      {"image: expected \"0\", got \"1\"",
+       [](v1::KernelArtifact& a) { a.mutable_cubin()->swap(*a.mutable_more_cubins(0)); }},
+      {"image: expected \"1\", got \"7\"",
+       [](v1::KernelArtifact& a) {
+         for (v1::KernelResources& k : *a.mutable_cubin_info()->mutable_kernels()) {
+           if (k.image() == 1) k.set_image(7);
+         }
+       }},
+      {"cubin images: expected \"at most 16\"",
+       [](v1::KernelArtifact& a) {
+         while (a.more_cubins_size() < 16) a.add_more_cubins(a.more_cubins(0));
+       }},
+      {"cubin size",
+       [](v1::KernelArtifact& a) {
+         a.mutable_more_cubins(0)->resize(kMaxCubinBytes - a.cubin().size() + 1);
+       }},
   };
+  ASSERT_EQ(artifact_->more_cubins_size(), 2);  // main + main_cluster, small + cluster, combine
   for (const Case& c : cases) {
     v1::KernelArtifact altered = *artifact_;
     c.alter(altered);

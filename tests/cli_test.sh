@@ -568,11 +568,11 @@ expect_error "--trust without --warm-from, with a missing key" "--trust: cannot 
 
 # --- versions, environment ------------------------------------------------
 expect_ok "--version" --version
-"$KFORGE" --version | grep -qx "format 4" || fail "--version does not print 'format 4'"
+"$KFORGE" --version | grep -qx "format 5" || fail "--version does not print 'format 5'"
 "$KFORGE" version --json | "${KFORGE_TEST_PYTHON:-python3}" -c '
 import json, sys
 d = json.load(sys.stdin)
-assert d["format_version"] == 4 and "sm_90a" in d["archs"] and len(d["template_digest"]) == 64, d
+assert d["format_version"] == 5 and "sm_90a" in d["archs"] and len(d["template_digest"]) == 64, d
 ' || fail "version --json is not the JSON expected"
 KFORGE_WORKERS=0 expect_error "a serve flag from the environment" "--workers: got 0" \
   serve --listen 127.0.0.1:0 --cache-dir "$TMP/env_cache"

@@ -100,7 +100,8 @@ std::string SourceFor(const v1::AttentionSpec& spec, const Arch& arch) {
   EXPECT_TRUE(tiling.ok()) << tiling.status();
   if (!tiling.ok()) return "";
   return GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, arch),
-                        ChooseSmallBatchPath(spec, arch, *tiling));
+                        ChooseSmallBatchPath(spec, arch, *tiling))
+      .Whole();
 }
 
 TEST(CodegenGolden, DeepseekTp1Sm90a) {
@@ -140,7 +141,7 @@ TEST(CodegenSource, SmallBatchEntryBesideAThroughputTiling) {
     EXPECT_EQ(path.launch().block_threads(), CtaThreads(path.tiling()));
     EXPECT_GE(path.max_tokens(), 1u);
     const std::string src =
-        GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, ArchNamed(arch)), path);
+        GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, ArchNamed(arch)), path).Whole();
     EXPECT_NE(src.find(absl::StrCat(kSmallBatchEntry, "(const ks::DecodeParams p)")),
               std::string::npos);
     EXPECT_NE(src.find("ks::DecodeMain<SmallBatchTraits, ks::Pipeline::kLockstep, "
@@ -210,7 +211,8 @@ TEST(CodegenSource, OnlyNumbersVaryWithTheSpec) {
       // The throughput kernel alone (the small-batch one repeats its shape).
       absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, arch);
       ASSERT_TRUE(tiling.ok()) << tiling.status();
-      const std::string src = GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, arch));
+      const std::string src =
+          GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, arch)).Whole();
       for (char c : src) {
         ASSERT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f))
             << "non-printable byte " << static_cast<int>(c) << " on " << arch.name;
@@ -534,7 +536,7 @@ TEST(MakeLaunchRule, CtasPerSmStayWithinTheRegisterFile) {
         }
         // The entries are compiled for exactly those counts.
         const std::string src =
-            GenerateSource(spec, *t, rule, small, ChooseMainCluster(spec, arch, *t, small));
+            GenerateSource(spec, *t, rule, small, ChooseMainCluster(spec, arch, *t, small)).Whole();
         EXPECT_NE(
             src.find(absl::StrCat("__launch_bounds__(Traits::kThreads, ", rule.ctas_per_sm(), ")")),
             std::string::npos)
@@ -999,7 +1001,7 @@ TEST(ChooseTiling, CrossoverPairsWhereTheHeadGroupsPairUp) {
         EXPECT_FALSE(cluster.wide_entry().empty()) << where;
       }
       const std::string src =
-          GenerateSource(spec, *t, MakeLaunchRule(spec, *t, hopper), small, cluster);
+          GenerateSource(spec, *t, MakeLaunchRule(spec, *t, hopper), small, cluster).Whole();
       EXPECT_EQ(src.find(paired_main) != std::string::npos, pairs) << where;
       EXPECT_EQ(src.find("__cluster_dims__(2, 1, 1)") != std::string::npos, pairs) << where;
       // The tiling's config names the pair; its cluster entries run the

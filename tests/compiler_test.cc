@@ -1,8 +1,10 @@
 #include "compiler/compiler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -13,12 +15,15 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "compiler/codegen.h"
+#include "compiler/nvrtc.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
+#include "model/cubin.h"
 #include "model/spec.h"
+#include "tests/test_util.h"
 
 namespace kforge {
 namespace {
@@ -217,7 +222,8 @@ TEST(KernelCompilerPlan, PlanCarriesTheNormalizedSpecAndCodegenOutputs) {
   absl::StatusOr<v1::KernelTiling> tiling = ChooseTiling(spec, *arch);
   ASSERT_TRUE(tiling.ok());
   EXPECT_TRUE(MessageDifferencer::Equals(plan.tiling, *tiling));
-  EXPECT_EQ(plan.source, GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, *arch)));
+  EXPECT_EQ(plan.source,
+            GenerateSource(spec, *tiling, MakeLaunchRule(spec, *tiling, *arch)).Whole());
   EXPECT_EQ(plan.module_name, ModuleName(spec, *arch));
   EXPECT_FALSE(plan.options.empty());
 }
@@ -253,9 +259,83 @@ TEST(KernelCompilerBuild, ArtifactAndDescription) {
   v1::KernelArtifact parsed;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) << json;
   EXPECT_TRUE(parsed.cubin().empty());
+  EXPECT_TRUE(parsed.more_cubins().empty());
   v1::KernelArtifact expected = *artifact;
   expected.clear_cubin();
+  expected.clear_more_cubins();
   EXPECT_TRUE(MessageDifferencer::Equals(parsed, expected)) << parsed.ShortDebugString();
+}
+
+// Every entry's machine code (.text.<entry>) in a set of cubin images.
+std::map<std::string, std::string> EntryCode(const std::vector<std::string>& images) {
+  std::map<std::string, std::string> out;
+  for (const std::string& cubin : images) {
+    for (const ::kforge::testing::TextSection& text : ::kforge::testing::TextSections(cubin)) {
+      out[text.name] = cubin.substr(text.offset, text.size);
+    }
+  }
+  return out;
+}
+
+// A module is compiled as several programs, one image each (compiler/
+// unit.h): each program exports its own entries, each image's kernels are
+// recorded with it, and every entry's machine code is what the whole unit
+// compiled as one program makes. The modules: warp-specialised entries
+// alone (deepseek-v3.2 TP2 fp8_ds_mla, 64 heads), lockstep entries of one
+// traits struct together (glm-5 TP8 bf16, 8 heads, on sm_90a), the 99 KB
+// tilings (sm_120a) and an indexer.
+TEST(KernelCompilerBuild, ProgramsKeepEveryEntrysMachineCode) {
+  const KernelCompiler compiler;
+  absl::StatusOr<v1::AttentionSpec> ds_tp2 = SpecFromPreset("deepseek-v3.2", 2);
+  ASSERT_TRUE(ds_tp2.ok());
+  ds_tp2->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  ds_tp2->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+  v1::KernelSpec indexer;
+  indexer.mutable_dsa_indexer()->set_index_heads(64);
+  indexer.mutable_dsa_indexer()->set_index_head_dim(128);
+  indexer.mutable_dsa_indexer()->set_topk(2048);
+  indexer.mutable_dsa_indexer()->set_page_block_size(64);
+  const std::vector<std::pair<v1::KernelSpec, std::string>> modules = {
+      {KernelSpecOf(*ds_tp2), "sm_90a"},
+      {KernelSpecOf(Glm5Tp8()), "sm_90a"},
+      {KernelSpecOf(Glm5Tp8()), "sm_120a"},
+      {indexer, "sm_90a"}};
+  for (const auto& [spec, arch] : modules) {
+    absl::StatusOr<CompilePlan> plan = compiler.Plan(spec, arch);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const std::string& where = plan->module_name;
+    EXPECT_GT(plan->programs.size(), 1u) << where;
+    absl::StatusOr<v1::KernelArtifact> artifact = compiler.Build(*plan);
+    ASSERT_TRUE(artifact.ok()) << artifact.status();
+    ASSERT_EQ(static_cast<size_t>(artifact->more_cubins_size()) + 1, plan->programs.size())
+        << where;
+    std::vector<std::string> images = {artifact->cubin()};
+    images.insert(images.end(), artifact->more_cubins().begin(), artifact->more_cubins().end());
+    for (size_t i = 0; i < images.size(); ++i) {
+      absl::StatusOr<v1::CubinInfo> info = InspectCubin(images[i]);
+      ASSERT_TRUE(info.ok()) << info.status();
+      std::vector<std::string> exported;
+      for (const v1::KernelResources& k : info->kernels()) exported.push_back(k.name());
+      std::vector<std::string> wanted = plan->programs[i].entries;
+      std::sort(exported.begin(), exported.end());
+      std::sort(wanted.begin(), wanted.end());
+      EXPECT_EQ(exported, wanted) << where << " image " << i;
+    }
+    for (const v1::KernelResources& k : artifact->cubin_info().kernels()) {
+      ASSERT_LT(k.image(), plan->programs.size()) << where;
+      const std::vector<std::string>& in = plan->programs[k.image()].entries;
+      EXPECT_NE(std::find(in.begin(), in.end(), k.name()), in.end()) << where << " " << k.name();
+    }
+    NvrtcRequest whole;
+    whole.source = plan->source;
+    whole.program_name = where + ".cu";
+    whole.arch = plan->arch.name;
+    absl::StatusOr<NvrtcResult> one = CompileWithNvrtc(whole);
+    ASSERT_TRUE(one.ok()) << one.status();
+    const std::map<std::string, std::string> want = EntryCode({one->cubin});
+    EXPECT_GE(want.size(), static_cast<size_t>(artifact->entries_size())) << where;
+    EXPECT_TRUE(EntryCode(images) == want) << where << ": an entry's machine code changed";
+  }
 }
 
 TEST(KernelCompilerBuild, CompileIsPlanPlusBuild) {

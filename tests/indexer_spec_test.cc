@@ -233,9 +233,9 @@ TEST(IndexerCodegenTest, LaunchFollowsConfig) {
   // Before sm_90: none, and no cluster entry in the source.
   const v1::DsaIndexerSpec spec = *IndexerSpecFromPreset("glm-5", 8);
   EXPECT_FALSE(MakeIndexerLaunch(spec, *ParseArch("sm_80")).has_topk_cluster());
-  EXPECT_FALSE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch("sm_89")),
+  EXPECT_FALSE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch("sm_89")).Whole(),
                                  kIndexerTopkClusterEntry));
-  EXPECT_TRUE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch("sm_90a")),
+  EXPECT_TRUE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch("sm_90a")).Whole(),
                                 kIndexerTopkClusterEntry));
 }
 
@@ -260,11 +260,11 @@ TEST(IndexerCodegenTest, Sm90aLogitsRunOnWarpgroupMma) {
               228 * 1024)
         << heads;
   }
-  EXPECT_TRUE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch("sm_90a")),
+  EXPECT_TRUE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch("sm_90a")).Whole(),
                                 "kdi::IndexerTraits<64, 2048, true>"));
   // Not sm_90 (no wgmma without the arch-specific target), nor sm_100a.
   for (const char* arch : {"sm_90", "sm_100a"}) {
-    EXPECT_TRUE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch(arch)),
+    EXPECT_TRUE(absl::StrContains(GenerateIndexerSource(spec, *ParseArch(arch)).Whole(),
                                   "kdi::IndexerTraits<64, 2048, false>"))
         << arch;
     EXPECT_EQ(MakeIndexerLaunch(spec, *ParseArch(arch)).logits_block_threads(), 128u) << arch;

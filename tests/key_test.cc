@@ -32,6 +32,7 @@ KeyInputs GoldenInputs() {
   inputs.nvrtc_version = "13.0";
   inputs.options = {"--gpu-architecture=sm_90a", "-no-cache", "-no-source-include", "-std=c++17"};
   inputs.arch = "sm_90a";
+  inputs.programs = {"main,main_cluster", "combine"};
   inputs.format_version = 1;
   return inputs;
 }
@@ -57,10 +58,10 @@ TEST(CacheKeyTest, IsDeterministic) {
 // the recipe on purpose requires bumping kFormatVersion (so no old cache entry
 // is served under a new meaning) and then updating this literal. Adding a field
 // to AttentionSpec also changes it (by design: every field is hashed; the
-// last change: the spec became a KernelSpec, its case hashed with it).
+// last change: the programs a module is compiled as, hashed).
 TEST(CacheKeyTest, GoldenKey) {
   EXPECT_EQ(ComputeCacheKey(GoldenInputs()),
-            "93aa2565de1bc3c588eef77641dfb4c4ef98fb9cbfaeb533b71b80d5c3d06fe1");
+            "e4b3554fe2b402ca86f0026e824297b8012997ee88480ba2fccede24ffff07b8");
 }
 
 TEST(CacheKeyTest, DefaultFormatVersionIsCurrent) {
@@ -241,6 +242,9 @@ TEST(CacheKeyTest, EveryOtherInputChangesTheKey) {
   add("arch", [](KeyInputs& k) { k.arch = "sm_120a"; });
   add("format_version", [](KeyInputs& k) { k.format_version += 1; });
   add("max_smem_per_block", [](KeyInputs& k) { k.max_smem_per_block = 101376; });
+  add("programs regrouped", [](KeyInputs& k) { k.programs = {"main", "main_cluster,combine"}; });
+  add("programs reordered", [](KeyInputs& k) { std::swap(k.programs[0], k.programs[1]); });
+  add("one program", [](KeyInputs& k) { k.programs = {"main,main_cluster,combine"}; });
   add("option order", [](KeyInputs& k) { std::swap(k.options[1], k.options[2]); });
   add("option added", [](KeyInputs& k) { k.options.push_back("-lineinfo"); });
   add("option removed", [](KeyInputs& k) { k.options.pop_back(); });

@@ -39,7 +39,7 @@ from kforge import _capi  # noqa: E402
 from kforge import bundle as kbundle  # noqa: E402
 from kforge import ops  # noqa: E402
 from kforge.client import backoff_delay  # noqa: E402
-from kforge.kernel import read_artifact  # noqa: E402
+from kforge.kernel import module_cubins, read_artifact  # noqa: E402
 from kforge.plan import Device, Shape, plan_decode, select  # noqa: E402
 from kforge.spec import arch_for_capability, check_arch_runs, infer_latent_dims  # noqa: E402
 from kforge.testing import start_server, stop_server  # noqa: E402
@@ -73,8 +73,7 @@ def compiled(arch=ARCH, preset="glm-5", tp=8):
         r = run_kforge("compile", "--preset", preset, "--tp", str(tp), "--arch", arch, "-o", out)
         if r.returncode != 0:
             raise AssertionError(f"kforge compile failed: {r.stderr}")
-        cubin = [f for f in os.listdir(out) if f.endswith(".cubin")][0]
-        _compiled[key] = read_artifact(os.path.join(out, cubin))
+        _compiled[key] = read_artifact(module_cubins(out)[0])
     art = artifact_pb2.KernelArtifact()
     art.CopyFrom(_compiled[key])
     return art
@@ -391,12 +390,14 @@ class RealServerTest(unittest.TestCase):
         # kind="dsa-indexer" on a preset: the indexer's manifest and module,
         # checked like every kernel; its heads do not shrink with tp.
         from kforge.dsa_indexer import description_from_source
-        description, cubin = description_from_source(self.client, "glm-5", ARCH, tp=8)
+        description, images = description_from_source(self.client, "glm-5", ARCH, tp=8)
         self.assertEqual(description["module_name"],
                          f"dsa_indexer_h32_d128_topk2048_pb64_{ARCH.replace('_', '')}")
         self.assertEqual(description["spec"]["dsa_indexer"]["index_heads"], 32)
         self.assertEqual(description["indexer"]["logits_entry"], "dsa_indexer_logits")
-        self.assertGreater(len(cubin), 1000)
+        # Its cubin images: one a program (logits, top-k, cluster top-k on sm_90).
+        self.assertEqual(len(images), 3)
+        self.assertTrue(all(len(i) > 1000 for i in images))
         # The launches are the C++ plan's (kforge._capi.plan_indexer), with
         # the parameter blocks the module was compiled for.
         from google.protobuf import json_format
@@ -511,9 +512,9 @@ class RealServerTest(unittest.TestCase):
             self.assertGreaterEqual(version, 12000)
             self.check_loaded_module(load, art)
         # The indexer's module, from its JSON description: its own roles.
-        description, cubin = description_from_source(self.client, "glm-5", ARCH, tp=8)
-        indexer = _module.artifact_of(description, cubin)
-        self.assertEqual(indexer.cubin, cubin)
+        description, images = description_from_source(self.client, "glm-5", ARCH, tp=8)
+        indexer = _module.artifact_of(description, images)
+        self.assertEqual(_module.images_of(indexer), images)
         self.assertEqual([role_name(e.role) for e in indexer.entries],
                          ["ENTRY_ROLE_INDEXER_LOGITS", "ENTRY_ROLE_INDEXER_TOPK",
                           "ENTRY_ROLE_INDEXER_TOPK"])

@@ -1286,7 +1286,14 @@ TEST(CliGetTest, WritesOnlyTheKernelItAskedFor) {
       EXPECT_EQ(rc, 0) << output;
       const std::string module = compiled->artifact.module_name();
       EXPECT_EQ(ReadFileOrEmpty(out / (module + ".cubin")), compiled->artifact.cubin());
-      EXPECT_EQ(written.size(), 2u) << absl::StrJoin(written, " ");
+      // Each further cubin image beside it, then the description.
+      for (int i = 0; i < compiled->artifact.more_cubins_size(); ++i) {
+        EXPECT_EQ(ReadFileOrEmpty(out / absl::StrCat(module, ".", i + 1, ".cubin")),
+                  compiled->artifact.more_cubins(i));
+      }
+      EXPECT_GT(compiled->artifact.more_cubins_size(), 0);
+      EXPECT_EQ(written.size(), 2u + compiled->artifact.more_cubins_size())
+          << absl::StrJoin(written, " ");
     } else {
       EXPECT_EQ(rc, 1) << output;
       EXPECT_TRUE(

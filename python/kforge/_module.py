@@ -19,6 +19,7 @@ context, so a launch on a capturing stream is captured into the graph.
 """
 
 import ctypes
+import os
 
 from kforge import _capi
 from kforge._proto import pb
@@ -44,12 +45,50 @@ def driver():
     return version.value
 
 
-def artifact_of(description, cubin):
+# The most cubin images a module has (model/format.h kMaxCubinImages).
+MAX_IMAGES = 16
+
+
+def image_count(kernels):
+    """How many cubin images a module has, from its cubin_info kernels
+    (dicts or KernelResources messages, each naming its image)."""
+    last = max((int(k.get("image", 0)) if isinstance(k, dict) else k.image for k in kernels),
+               default=0)
+    if last >= MAX_IMAGES:
+        raise KforgeError(f"cubin_info names image {last}; a module has at most {MAX_IMAGES}")
+    return last + 1
+
+
+def read_images(cubin_path, count):
+    """A module's cubin images as `kforge compile` writes them: the .cubin
+    given (image 0), then <stem>.<i>.cubin beside it for i = 1..count-1."""
+    stem = os.path.splitext(cubin_path)[0]
+    images = []
+    for path in [cubin_path] + [f"{stem}.{i}.cubin" for i in range(1, count)]:
+        try:
+            with open(path, "rb") as f:
+                images.append(f.read())
+        except OSError as e:
+            raise KforgeError(f"{path}: cubin image {len(images)} of {count} ({e})") from None
+    return images
+
+
+def images_of(artifact):
+    """A KernelArtifact's cubin images, in order (cubin, more_cubins)."""
+    return [bytes(artifact.cubin)] + [bytes(c) for c in artifact.more_cubins]
+
+
+def artifact_of(description, images):
     """A KernelArtifact message of a module's JSON description (a dict, as
-    `kforge compile` writes it beside the cubin) and its cubin bytes."""
+    `kforge compile` writes it beside the cubin) and its cubin images (a
+    list of bytes, image 0 first; or one bytes for a one-image module)."""
     artifact = pb().json_format.ParseDict(description, pb().artifact_pb2.KernelArtifact(),
                                           ignore_unknown_fields=True)
-    artifact.cubin = bytes(cubin)
+    if isinstance(images, (bytes, bytearray, memoryview)):
+        images = [images]
+    artifact.cubin = bytes(images[0])
+    del artifact.more_cubins[:]
+    artifact.more_cubins.extend(bytes(i) for i in images[1:])
     return artifact
 
 

@@ -1,7 +1,8 @@
 """The DSA lightning indexer (ATTENTION_KIND_DSA_INDEXER) on PyTorch tensors:
 fp8 MQA logits over a paged index-key cache, the top-k positions per query
 row and their cache slots, from a module `kforge compile --kind
-dsa-indexer` wrote (<module>.cubin + <module>.json).
+dsa-indexer` wrote (<module>.cubin, <module>.<i>.cubin for its further images,
+<module>.json).
 
     ix = kforge.DsaIndexer.from_files("out/dsa_indexer_h64_d128_topk2048_pb64_sm90a.cubin")
     indices, slots = kforge.dsa_indexer_topk(ix, q, weights, index_cache, block_table,
@@ -69,7 +70,7 @@ def _driver():
 
 
 def read_description(cubin_path, json_path=None):
-    """(description dict, cubin bytes) of a module `kforge compile` wrote."""
+    """(description dict, cubin images) of a module `kforge compile` wrote."""
     if json_path is None:
         json_path = os.path.splitext(cubin_path)[0] + ".json"
     try:
@@ -77,12 +78,12 @@ def read_description(cubin_path, json_path=None):
             description = json.load(f)
     except (OSError, ValueError) as e:
         raise KforgeError(f"{json_path}: not a kforge compile description ({e})") from None
-    with open(cubin_path, "rb") as f:
-        return description, f.read()
+    kernels = description.get("cubin_info", {}).get("kernels", [])
+    return description, _module.read_images(cubin_path, _module.image_count(kernels))
 
 
 def description_from_source(source, preset, arch, tp=1):
-    """(description dict, cubin bytes) of a preset's indexer module from a
+    """(description dict, cubin images) of a preset's indexer module from a
     kforge source (kforge.Client or kforge.Bundle): its manifest's one
     variant, the kernel checked against it as every kforge kernel is."""
     from kforge._proto import pb
@@ -91,7 +92,8 @@ def description_from_source(source, preset, arch, tp=1):
     artifact = source.get_kernel(first_choice(manifest), arch)
     description = pb().json_format.MessageToDict(artifact, preserving_proto_field_name=True)
     description.pop("cubin", None)
-    return description, bytes(artifact.cubin)
+    description.pop("more_cubins", None)
+    return description, _module.images_of(artifact)
 
 
 class DsaIndexer:
@@ -106,7 +108,7 @@ class DsaIndexer:
         """A preset's indexer from a server or bundle (description_from_source)."""
         return cls(*description_from_source(source, preset, arch, tp), device=device)
 
-    def __init__(self, description, cubin, device=None):
+    def __init__(self, description, images, device=None):
         torch = self._torch = _torch()
         kernel_spec = description.get("spec", {})
         spec = kernel_spec.get("dsa_indexer")
@@ -139,7 +141,9 @@ class DsaIndexer:
         if int(want) // 10 != major or int(want) % 10 > minor:
             raise KforgeError(
                 f"{self.module_name} is for {self.arch}; this GPU is sm_{major}{minor}")
-        self._image = bytes(cubin)
+        # The cubin images (image 0 first); one bytes for a one-image module.
+        self._image = ([bytes(images)] if isinstance(images, (bytes, bytearray, memoryview))
+                       else [bytes(i) for i in images])
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # torch's context is current
             self._module = _module.KernelModule(_module.artifact_of(description, self._image),

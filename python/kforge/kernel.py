@@ -1,4 +1,5 @@
-"""One module written by `kforge compile` (<module>.cubin + <module>.json),
+"""One module written by `kforge compile` (<module>.cubin, <module>.<i>.cubin
+for its further images, <module>.json),
 loaded and launched on PyTorch tensors with no server or bundle: for GPU
 checks, benchmarks and profiling.
 
@@ -11,9 +12,12 @@ kernel; num_splits forces a split count (1..max_splits) where the launch
 rule would choose its own.
 """
 
+import glob
 import os
+import re
 
 from kforge import _capi
+from kforge._module import image_count, read_images
 from kforge._proto import pb
 from kforge.errors import KforgeError
 from kforge.ops import (LoadedKernel, _torch, check_decode_inputs, cuda_device, decode_args,
@@ -24,7 +28,7 @@ from kforge.spec import sparse_mla_spec
 
 def read_artifact(cubin_path, json_path=None):
     """The KernelArtifact `kforge compile` described in JSON beside the
-    cubin, with the cubin's bytes put back in."""
+    cubin, with the bytes of its cubin images put back in."""
     if json_path is None:
         json_path = os.path.splitext(cubin_path)[0] + ".json"
     artifact = pb().artifact_pb2.KernelArtifact()
@@ -33,9 +37,20 @@ def read_artifact(cubin_path, json_path=None):
             pb().json_format.Parse(f.read(), artifact)
     except (OSError, ValueError) as e:
         raise KforgeError(f"{json_path}: not a kforge compile description ({e})") from None
-    with open(cubin_path, "rb") as f:
-        artifact.cubin = f.read()
+    images = read_images(cubin_path, image_count(artifact.cubin_info.kernels))
+    artifact.cubin = images[0]
+    del artifact.more_cubins[:]
+    artifact.more_cubins.extend(images[1:])
     return artifact
+
+
+def module_cubins(directory, pattern="*"):
+    """The modules `kforge compile` wrote to `directory` whose names match
+    `pattern` (a glob): each module's <module>.cubin (image 0, what
+    Kernel.from_files takes), not its further <module>.<i>.cubin images;
+    sorted."""
+    return sorted(p for p in glob.glob(os.path.join(directory, pattern + ".cubin"))
+                  if not re.search(r"\.[0-9]+\.cubin$", p))
 
 
 class Kernel:

@@ -35,7 +35,6 @@ Without a GPU (or torch, or a CUDA driver) it prints SKIP and exits 0.
 
 import argparse
 import copy
-import glob
 import os
 import sys
 
@@ -492,7 +491,8 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(2), "little"))
     args = ap.parse_args()
-    modules = sorted(glob.glob(os.path.join(args.dir, f"dsa_indexer_*_{arch_tag()}.cubin")))
+    from kforge.kernel import module_cubins
+    modules = module_cubins(args.dir, f"dsa_indexer_*_{arch_tag()}")
     if not modules:
         print(f"no dsa_indexer modules for {arch_tag()} in {args.dir}")
         return 1

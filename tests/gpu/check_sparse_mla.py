@@ -28,7 +28,6 @@ any failure. Skips (exit 0, "SKIP") when no GPU is present.
 """
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -369,13 +368,14 @@ def main():
         print("SKIP: no CUDA GPU")
         return 0
     import kforge
+    from kforge.kernel import module_cubins
     from kforge import kv_records
     gen = torch.Generator(device="cuda")
     gen.manual_seed(int.from_bytes(os.urandom(4), "little"))
     rows, failures = [], 0
     print(f"{'module':70s} {'tiling':>14s} {'B':>4s} {'T':>4s} {'spl':>4s} "
           f"{'out rel err':>11s} {'lse rel err':>11s}  result")
-    for m_index, cubin in enumerate(sorted(glob.glob(os.path.join(args.module_dir, "*.cubin")))):
+    for m_index, cubin in enumerate(module_cubins(args.module_dir)):
         mod = kforge.Kernel.from_files(cubin)
         def label(t):
             return f"h{t.head_tile}n{t.token_tile}w{t.warps}"

@@ -107,4 +107,4 @@ jobs+=("$(write_extra_spec bf16_bf16 128 2048 "$bf16" 64 "$bf16, \"topk\": 64, \
 printf '%s\n' "${jobs[@]}" | xargs -P "$(nproc)" -L 1 bash -c '
   extra=(); [ "$3" != 0 ] && extra=(--max-smem-per-block "$3") || true
   "$0" compile --spec "$1" --arch "$2" "${extra[@]}" -o '"$out"' >/dev/null' "$kforge"
-ls "$out"/*.cubin | wc -l
+ls "$out"/*.json | wc -l

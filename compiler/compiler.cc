@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -69,7 +70,15 @@ std::vector<absl::StatusOr<NvrtcResult>> CompilePrograms(const CompilePlan& plan
     }
   };
   std::vector<std::thread> pool;
-  for (size_t t = 1; t < std::min(threads, n); ++t) pool.emplace_back(work);
+  for (size_t t = 1; t < std::min(threads, n); ++t) {
+    // Where no thread can be had (a process or cgroup thread limit), the
+    // threads already started and this one compile the rest.
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
   work();
   for (std::thread& t : pool) t.join();
   return results;

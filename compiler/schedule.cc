@@ -566,8 +566,9 @@ const char* EpilogueName(v1::Epilogue e) {
   }
 }
 
-// "sparse_mla_decode_main: throughput tiling, warp-specialized, wgmma, ..."
-std::string DescribeEntry(const v1::KernelEntry& e) {
+// "sparse_mla_decode_main: throughput tiling, warp-specialized, wgmma, ...",
+// and the cubin image (the NVRTC program) it is in where `image` >= 0.
+std::string DescribeEntry(const v1::KernelEntry& e, int image) {
   std::string what;
   switch (e.role()) {
     case v1::ENTRY_ROLE_ATTENTION:
@@ -590,6 +591,7 @@ std::string DescribeEntry(const v1::KernelEntry& e) {
       what = "unknown role";
   }
   if (e.cluster_ctas() > 0) absl::StrAppend(&what, ", clusters of ", e.cluster_ctas(), " CTAs");
+  if (image >= 0) absl::StrAppend(&what, "; image ", image);
   return absl::StrFormat("    %-36s %s\n", e.name(), what);
 }
 
@@ -609,7 +611,14 @@ std::string ExplainSchedule(const v1::KernelArtifact& a) {
                           small.max_tokens() == 1 ? "" : "s", Describe(spec, small.tiling()));
   }
   absl::StrAppend(&text, "  entries:\n");
-  for (const v1::KernelEntry& e : a.entries()) absl::StrAppend(&text, DescribeEntry(e));
+  for (const v1::KernelEntry& e : a.entries()) {
+    // Which image holds it, where the module has several (compiler/unit.h).
+    int image = -1;
+    for (const v1::KernelResources& k : a.cubin_info().kernels()) {
+      if (a.more_cubins_size() > 0 && k.name() == e.name()) image = static_cast<int>(k.image());
+    }
+    absl::StrAppend(&text, DescribeEntry(e, image));
+  }
   if (a.schedule_reasons_size() > 0) absl::StrAppend(&text, "  why:\n");
   for (const std::string& reason : a.schedule_reasons()) {
     absl::StrAppend(&text, "    - ", reason, "\n");

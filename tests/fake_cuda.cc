@@ -86,11 +86,16 @@ CUresult DeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice) 
 CUresult LibraryLoadData(CUlibrary* library, const void* code, CUjit_option*, void**, unsigned int,
                          CUlibraryOption*, void**, unsigned int) {
   const auto* p = static_cast<const unsigned char*>(code);
-  if (p == nullptr || std::memcmp(p, "\x7f" "ELF", 4) != 0 || p[4] != 2) {
+  if (p == nullptr ||
+      std::memcmp(p,
+                  "\x7f"
+                  "ELF",
+                  4) != 0 ||
+      p[4] != 2) {
     return CUDA_ERROR_INVALID_IMAGE;
   }
-  const uint64_t size = Read<uint64_t>(p, 0x28) + uint64_t{Read<uint16_t>(p, 0x3c)} *
-                                                      uint64_t{Read<uint16_t>(p, 0x3a)};
+  const uint64_t size = Read<uint64_t>(p, 0x28) +
+                        uint64_t{Read<uint16_t>(p, 0x3c)} * uint64_t{Read<uint16_t>(p, 0x3a)};
   auto* fake = new FakeLibrary{std::string(reinterpret_cast<const char*>(p), size), {}};
   *library = reinterpret_cast<CUlibrary>(fake);
   ++g_live_libraries;

@@ -86,12 +86,8 @@ CUresult DeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice) 
 CUresult LibraryLoadData(CUlibrary* library, const void* code, CUjit_option*, void**, unsigned int,
                          CUlibraryOption*, void**, unsigned int) {
   const auto* p = static_cast<const unsigned char*>(code);
-  if (p == nullptr ||
-      std::memcmp(p,
-                  "\x7f"
-                  "ELF",
-                  4) != 0 ||
-      p[4] != 2) {
+  constexpr unsigned char kElf64[5] = {0x7f, 'E', 'L', 'F', 2};
+  if (p == nullptr || std::memcmp(p, kElf64, sizeof(kElf64)) != 0) {
     return CUDA_ERROR_INVALID_IMAGE;
   }
   const uint64_t size = Read<uint64_t>(p, 0x28) +

@@ -215,8 +215,14 @@ GeneratedUnit GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTili
     cluster_entry("SmallBatchTraits", kClusterEntry, small.cluster_splits(),
                   min_blocks(small.launch()), pipeline_of(small.tiling(), false));
   }
+  // The combine in the small-batch entry's program where there is one (a
+  // program less to set up, off the throughput entries' critical path;
+  // its code and theirs unchanged: BENCH.md), else alone.
+  const std::string combine_group = with_small ? group_of("SmallBatchTraits", kSmallBatchEntry,
+                                                          pipeline_of(small.tiling(), false))
+                                               : std::string(kCombineEntry);
   unit.Add(
-      kCombineEntry, kCombineEntry,
+      kCombineEntry, combine_group,
       absl::StrFormat("extern \"C\" __global__ void __launch_bounds__(ks::kCombineWarps * 32)\n"
                       "%s(const ks::CombineParams p) {\n"
                       "  ks::Combine<Traits>(p);\n"

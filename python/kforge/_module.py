@@ -45,17 +45,18 @@ def driver():
     return version.value
 
 
-# The most cubin images a module has (model/format.h kMaxCubinImages).
-MAX_IMAGES = 16
-
-
 def image_count(kernels):
     """How many cubin images a module has, from its cubin_info kernels
-    (dicts or KernelResources messages, each naming its image)."""
-    last = max((int(k.get("image", 0)) if isinstance(k, dict) else k.image for k in kernels),
-               default=0)
-    if last >= MAX_IMAGES:
-        raise KforgeError(f"cubin_info names image {last}; a module has at most {MAX_IMAGES}")
+    (dicts or KernelResources messages, each naming its image). The files
+    are read until the first missing one (read_images), and the C++ check
+    (_capi.check_artifact) bounds the count and checks every image."""
+    try:
+        last = max((int(k.get("image", 0)) if isinstance(k, dict) else k.image
+                    for k in kernels), default=0)
+    except (AttributeError, TypeError, ValueError) as e:
+        raise KforgeError(f"cubin_info: an image that is not a number ({e})") from None
+    if last < 0:
+        raise KforgeError(f"cubin_info names image {last}")
     return last + 1
 
 
@@ -64,7 +65,8 @@ def read_images(cubin_path, count):
     given (image 0), then <stem>.<i>.cubin beside it for i = 1..count-1."""
     stem = os.path.splitext(cubin_path)[0]
     images = []
-    for path in [cubin_path] + [f"{stem}.{i}.cubin" for i in range(1, count)]:
+    for i in range(count):  # a hostile count stops at the first missing file
+        path = cubin_path if i == 0 else f"{stem}.{i}.cubin"
         try:
             with open(path, "rb") as f:
                 images.append(f.read())

@@ -1,20 +1,18 @@
 #!/usr/bin/env bash
 # One device call for a kernel change: the benchmark (bf16 and fp8_ds_mla),
-# the GPU correctness check, the KV conversion's exhaustive unit
+# the GPU correctness checks (sparse MLA over every format, the DSA indexer,
+# the runtimes' GPU tests), the KV conversion's exhaustive unit
 # (tests/gpu/kv_convert_unit.cu), the runtime end to end (no prebuild
-# benchmark) and the C++ Run host time, over what was built and staged here:
-#   tests/gpu/compile_check_modules.sh build/cli/kforge .gpu/check
-#   bench/compile_bench_modules.sh build/cli/kforge .gpu/bench sm_90a bf16
-#   bench/compile_bench_modules.sh build/cli/kforge .gpu/bench8 sm_90a fp8_ds_mla
-#   tests/gpu/stage_binaries.sh .gpu/stage build/cli/kforge \
-#       build/examples/kforge_decode_example build/tests/cuda_runtime_test
-#   tests/gpu/stage_binaries.sh --beside .gpu/stage/capi build/capi/libkforge_capi.so
-# then, on the GPU machine (carry .gpu, python/kforge/v1, python/kforge/_version.py):
-#   tests/gpu/run_device_suite.sh [.gpu]
+# benchmark) and the C++ Run host time, over what was built and staged here
+# by tests/gpu/stage_device_suite.sh (modules and binaries, packed into
+# DIR/pack.tgz); then, on the GPU machine (carry DIR/pack.tgz,
+# python/kforge/v1, python/kforge/_version.py):
+#   tests/gpu/run_device_suite.sh [DIR]        (default .gpu)
 # Tables and logs under $OUT (at most six files, the device tool's limit is
 # eight); the e2e scratch stays in /tmp/e2e.
 set -o pipefail
 dir=${1:-.gpu}
+[ -d "$dir/check" ] || tar -C "$dir" -xzf "$dir/pack.tgz" || exit 1
 out=${OUT:-/tmp/kforge-suite}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 KFORGE_CAPI_LIB=$PWD/$dir/stage/capi
@@ -32,6 +30,13 @@ timeout 360 python3 tests/gpu/check_sparse_mla.py "$dir/check" --json-out /tmp/c
 echo "check rc=$?"
 tail -n 1 "$out/check.log"
 grep FAIL "$out/check.log" | head
+timeout 120 python3 tests/gpu/check_dsa_indexer.py "$dir/ix" >"$out/indexer.log" 2>&1
+echo "indexer check rc=$?"
+tail -n 2 "$out/indexer.log"
+for t in dsa_indexer_runtime_test; do  # cuda_runtime_test runs in the e2e
+  LD_LIBRARY_PATH=$PWD/$dir/stage/lib timeout 120 "$dir/stage/bin/$t" 2>&1 | tail -n 3
+  echo "$t rc=$?"
+done
 nvcc -std=c++17 -arch=sm_90a -I templates -o /tmp/kv_convert_unit tests/gpu/kv_convert_unit.cu &&
   /tmp/kv_convert_unit
 echo "kv_convert_unit rc=$?"

@@ -9,8 +9,9 @@
 // ServerAnswer. Beyond no crash, UB or leak, an accepted answer has:
 //   - a module name and a key that, joined to an output directory as
 //     `kforge get` and the local copies do, name a file directly inside it;
-//   - the variant's key and module name, the arch asked, and a cubin that
-//     inspects as an ELF of that arch exporting both entries;
+//   - the variant's key and module name, the arch asked, and cubin images
+//     that each inspect as an ELF of that arch and together export every
+//     listed entry exactly once;
 //   - the same verdict against the variant it describes itself
 //     (VariantOfArtifact): what is accepted is the artifact, not a phrasing
 //     of the manifest.
@@ -20,6 +21,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "bundle/bundle.h"
@@ -78,13 +81,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Check(artifact.key() == variant.key() && artifact.module_name() == variant.module_name(),
         "accepted an artifact with another key or module name than the variant");
   Check(artifact.arch() == kClientArch, absl::StrCat("accepted arch ", artifact.arch()));
-  absl::StatusOr<kforge::v1::CubinInfo> info = kforge::InspectCubin(artifact.cubin());
-  Check(info.ok() && info->arch() == kClientArch,
-        "accepted a cubin that is not an ELF for the arch asked");
+  // Every cubin image an ELF of the arch; every listed entry in exactly one.
+  std::vector<kforge::v1::CubinInfo> images;
+  for (size_t i = 0; i < kforge::CubinImageCount(artifact); ++i) {
+    absl::StatusOr<kforge::v1::CubinInfo> info = kforge::InspectCubin(kforge::ImageOf(artifact, i));
+    Check(info.ok() && info->arch() == kClientArch,
+          absl::StrCat("accepted a cubin image ", i, " that is not an ELF for the arch asked"));
+    images.push_back(*std::move(info));
+  }
   Check(!artifact.entries().empty() &&
             std::all_of(artifact.entries().begin(), artifact.entries().end(),
-                        [&](const kforge::v1::KernelEntry& e) { return Exports(*info, e.name()); }),
-        "accepted a cubin without every entry the artifact lists");
+                        [&](const kforge::v1::KernelEntry& e) {
+                          return std::count_if(images.begin(), images.end(),
+                                               [&](const kforge::v1::CubinInfo& info) {
+                                                 return Exports(info, e.name());
+                                               }) == 1;
+                        }),
+        "accepted cubin images that do not export every listed entry exactly once");
   const absl::Status self =
       kforge::CheckArtifactForVariant(kforge::VariantOfArtifact(artifact), kClientArch, artifact);
   Check(self.ok(),

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -211,7 +212,17 @@ absl::Status WriteArtifactFiles(const std::string& base, const v1::KernelArtifac
     const std::string path = i == 0 ? base + ".cubin" : absl::StrCat(base, ".", i, ".cubin");
     if (absl::Status s = WriteFileAtomic(path, ImageOf(artifact, i)); !s.ok()) return s;
   }
-  return WriteFileAtomic(base + ".json", ArtifactDescriptionJson(artifact));
+  if (absl::Status s = WriteFileAtomic(base + ".json", ArtifactDescriptionJson(artifact));
+      !s.ok()) {
+    return s;
+  }
+  // Images an earlier module of this name left beside it (a module of
+  // more programs) would read as this one's.
+  for (size_t i = CubinImageCount(artifact); i < kMaxCubinImages; ++i) {
+    std::error_code ignored;
+    std::filesystem::remove(absl::StrCat(base, ".", i, ".cubin"), ignored);
+  }
+  return absl::OkStatus();
 }
 
 size_t CubinBytes(const v1::KernelArtifact& artifact) {

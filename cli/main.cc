@@ -145,7 +145,7 @@ int Compile(const std::vector<std::string>& argv) {
     std::cout << "usage: kforge compile (--preset NAME [--tp N] | --spec FILE) "
                  "--arch ARCH [-o DIR]\n\n"
                  "Compiles one sparse MLA kernel module per arch and writes "
-                 "DIR/<module>.cubin (and DIR/<module>.<i>.cubin for a module's\n"
+                 "DIR/<module>.cubin (and DIR/<module>.cubin.<i> for a module's\n"
                  "further images) and DIR/<module>.json.\n\n"
               << FlagsHelp(flags);
     return 0;
@@ -220,23 +220,16 @@ int Inspect(const std::vector<std::string>& argv) {
                  "Reads a cubin's ELF: SM arch, kernel entries, registers, "
                  "static shared memory, parameter and local bytes. For a module's\n"
                  "FILE.cubin that `kforge compile` wrote, its further images beside it "
-                 "(FILE.1.cubin, ...) too, each kernel with its image.\n\n"
+                 "(FILE.cubin.1, ...) too, each kernel with its image.\n\n"
               << FlagsHelp(flags);
     return args->Has("help") ? 0 : 2;
   }
   const std::string& path = args->positional[0];
   // The file, then the module's further images beside it where it is an
-  // image 0 (<stem>.cubin, the stem not ending in .<i>).
+  // image 0 (FILE.cubin; its images are FILE.cubin.1, ...).
   std::vector<std::string> paths = {path};
-  const std::string stem = path.size() > 6 && absl::EndsWith(path, ".cubin")
-                               ? path.substr(0, path.size() - 6)
-                               : std::string();
-  const size_t dot = stem.rfind('.');
-  const bool image_zero =
-      !stem.empty() && (dot == std::string::npos || dot + 1 == stem.size() ||
-                        stem.find_first_not_of("0123456789", dot + 1) != std::string::npos);
-  for (size_t i = 1; image_zero && i < kMaxCubinImages; ++i) {
-    const std::string next = absl::StrCat(stem, ".", i, ".cubin");
+  for (size_t i = 1; absl::EndsWith(path, ".cubin") && i < kMaxCubinImages; ++i) {
+    const std::string next = absl::StrCat(path, ".", i);
     if (!std::filesystem::exists(next)) break;
     paths.push_back(next);
   }

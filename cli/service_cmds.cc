@@ -328,7 +328,7 @@ int Get(const std::vector<std::string>& argv) {
                  "                 [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] "
                  "[--token-file FILE]\n\n"
                  "Fetches one kernel module from a kforge server and writes "
-                 "DIR/<module>.cubin (and DIR/<module>.<i>.cubin for a module's\n"
+                 "DIR/<module>.cubin (and DIR/<module>.cubin.<i> for a module's\n"
                  "further images) and DIR/<module>.json.\n\n"
               << FlagsHelp(flags);
     return 0;

@@ -209,7 +209,7 @@ std::string ArtifactDescriptionJson(const v1::KernelArtifact& artifact) {
 
 absl::Status WriteArtifactFiles(const std::string& base, const v1::KernelArtifact& artifact) {
   for (size_t i = 0; i < CubinImageCount(artifact); ++i) {
-    const std::string path = i == 0 ? base + ".cubin" : absl::StrCat(base, ".", i, ".cubin");
+    const std::string path = i == 0 ? base + ".cubin" : absl::StrCat(base, ".cubin.", i);
     if (absl::Status s = WriteFileAtomic(path, ImageOf(artifact, i)); !s.ok()) return s;
   }
   if (absl::Status s = WriteFileAtomic(base + ".json", ArtifactDescriptionJson(artifact));
@@ -220,7 +220,7 @@ absl::Status WriteArtifactFiles(const std::string& base, const v1::KernelArtifac
   // more programs) would read as this one's.
   for (size_t i = CubinImageCount(artifact); i < kMaxCubinImages; ++i) {
     std::error_code ignored;
-    std::filesystem::remove(absl::StrCat(base, ".", i, ".cubin"), ignored);
+    std::filesystem::remove(absl::StrCat(base, ".cubin.", i), ignored);
   }
   return absl::OkStatus();
 }

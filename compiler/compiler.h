@@ -73,10 +73,11 @@ std::string CompilerVersion();
 // written beside a .cubin).
 std::string ArtifactDescriptionJson(const v1::KernelArtifact& artifact);
 
-// Writes an artifact as files: BASE.cubin (image 0), BASE.<i>.cubin for
-// each of more_cubins (i from 1), then BASE.json (the description), each
-// atomically; then removes any BASE.<i>.cubin past the last image (left by
-// an earlier module of the name). What `kforge compile` and `kforge get -o` write; the Python
+// Writes an artifact as files: BASE.cubin (image 0), BASE.cubin.<i> for
+// each of more_cubins (i from 1: a glob of *.cubin still finds one file a
+// module), then BASE.json (the description), each atomically; then removes
+// any BASE.cubin.<i> past the last image (left by an earlier module of the
+// name). What `kforge compile` and `kforge get -o` write; the Python
 // package's Kernel.from_files reads them back.
 absl::Status WriteArtifactFiles(const std::string& base, const v1::KernelArtifact& artifact);
 

@@ -119,11 +119,11 @@ def one(build, label, args, spec, tmp):
         module = name[:-5]
         artifact = json.load(open(os.path.join(out_dir, name)))
         kernels = {k["name"]: k for k in artifact.get("cubin_info", {}).get("kernels", [])}
-        # Every cubin image of the module: <module>.cubin, <module>.<i>.cubin.
+        # Every cubin image of the module: <module>.cubin, <module>.cubin.<i>.
         images = 1 + max((int(k.get("image", 0)) for k in kernels.values()), default=0)
         sections = {}
         for i in range(images):
-            image = f"{module}.cubin" if i == 0 else f"{module}.{i}.cubin"
+            image = f"{module}.cubin" if i == 0 else f"{module}.cubin.{i}"
             sections.update(text_sections(os.path.join(out_dir, image)))
         for entry, (digest, size) in sorted(sections.items()):
             k = kernels.get(entry, {})

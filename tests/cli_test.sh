@@ -36,14 +36,14 @@ expect_error() {
 # An image an earlier module of the name left (a module of more programs)
 # is removed, so it never reads as this module's.
 mkdir -p "$TMP/out"
-printf 'stale\n' >"$TMP/out/$MODULE.7.cubin"
+printf 'stale\n' >"$TMP/out/$MODULE.cubin.7"
 "$KFORGE" compile --preset glm-5 --tp 8 --arch sm_120a -o "$TMP/out" \
   >"$TMP/compile.txt"
 cat "$TMP/compile.txt"
 [[ -s "$TMP/out/$MODULE.cubin" ]] || fail "missing $TMP/out/$MODULE.cubin"
-[[ -s "$TMP/out/$MODULE.1.cubin" ]] || fail "missing $TMP/out/$MODULE.1.cubin (the combine's image)"
+[[ -s "$TMP/out/$MODULE.cubin.1" ]] || fail "missing $TMP/out/$MODULE.cubin.1 (the combine's image)"
 [[ -s "$TMP/out/$MODULE.json" ]] || fail "missing $TMP/out/$MODULE.json"
-[[ ! -e "$TMP/out/$MODULE.7.cubin" ]] || fail "a stale $MODULE.7.cubin was left beside the module"
+[[ ! -e "$TMP/out/$MODULE.cubin.7" ]] || fail "a stale $MODULE.cubin.7 was left beside the module"
 # s_q is not part of the kernel: --s-q 1 and --s-q 2 give one key.
 key_of() { grep -o '"key": "[0-9a-f]*"' "$1" | head -n1; }
 # --source also writes the instantiation unit NVRTC compiled

@@ -87,7 +87,7 @@ def fake_pair(arch=ARCH):
 
 class ModuleFilesTest(unittest.TestCase):
     """What `kforge compile` writes: <module>.cubin (image 0) and
-    <module>.<i>.cubin beside it, read back together."""
+    <module>.cubin.<i> beside it, read back together."""
 
     def test_images_are_read_together_and_a_missing_one_is_named(self):
         art = compiled()
@@ -95,14 +95,14 @@ class ModuleFilesTest(unittest.TestCase):
         out = os.path.join(TMP, f"compiled_{ARCH}_glm-5_8")
         cubins = module_cubins(out)
         self.assertEqual([os.path.basename(c) for c in cubins], [art.module_name + ".cubin"])
-        self.assertTrue(os.path.exists(os.path.join(out, art.module_name + ".1.cubin")))
+        self.assertTrue(os.path.exists(os.path.join(out, art.module_name + ".cubin.1")))
         self.assertEqual(read_artifact(cubins[0]).more_cubins[0], art.more_cubins[0])
         # Another directory with the image missing: an error naming it.
         other = os.path.join(TMP, "missing_image")
         os.makedirs(other, exist_ok=True)
         for suffix in (".cubin", ".json"):
             shutil.copy(os.path.join(out, art.module_name + suffix), other)
-        with self.assertRaisesRegex(kforge.KforgeError, r"\.1\.cubin: cubin image 1 of 2"):
+        with self.assertRaisesRegex(kforge.KforgeError, r"\.cubin\.1: cubin image 1 of 2"):
             read_artifact(os.path.join(other, art.module_name + ".cubin"))
 
 

@@ -1288,7 +1288,7 @@ TEST(CliGetTest, WritesOnlyTheKernelItAskedFor) {
       EXPECT_EQ(ReadFileOrEmpty(out / (module + ".cubin")), compiled->artifact.cubin());
       // Each further cubin image beside it, then the description.
       for (int i = 0; i < compiled->artifact.more_cubins_size(); ++i) {
-        EXPECT_EQ(ReadFileOrEmpty(out / absl::StrCat(module, ".", i + 1, ".cubin")),
+        EXPECT_EQ(ReadFileOrEmpty(out / absl::StrCat(module, ".cubin.", i + 1)),
                   compiled->artifact.more_cubins(i));
       }
       EXPECT_GT(compiled->artifact.more_cubins_size(), 0);

@@ -19,7 +19,6 @@ context, so a launch on a capturing stream is captured into the graph.
 """
 
 import ctypes
-import os
 
 from kforge import _capi
 from kforge._proto import pb
@@ -62,11 +61,10 @@ def image_count(kernels):
 
 def read_images(cubin_path, count):
     """A module's cubin images as `kforge compile` writes them: the .cubin
-    given (image 0), then <stem>.<i>.cubin beside it for i = 1..count-1."""
-    stem = os.path.splitext(cubin_path)[0]
+    given (image 0), then <it>.<i> beside it for i = 1..count-1."""
     images = []
     for i in range(count):  # a hostile count stops at the first missing file
-        path = cubin_path if i == 0 else f"{stem}.{i}.cubin"
+        path = cubin_path if i == 0 else f"{cubin_path}.{i}"
         try:
             with open(path, "rb") as f:
                 images.append(f.read())

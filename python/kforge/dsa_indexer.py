@@ -1,7 +1,7 @@
 """The DSA lightning indexer (ATTENTION_KIND_DSA_INDEXER) on PyTorch tensors:
 fp8 MQA logits over a paged index-key cache, the top-k positions per query
 row and their cache slots, from a module `kforge compile --kind
-dsa-indexer` wrote (<module>.cubin, <module>.<i>.cubin for its further images,
+dsa-indexer` wrote (<module>.cubin, <module>.cubin.<i> for its further images,
 <module>.json).
 
     ix = kforge.DsaIndexer.from_files("out/dsa_indexer_h64_d128_topk2048_pb64_sm90a.cubin")

@@ -1,4 +1,4 @@
-"""One module written by `kforge compile` (<module>.cubin, <module>.<i>.cubin
+"""One module written by `kforge compile` (<module>.cubin, <module>.cubin.<i>
 for its further images, <module>.json),
 loaded and launched on PyTorch tensors with no server or bundle: for GPU
 checks, benchmarks and profiling.
@@ -14,7 +14,6 @@ rule would choose its own.
 
 import glob
 import os
-import re
 
 from kforge import _capi
 from kforge._module import image_count, read_images
@@ -47,10 +46,9 @@ def read_artifact(cubin_path, json_path=None):
 def module_cubins(directory, pattern="*"):
     """The modules `kforge compile` wrote to `directory` whose names match
     `pattern` (a glob): each module's <module>.cubin (image 0, what
-    Kernel.from_files takes), not its further <module>.<i>.cubin images;
+    Kernel.from_files takes; its further images are <module>.cubin.<i>);
     sorted."""
-    return sorted(p for p in glob.glob(os.path.join(directory, pattern + ".cubin"))
-                  if not re.search(r"\.[0-9]+\.cubin$", p))
+    return sorted(glob.glob(os.path.join(directory, pattern + ".cubin")))
 
 
 class Kernel:

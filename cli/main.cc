@@ -26,6 +26,7 @@
 #include "compiler/nvrtc.h"
 #include "google/protobuf/message.h"
 #include "model/arch.h"
+#include "model/artifact_check.h"
 #include "model/cubin.h"
 #include "model/format.h"
 #include "model/spec.h"

@@ -225,10 +225,4 @@ absl::Status WriteArtifactFiles(const std::string& base, const v1::KernelArtifac
   return absl::OkStatus();
 }
 
-size_t CubinBytes(const v1::KernelArtifact& artifact) {
-  size_t bytes = 0;
-  for (size_t i = 0; i < CubinImageCount(artifact); ++i) bytes += ImageOf(artifact, i).size();
-  return bytes;
-}
-
 }  // namespace kforge

@@ -81,9 +81,6 @@ std::string ArtifactDescriptionJson(const v1::KernelArtifact& artifact);
 // package's Kernel.from_files reads them back.
 absl::Status WriteArtifactFiles(const std::string& base, const v1::KernelArtifact& artifact);
 
-// The bytes of all its cubin images.
-size_t CubinBytes(const v1::KernelArtifact& artifact);
-
 }  // namespace kforge
 
 #endif  // KFORGE_COMPILER_COMPILER_H_

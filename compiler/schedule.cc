@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compiler/tuning.h"
+#include "model/artifact_check.h"
 #include "model/launch.h"
 #include "model/spec.h"
 #include "templates/kforge/sparse_mla/common/kv_layout.h"
@@ -613,10 +614,8 @@ std::string ExplainSchedule(const v1::KernelArtifact& a) {
   absl::StrAppend(&text, "  entries:\n");
   for (const v1::KernelEntry& e : a.entries()) {
     // Which image holds it, where the module has several (compiler/unit.h).
-    int image = -1;
-    for (const v1::KernelResources& k : a.cubin_info().kernels()) {
-      if (a.more_cubins_size() > 0 && k.name() == e.name()) image = static_cast<int>(k.image());
-    }
+    const v1::KernelResources* k = FindKernel(a.cubin_info(), e.name());
+    const int image = a.more_cubins_size() > 0 && k != nullptr ? static_cast<int>(k->image()) : -1;
     absl::StrAppend(&text, DescribeEntry(e, image));
   }
   if (a.schedule_reasons_size() > 0) absl::StrAppend(&text, "  why:\n");

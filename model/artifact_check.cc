@@ -35,12 +35,6 @@ absl::Status Mismatch(const v1::ManifestVariant& variant, std::string_view field
                                           AsAbsl(got), "\""));
 }
 
-const v1::KernelResources* FindEntry(const v1::CubinInfo& info, const std::string& name) {
-  auto it = std::find_if(info.kernels().begin(), info.kernels().end(),
-                         [&](const v1::KernelResources& k) { return k.name() == name; });
-  return it == info.kernels().end() ? nullptr : &*it;
-}
-
 // The entries the artifact's launch fields name (sparse MLA's main,
 // combine and optional main entries; the indexer's), those that are set.
 std::vector<const std::string*> NamedEntries(const v1::KernelArtifact& artifact) {
@@ -91,8 +85,7 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
     return Mismatch(variant, "cubin images", absl::StrCat("at most ", kMaxCubinImages),
                     absl::StrCat(images));
   }
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < images; ++i) bytes += ImageOf(artifact, i).size();
+  const uint64_t bytes = CubinBytes(artifact);
   if (bytes > kMaxCubinBytes) {
     return Mismatch(variant, "cubin size", absl::StrCat("at most ", kMaxCubinBytes, " bytes"),
                     absl::StrCat(bytes, " bytes"));
@@ -112,7 +105,7 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
       return Mismatch(variant, absl::StrCat(which, " arch"), arch, read->arch());
     if (read->kernels().empty()) return Mismatch(variant, which, "an image with entries", "none");
     for (v1::KernelResources& k : *read->mutable_kernels()) {
-      if (FindEntry(info, k.name()) != nullptr) {
+      if (FindKernel(info, k.name()) != nullptr) {
         return Mismatch(variant, "cubin entries", "each entry in one image",
                         absl::StrCat(absl::CHexEscape(AsAbsl(k.name().substr(0, 200))), " in two"));
       }
@@ -130,7 +123,7 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
   }
   for (const v1::KernelResources& k : info.kernels()) {
     // The runtime loads an entry from the image cubin_info names.
-    const v1::KernelResources* listed = FindEntry(artifact.cubin_info(), k.name());
+    const v1::KernelResources* listed = FindKernel(artifact.cubin_info(), k.name());
     const std::string listed_image = listed == nullptr ? "none" : absl::StrCat(listed->image());
     if (listed == nullptr || listed->image() != k.image()) {
       return Mismatch(variant, absl::StrCat("cubin_info ", k.name(), " image"),
@@ -140,7 +133,7 @@ absl::Status CheckCubin(const v1::ManifestVariant& variant, const std::string& a
   // Each listed entry takes the block the list says (CheckEntries holds
   // the list to the named entries and the host's structs).
   for (const v1::KernelEntry& e : artifact.entries()) {
-    const v1::KernelResources* entry = FindEntry(info, e.name());
+    const v1::KernelResources* entry = FindKernel(info, e.name());
     if (entry != nullptr && entry->param_bytes() != e.params_bytes()) {
       return Mismatch(variant, absl::StrCat("cubin ", e.name(), " param_bytes"),
                       absl::StrCat(e.params_bytes()), absl::StrCat(entry->param_bytes()));
@@ -201,6 +194,18 @@ absl::Status CheckEntries(const v1::ManifestVariant& variant, const v1::KernelAr
 }
 
 }  // namespace
+
+const v1::KernelResources* FindKernel(const v1::CubinInfo& info, std::string_view name) {
+  auto it = std::find_if(info.kernels().begin(), info.kernels().end(),
+                         [&](const v1::KernelResources& k) { return k.name() == name; });
+  return it == info.kernels().end() ? nullptr : &*it;
+}
+
+uint64_t CubinBytes(const v1::KernelArtifact& artifact) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < CubinImageCount(artifact); ++i) bytes += ImageOf(artifact, i).size();
+  return bytes;
+}
 
 std::string ArtifactSourceName(v1::ArtifactSource source) {
   constexpr absl::string_view kPrefix = "ARTIFACT_SOURCE_";

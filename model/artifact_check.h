@@ -2,6 +2,7 @@
 #define KFORGE_MODEL_ARTIFACT_CHECK_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,12 @@ inline size_t CubinImageCount(const v1::KernelArtifact& artifact) {
 inline const std::string& ImageOf(const v1::KernelArtifact& artifact, size_t image) {
   return image == 0 ? artifact.cubin() : artifact.more_cubins(static_cast<int>(image - 1));
 }
+// The bytes of all of them.
+uint64_t CubinBytes(const v1::KernelArtifact& artifact);
+
+// The kernel named `name` among `info`'s (an artifact's cubin_info or an
+// inspected image's), or null.
+const v1::KernelResources* FindKernel(const v1::CubinInfo& info, std::string_view name);
 
 // OK when `artifact` is the kernel `variant` names for `arch`: module name
 // and key usable as file names (CheckFileStem), same key, module, arch,

@@ -69,10 +69,8 @@ absl::Status CheckEntryParams(const v1::KernelArtifact& artifact,
           artifact.module_name(), entry.name(), entry.params_bytes(), want->struct_name,
           want->bytes, want->defined_in));
     }
-    auto k =
-        std::find_if(artifact.cubin_info().kernels().begin(), artifact.cubin_info().kernels().end(),
-                     [&](const v1::KernelResources& r) { return r.name() == entry.name(); });
-    if (k == artifact.cubin_info().kernels().end()) {
+    const v1::KernelResources* k = FindKernel(artifact.cubin_info(), entry.name());
+    if (k == nullptr) {
       return absl::DataLossError(absl::StrFormat("%s: cubin_info lists no kernel named \"%s\"",
                                                  artifact.module_name(), entry.name()));
     }
@@ -156,10 +154,7 @@ absl::StatusOr<std::unique_ptr<KernelModule>> KernelModule::LoadChecked(
   module->entries_.reserve(artifact.entries_size());
   for (const v1::KernelEntry& entry : artifact.entries()) {
     // CheckEntryParams found its cubin_info record.
-    const uint32_t image =
-        std::find_if(artifact.cubin_info().kernels().begin(), artifact.cubin_info().kernels().end(),
-                     [&](const v1::KernelResources& r) { return r.name() == entry.name(); })
-            ->image();
+    const uint32_t image = FindKernel(artifact.cubin_info(), entry.name())->image();
     if (image >= images) {
       return absl::DataLossError(absl::StrFormat("%s: cubin_info puts %s in image %u of %u", name,
                                                  entry.name(), image, images));

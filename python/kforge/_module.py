@@ -78,18 +78,30 @@ def images_of(artifact):
     return [bytes(artifact.cubin)] + [bytes(c) for c in artifact.more_cubins]
 
 
+def as_images(images):
+    """A module's cubin images as a list of bytes, image 0 first, from such
+    a list or from one bytes (a one-image module)."""
+    if isinstance(images, (bytes, bytearray, memoryview)):
+        return [bytes(images)]
+    return [bytes(i) for i in images]
+
+
+def put_images(artifact, images):
+    """`artifact` (a KernelArtifact) with its cubin and more_cubins set from
+    its images (as_images)."""
+    images = as_images(images)
+    artifact.cubin = images[0]
+    del artifact.more_cubins[:]
+    artifact.more_cubins.extend(images[1:])
+    return artifact
+
+
 def artifact_of(description, images):
     """A KernelArtifact message of a module's JSON description (a dict, as
-    `kforge compile` writes it beside the cubin) and its cubin images (a
-    list of bytes, image 0 first; or one bytes for a one-image module)."""
-    artifact = pb().json_format.ParseDict(description, pb().artifact_pb2.KernelArtifact(),
-                                          ignore_unknown_fields=True)
-    if isinstance(images, (bytes, bytearray, memoryview)):
-        images = [images]
-    artifact.cubin = bytes(images[0])
-    del artifact.more_cubins[:]
-    artifact.more_cubins.extend(bytes(i) for i in images[1:])
-    return artifact
+    `kforge compile` writes it beside the cubin) and its cubin images
+    (as_images)."""
+    return put_images(pb().json_format.ParseDict(description, pb().artifact_pb2.KernelArtifact(),
+                                                 ignore_unknown_fields=True), images)
 
 
 def _expected(expected):

@@ -141,9 +141,7 @@ class DsaIndexer:
         if int(want) // 10 != major or int(want) % 10 > minor:
             raise KforgeError(
                 f"{self.module_name} is for {self.arch}; this GPU is sm_{major}{minor}")
-        # The cubin images (image 0 first); one bytes for a one-image module.
-        self._image = ([bytes(images)] if isinstance(images, (bytes, bytearray, memoryview))
-                       else [bytes(i) for i in images])
+        self._image = _module.as_images(images)  # image 0 first
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # torch's context is current
             self._module = _module.KernelModule(_module.artifact_of(description, self._image),

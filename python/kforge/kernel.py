@@ -16,7 +16,7 @@ import glob
 import os
 
 from kforge import _capi
-from kforge._module import image_count, read_images
+from kforge._module import image_count, put_images, read_images
 from kforge._proto import pb
 from kforge.errors import KforgeError
 from kforge.ops import (LoadedKernel, _torch, check_decode_inputs, cuda_device, decode_args,
@@ -36,11 +36,7 @@ def read_artifact(cubin_path, json_path=None):
             pb().json_format.Parse(f.read(), artifact)
     except (OSError, ValueError) as e:
         raise KforgeError(f"{json_path}: not a kforge compile description ({e})") from None
-    images = read_images(cubin_path, image_count(artifact.cubin_info.kernels))
-    artifact.cubin = images[0]
-    del artifact.more_cubins[:]
-    artifact.more_cubins.extend(images[1:])
-    return artifact
+    return put_images(artifact, read_images(cubin_path, image_count(artifact.cubin_info.kernels)))
 
 
 def module_cubins(directory, pattern="*"):

@@ -213,7 +213,11 @@ def main():
             unit = next(f for f in os.listdir(out) if f.endswith(".cu"))
             stem = unit[:-3]
             source = open(os.path.join(out, unit)).read()
-            kforge_text = text_sections(os.path.join(out, stem + ".cubin"))
+            # Every image kforge wrote: <module>.cubin, <module>.cubin.<i>.
+            kforge_text = {}
+            for f in os.listdir(out):
+                if f == stem + ".cubin" or f.startswith(stem + ".cubin."):
+                    kforge_text.update(text_sections(os.path.join(out, f)))
             options = json.load(open(os.path.join(out, stem + ".json")))["nvrtc_options"]
             entries = [(m.group(1), TRAITS.search(m.group(2)).group(1))
                        for m in ENTRY.finditer(source)]

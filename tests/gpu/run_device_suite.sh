@@ -9,14 +9,20 @@
 # python/kforge/v1, python/kforge/_version.py):
 #   tests/gpu/run_device_suite.sh [DIR]        (default .gpu)
 # Tables and logs under $OUT (at most six files, the device tool's limit is
-# eight); the e2e scratch stays in /tmp/e2e.
+# eight); the e2e scratch stays in /tmp/e2e. The whole suite can run past
+# one device call's ten minutes; PART picks half of it for one call each:
+#   tests/gpu/run_device_suite.sh DIR check   (the GPU checks and units)
+#   tests/gpu/run_device_suite.sh DIR bench   (the benchmark, the e2e, host time)
 set -o pipefail
 dir=${1:-.gpu}
+part=${2:-all}
+case $part in all | check | bench) ;; *) echo "run_device_suite.sh: PART is all, check or bench" >&2; exit 2 ;; esac
 [ -d "$dir/check" ] || tar -C "$dir" -xzf "$dir/pack.tgz" || exit 1
 out=${OUT:-/tmp/kforge-suite}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 KFORGE_CAPI_LIB=$PWD/$dir/stage/capi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+bench() {
 cases=128x1,64x1,16x1,8x1,128x2,64x2,16x4,8x4,8x8,128x4,128x8,64x8,128x32,64x64,16x128,128x128
 for d in bf16 fp8_ds_mla; do
   mods=$dir/bench; [ $d = fp8_ds_mla ] && mods=$dir/bench8
@@ -25,6 +31,8 @@ for d in bf16 fp8_ds_mla; do
   echo "bench $d rc=$?"
   cut -c1-330 "$out/bench_$d.log"
 done
+}
+check() {
 timeout 360 python3 tests/gpu/check_sparse_mla.py "$dir/check" --json-out /tmp/check.json \
   >"$out/check.log" 2>&1
 echo "check rc=$?"
@@ -33,13 +41,15 @@ grep FAIL "$out/check.log" | head
 timeout 120 python3 tests/gpu/check_dsa_indexer.py "$dir/ix" >"$out/indexer.log" 2>&1
 echo "indexer check rc=$?"
 tail -n 2 "$out/indexer.log"
-for t in dsa_indexer_runtime_test; do  # cuda_runtime_test runs in the e2e
-  LD_LIBRARY_PATH=$PWD/$dir/stage/lib timeout 120 "$dir/stage/bin/$t" 2>&1 | tail -n 3
-  echo "$t rc=$?"
-done
+# (cuda_runtime_test runs in the e2e)
+LD_LIBRARY_PATH=$PWD/$dir/stage/lib timeout 120 "$dir/stage/bin/dsa_indexer_runtime_test" 2>&1 |
+  tail -n 3
+echo "dsa_indexer_runtime_test rc=$?"
 nvcc -std=c++17 -arch=sm_90a -I templates -o /tmp/kv_convert_unit tests/gpu/kv_convert_unit.cu &&
   /tmp/kv_convert_unit
 echo "kv_convert_unit rc=$?"
+}
+e2e() {
 OUT=/tmp/e2e timeout 240 tests/gpu/run_e2e.sh "$dir/stage" --no-prebuild-bench >"$out/e2e.log" 2>&1
 echo "e2e rc=$?"
 grep -E '^==|passed|failed|FAILED|us/call|SparseMlaDecoder|sparse_mla_decode\(' "$out/e2e.log" |
@@ -51,3 +61,9 @@ for a in "glm-5 --tp 8 --batch 1" "glm-5 --tp 1 --batch 1" "deepseek-v3.2 --tp 1
   timeout 60 /tmp/e2e/wrap/kforge_decode_example --bundle /tmp/e2e/bundle --preset $a \
     --time-host 200 2>&1 | grep -E 'host time|PASS|FAIL'
 done
+}
+case $part in
+all) bench; check; e2e ;;
+check) check ;;
+bench) bench; e2e ;;
+esac

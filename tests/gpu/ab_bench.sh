@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A kernel change against its base on one GPU, in one call: the bench
+# (bench/bench_sparse_mla.py, the selector's split only) over the base's
+# modules and the change's, alternating, ROUNDS times each, so that both
+# see the same card and clocks; prints each case's medians side by side.
+# A timing is never a test assertion: the table goes in BENCH.md.
+#
+#   tests/gpu/ab_bench.sh BASE_DIR NEW_DIR KV_DTYPE CASES [ROUNDS]   (default 2)
+#
+# Tables under $OUT (default /tmp/kforge-ab): ab_<dtype>_<base|new>_<round>.md.
+# BASE_CAPI_LIB: the base's native library (its KFORGE_CAPI_LIB), where the
+# change moved the artifact format and the base's modules need their own.
+set -o pipefail
+base=${1:?usage: ab_bench.sh BASE_DIR NEW_DIR KV_DTYPE CASES [ROUNDS]}
+new=${2:?}
+dtype=${3:?}
+cases=${4:?}
+rounds=${5:-2}
+out=${OUT:-/tmp/kforge-ab}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+for ((r = 1; r <= rounds; ++r)); do
+  for side in base new; do
+    dir=$base
+    lib=${BASE_CAPI_LIB:-${KFORGE_CAPI_LIB:-}}
+    if [ "$side" = new ]; then
+      dir=$new
+      lib=${KFORGE_CAPI_LIB:-}
+    fi
+    table=$out/ab_${dtype}_${side}_$r.md
+    if ! KFORGE_CAPI_LIB=$lib timeout 200 python3 bench/bench_sparse_mla.py "$dir" --no-torch --auto-only \
+      --kv-dtype "$dtype" --cases "$cases" --out "$table" >"$out/ab_${dtype}.log" 2>&1; then
+      echo "ab_bench.sh: $side round $r failed:"
+      tail -n 5 "$out/ab_${dtype}.log"
+    fi
+  done
+done
+# Each case's row of every table, base and new rounds in turn.
+for f in "$out"/ab_"${dtype}"_*.md; do
+  echo "== $(basename "$f")"
+  grep -E '^\| [0-9]+ x [0-9]+' "$f" | cut -c1-160
+done

@@ -3,22 +3,29 @@
 # (bench/bench_sparse_mla.py, the selector's split only) over the base's
 # modules and the change's, alternating, ROUNDS times each, so that both
 # see the same card and clocks; prints each case's medians side by side.
-# A timing is never a test assertion: the table goes in BENCH.md.
+# A timing is never a test assertion: the table goes in BENCH.md. Exits 1
+# when a run failed.
 #
 #   tests/gpu/ab_bench.sh BASE_DIR NEW_DIR KV_DTYPE CASES [ROUNDS]   (default 2)
 #
-# Tables under $OUT (default /tmp/kforge-ab): ab_<dtype>_<base|new>_<round>.md.
+# Under $OUT (default /tmp/kforge-ab) two files a dtype, so that a device
+# call brings them back (its limit is eight): ab_<dtype>.md, every round's
+# rows, and ab_<dtype>.log, the last run's output.
 # BASE_CAPI_LIB: the base's native library (its KFORGE_CAPI_LIB), where the
 # change moved the artifact format and the base's modules need their own.
 set -o pipefail
+shopt -s nullglob
 base=${1:?usage: ab_bench.sh BASE_DIR NEW_DIR KV_DTYPE CASES [ROUNDS]}
 new=${2:?}
 dtype=${3:?}
 cases=${4:?}
 rounds=${5:-2}
 out=${OUT:-/tmp/kforge-ab}
+tables=$(mktemp -d)
+trap 'rm -rf "$tables"' EXIT
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+failed=0
 for ((r = 1; r <= rounds; ++r)); do
   for side in base new; do
     dir=$base
@@ -27,16 +34,18 @@ for ((r = 1; r <= rounds; ++r)); do
       dir=$new
       lib=${KFORGE_CAPI_LIB:-}
     fi
-    table=$out/ab_${dtype}_${side}_$r.md
+    table=$tables/ab_${dtype}_${side}_$r.md
     if ! KFORGE_CAPI_LIB=$lib timeout 200 python3 bench/bench_sparse_mla.py "$dir" --no-torch --auto-only \
       --kv-dtype "$dtype" --cases "$cases" --out "$table" >"$out/ab_${dtype}.log" 2>&1; then
       echo "ab_bench.sh: $side round $r failed:"
       tail -n 5 "$out/ab_${dtype}.log"
+      failed=1
     fi
   done
 done
 # Each case's row of every table, base and new rounds in turn.
-for f in "$out"/ab_"${dtype}"_*.md; do
-  echo "== $(basename "$f")"
+for f in "$tables"/ab_"${dtype}"_*.md; do
+  echo "== $(basename "$f" .md)"
   grep -E '^\| [0-9]+ x [0-9]+' "$f" | cut -c1-160
-done
+done | tee "$out/ab_${dtype}.md"
+exit $failed

@@ -57,7 +57,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from behaviour_digest import text_sections  # noqa: E402
+from behaviour_digest import module_text_sections, text_sections  # noqa: E402
 TEMPLATES = os.path.join(ROOT, "templates")
 DEFAULT_MODULES = [
     "--preset deepseek-v3.2 --tp 1 --kv-dtype fp8_ds_mla --arch sm_90a",
@@ -213,11 +213,7 @@ def main():
             unit = next(f for f in os.listdir(out) if f.endswith(".cu"))
             stem = unit[:-3]
             source = open(os.path.join(out, unit)).read()
-            # Every image kforge wrote: <module>.cubin, <module>.cubin.<i>.
-            kforge_text = {}
-            for f in os.listdir(out):
-                if f == stem + ".cubin" or f.startswith(stem + ".cubin."):
-                    kforge_text.update(text_sections(os.path.join(out, f)))
+            kforge_text = module_text_sections(out, stem)  # every image kforge wrote
             options = json.load(open(os.path.join(out, stem + ".json")))["nvrtc_options"]
             entries = [(m.group(1), TRAITS.search(m.group(2)).group(1))
                        for m in ENTRY.finditer(source)]

@@ -91,6 +91,20 @@ def text_sections(path):
     return result
 
 
+def module_text_sections(out_dir, module):
+    """text_sections over every cubin image of a module `kforge compile`
+    wrote to out_dir: <module>.cubin, then <module>.cubin.<i>, as many as
+    its description's cubin_info names (<module>.json)."""
+    artifact = json.load(open(os.path.join(out_dir, module + ".json")))
+    kernels = artifact.get("cubin_info", {}).get("kernels", [])
+    images = 1 + max((int(k.get("image", 0)) for k in kernels), default=0)
+    sections = {}
+    for i in range(images):
+        image = f"{module}.cubin" if i == 0 else f"{module}.cubin.{i}"
+        sections.update(text_sections(os.path.join(out_dir, image)))
+    return sections
+
+
 def plan_cases(arch):
     lines = []
     for sms in SM_COUNTS[arch]:
@@ -119,13 +133,7 @@ def one(build, label, args, spec, tmp):
         module = name[:-5]
         artifact = json.load(open(os.path.join(out_dir, name)))
         kernels = {k["name"]: k for k in artifact.get("cubin_info", {}).get("kernels", [])}
-        # Every cubin image of the module: <module>.cubin, <module>.cubin.<i>.
-        images = 1 + max((int(k.get("image", 0)) for k in kernels.values()), default=0)
-        sections = {}
-        for i in range(images):
-            image = f"{module}.cubin" if i == 0 else f"{module}.cubin.{i}"
-            sections.update(text_sections(os.path.join(out_dir, image)))
-        for entry, (digest, size) in sorted(sections.items()):
+        for entry, (digest, size) in sorted(module_text_sections(out_dir, module).items()):
             k = kernels.get(entry, {})
             stats = ",".join(f"{f}={k.get(f, 0)}" for f in (
                 "registers", "static_smem_bytes", "local_bytes", "max_threads"))

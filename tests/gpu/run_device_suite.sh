@@ -7,7 +7,7 @@
 # by tests/gpu/stage_device_suite.sh (modules and binaries, packed into
 # DIR/pack.tgz); then, on the GPU machine (carry DIR/pack.tgz,
 # python/kforge/v1, python/kforge/_version.py):
-#   tests/gpu/run_device_suite.sh [DIR]        (default .gpu)
+#   tests/gpu/run_device_suite.sh [DIR] [PART]   (default .gpu, all)
 # Tables and logs under $OUT (at most six files, the device tool's limit is
 # eight); the e2e scratch stays in /tmp/e2e. The whole suite can run past
 # one device call's ten minutes; PART picks half of it for one call each:

@@ -28,6 +28,10 @@ TPS=${COMPILE_TIMES_TPS:-1 2 4 8}
 read -r -a EXTRA <<<"${COMPILE_TIMES_ARGS:-}"
 ROUNDS=${COMPILE_TIMES_ROUNDS:-1}
 BASE=${COMPILE_TIMES_BASE:-}
+[[ $ROUNDS =~ ^[1-9][0-9]?$ ]] || {
+  echo "compile_times.sh: COMPILE_TIMES_ROUNDS: got '$ROUNDS', supported 1 to 99" >&2
+  exit 2
+}
 for b in "$KFORGE" ${BASE:+"$BASE"}; do
   [[ -x $b ]] || { echo "compile_times.sh: $b is not an executable" >&2; exit 2; }
 done

@@ -20,6 +20,7 @@ new=${2:?}
 dtype=${3:?}
 cases=${4:?}
 rounds=${5:-2}
+[[ $rounds =~ ^[1-9][0-9]?$ ]] || { echo "ab_bench.sh: ROUNDS: got '$rounds', supported 1 to 99" >&2; exit 2; }
 out=${OUT:-/tmp/kforge-ab}
 tables=$(mktemp -d)
 trap 'rm -rf "$tables"' EXIT

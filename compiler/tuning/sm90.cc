@@ -48,7 +48,8 @@ const SparseMlaTuning& Sm90Tuning() {
       // V4.1 (BENCH.md "crossover pairs for the record formats").
       // fp8_ds_mla stays unpaired: paired, loading ahead and spill-free, it
       // ran 128 x 128 23% slower on an H100 (BENCH.md "Issue 45: the fp8
-      // producer's instructions").
+      // producer's instructions"), and still 12-20% slower with the pair's
+      // barriers at CTA scope (BENCH.md "Crossover pairs at CTA scope").
       // {dtype, warp_specialized, crossover, producer_prefetch_l2,
       //  pair_load_ahead}
       .formats =

@@ -526,8 +526,8 @@ __device__ __forceinline__ u32 AtomAddClusterU32(u32 addr, u32 v) {
 // The crossover pair (wspath.cuh) across two CTAs of a cluster, on
 // MapShared addresses in the peer's shared memory:
 // StAsync*: a store that, once it has landed, completes its bytes on the
-// peer's mbarrier `bar` (release at cluster scope), so the peer's wait on
-// that barrier (MbarWaitCluster) sees the bytes.
+// peer's mbarrier `bar`, so the peer's wait on that barrier (a plain
+// MbarWait: the transaction count, as for a bulk copy) sees the bytes.
 __device__ __forceinline__ void StAsync128(u32 addr, u32 a, u32 b, u32 c, u32 d, u32 bar) {
   KFORGE_SM90_ONLY(asm volatile(
       "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
@@ -548,18 +548,16 @@ __device__ __forceinline__ void StAsync32(u32 addr, u32 v, u32 bar) {
       "r"(v), "r"(bar)
       : "memory"));
 }
-// `count` arrivals on the peer's mbarrier at `bar` (release at cluster
-// scope: this thread's earlier accesses are ordered before them).
-__device__ __forceinline__ void MbarArriveCluster(u32 bar, u32 count) {
-  KFORGE_SM90_ONLY(asm volatile(
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count)
-      : "memory"));
-}
-// MbarWait with acquire at cluster scope: what the peer released to this
-// barrier (its arrivals, its StAsync bytes) is visible after it.
-__device__ __forceinline__ void MbarWaitCluster(u32 bar, u32 parity) {
-  KFORGE_SM90_ONLY(asm volatile(KFORGE_MBAR_WAIT_LOOP(".acquire.cluster")::"r"(bar), "r"(parity)
-                                : "memory"));
+// `count` arrivals on the peer's mbarrier at `bar`, with mbarrier.arrive's
+// default semantics (release at CTA scope), as CUTLASS's consumers release
+// a multicast TMA's slot: the arriving warp's reads of the slot are done
+// (wgmma waited) before it arrives. Release and acquire at cluster scope
+// (`.release.cluster` here, `.acquire.cluster` on the waits) made the
+// pairs 6-10% slower (BENCH.md "crossover pairs at CTA scope").
+__device__ __forceinline__ void MbarArriveRemote(u32 bar, u32 count) {
+  KFORGE_SM90_ONLY(
+      asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count)
+                   : "memory"));
 }
 
 __device__ __forceinline__ float NegInf() { return __int_as_float(0xff800000); }

@@ -298,7 +298,7 @@ __device__ __forceinline__ void WsProducePair(const DecodeParams& p, const Decod
     }
     // The slot's previous use (t - kStages) was read by both CTAs' MMA
     // warps.
-    ptx::MbarWaitCluster(empty + 8 * stage, ((t / T::kStages) & 1) ^ 1);
+    ptx::MbarWait(empty + 8 * stage, ((t / T::kStages) & 1) ^ 1);
     const ptx::u32 tile = sm.kv_addr + stage * T::kTileBytes;
     const ptx::u32 bar = peer_full + 8 * stage;
     // Each chunk to this CTA's tile and the same offset of the peer's.
@@ -375,16 +375,12 @@ __device__ __forceinline__ constexpr bool PairLoadsAhead() {
 }
 
 // An MMA warp's wait for a tile's `full` barrier. A tile written by
-// cp.async (a direct format) or partly by the pair's peer (StAsync): to
-// wgmma's async proxy on this side, and the peer's bytes acquired at
-// cluster scope.
+// cp.async (a direct format) or partly by the pair's peer (StAsync, whose
+// bytes the barrier's transaction count covers): to wgmma's async proxy on
+// this side.
 template <class T, bool kPair>
 __device__ __forceinline__ void WaitFull(ptx::u32 full, ptx::u32 parity) {
-  if constexpr (kPair) {
-    ptx::MbarWaitCluster(full, parity);
-  } else {
-    ptx::MbarWait(full, parity);
-  }
+  ptx::MbarWait(full, parity);
   if constexpr (!T::kStaged || kPair) ptx::FenceProxyAsync();
 }
 
@@ -397,7 +393,7 @@ __device__ __forceinline__ void ReleaseTile(ptx::u32 empty) {
   if constexpr (kPair) {
     __syncwarp();
     if (threadIdx.x % 32 == 0)
-      ptx::MbarArriveCluster(ptx::MapShared(empty, ptx::ClusterCtaRank() ^ 1u), 32);
+      ptx::MbarArriveRemote(ptx::MapShared(empty, ptx::ClusterCtaRank() ^ 1u), 32);
   }
 }
 

@@ -6,7 +6,7 @@
 # A timing is never a test assertion: the table goes in BENCH.md. Exits 1
 # when a run failed.
 #
-#   tests/gpu/ab_bench.sh BASE_DIR NEW_DIR KV_DTYPE CASES [ROUNDS]   (default 2)
+#   tests/gpu/ab_bench.sh BASE_DIR NEW_DIR[,NEW_DIR...] KV_DTYPE CASES [ROUNDS]   (default 2)
 #
 # Under $OUT (default /tmp/kforge-ab) two files a dtype, so that a device
 # call brings them back (its limit is eight): ab_<dtype>.md, every round's
@@ -15,7 +15,7 @@
 # change moved the artifact format and the base's modules need their own.
 set -o pipefail
 shopt -s nullglob
-base=${1:?usage: ab_bench.sh BASE_DIR NEW_DIR KV_DTYPE CASES [ROUNDS]}
+base=${1:?usage: ab_bench.sh BASE_DIR NEW_DIR[,NEW_DIR...] KV_DTYPE CASES [ROUNDS]}
 new=${2:?}
 dtype=${3:?}
 cases=${4:?}
@@ -27,12 +27,26 @@ trap 'rm -rf "$tables"' EXIT
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 failed=0
+# NEW_DIR may name several variants, comma-separated: each runs after the
+# base in every round, labelled by its directory's name ("new" when one).
+IFS=, read -r -a news <<<"$new"
+[ ${#news[@]} -ge 1 ] || { echo "ab_bench.sh: NEW_DIR is empty" >&2; exit 2; }
+label_of() {
+  if [ ${#news[@]} -eq 1 ]; then echo new; else basename "$1" | tr -c 'A-Za-z0-9_.\n-' _; fi
+}
+labels=base
+for d in "${news[@]}"; do labels+=$'\n'$(label_of "$d"); done
+if [ "$(sort <<<"$labels" | uniq -d)" != "" ]; then
+  echo "ab_bench.sh: two variants share a directory name (or one is named base): ${labels//$'\n'/ }" >&2
+  exit 2
+fi
 for ((r = 1; r <= rounds; ++r)); do
-  for side in base new; do
-    dir=$base
-    lib=${BASE_CAPI_LIB:-${KFORGE_CAPI_LIB:-}}
-    if [ "$side" = new ]; then
-      dir=$new
+  for ((i = -1; i < ${#news[@]}; ++i)); do
+    if ((i < 0)); then
+      dir=$base side=base
+      lib=${BASE_CAPI_LIB:-${KFORGE_CAPI_LIB:-}}
+    else
+      dir=${news[i]} side=$(label_of "${news[i]}")
       lib=${KFORGE_CAPI_LIB:-}
     fi
     table=$tables/ab_${dtype}_${side}_$r.md
@@ -44,7 +58,7 @@ for ((r = 1; r <= rounds; ++r)); do
     fi
   done
 done
-# Each case's row of every table, base and new rounds in turn.
+# Each case's row of every table, each side's rounds in turn.
 for f in "$tables"/ab_"${dtype}"_*.md; do
   echo "== $(basename "$f" .md)"
   grep -E '^\| [0-9]+ x [0-9]+' "$f" | cut -c1-160

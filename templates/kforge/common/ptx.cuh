@@ -551,9 +551,10 @@ __device__ __forceinline__ void StAsync32(u32 addr, u32 v, u32 bar) {
 // `count` arrivals on the peer's mbarrier at `bar`, with mbarrier.arrive's
 // default semantics (release at CTA scope), as CUTLASS's consumers release
 // a multicast TMA's slot: the arriving warp's reads of the slot are done
-// (wgmma waited) before it arrives. Release and acquire at cluster scope
-// (`.release.cluster` here, `.acquire.cluster` on the waits) made the
-// pairs 6-10% slower (BENCH.md "crossover pairs at CTA scope").
+// (wgmma waited) before it arrives. Without release and acquire at
+// cluster scope (`.release.cluster` here, `.acquire.cluster` on the
+// waits) the pairs ran 4.5-10% faster (H100, BENCH.md "Crossover pairs at
+// CTA scope").
 __device__ __forceinline__ void MbarArriveRemote(u32 bar, u32 count) {
   KFORGE_SM90_ONLY(
       asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count)

@@ -30,7 +30,9 @@ failed=0
 # NEW_DIR may name several variants, comma-separated: each runs after the
 # base in every round, labelled by its directory's name ("new" when one).
 IFS=, read -r -a news <<<"$new"
-[ ${#news[@]} -ge 1 ] || { echo "ab_bench.sh: NEW_DIR is empty" >&2; exit 2; }
+for d in "${news[@]}"; do
+  [ -n "$d" ] || { echo "ab_bench.sh: NEW_DIR: an empty name in '$new'" >&2; exit 2; }
+done
 label_of() {
   if [ ${#news[@]} -eq 1 ]; then echo new; else basename "$1" | tr -c 'A-Za-z0-9_.\n-' _; fi
 }

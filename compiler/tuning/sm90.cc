@@ -45,7 +45,10 @@ const SparseMlaTuning& Sm90Tuning() {
       // prefetch two tiles ahead: faster for the V4 records, 2% slower at
       // 128 x 32 and 64 x 64 for fp8_ds_mla (BENCH.md "L2 prefetch"). The
       // pair's producer loading ahead: faster for nvfp4, slower for V4 and
-      // V4.1 (BENCH.md "crossover pairs for the record formats").
+      // V4.1 (BENCH.md "crossover pairs for the record formats"; still so
+      // with the pair at CTA scope, and the pair's producer prefetching
+      // into L2 too was 11-32% slower: BENCH.md "the staged pair
+      // experiments run").
       // fp8_ds_mla stays unpaired: paired, loading ahead and spill-free, it
       // ran 128 x 128 23% slower on an H100 (BENCH.md "Issue 45: the fp8
       // producer's instructions"), and still 12-20% slower with the pair's

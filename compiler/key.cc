@@ -176,6 +176,11 @@ std::string ComputeCacheKey(const KeyInputs& inputs) {
     AppendItem("tiling_request", &encoding);
     AppendItem(inputs.tiling_request, &encoding);
   }
+  // Likewise only where set: the other modules keep their keys.
+  if (!inputs.small_batch_floor.empty()) {
+    AppendItem("small_batch_floor", &encoding);
+    AppendItem(inputs.small_batch_floor, &encoding);
+  }
   return Sha256Hex(encoding);
 }
 

@@ -28,6 +28,12 @@ struct KeyInputs {
   // PlanOptions::tiling as "head_tile,token_tile,stages,warps"; empty when
   // the planner chose the tiling.
   std::string tiling_request;
+  // The small-batch launch rule's floor past a count of query tokens
+  // (LaunchRule.min_tiles_max_tokens, min_tiles_per_split_past) as
+  // "max_tokens,past"; empty where the rule has none. An artifact with it
+  // must not share a key with one planned before it existed, which a cache
+  // would otherwise go on serving.
+  std::string small_batch_floor;
   int format_version = kFormatVersion;
 };
 

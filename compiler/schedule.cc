@@ -504,21 +504,40 @@ v1::SmallBatchPath ChooseSmallBatchPath(const v1::AttentionSpec& spec, const Arc
   // while 16 of them (kClusterSplits) cover the keys; past that the floor
   // of the throughput tiling (min_keys_per_split), so the rule lands on the
   // cluster entry at top-k 2048, whose 16 merged splits of two tiles beat 32
-  // of one + combine. A staged format's lone head group takes one tile
-  // throughout: its 32 one-tile splits + combine beat 16 merged ones at
-  // batch 1 and 2 (BENCH.md "the split rule at small batch").
+  // of one + combine. A staged format's lone head group takes one tile up
+  // to the tuning's lone_group_one_tile_max_tokens query tokens, and at
+  // every count where that is 0 or the path has no cluster entry: its 32
+  // one-tile splits + combine beat 16 merged ones at batch 1 and 2
+  // (BENCH.md "the split rule at small batch") and lose to them from batch
+  // 3 or 4 on, as does 16 + combine at batch 5 to 8 (BENCH.md "A lone head
+  // group past two query tokens").
   const long long token_tile = tiling.token_tile();
   const long long one_tile = std::max(1LL, tuning.min_keys_per_split_small_batch / token_tile);
-  long long min_tiles = one_tile;
-  if (!(tiling.num_head_groups() == 1 && staged)) {
-    // The rule's granularity is the token tile: one tile a split at most.
-    const long long tiles = MaxSplits(spec, path.launch());
-    const long long by_clusters =
-        (tiles + sparse_mla::kClusterSplits - 1) / sparse_mla::kClusterSplits;
-    min_tiles = std::clamp(by_clusters, one_tile,
-                           std::max(one_tile, tuning.min_keys_per_split / token_tile));
+  // The rule's granularity is the token tile: one tile a split at most.
+  const long long tiles = MaxSplits(spec, path.launch());
+  const long long by_clusters =
+      (tiles + sparse_mla::kClusterSplits - 1) / sparse_mla::kClusterSplits;
+  const long long floor =
+      std::clamp(by_clusters, one_tile, std::max(one_tile, tuning.min_keys_per_split / token_tile));
+  v1::LaunchRule& rule = *path.mutable_launch();
+  if (tiling.num_head_groups() == 1 && staged) {
+    rule.set_min_tiles_per_split(static_cast<uint32_t>(one_tile));
+    // Only where the floor past them lands on the cluster entry (exactly
+    // kClusterSplits splits, e.g. top-k 1921..2048 in 64-key tiles), the
+    // case measured.
+    const bool to_cluster = !path.cluster_entry().empty() && floor != one_tile &&
+                            (tiles + floor - 1) / floor == sparse_mla::kClusterSplits;
+    if (tuning.lone_group_one_tile_max_tokens > 0 && to_cluster) {
+      rule.set_min_tiles_max_tokens(static_cast<uint32_t>(tuning.lone_group_one_tile_max_tokens));
+      rule.set_min_tiles_per_split_past(static_cast<uint32_t>(floor));
+      Why(why,
+          "small batch, a lone head group of a quantised format: one-tile splits up to %d "
+          "query tokens, then %lld tiles a split (the cluster entry's %d)",
+          tuning.lone_group_one_tile_max_tokens, floor, sparse_mla::kClusterSplits);
+    }
+  } else {
+    rule.set_min_tiles_per_split(static_cast<uint32_t>(floor));
   }
-  path.mutable_launch()->set_min_tiles_per_split(static_cast<uint32_t>(min_tiles));
   *path.mutable_tiling() = std::move(tiling);
   return path;
 }

@@ -67,6 +67,11 @@ class SparseMlaDecode final : public KernelFamily {
       key.tiling_request =
           absl::StrCat(t.head_tile, ",", t.token_tile, ",", t.stages, ",", t.warps);
     }
+    const v1::LaunchRule& small_rule = plan.small_batch.launch();
+    if (small_rule.min_tiles_max_tokens() > 0) {
+      key.small_batch_floor = absl::StrCat(small_rule.min_tiles_max_tokens(), ",",
+                                           small_rule.min_tiles_per_split_past());
+    }
     plan.key = ComputeCacheKey(key);
     return absl::OkStatus();
   }

@@ -66,6 +66,11 @@ struct SparseMlaTuning {
   int latency_warps_per_sm;
   // Per-format pipeline preferences; a format not listed prefers neither.
   std::vector<FormatTuning> formats;
+  // A staged format's lone head group (heads <= 16) on the small-batch
+  // path: one 64-key tile a split up to this many query tokens, past them
+  // the floor every other small-batch path has (so top-k 2048 lands on the
+  // cluster entry's 16 merged splits). 0: one tile at every count.
+  int lone_group_one_tile_max_tokens = 0;
 
   const FormatTuning& format(v1::KvCacheDtype dtype) const;
 };

@@ -23,8 +23,11 @@ int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
   const long long ctas = std::max<long long>(1, tiling.num_head_groups()) * std::max(1, num_tokens);
   const long long fit = static_cast<long long>(std::max(0, sm_count)) * rule.ctas_per_sm() / ctas;
   const long long tiles = CeilDiv(KeySpanOf(spec, granularity), granularity);
+  const bool past = rule.min_tiles_max_tokens() > 0 &&
+                    static_cast<long long>(num_tokens) > rule.min_tiles_max_tokens();
+  const long long floor = past ? rule.min_tiles_per_split_past() : rule.min_tiles_per_split();
   const long long max_splits =
-      std::max<long long>(1, CeilDiv(tiles, std::max<long long>(1, rule.min_tiles_per_split())));
+      std::max<long long>(1, CeilDiv(tiles, std::max<long long>(1, floor)));
   return static_cast<int>(std::clamp<long long>(fit, 1, max_splits));
 }
 

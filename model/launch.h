@@ -14,7 +14,8 @@ namespace kforge {
 // Splits of the top-k range for num_tokens query tokens on sm_count SMs:
 // split only while (head groups x tokens x splits) CTAs fit one wave
 // (ctas_per_sm per SM), and never below min_tiles_per_split tiles of
-// split_granularity_tokens keys per split. Always >= 1.
+// split_granularity_tokens keys per split (min_tiles_per_split_past past
+// min_tiles_max_tokens tokens, where that is set). Always >= 1.
 int NumSplits(const v1::AttentionSpec& spec, const v1::KernelTiling& tiling,
               const v1::LaunchRule& rule, int num_tokens, int sm_count);
 

@@ -242,6 +242,8 @@ TEST(CacheKeyTest, EveryOtherInputChangesTheKey) {
   add("arch", [](KeyInputs& k) { k.arch = "sm_120a"; });
   add("format_version", [](KeyInputs& k) { k.format_version += 1; });
   add("max_smem_per_block", [](KeyInputs& k) { k.max_smem_per_block = 101376; });
+  add("small_batch_floor", [](KeyInputs& k) { k.small_batch_floor = "2,2"; });
+  add("small_batch_floor other", [](KeyInputs& k) { k.small_batch_floor = "3,2"; });
   add("programs regrouped", [](KeyInputs& k) { k.programs = {"main", "main_cluster,combine"}; });
   add("programs reordered", [](KeyInputs& k) { std::swap(k.programs[0], k.programs[1]); });
   add("one program", [](KeyInputs& k) { k.programs = {"main,main_cluster,combine"}; });

@@ -309,6 +309,95 @@ TEST(Select, SmallBatchSplitsOneTileEach) {
   EXPECT_EQ(forced->num_splits, 13);
 }
 
+// A staged format's lone head group (8 or 16 heads) at top-k 2048: 32
+// one-tile splits + combine up to two query tokens, the cluster entry's 16
+// merged splits past them while its clusters fit, else 16 + combine
+// (tuning lone_group_one_tile_max_tokens; BENCH.md "A lone head group past
+// two query tokens"). Where the floor past them would not land on the
+// cluster entry (top-k 1152: 18 tiles), or the arch has no cluster entry,
+// one tile at every count, as before.
+TEST(Select, LoneHeadGroupTakesTheClusterPastTwoTokens) {
+  constexpr int kH200Clusters = 7;
+  struct Case {
+    int tp;
+    v1::KvCacheDtype dtype;
+    int tokens, splits;
+    bool cluster;
+  };
+  const Case cases[] = {
+      {8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 1, 32, false},
+      {8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 2, 32, false},
+      {8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 3, 16, true},
+      {8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 6, 16, true},
+      {8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 7, 16, true},
+      {8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, 8, 16, false},  // 8 clusters > 7: + combine
+      {4, v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, 2, 32, false},
+      {4, v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, 4, 16, true},
+      // bf16 (a direct format) lands on the cluster entry at every count.
+      {8, v1::KV_CACHE_DTYPE_BF16, 1, 16, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat("glm-5 tp ", c.tp, " dtype ", c.dtype, " tokens ", c.tokens));
+    absl::StatusOr<v1::Manifest> m = ManifestWithKv("glm-5", c.tp, c.dtype, "sm_90a", 2048);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const RuntimeShape shape = ShapeFor(m->variants(0).spec().sparse_mla_decode(), c.tokens, 1);
+    absl::StatusOr<Selection> sel = Select(*m, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, shape);
+    ASSERT_TRUE(sel.ok()) << sel.status();
+    EXPECT_TRUE(sel->small_batch);
+    EXPECT_EQ(sel->num_splits, c.splits);
+    EXPECT_EQ(sel->cluster, c.cluster);
+    EXPECT_EQ(sel->needs_combine, !c.cluster);
+    CheckSelection(*m, *sel, shape, kSms, kH200Clusters);
+  }
+  // s_q counts: batch 2 x s_q 2 is four query tokens.
+  {
+    absl::StatusOr<v1::Manifest> m =
+        ManifestWithKv("glm-5", 8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, "sm_90a", 2048);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const RuntimeShape shape = ShapeFor(m->variants(0).spec().sparse_mla_decode(), 2, 2);
+    absl::StatusOr<Selection> sel = Select(*m, DeviceInfo{"sm_90a", kSms, 0, kH200Clusters}, shape);
+    ASSERT_TRUE(sel.ok()) << sel.status();
+    EXPECT_TRUE(sel->cluster);
+  }
+  // Unchanged: top-k 1152 (one tile at 3 tokens: 18 splits) and sm_120a
+  // (no cluster entry: 32 one-tile splits at 4 tokens).
+  for (const auto& [arch, topk, splits] :
+       {std::tuple<const char*, int, int>{"sm_90a", 1152, 18}, {"sm_120a", 2048, 32}}) {
+    SCOPED_TRACE(absl::StrCat(arch, " topk ", topk));
+    absl::StatusOr<v1::Manifest> m =
+        ManifestWithKv("glm-5", 8, v1::KV_CACHE_DTYPE_FP8_DS_MLA, arch, topk);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const v1::LaunchRule& rule = m->variants(0).small_batch().launch();
+    EXPECT_EQ(rule.min_tiles_max_tokens(), 0u);
+    const RuntimeShape shape = ShapeFor(m->variants(0).spec().sparse_mla_decode(), 3, 1);
+    absl::StatusOr<Selection> sel = Select(*m, DeviceInfo{arch, kSms, 0, 0}, shape);
+    ASSERT_TRUE(sel.ok()) << sel.status();
+    EXPECT_EQ(sel->num_splits, splits);
+    EXPECT_FALSE(sel->cluster);
+  }
+}
+
+// NumSplits' floor past min_tiles_max_tokens tokens.
+TEST(NumSplits, FloorPastMaxTokens) {
+  v1::AttentionSpec spec;
+  spec.set_topk(2048);
+  v1::KernelTiling tiling;
+  tiling.set_num_head_groups(1);
+  v1::LaunchRule rule;
+  rule.set_split_granularity_tokens(64);
+  rule.set_ctas_per_sm(1);
+  rule.set_min_tiles_per_split(1);
+  EXPECT_EQ(NumSplits(spec, tiling, rule, 4, 132), 32);  // no bound: one tile
+  rule.set_min_tiles_max_tokens(2);
+  rule.set_min_tiles_per_split_past(2);
+  EXPECT_EQ(NumSplits(spec, tiling, rule, 1, 132), 32);
+  EXPECT_EQ(NumSplits(spec, tiling, rule, 2, 132), 32);
+  EXPECT_EQ(NumSplits(spec, tiling, rule, 3, 132), 16);
+  EXPECT_EQ(NumSplits(spec, tiling, rule, 20, 132), 6);  // the one-wave fit still caps it
+  rule.set_min_tiles_per_split_past(0);                  // a zero floor reads as one tile
+  EXPECT_EQ(NumSplits(spec, tiling, rule, 3, 132), 32);
+}
+
 // sm_90+: the small-batch path's cluster entry merges the splits in the
 // kernel wherever the rule would split at least kClusterSplits ways; a
 // forced split count, and archs without clusters, run split + combine.

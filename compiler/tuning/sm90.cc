@@ -63,6 +63,13 @@ const SparseMlaTuning& Sm90Tuning() {
               {v1::KV_CACHE_DTYPE_MXFP8_DS_MLA_V41, false, true, true, false},
               {v1::KV_CACHE_DTYPE_NVFP4_DS_MLA, false, true, false, true},
           },
+      // BENCH.md "A lone head group past two query tokens" (H100): a staged
+      // format's 8- or 16-head module at top-k 2048, 32 one-tile splits +
+      // combine against the cluster entry's 16 merged splits: one tile won
+      // at 1 and 2 query tokens (by 0.5-1.9 us), the merged splits from 3
+      // (16 heads; 8 heads from 4, 0.4-0.8 us slower at 3) and by 10-22% at
+      // 4 to 6.
+      .lone_group_one_tile_max_tokens = 2,
   };
   return kTable;
 }

@@ -2,6 +2,7 @@
 // fits" reports and shape validation. Pure CPU (plans only, no compile).
 #include "model/selector.h"
 
+#include <cstdint>
 #include <string>
 #include <tuple>
 
@@ -395,6 +396,12 @@ TEST(NumSplits, FloorPastMaxTokens) {
   EXPECT_EQ(NumSplits(spec, tiling, rule, 3, 132), 16);
   EXPECT_EQ(NumSplits(spec, tiling, rule, 20, 132), 6);  // the one-wave fit still caps it
   rule.set_min_tiles_per_split_past(0);                  // a zero floor reads as one tile
+  EXPECT_EQ(NumSplits(spec, tiling, rule, 3, 132), 32);
+  // Hostile values from an artifact stay in 1..MaxSplits.
+  rule.set_min_tiles_per_split_past(UINT32_MAX);
+  EXPECT_EQ(NumSplits(spec, tiling, rule, 3, 132), 1);
+  rule.set_min_tiles_max_tokens(UINT32_MAX);
+  EXPECT_EQ(NumSplits(spec, tiling, rule, INT32_MAX, 132), 1);  // the fit: 0 -> 1
   EXPECT_EQ(NumSplits(spec, tiling, rule, 3, 132), 32);
 }
 

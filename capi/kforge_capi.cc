@@ -627,13 +627,19 @@ int32_t kforge_workspace_bytes_for(const uint8_t* manifest, size_t manifest_size
 
 int32_t kforge_check_artifact(const uint8_t* variant, size_t variant_size, const char* arch,
                               const uint8_t* artifact, size_t artifact_size, char** error) {
+  return kforge_check_answer(variant, variant_size, arch, artifact, artifact_size, 0, error);
+}
+
+int32_t kforge_check_answer(const uint8_t* variant, size_t variant_size, const char* arch,
+                            const uint8_t* artifact, size_t artifact_size, int32_t accept_partial,
+                            char** error) {
   return Call(error, [&]() -> absl::Status {
     kforge::v1::ManifestVariant v;
     KernelArtifact a;
     if (absl::Status p = Parse(variant, variant_size, &v, "variant"); !p.ok()) return p;
     if (absl::Status p = Parse(artifact, artifact_size, &a, "artifact"); !p.ok()) return p;
     if (arch == nullptr) return Null("arch");
-    return kforge::CheckArtifactForVariant(v, arch, a);
+    return kforge::CheckAnswerForVariant(v, arch, a, accept_partial != 0);
   });
 }
 

@@ -198,6 +198,12 @@ int32_t kforge_workspace_bytes_for(const uint8_t* manifest, size_t manifest_size
  * KernelArtifact); DATA_LOSS naming the first mismatch. */
 int32_t kforge_check_artifact(const uint8_t* variant, size_t variant_size, const char* arch,
                               const uint8_t* artifact, size_t artifact_size, char** error);
+/* CheckAnswerForVariant: as kforge_check_artifact, and with accept_partial
+ * != 0 a first answer (KernelArtifact.partial) is checked against the
+ * variant's FirstAnswerVariant instead of refused. */
+int32_t kforge_check_answer(const uint8_t* variant, size_t variant_size, const char* arch,
+                            const uint8_t* artifact, size_t artifact_size, int32_t accept_partial,
+                            char** error);
 /* ManifestForArtifact: a one-variant Manifest for a compiled kernel. */
 int32_t kforge_manifest_for_artifact(const uint8_t* artifact, size_t artifact_size,
                                      uint8_t** manifest, size_t* manifest_size, char** error);

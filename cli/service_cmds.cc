@@ -316,6 +316,9 @@ int Get(const std::vector<std::string>& argv) {
       {"arch", "ARCH", "target: sm_80 sm_86 sm_89 sm_90a sm_100a sm_103a sm_120a sm_121a"},
       {"out", "DIR", "output directory", "out", 'o'},
       {"lookup-only", "", "fail with NOT_FOUND instead of compiling on a miss"},
+      {"first-answer", "",
+       "on a miss, take the module as soon as its main and combine entries are compiled "
+       "(partial; the server caches the whole module for later requests)"},
       {"timeout", "SECONDS", "deadline for the call (0: none)", "600"},
       {"help", "", "show this help", "", 'h'}};
   flags.insert(flags.begin() + 1, KernelChoiceFlags().begin(), KernelChoiceFlags().end());
@@ -325,6 +328,7 @@ int Get(const std::vector<std::string>& argv) {
   if (args->Has("help")) {
     std::cout << "usage: kforge get [--server ADDR] (--preset NAME [--tp N] | "
                  "--spec FILE) --arch ARCH [-o DIR] [--lookup-only]\n"
+                 "                 [--first-answer]"
                  "                 [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] "
                  "[--token-file FILE]\n\n"
                  "Fetches one kernel module from a kforge server and writes "
@@ -371,6 +375,7 @@ int Get(const std::vector<std::string>& argv) {
   *request.mutable_kernel()->mutable_spec() = variant.spec();
   request.set_arch(arch);
   request.set_lookup_only(args->Has("lookup-only"));
+  request.set_first_answer(args->Has("first-answer"));
   v1::GetKernelResponse response;
   {
     grpc::ClientContext context;
@@ -379,15 +384,20 @@ int Get(const std::vector<std::string>& argv) {
     if (!status.ok()) return FailCall(status, *channel, address, *args);
   }
   const v1::KernelArtifact& artifact = response.artifact();
-  if (absl::Status c = CheckArtifactForVariant(variant, arch, artifact); !c.ok()) {
+  if (absl::Status c = CheckAnswerForVariant(variant, arch, artifact, request.first_answer());
+      !c.ok()) {
     return Fail(absl::DataLossError(
         absl::StrCat("kforge server at ", address, " answered a wrong kernel: ", c.message())));
   }
   const std::string base = absl::StrCat(args->Get("out"), "/", artifact.module_name());
   if (absl::Status s = WriteArtifactFiles(base, artifact); !s.ok()) return Fail(s);
-  std::cout << absl::StrFormat("%s.cubin  %s  %zu bytes  source %s  %.3f s\n", base,
-                               artifact.arch(), CubinBytes(artifact),
-                               ArtifactSourceName(response.source()), response.seconds());
+  std::cout << absl::StrFormat(
+      "%s.cubin  %s  %zu bytes  source %s  %.3f s%s\n", base, artifact.arch(), CubinBytes(artifact),
+      ArtifactSourceName(response.source()), response.seconds(),
+      artifact.partial()
+          ? absl::StrCat("  first answer: ", artifact.cubin_info().kernels_size(), " of ",
+                         variant.entries_size(), " entries (the whole module follows)")
+          : "");
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "base/io.h"
 #include "compiler/family.h"
 #include "compiler/key.h"
@@ -53,21 +55,37 @@ absl::StatusOr<CompilePlan> KernelCompiler::Plan(const v1::KernelSpec& spec, std
 
 namespace {
 
-// Compiles every program of `plan` on up to `threads` threads (longest
-// first is the plan's order: the throughput entries come first); each
-// program's result in its slot.
-std::vector<absl::StatusOr<NvrtcResult>> CompilePrograms(const CompilePlan& plan, size_t threads) {
+// Compiles the programs of `plan` in the order `order` lists them (the
+// first answer's first, then the plan's: the throughput entries come
+// first) on up to `threads` threads; each program's result in its slot.
+// `first_done` runs once, on the thread that finishes the last of the
+// first `first_count` programs of `order`, while the others go on.
+std::vector<absl::StatusOr<NvrtcResult>> CompilePrograms(
+    const CompilePlan& plan, const std::vector<size_t>& order, size_t first_count, size_t threads,
+    const std::function<void(const std::vector<absl::StatusOr<NvrtcResult>>&)>& first_done) {
   const size_t n = plan.programs.size();
   std::vector<absl::StatusOr<NvrtcResult>> results(n, absl::UnknownError("not compiled"));
   std::atomic<size_t> next{0};
+  absl::Mutex mu;
+  size_t first_left = first_count;
   auto work = [&] {
-    for (size_t i = next++; i < n; i = next++) {
+    for (size_t k = next++; k < n; k = next++) {
+      const size_t i = order[k];
       NvrtcRequest request;
       request.source = plan.programs[i].source;
       request.program_name =
           n == 1 ? plan.module_name + ".cu" : absl::StrCat(plan.module_name, ".", i, ".cu");
       request.arch = plan.arch.name;
-      results[i] = CompileWithNvrtc(request);
+      absl::StatusOr<NvrtcResult> result = CompileWithNvrtc(request);
+      bool last_of_first = false;
+      {
+        absl::MutexLock lock(&mu);
+        results[i] = std::move(result);
+        if (k < first_count) last_of_first = --first_left == 0;
+      }
+      // The first answer's slots are written and no thread writes them
+      // again; the lock above ordered their writes before these reads.
+      if (last_of_first && first_done) first_done(results);
     }
   };
   std::vector<std::thread> pool;
@@ -85,44 +103,37 @@ std::vector<absl::StatusOr<NvrtcResult>> CompilePrograms(const CompilePlan& plan
   return results;
 }
 
-}  // namespace
-
-absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan) const {
-  if (plan.programs.empty() || plan.programs.size() > kMaxCubinImages) {
-    return absl::InternalError(absl::StrCat(plan.module_name, ": the plan has ",
-                                            plan.programs.size(), " programs, supported 1 to ",
-                                            kMaxCubinImages));
+// The artifact of `variant` made of the compiled `images` (program indices
+// of `plan`, in the plan's order; the first holds the main entry), each
+// result in `compiled`.
+absl::StatusOr<v1::KernelArtifact> Assemble(
+    const CompilePlan& plan, const v1::ManifestVariant& variant, const std::vector<size_t>& images,
+    const std::vector<absl::StatusOr<NvrtcResult>>& compiled, double seconds) {
+  for (size_t i : images) {
+    if (!compiled[i].ok()) return compiled[i].status();
   }
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<absl::StatusOr<NvrtcResult>> compiled =
-      CompilePrograms(plan, std::max(1u, std::thread::hardware_concurrency()));
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  for (const absl::StatusOr<NvrtcResult>& c : compiled) {
-    if (!c.ok()) return c.status();
-  }
-
   // Every image's kernels, each with its image; a program exports exactly
   // its own entries.
   v1::CubinInfo info;
   info.set_arch(plan.arch.name);
-  for (size_t i = 0; i < compiled.size(); ++i) {
-    absl::StatusOr<v1::CubinInfo> image = InspectCubin(compiled[i]->cubin);
-    if (!image.ok()) {
-      return absl::InternalError(absl::StrCat(plan.module_name, ": NVRTC produced a cubin (image ",
-                                              i,
-                                              ") kforge cannot read: ", image.status().message()));
+  for (size_t image = 0; image < images.size(); ++image) {
+    const size_t i = images[image];
+    absl::StatusOr<v1::CubinInfo> inspected = InspectCubin(compiled[i]->cubin);
+    if (!inspected.ok()) {
+      return absl::InternalError(
+          absl::StrCat(plan.module_name, ": NVRTC produced a cubin (image ", i,
+                       ") kforge cannot read: ", inspected.status().message()));
     }
-    if (image->arch() != plan.arch.name) {
-      return absl::InternalError(absl::StrCat(plan.module_name, ": cubin is for ", image->arch(),
-                                              ", asked for ", plan.arch.name,
+    if (inspected->arch() != plan.arch.name) {
+      return absl::InternalError(absl::StrCat(plan.module_name, ": cubin is for ",
+                                              inspected->arch(), ", asked for ", plan.arch.name,
                                               "; refusing to serve it"));
     }
-    info.set_elf_abi_version(image->elf_abi_version());
+    info.set_elf_abi_version(inspected->elf_abi_version());
     std::vector<std::string> exported;
-    for (v1::KernelResources& k : *image->mutable_kernels()) {
+    for (v1::KernelResources& k : *inspected->mutable_kernels()) {
       exported.push_back(k.name());
-      k.set_image(static_cast<uint32_t>(i));
+      k.set_image(static_cast<uint32_t>(image));
       *info.add_kernels() = std::move(k);
     }
     std::vector<std::string> defined = plan.programs[i].entries;
@@ -136,12 +147,8 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   }
   // The module's entries and launch description, as its manifest variant
   // lists them (the family's); the images must export every entry.
-  const v1::ManifestVariant variant = VariantOfPlan(plan);
   for (const v1::KernelEntry& entry : variant.entries()) {
-    const bool found =
-        std::any_of(info.kernels().begin(), info.kernels().end(),
-                    [&](const v1::KernelResources& k) { return k.name() == entry.name(); });
-    if (!found) {
+    if (FindKernel(info, entry.name()) == nullptr) {
       return absl::InternalError(
           absl::StrCat(plan.module_name, ": cubin has no entry ", entry.name()));
     }
@@ -175,14 +182,78 @@ absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan
   *artifact.mutable_cubin_info() = std::move(info);
   artifact.set_compiler_version(CompilerVersion());
   // Every program is compiled with the same options.
-  for (const std::string& o : compiled[0]->options) artifact.add_nvrtc_options(o);
+  for (const std::string& o : compiled[images[0]]->options) artifact.add_nvrtc_options(o);
   artifact.set_template_digest(TemplateDigest());
   artifact.set_compile_seconds(seconds);
-  artifact.set_cubin(std::move(compiled[0]->cubin));
-  for (size_t i = 1; i < compiled.size(); ++i) {
-    artifact.add_more_cubins(std::move(compiled[i]->cubin));
+  artifact.set_cubin(compiled[images[0]]->cubin);
+  for (size_t image = 1; image < images.size(); ++image) {
+    artifact.add_more_cubins(compiled[images[image]]->cubin);
   }
   return artifact;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+std::vector<size_t> FirstAnswerPrograms(const CompilePlan& plan) {
+  const v1::ManifestVariant variant = VariantOfPlan(plan);
+  const std::string* wanted[] = {&variant.main_entry(), &variant.combine_entry(),
+                                 &variant.indexer().logits_entry(),
+                                 &variant.indexer().topk_entry()};
+  std::vector<size_t> first;
+  for (size_t i = 0; i < plan.programs.size(); ++i) {
+    const std::vector<std::string>& in = plan.programs[i].entries;
+    const bool holds = std::any_of(std::begin(wanted), std::end(wanted), [&](const std::string* w) {
+      return !w->empty() && std::find(in.begin(), in.end(), *w) != in.end();
+    });
+    if (holds) first.push_back(i);
+  }
+  if (first.size() == plan.programs.size()) first.clear();
+  return first;
+}
+
+absl::StatusOr<v1::KernelArtifact> KernelCompiler::Build(const CompilePlan& plan,
+                                                         const FirstAnswerSink& first) const {
+  if (plan.programs.empty() || plan.programs.size() > kMaxCubinImages) {
+    return absl::InternalError(absl::StrCat(plan.module_name, ": the plan has ",
+                                            plan.programs.size(), " programs, supported 1 to ",
+                                            kMaxCubinImages));
+  }
+  const v1::ManifestVariant variant = VariantOfPlan(plan);
+  std::vector<size_t> first_images = first ? FirstAnswerPrograms(plan) : std::vector<size_t>{};
+  std::vector<size_t> order = first_images;
+  for (size_t i = 0; i < plan.programs.size(); ++i) {
+    if (std::find(first_images.begin(), first_images.end(), i) == first_images.end()) {
+      order.push_back(i);
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto first_done = [&](const std::vector<absl::StatusOr<NvrtcResult>>& compiled) {
+    std::vector<std::string> present;
+    for (size_t i : first_images) {
+      for (const std::string& e : plan.programs[i].entries) present.push_back(e);
+    }
+    absl::StatusOr<v1::KernelArtifact> partial = Assemble(
+        plan, FirstAnswerVariant(variant, present), first_images, compiled, SecondsSince(start));
+    // A first answer that cannot be made is no answer: the final result
+    // says why.
+    if (!partial.ok()) return;
+    partial->set_partial(true);
+    first(*std::move(partial));
+  };
+  std::vector<absl::StatusOr<NvrtcResult>> compiled =
+      CompilePrograms(plan, order, first_images.size(),
+                      std::max(1u, std::thread::hardware_concurrency()), first_done);
+  const double seconds = SecondsSince(start);
+  for (const absl::StatusOr<NvrtcResult>& c : compiled) {
+    if (!c.ok()) return c.status();
+  }
+  std::vector<size_t> all(plan.programs.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return Assemble(plan, variant, all, compiled, seconds);
 }
 
 absl::StatusOr<v1::KernelArtifact> KernelCompiler::Compile(const v1::KernelSpec& spec,

@@ -1,6 +1,7 @@
 #ifndef KFORGE_COMPILER_COMPILER_H_
 #define KFORGE_COMPILER_COMPILER_H_
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,13 +56,23 @@ class KernelCompiler {
 
   // Compiles a plan and inspects the cubin. Internal with the NVRTC log on a
   // compile error; Internal if the cubin's arch or entries are not the ones
-  // asked for.
-  absl::StatusOr<v1::KernelArtifact> Build(const CompilePlan& plan) const;
+  // asked for. With `first`: the programs of FirstAnswerPrograms are
+  // compiled first, and `first` gets their artifact (partial set) on the
+  // thread that finished the last of them, while the rest compile; not
+  // called where the module has no smaller answer or one of them failed.
+  using FirstAnswerSink = std::function<void(v1::KernelArtifact)>;
+  absl::StatusOr<v1::KernelArtifact> Build(const CompilePlan& plan,
+                                           const FirstAnswerSink& first = nullptr) const;
 
   // Plan + Build.
   absl::StatusOr<v1::KernelArtifact> Compile(const v1::KernelSpec& spec, std::string_view arch,
                                              const PlanOptions& options = {}) const;
 };
+
+// The programs a first answer (KernelArtifact.partial) is made of: those
+// holding the main and combine entries (an indexer: logits and top-k), in
+// the plan's order. Empty where that is every program.
+std::vector<size_t> FirstAnswerPrograms(const CompilePlan& plan);
 
 // "0.1.0": project()'s VERSION in CMakeLists.txt.
 std::string KforgeVersion();

@@ -229,6 +229,25 @@ absl::Status CheckFileStem(std::string_view field, std::string_view name) {
 
 absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::string_view arch,
                                      const v1::KernelArtifact& artifact) {
+  return CheckAnswerForVariant(variant, arch, artifact, /*accept_partial=*/false);
+}
+
+absl::Status CheckAnswerForVariant(const v1::ManifestVariant& full, std::string_view arch,
+                                   const v1::KernelArtifact& artifact, bool accept_partial) {
+  if (artifact.partial() && !accept_partial) {
+    return absl::DataLossError(
+        "kernel artifact is a first answer (partial: some of the module's entries left out) "
+        "where the whole module was wanted");
+  }
+  v1::ManifestVariant trimmed;
+  if (artifact.partial()) {
+    std::vector<std::string> present;
+    for (const v1::KernelResources& k : artifact.cubin_info().kernels()) {
+      present.push_back(k.name());
+    }
+    trimmed = FirstAnswerVariant(full, present);
+  }
+  const v1::ManifestVariant& variant = artifact.partial() ? trimmed : full;
   // Checked first, so no later message quotes a hostile name unescaped.
   for (const auto& [field, name] :
        {std::pair<const char*, const std::string*>{"module_name", &variant.module_name()},
@@ -293,6 +312,55 @@ std::vector<const std::string*> OptionalMainEntries(const v1::SmallBatchPath& sm
     if (!entry->empty()) entries.push_back(entry);
   }
   return entries;
+}
+
+v1::ManifestVariant FirstAnswerVariant(const v1::ManifestVariant& variant,
+                                       const std::vector<std::string>& present) {
+  auto has = [&present](const std::string& name) {
+    return std::find(present.begin(), present.end(), name) != present.end();
+  };
+  v1::ManifestVariant out = variant;
+  if (out.has_small_batch()) {
+    if (!has(out.small_batch().entry())) {
+      out.clear_small_batch();
+    } else if (!out.small_batch().cluster_entry().empty() &&
+               !has(out.small_batch().cluster_entry())) {
+      out.mutable_small_batch()->clear_cluster_entry();
+      out.mutable_small_batch()->clear_cluster_splits();
+    }
+  }
+  if (out.has_cluster()) {
+    v1::ClusterPath& cluster = *out.mutable_cluster();
+    if (!cluster.wide_entry().empty() && !has(cluster.wide_entry())) {
+      cluster.clear_wide_entry();
+      cluster.clear_wide_splits();
+    }
+    if (!cluster.entry().empty() && !has(cluster.entry())) {
+      cluster.clear_entry();
+      cluster.clear_splits();
+    }
+    if (cluster.entry().empty() && cluster.wide_entry().empty()) out.clear_cluster();
+  }
+  if (out.indexer().has_topk_cluster() && !has(out.indexer().topk_cluster().entry())) {
+    out.mutable_indexer()->clear_topk_cluster();
+  }
+  // The list keeps the entries the trimmed launch still names.
+  const std::vector<const std::string*> kept_main =
+      OptionalMainEntries(out.small_batch(), out.cluster());
+  auto named = [&](const std::string& name) {
+    for (const std::string* n :
+         {&out.main_entry(), &out.combine_entry(), &out.indexer().logits_entry(),
+          &out.indexer().topk_entry(), &out.indexer().topk_cluster().entry()}) {
+      if (!n->empty() && *n == name) return true;
+    }
+    return std::any_of(kept_main.begin(), kept_main.end(),
+                       [&](const std::string* n) { return *n == name; });
+  };
+  out.clear_entries();
+  for (const v1::KernelEntry& entry : variant.entries()) {
+    if (named(entry.name())) *out.add_entries() = entry;
+  }
+  return out;
 }
 
 v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact) {

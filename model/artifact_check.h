@@ -51,6 +51,17 @@ uint64_t CubinBytes(const v1::KernelArtifact& artifact);
 // inspected image's), or null.
 const v1::KernelResources* FindKernel(const v1::CubinInfo& info, std::string_view name);
 
+// What a first answer (KernelArtifact.partial) of `variant` is when it holds
+// only the entries in `present`: `variant` less the optional paths whose
+// entry is not there (the small-batch path, or only its cluster entry; the
+// throughput cluster entry and wide entry; an indexer's cluster top-k) and
+// less those entries in its list. The main and combine entries (an
+// indexer's logits and top-k) are never dropped: an answer without them
+// fails the check below. The one rule for what a first answer launches:
+// the compiler builds it and clients check it with it.
+v1::ManifestVariant FirstAnswerVariant(const v1::ManifestVariant& variant,
+                                       const std::vector<std::string>& present);
+
 // OK when `artifact` is the kernel `variant` names for `arch`: module name
 // and key usable as file names (CheckFileStem), same key, module, arch,
 // entry points and parameter sizes, at most kMaxCubinImages non-empty cubin
@@ -63,8 +74,15 @@ const v1::KernelResources* FindKernel(const v1::CubinInfo& info, std::string_vie
 // answered with something else). The one check of a kernel: clients run it
 // on every answer, and the server on every kernel a cache tier hands it,
 // against the variant it planned, before serving or copying it.
+// A first answer (artifact.partial) is never the whole module: DataLoss.
 absl::Status CheckArtifactForVariant(const v1::ManifestVariant& variant, std::string_view arch,
                                      const v1::KernelArtifact& artifact);
+
+// For a client that asked for a first answer: a whole module as
+// CheckArtifactForVariant, or a partial one checked the same way against
+// FirstAnswerVariant(variant, the entries its images export).
+absl::Status CheckAnswerForVariant(const v1::ManifestVariant& variant, std::string_view arch,
+                                   const v1::KernelArtifact& artifact, bool accept_partial);
 
 }  // namespace kforge
 

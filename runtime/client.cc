@@ -264,6 +264,7 @@ absl::StatusOr<ArtifactRef> ServiceClient::GetKernel(const v1::ManifestVariant& 
   v1::GetKernelRequest request;
   *request.mutable_kernel()->mutable_spec() = variant.spec();
   request.set_arch(std::string(arch));
+  request.set_first_answer(s.options.first_answer);
   v1::GetKernelResponse response;
   absl::Status called =
       s.Call(absl::StrCat("GetKernel ", variant.module_name()), [&](grpc::ClientContext* context) {
@@ -271,12 +272,16 @@ absl::StatusOr<ArtifactRef> ServiceClient::GetKernel(const v1::ManifestVariant& 
         return s.stub->GetKernel(context, request, &response);
       });
   if (!called.ok()) return called;
-  if (absl::Status c = CheckArtifactForVariant(variant, arch, response.artifact()); !c.ok()) {
+  if (absl::Status c =
+          CheckAnswerForVariant(variant, arch, response.artifact(), s.options.first_answer);
+      !c.ok()) {
     return absl::DataLossError(absl::StrCat("kforge server at ", s.options.address,
                                             " answered a wrong kernel: ", c.message()));
   }
   auto artifact =
       std::make_shared<const v1::KernelArtifact>(std::move(*response.mutable_artifact()));
+  // Asked again, the key gets the whole module once the server has it.
+  if (artifact->partial()) return ArtifactRef(artifact);
   if (absl::Status c = s.KeepLocalCopy([&](BundleWriter& w) { return w.AddKernel(*artifact); });
       !c.ok()) {
     return c;

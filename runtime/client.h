@@ -43,6 +43,13 @@ struct ServiceClientOptions {
   // TLS (tls_ca_file), a client certificate (mTLS) and a bearer token
   // (token or token_file); plain text by default.
   ChannelSecurityOptions security;
+  // Ask for first answers (GetKernelRequest.first_answer): on a server's
+  // miss, a kernel comes back as soon as its main and combine entries are
+  // compiled (KernelArtifact.partial: correct for every shape, the small-
+  // batch and cluster paths left out). A first answer is neither kept in
+  // memory nor copied to local_copy_dir, so asking for the key again gets
+  // the whole module once the server has cached it.
+  bool first_answer = false;
 };
 
 // A KernelSource backed by a `kforge serve` process (kforge.v1.KernelService
@@ -59,7 +66,8 @@ class ServiceClient : public KernelSource {
 
   absl::StatusOr<v1::Manifest> GetManifest(const v1::KernelSelector& kernel,
                                            std::string_view arch) override;
-  // Asks for KernelSelector{spec = variant.spec()} on `arch`.
+  // Asks for KernelSelector{spec = variant.spec()} on `arch` (with
+  // options().first_answer, the answer may be a first answer).
   absl::StatusOr<ArtifactRef> GetKernel(const v1::ManifestVariant& variant,
                                         std::string_view arch) override;
 

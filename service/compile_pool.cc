@@ -16,12 +16,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -231,7 +234,8 @@ struct ChildRun {
 absl::StatusOr<ChildRun> RunChild(const std::string& binary,
                                   const std::vector<std::string>& extra_args,
                                   const std::string& input, absl::Time deadline,
-                                  const std::atomic<bool>& abandon) {
+                                  const std::atomic<bool>& abandon,
+                                  const std::function<void(const std::string&)>& on_output) {
   Fd in_r, in_w, out_r, out_w, err_r, err_w;
   for (auto [r, w] : {std::pair<Fd*, Fd*>{&in_r, &in_w}, {&out_r, &out_w}, {&err_r, &err_w}}) {
     absl::Status s = MakePipe(*r, *w);
@@ -357,6 +361,7 @@ absl::StatusOr<ChildRun> RunChild(const std::string& binary,
           run.output_too_large = true;
           break;
         }
+        if (on_output) on_output(run.out);
       } else {
         if (!drain(err_r.get(),
                    [&run](const char* d, size_t s) { AppendTail(run.err_tail, d, s); })) {
@@ -407,8 +412,30 @@ std::string StderrSuffix(const std::string& tail) {
   return absl::StrCat("; stderr", cut ? " (last 8 KB)" : "", ":\n", text);
 }
 
+// The frame of a worker's stdout (worker.proto: a 4-byte little-endian
+// length, then a CompileResult) that starts at *pos, when all of it is
+// there; *pos moves past it.
+std::optional<std::string_view> NextFrame(std::string_view out, size_t* pos) {
+  if (out.size() - *pos < 4) return std::nullopt;
+  const auto* p = reinterpret_cast<const unsigned char*>(out.data() + *pos);
+  const size_t length = static_cast<size_t>(p[0]) | static_cast<size_t>(p[1]) << 8 |
+                        static_cast<size_t>(p[2]) << 16 | static_cast<size_t>(p[3]) << 24;
+  if (out.size() - *pos - 4 < length) return std::nullopt;
+  std::string_view frame = out.substr(*pos + 4, length);
+  *pos += 4 + length;
+  return frame;
+}
+
+std::string Frame(const std::string& bytes) {
+  const uint32_t n = static_cast<uint32_t>(bytes.size());
+  std::string out = {static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
+                     static_cast<char>((n >> 16) & 0xff), static_cast<char>((n >> 24) & 0xff)};
+  return out + bytes;
+}
+
 // What a worker that ran to its end (or wrote too much) produced: its
-// artifact, the compiler's answer, or why its output is unusable.
+// artifact (its last frame's), the compiler's answer, or why its output is
+// unusable.
 ArtifactOr ReadWorkerResult(const v1::CompileJob& job, const ChildRun& run) {
   if (run.output_too_large) {
     return absl::InternalError(absl::StrCat(
@@ -430,11 +457,24 @@ ArtifactOr ReadWorkerResult(const v1::CompileJob& job, const ChildRun& run) {
         absl::StrCat("compile worker for ", JobLabel(job), " exited with code ",
                      WIFEXITED(st) ? WEXITSTATUS(st) : st, StderrSuffix(run.err_tail)));
   }
+  if (run.out.empty()) {
+    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                            " exited 0 without an artifact (nothing on stdout)",
+                                            StderrSuffix(run.err_tail)));
+  }
+  std::optional<std::string_view> last;
+  size_t pos = 0;
+  while (std::optional<std::string_view> frame = NextFrame(run.out, &pos)) last = frame;
   v1::CompileResult result;
-  if (!result.ParseFromString(run.out)) {
+  if (!last.has_value() || pos != run.out.size() || !result.ParseFromString(std::string(*last))) {
     return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
                                             " wrote an unparsable result (", run.out.size(),
                                             " bytes on stdout)", StderrSuffix(run.err_tail)));
+  }
+  if (result.artifact().partial()) {
+    return absl::InternalError(absl::StrCat("compile worker for ", JobLabel(job),
+                                            " exited after its first answer, without its result",
+                                            StderrSuffix(run.err_tail)));
   }
   if (result.status_code() != 0) {
     const int code = result.status_code();
@@ -455,15 +495,32 @@ ArtifactOr ReadWorkerResult(const v1::CompileJob& job, const ChildRun& run) {
 }
 
 // One job, start to finish, in a fresh worker process.
+// `first`, when set, gets the worker's first answer (a frame whose
+// artifact is partial) while the worker goes on.
 ArtifactOr RunJob(const v1::CompileJob& job, const std::string& binary,
                   const std::vector<std::string>& extra_args, absl::Duration timeout,
-                  const std::atomic<bool>& abandon) {
+                  const std::atomic<bool>& abandon, const CompileCallback& first) {
   std::string input;
   if (!job.SerializeToString(&input)) {
     return absl::InternalError("cannot serialize the CompileJob");
   }
+  size_t pos = 0;
+  bool answered = false;
+  auto on_output = [&](const std::string& out) {
+    if (answered) return;
+    // Only the first frame can be a first answer.
+    std::optional<std::string_view> frame = NextFrame(out, &pos);
+    if (!frame.has_value()) return;
+    answered = true;
+    v1::CompileResult early;
+    if (early.ParseFromString(std::string(*frame)) && early.status_code() == 0 &&
+        early.artifact().partial()) {
+      first(std::move(*early.mutable_artifact()));
+    }
+  };
   absl::StatusOr<ChildRun> run =
-      RunChild(binary, extra_args, input, absl::Now() + timeout, abandon);
+      RunChild(binary, extra_args, input, absl::Now() + timeout, abandon,
+               first ? std::function<void(const std::string&)>(on_output) : nullptr);
   if (!run.ok()) return run.status();
   if (run->abandoned) {
     return absl::UnavailableError(
@@ -573,6 +630,7 @@ struct CompilePool::State {
     v1::CompileJob job;
     CompileCallback done;
     std::shared_ptr<const JobInterest> interest;  // null: wanted until it runs
+    CompileCallback first;                        // null: no first answer
 
     bool Lapsed(absl::Time now) const { return interest != nullptr && interest->until() <= now; }
   };
@@ -696,9 +754,9 @@ void CompilePool::State::WorkerLoop() {
       if (stop) return;
       continue;  // only dropped jobs this time
     }
-    ArtifactOr result = binary.ok()
-                            ? RunJob(pending.job, *binary, worker_args, options.timeout, abandon)
-                            : ArtifactOr(binary.status());
+    ArtifactOr result = binary.ok() ? RunJob(pending.job, *binary, worker_args, options.timeout,
+                                             abandon, pending.first)
+                                    : ArtifactOr(binary.status());
     {
       // Before the callback, so a caller it wakes sees the count without
       // this job.
@@ -776,9 +834,11 @@ absl::Status CompilePool::CheckRoom(absl::Time until) const {
 }
 
 absl::Status CompilePool::Submit(v1::CompileJob job, CompileCallback done,
-                                 std::shared_ptr<const JobInterest> interest) {
+                                 std::shared_ptr<const JobInterest> interest,
+                                 CompileCallback first) {
   const absl::Time until = interest != nullptr ? interest->until() : absl::InfiniteFuture();
-  State::Pending pending{std::move(job), std::move(done), std::move(interest)};
+  job.set_first_answer(first != nullptr);
+  State::Pending pending{std::move(job), std::move(done), std::move(interest), std::move(first)};
   std::vector<State::Pending> dropped;
   absl::Status room;
   {
@@ -904,10 +964,32 @@ int RunCompileWorker(int expected_parent, WorkerFaults faults) {
 
   PlanOptions plan_options;
   plan_options.max_smem_per_block = job.max_smem_per_block();
-  ArtifactOr artifact =
-      faults.fail_topk != 0 && TopkOf(job.spec()) == faults.fail_topk
-          ? ArtifactOr(absl::InternalError("kforge_unit.cu(1): error: injected compile failure"))
-          : KernelCompiler().Compile(job.spec(), job.arch(), plan_options);
+  // The first answer is written from the compile thread that finished it,
+  // before Build returns; the final result after.
+  bool write_failed = false;
+  KernelCompiler::FirstAnswerSink first;
+  if (job.first_answer()) {
+    first = [&](v1::KernelArtifact partial) {
+      v1::CompileResult early;
+      *early.mutable_artifact() = std::move(partial);
+      std::string bytes;
+      write_failed = !early.SerializeToString(&bytes) || !WriteAll(result_fd, Frame(bytes));
+    };
+  }
+  ArtifactOr artifact = absl::UnknownError("not compiled");
+  if (faults.fail_topk != 0 && TopkOf(job.spec()) == faults.fail_topk) {
+    artifact = absl::InternalError("kforge_unit.cu(1): error: injected compile failure");
+  } else if (absl::StatusOr<CompilePlan> plan =
+                 KernelCompiler().Plan(job.spec(), job.arch(), plan_options);
+             !plan.ok()) {
+    artifact = plan.status();
+  } else {
+    artifact = KernelCompiler().Build(*plan, first);
+  }
+  if (write_failed) {
+    std::cerr << "kforge compile-worker: writing the first answer: " << ErrnoText(errno) << "\n";
+    return 1;
+  }
   v1::CompileResult result;
   if (artifact.ok()) {
     *result.mutable_artifact() = *std::move(artifact);
@@ -916,7 +998,7 @@ int RunCompileWorker(int expected_parent, WorkerFaults faults) {
     result.set_status_message(std::string(artifact.status().message()));
   }
   std::string bytes;
-  if (!result.SerializeToString(&bytes) || !WriteAll(result_fd, bytes)) {
+  if (!result.SerializeToString(&bytes) || !WriteAll(result_fd, Frame(bytes))) {
     std::cerr << "kforge compile-worker: writing the result: " << ErrnoText(errno) << "\n";
     return 1;
   }

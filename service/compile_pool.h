@@ -102,7 +102,7 @@ using CompileFuture = std::shared_future<absl::StatusOr<v1::KernelArtifact>>;
 using CompileCallback = std::function<void(absl::StatusOr<v1::KernelArtifact>)>;
 
 // Runs compiles in isolated child processes (`kforge compile-worker`, job
-// on stdin, CompileResult on stdout), at most `workers` at a time. A worker
+// on stdin, CompileResult frames on stdout), at most `workers` at a time. A worker
 // that crashes, exits non-zero, writes garbage or overruns the timeout
 // fails its job with a clear status (Internal / DeadlineExceeded) and the
 // pool carries on. Thread-safe.
@@ -125,8 +125,13 @@ class CompilePool {
   // takes is never refused so (its result is cached for the caller's
   // retry). A queued job whose interest lapses before a worker is free is
   // never started: `done` gets DeadlineExceeded (IsDroppedJob).
+  // With `first`: the worker is asked for a first answer
+  // (CompileJob.first_answer), which `first` gets on the pool's thread
+  // while the job goes on, where the module has one; `done` still gets the
+  // final result.
   absl::Status Submit(v1::CompileJob job, CompileCallback done,
-                      std::shared_ptr<const JobInterest> interest = nullptr);
+                      std::shared_ptr<const JobInterest> interest = nullptr,
+                      CompileCallback first = nullptr);
 
   // What Submit would answer about room for a job wanted until `until` now
   // (OK, ResourceExhausted or Unavailable), for a caller that must not

@@ -110,7 +110,9 @@ grpc::ServerUnaryReactor* KernelServiceImpl::GetKernel(grpc::CallbackServerConte
     // is answered by the compile's completion; only the caller that starts
     // a compile may hold it (while another process holds the key's lock).
     executor_->Run([this, request, spec = *std::move(spec), deadline, finish] {
-      store_->GetKernelAsync(spec, request->arch(), request->lookup_only(), deadline, finish);
+      store_->GetKernelAsync(
+          spec, request->arch(),
+          KernelStore::Ask{request->lookup_only(), request->first_answer(), deadline}, finish);
     });
   });
   return reactor;

@@ -60,6 +60,11 @@ struct Flight {
   // wait for a worker or start.
   std::shared_ptr<JobInterest> interest = std::make_shared<JobInterest>();
   std::vector<KernelStore::Done> callers;
+  // Callers that take a first answer (GetKernelRequest.first_answer):
+  // answered with it as soon as the worker writes it, else with the
+  // flight's result.
+  std::vector<KernelStore::Done> first_callers;
+  ArtifactPtr first;  // the first answer, once there; never cached
 };
 
 // A failed compile answered from memory until `until` (failure_cache,
@@ -116,7 +121,7 @@ struct KernelStore::State {
   std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, compiles{0}, compile_failures{0},
       shared_waits{0}, rejected{0}, disk_write_failures{0}, redis_lock_waits{0},
       redis_local_compiles{0}, rejected_deadline{0}, compiles_dropped{0}, disk_rejected{0},
-      redis_rejected{0};
+      redis_rejected{0}, first_answers{0};
 
   // Counts a refusal by the pool (full queue, or too late for the deadline).
   void CountRefusal(const absl::Status& refused) {
@@ -183,6 +188,9 @@ struct KernelStore::State {
       auto it = flights.find(key);
       if (it != flights.end() && it->second == flight) flights.erase(it);
       callers.swap(flight->callers);
+      callers.insert(callers.end(), std::make_move_iterator(flight->first_callers.begin()),
+                     std::make_move_iterator(flight->first_callers.end()));
+      flight->first_callers.clear();
     }
     for (KernelStore::Done& done : callers) done(result);
     absl::MutexLock lock(&mu);
@@ -236,8 +244,14 @@ struct KernelStore::State {
 
   // GetKernel and GetKernelAsync once planned; `start` is when the caller
   // asked (its answer's time goes to by_source).
-  void Start(const CompilePlan& plan, bool lookup_only, absl::Time deadline, absl::Time start,
+  void Start(const CompilePlan& plan, const KernelStore::Ask& ask, absl::Time start,
              KernelStore::Done done) ABSL_LOCKS_EXCLUDED(mu);
+
+  // The compile pool's callback for a flight job's first answer: answers
+  // the flight's first_callers with it (and those who join later), caches
+  // it nowhere.
+  void FinishFirst(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
+                   absl::StatusOr<v1::KernelArtifact> partial) ABSL_LOCKS_EXCLUDED(mu);
 
   // The compile pool's callback for a flight's job: stores the kernel
   // (disk, then Redis), releases the fleet lock if it holds it and the key's
@@ -335,7 +349,13 @@ void KernelStore::State::Drive(const std::shared_ptr<Flight>& flight, const Comp
       [this, flight, plan, held, fleet_lock](absl::StatusOr<v1::KernelArtifact> built) {
         FinishCompile(flight, plan, held.get(), fleet_lock, std::move(built));
       },
-      flight->interest);
+      flight->interest,
+      // Asked for whoever wants it, now or joining later: it costs the
+      // worker one more write, and the programs' order does not lengthen
+      // the whole compile (BENCH.md, "First answer").
+      [this, flight, plan](absl::StatusOr<v1::KernelArtifact> partial) {
+        FinishFirst(flight, plan, std::move(partial));
+      });
   if (!submitted.ok()) {
     --compiles;
     if (fleet_lock) redis->Unlock(plan.key);
@@ -413,6 +433,28 @@ void KernelStore::State::FinishCompile(const std::shared_ptr<Flight>& flight,
   release();
   (void)memory->Put(plan.key, artifact);
   Complete(flight, plan.key, KernelStore::Result{artifact, v1::ARTIFACT_SOURCE_COMPILED});
+}
+
+void KernelStore::State::FinishFirst(const std::shared_ptr<Flight>& flight, const CompilePlan& plan,
+                                     absl::StatusOr<v1::KernelArtifact> partial) {
+  // Only the answer the clients would accept (the first answer of the
+  // variant this server plans) goes out; else its callers wait for the
+  // whole module.
+  if (!partial.ok() || partial->key() != plan.key || !partial->partial() ||
+      !CheckAnswerForVariant(VariantOfPlan(plan), plan.arch.name, *partial, true).ok()) {
+    return;
+  }
+  auto artifact = std::make_shared<const v1::KernelArtifact>(*std::move(partial));
+  std::vector<KernelStore::Done> callers;
+  {
+    absl::MutexLock lock(&mu);
+    flight->first = artifact;
+    callers.swap(flight->first_callers);
+  }
+  first_answers += callers.size();
+  for (KernelStore::Done& done : callers) {
+    done(KernelStore::Result{artifact, v1::ARTIFACT_SOURCE_COMPILED});
+  }
 }
 
 KernelStore::State::Fleet KernelStore::State::AwaitFleet(const std::shared_ptr<Flight>& flight,
@@ -552,8 +594,9 @@ absl::StatusOr<KernelStore::Result> KernelStore::CachedKernel(const v1::KernelSp
       absl::StrCat(plan->module_name, " (key ", plan->key, ") is not cached"));
 }
 
-void KernelStore::State::Start(const CompilePlan& plan, bool lookup_only, absl::Time deadline,
-                               absl::Time start, Done done) {
+void KernelStore::State::Start(const CompilePlan& plan, const Ask& ask, absl::Time start,
+                               Done done) {
+  const absl::Time deadline = ask.deadline;
   // Timed by the source of the answer, whichever thread gives it: State
   // outlives the callbacks (Complete).
   done = [this, start, done = std::move(done)](FlightResult result) mutable {
@@ -564,13 +607,14 @@ void KernelStore::State::Start(const CompilePlan& plan, bool lookup_only, absl::
     return done(*std::move(hit));
   }
   ++misses;
-  if (lookup_only) {
+  if (ask.lookup_only) {
     return done(absl::NotFoundError(absl::StrCat(plan.module_name, " (key ", plan.key,
                                                  ") is not cached and lookup_only was set")));
   }
   std::shared_ptr<Flight> flight;
   bool starts = false;
   std::optional<absl::Status> refused;
+  ArtifactPtr first;  // a first answer there already, for this caller
   {
     absl::MutexLock lock(&mu);
     if (shutting_down) {
@@ -606,25 +650,45 @@ void KernelStore::State::Start(const CompilePlan& plan, bool lookup_only, absl::
         ++running_flights;
         starts = true;
       }
-      flight->interest->Extend(deadline);
-      flight->callers.push_back(std::move(done));
+      if (ask.first_answer && flight->first != nullptr) {
+        first = flight->first;
+      } else {
+        flight->interest->Extend(deadline);
+        (ask.first_answer ? flight->first_callers : flight->callers).push_back(std::move(done));
+      }
     }
   }
   if (refused.has_value()) return done(*std::move(refused));
+  if (first != nullptr) {
+    ++first_answers;
+    return done(KernelStore::Result{first, v1::ARTIFACT_SOURCE_SHARED_COMPILE});
+  }
   if (starts) Drive(flight, plan);
 }
 
 void KernelStore::GetKernelAsync(const v1::KernelSpec& spec, std::string_view arch,
                                  bool lookup_only, absl::Time deadline, Done done) {
+  GetKernelAsync(spec, arch, Ask{lookup_only, false, deadline}, std::move(done));
+}
+
+void KernelStore::GetKernelAsync(const v1::KernelSpec& spec, std::string_view arch, const Ask& ask,
+                                 Done done) {
   const absl::Time start = absl::Now();
   absl::StatusOr<CompilePlan> plan = state_->compiler.Plan(spec, arch);
   if (!plan.ok()) return done(plan.status());
-  state_->Start(*plan, lookup_only, deadline, start, std::move(done));
+  state_->Start(*plan, ask, start, std::move(done));
 }
 
 absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::KernelSpec& spec,
                                                            std::string_view arch, bool lookup_only,
                                                            absl::Time deadline) {
+  return GetKernel(spec, arch, Ask{lookup_only, false, deadline});
+}
+
+absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::KernelSpec& spec,
+                                                           std::string_view arch, const Ask& ask) {
+  const absl::Time deadline = ask.deadline;
+  const bool lookup_only = ask.lookup_only;
   const absl::Time start = absl::Now();
   absl::StatusOr<CompilePlan> plan = state_->compiler.Plan(spec, arch);
   if (!plan.ok()) return plan.status();
@@ -634,10 +698,11 @@ absl::StatusOr<KernelStore::Result> KernelStore::GetKernel(const v1::KernelSpec&
     std::optional<FlightResult> result ABSL_GUARDED_BY(mu);
   };
   auto answer = std::make_shared<Answer>();
-  state_->Start(*plan, lookup_only, deadline, start, [answer](FlightResult result) {
-    absl::MutexLock lock(&answer->mu);
-    answer->result = std::move(result);
-  });
+  state_->Start(*plan, Ask{lookup_only, ask.first_answer, deadline}, start,
+                [answer](FlightResult result) {
+                  absl::MutexLock lock(&answer->mu);
+                  answer->result = std::move(result);
+                });
   absl::MutexLock lock(&answer->mu);
   auto answered = [](Answer* a) ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->result.has_value(); };
   if (!answer->mu.AwaitWithDeadline(absl::Condition(+answered, answer.get()), deadline)) {
@@ -712,6 +777,7 @@ v1::StatsResponse KernelStore::Stats() const {
   out.set_redis_local_compiles(s.redis_local_compiles);
   out.set_rejected_deadline(s.rejected_deadline);
   out.set_compiles_dropped(s.compiles_dropped);
+  out.set_first_answers(s.first_answers);
   return out;
 }
 

@@ -78,6 +78,19 @@ class KernelStore {
   absl::StatusOr<Result> GetKernel(const v1::KernelSpec& spec, std::string_view arch,
                                    bool lookup_only, absl::Time deadline = absl::InfiniteFuture());
 
+  // What a request asks for.
+  struct Ask {
+    bool lookup_only = false;
+    // On a miss, answer with the compile's first answer (the artifact's
+    // `partial` set: the main and combine entries' images) as soon as the
+    // worker has it, or at once where a compile in progress has one; the
+    // whole module is still compiled and cached. Hits are whole modules.
+    bool first_answer = false;
+    absl::Time deadline = absl::InfiniteFuture();
+  };
+  absl::StatusOr<Result> GetKernel(const v1::KernelSpec& spec, std::string_view arch,
+                                   const Ask& ask);
+
   // GetKernel without a thread waiting for a compile: `done` runs once,
   // with what GetKernel answers, either before this returns (a hit, an
   // error, or a compile that ended while this caller started it) or on the
@@ -94,6 +107,7 @@ class KernelStore {
   using Done = std::function<void(absl::StatusOr<Result>)>;
   void GetKernelAsync(const v1::KernelSpec& spec, std::string_view arch, bool lookup_only,
                       absl::Time deadline, Done done);
+  void GetKernelAsync(const v1::KernelSpec& spec, std::string_view arch, const Ask& ask, Done done);
 
   // The memory tier, then the disk tier, then Redis, never a compile nor a
   // wait for one:

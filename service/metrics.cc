@@ -229,6 +229,8 @@ std::string RenderMetrics(const RequestMetrics& requests, const AuthFailureCount
                    "compiles refused because they would have waited past their deadline"},
            Counter{"kforge_compiles_dropped_total", s.compiles_dropped(),
                    "queued compiles never started because every caller had gone"},
+           Counter{"kforge_first_answers_total", s.first_answers(),
+                   "requests answered with a first answer while the rest compiled"},
            Counter{"kforge_disk_write_failures_total", s.disk_write_failures(),
                    "compiled kernels the disk tier could not store"},
            Counter{"kforge_redis_errors_total", s.redis_errors(),

@@ -267,6 +267,43 @@ TEST_F(ClientTest, WrongKernelIsDataLossAndNeverKept) {
   EXPECT_EQ(service_.kernel_calls.load(), calls + 1);
 }
 
+// A first answer (partial) is taken only by a client that asked for one,
+// and never kept: asking again reaches the server, whose whole module is
+// then kept.
+TEST_F(ClientTest, FirstAnswersOnlyWhenAskedAndNeverKept) {
+  FakeServer server(&service_);
+  v1::KernelArtifact partial = *artifact_;
+  partial.set_partial(true);
+  AnswerKernel(partial);
+  std::unique_ptr<ServiceClient> plain = MustCreate(FastOptions(server.address()));
+  ASSERT_NE(plain, nullptr);
+  absl::StatusOr<ArtifactRef> refused = plain->GetKernel(FirstChoice(), kArch);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(refused.status().message(), "first answer")) << refused.status();
+  EXPECT_FALSE(service_.last_kernel_request.first_answer());
+
+  ServiceClientOptions options = FastOptions(server.address());
+  options.first_answer = true;
+  std::unique_ptr<ServiceClient> client = MustCreate(options);
+  ASSERT_NE(client, nullptr);
+  const int before = service_.kernel_calls.load();
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<ArtifactRef> first = client->GetKernel(FirstChoice(), kArch);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_TRUE((*first)->partial());
+    EXPECT_TRUE(service_.last_kernel_request.first_answer());
+  }
+  EXPECT_EQ(service_.kernel_calls.load(), before + 2);
+  AnswerKernel(*artifact_);
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<ArtifactRef> whole = client->GetKernel(FirstChoice(), kArch);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_FALSE((*whole)->partial());
+  }
+  EXPECT_EQ(service_.kernel_calls.load(), before + 3);
+}
+
 // A variant and kernel that agree on a module name or key that is not a
 // file name ("../../x"): refused, whatever else matches, so that the name
 // never reaches a path (local copies, `kforge get -o`).

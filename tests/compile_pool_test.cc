@@ -22,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
@@ -122,6 +123,53 @@ TEST_F(CompilePoolTest, CompilesInWorkerProcess) {
   EXPECT_EQ(pool.in_flight(), 0);
   EXPECT_EQ(pool.queue_depth(), 0);
   EXPECT_TRUE(ChildPids().empty());
+}
+
+// Asked for one, the worker's first answer reaches `first` before the
+// final result reaches `done`.
+TEST_F(CompilePoolTest, FirstAnswerComesBeforeTheResult) {
+  CompilePool pool(PoolOptions());
+  v1::CompileJob job;
+  job.mutable_spec()->mutable_dsa_indexer()->set_index_heads(64);
+  job.mutable_spec()->mutable_dsa_indexer()->set_index_head_dim(128);
+  job.mutable_spec()->mutable_dsa_indexer()->set_topk(2048);
+  job.mutable_spec()->mutable_dsa_indexer()->set_page_block_size(64);
+  job.set_arch("sm_90a");
+  absl::Mutex mu;
+  std::vector<std::string> order;
+  absl::StatusOr<v1::KernelArtifact> first = absl::UnknownError("none");
+  absl::StatusOr<v1::KernelArtifact> final_result = absl::UnknownError("none");
+  ASSERT_TRUE(pool.Submit(
+                      job,
+                      [&](absl::StatusOr<v1::KernelArtifact> r) {
+                        absl::MutexLock lock(&mu);
+                        order.push_back("done");
+                        final_result = std::move(r);
+                      },
+                      nullptr,
+                      [&](absl::StatusOr<v1::KernelArtifact> r) {
+                        absl::MutexLock lock(&mu);
+                        order.push_back("first");
+                        first = std::move(r);
+                      })
+                  .ok());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::MutexLock lock(&mu);
+        return order.size() == 2;
+      },
+      absl::Seconds(60)));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(order, (std::vector<std::string>{"first", "done"}));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(final_result.ok()) << final_result.status();
+  EXPECT_TRUE(first->partial());
+  EXPECT_FALSE(final_result->partial());
+  EXPECT_EQ(first->cubin(), final_result->cubin());
+  // Without a `first`, the worker writes only its result.
+  absl::StatusOr<v1::KernelArtifact> plain = SubmitAndWait(pool, job);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->partial());
 }
 
 TEST_F(CompilePoolTest, WorkerStatusComesBackWithItsCode) {

@@ -15,12 +15,14 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "compiler/codegen.h"
+#include "compiler/manifest.h"
 #include "compiler/nvrtc.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/spec.pb.h"
+#include "model/artifact_check.h"
 #include "model/cubin.h"
 #include "model/spec.h"
 #include "tests/test_util.h"
@@ -336,6 +338,89 @@ TEST(KernelCompilerBuild, ProgramsKeepEveryEntrysMachineCode) {
     EXPECT_GE(want.size(), static_cast<size_t>(artifact->entries_size())) << where;
     EXPECT_TRUE(EntryCode(images) == want) << where << ": an entry's machine code changed";
   }
+}
+
+// A first answer is the whole module's images of its main and combine
+// entries, byte for byte, launched through the variant less the paths it
+// lacks; clients take it only when they asked for one.
+TEST(KernelCompilerBuild, FirstAnswerIsTheWholeModulesMainAndCombineImages) {
+  const KernelCompiler compiler;
+  absl::StatusOr<v1::AttentionSpec> ds_tp1 = SpecFromPreset("deepseek-v3.2", 1);
+  ASSERT_TRUE(ds_tp1.ok());
+  ds_tp1->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  ds_tp1->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+  v1::KernelSpec indexer;
+  indexer.mutable_dsa_indexer()->set_index_heads(64);
+  indexer.mutable_dsa_indexer()->set_index_head_dim(128);
+  indexer.mutable_dsa_indexer()->set_topk(2048);
+  indexer.mutable_dsa_indexer()->set_page_block_size(64);
+  for (const v1::KernelSpec& spec : {KernelSpecOf(*ds_tp1), indexer}) {
+    absl::StatusOr<CompilePlan> plan = compiler.Plan(spec, "sm_90a");
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const std::string& where = plan->module_name;
+    const std::vector<size_t> first_programs = FirstAnswerPrograms(*plan);
+    ASSERT_FALSE(first_programs.empty()) << where;
+    ASSERT_LT(first_programs.size(), plan->programs.size()) << where;
+    EXPECT_EQ(first_programs[0], 0u) << where << ": image 0 holds the main entry";
+    std::vector<v1::KernelArtifact> firsts;
+    absl::StatusOr<v1::KernelArtifact> whole =
+        compiler.Build(*plan, [&](v1::KernelArtifact a) { firsts.push_back(std::move(a)); });
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    ASSERT_EQ(firsts.size(), 1u) << where;
+    const v1::KernelArtifact& first = firsts[0];
+    EXPECT_TRUE(first.partial());
+    EXPECT_FALSE(whole->partial());
+    ASSERT_EQ(static_cast<size_t>(first.more_cubins_size()) + 1, first_programs.size()) << where;
+    for (size_t i = 0; i < first_programs.size(); ++i) {
+      EXPECT_TRUE(ImageOf(first, i) == ImageOf(*whole, first_programs[i])) << where << " " << i;
+    }
+    EXPECT_LT(first.entries_size(), whole->entries_size()) << where;
+    const v1::ManifestVariant variant = VariantOfPlan(*plan);
+    EXPECT_TRUE(CheckAnswerForVariant(variant, "sm_90a", first, true).ok())
+        << CheckAnswerForVariant(variant, "sm_90a", first, true);
+    EXPECT_TRUE(CheckAnswerForVariant(variant, "sm_90a", *whole, true).ok());
+    // Not asked for, or as a whole module, a first answer is refused.
+    EXPECT_EQ(CheckArtifactForVariant(variant, "sm_90a", first).code(),
+              absl::StatusCode::kDataLoss);
+    v1::KernelArtifact unflagged = first;
+    unflagged.set_partial(false);
+    EXPECT_EQ(CheckAnswerForVariant(variant, "sm_90a", unflagged, true).code(),
+              absl::StatusCode::kDataLoss);
+    // One without its main image is no answer either.
+    v1::KernelArtifact headless = first;
+    headless.set_cubin(headless.more_cubins(0));
+    headless.mutable_more_cubins()->DeleteSubrange(0, 1);
+    for (v1::KernelResources& k : *headless.mutable_cubin_info()->mutable_kernels()) {
+      k.set_image(k.image() == 0 ? 99 : k.image() - 1);
+    }
+    EXPECT_EQ(CheckAnswerForVariant(variant, "sm_90a", headless, true).code(),
+              absl::StatusCode::kDataLoss);
+    // What it launches: the main and combine entries; no path it lacks.
+    const v1::ManifestVariant launched = VariantOfArtifact(first);
+    EXPECT_EQ(launched.main_entry(), variant.main_entry());
+    EXPECT_EQ(launched.combine_entry(), variant.combine_entry());
+    EXPECT_EQ(launched.indexer().logits_entry(), variant.indexer().logits_entry());
+    EXPECT_EQ(launched.indexer().topk_entry(), variant.indexer().topk_entry());
+    for (const std::string* entry :
+         OptionalMainEntries(launched.small_batch(), launched.cluster())) {
+      EXPECT_NE(FindKernel(first.cubin_info(), *entry), nullptr) << where << " " << *entry;
+    }
+    if (spec.has_dsa_indexer()) {
+      EXPECT_TRUE(variant.indexer().has_topk_cluster()) << where;
+      EXPECT_FALSE(launched.indexer().has_topk_cluster()) << where;
+    } else {
+      EXPECT_FALSE(variant.cluster().entry().empty()) << where;
+      EXPECT_FALSE(launched.has_cluster()) << where;
+    }
+  }
+  // A module whose programs all hold the main or combine entry has no
+  // smaller answer: the sink is never called.
+  absl::StatusOr<CompilePlan> glm = compiler.Plan(KernelSpecOf(Glm5Tp8()), "sm_90a");
+  ASSERT_TRUE(glm.ok());
+  EXPECT_TRUE(FirstAnswerPrograms(*glm).empty());
+  int calls = 0;
+  ASSERT_TRUE(compiler.Build(*glm, [&](v1::KernelArtifact) { ++calls; }).ok());
+  EXPECT_EQ(calls, 0);
 }
 
 TEST(KernelCompilerBuild, CompileIsPlanPlusBuild) {

@@ -132,6 +132,47 @@ TEST_F(KernelStoreTest, ConcurrentColdRequestsShareOneCompile) {
   EXPECT_EQ(stats.memory_hits() + stats.shared_compile_waits() + 1, uint64_t{kThreads});
 }
 
+// A miss asked for a first answer is answered with the main and combine
+// entries' images while the rest compile; the whole module is what gets
+// cached, what later requests get, and what a restart finds on disk.
+TEST_F(KernelStoreTest, FirstAnswerThenTheWholeModuleIsCached) {
+  v1::KernelSpec indexer;
+  indexer.mutable_dsa_indexer()->set_index_heads(64);
+  indexer.mutable_dsa_indexer()->set_index_head_dim(128);
+  indexer.mutable_dsa_indexer()->set_topk(2048);
+  indexer.mutable_dsa_indexer()->set_page_block_size(64);
+  {
+    auto store = Open(1);
+    KernelStore::Ask ask;
+    ask.first_answer = true;
+    absl::StatusOr<KernelStore::Result> first = store->GetKernel(indexer, "sm_90a", ask);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_TRUE(first->artifact->partial());
+    EXPECT_EQ(first->source, v1::ARTIFACT_SOURCE_COMPILED);
+    // Joins the compile still running (or hits once it is cached): the
+    // whole module.
+    absl::StatusOr<KernelStore::Result> whole = store->GetKernel(indexer, "sm_90a", false);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_FALSE(whole->artifact->partial());
+    EXPECT_EQ(whole->artifact->key(), first->artifact->key());
+    EXPECT_EQ(whole->artifact->cubin(), first->artifact->cubin());
+    EXPECT_GT(whole->artifact->more_cubins_size(), first->artifact->more_cubins_size());
+    // Cached now: a first-answer request gets the whole module too.
+    absl::StatusOr<KernelStore::Result> again = store->GetKernel(indexer, "sm_90a", ask);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_FALSE(again->artifact->partial());
+    EXPECT_EQ(again->source, v1::ARTIFACT_SOURCE_MEMORY);
+    const v1::StatsResponse stats = store->Stats();
+    EXPECT_EQ(stats.compiles(), 1u);
+    EXPECT_EQ(stats.first_answers(), 1u);
+  }
+  auto reopened = Open(1);
+  absl::StatusOr<KernelStore::Result> on_disk = reopened->GetKernel(indexer, "sm_90a", true);
+  ASSERT_TRUE(on_disk.ok()) << on_disk.status();
+  EXPECT_EQ(on_disk->source, v1::ARTIFACT_SOURCE_DISK);
+  EXPECT_FALSE(on_disk->artifact->partial());
+}
+
 TEST_F(KernelStoreTest, LookupOnlyMissIsNotFound) {
   auto store = Open();
   auto r = store->GetKernel(KernelSpecOf(Glm5Tp8()), "sm_90a", true);

@@ -288,6 +288,23 @@ class RetryAndAnswerTest(unittest.TestCase):
                 fake.client().get_manifest(preset="glm-5", tp=8, arch=ARCH)
             self.assertIn(what, str(cm.exception))
 
+    def test_first_answers_only_when_asked_and_never_kept(self):
+        partial = self.kernel_reply(partial=True)
+        fake = self.fake(manifests=[self.manifest], kernels=[partial])
+        with self.assertRaises(kforge.KforgeBadAnswer) as cm:
+            fake.client().get_kernel(self.manifest.variants[0], ARCH)
+        self.assertIn("first answer", str(cm.exception))
+        self.assertFalse(fake.requests["GetKernel"][-1].first_answer)
+        fake = self.fake(manifests=[self.manifest],
+                         kernels=[partial, partial, self.kernel_reply()])
+        client = fake.client(first_answer=True)
+        for _ in range(2):
+            self.assertTrue(client.get_kernel(self.manifest.variants[0], ARCH).partial)
+            self.assertTrue(fake.requests["GetKernel"][-1].first_answer)
+        for _ in range(2):
+            self.assertFalse(client.get_kernel(self.manifest.variants[0], ARCH).partial)
+        self.assertEqual(fake.calls["GetKernel"], 3)
+
     def test_answers_are_kept_in_memory(self):
         fake = self.fake(manifests=[self.manifest], kernels=[self.kernel_reply()])
         client = fake.client()

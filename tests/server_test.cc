@@ -1152,6 +1152,46 @@ TEST_F(ServerTest, UnparsableRequestsAreInvalidArgument) {
   }
 }
 
+// `kforge get --first-answer` on a miss: the module's main and combine
+// images (a DSA indexer: logits and top-k), written and reported as a
+// first answer; the server caches the whole module, which the next get
+// (with or without the flag) receives.
+TEST_F(ServerTest, CliGetFirstAnswerThenTheWholeModule) {
+  std::unique_ptr<ServerProcess> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const fs::path out = tmp_.path() / "out";
+  const std::string get = absl::StrCat(
+      kBinary, " get --server ", server->address(),
+      " --preset glm-5 --kind dsa-indexer --arch sm_90a --first-answer -o ", out.string());
+  std::string output;
+  ASSERT_EQ(RunCommand(get, &output), 0) << output;
+  EXPECT_TRUE(Contains(output, "source compiled")) << output;
+  EXPECT_TRUE(Contains(output, "first answer: 2 of 3 entries")) << output;
+  std::string json;
+  for (const auto& entry : fs::directory_iterator(out)) {
+    if (entry.path().extension() == ".json") json = ReadFileOrEmpty(entry.path());
+  }
+  EXPECT_TRUE(Contains(json, "\"partial\": true")) << json;
+  // The rest compiles on; then the cache has the whole module.
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  for (;;) {
+    ASSERT_EQ(RunCommand(absl::StrCat(kBinary, " stats --server ", server->address()), &output), 0)
+        << output;
+    if (Contains(output, "\"in_flight_compiles\": 0,")) break;
+    ASSERT_LT(absl::Now(), until) << output;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(Contains(output, "\"first_answers\": 1\n}")) << output;
+  EXPECT_TRUE(Contains(output, "\"compiles\": 1,")) << output;
+  ASSERT_EQ(RunCommand(get, &output), 0) << output;
+  EXPECT_TRUE(Contains(output, "source memory")) << output;
+  EXPECT_FALSE(Contains(output, "first answer")) << output;
+  for (const auto& entry : fs::directory_iterator(out)) {
+    if (entry.path().extension() == ".json") json = ReadFileOrEmpty(entry.path());
+  }
+  EXPECT_TRUE(Contains(json, "\"partial\": false")) << json;
+}
+
 TEST_F(ServerTest, CliGetAndStats) {
   std::unique_ptr<ServerProcess> server = StartServer();
   ASSERT_NE(server, nullptr);
@@ -1178,7 +1218,8 @@ TEST_F(ServerTest, CliGetAndStats) {
   EXPECT_TRUE(Contains(output, "\"memory_hits\": 2,"));
   EXPECT_TRUE(Contains(output, "\"redis_up\": 0,"));
   EXPECT_TRUE(Contains(output, "\"redis_rejected_artifacts\": 0,"));
-  EXPECT_TRUE(Contains(output, "\"compiles_dropped\": 0\n}"));
+  EXPECT_TRUE(Contains(output, "\"compiles_dropped\": 0,"));
+  EXPECT_TRUE(Contains(output, "\"first_answers\": 0\n}"));
 
   EXPECT_EQ(RunCommand(absl::StrCat(get, " --lookup-only --tp 4"), &output), 1);
   EXPECT_TRUE(Contains(output, "NOT_FOUND"));

@@ -141,6 +141,8 @@ _SIGNATURES = {
                                    ctypes.c_int32, ctypes.POINTER(ctypes.c_uint64), _STR_OUT],
     "kforge_check_artifact": [_c_bytes, ctypes.c_size_t, ctypes.c_char_p, _c_bytes,
                               ctypes.c_size_t, _STR_OUT],
+    "kforge_check_answer": [_c_bytes, ctypes.c_size_t, ctypes.c_char_p, _c_bytes,
+                            ctypes.c_size_t, ctypes.c_int32, _STR_OUT],
     "kforge_manifest_for_artifact": [_c_bytes, ctypes.c_size_t, *_OUT, _STR_OUT],
     "kforge_bundle_kernel_path": [ctypes.c_char_p, _STR_OUT, _STR_OUT],
     "kforge_bundle_manifest_path": [_c_bytes, ctypes.c_size_t, _STR_OUT, _STR_OUT],
@@ -420,8 +422,9 @@ def workspace_bytes_for(manifest_bytes, dev, max_tokens):
     return out.value
 
 
-def check_artifact(variant, arch, artifact):
-    call("check_artifact", *serialized(variant), str(arch).encode(), *serialized(artifact))
+def check_artifact(variant, arch, artifact, accept_partial=False):
+    call("check_answer", *serialized(variant), str(arch).encode(), *serialized(artifact),
+         1 if accept_partial else 0)
 
 
 def manifest_for_artifact(artifact):

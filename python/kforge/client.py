@@ -50,7 +50,11 @@ class Client(KernelSource):
     tls_ca: PEM file of the CA the server's certificate must chain to (turns
     TLS on); tls_cert, tls_key: a client certificate and its key for a server
     that asks for one (mTLS). token / token_file: a bearer token sent as
-    `authorization: Bearer ...`; only over TLS.
+    `authorization: Bearer ...`; only over TLS. first_answer: on a server's
+    miss, take a kernel as soon as its main and combine entries are compiled
+    (artifact.partial: correct for every shape, without the small-batch and
+    cluster paths); a first answer is neither kept nor copied locally, so
+    asking again gets the whole module once the server has cached it.
 
     What is not given comes from the environment: KFORGE_SERVER (else
     127.0.0.1:50051), KFORGE_LOCAL_COPY_DIR, KFORGE_TLS_CA, KFORGE_TLS_CERT
@@ -62,7 +66,7 @@ class Client(KernelSource):
 
     def __init__(self, address=None, timeout=120.0, max_attempts=5,
                  initial_backoff=0.1, max_backoff=5.0, local_copy_dir=None, tls_ca=None,
-                 tls_cert=None, tls_key=None, token=None, token_file=None):
+                 tls_cert=None, tls_key=None, token=None, token_file=None, first_answer=False):
         if max_attempts < 1:
             raise ValueError(f"max_attempts: must be >= 1, got {max_attempts}")
         if timeout <= 0 or initial_backoff < 0 or max_backoff < initial_backoff:
@@ -83,6 +87,7 @@ class Client(KernelSource):
         self.max_attempts = max_attempts
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
+        self.first_answer = bool(first_answer)
         self.rpc_calls = 0  # attempts made, for tests and metrics
         self._rng = random.Random()
         self._lock = threading.Lock()
@@ -215,12 +220,16 @@ class Client(KernelSource):
         if artifact is None and self._local:
             artifact = self._local.kernel(variant, arch)
         if artifact is None:
-            request = pb().service_pb2.GetKernelRequest(arch=arch)
+            request = pb().service_pb2.GetKernelRequest(arch=arch,
+                                                        first_answer=self.first_answer)
             request.kernel.spec.CopyFrom(kernel_spec(variant.spec))
             answer = self._call(self._get_kernel, request,
                                 f"GetKernel({variant.module_name}, {arch})")
             artifact = answer.artifact
-            check_artifact(variant, arch, artifact, self._where())
+            check_artifact(variant, arch, artifact, self._where(),
+                           accept_partial=self.first_answer)
+            if artifact.partial:
+                return artifact  # asked again, the whole module once cached
             if self._local:
                 self._local.add_kernel(artifact)
         with self._lock:

@@ -63,7 +63,9 @@ class Kernel:
         self._manifest = ManifestRef(self.manifest)
         # The whole artifact check (entries, parameter sizes, the cubin's
         # ELF) before anything is loaded.
-        _capi.check_artifact(self.manifest.variants[0], artifact.arch, artifact)
+        # A first answer (artifact.partial) is checked as the module it is.
+        _capi.check_artifact(self.manifest.variants[0], artifact.arch, artifact,
+                             accept_partial=True)
         self.device = cuda_device(torch, device)
         self.capability = torch.cuda.get_device_capability(self.device)
         self.sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count

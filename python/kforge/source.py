@@ -47,12 +47,13 @@ def check_manifest(manifest, arch, where):
         raise _bad(where, f"a bad manifest: {e}") from None
 
 
-def check_artifact(variant, arch, artifact, where):
+def check_artifact(variant, arch, artifact, where, accept_partial=False):
     """Raises KforgeBadAnswer naming the first mismatch unless `artifact` is
     the kernel `variant` names for `arch` (CheckArtifactForVariant: key,
     module, arch, entries, spec, tiling, launch rule, parameter block sizes,
-    and the cubin's own ELF)."""
+    and the cubin's own ELF); with accept_partial, or a first answer of it
+    (artifact.partial, CheckAnswerForVariant)."""
     try:
-        _capi.check_artifact(variant, arch, artifact)
+        _capi.check_artifact(variant, arch, artifact, accept_partial)
     except KforgeError as e:
         raise _bad(where, f"a wrong kernel: {e}") from None

@@ -215,14 +215,13 @@ GeneratedUnit GenerateSource(const v1::AttentionSpec& spec, const v1::KernelTili
     cluster_entry("SmallBatchTraits", kClusterEntry, small.cluster_splits(),
                   min_blocks(small.launch()), pipeline_of(small.tiling(), false));
   }
-  // The combine in the small-batch entry's program where there is one (a
-  // program less to set up, off the throughput entries' critical path;
-  // its code and theirs unchanged: BENCH.md), else alone.
-  const std::string combine_group = with_small ? group_of("SmallBatchTraits", kSmallBatchEntry,
-                                                          pipeline_of(small.tiling(), false))
-                                               : std::string(kCombineEntry);
+  // The combine alone: a first answer (KernelArtifact.partial) is the
+  // programs of the main and combine entries, so a combine inside the
+  // small-batch program would hold the first answer of every module with
+  // that path to the whole module's time (BENCH.md, "First answer"; its
+  // code is the same either way).
   unit.Add(
-      kCombineEntry, combine_group,
+      kCombineEntry, kCombineEntry,
       absl::StrFormat("extern \"C\" __global__ void __launch_bounds__(ks::kCombineWarps * 32)\n"
                       "%s(const ks::CombineParams p) {\n"
                       "  ks::Combine<Traits>(p);\n"

@@ -707,7 +707,7 @@ TEST_F(BundleTest, ArtifactCheckNamesTheFirstMismatch) {
       // where cubin_info says, at most kMaxCubinImages of them.
       {"more_cubins[0] is unreadable",
        [](v1::KernelArtifact& a) { a.set_more_cubins(0, "not an ELF"); }},
-      {"more_cubins[1]: expected \"non-empty\"",
+      {"more_cubins[2]: expected \"non-empty\"",
        [](v1::KernelArtifact& a) { a.add_more_cubins(""); }},
       {"each entry in one image", [](v1::KernelArtifact& a) { a.add_more_cubins(a.cubin()); }},
       {"no such entry", [](v1::KernelArtifact& a) { a.mutable_more_cubins()->RemoveLast(); }},
@@ -728,7 +728,7 @@ TEST_F(BundleTest, ArtifactCheckNamesTheFirstMismatch) {
          a.mutable_more_cubins(0)->resize(kMaxCubinBytes - a.cubin().size() + 1);
        }},
   };
-  ASSERT_EQ(artifact_->more_cubins_size(), 1);  // main + main_cluster; small + cluster + combine
+  ASSERT_EQ(artifact_->more_cubins_size(), 2);  // main + main_cluster, small + cluster, combine
   for (const Case& c : cases) {
     v1::KernelArtifact altered = *artifact_;
     c.alter(altered);

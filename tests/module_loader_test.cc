@@ -41,8 +41,8 @@ const FakeCuda& Fake() {
   return *fake;
 }
 
-// glm-5 TP 8 on sm_90a: five entries in two images (main + main_cluster;
-// small + cluster + combine).
+// glm-5 TP 8 on sm_90a: five entries in three images (main + main_cluster,
+// small + cluster, combine).
 const v1::KernelArtifact& Module() {
   static const v1::KernelArtifact* artifact = [] {
     absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("glm-5", 8);
@@ -61,7 +61,7 @@ class ModuleLoaderTest : public ::testing::Test {
     absl::StatusOr<const CudaDriver*> driver = CudaDriver::Get();
     ASSERT_TRUE(driver.ok()) << driver.status();
     ASSERT_EQ((*driver)->version(), 12080) << "not the stand-in driver";
-    ASSERT_EQ(Module().more_cubins_size(), 1);
+    ASSERT_EQ(Module().more_cubins_size(), 2);
   }
 };
 
@@ -71,8 +71,8 @@ TEST_F(ModuleLoaderTest, LoadsEveryImageAndTakesEachEntryFromItsOwn) {
     absl::StatusOr<std::unique_ptr<KernelModule>> module =
         KernelModule::LoadOnOrdinal(Module(), kSparseMlaEntryParams, 0);
     ASSERT_TRUE(module.ok()) << module.status();
-    EXPECT_EQ(Fake().loaded() - loaded, 2);
-    EXPECT_EQ(Fake().live(), 2);
+    EXPECT_EQ(Fake().loaded() - loaded, 3);
+    EXPECT_EQ(Fake().live(), 3);
     // The stand-in finds a kernel only in an image that holds it.
     EXPECT_EQ(Fake().found() - found, Module().entries_size());
     ASSERT_EQ((*module)->entries().size(), static_cast<size_t>(Module().entries_size()));
@@ -85,8 +85,7 @@ TEST_F(ModuleLoaderTest, LoadsEveryImageAndTakesEachEntryFromItsOwn) {
 }
 
 TEST_F(ModuleLoaderTest, AWrongRouteIsAnErrorAndLeavesNothingLoaded) {
-  // The small-batch entries and the combine said to be in image 0, which
-  // does not hold them.
+  // The small-batch entries said to be in image 0, which does not hold them.
   v1::KernelArtifact wrong = Module();
   for (v1::KernelResources& k : *wrong.mutable_cubin_info()->mutable_kernels()) {
     if (k.image() == 1) k.set_image(0);
@@ -103,21 +102,21 @@ TEST_F(ModuleLoaderTest, AWrongRouteIsAnErrorAndLeavesNothingLoaded) {
 
   // An image past the last.
   wrong = Module();
-  wrong.mutable_cubin_info()->mutable_kernels(0)->set_image(2);
+  wrong.mutable_cubin_info()->mutable_kernels(0)->set_image(3);
   module = KernelModule::LoadOnOrdinal(wrong, kSparseMlaEntryParams, 0);
   ASSERT_FALSE(module.ok());
   EXPECT_EQ(module.status().code(), absl::StatusCode::kDataLoss) << module.status();
-  EXPECT_TRUE(absl::StrContains(module.status().message(), "image 2 of 2")) << module.status();
+  EXPECT_TRUE(absl::StrContains(module.status().message(), "image 3 of 3")) << module.status();
   EXPECT_EQ(Fake().live(), 0);
 
   // A further image missing its bytes: refused before the driver is asked.
   wrong = Module();
-  wrong.set_more_cubins(0, "");
+  wrong.set_more_cubins(1, "");
   const int loaded = Fake().loaded();
   module = KernelModule::LoadOnOrdinal(wrong, kSparseMlaEntryParams, 0);
   ASSERT_FALSE(module.ok());
   EXPECT_EQ(module.status().code(), absl::StatusCode::kInvalidArgument) << module.status();
-  EXPECT_TRUE(absl::StrContains(module.status().message(), "no cubin for image 1"))
+  EXPECT_TRUE(absl::StrContains(module.status().message(), "no cubin for image 2"))
       << module.status();
   EXPECT_EQ(Fake().loaded(), loaded);
 }

@@ -167,10 +167,10 @@ TEST(ExplainSchedule, PrintsTheEntriesAndTheReasons) {
   EXPECT_NE(text.find("splits merged in the cluster, clusters of 16 CTAs"), std::string::npos)
       << text;
   EXPECT_NE(text.find("why:"), std::string::npos) << text;
-  // Four programs (three warp-specialised entries alone, the small-batch
-  // pair with the combine): each entry names its image.
-  EXPECT_EQ(a->more_cubins_size(), 3);
-  EXPECT_NE(text.find("merges split partials; image 3"), std::string::npos) << text;
+  // Six programs (three warp-specialised entries alone, the small-batch
+  // pair, the combine): each entry names its image.
+  EXPECT_EQ(a->more_cubins_size(), 4);
+  EXPECT_NE(text.find("merges split partials; image 4"), std::string::npos) << text;
   EXPECT_NE(text.find("; image 0\n"), std::string::npos) << text;
 }
 

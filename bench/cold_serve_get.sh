@@ -10,6 +10,7 @@
 # Without modules: glm-5 TP8 bf16 sm_120a, glm-5 TP8 bf16 sm_90a and
 # deepseek-v3.2 TP1 fp8_ds_mla sm_90a (the slowest preset module).
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 KFORGE=${1:?usage: cold_serve_get.sh KFORGE_BINARY ["GET ARGS"]...}
 shift
 [[ -x $KFORGE ]] || { echo "cold_serve_get.sh: $KFORGE is not an executable" >&2; exit 2; }
@@ -19,30 +20,17 @@ if [[ $# -eq 0 ]]; then
     "--preset deepseek-v3.2 --tp 1 --kv-dtype fp8_ds_mla --arch sm_90a"
 fi
 tmp=$(mktemp -d)
-pid=
-cleanup() {
-  if [[ -n $pid ]]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+trap 'stop_server; rm -rf "$tmp"' EXIT
 for module in "$@"; do
   rm -rf "$tmp/cache" "$tmp/out"
   read -r -a args <<<"$module"
   start=$(date +%s.%N)
-  "$KFORGE" serve --listen 127.0.0.1:0 --cache-dir "$tmp/cache" >"$tmp/serve.log" 2>&1 &
-  pid=$!
-  address=
-  # The server prints "kforge: serving on ADDR" once it listens.
-  for _ in $(seq 1000); do
-    address=$(sed -n 's/^kforge: serving on \([^ ]*\).*/\1/p' "$tmp/serve.log" | head -n 1)
-    [[ -n $address ]] && break
-    sleep 0.005
-  done
-  [[ -n $address ]] || { echo "cold_serve_get.sh: the server did not start:" >&2; cat "$tmp/serve.log" >&2; exit 1; }
+  start_server "$KFORGE" "$tmp/cache" "$tmp/serve.log"
+    address=$SERVER_ADDRESS
   "$KFORGE" get --server "$address" "${args[@]}" -o "$tmp/out" >"$tmp/get.txt" 2>&1 ||
     { echo "cold_serve_get.sh: get $module failed:" >&2; cat "$tmp/get.txt" >&2; exit 1; }
   end=$(date +%s.%N)
-  kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
+  stop_server
   printf '%s s  %s\n' "$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')" \
     "$(tail -n 1 "$tmp/get.txt" | sed "s|$tmp/out/||")"
 done

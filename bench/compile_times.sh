@@ -21,10 +21,11 @@
 # machine: this machine's speed drifts by 10% within an hour; its table
 # comes first).
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 KFORGE=${1:?usage: compile_times.sh KFORGE_BINARY [OUT_TABLE]}
 OUT_TABLE=${2:-}
-ARCHS=${COMPILE_TIMES_ARCHS:-sm_90a sm_120a}
-TPS=${COMPILE_TIMES_TPS:-1 2 4 8}
+PRESET_ARCHS=${COMPILE_TIMES_ARCHS:-sm_90a sm_120a}
+PRESET_TPS=${COMPILE_TIMES_TPS:-1 2 4 8}
 read -r -a EXTRA <<<"${COMPILE_TIMES_ARGS:-}"
 ROUNDS=${COMPILE_TIMES_ROUNDS:-1}
 BASE=${COMPILE_TIMES_BASE:-}
@@ -67,16 +68,7 @@ compile() {
     compile_with new "$KFORGE" "$@"
   done
 }
-for preset in deepseek-v3.2 glm-5; do
-  for arch in $ARCHS; do
-    for tp in $TPS; do
-      for kv in bf16 fp8_ds_mla; do
-        compile "$preset tp$tp $kv $arch" --preset "$preset" --tp "$tp" --kv-dtype "$kv" --arch "$arch"
-      done
-    done
-    compile "$preset dsa-indexer $arch" --preset "$preset" --kind dsa-indexer --arch "$arch"
-  done
-done
+for_each_preset_module compile
 # Each module's lowest of every column over the rounds, in module order.
 for which in base new; do
   awk -F'\t' '!($1 in n) {order[++k] = $1; n[$1] = 1; a[$1] = $2; b[$1] = $3; c[$1] = $4; next}

@@ -19,29 +19,17 @@
 # FIRST_ANSWER_TPS (default "1 2 4 8"), FIRST_ANSWER_GET_ARGS (default
 # "--first-answer"; "" measures the whole module's answer the same way).
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 KFORGE=${1:?usage: first_answer_times.sh KFORGE_BINARY [OUT_TABLE]}
 OUT_TABLE=${2:-}
-ARCHS=${FIRST_ANSWER_ARCHS:-sm_90a sm_120a}
-TPS=${FIRST_ANSWER_TPS:-1 2 4 8}
+PRESET_ARCHS=${FIRST_ANSWER_ARCHS:-sm_90a sm_120a}
+PRESET_TPS=${FIRST_ANSWER_TPS:-1 2 4 8}
 read -r -a GET_ARGS <<<"${FIRST_ANSWER_GET_ARGS---first-answer}"
 [[ -x $KFORGE ]] || { echo "first_answer_times.sh: $KFORGE is not an executable" >&2; exit 2; }
 tmp=$(mktemp -d)
-pid=
-cleanup() {
-  if [[ -n $pid ]]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-"$KFORGE" serve --listen 127.0.0.1:0 --cache-dir "$tmp/cache" >"$tmp/serve.log" 2>&1 &
-pid=$!
-address=
-# The server prints "kforge: serving on ADDR" once it listens.
-for _ in $(seq 2000); do
-  address=$(sed -n 's/^kforge: serving on \([^ ]*\).*/\1/p' "$tmp/serve.log" | head -n 1)
-  [[ -n $address ]] && break
-  sleep 0.005
-done
-[[ -n $address ]] || { echo "first_answer_times.sh: the server did not start:" >&2; cat "$tmp/serve.log" >&2; exit 1; }
+trap 'stop_server; rm -rf "$tmp"' EXIT
+start_server "$KFORGE" "$tmp/cache" "$tmp/serve.log"
+address=$SERVER_ADDRESS
 # Seconds since the epoch, with nanoseconds.
 now() { date +%s.%N; }
 # Waits until the server has no compile in flight or queued (the rest of a
@@ -81,16 +69,7 @@ measure() {
     >>"$tmp/rows"
   tail -n 1 "$tmp/rows" >&2
 }
-for preset in deepseek-v3.2 glm-5; do
-  for arch in $ARCHS; do
-    for tp in $TPS; do
-      for kv in bf16 fp8_ds_mla; do
-        measure "$preset tp$tp $kv $arch" --preset "$preset" --tp "$tp" --kv-dtype "$kv" --arch "$arch"
-      done
-    done
-    measure "$preset dsa-indexer $arch" --preset "$preset" --kind dsa-indexer --arch "$arch"
-  done
-done
+for_each_preset_module measure
 # The median and the max of column `col`.
 stats() {
   sort -t$'\t' -k"$1" -g "$tmp/rows" | awk -F'\t' -v c="$1" '{t[NR] = $c; s += $c} END {

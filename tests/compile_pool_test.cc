@@ -130,10 +130,7 @@ TEST_F(CompilePoolTest, CompilesInWorkerProcess) {
 TEST_F(CompilePoolTest, FirstAnswerComesBeforeTheResult) {
   CompilePool pool(PoolOptions());
   v1::CompileJob job;
-  job.mutable_spec()->mutable_dsa_indexer()->set_index_heads(64);
-  job.mutable_spec()->mutable_dsa_indexer()->set_index_head_dim(128);
-  job.mutable_spec()->mutable_dsa_indexer()->set_topk(2048);
-  job.mutable_spec()->mutable_dsa_indexer()->set_page_block_size(64);
+  *job.mutable_spec() = testing::Indexer64Spec();
   job.set_arch("sm_90a");
   absl::Mutex mu;
   std::vector<std::string> order;

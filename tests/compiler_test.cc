@@ -292,11 +292,7 @@ TEST(KernelCompilerBuild, ProgramsKeepEveryEntrysMachineCode) {
   ASSERT_TRUE(ds_tp2.ok());
   ds_tp2->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
   ds_tp2->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
-  v1::KernelSpec indexer;
-  indexer.mutable_dsa_indexer()->set_index_heads(64);
-  indexer.mutable_dsa_indexer()->set_index_head_dim(128);
-  indexer.mutable_dsa_indexer()->set_topk(2048);
-  indexer.mutable_dsa_indexer()->set_page_block_size(64);
+  const v1::KernelSpec indexer = testing::Indexer64Spec();
   const std::vector<std::pair<v1::KernelSpec, std::string>> modules = {
       {KernelSpecOf(*ds_tp2), "sm_90a"},
       {KernelSpecOf(Glm5Tp8()), "sm_90a"},
@@ -349,11 +345,7 @@ TEST(KernelCompilerBuild, FirstAnswerIsTheWholeModulesMainAndCombineImages) {
   ASSERT_TRUE(ds_tp1.ok());
   ds_tp1->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
   ds_tp1->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
-  v1::KernelSpec indexer;
-  indexer.mutable_dsa_indexer()->set_index_heads(64);
-  indexer.mutable_dsa_indexer()->set_index_head_dim(128);
-  indexer.mutable_dsa_indexer()->set_topk(2048);
-  indexer.mutable_dsa_indexer()->set_page_block_size(64);
+  const v1::KernelSpec indexer = testing::Indexer64Spec();
   for (const v1::KernelSpec& spec : {KernelSpecOf(*ds_tp1), indexer}) {
     absl::StatusOr<CompilePlan> plan = compiler.Plan(spec, "sm_90a");
     ASSERT_TRUE(plan.ok()) << plan.status();

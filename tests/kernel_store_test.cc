@@ -136,11 +136,7 @@ TEST_F(KernelStoreTest, ConcurrentColdRequestsShareOneCompile) {
 // entries' images while the rest compile; the whole module is what gets
 // cached, what later requests get, and what a restart finds on disk.
 TEST_F(KernelStoreTest, FirstAnswerThenTheWholeModuleIsCached) {
-  v1::KernelSpec indexer;
-  indexer.mutable_dsa_indexer()->set_index_heads(64);
-  indexer.mutable_dsa_indexer()->set_index_head_dim(128);
-  indexer.mutable_dsa_indexer()->set_topk(2048);
-  indexer.mutable_dsa_indexer()->set_page_block_size(64);
+  const v1::KernelSpec indexer = testing::Indexer64Spec();
   {
     auto store = Open(1);
     KernelStore::Ask ask;

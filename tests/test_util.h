@@ -66,6 +66,17 @@ inline v1::AttentionSpec DeepseekTp1Spec() {
   return spec;
 }
 
+// A DSA indexer module's spec: 64 index heads of 128, top-k 2048, pages of
+// 64 (deepseek-v3.2's indexer, written out).
+inline v1::KernelSpec Indexer64Spec() {
+  v1::KernelSpec spec;
+  spec.mutable_dsa_indexer()->set_index_heads(64);
+  spec.mutable_dsa_indexer()->set_index_head_dim(128);
+  spec.mutable_dsa_indexer()->set_topk(2048);
+  spec.mutable_dsa_indexer()->set_page_block_size(64);
+  return spec;
+}
+
 // An artifact as the compiler would hand it over, with `cubin_bytes` of
 // seeded random "cubin" (cache tests need no NVRTC).
 inline std::shared_ptr<const v1::KernelArtifact> FakeArtifact(const std::string& key,

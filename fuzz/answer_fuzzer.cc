@@ -4,14 +4,20 @@
 // answer is decoded as a client stub decodes it, checked with
 // BundleManifestPath (a variant, an in-range first choice) and its first
 // choice taken (FirstChoice); the GetKernel answer is decoded the same way
-// and its artifact checked with CheckArtifactForVariant for the arch the
-// client asked (sm_90a, the seeds' arch). Input layout: fuzz_support.h
-// ServerAnswer. Beyond no crash, UB or leak, an accepted answer has:
+// and its artifact checked as a client that asked for a first answer checks
+// it (CheckAnswerForVariant with accept_partial: a whole module, or a
+// partial one against FirstAnswerVariant) for the arch the client asked
+// (sm_90a, the seeds' arch). Input layout: fuzz_support.h ServerAnswer.
+// Beyond no crash, UB or leak, an accepted answer has:
 //   - a module name and a key that, joined to an output directory as
 //     `kforge get` and the local copies do, name a file directly inside it;
 //   - the variant's key and module name, the arch asked, and cubin images
 //     that each inspect as an ELF of that arch and together export every
 //     listed entry exactly once;
+//   - the variant's main and combine entries (an indexer's logits and
+//     top-k), and no entry the variant does not list;
+//   - when it is not partial, CheckArtifactForVariant's verdict too (what a
+//     client that asked for the whole module takes);
 //   - the same verdict against the variant it describes itself
 //     (VariantOfArtifact): what is accepted is the artifact, not a phrasing
 //     of the manifest.
@@ -71,7 +77,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   const kforge::v1::KernelArtifact& artifact = response.artifact();
-  if (!kforge::CheckArtifactForVariant(variant, kClientArch, artifact).ok()) return 0;
+  if (!kforge::CheckAnswerForVariant(variant, kClientArch, artifact, true).ok()) return 0;
+  Check(artifact.partial() || kforge::CheckArtifactForVariant(variant, kClientArch, artifact).ok(),
+        "accepted a whole module as a first answer that the whole-module check refuses");
+  for (const std::string* required :
+       {&variant.main_entry(), &variant.combine_entry(), &variant.indexer().logits_entry(),
+        &variant.indexer().topk_entry()}) {
+    Check(required->empty() || Exports(artifact.cubin_info(), *required),
+          absl::StrCat("accepted an answer without the variant's entry ", *required));
+  }
+  for (const kforge::v1::KernelEntry& e : artifact.entries()) {
+    Check(std::any_of(variant.entries().begin(), variant.entries().end(),
+                      [&](const kforge::v1::KernelEntry& v) { return v.name() == e.name(); }),
+          absl::StrCat("accepted an answer listing an entry the variant does not: ", e.name()));
+  }
 
   Check(
       StaysInside(artifact.module_name(), ".cubin") && StaysInside(artifact.module_name(), ".json"),
@@ -98,8 +117,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                                }) == 1;
                         }),
         "accepted cubin images that do not export every listed entry exactly once");
-  const absl::Status self =
-      kforge::CheckArtifactForVariant(kforge::VariantOfArtifact(artifact), kClientArch, artifact);
+  const absl::Status self = kforge::CheckAnswerForVariant(kforge::VariantOfArtifact(artifact),
+                                                          kClientArch, artifact, true);
   Check(self.ok(),
         absl::StrCat("accepted for the manifest's variant but not for its own: ", self.ToString()));
   return 0;

@@ -15,6 +15,7 @@
 //                its preset, and lookup_only
 // Spec and matrix seeds are text, written by hand.
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "fuzz/fuzz_support.h"
 #include "kforge/v1/artifact.pb.h"
 #include "kforge/v1/service.pb.h"
+#include "model/artifact_check.h"
 #include "model/format.h"
 #include "model/selector.h"
 #include "model/spec.h"
@@ -168,6 +170,53 @@ int main(int argc, char** argv) {
   Write(out + "/answer", "seed_answer",
         kforge::fuzz::EncodeServerAnswer(
             {manifest.SerializeAsString(), response.SerializeAsString()}));
+  // A first answer of the same kernel (KernelArtifact.partial): the images
+  // holding the main and combine entries, the launch less the paths the
+  // others serve (FirstAnswerVariant).
+  {
+    kforge::v1::KernelArtifact partial = artifact;
+    std::vector<uint32_t> keep;
+    for (const kforge::v1::KernelResources& k : artifact.cubin_info().kernels()) {
+      if ((k.name() == artifact.main_entry() || k.name() == artifact.combine_entry()) &&
+          std::find(keep.begin(), keep.end(), k.image()) == keep.end()) {
+        keep.push_back(k.image());
+      }
+    }
+    std::sort(keep.begin(), keep.end());
+    partial.clear_more_cubins();
+    partial.mutable_cubin_info()->clear_kernels();
+    std::vector<std::string> present;
+    for (size_t i = 0; i < keep.size(); ++i) {
+      if (i == 0) {
+        partial.set_cubin(kforge::ImageOf(artifact, keep[i]));
+      } else {
+        partial.add_more_cubins(kforge::ImageOf(artifact, keep[i]));
+      }
+      for (const kforge::v1::KernelResources& k : artifact.cubin_info().kernels()) {
+        if (k.image() != keep[i]) continue;
+        kforge::v1::KernelResources* copy = partial.mutable_cubin_info()->add_kernels();
+        *copy = k;
+        copy->set_image(static_cast<uint32_t>(i));
+        present.push_back(k.name());
+      }
+    }
+    const kforge::v1::ManifestVariant first =
+        kforge::FirstAnswerVariant(kforge::VariantOfArtifact(artifact), present);
+    partial.clear_small_batch();
+    partial.clear_cluster();
+    if (first.has_small_batch()) *partial.mutable_small_batch() = first.small_batch();
+    if (first.has_cluster()) *partial.mutable_cluster() = first.cluster();
+    *partial.mutable_entries() = first.entries();
+    partial.set_partial(true);
+    if (!kforge::CheckAnswerForVariant(variant, manifest.arch(), partial, true).ok()) {
+      Fail("the first-answer seed does not pass the client's check");
+    }
+    kforge::v1::GetKernelResponse first_response = response;
+    *first_response.mutable_artifact() = std::move(partial);
+    Write(out + "/answer", "seed_answer_first",
+          kforge::fuzz::EncodeServerAnswer(
+              {manifest.SerializeAsString(), first_response.SerializeAsString()}));
+  }
   response.mutable_artifact()->set_module_name("../../x");
   Write(out + "/answer", "seed_answer_escaping_name",
         kforge::fuzz::EncodeServerAnswer(

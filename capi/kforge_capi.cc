@@ -737,6 +737,7 @@ int32_t kforge_client_settings(const char* given, int32_t allow_bundle, char** s
         {"bundle", {&in.bundle, &in.names.bundle}},
         {"trust", {&in.trust, &in.names.trust}},
         {"local_copy_dir", {&in.local_copy_dir, &in.names.local_copy_dir}},
+        {"first_answer", {&in.first_answer, &in.names.first_answer}},
         {"tls_ca", {&security.tls_ca_file, &security.names.tls_ca_file}},
         {"tls_cert", {&security.tls_cert_file, &security.names.tls_cert_file}},
         {"tls_key", {&security.tls_key_file, &security.names.tls_key_file}},
@@ -767,6 +768,7 @@ int32_t kforge_client_settings(const char* given, int32_t allow_bundle, char** s
     fields["bundle"].set_string_value(resolved->bundle);
     fields["trust"].set_string_value(resolved->trust);  // "" for a server
     fields["local_copy_dir"].set_string_value(resolved->local_copy_dir);
+    fields["first_answer"].set_string_value(resolved->first_answer);  // "1", "0" or ""
     kforge::ChannelSecurity loaded;
     if (resolved->bundle.empty()) {
       absl::StatusOr<kforge::ChannelSecurity> read =

@@ -262,14 +262,15 @@ int32_t kforge_read_token_file(const char* path, const char* what, char** token,
  * says, else the KFORGE_* environment variables, with their checks) and,
  * for a server, LoadChannelSecurity (the TLS and token files read and
  * checked). `given` is a JSON object of the settings the caller gives, by
- * the keys "address", "bundle", "trust", "local_copy_dir", "tls_ca",
- * "tls_cert", "tls_key", "token", "token_file" (strings; null or "" = not
- * given);
+ * the keys "address", "bundle", "trust", "local_copy_dir", "first_answer",
+ * "tls_ca", "tls_cert", "tls_key", "token", "token_file" (strings; null or
+ * "" = not given);
  * errors call a given setting by its key, one from the environment by its
  * variable. allow_bundle != 0: a bundle ("bundle", KFORGE_BUNDLE) may be
  * the source instead of a server. *settings: a JSON object with "server"
  * (the address; "" for a bundle), "bundle", "trust" (the bundle's signer's
- * public key file, KFORGE_TRUST; "" = none), "local_copy_dir", "tls"
+ * public key file, KFORGE_TRUST; "" = none), "local_copy_dir",
+ * "first_answer" ("1", "0" or "": KFORGE_FIRST_ANSWER), "tls"
  * (bool), "root_certificates", "certificate_chain", "private_key" (PEM
  * text; "" = none: with tls and no root certificates, the system's) and
  * "token" ("" = none). */

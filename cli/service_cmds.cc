@@ -318,7 +318,8 @@ int Get(const std::vector<std::string>& argv) {
       {"lookup-only", "", "fail with NOT_FOUND instead of compiling on a miss"},
       {"first-answer", "",
        "on a miss, take the module as soon as its main and combine entries are compiled "
-       "(partial; the server caches the whole module for later requests)"},
+       "(partial; the server caches the whole module for later requests) (env "
+       "KFORGE_FIRST_ANSWER=1)"},
       {"timeout", "SECONDS", "deadline for the call (0: none)", "600"},
       {"help", "", "show this help", "", 'h'}};
   flags.insert(flags.begin() + 1, KernelChoiceFlags().begin(), KernelChoiceFlags().end());
@@ -328,7 +329,7 @@ int Get(const std::vector<std::string>& argv) {
   if (args->Has("help")) {
     std::cout << "usage: kforge get [--server ADDR] (--preset NAME [--tp N] | "
                  "--spec FILE) --arch ARCH [-o DIR] [--lookup-only]\n"
-                 "                 [--first-answer]"
+                 "                 [--first-answer]\n"
                  "                 [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] "
                  "[--token-file FILE]\n\n"
                  "Fetches one kernel module from a kforge server and writes "
@@ -375,7 +376,10 @@ int Get(const std::vector<std::string>& argv) {
   *request.mutable_kernel()->mutable_spec() = variant.spec();
   request.set_arch(arch);
   request.set_lookup_only(args->Has("lookup-only"));
-  request.set_first_answer(args->Has("first-answer"));
+  // The flag, else KFORGE_FIRST_ANSWER (the clients' setting).
+  absl::StatusOr<ClientSettings> settings = ClientSettingsFromArgs(*args);
+  if (!settings.ok()) return Fail(settings.status());
+  request.set_first_answer(args->Has("first-answer") || settings->first_answer == "1");
   v1::GetKernelResponse response;
   {
     grpc::ClientContext context;

@@ -178,6 +178,7 @@ ServiceClientOptions WithSettings(const ClientSettings& settings, ServiceClientO
   options.address = settings.server;
   options.local_copy_dir = settings.local_copy_dir;
   options.security = settings.security;
+  if (!settings.first_answer.empty()) options.first_answer = settings.first_answer == "1";
   return options;
 }
 

@@ -87,7 +87,8 @@ class ServiceClient : public KernelSource {
 // settings"): `options` with its address, local copy and security taken
 // from ClientSettingsFromEnvironment(given, kServer): what `given` says,
 // else KFORGE_SERVER, KFORGE_LOCAL_COPY_DIR, KFORGE_TLS_CA, KFORGE_TLS_CERT
-// + KFORGE_TLS_KEY, KFORGE_TOKEN or KFORGE_TOKEN_FILE; the address
+// + KFORGE_TLS_KEY, KFORGE_TOKEN or KFORGE_TOKEN_FILE (and first_answer
+// from KFORGE_FIRST_ANSWER where either sets it); the address
 // defaults to kDefaultServerAddress. `options`' own address, local_copy_dir
 // and security are not read; its deadline, retries and message size are
 // kept. Errors name the setting or variable that is wrong.

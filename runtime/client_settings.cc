@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/credentials.h"
@@ -76,9 +78,31 @@ absl::Status CheckDirectory(const std::string& path, const std::string& name, bo
 
 bool GivesServerSettings(const ClientSettings& s) {
   const ChannelSecurityOptions& o = s.security;
-  return !s.server.empty() || !s.local_copy_dir.empty() || o.tls || !o.tls_ca_file.empty() ||
-         !o.tls_cert_file.empty() || !o.tls_key_file.empty() || !o.token.empty() ||
-         !o.token_file.empty();
+  return !s.server.empty() || !s.local_copy_dir.empty() || !s.first_answer.empty() || o.tls ||
+         !o.tls_ca_file.empty() || !o.tls_cert_file.empty() || !o.tls_key_file.empty() ||
+         !o.token.empty() || !o.token_file.empty();
+}
+
+// A yes / no setting as "1" or "0" ("" stays ""); InvalidArgument naming
+// it otherwise.
+absl::Status NormalizeSwitch(std::string& value, const std::string& name) {
+  if (value.empty()) return absl::OkStatus();
+  const std::string lower = absl::AsciiStrToLower(value);
+  for (const char* yes : {"1", "true", "yes", "on"}) {
+    if (lower == yes) {
+      value = "1";
+      return absl::OkStatus();
+    }
+  }
+  for (const char* no : {"0", "false", "no", "off"}) {
+    if (lower == no) {
+      value = "0";
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, ": got \"", absl::CHexEscape(value.substr(0, 64)),
+                   "\", expected 1 or 0 (true/false, yes/no, on/off)"));
 }
 
 }  // namespace
@@ -154,7 +178,8 @@ absl::StatusOr<ClientSettings> ClientSettingsFromEnvironment(const ClientSetting
     if (GivesServerSettings(given)) {
       return absl::InvalidArgumentError(
           absl::StrCat(given.names.bundle, " names a bundle, which takes no server settings (",
-                       given.names.server, ", ", given.names.local_copy_dir, ", TLS, tokens)"));
+                       given.names.server, ", ", given.names.local_copy_dir, ", ",
+                       given.names.first_answer, ", TLS, tokens)"));
     }
     return bundle_source();
   }
@@ -190,6 +215,10 @@ absl::StatusOr<ClientSettings> ClientSettingsFromEnvironment(const ClientSetting
   fill(out.server, out.names.server, kServerVar);
   if (out.server.empty()) out.server = kDefaultServerAddress;
   fill(out.local_copy_dir, out.names.local_copy_dir, kLocalCopyDirVar);
+  fill(out.first_answer, out.names.first_answer, kFirstAnswerVar);
+  if (absl::Status s = NormalizeSwitch(out.first_answer, out.names.first_answer); !s.ok()) {
+    return s;
+  }
   ChannelSecurityOptions& security = out.security;
   ChannelSecurityOptions::Names& names = security.names;
   fill(security.tls_ca_file, names.tls_ca_file, kTlsCaVar);

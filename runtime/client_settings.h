@@ -31,6 +31,9 @@ inline constexpr char kTokenFileVar[] = "KFORGE_TOKEN_FILE";
 // The Ed25519 public key a bundle must be signed with (`kforge keygen`);
 // the same variable as `kforge serve --trust`.
 inline constexpr char kTrustVar[] = "KFORGE_TRUST";
+// "1" (or "true", "yes", "on"): ask a server for first answers
+// (GetKernelRequest.first_answer); "0" ("false", "no", "off"): do not.
+inline constexpr char kFirstAnswerVar[] = "KFORGE_FIRST_ANSWER";
 
 // Where a client goes when nothing names a server: `kforge serve`'s
 // default --listen.
@@ -99,6 +102,10 @@ struct ClientSettings {
   // A directory where a server client keeps a bundle of what it fetched,
   // to run from later with no server.
   std::string local_copy_dir;
+  // Whether a server client asks for first answers: "1" / "true" / "yes" /
+  // "on" or "0" / "false" / "no" / "off" (any case); ClientSettingsFrom-
+  // Environment answers "1", "0" or "" (not given: the client's default).
+  std::string first_answer;
   ChannelSecurityOptions security;
 
   // As ChannelSecurityOptions::Names.
@@ -107,6 +114,7 @@ struct ClientSettings {
     std::string bundle = "bundle";
     std::string trust = "trust";
     std::string local_copy_dir = "local_copy_dir";
+    std::string first_answer = "first_answer";
   };
   Names names;
 };
@@ -130,7 +138,9 @@ const char* ProcessEnv(const char* name);
 //    else kDefaultServerAddress. A bundle takes no server settings: the
 //    variables below are then not read; its trust key is `given`'s, else
 //    KFORGE_TRUST's (a trust key with a server is an error).
-//  - local_copy_dir and tls_ca_file: each from its variable.
+//  - local_copy_dir, tls_ca_file and first_answer: each from its variable
+//    (first_answer, given or not, spelled as above, else InvalidArgument
+//    naming it).
 //  - the client certificate and its key from KFORGE_TLS_CERT and
 //    KFORGE_TLS_KEY, and the token from KFORGE_TOKEN or KFORGE_TOKEN_FILE,
 //    only when `given` has neither of the pair: a pair is never half given

@@ -171,6 +171,53 @@ TEST_F(ClientSettingsTest, EveryVariableIsReadAndNamesItsSetting) {
   EXPECT_EQ(s->server, "");
 }
 
+// KFORGE_FIRST_ANSWER or the given setting, spelled as a switch, comes out
+// "1" or "0"; anything else is an error naming it; the given one wins; a
+// bundle takes none.
+TEST_F(ClientSettingsTest, FirstAnswerIsASwitch) {
+  for (const auto& [value, want] : std::vector<std::pair<std::string, std::string>>{{"1", "1"},
+                                                                                    {"TRUE", "1"},
+                                                                                    {"yes", "1"},
+                                                                                    {"On", "1"},
+                                                                                    {"0", "0"},
+                                                                                    {"false", "0"},
+                                                                                    {"NO", "0"},
+                                                                                    {"off", "0"}}) {
+    env_ = {{"KFORGE_FIRST_ANSWER", value}};
+    absl::StatusOr<ClientSettings> s = FromEnv();
+    ASSERT_TRUE(s.ok()) << value << ": " << s.status();
+    EXPECT_EQ(s->first_answer, want) << value;
+    EXPECT_EQ(s->names.first_answer, "KFORGE_FIRST_ANSWER");
+  }
+  env_ = {};
+  absl::StatusOr<ClientSettings> unset = FromEnv();
+  ASSERT_TRUE(unset.ok());
+  EXPECT_EQ(unset->first_answer, "");
+  env_ = {{"KFORGE_FIRST_ANSWER", "maybe"}};
+  absl::StatusOr<ClientSettings> bad = FromEnv();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(bad.status().message(), "KFORGE_FIRST_ANSWER: got \"maybe\""))
+      << bad.status();
+  ClientSettings given;
+  given.first_answer = "0";
+  env_ = {{"KFORGE_FIRST_ANSWER", "1"}};
+  absl::StatusOr<ClientSettings> s = FromEnv(given);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->first_answer, "0");
+  given.first_answer = "2";
+  s = FromEnv(given);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.status().message(), "first_answer: got \"2\"")) << s.status();
+  TempDir bundle("kforge_settings_bundle");
+  ClientSettings to_bundle;
+  to_bundle.bundle = bundle.path().string();
+  to_bundle.first_answer = "1";
+  s = FromEnv(to_bundle, ClientSource::kServerOrBundle);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.status().message(), "takes no server settings")) << s.status();
+}
+
 TEST_F(ClientSettingsTest, EmptyVariablesAreUnset) {
   env_ = {{"KFORGE_SERVER", ""}, {"KFORGE_BUNDLE", ""},    {"KFORGE_LOCAL_COPY_DIR", ""},
           {"KFORGE_TLS_CA", ""}, {"KFORGE_TLS_CERT", ""},  {"KFORGE_TLS_KEY", ""},
@@ -489,12 +536,14 @@ TEST_F(ClientSettingsTest, TheEngineSourceFromTheEnvironment) {
     ScopedEnv env(Vars{{"KFORGE_SERVER", "127.0.0.1:1"},
                        {"KFORGE_TLS_CA", Path("ca.pem")},
                        {"KFORGE_TOKEN_FILE", TokenFile()},
-                       {"KFORGE_LOCAL_COPY_DIR", Path("engine-copy")}});
+                       {"KFORGE_LOCAL_COPY_DIR", Path("engine-copy")},
+                       {"KFORGE_FIRST_ANSWER", "yes"}});
     ServiceClientOptions tuning;
     tuning.max_attempts = 2;
     tuning.address = "ignored:9";
     absl::StatusOr<ServiceClientOptions> options = ServiceClientOptionsFromEnvironment({}, tuning);
     ASSERT_TRUE(options.ok()) << options.status();
+    EXPECT_TRUE(options->first_answer);
     EXPECT_EQ(options->address, "127.0.0.1:1");
     EXPECT_EQ(options->max_attempts, 2);
     EXPECT_EQ(options->local_copy_dir, Path("engine-copy"));

@@ -32,7 +32,7 @@ from kforge.testing import start_server, stop_server  # noqa: E402
 ARCH = "sm_90a"
 VARIABLES = ("KFORGE_SERVER", "KFORGE_BUNDLE", "KFORGE_TRUST", "KFORGE_LOCAL_COPY_DIR",
              "KFORGE_TLS_CA", "KFORGE_TLS_CERT", "KFORGE_TLS_KEY", "KFORGE_TOKEN",
-             "KFORGE_TOKEN_FILE")
+             "KFORGE_TOKEN_FILE", "KFORGE_FIRST_ANSWER")
 
 
 def openssl(*args):
@@ -131,6 +131,19 @@ class EnvironmentTest(unittest.TestCase):
         with environment(**self.secure(KFORGE_TOKEN_FILE=None, KFORGE_TOKEN=self.token)):
             with kforge.Client(max_attempts=2) as client:
                 self.fetch(client)
+
+    def test_first_answer_from_the_environment(self):
+        for value, want in (("1", True), ("on", True), ("0", False), (None, False)):
+            with environment(**self.secure(KFORGE_FIRST_ANSWER=value)):
+                with kforge.Client(max_attempts=2) as client:
+                    self.assertEqual(client.first_answer, want, value)
+        with environment(**self.secure(KFORGE_FIRST_ANSWER="1")):
+            with kforge.Client(max_attempts=2, first_answer=False) as client:
+                self.assertFalse(client.first_answer)  # an argument wins
+        with environment(**self.secure(KFORGE_FIRST_ANSWER="sometimes")):
+            with self.assertRaises(kforge.KforgeError) as cm:
+                kforge.Client(max_attempts=2)
+            self.assertIn("KFORGE_FIRST_ANSWER", str(cm.exception))
 
     def test_the_variables_are_what_the_server_sees(self):
         # Each setting is really used: without the token, or with another,
@@ -329,7 +342,7 @@ class EnvironmentTest(unittest.TestCase):
         with open(p("client.key")) as f:
             key = f.read()
         self.assertEqual(s, {"server": self.address, "bundle": "", "trust": "",
-                             "local_copy_dir": p("later"),
+                             "local_copy_dir": p("later"), "first_answer": "",
                              "tls": True, "root_certificates": ca, "certificate_chain": cert,
                              "private_key": key, "token": self.token})
         with environment(KFORGE_BUNDLE=self.tmp, KFORGE_TOKEN=self.token):

@@ -91,7 +91,9 @@ class ModuleFilesTest(unittest.TestCase):
 
     def test_images_are_read_together_and_a_missing_one_is_named(self):
         art = compiled()
-        self.assertEqual(len(art.more_cubins), 1)  # glm-5 TP8 sm_90a: two programs
+        # glm-5 TP8 sm_90a: three programs (main + main_cluster; small +
+        # cluster; combine)
+        self.assertEqual(len(art.more_cubins), 2)
         out = os.path.join(TMP, f"compiled_{ARCH}_glm-5_8")
         cubins = module_cubins(out)
         self.assertEqual([os.path.basename(c) for c in cubins], [art.module_name + ".cubin"])
@@ -102,7 +104,7 @@ class ModuleFilesTest(unittest.TestCase):
         os.makedirs(other, exist_ok=True)
         for suffix in (".cubin", ".json"):
             shutil.copy(os.path.join(out, art.module_name + suffix), other)
-        with self.assertRaisesRegex(kforge.KforgeError, r"\.cubin\.1: cubin image 1 of 2"):
+        with self.assertRaisesRegex(kforge.KforgeError, r"\.cubin\.1: cubin image 1 of 3"):
             read_artifact(os.path.join(other, art.module_name + ".cubin"))
 
 

@@ -58,7 +58,8 @@ class Client(KernelSource):
 
     What is not given comes from the environment: KFORGE_SERVER (else
     127.0.0.1:50051), KFORGE_LOCAL_COPY_DIR, KFORGE_TLS_CA, KFORGE_TLS_CERT
-    with KFORGE_TLS_KEY, KFORGE_TOKEN or KFORGE_TOKEN_FILE. That rule, its
+    with KFORGE_TLS_KEY, KFORGE_TOKEN or KFORGE_TOKEN_FILE, KFORGE_FIRST_ANSWER
+    (1 or 0). That rule, its
     checks (errors name the argument or the variable) and the reading of the
     files (regular files, size-capped) are the C++ client's
     (runtime/client_settings.h, through the C ABI).
@@ -66,7 +67,7 @@ class Client(KernelSource):
 
     def __init__(self, address=None, timeout=120.0, max_attempts=5,
                  initial_backoff=0.1, max_backoff=5.0, local_copy_dir=None, tls_ca=None,
-                 tls_cert=None, tls_key=None, token=None, token_file=None, first_answer=False):
+                 tls_cert=None, tls_key=None, token=None, token_file=None, first_answer=None):
         if max_attempts < 1:
             raise ValueError(f"max_attempts: must be >= 1, got {max_attempts}")
         if timeout <= 0 or initial_backoff < 0 or max_backoff < initial_backoff:
@@ -81,13 +82,14 @@ class Client(KernelSource):
         msgs = pb().service_pb2
         settings = _capi.client_settings({
             "address": address, "local_copy_dir": local_copy_dir, "tls_ca": tls_ca,
-            "tls_cert": tls_cert, "tls_key": tls_key, "token": token, "token_file": token_file})
+            "tls_cert": tls_cert, "tls_key": tls_key, "token": token, "token_file": token_file,
+            "first_answer": None if first_answer is None else ("1" if first_answer else "0")})
         self.address = settings["server"]
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
-        self.first_answer = bool(first_answer)
+        self.first_answer = settings.get("first_answer") == "1"
         self.rpc_calls = 0  # attempts made, for tests and metrics
         self._rng = random.Random()
         self._lock = threading.Lock()

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/absl_compat.h"
+#include "model/artifact_check.h"
 #include "model/spec.h"
 
 namespace kforge {
@@ -125,7 +126,16 @@ absl::StatusOr<const CudaKernelModule*> SparseMlaDecode::KernelFor(
       CudaKernelModule::Load(**artifact, device_);
   if (!module.ok()) return module.status();
   const CudaKernelModule* loaded = module->get();
-  modules_.emplace(variant.key(), *std::move(module));
+  const std::string key = variant.key();  // `variant` may be replaced below
+  modules_.emplace(key, *std::move(module));
+  if ((*artifact)->partial()) {
+    auto planned = std::make_unique<v1::Manifest>(*plan_manifest_);
+    for (v1::ManifestVariant& v : *planned->mutable_variants()) {
+      if (v.key() == key) v = VariantOfArtifact(**artifact);
+    }
+    plan_manifest_ = planned.get();
+    planned_manifests_.push_back(std::move(planned));
+  }
   if (max_active_clusters_.load() == 0) {
     ScopedCudaContext scope(cu_, context_);
     if (!scope.status().ok()) return scope.status();
@@ -174,32 +184,40 @@ absl::Status SparseMlaDecode::GrowWorkspace(uint64_t bytes) {
 }
 
 absl::Status SparseMlaDecode::Reserve(int max_tokens) {
-  absl::StatusOr<uint64_t> need =
-      WorkspaceBytesFor(manifest_, DeviceInfo{arch_, sm_count_}, max_tokens);
-  if (!need.ok()) return need.status();
   absl::MutexLock lock(&mu_);
+  absl::StatusOr<uint64_t> need =
+      WorkspaceBytesFor(*plan_manifest_, DeviceInfo{arch_, sm_count_}, max_tokens);
+  if (!need.ok()) return need.status();
   return GrowWorkspace(*need);
 }
 
 absl::StatusOr<Selection> SparseMlaDecode::Plan(const DecodeArgs& args) const {
-  absl::StatusOr<RuntimeShape> shape = ValidateDecodeArgs(args, manifest_);
+  absl::MutexLock lock(&mu_);
+  return PlanLocked(args);
+}
+
+absl::StatusOr<Selection> SparseMlaDecode::PlanLocked(const DecodeArgs& args) const {
+  absl::StatusOr<RuntimeShape> shape = ValidateDecodeArgs(args, *plan_manifest_);
   if (!shape.ok()) return shape.status();
-  return Select(manifest_, DeviceInfo{arch_, sm_count_, 0, max_active_clusters_.load()}, *shape);
+  return Select(*plan_manifest_, DeviceInfo{arch_, sm_count_, 0, max_active_clusters_.load()},
+                *shape);
 }
 
 absl::Status SparseMlaDecode::Run(const DecodeArgs& args, CUstream stream) {
   absl::MutexLock lock(&mu_);
   // Planned under the lock: the parameter blocks point into the workspace,
   // which a concurrent Run could otherwise grow (and free) in between.
-  absl::StatusOr<Selection> sel = Plan(args);
+  absl::StatusOr<Selection> sel = PlanLocked(args);
   if (!sel.ok()) return sel.status();
   const int clusters = max_active_clusters_.load();
+  const bool loaded = modules_.count(sel->variant->key()) != 0;
   absl::StatusOr<const CudaKernelModule*> module = KernelFor(*sel->variant);
   if (!module.ok()) return module.status();
-  if (max_active_clusters_.load() != clusters) {
+  if (max_active_clusters_.load() != clusters || !loaded) {
     // The first load of a module with a cluster entry told how many of its
-    // clusters the device runs: plan again knowing it.
-    sel = Plan(args);
+    // clusters the device runs, and a first answer plans as the module it
+    // is: plan again knowing it.
+    sel = PlanLocked(args);
     if (!sel.ok()) return sel.status();
     module = KernelFor(*sel->variant);
     if (!module.ok()) return module.status();

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -92,12 +93,21 @@ class SparseMlaDecode {
   int sm_count() const { return sm_count_; }
   CUdevice device() const { return device_; }
   CUcontext context() const { return context_; }
+  // The manifest the source answered. Run plans with it, except where a
+  // loaded kernel is a first answer (KernelArtifact.partial): that variant
+  // is planned as the module it is (VariantOfArtifact: its main and combine
+  // entries), for as long as this object lives.
   const v1::Manifest& manifest() const { return manifest_; }
   uint64_t workspace_bytes() const;
 
  private:
   SparseMlaDecode(const CudaDriver& cu, KernelSource& source) : cu_(cu), source_(source) {}
+  // Loads the kernel of `variant` once; a first answer replaces its
+  // variant in plan_manifest_ (the caller plans again: `variant` may
+  // point there).
   absl::StatusOr<const CudaKernelModule*> KernelFor(const v1::ManifestVariant& variant)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Selection> PlanLocked(const DecodeArgs& args) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status GrowWorkspace(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -113,6 +123,11 @@ class SparseMlaDecode {
   std::atomic<int> max_active_clusters_{0};
 
   mutable absl::Mutex mu_;
+  // What Run plans with: manifest_, or a copy of it with each loaded first
+  // answer's own variant in its place. Every copy is kept (one a first
+  // answer at most), so that a Selection Plan returned stays valid.
+  const v1::Manifest* plan_manifest_ ABSL_GUARDED_BY(mu_) = &manifest_;
+  std::vector<std::unique_ptr<v1::Manifest>> planned_manifests_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<CudaKernelModule>> modules_
       ABSL_GUARDED_BY(mu_);  // by cache key
   CUdeviceptr workspace_ ABSL_GUARDED_BY(mu_) = 0;

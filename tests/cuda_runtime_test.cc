@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -56,13 +57,27 @@ class CompilingSource : public KernelSource {
   absl::StatusOr<ArtifactRef> GetKernel(const v1::ManifestVariant& variant,
                                         std::string_view arch) override {
     ++kernel_calls;
-    absl::StatusOr<v1::KernelArtifact> artifact = compiler_.Compile(variant.spec(), arch);
+    absl::StatusOr<CompilePlan> plan = compiler_.Plan(variant.spec(), arch);
+    if (!plan.ok()) return plan.status();
+    // With first_answer, what a server answers a first-answer client on a
+    // miss: the module's main and combine entries (where it has more).
+    std::optional<v1::KernelArtifact> first;
+    absl::StatusOr<v1::KernelArtifact> artifact = compiler_.Build(
+        *plan, first_answer ? KernelCompiler::FirstAnswerSink(
+                                  [&first](v1::KernelArtifact a) { first = std::move(a); })
+                            : nullptr);
     if (!artifact.ok()) return artifact.status();
+    if (first.has_value()) {
+      ++first_answers;
+      return std::make_shared<const v1::KernelArtifact>(*std::move(first));
+    }
     return std::make_shared<const v1::KernelArtifact>(*std::move(artifact));
   }
 
+  bool first_answer = false;
   std::atomic<int> manifest_calls{0};
   std::atomic<int> kernel_calls{0};
+  std::atomic<int> first_answers{0};
 
  private:
   KernelCompiler compiler_;
@@ -1144,6 +1159,37 @@ TEST_F(SparseMlaDecodeGpu, MatchesTheReference) {
   EXPECT_GT(reserved, 0u);
   spec.set_s_q(1);
   RunAndCheck(d, spec, {.batch = 1, .s_q = 1, .seed = 4}, true, stream);
+  EXPECT_EQ(d.workspace_bytes(), reserved);
+}
+
+// A first answer (only the main and combine entries) runs every shape: the
+// runtime plans it as the module it is, never naming an entry it lacks,
+// and reserves for those plans.
+TEST_F(SparseMlaDecodeGpu, AFirstAnswerRunsAsTheModuleItIs) {
+  source_.first_answer = true;
+  v1::AttentionSpec spec = SmallSpec();
+  ASSERT_NO_FATAL_FAILURE(StartDecode(spec));
+  SparseMlaDecode& d = *decode_;
+  ASSERT_TRUE(d.Prefetch().ok());
+  EXPECT_EQ(source_.first_answers, 1);
+  const v1::ManifestVariant& full = FirstChoice(d.manifest());
+  ASSERT_FALSE(full.small_batch().entry().empty()) << "a module with more than a first answer";
+  for (int batch : {1, 2, 5, 200}) {
+    RunAndCheck(d, spec, {.batch = batch, .s_q = 1, .seed = static_cast<uint64_t>(20 + batch)},
+                batch < 100, stream_);
+  }
+  HostDecodeProblem problem = MakeRandomDecodeProblem(spec, {.batch = 2, .s_q = 1, .seed = 30});
+  absl::StatusOr<std::unique_ptr<DeviceDecodeProblem>> device =
+      DeviceDecodeProblem::Upload(*cu_, problem, true);
+  ASSERT_TRUE(device.ok()) << device.status();
+  absl::StatusOr<Selection> sel = d.Plan((*device)->args());
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  EXPECT_FALSE(sel->small_batch);
+  EXPECT_EQ(*sel->main_entry, full.main_entry());
+  EXPECT_EQ(source_.kernel_calls, 1);
+  ASSERT_TRUE(d.Reserve(64).ok());
+  const uint64_t reserved = d.workspace_bytes();
+  RunAndCheck(d, spec, {.batch = 3, .s_q = 1, .seed = 31}, true, stream_);
   EXPECT_EQ(d.workspace_bytes(), reserved);
 }
 

@@ -1857,6 +1857,39 @@ class PlanCacheTest(unittest.TestCase):
         self.assertEqual(plan.launch[:3], want.grid)
         return plan
 
+    def test_a_first_answer_is_planned_as_the_module_it_is(self):
+        # glm-5 TP8 sm_90a as a server's first answer: its main and combine
+        # entries only (what CheckAnswerForVariant accepts of it).
+        full = compiled()
+        partial = artifact_pb2.KernelArtifact()
+        partial.CopyFrom(full)
+        partial.partial = True
+        partial.ClearField("small_batch")
+        partial.ClearField("cluster")
+        del partial.entries[:]
+        partial.entries.extend(e for e in full.entries
+                               if e.name in (full.main_entry, full.combine_entry))
+
+        class Loaded:
+            artifact = partial
+            max_active_clusters = 0
+
+        def make_args(q, kv, idx, out, lse, topk_length, sink, scale, extra):
+            return ops.call_args(q, kv, idx, out, lse, scale, 1, None, 0,
+                                 topk_length=topk_length, sink=sink, extra=extra)
+        whole = self.launch.PlanCache(self.manifest, self.device, make_args)
+        plan, _ = whole.lookup(*self.call(batch=4), self.SCALE)
+        self.assertTrue(plan.selection.plan.small_batch)  # the module's own choice at 4
+        first = self.launch.PlanCache(self.manifest, self.device, make_args, lambda v: Loaded)
+        for batch in (1, 4, 256):
+            with self.subTest(batch=batch):
+                plan, _ = first.lookup(*self.call(batch=batch), self.SCALE)
+                self.assertEqual(plan.selection.plan.main_entry, full.main_entry)
+                self.assertFalse(plan.selection.plan.small_batch)
+                self.assertFalse(plan.selection.plan.cluster)
+        self.assertEqual(first.manifest.manifest.variants[0].small_batch.entry, "")
+        self.assertEqual(self.manifest.variants[0].small_batch.entry, "sparse_mla_decode_small")
+
     def test_hits_write_what_plan_decode_makes(self):
         for batch, lse in ((32, True), (32, False), (1, True), (256, False)):
             with self.subTest(batch=batch, lse=lse):

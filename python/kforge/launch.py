@@ -24,7 +24,7 @@ import threading
 
 from kforge import _capi
 from kforge.errors import KforgeError
-from kforge.plan import plan_decode
+from kforge.plan import ManifestRef, plan_decode
 
 # A call's pointers, in the order every tuple of pointers here has them
 # (DecodeArgs' field names; each from lse on 0 when absent); the index
@@ -156,7 +156,7 @@ class PlanCache:
     plan launches (stored as plan.kernel), or None."""
 
     def __init__(self, manifest, device, make_args, kernel_for=None, max_plans=4096):
-        self._manifest = manifest
+        self._manifest = ManifestRef(manifest)
         self._device = device
         self._make_args = make_args
         self._kernel_for = kernel_for
@@ -222,17 +222,42 @@ class PlanCache:
                 self._plans.clear()  # signatures beyond any engine's; start over
             return self._plans.setdefault(key, plan)
 
+    @property
+    def manifest(self):
+        """The manifest planned with (a ManifestRef): the decoder's, with
+        each loaded first answer's own variant in its variant's place."""
+        return self._manifest
+
     def note_kernel(self, kernel):
-        """Learns the device's cluster capacity from the first loaded kernel
-        with a cluster entry (its max_active_clusters): True when that
-        changed the device, whose plans are then dropped."""
+        """Learns from a loaded kernel: a first answer (its artifact's
+        `partial`) is planned as the module it is (its own variant, its main
+        and combine entries), and the device's cluster capacity comes from the
+        first kernel with a cluster entry (its max_active_clusters). True when
+        either changed the plans, which are then dropped."""
+        changed = self._note_first_answer(getattr(kernel, "artifact", None))
         clusters = getattr(kernel, "max_active_clusters", 0)
         if not clusters or self._device.max_active_clusters:
-            return False
+            return changed
         with self._lock:
             self._device.max_active_clusters = clusters
             self._plans.clear()
         return True
+
+    def _note_first_answer(self, artifact):
+        if artifact is None or not artifact.partial:
+            return False
+        own = _capi.manifest_for_artifact(artifact).variants[0]
+        manifest = self._manifest.manifest
+        for i, variant in enumerate(manifest.variants):
+            if variant.key == own.key and variant != own:
+                planned = type(manifest)()
+                planned.CopyFrom(manifest)
+                planned.variants[i].CopyFrom(own)
+                with self._lock:
+                    self._manifest = ManifestRef(planned)
+                    self._plans.clear()
+                return True
+        return False
 
     def _check(self, plan, args, workspace):
         """The blocks bind() writes for other pointers of the same classes

@@ -389,6 +389,7 @@ class LoadedKernel:
 
     def __init__(self, artifact, device_index, capability):
         check_arch_runs(artifact.arch, capability)
+        self.artifact = artifact  # a first answer (partial) is planned as itself
         name = artifact.module_name
         # Loaded, resolved and launched by the one module loader
         # (kforge._module: the C++ KernelModule through the C ABI, every
@@ -619,7 +620,7 @@ class SparseMlaDecoder:
         shape = Shape(batch=batch, s_q=s_q, num_q_heads=self.spec.num_q_heads,
                       topk=self.spec.topk, page_block_size=self.spec.page_block_size,
                       kv_dtype=self.spec.kv_cache_dtype)
-        return select(self._manifest, self._device, shape)
+        return select(self._plans.manifest, self._device, shape)
 
     def prefetch(self):
         """Fetches and loads every variant's kernel (engine start), so that no

@@ -200,14 +200,12 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 std::vector<size_t> FirstAnswerPrograms(const CompilePlan& plan) {
   const v1::ManifestVariant variant = VariantOfPlan(plan);
-  const std::string* wanted[] = {&variant.main_entry(), &variant.combine_entry(),
-                                 &variant.indexer().logits_entry(),
-                                 &variant.indexer().topk_entry()};
+  const std::vector<const std::string*> wanted = FirstAnswerEntries(variant);
   std::vector<size_t> first;
   for (size_t i = 0; i < plan.programs.size(); ++i) {
     const std::vector<std::string>& in = plan.programs[i].entries;
-    const bool holds = std::any_of(std::begin(wanted), std::end(wanted), [&](const std::string* w) {
-      return !w->empty() && std::find(in.begin(), in.end(), *w) != in.end();
+    const bool holds = std::any_of(wanted.begin(), wanted.end(), [&](const std::string* w) {
+      return std::find(in.begin(), in.end(), *w) != in.end();
     });
     if (holds) first.push_back(i);
   }

@@ -80,10 +80,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!kforge::CheckAnswerForVariant(variant, kClientArch, artifact, true).ok()) return 0;
   Check(artifact.partial() || kforge::CheckArtifactForVariant(variant, kClientArch, artifact).ok(),
         "accepted a whole module as a first answer that the whole-module check refuses");
-  for (const std::string* required :
-       {&variant.main_entry(), &variant.combine_entry(), &variant.indexer().logits_entry(),
-        &variant.indexer().topk_entry()}) {
-    Check(required->empty() || Exports(artifact.cubin_info(), *required),
+  for (const std::string* required : kforge::FirstAnswerEntries(variant)) {
+    Check(Exports(artifact.cubin_info(), *required),
           absl::StrCat("accepted an answer without the variant's entry ", *required));
   }
   for (const kforge::v1::KernelEntry& e : artifact.entries()) {

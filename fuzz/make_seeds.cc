@@ -175,10 +175,12 @@ int main(int argc, char** argv) {
   // others serve (FirstAnswerVariant).
   {
     kforge::v1::KernelArtifact partial = artifact;
+    const std::vector<const std::string*> wanted = kforge::FirstAnswerEntries(variant);
     std::vector<uint32_t> keep;
     for (const kforge::v1::KernelResources& k : artifact.cubin_info().kernels()) {
-      if ((k.name() == artifact.main_entry() || k.name() == artifact.combine_entry()) &&
-          std::find(keep.begin(), keep.end(), k.image()) == keep.end()) {
+      const bool held = std::any_of(wanted.begin(), wanted.end(),
+                                    [&](const std::string* w) { return *w == k.name(); });
+      if (held && std::find(keep.begin(), keep.end(), k.image()) == keep.end()) {
         keep.push_back(k.image());
       }
     }

@@ -35,16 +35,30 @@ absl::Status Mismatch(const v1::ManifestVariant& variant, std::string_view field
                                           AsAbsl(got), "\""));
 }
 
-// The entries the artifact's launch fields name (sparse MLA's main,
-// combine and optional main entries; the indexer's), those that are set.
-std::vector<const std::string*> NamedEntries(const v1::KernelArtifact& artifact) {
-  std::vector<const std::string*> named;
+// The entries every answer holds, of an artifact or a variant (the same
+// launch fields): sparse MLA's main and combine, the indexer's logits and
+// top-k, those that are set.
+template <typename Launch>
+std::vector<const std::string*> RequiredEntries(const Launch& launch) {
+  std::vector<const std::string*> required;
   for (const std::string* name :
-       {&artifact.main_entry(), &artifact.combine_entry(), &artifact.indexer().logits_entry(),
-        &artifact.indexer().topk_entry(), &artifact.indexer().topk_cluster().entry()}) {
-    if (!name->empty()) named.push_back(name);
+       {&launch.main_entry(), &launch.combine_entry(), &launch.indexer().logits_entry(),
+        &launch.indexer().topk_entry()}) {
+    if (!name->empty()) required.push_back(name);
   }
-  for (const std::string* main : OptionalMainEntries(artifact.small_batch(), artifact.cluster())) {
+  return required;
+}
+
+// The entries the launch fields name: the required ones, the optional main
+// entries and the indexer's cluster top-k, those that are set.
+template <typename Launch>
+std::vector<const std::string*> NamedEntries(const Launch& launch) {
+  std::vector<const std::string*> named = RequiredEntries(launch);
+  if (const std::string& topk_cluster = launch.indexer().topk_cluster().entry();
+      !topk_cluster.empty()) {
+    named.push_back(&topk_cluster);
+  }
+  for (const std::string* main : OptionalMainEntries(launch.small_batch(), launch.cluster())) {
     named.push_back(main);
   }
   return named;
@@ -345,22 +359,19 @@ v1::ManifestVariant FirstAnswerVariant(const v1::ManifestVariant& variant,
     out.mutable_indexer()->clear_topk_cluster();
   }
   // The list keeps the entries the trimmed launch still names.
-  const std::vector<const std::string*> kept_main =
-      OptionalMainEntries(out.small_batch(), out.cluster());
-  auto named = [&](const std::string& name) {
-    for (const std::string* n :
-         {&out.main_entry(), &out.combine_entry(), &out.indexer().logits_entry(),
-          &out.indexer().topk_entry(), &out.indexer().topk_cluster().entry()}) {
-      if (!n->empty() && *n == name) return true;
-    }
-    return std::any_of(kept_main.begin(), kept_main.end(),
-                       [&](const std::string* n) { return *n == name; });
-  };
+  const std::vector<const std::string*> named = NamedEntries(out);
   out.clear_entries();
   for (const v1::KernelEntry& entry : variant.entries()) {
-    if (named(entry.name())) *out.add_entries() = entry;
+    if (std::any_of(named.begin(), named.end(),
+                    [&](const std::string* n) { return *n == entry.name(); })) {
+      *out.add_entries() = entry;
+    }
   }
   return out;
+}
+
+std::vector<const std::string*> FirstAnswerEntries(const v1::ManifestVariant& variant) {
+  return RequiredEntries(variant);
 }
 
 v1::ManifestVariant VariantOfArtifact(const v1::KernelArtifact& artifact) {

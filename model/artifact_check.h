@@ -51,13 +51,17 @@ uint64_t CubinBytes(const v1::KernelArtifact& artifact);
 // inspected image's), or null.
 const v1::KernelResources* FindKernel(const v1::CubinInfo& info, std::string_view name);
 
+// The entries every first answer of `variant` holds (and so does the whole
+// module): the main and combine entries, an indexer's logits and top-k,
+// those that are set. Pointers into `variant`.
+std::vector<const std::string*> FirstAnswerEntries(const v1::ManifestVariant& variant);
+
 // What a first answer (KernelArtifact.partial) of `variant` is when it holds
 // only the entries in `present`: `variant` less the optional paths whose
 // entry is not there (the small-batch path, or only its cluster entry; the
 // throughput cluster entry and wide entry; an indexer's cluster top-k) and
-// less those entries in its list. The main and combine entries (an
-// indexer's logits and top-k) are never dropped: an answer without them
-// fails the check below. The one rule for what a first answer launches:
+// less those entries in its list. FirstAnswerEntries are never dropped:
+// an answer without them fails the check below. The one rule for what a first answer launches:
 // the compiler builds it and clients check it with it.
 v1::ManifestVariant FirstAnswerVariant(const v1::ManifestVariant& variant,
                                        const std::vector<std::string>& present);

@@ -210,10 +210,10 @@ absl::Status SparseMlaDecode::Run(const DecodeArgs& args, CUstream stream) {
   absl::StatusOr<Selection> sel = PlanLocked(args);
   if (!sel.ok()) return sel.status();
   const int clusters = max_active_clusters_.load();
-  const bool loaded = modules_.count(sel->variant->key()) != 0;
+  const v1::Manifest* planned = plan_manifest_;
   absl::StatusOr<const CudaKernelModule*> module = KernelFor(*sel->variant);
   if (!module.ok()) return module.status();
-  if (max_active_clusters_.load() != clusters || !loaded) {
+  if (max_active_clusters_.load() != clusters || plan_manifest_ != planned) {
     // The first load of a module with a cluster entry told how many of its
     // clusters the device runs, and a first answer plans as the module it
     // is: plan again knowing it.

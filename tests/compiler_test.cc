@@ -38,6 +38,16 @@ v1::AttentionSpec Glm5Tp8() {
   return spec.ok() ? *spec : v1::AttentionSpec();
 }
 
+// deepseek-v3.2 at `tp` with a pow2-scaled fp8_ds_mla cache.
+v1::KernelSpec DeepseekFp8(int tp) {
+  absl::StatusOr<v1::AttentionSpec> spec = SpecFromPreset("deepseek-v3.2", tp);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  if (!spec.ok()) return v1::KernelSpec();
+  spec->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
+  spec->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
+  return KernelSpecOf(*spec);
+}
+
 CompilePlan MustPlan(const v1::AttentionSpec& spec, const std::string& arch,
                      const PlanOptions& options = {}) {
   absl::StatusOr<CompilePlan> plan = KernelCompiler().Plan(KernelSpecOf(spec), arch, options);
@@ -288,13 +298,9 @@ std::map<std::string, std::string> EntryCode(const std::vector<std::string>& ima
 // tilings (sm_120a) and an indexer.
 TEST(KernelCompilerBuild, ProgramsKeepEveryEntrysMachineCode) {
   const KernelCompiler compiler;
-  absl::StatusOr<v1::AttentionSpec> ds_tp2 = SpecFromPreset("deepseek-v3.2", 2);
-  ASSERT_TRUE(ds_tp2.ok());
-  ds_tp2->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
-  ds_tp2->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
   const v1::KernelSpec indexer = testing::Indexer64Spec();
   const std::vector<std::pair<v1::KernelSpec, std::string>> modules = {
-      {KernelSpecOf(*ds_tp2), "sm_90a"},
+      {DeepseekFp8(2), "sm_90a"},
       {KernelSpecOf(Glm5Tp8()), "sm_90a"},
       {KernelSpecOf(Glm5Tp8()), "sm_120a"},
       {indexer, "sm_90a"}};
@@ -341,12 +347,8 @@ TEST(KernelCompilerBuild, ProgramsKeepEveryEntrysMachineCode) {
 // lacks; clients take it only when they asked for one.
 TEST(KernelCompilerBuild, FirstAnswerIsTheWholeModulesMainAndCombineImages) {
   const KernelCompiler compiler;
-  absl::StatusOr<v1::AttentionSpec> ds_tp1 = SpecFromPreset("deepseek-v3.2", 1);
-  ASSERT_TRUE(ds_tp1.ok());
-  ds_tp1->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_DS_MLA);
-  ds_tp1->set_kv_scale_format(v1::KV_SCALE_FORMAT_POW2);
   const v1::KernelSpec indexer = testing::Indexer64Spec();
-  for (const v1::KernelSpec& spec : {KernelSpecOf(*ds_tp1), indexer}) {
+  for (const v1::KernelSpec& spec : {DeepseekFp8(1), indexer}) {
     absl::StatusOr<CompilePlan> plan = compiler.Plan(spec, "sm_90a");
     ASSERT_TRUE(plan.ok()) << plan.status();
     const std::string& where = plan->module_name;

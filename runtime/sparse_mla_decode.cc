@@ -99,8 +99,10 @@ SparseMlaDecode::~SparseMlaDecode() {
       // Kernels enqueued by Run may still read the workspace.
       (void)cu_.CtxSynchronize();
       if (workspace_ != 0) (void)cu_.MemFree(workspace_);
+      for (CUdeviceptr w : retired_workspaces_) (void)cu_.MemFree(w);
     }
     modules_.clear();
+    retired_modules_.clear();
   }
   (void)cu_.DevicePrimaryCtxRelease(device_);
 }
@@ -129,12 +131,8 @@ absl::StatusOr<const CudaKernelModule*> SparseMlaDecode::KernelFor(
   const std::string key = variant.key();  // `variant` may be replaced below
   modules_.emplace(key, *std::move(module));
   if ((*artifact)->partial()) {
-    auto planned = std::make_unique<v1::Manifest>(*plan_manifest_);
-    for (v1::ManifestVariant& v : *planned->mutable_variants()) {
-      if (v.key() == key) v = VariantOfArtifact(**artifact);
-    }
-    plan_manifest_ = planned.get();
-    planned_manifests_.push_back(std::move(planned));
+    first_answers_.push_back(key);
+    ReplanVariant(VariantOfArtifact(**artifact));
   }
   if (max_active_clusters_.load() == 0) {
     ScopedCudaContext scope(cu_, context_);
@@ -144,6 +142,55 @@ absl::StatusOr<const CudaKernelModule*> SparseMlaDecode::KernelFor(
     max_active_clusters_.store(*clusters);
   }
   return loaded;
+}
+
+void SparseMlaDecode::ReplanVariant(const v1::ManifestVariant& variant) {
+  auto planned = std::make_unique<v1::Manifest>(*plan_manifest_);
+  for (v1::ManifestVariant& v : *planned->mutable_variants()) {
+    if (v.key() == variant.key()) v = variant;
+  }
+  plan_manifest_ = planned.get();
+  planned_manifests_.push_back(std::move(planned));
+}
+
+bool SparseMlaDecode::HoldsFirstAnswer() const {
+  absl::MutexLock lock(&mu_);
+  return !first_answers_.empty();
+}
+
+absl::StatusOr<int> SparseMlaDecode::Refresh() {
+  absl::MutexLock lock(&mu_);
+  int replaced = 0;
+  for (const v1::ManifestVariant& variant : manifest_.variants()) {
+    auto held = std::find(first_answers_.begin(), first_answers_.end(), variant.key());
+    if (held == first_answers_.end()) continue;
+    absl::StatusOr<ArtifactRef> artifact = source_.GetKernel(variant, arch_);
+    if (!artifact.ok()) {
+      return WithContext(artifact.status(),
+                         absl::StrCat("fetching kernel ", variant.module_name()));
+    }
+    if ((*artifact)->partial()) continue;  // the server is still compiling the rest
+    if ((*artifact)->key() != variant.key()) {
+      return absl::DataLossError(absl::StrCat("asked for kernel ", variant.key(),
+                                              ", the source answered with ", (*artifact)->key()));
+    }
+    absl::StatusOr<std::unique_ptr<CudaKernelModule>> module =
+        CudaKernelModule::Load(**artifact, device_);
+    if (!module.ok()) return module.status();
+    std::unique_ptr<CudaKernelModule>& slot = modules_[variant.key()];
+    retired_modules_.push_back(std::move(slot));
+    slot = *std::move(module);
+    first_answers_.erase(held);
+    ReplanVariant(variant);
+    ++replaced;
+  }
+  if (replaced > 0 && reserved_tokens_ > 0) {
+    absl::StatusOr<uint64_t> need =
+        WorkspaceBytesFor(*plan_manifest_, DeviceInfo{arch_, sm_count_}, reserved_tokens_);
+    if (!need.ok()) return need.status();
+    if (absl::Status s = GrowWorkspace(*need, /*keep_old=*/true); !s.ok()) return s;
+  }
+  return replaced;
 }
 
 absl::Status SparseMlaDecode::Prefetch() {
@@ -156,11 +203,15 @@ absl::Status SparseMlaDecode::Prefetch() {
   return absl::OkStatus();
 }
 
-absl::Status SparseMlaDecode::GrowWorkspace(uint64_t bytes) {
+absl::Status SparseMlaDecode::GrowWorkspace(uint64_t bytes, bool keep_old) {
   if (bytes <= workspace_bytes_) return absl::OkStatus();
   ScopedCudaContext scope(cu_, context_);
   if (!scope.status().ok()) return scope.status();
-  if (workspace_ != 0) {
+  if (workspace_ != 0 && keep_old) {
+    retired_workspaces_.push_back(workspace_);
+    workspace_ = 0;
+    workspace_bytes_ = 0;
+  } else if (workspace_ != 0) {
     // Launches already enqueued (on any stream) may still use the old
     // buffer; it is freed only once they are done.
     if (absl::Status s = cu_.Check(cu_.CtxSynchronize(), "cuCtxSynchronize"); !s.ok()) {
@@ -188,6 +239,7 @@ absl::Status SparseMlaDecode::Reserve(int max_tokens) {
   absl::StatusOr<uint64_t> need =
       WorkspaceBytesFor(*plan_manifest_, DeviceInfo{arch_, sm_count_}, max_tokens);
   if (!need.ok()) return need.status();
+  reserved_tokens_ = std::max(reserved_tokens_, max_tokens);
   return GrowWorkspace(*need);
 }
 

@@ -80,6 +80,24 @@ class SparseMlaDecode {
   // query tokens, with any variant.
   absl::Status Reserve(int max_tokens);
 
+  // Whether a loaded kernel is a first answer (KernelArtifact.partial: the
+  // module's main and combine entries, from a source asked for first
+  // answers on a server's miss), planned as the module it is until
+  // Refresh replaces it.
+  bool HoldsFirstAnswer() const;
+
+  // Asks the source again for each kernel loaded as a first answer; where
+  // it answers with the whole module, loads that in its place and plans
+  // later Runs with the manifest's variant (the small-batch and cluster
+  // entries the first answer lacked). Call it outside stream capture
+  // (loading a module there breaks the capture), e.g. between decode
+  // steps until HoldsFirstAnswer() is false. Graphs captured before stay
+  // valid: the replaced modules stay loaded, and where the whole module
+  // needs more workspace for Reserve's max_tokens a new buffer is
+  // allocated beside the old one, which is kept. Returns how many were
+  // replaced.
+  absl::StatusOr<int> Refresh();
+
   // Validates, selects, loads the kernel on first use and enqueues the main
   // kernel and, when the top-k range is split, the combine kernel on
   // `stream`. Returns once enqueued; errors from the kernels themselves
@@ -96,7 +114,7 @@ class SparseMlaDecode {
   // The manifest the source answered. Run plans with it, except where a
   // loaded kernel is a first answer (KernelArtifact.partial): that variant
   // is planned as the module it is (VariantOfArtifact: its main and combine
-  // entries), for as long as this object lives.
+  // entries) until Refresh replaces it with the whole module.
   const v1::Manifest& manifest() const { return manifest_; }
   uint64_t workspace_bytes() const;
 
@@ -109,7 +127,9 @@ class SparseMlaDecode {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Selection> PlanLocked(const DecodeArgs& args) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status GrowWorkspace(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // keep_old: the old buffer is kept (retired_workspaces_), not freed.
+  absl::Status GrowWorkspace(uint64_t bytes, bool keep_old = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CudaDriver& cu_;
   KernelSource& source_;
@@ -125,11 +145,21 @@ class SparseMlaDecode {
   mutable absl::Mutex mu_;
   // What Run plans with: manifest_, or a copy of it with each loaded first
   // answer's own variant in its place. Every copy is kept (one a first
-  // answer at most), so that a Selection Plan returned stays valid.
+  // answer loaded or replaced at most), so that a Selection Plan returned
+  // stays valid.
   const v1::Manifest* plan_manifest_ ABSL_GUARDED_BY(mu_) = &manifest_;
   std::vector<std::unique_ptr<v1::Manifest>> planned_manifests_ ABSL_GUARDED_BY(mu_);
+  // Plans with `variant` in place of the variant of its key (a copy of
+  // plan_manifest_, kept).
+  void ReplanVariant(const v1::ManifestVariant& variant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, std::unique_ptr<CudaKernelModule>> modules_
-      ABSL_GUARDED_BY(mu_);  // by cache key
+      ABSL_GUARDED_BY(mu_);                                      // by cache key
+  std::vector<std::string> first_answers_ ABSL_GUARDED_BY(mu_);  // keys loaded as one
+  // First answers Refresh replaced, and workspaces it outgrew: graphs
+  // captured before may still launch them, so both live as long as this.
+  std::vector<std::unique_ptr<CudaKernelModule>> retired_modules_ ABSL_GUARDED_BY(mu_);
+  std::vector<CUdeviceptr> retired_workspaces_ ABSL_GUARDED_BY(mu_);
+  int reserved_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // Reserve's largest max_tokens
   CUdeviceptr workspace_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t workspace_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -1191,6 +1191,35 @@ TEST_F(SparseMlaDecodeGpu, AFirstAnswerRunsAsTheModuleItIs) {
   const uint64_t reserved = d.workspace_bytes();
   RunAndCheck(d, spec, {.batch = 3, .s_q = 1, .seed = 31}, true, stream_);
   EXPECT_EQ(d.workspace_bytes(), reserved);
+
+  // A source still answering first answers: nothing replaced.
+  EXPECT_TRUE(d.HoldsFirstAnswer());
+  absl::StatusOr<int> replaced = d.Refresh();
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_EQ(*replaced, 0);
+  EXPECT_TRUE(d.HoldsFirstAnswer());
+  // Once it has the whole module: loaded in the first answer's place and
+  // planned as the manifest has it (its small-batch entry at 2 tokens),
+  // with the workspace Reserve asked for; a second Refresh asks nothing.
+  source_.first_answer = false;
+  replaced = d.Refresh();
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_EQ(*replaced, 1);
+  EXPECT_FALSE(d.HoldsFirstAnswer());
+  const int calls = source_.kernel_calls;
+  replaced = d.Refresh();
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_EQ(*replaced, 0);
+  EXPECT_EQ(source_.kernel_calls, calls);
+  sel = d.Plan((*device)->args());
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  EXPECT_TRUE(sel->small_batch);
+  const uint64_t whole = d.workspace_bytes();
+  for (int batch : {1, 2, 5, 64}) {
+    RunAndCheck(d, spec, {.batch = batch, .s_q = 1, .seed = static_cast<uint64_t>(40 + batch)},
+                true, stream_);
+  }
+  EXPECT_EQ(d.workspace_bytes(), whole);  // Refresh sized it for Reserve's 64 tokens
 }
 
 // Per-token and per-request top-k lengths and an attention sink, through

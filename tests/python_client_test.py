@@ -1890,6 +1890,22 @@ class PlanCacheTest(unittest.TestCase):
         self.assertEqual(first.manifest.manifest.variants[0].small_batch.entry, "")
         self.assertEqual(self.manifest.variants[0].small_batch.entry, "sparse_mla_decode_small")
 
+        # The whole module in the first answer's place (SparseMlaDecoder.
+        # refresh): planned as the decoder's manifest has it again, the
+        # first answer's plans dropped.
+        class Whole:
+            artifact = full
+            max_active_clusters = 0
+
+        self.assertTrue(first.note_kernel(Whole))
+        self.assertEqual(len(first), 0)
+        self.assertEqual(first.manifest.manifest, self.manifest)
+        self.assertFalse(first.note_kernel(Whole))  # nothing left to change
+        first._kernel_for = lambda v: Whole
+        plan, _ = first.lookup(*self.call(batch=4), self.SCALE)
+        self.assertTrue(plan.selection.plan.small_batch)
+        self.assertIs(plan.kernel, Whole)
+
     def test_hits_write_what_plan_decode_makes(self):
         for batch, lse in ((32, True), (32, False), (1, True), (256, False)):
             with self.subTest(batch=batch, lse=lse):

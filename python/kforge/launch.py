@@ -157,6 +157,7 @@ class PlanCache:
 
     def __init__(self, manifest, device, make_args, kernel_for=None, max_plans=4096):
         self._manifest = ManifestRef(manifest)
+        self._given = self._manifest.manifest  # the decoder's: a whole module planned as given
         self._device = device
         self._make_args = make_args
         self._kernel_for = kernel_for
@@ -231,10 +232,12 @@ class PlanCache:
     def note_kernel(self, kernel):
         """Learns from a loaded kernel: a first answer (its artifact's
         `partial`) is planned as the module it is (its own variant, its main
-        and combine entries), and the device's cluster capacity comes from the
-        first kernel with a cluster entry (its max_active_clusters). True when
-        either changed the plans, which are then dropped."""
-        changed = self._note_first_answer(getattr(kernel, "artifact", None))
+        and combine entries), a whole module that replaced one as the
+        decoder's manifest has it, and the device's cluster capacity comes
+        from the first kernel with a cluster entry (its
+        max_active_clusters). True when any of these changed the plans,
+        which are then dropped."""
+        changed = self._note_variant(getattr(kernel, "artifact", None))
         clusters = getattr(kernel, "max_active_clusters", 0)
         if not clusters or self._device.max_active_clusters:
             return changed
@@ -243,10 +246,15 @@ class PlanCache:
             self._plans.clear()
         return True
 
-    def _note_first_answer(self, artifact):
-        if artifact is None or not artifact.partial:
+    def _note_variant(self, artifact):
+        if artifact is None:
             return False
-        own = _capi.manifest_for_artifact(artifact).variants[0]
+        if artifact.partial:
+            own = _capi.manifest_for_artifact(artifact).variants[0]
+        else:
+            own = next((v for v in self._given.variants if v.key == artifact.key), None)
+            if own is None:
+                return False
         manifest = self._manifest.manifest
         for i, variant in enumerate(manifest.variants):
             if variant.key == own.key and variant != own:

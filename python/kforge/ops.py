@@ -43,6 +43,8 @@ Python torch.compile does not trace).
 import collections
 import math
 import threading
+import time
+import warnings
 
 from kforge import _capi, _module
 from kforge.bundle import Bundle, first_choice
@@ -569,6 +571,14 @@ def call_args(q, kv_cache, indices, out, lse, softmax_scale, kv_dtype, kv_row_by
                        extra_kv_dtype=extra_kv_dtype, extra_row_bytes=extra_row_bytes)
 
 
+# A decoder holding a first answer asks for the whole module this long
+# after loading it, then twice as long after each ask that still finds a
+# first answer (a server compiling the rest takes a few seconds), up to
+# REFRESH_MAX_WAIT.
+REFRESH_FIRST_WAIT = 1.0
+REFRESH_MAX_WAIT = 60.0
+
+
 class SparseMlaDecoder:
     """Sparse MLA decode for one model (preset + tp, or spec) on one GPU.
 
@@ -600,6 +610,12 @@ class SparseMlaDecoder:
         self._extra_kv_dtype = (int(self.spec.extra_kv.kv_cache_dtype)
                                 if self.spec.HasField("extra_kv") else 0)
         self._kernels = {}
+        self._retired = []  # first answers refresh() replaced: graphs may still launch them
+        # While a first answer is loaded: when run() next calls refresh()
+        # (time.monotonic()), and the wait after that one.
+        self._refresh_at = None
+        self._refresh_wait = REFRESH_FIRST_WAIT
+        self._refresh_lock = threading.Lock()
         self._lock = threading.Lock()
         # Plain values for the per-call path (and for torch.compile to read).
         self._d_v = (int(self.spec.kv_lora_rank),)
@@ -630,14 +646,75 @@ class SparseMlaDecoder:
             self._plans.note_kernel(self._kernel(variant))
         return len(self.manifest.variants)
 
+    def holds_first_answer(self):
+        """Whether a kernel this decoder loaded is a first answer (the
+        module's main and combine entries only, KernelArtifact.partial: a
+        source asked with first_answer, on a server's miss). It is planned
+        as the module it is, correct for every shape but without the
+        small-batch and cluster entries, until refresh() replaces it."""
+        with self._lock:
+            return any(k.artifact.partial for k in self._kernels.values())
+
+    def refresh(self):
+        """Asks the source again for each kernel this decoder loaded as a
+        first answer; where it now has the whole module, loads it in the
+        first answer's place and plans later calls with it. run() calls it
+        by itself (REFRESH_FIRST_WAIT after the load, then less and less
+        often, never inside CUDA-graph capture, where a module load breaks
+        the capture); an engine may call it at a moment of its choosing.
+        Kernels replaced stay loaded, so graphs captured with them still
+        replay. Returns the number replaced."""
+        with self._lock:
+            held = [k for k in self._kernels.values() if k.artifact.partial]
+        replaced = 0
+        for old in held:
+            variant = next(v for v in self.manifest.variants if v.key == old.artifact.key)
+            artifact = self.source.get_kernel(variant, self.arch)
+            if artifact.partial:
+                continue  # the server is still compiling the rest
+            kernel = self._load(artifact)
+            with self._lock:
+                self._retired.append(old)
+                self._kernels[variant.key] = kernel
+            self._plans.note_kernel(kernel)
+            replaced += 1
+        return replaced
+
+    def _load(self, artifact):
+        with self._torch.cuda.device(self.device):
+            self._torch.zeros(1, device=self.device)  # torch's context is current
+            kernel = LoadedKernel(artifact, self.device.index, self.capability)
+        if artifact.partial and self._refresh_at is None:
+            self._refresh_at = time.monotonic() + self._refresh_wait
+        return kernel
+
+    def _refresh_due(self):
+        """run()'s refresh of a first answer, when due: never inside CUDA-graph
+        capture (tried again at the next call), and a source that fails is
+        tried again later, with a warning, while the first answer runs."""
+        if self._torch.cuda.is_current_stream_capturing():
+            return
+        if not self._refresh_lock.acquire(blocking=False):
+            return  # another thread's call is at it
+        try:
+            try:
+                self.refresh()
+            except KforgeError as e:
+                warnings.warn(f"kforge: the whole module could not be fetched yet, the first "
+                              f"answer runs meanwhile: {e}", RuntimeWarning, stacklevel=3)
+            if self.holds_first_answer():
+                self._refresh_wait = min(2 * self._refresh_wait, REFRESH_MAX_WAIT)
+                self._refresh_at = time.monotonic() + self._refresh_wait
+            else:
+                self._refresh_at = None
+        finally:
+            self._refresh_lock.release()
+
     def _kernel(self, variant):
         with self._lock:
             kernel = self._kernels.get(variant.key)
         if kernel is None:
-            artifact = self.source.get_kernel(variant, self.arch)
-            with self._torch.cuda.device(self.device):
-                self._torch.zeros(1, device=self.device)  # torch's context is current
-                kernel = LoadedKernel(artifact, self.device.index, self.capability)
+            kernel = self._load(self.source.get_kernel(variant, self.arch))
             with self._lock:
                 kernel = self._kernels.setdefault(variant.key, kernel)
         return kernel
@@ -683,6 +760,8 @@ class SparseMlaDecoder:
         cache's tensors optional inputs (None: absent). The split-K
         workspace comes from torch's caching allocator on that stream.
         Returns the BoundPlan."""
+        if self._refresh_at is not None and time.monotonic() >= self._refresh_at:
+            self._refresh_due()
         extra = None
         if extra_kv_cache is not None or extra_indices is not None or \
                 extra_topk_length is not None:

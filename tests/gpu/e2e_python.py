@@ -27,6 +27,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # KFORGE_E2E_INSTALLED=1: the kforge package pip installed (the wheel,
@@ -132,8 +133,20 @@ def run_case(torch, kforge, reference, gen, preset, tp, batch, explicit):
         problems.append("out= was not the tensor returned")
     again, again_lse = explicit(q, kv, idx, return_lse=True)
     torch.cuda.synchronize()
-    if not (torch.equal(again, out) and torch.equal(again_lse, lse)):
-        problems.append("SparseMlaDecoder differs from sparse_mla_decode")
+    if explicit.selection(batch, 1) == decoder.selection(batch, 1):
+        if not (torch.equal(again, out) and torch.equal(again_lse, lse)):
+            problems.append("SparseMlaDecoder differs from sparse_mla_decode")
+    else:
+        # Only where one of the two decoders holds a first answer
+        # (KFORGE_FIRST_ANSWER=1: it plans without the entries the answer
+        # lacks, for its life) do they run different kernels, whose bits
+        # may differ: each is checked against the reference instead.
+        if not any(d.holds_first_answer() for d in (explicit, decoder)):
+            problems.append(f"the two decoders chose {explicit.selection(batch, 1)} and "
+                            f"{decoder.selection(batch, 1)} with no first answer")
+        _, _, again_problems = compare(torch, reference, q, kv, idx, again, again_lse,
+                                       spec.softmax_scale, d_v)
+        problems += [f"SparseMlaDecoder: {p}" for p in again_problems]
     return dict(model=f"{preset} tp{tp}", heads=spec.num_q_heads, batch=batch, splits=splits,
                 out_err=out_err, lse_err=lse_err, problems=problems)
 
@@ -202,6 +215,42 @@ def graph_case(torch, kforge, reference, gen, decoder, preset, tp, batch):
     host_us = (time.perf_counter() - start) / calls * 1e6
     torch.cuda.synchronize()
     return problems, host_us
+
+
+def refresh_case(torch, kforge, reference, gen, source):
+    """A first answer replaced by the whole module (KFORGE_FIRST_ANSWER=1
+    only): a decoder of a module the server has not compiled yet loads a
+    first answer, runs with it, and swaps in the whole module by itself
+    (SparseMlaDecoder.refresh from run()) once the server has it. None when
+    the source takes whole modules only, else the problems."""
+    if not getattr(source, "first_answer", False):
+        return None
+    preset, tp, batch = "deepseek-v3.2", 2, 1  # a module no other case asks for
+    decoder = kforge.SparseMlaDecoder(source, preset=preset, tp=tp)
+    decoder.prefetch()
+    problems = []
+    if not decoder.holds_first_answer():
+        problems.append("a cold server's module did not come as a first answer")
+    spec = decoder.spec
+    waited, start = 0.0, time.monotonic()
+    while True:
+        q, kv, idx = make_inputs(torch, gen, batch, spec.num_q_heads, spec, four_dim=False)
+        out, lse = decoder(q, kv, idx, return_lse=True)
+        torch.cuda.synchronize()
+        _, _, found = compare(torch, reference, q, kv, idx, out, lse, spec.softmax_scale,
+                              spec.kv_lora_rank)
+        problems += found
+        waited = time.monotonic() - start
+        if not decoder.holds_first_answer() or waited > 90 or found:
+            break
+        time.sleep(0.25)
+    if decoder.holds_first_answer():
+        problems.append(f"still a first answer after {waited:.0f} s")
+    elif not decoder.selection(batch, 1).plan.small_batch:
+        problems.append("the whole module's small-batch entry is not planned")
+    print(f"{preset} tp{tp} first answer then the whole module after {waited:.1f} s: "
+          f"{'FAIL: ' + '; '.join(problems) if problems else 'ok'}", flush=True)
+    return problems
 
 
 def report(r):
@@ -322,8 +371,10 @@ def main():
             for batch in (1, 32):
                 r = fp8_case(torch, kforge, reference, gen, source, preset, tp, batch)
                 failures += report(r)
+        refreshed = refresh_case(torch, kforge, reference, gen, source)
+        failures += bool(refreshed)
     total = (len(CASES) * len(BATCHES) + sum(tp == 8 for _, tp in CASES)  # + graph cases
-             + 2 * len(FP8_CASES))
+             + 2 * len(FP8_CASES) + (refreshed is not None))
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 

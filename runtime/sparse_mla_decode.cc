@@ -112,10 +112,7 @@ uint64_t SparseMlaDecode::workspace_bytes() const {
   return workspace_bytes_;
 }
 
-absl::StatusOr<const CudaKernelModule*> SparseMlaDecode::KernelFor(
-    const v1::ManifestVariant& variant) {
-  auto it = modules_.find(variant.key());
-  if (it != modules_.end()) return it->second.get();
+absl::StatusOr<ArtifactRef> SparseMlaDecode::Fetch(const v1::ManifestVariant& variant) const {
   absl::StatusOr<ArtifactRef> artifact = source_.GetKernel(variant, arch_);
   if (!artifact.ok()) {
     return WithContext(artifact.status(), absl::StrCat("fetching kernel ", variant.module_name()));
@@ -124,6 +121,15 @@ absl::StatusOr<const CudaKernelModule*> SparseMlaDecode::KernelFor(
     return absl::DataLossError(absl::StrCat("asked for kernel ", variant.key(),
                                             ", the source answered with ", (*artifact)->key()));
   }
+  return artifact;
+}
+
+absl::StatusOr<const CudaKernelModule*> SparseMlaDecode::KernelFor(
+    const v1::ManifestVariant& variant) {
+  auto it = modules_.find(variant.key());
+  if (it != modules_.end()) return it->second.get();
+  absl::StatusOr<ArtifactRef> artifact = Fetch(variant);
+  if (!artifact.ok()) return artifact.status();
   absl::StatusOr<std::unique_ptr<CudaKernelModule>> module =
       CudaKernelModule::Load(**artifact, device_);
   if (!module.ok()) return module.status();
@@ -164,16 +170,9 @@ absl::StatusOr<int> SparseMlaDecode::Refresh() {
   for (const v1::ManifestVariant& variant : manifest_.variants()) {
     auto held = std::find(first_answers_.begin(), first_answers_.end(), variant.key());
     if (held == first_answers_.end()) continue;
-    absl::StatusOr<ArtifactRef> artifact = source_.GetKernel(variant, arch_);
-    if (!artifact.ok()) {
-      return WithContext(artifact.status(),
-                         absl::StrCat("fetching kernel ", variant.module_name()));
-    }
+    absl::StatusOr<ArtifactRef> artifact = Fetch(variant);
+    if (!artifact.ok()) return artifact.status();
     if ((*artifact)->partial()) continue;  // the server is still compiling the rest
-    if ((*artifact)->key() != variant.key()) {
-      return absl::DataLossError(absl::StrCat("asked for kernel ", variant.key(),
-                                              ", the source answered with ", (*artifact)->key()));
-    }
     absl::StatusOr<std::unique_ptr<CudaKernelModule>> module =
         CudaKernelModule::Load(**artifact, device_);
     if (!module.ok()) return module.status();

@@ -120,6 +120,8 @@ class SparseMlaDecode {
 
  private:
   SparseMlaDecode(const CudaDriver& cu, KernelSource& source) : cu_(cu), source_(source) {}
+  // The source's kernel of `variant`, its key checked.
+  absl::StatusOr<ArtifactRef> Fetch(const v1::ManifestVariant& variant) const;
   // Loads the kernel of `variant` once; a first answer replaces its
   // variant in plan_manifest_ (the caller plans again: `variant` may
   // point there).

@@ -11,6 +11,8 @@
 //   decode->Prefetch();            // engine start: fetch and load every kernel
 //   decode->Reserve(max_tokens);   // before CUDA-graph capture
 //   decode->Run(args, stream);     // per layer and step
+//   decode->Refresh();             // between steps, while HoldsFirstAnswer()
+//                                  // (a source asked for first answers)
 //
 // examples/sparse_mla_decode_example.cc is a complete program.
 

@@ -456,6 +456,13 @@ class Fleet {
     request.set_arch(kArch);
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    // A first connection can fail on a loaded 2-core CI machine (seen once:
+    // one server's 16 concurrent requests failed "failed to connect to all
+    // addresses" while its log shows it serving); a raw stub fails fast on
+    // that, where kforge's own clients retry UNAVAILABLE. Wait for the
+    // channel instead, within the deadline: a server that is really down
+    // still fails the test.
+    context.set_wait_for_ready(true);
     KernelReply reply;
     reply.status = stubs_[server]->GetKernel(&context, request, &reply.response);
     return reply;
@@ -464,6 +471,7 @@ class Fleet {
   v1::StatsResponse Stats(int server) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    context.set_wait_for_ready(true);  // as Get
     v1::StatsResponse stats;
     grpc::Status s = stubs_[server]->Stats(&context, v1::StatsRequest(), &stats);
     EXPECT_TRUE(s.ok()) << s.error_message();

@@ -41,10 +41,10 @@ Python torch.compile does not trace).
 """
 
 import collections
+import logging
 import math
 import threading
 import time
-import warnings
 
 from kforge import _capi, _module
 from kforge.bundle import Bundle, first_choice
@@ -53,6 +53,8 @@ from kforge.launch import PlanCache
 from kforge.plan import Device, ManifestRef, Shape, plan_decode, select
 from kforge.spec import (arch_for_capability, check_arch_runs, infer_latent_dims, make_spec,
                          sparse_mla_spec)
+
+_log = logging.getLogger("kforge")
 
 # ---------------------------------------------------------------- sources
 
@@ -677,6 +679,8 @@ class SparseMlaDecoder:
                 self._retired.append(old)
                 self._kernels[variant.key] = kernel
             self._plans.note_kernel(kernel)
+            _log.info("kforge: %s: the whole module (%d entries) replaced its first answer (%d)",
+                      artifact.module_name, len(artifact.entries), len(old.artifact.entries))
             replaced += 1
         return replaced
 
@@ -700,8 +704,9 @@ class SparseMlaDecoder:
             try:
                 self.refresh()
             except KforgeError as e:
-                warnings.warn(f"kforge: the whole module could not be fetched yet, the first "
-                              f"answer runs meanwhile: {e}", RuntimeWarning, stacklevel=3)
+                _log.warning("kforge: the whole module could not be fetched yet (asking again "
+                             "in %.0f s; the first answer runs meanwhile): %s",
+                             min(2 * self._refresh_wait, REFRESH_MAX_WAIT), e)
             if self.holds_first_answer():
                 self._refresh_wait = min(2 * self._refresh_wait, REFRESH_MAX_WAIT)
                 self._refresh_at = time.monotonic() + self._refresh_wait

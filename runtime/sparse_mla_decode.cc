@@ -140,14 +140,18 @@ absl::StatusOr<const CudaKernelModule*> SparseMlaDecode::KernelFor(
     first_answers_.push_back(key);
     ReplanVariant(VariantOfArtifact(**artifact));
   }
-  if (max_active_clusters_.load() == 0) {
-    ScopedCudaContext scope(cu_, context_);
-    if (!scope.status().ok()) return scope.status();
-    absl::StatusOr<int> clusters = loaded->MaxActiveClusters();
-    if (!clusters.ok()) return clusters.status();
-    max_active_clusters_.store(*clusters);
-  }
+  if (absl::Status s = LearnClusters(*loaded); !s.ok()) return s;
   return loaded;
+}
+
+absl::Status SparseMlaDecode::LearnClusters(const CudaKernelModule& module) {
+  if (max_active_clusters_.load() != 0) return absl::OkStatus();
+  ScopedCudaContext scope(cu_, context_);
+  if (!scope.status().ok()) return scope.status();
+  absl::StatusOr<int> clusters = module.MaxActiveClusters();
+  if (!clusters.ok()) return clusters.status();
+  max_active_clusters_.store(*clusters);
+  return absl::OkStatus();
 }
 
 void SparseMlaDecode::ReplanVariant(const v1::ManifestVariant& variant) {
@@ -182,6 +186,9 @@ absl::StatusOr<int> SparseMlaDecode::Refresh() {
     first_answers_.erase(held);
     ReplanVariant(variant);
     ++replaced;
+    // A first answer has no cluster entry to learn the device's clusters
+    // from; the whole module may.
+    if (absl::Status s = LearnClusters(*slot); !s.ok()) return s;
   }
   if (replaced > 0 && reserved_tokens_ > 0) {
     absl::StatusOr<uint64_t> need =

@@ -129,6 +129,8 @@ class SparseMlaDecode {
   // point there).
   absl::StatusOr<const CudaKernelModule*> KernelFor(const v1::ManifestVariant& variant)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // max_active_clusters_ from `module`, while it is unknown (0).
+  absl::Status LearnClusters(const CudaKernelModule& module) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Selection> PlanLocked(const DecodeArgs& args) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // keep_old: the old buffer is kept (retired_workspaces_), not freed.

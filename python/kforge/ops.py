@@ -701,15 +701,15 @@ class SparseMlaDecoder:
         if not self._refresh_lock.acquire(blocking=False):
             return  # another thread's call is at it
         try:
+            next_wait = min(2 * self._refresh_wait, REFRESH_MAX_WAIT)
             try:
                 self.refresh()
             except KforgeError as e:
                 _log.warning("kforge: the whole module could not be fetched yet (asking again "
-                             "in %.0f s; the first answer runs meanwhile): %s",
-                             min(2 * self._refresh_wait, REFRESH_MAX_WAIT), e)
+                             "in %.0f s; the first answer runs meanwhile): %s", next_wait, e)
             if self.holds_first_answer():
-                self._refresh_wait = min(2 * self._refresh_wait, REFRESH_MAX_WAIT)
-                self._refresh_at = time.monotonic() + self._refresh_wait
+                self._refresh_wait = next_wait
+                self._refresh_at = time.monotonic() + next_wait
             else:
                 self._refresh_at = None
         finally:

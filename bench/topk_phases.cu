@@ -125,6 +125,11 @@ int main(int argc, char** argv) {
   const int smem = cluster ? kdi::TopkClusterSmemBytes(kK) : kdi::TopkSmemBytes(kK);
   void (*kernel)(const kdi::TopkParams) = cluster ? TopkCluster : TopkOne;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // A cluster past the portable 8 CTAs (a template tree under test) needs
+  // the opt-in, as the loaders give the 16-CTA decode entries.
+  if (cluster && kdi::kTopkClusterCtas > 8) {
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
 
   std::vector<unsigned long long> marks(static_cast<size_t>(ctas) * kMarks);
   std::vector<unsigned long long> zeros(marks.size(), 0);

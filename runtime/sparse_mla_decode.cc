@@ -213,18 +213,18 @@ absl::Status SparseMlaDecode::GrowWorkspace(uint64_t bytes, bool keep_old) {
   if (bytes <= workspace_bytes_) return absl::OkStatus();
   ScopedCudaContext scope(cu_, context_);
   if (!scope.status().ok()) return scope.status();
-  if (workspace_ != 0 && keep_old) {
-    retired_workspaces_.push_back(workspace_);
-    workspace_ = 0;
-    workspace_bytes_ = 0;
-  } else if (workspace_ != 0) {
-    // Launches already enqueued (on any stream) may still use the old
-    // buffer; it is freed only once they are done.
-    if (absl::Status s = cu_.Check(cu_.CtxSynchronize(), "cuCtxSynchronize"); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = cu_.Check(cu_.MemFree(workspace_), "cuMemFree(workspace)"); !s.ok()) {
-      return s;
+  if (workspace_ != 0) {
+    if (keep_old) {
+      retired_workspaces_.push_back(workspace_);
+    } else {
+      // Launches already enqueued (on any stream) may still use the old
+      // buffer; it is freed only once they are done.
+      if (absl::Status s = cu_.Check(cu_.CtxSynchronize(), "cuCtxSynchronize"); !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = cu_.Check(cu_.MemFree(workspace_), "cuMemFree(workspace)"); !s.ok()) {
+        return s;
+      }
     }
     workspace_ = 0;
     workspace_bytes_ = 0;
